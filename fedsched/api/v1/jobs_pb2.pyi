@@ -1,0 +1,270 @@
+import datetime
+
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class JobKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    JOB_KIND_UNSPECIFIED: _ClassVar[JobKind]
+    JOB_KIND_TRAINING: _ClassVar[JobKind]
+    JOB_KIND_FINE_TUNE: _ClassVar[JobKind]
+    JOB_KIND_INFERENCE: _ClassVar[JobKind]
+    JOB_KIND_BATCH: _ClassVar[JobKind]
+    JOB_KIND_EVALUATION: _ClassVar[JobKind]
+    JOB_KIND_EXPERIMENT: _ClassVar[JobKind]
+
+class Locality(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    LOCALITY_UNSPECIFIED: _ClassVar[Locality]
+    LOCALITY_MUST_LOCAL: _ClassVar[Locality]
+    LOCALITY_PREFER_LOCAL: _ClassVar[Locality]
+    LOCALITY_GLOBAL: _ClassVar[Locality]
+
+class PriorityClass(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    PRIORITY_CLASS_UNSPECIFIED: _ClassVar[PriorityClass]
+    PRIORITY_CLASS_CRITICAL: _ClassVar[PriorityClass]
+    PRIORITY_CLASS_HIGH: _ClassVar[PriorityClass]
+    PRIORITY_CLASS_NORMAL: _ClassVar[PriorityClass]
+    PRIORITY_CLASS_LOW: _ClassVar[PriorityClass]
+    PRIORITY_CLASS_BEST_EFFORT: _ClassVar[PriorityClass]
+
+class JobState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    JOB_STATE_UNSPECIFIED: _ClassVar[JobState]
+    JOB_STATE_QUEUED: _ClassVar[JobState]
+    JOB_STATE_AWAITING_APPROVAL: _ClassVar[JobState]
+    JOB_STATE_PLACED: _ClassVar[JobState]
+    JOB_STATE_RUNNING: _ClassVar[JobState]
+    JOB_STATE_SUCCEEDED: _ClassVar[JobState]
+    JOB_STATE_FAILED: _ClassVar[JobState]
+    JOB_STATE_CANCELLED: _ClassVar[JobState]
+JOB_KIND_UNSPECIFIED: JobKind
+JOB_KIND_TRAINING: JobKind
+JOB_KIND_FINE_TUNE: JobKind
+JOB_KIND_INFERENCE: JobKind
+JOB_KIND_BATCH: JobKind
+JOB_KIND_EVALUATION: JobKind
+JOB_KIND_EXPERIMENT: JobKind
+LOCALITY_UNSPECIFIED: Locality
+LOCALITY_MUST_LOCAL: Locality
+LOCALITY_PREFER_LOCAL: Locality
+LOCALITY_GLOBAL: Locality
+PRIORITY_CLASS_UNSPECIFIED: PriorityClass
+PRIORITY_CLASS_CRITICAL: PriorityClass
+PRIORITY_CLASS_HIGH: PriorityClass
+PRIORITY_CLASS_NORMAL: PriorityClass
+PRIORITY_CLASS_LOW: PriorityClass
+PRIORITY_CLASS_BEST_EFFORT: PriorityClass
+JOB_STATE_UNSPECIFIED: JobState
+JOB_STATE_QUEUED: JobState
+JOB_STATE_AWAITING_APPROVAL: JobState
+JOB_STATE_PLACED: JobState
+JOB_STATE_RUNNING: JobState
+JOB_STATE_SUCCEEDED: JobState
+JOB_STATE_FAILED: JobState
+JOB_STATE_CANCELLED: JobState
+
+class Dataset(_message.Message):
+    __slots__ = ("name", "home_region", "size_bytes")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    HOME_REGION_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    home_region: str
+    size_bytes: int
+    def __init__(self, name: _Optional[str] = ..., home_region: _Optional[str] = ..., size_bytes: _Optional[int] = ...) -> None: ...
+
+class JobSpec(_message.Message):
+    __slots__ = ("tenant", "project", "name", "kind", "priority", "workers", "gpus_per_worker", "gpu_milli", "cpu_milli", "memory_mib", "card_models", "min_gpu_memory_gib", "requires_rdma", "home_region", "locality", "allowed_regions", "forbidden_regions", "residency_tags", "datasets", "start_deadline", "max_price_per_gpu_hour", "preemptible", "checkpointable", "estimated_duration_seconds", "retry_limit", "shards", "annotations")
+    class AnnotationsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    PROJECT_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
+    GPUS_PER_WORKER_FIELD_NUMBER: _ClassVar[int]
+    GPU_MILLI_FIELD_NUMBER: _ClassVar[int]
+    CPU_MILLI_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_MIB_FIELD_NUMBER: _ClassVar[int]
+    CARD_MODELS_FIELD_NUMBER: _ClassVar[int]
+    MIN_GPU_MEMORY_GIB_FIELD_NUMBER: _ClassVar[int]
+    REQUIRES_RDMA_FIELD_NUMBER: _ClassVar[int]
+    HOME_REGION_FIELD_NUMBER: _ClassVar[int]
+    LOCALITY_FIELD_NUMBER: _ClassVar[int]
+    ALLOWED_REGIONS_FIELD_NUMBER: _ClassVar[int]
+    FORBIDDEN_REGIONS_FIELD_NUMBER: _ClassVar[int]
+    RESIDENCY_TAGS_FIELD_NUMBER: _ClassVar[int]
+    DATASETS_FIELD_NUMBER: _ClassVar[int]
+    START_DEADLINE_FIELD_NUMBER: _ClassVar[int]
+    MAX_PRICE_PER_GPU_HOUR_FIELD_NUMBER: _ClassVar[int]
+    PREEMPTIBLE_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINTABLE_FIELD_NUMBER: _ClassVar[int]
+    ESTIMATED_DURATION_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    RETRY_LIMIT_FIELD_NUMBER: _ClassVar[int]
+    SHARDS_FIELD_NUMBER: _ClassVar[int]
+    ANNOTATIONS_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    project: str
+    name: str
+    kind: JobKind
+    priority: PriorityClass
+    workers: int
+    gpus_per_worker: int
+    gpu_milli: int
+    cpu_milli: int
+    memory_mib: int
+    card_models: _containers.RepeatedScalarFieldContainer[str]
+    min_gpu_memory_gib: int
+    requires_rdma: bool
+    home_region: str
+    locality: Locality
+    allowed_regions: _containers.RepeatedScalarFieldContainer[str]
+    forbidden_regions: _containers.RepeatedScalarFieldContainer[str]
+    residency_tags: _containers.RepeatedScalarFieldContainer[str]
+    datasets: _containers.RepeatedCompositeFieldContainer[Dataset]
+    start_deadline: _timestamp_pb2.Timestamp
+    max_price_per_gpu_hour: float
+    preemptible: bool
+    checkpointable: bool
+    estimated_duration_seconds: float
+    retry_limit: int
+    shards: int
+    annotations: _containers.ScalarMap[str, str]
+    def __init__(self, tenant: _Optional[str] = ..., project: _Optional[str] = ..., name: _Optional[str] = ..., kind: _Optional[_Union[JobKind, str]] = ..., priority: _Optional[_Union[PriorityClass, str]] = ..., workers: _Optional[int] = ..., gpus_per_worker: _Optional[int] = ..., gpu_milli: _Optional[int] = ..., cpu_milli: _Optional[int] = ..., memory_mib: _Optional[int] = ..., card_models: _Optional[_Iterable[str]] = ..., min_gpu_memory_gib: _Optional[int] = ..., requires_rdma: _Optional[bool] = ..., home_region: _Optional[str] = ..., locality: _Optional[_Union[Locality, str]] = ..., allowed_regions: _Optional[_Iterable[str]] = ..., forbidden_regions: _Optional[_Iterable[str]] = ..., residency_tags: _Optional[_Iterable[str]] = ..., datasets: _Optional[_Iterable[_Union[Dataset, _Mapping]]] = ..., start_deadline: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., max_price_per_gpu_hour: _Optional[float] = ..., preemptible: _Optional[bool] = ..., checkpointable: _Optional[bool] = ..., estimated_duration_seconds: _Optional[float] = ..., retry_limit: _Optional[int] = ..., shards: _Optional[int] = ..., annotations: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class Attempt(_message.Message):
+    __slots__ = ("attempt", "region", "cluster", "card_model", "placed_at", "started_at", "ended_at", "outcome", "reason", "cross_region")
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    REGION_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_FIELD_NUMBER: _ClassVar[int]
+    CARD_MODEL_FIELD_NUMBER: _ClassVar[int]
+    PLACED_AT_FIELD_NUMBER: _ClassVar[int]
+    STARTED_AT_FIELD_NUMBER: _ClassVar[int]
+    ENDED_AT_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    CROSS_REGION_FIELD_NUMBER: _ClassVar[int]
+    attempt: int
+    region: str
+    cluster: str
+    card_model: str
+    placed_at: _timestamp_pb2.Timestamp
+    started_at: _timestamp_pb2.Timestamp
+    ended_at: _timestamp_pb2.Timestamp
+    outcome: str
+    reason: str
+    cross_region: bool
+    def __init__(self, attempt: _Optional[int] = ..., region: _Optional[str] = ..., cluster: _Optional[str] = ..., card_model: _Optional[str] = ..., placed_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., ended_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., outcome: _Optional[str] = ..., reason: _Optional[str] = ..., cross_region: _Optional[bool] = ...) -> None: ...
+
+class Job(_message.Message):
+    __slots__ = ("job_id", "spec", "state", "reason", "submitted_at", "started_at", "ended_at", "region", "cluster", "attempts", "submitted_by", "policy_version", "unplaceable")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    SUBMITTED_AT_FIELD_NUMBER: _ClassVar[int]
+    STARTED_AT_FIELD_NUMBER: _ClassVar[int]
+    ENDED_AT_FIELD_NUMBER: _ClassVar[int]
+    REGION_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+    SUBMITTED_BY_FIELD_NUMBER: _ClassVar[int]
+    POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    UNPLACEABLE_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    spec: JobSpec
+    state: JobState
+    reason: str
+    submitted_at: _timestamp_pb2.Timestamp
+    started_at: _timestamp_pb2.Timestamp
+    ended_at: _timestamp_pb2.Timestamp
+    region: str
+    cluster: str
+    attempts: _containers.RepeatedCompositeFieldContainer[Attempt]
+    submitted_by: str
+    policy_version: str
+    unplaceable: bool
+    def __init__(self, job_id: _Optional[str] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., state: _Optional[_Union[JobState, str]] = ..., reason: _Optional[str] = ..., submitted_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., ended_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., region: _Optional[str] = ..., cluster: _Optional[str] = ..., attempts: _Optional[_Iterable[_Union[Attempt, _Mapping]]] = ..., submitted_by: _Optional[str] = ..., policy_version: _Optional[str] = ..., unplaceable: _Optional[bool] = ...) -> None: ...
+
+class SubmitJobRequest(_message.Message):
+    __slots__ = ("spec", "request_id")
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    spec: JobSpec
+    request_id: str
+    def __init__(self, spec: _Optional[_Union[JobSpec, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class SubmitJobResponse(_message.Message):
+    __slots__ = ("job_id", "state", "duplicate")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    DUPLICATE_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    state: JobState
+    duplicate: bool
+    def __init__(self, job_id: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., duplicate: _Optional[bool] = ...) -> None: ...
+
+class GetJobRequest(_message.Message):
+    __slots__ = ("job_id",)
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+
+class ListJobsRequest(_message.Message):
+    __slots__ = ("tenant", "project", "states", "page_size", "page_token")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    PROJECT_FIELD_NUMBER: _ClassVar[int]
+    STATES_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    project: str
+    states: _containers.RepeatedScalarFieldContainer[JobState]
+    page_size: int
+    page_token: str
+    def __init__(self, tenant: _Optional[str] = ..., project: _Optional[str] = ..., states: _Optional[_Iterable[_Union[JobState, str]]] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+
+class ListJobsResponse(_message.Message):
+    __slots__ = ("jobs", "next_page_token", "total")
+    JOBS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_FIELD_NUMBER: _ClassVar[int]
+    jobs: _containers.RepeatedCompositeFieldContainer[Job]
+    next_page_token: str
+    total: int
+    def __init__(self, jobs: _Optional[_Iterable[_Union[Job, _Mapping]]] = ..., next_page_token: _Optional[str] = ..., total: _Optional[int] = ...) -> None: ...
+
+class CancelJobRequest(_message.Message):
+    __slots__ = ("job_id", "reason")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    reason: str
+    def __init__(self, job_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class CancelJobResponse(_message.Message):
+    __slots__ = ("job",)
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    job: Job
+    def __init__(self, job: _Optional[_Union[Job, _Mapping]] = ...) -> None: ...
+
+class WatchJobRequest(_message.Message):
+    __slots__ = ("job_id",)
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    def __init__(self, job_id: _Optional[str] = ...) -> None: ...

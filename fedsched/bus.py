@@ -1,0 +1,578 @@
+"""NATS JetStream plumbing shared by every service.
+
+* :class:`Bus` -- one connection: idempotent stream setup, publishing with a message id
+  (``Nats-Msg-Id`` = event id, so a retried publish is dropped by JetStream's duplicate window)
+  and the trace context in the headers.
+* :class:`DurableConsumer` -- a durable pull consumer that hands batches to a handler and
+  acknowledges only after the handler returned (its effect is committed). Undecodable messages
+  and messages that keep failing go to the dead-letter subject with the reason; a dependency
+  outage (:class:`~fedsched.errors.UnavailableError`) naks with back-off and keeps the backlog.
+* :class:`StreamFollower` -- reads a stream from the start (or a sequence) and follows it; how
+  services rebuild their state after a restart. It tracks the stream sequence itself and
+  recreates its ephemeral consumer after errors or a server restart (nats.py pull consumers can
+  stall after restarts: nats.py issues #504, #986), so it resumes exactly where it was.
+
+Streams (``P`` = upper-cased subject prefix):
+
+=================  ==========================================================  ==============
+stream             subjects                                                    retention
+=================  ==========================================================  ==============
+``P_EVENTS``       jobs, admission, placements, decisions, status, billing     max age
+``P_INVENTORY``    inventory, heartbeat                                        max age 1 day
+``P_DLQ``          deadletter                                                  max age
+=================  ==========================================================  ==============
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable, Sequence
+
+import nats
+import nats.errors
+import nats.js.errors
+from nats.aio.msg import Msg
+from nats.js import api
+
+from fedsched import telemetry
+from fedsched.errors import DecodeError, UnavailableError
+from fedsched.events import DeadLetter, Envelope, Subjects, make_event
+
+log = logging.getLogger(__name__)
+
+_TRANSIENT = (nats.errors.TimeoutError, nats.errors.NoRespondersError, nats.errors.ConnectionClosedError,
+              nats.errors.OutboundBufferLimitError, asyncio.TimeoutError, ConnectionError)
+
+
+@dataclass(frozen=True, slots=True)
+class StreamSpec:
+    """One stream: its name suffix, subject families and retention (seconds)."""
+
+    suffix: str
+    families: tuple[str, ...]
+    max_age_s: float
+
+
+def stream_specs(max_age_s: float) -> tuple[StreamSpec, ...]:
+    """The streams of a federation (see the module docstring)."""
+    return (
+        StreamSpec("EVENTS", ("jobs", "admission", "placements", "decisions", "status", "billing"), max_age_s),
+        StreamSpec("INVENTORY", ("inventory", "heartbeat"), min(max_age_s, 86400.0)),
+        StreamSpec("DLQ", ("deadletter",), max_age_s),
+    )
+
+
+@dataclass(slots=True)
+class Delivery:
+    """A decoded bus message handed to a handler.
+
+    Attributes:
+        envelope: the decoded event.
+        subject: the subject it arrived on.
+        headers: its NATS headers (``traceparent``, ``Nats-Msg-Id``).
+        stream_sequence: sequence in its stream.
+        deliveries: how many times it has been delivered (1 = first time).
+    """
+
+    envelope: Envelope
+    subject: str
+    headers: dict[str, str]
+    stream_sequence: int
+    deliveries: int
+    msg: Msg | None = field(default=None, repr=False)
+
+    @property
+    def trace_id(self) -> str:
+        """Trace id from the ``traceparent`` header ("" if none)."""
+        return telemetry.trace_id_of(self.headers)
+
+
+class Bus:
+    """A NATS connection with the federation's JetStream conventions.
+
+    Create with :meth:`connect`; close with :meth:`close` (or ``async with``).
+
+    Args:
+        nc: connected nats client.
+        prefix: subject prefix (validated by Settings).
+        duplicate_window_s / max_age_s: stream settings used by :meth:`ensure_streams`.
+    """
+
+    def __init__(self, nc: nats.NATS, prefix: str = "fed", *, duplicate_window_s: float = 120.0,
+                 max_age_s: float = 30 * 86400.0) -> None:
+        self.nc = nc
+        self.js = nc.jetstream(timeout=10)
+        self.subjects = Subjects(prefix)
+        self.prefix = prefix
+        self.duplicate_window_s = duplicate_window_s
+        self.max_age_s = max_age_s
+
+    @classmethod
+    async def connect(cls, url: str, prefix: str = "fed", *, name: str = "fedsched",
+                      duplicate_window_s: float = 120.0, max_age_s: float = 30 * 86400.0,
+                      connect_timeout_s: float = 10.0) -> "Bus":
+        """Connect (retrying reconnects forever once connected).
+
+        Raises:
+            UnavailableError: no server answered within ``connect_timeout_s``.
+        """
+
+        async def _error_cb(e: Exception) -> None:
+            log.debug("nats %s: %s", name, e)
+
+        try:
+            nc = await nats.connect(
+                url.split(","), name=name, connect_timeout=connect_timeout_s, max_reconnect_attempts=-1,
+                reconnect_time_wait=0.5, allow_reconnect=True, error_cb=_error_cb,
+                pending_size=64 * 1024 * 1024,
+            )
+        except (nats.errors.NoServersError, OSError, asyncio.TimeoutError) as e:
+            raise UnavailableError(f"cannot connect to NATS at {url}: {e}") from e
+        return cls(nc, prefix, duplicate_window_s=duplicate_window_s, max_age_s=max_age_s)
+
+    async def close(self) -> None:
+        """Flush pending publishes and close the connection (idempotent)."""
+        if not self.nc.is_closed:
+            try:
+                await asyncio.wait_for(self.nc.flush(), timeout=2)
+            except Exception:  # noqa: BLE001 - closing anyway
+                pass
+            await self.nc.close()
+
+    async def __aenter__(self) -> "Bus":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # ------------------------------------------------------------------ streams
+
+    def stream_name(self, suffix: str) -> str:
+        """Full stream name, e.g. ``FED_EVENTS``."""
+        return f"{self.prefix.upper()}_{suffix}"
+
+    async def ensure_streams(self) -> None:
+        """Create the federation's streams, or update them to the wanted config (idempotent)."""
+        for spec in stream_specs(self.max_age_s):
+            config = api.StreamConfig(
+                name=self.stream_name(spec.suffix),
+                subjects=[f"{self.prefix}.{family}.>" for family in spec.families],
+                retention=api.RetentionPolicy.LIMITS,
+                storage=api.StorageType.FILE,
+                max_age=spec.max_age_s,
+                duplicate_window=min(self.duplicate_window_s, spec.max_age_s),
+                discard=api.DiscardPolicy.OLD,
+            )
+            try:
+                await self.js.add_stream(config)
+            except nats.js.errors.BadRequestError as e:
+                if e.err_code == 10058:  # stream name already in use with a different configuration
+                    await self.js.update_stream(config)
+                else:
+                    raise
+
+    async def key_value(self, bucket: str, history: int = 1, ttl_s: float | None = None):
+        """Get or create the KV bucket ``<prefix>_<bucket>``."""
+        name = f"{self.prefix}_{bucket}"
+        try:
+            return await self.js.key_value(name)
+        except nats.js.errors.BucketNotFoundError:
+            return await self.js.create_key_value(api.KeyValueConfig(bucket=name, history=history, ttl=ttl_s))
+
+    # ------------------------------------------------------------------ publishing
+
+    async def publish(self, subject: str, event: Envelope, *, headers: dict[str, str] | None = None,
+                      attempts: int = 8) -> api.PubAck:
+        """Publish ``event`` on ``subject`` with ``Nats-Msg-Id`` = its event id and the trace context.
+
+        Retries (same message id, so never a duplicate) on timeouts with exponential back-off.
+
+        Raises:
+            UnavailableError: JetStream did not acknowledge after ``attempts`` tries.
+        """
+        hdrs = telemetry.inject_headers(headers)
+        hdrs["Nats-Msg-Id"] = event.event_id
+        data = event.to_bytes()
+        delay = 0.05
+        last: Exception | None = None
+        for _ in range(attempts):
+            try:
+                return await self.js.publish(subject, data, headers=hdrs, timeout=5)
+            except _TRANSIENT as e:
+                last = e
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+        raise UnavailableError(f"publish to {subject} failed after {attempts} attempts: {last!r}")
+
+    async def publish_many(self, items: Sequence[tuple[str, Envelope, dict[str, str] | None]]) -> list[bool]:
+        """Publish several events pipelined (``publish_async``) and wait for every ack.
+
+        Events whose ack does not arrive are retried one by one with :meth:`publish`.
+
+        Args:
+            items: (subject, event, extra headers or None).
+
+        Returns:
+            Per item, whether JetStream acknowledged it (False only after retries failed).
+        """
+        if not items:
+            return []
+        futures = []
+        for subject, event, extra in items:
+            hdrs = telemetry.inject_headers(extra)
+            hdrs["Nats-Msg-Id"] = event.event_id
+            try:
+                futures.append(await self.js.publish_async(subject, event.to_bytes(), headers=hdrs))
+            except _TRANSIENT as e:
+                futures.append(_failed(e))
+        results = await asyncio.gather(*futures, return_exceptions=True)
+        ok = []
+        for (subject, event, extra), result in zip(items, results):
+            if not isinstance(result, BaseException):
+                ok.append(True)
+                continue
+            try:
+                await self.publish(subject, event, headers=extra)
+                ok.append(True)
+            except UnavailableError:
+                ok.append(False)
+        return ok
+
+    async def dead_letter(self, consumer: str, msg: Msg | None, reason: str, *, subject: str = "",
+                          data: bytes = b"", headers: dict[str, str] | None = None) -> None:
+        """Record an undecodable or unhandleable message on ``<prefix>.deadletter.<consumer>``."""
+        seq = deliveries = 0
+        if msg is not None:
+            subject = msg.subject
+            data = msg.data
+            headers = dict(msg.headers or {})
+            try:
+                seq = msg.metadata.sequence.stream
+                deliveries = msg.metadata.num_delivered
+            except Exception:  # noqa: BLE001 - not a JetStream message
+                pass
+        payload = DeadLetter(consumer=consumer, subject=subject, stream_sequence=seq, deliveries=deliveries,
+                             reason=reason[:2000], data=data[:65536].decode("utf-8", errors="replace"),
+                             headers={k: str(v) for k, v in (headers or {}).items()})
+        event = make_event("bus.dead_letter", payload, producer=consumer, occurred_at=time.time(),
+                           event_id=None)
+        log.warning("dead-lettered message on %s for %s: %s", subject, consumer, reason)
+        await self.publish(self.subjects.deadletter(consumer), event)
+
+
+async def fetch_fast(sub, batch: int, max_wait_s: float) -> list[Msg]:
+    """Fetch up to ``batch`` messages, returning as soon as one has arrived.
+
+    nats.py's ``fetch(n)`` on an idle consumer lingers until ``n`` messages or the timeout, so a
+    lone message waits the whole timeout. Here the lingering request asks for one message (it
+    returns on arrival); if the server said more were pending, a short fetch drains what is
+    already there.
+
+    Raises:
+        nats.errors.TimeoutError / asyncio.TimeoutError: nothing arrived within ``max_wait_s``.
+    """
+    first = await asyncio.wait_for(sub.fetch(1, timeout=max_wait_s), timeout=max_wait_s + 5)
+    if batch <= 1 or not first or first[-1].metadata.num_pending == 0:
+        return first  # nothing else was waiting when it was delivered
+    try:
+        more = await asyncio.wait_for(sub.fetch(batch - 1, timeout=0.002), timeout=5)
+    except (nats.errors.TimeoutError, asyncio.TimeoutError):
+        more = []
+    return first + more
+
+
+async def _failed(e: Exception):
+    raise e
+
+
+def _decode(msg: Msg) -> Envelope:
+    return Envelope.from_bytes(msg.data)
+
+
+Handler = Callable[[list[Delivery]], Awaitable[None]]
+
+
+class DurableConsumer:
+    """A durable pull consumer with ack-after-commit, back-off and dead-lettering.
+
+    Args:
+        bus: the connection.
+        stream_suffix: which stream (``EVENTS``, ``INVENTORY``, ``DLQ``).
+        durable: durable consumer name (restarts resume where it acknowledged).
+        filter_subjects: subjects to receive (wildcards allowed).
+        handler: ``async handler(deliveries)``; returning means every delivery's effect is
+            committed (they are then acknowledged). Raise
+            :class:`~fedsched.errors.UnavailableError` for an outage (whole batch naked with
+            back-off, retried forever), :class:`~fedsched.errors.DecodeError` for a bad message
+            (dead-lettered), anything else for a failure (the batch is retried message by message;
+            a message failing ``max_failures`` times is dead-lettered).
+        batch: maximum messages per handler call.
+        max_wait_s: how long a fetch waits for the first message.
+        linger_s: after the first message, keep collecting up to ``batch`` for this long (0 =
+            hand over what is there at once; > 0 makes fewer, bigger inserts).
+        ack_wait_s: JetStream redelivers after this long without an ack.
+    """
+
+    def __init__(self, bus: Bus, stream_suffix: str, durable: str, filter_subjects: Sequence[str], handler: Handler,
+                 *, batch: int = 256, max_wait_s: float = 0.5, ack_wait_s: float = 60.0, max_failures: int = 5,
+                 deliver_new_only: bool = False, linger_s: float = 0.0) -> None:
+        self.bus = bus
+        self.stream = bus.stream_name(stream_suffix)
+        self.durable = durable
+        self.filter_subjects = list(filter_subjects)
+        self.handler = handler
+        self.batch = batch
+        self.max_wait_s = max_wait_s
+        self.ack_wait_s = ack_wait_s
+        self.max_failures = max_failures
+        self.deliver_new_only = deliver_new_only
+        self.linger_s = linger_s
+        self._stop = asyncio.Event()
+        self._sub = None
+        self.processed = 0
+        self.dead_lettered = 0
+        self._backoff = 0.1
+
+    def _config(self) -> api.ConsumerConfig:
+        config = api.ConsumerConfig(
+            durable_name=self.durable,
+            ack_policy=api.AckPolicy.EXPLICIT,
+            ack_wait=self.ack_wait_s,
+            max_deliver=-1,
+            max_ack_pending=max(self.batch * 4, 1000),
+            deliver_policy=api.DeliverPolicy.NEW if self.deliver_new_only else api.DeliverPolicy.ALL,
+        )
+        if len(self.filter_subjects) == 1:
+            config.filter_subject = self.filter_subjects[0]
+        else:
+            config.filter_subjects = self.filter_subjects
+        return config
+
+    async def _subscribe(self) -> None:
+        self._sub = await self.bus.js.pull_subscribe_bind(durable=self.durable, stream=self.stream) \
+            if await self._exists() else await self._create()
+
+    async def _exists(self) -> bool:
+        try:
+            await self.bus.js.consumer_info(self.stream, self.durable)
+            return True
+        except nats.js.errors.NotFoundError:
+            return False
+
+    async def _create(self):
+        await self.bus.js.add_consumer(self.stream, self._config())
+        return await self.bus.js.pull_subscribe_bind(durable=self.durable, stream=self.stream)
+
+    async def lag(self) -> int:
+        """Messages not yet acknowledged (pending + in flight), from the server's consumer info."""
+        info = await self.bus.js.consumer_info(self.stream, self.durable)
+        return int(info.num_pending or 0) + int(info.num_ack_pending or 0)
+
+    def stop(self) -> None:
+        """Ask :meth:`run` to return after the batch in hand."""
+        self._stop.set()
+
+    async def run(self) -> None:
+        """Fetch and handle until :meth:`stop`; survives server restarts and outages."""
+        while not self._stop.is_set():
+            try:
+                if self._sub is None:
+                    await self._subscribe()
+                try:
+                    msgs = await fetch_fast(self._sub, self.batch, self.max_wait_s)
+                except (nats.errors.TimeoutError, asyncio.TimeoutError):
+                    continue
+                deadline = time.monotonic() + self.linger_s
+                while len(msgs) < self.batch and (left := deadline - time.monotonic()) > 0:
+                    try:
+                        msgs += await fetch_fast(self._sub, self.batch - len(msgs), left)
+                    except (nats.errors.TimeoutError, asyncio.TimeoutError):
+                        break
+                await self._handle(msgs)
+                self._backoff = 0.1
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # noqa: BLE001 - connection trouble: rebuild the subscription
+                if self._stop.is_set():
+                    break
+                log.info("consumer %s: %r; resubscribing in %.1fs", self.durable, e, self._backoff)
+                self._sub = None
+                await asyncio.sleep(self._backoff)
+                self._backoff = min(self._backoff * 2, 5.0)
+
+    async def _handle(self, msgs: list[Msg]) -> None:
+        good: list[Delivery] = []
+        for msg in msgs:
+            try:
+                env = _decode(msg)
+            except DecodeError as e:
+                await self.bus.dead_letter(self.durable, msg, e.reason)
+                await msg.ack()
+                self.dead_lettered += 1
+                continue
+            md = msg.metadata
+            good.append(Delivery(env, msg.subject, dict(msg.headers or {}), md.sequence.stream, md.num_delivered, msg))
+        if not good:
+            return
+        try:
+            await self._call(good)
+        except UnavailableError as e:
+            log.warning("consumer %s: dependency unavailable (%s); backing off", self.durable, e)
+            for d in good:
+                await d.msg.nak(delay=self._backoff)
+            await asyncio.sleep(self._backoff)
+            self._backoff = min(self._backoff * 2, 5.0)
+            return
+        except Exception:  # noqa: BLE001 - isolate the failing message(s)
+            if len(good) == 1:
+                await self._single_failed(good[0])
+                return
+            for d in good:
+                try:
+                    await self._call([d])
+                except UnavailableError:
+                    await d.msg.nak(delay=self._backoff)
+                except Exception:  # noqa: BLE001
+                    await self._single_failed(d)
+            return
+        await self._ack(good)
+
+    async def _call(self, deliveries: list[Delivery]) -> None:
+        try:
+            await self.handler(deliveries)
+        except DecodeError:
+            raise
+        self.processed += len(deliveries)
+
+    async def _ack(self, deliveries: list[Delivery]) -> None:
+        for d in deliveries:
+            await d.msg.ack()
+
+    async def _single_failed(self, d: Delivery) -> None:
+        try:
+            await self._call([d])
+            await d.msg.ack()
+            return
+        except DecodeError as e:
+            reason = e.reason
+        except UnavailableError:
+            await d.msg.nak(delay=self._backoff)
+            return
+        except Exception as e:  # noqa: BLE001
+            reason = f"handler failed: {e!r}"
+            if d.deliveries < self.max_failures:
+                log.warning("consumer %s: %s (delivery %d)", self.durable, reason, d.deliveries)
+                await d.msg.nak(delay=min(0.1 * 2 ** d.deliveries, 5.0))
+                return
+        await self.bus.dead_letter(self.durable, d.msg, reason)
+        await d.msg.ack()
+        self.dead_lettered += 1
+
+
+MessageHandler = Callable[[Delivery], Any]
+
+
+class StreamFollower:
+    """Read a stream (optionally filtered) from a sequence and keep following it.
+
+    Used to rebuild a service's state from the bus and then stay current. No acks: the follower
+    remembers the last stream sequence it handled and, after any error (server restart,
+    consumer gone), recreates its ephemeral consumer from the next sequence.
+
+    Args:
+        bus: the connection.
+        stream_suffix: which stream.
+        filter_subjects: subject filters (wildcards allowed); empty = whole stream.
+        handler: ``handler(delivery)`` (sync or async), called in stream order. A
+            :class:`~fedsched.errors.DecodeError` (or undecodable message) is dead-lettered
+            and skipped, never stops the follower.
+        name: for logs and dead letters.
+        start_sequence: first stream sequence to read (1 = from the start).
+        last_per_subject: start with the newest message of each subject instead (e.g. the latest
+            inventory of every cluster), then follow.
+        batch: messages per fetch.
+    """
+
+    def __init__(self, bus: Bus, stream_suffix: str, handler: MessageHandler, *, name: str,
+                 filter_subjects: Sequence[str] = (), start_sequence: int = 1, last_per_subject: bool = False,
+                 batch: int = 500, max_wait_s: float = 0.2) -> None:
+        self.bus = bus
+        self.stream = bus.stream_name(stream_suffix)
+        self.handler = handler
+        self.name = name
+        self.filter_subjects = list(filter_subjects)
+        self.last_per_subject = last_per_subject
+        self.next_sequence = max(1, start_sequence)
+        self.batch = batch
+        self.max_wait_s = max_wait_s
+        self.caught_up = asyncio.Event()
+        self._stop = asyncio.Event()
+        self._sub = None
+        self.handled = 0
+
+    async def _subscribe(self) -> None:
+        first = self.last_per_subject and self.next_sequence == 1
+        config = api.ConsumerConfig(
+            ack_policy=api.AckPolicy.NONE,
+            deliver_policy=api.DeliverPolicy.LAST_PER_SUBJECT if first else api.DeliverPolicy.BY_START_SEQUENCE,
+            opt_start_seq=None if first else self.next_sequence,
+            inactive_threshold=30.0,
+            mem_storage=True,
+        )
+        subjects = self.filter_subjects or [f"{self.bus.prefix}.>"]
+        if len(subjects) > 1:
+            config.filter_subjects = subjects
+        self._sub = await self.bus.js.pull_subscribe(subjects[0], stream=self.stream, config=config)
+
+    def stop(self) -> None:
+        """Ask :meth:`run` to return."""
+        self._stop.set()
+
+    async def run(self) -> None:
+        """Follow until :meth:`stop`; sets :attr:`caught_up` once the backlog is read."""
+        backoff = 0.1
+        while not self._stop.is_set():
+            try:
+                if self._sub is None:
+                    await self._subscribe()
+                try:
+                    msgs = await fetch_fast(self._sub, self.batch, self.max_wait_s)
+                except (nats.errors.TimeoutError, asyncio.TimeoutError):
+                    self.caught_up.set()
+                    continue
+                for msg in msgs:
+                    await self._one(msg)
+                if msgs and msgs[-1].metadata.num_pending == 0:
+                    self.caught_up.set()
+                backoff = 0.1
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # noqa: BLE001 - rebuild from the next sequence
+                if self._stop.is_set():
+                    break
+                log.info("follower %s: %r; resuming from sequence %d", self.name, e, self.next_sequence)
+                self._sub = None
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+
+    async def _one(self, msg: Msg) -> None:
+        md = msg.metadata
+        seq = md.sequence.stream
+        if seq < self.next_sequence:  # a redelivery from a consumer we already replaced
+            return
+        self.next_sequence = seq + 1
+        try:
+            env = _decode(msg)
+            delivery = Delivery(env, msg.subject, dict(msg.headers or {}), seq, 1, None)
+            result = self.handler(delivery)
+            if asyncio.iscoroutine(result):
+                await result
+            self.handled += 1
+        except DecodeError as e:
+            await self.bus.dead_letter(self.name, msg, e.reason)
+        except Exception as e:  # noqa: BLE001 - never stop following; never lose the message
+            log.exception("follower %s: handler failed on sequence %d", self.name, seq)
+            await self.bus.dead_letter(self.name, msg, f"handler failed: {e!r}")

@@ -1,0 +1,306 @@
+"""The ``fedsched`` command line.
+
+Run the federation (``up``), replay a trace through it (``replay``), query its event log
+(``sql``) and use the job API (``submit``, ``jobs``, ``job``, ``cancel``, ``watch``).
+Every setting also reads ``FEDSCHED_<NAME>`` from the environment.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import shutil
+import signal
+import sys
+import tempfile
+from importlib import resources
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from fedsched.errors import FedError
+
+app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False, rich_markup_mode="rich")
+console = Console()
+err = Console(stderr=True)
+
+OUTPUT_HELP = "table (for people) or json (for scripts)"
+
+
+def _bundled(name: str) -> Path:
+    return Path(str(resources.files("fedsched.data").joinpath("alibaba-gpu-2023", name)))
+
+
+def _settings(**overrides):
+    from fedsched.settings import Settings
+
+    clean = {k: v for k, v in overrides.items() if v not in (None, "")}
+    try:
+        return Settings(**clean)
+    except Exception as e:  # pydantic ValidationError: show it plainly
+        err.print(f"[red]invalid setting:[/red] {e}")
+        raise typer.Exit(2) from e
+
+
+def _logging(verbose: bool) -> None:
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def _fail(e: Exception) -> None:
+    err.print(f"[red]error:[/red] {e}")
+    raise typer.Exit(1)
+
+
+# --------------------------------------------------------------------------- up
+
+
+@app.command()
+def up(
+    data_dir: Path = typer.Option(Path(".fedsched"), "--data-dir", envvar="FEDSCHED_DATA_DIR",
+                                  help="Where the embedded NATS and ClickHouse keep their data (kept across runs)."),
+    nats_url: str = typer.Option("", "--nats-url", envvar="FEDSCHED_NATS_URL",
+                                 help="Use this NATS (nats://host:4222) instead of starting one."),
+    clickhouse_url: str = typer.Option("", "--clickhouse-url", envvar="FEDSCHED_CLICKHOUSE_URL",
+                                       help="Use this ClickHouse server (http://user:pw@host:8123) instead of chDB."),
+    grpc_address: str = typer.Option("127.0.0.1:50051", "--grpc-address", envvar="FEDSCHED_GRPC_ADDRESS",
+                                     help="Where admission serves gRPC."),
+    nodes: Optional[Path] = typer.Option(None, "--nodes", help="Trace node list for the embedded trace agents "
+                                         "(default: the bundled openb nodes)."),
+    no_agents: bool = typer.Option(False, "--no-agents", help="Run no agents here (they run beside their clusters)."),
+    policy: str = typer.Option("federated", "--policy", help="Scheduling policy."),
+    verbose: bool = typer.Option(False, "--verbose", "-v"),
+):
+    """Run the whole federation in the foreground until Ctrl-C.
+
+    NATS (JetStream) and ClickHouse run embedded on --data-dir unless URLs are given; the five
+    services start on top. A second `up` on the same data dir resumes with the state kept.
+    """
+    _logging(verbose)
+    from fedsched.runtime import System, SystemOptions
+
+    settings = _settings(data_dir=data_dir, nats_url=nats_url, clickhouse_url=clickhouse_url, grpc_address=grpc_address)
+    nodes_csv = None if no_agents else (nodes or _bundled("openb_node_list_gpu_node.csv"))
+
+    async def main() -> None:
+        system = System(SystemOptions(settings=settings, policy=policy, nodes_csv=nodes_csv))
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        try:
+            await system.start()
+        except BaseException:
+            await system.stop()
+            raise
+        console.print(f"[green]fedsched is up[/green]: gRPC {system.grpc_target}, NATS {system.nats_url}, "
+                      f"ClickHouse {'chDB ' + str(Path(settings.data_dir) / 'clickhouse') if settings.embedded_clickhouse else settings.clickhouse_url}")
+        console.print(f"  {len(system.agents)} trace agent(s), policy {system.scheduler.policy.version}, "
+                      f"{len(system.admission.view.jobs)} job(s) known. Ctrl-C stops.")
+        console.print(f"  try: FEDSCHED_GRPC={system.grpc_target} fedsched submit --tenant search --project train "
+                      f"--gpus 1 --duration 600")
+        await stop.wait()
+        console.print("stopping ...")
+        await system.stop()
+        console.print("stopped; state kept in " + str(settings.data_dir))
+
+    try:
+        asyncio.run(main())
+    except FedError as e:
+        _fail(e)
+
+
+# --------------------------------------------------------------------------- one service
+
+
+SERVICES = ("admission", "scheduler", "audit", "billing", "agents")
+
+
+@app.command()
+def service(
+    name: str = typer.Argument(..., help="admission, scheduler, audit, billing or agents"),
+    nats_url: str = typer.Option(..., "--nats-url", envvar="FEDSCHED_NATS_URL", help="The federation's NATS."),
+    clickhouse_url: str = typer.Option("", "--clickhouse-url", envvar="FEDSCHED_CLICKHOUSE_URL",
+                                       help="ClickHouse server (audit, billing); empty = chDB in --data-dir."),
+    data_dir: Path = typer.Option(Path(".fedsched"), "--data-dir", envvar="FEDSCHED_DATA_DIR"),
+    grpc_address: str = typer.Option("0.0.0.0:50051", "--grpc-address", envvar="FEDSCHED_GRPC_ADDRESS"),
+    nodes: Optional[Path] = typer.Option(None, "--nodes", help="agents: trace node list (default: bundled openb)."),
+    cluster: list[str] = typer.Option([], "--cluster", help="agents: run only this cluster's agent (repeatable)."),
+    policy: str = typer.Option("federated", "--policy", help="scheduler: policy name."),
+    verbose: bool = typer.Option(False, "--verbose", "-v"),
+):
+    """Run one service against an existing NATS (the distributed deployment: one process per
+    service, e.g. one container each in deploy/compose)."""
+    _logging(verbose)
+    if name not in SERVICES:
+        _fail(ValueError(f"unknown service {name!r}; one of {', '.join(SERVICES)}"))
+    from fedsched.runtime import System, SystemOptions
+
+    settings = _settings(data_dir=data_dir, nats_url=nats_url, clickhouse_url=clickhouse_url, grpc_address=grpc_address)
+    options = SystemOptions(settings=settings, policy=policy, services=(name,), clusters=tuple(cluster),
+                            nodes_csv=(nodes or _bundled("openb_node_list_gpu_node.csv")) if name == "agents" else None)
+
+    async def main() -> None:
+        system = System(options)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        async with system:
+            console.print(f"fedsched {name} running on {system.nats_url}" +
+                          (f", gRPC {system.grpc_target}" if name == "admission" else ""))
+            waiter = asyncio.create_task(system.failed.wait())
+            await asyncio.wait({asyncio.create_task(stop.wait()), waiter}, return_when=asyncio.FIRST_COMPLETED)
+            if system.failed.is_set():
+                raise typer.Exit(1)
+
+    try:
+        asyncio.run(main())
+    except FedError as e:
+        _fail(e)
+
+
+# --------------------------------------------------------------------------- schema
+
+
+@app.command()
+def schema(
+    cluster: str = typer.Option("", "--cluster", help="Render the replicated variant for this ClickHouse cluster."),
+    database: str = typer.Option("fedsched", "--database"),
+    out: Optional[Path] = typer.Option(None, "--out", help="Write here instead of printing."),
+):
+    """Print the ClickHouse DDL (all migrations), single-node or ON CLUSTER."""
+    from fedsched.store import load_migrations, render_sql
+
+    parts = [f"CREATE DATABASE IF NOT EXISTS {database}{' ON CLUSTER ' + cluster if cluster else ''};"]
+    for m in load_migrations():
+        parts.append(f"-- migration {m.version:04d}_{m.name}")
+        parts.extend(s + ";" for s in render_sql(m.sql, database, cluster=cluster or None))
+    text = "\n\n".join(parts) + "\n"
+    if out:
+        out.write_text(text)
+    else:
+        console.print(text, markup=False, highlight=False)
+
+
+# --------------------------------------------------------------------------- replay
+
+
+@app.command()
+def replay(
+    nodes: Optional[Path] = typer.Option(None, "--nodes", exists=True, dir_okay=False,
+                                         help="Trace node list (openb format). Default: the bundled openb GPU nodes."),
+    pods: Optional[Path] = typer.Option(None, "--pods", exists=True, dir_okay=False,
+                                        help="Trace pod list (openb format). Default: the bundled gpuspec33 pods."),
+    limit: Optional[int] = typer.Option(None, "--limit", min=1, help="Replay only the first N pods."),
+    load: float = typer.Option(1.0, "--load", min=0.001,
+                               help="Arrival compression: submit times / LOAD, runtimes unchanged (1 = as recorded; "
+                                    "the openb timeline alone keeps under 70 of 6212 GPUs busy)."),
+    speed: float = typer.Option(100.0, "--speed", min=0.001,
+                                help="Trace seconds per wall second while the system is busy (idle time is skipped)."),
+    policy: str = typer.Option("federated", "--policy",
+                               help="federated, local-only, least-loaded, cheapest or random."),
+    data_dir: Optional[Path] = typer.Option(None, "--data-dir",
+                                            help="Fresh or empty directory for this replay's NATS and ClickHouse data "
+                                                 "(default: a new temporary directory, removed afterwards)."),
+    report_json: Optional[Path] = typer.Option(None, "--report-json", help="Also write the report as JSON here."),
+    nats_url: str = typer.Option("", "--nats-url", envvar="FEDSCHED_NATS_URL"),
+    clickhouse_url: str = typer.Option("", "--clickhouse-url", envvar="FEDSCHED_CLICKHOUSE_URL"),
+    timeout: float = typer.Option(3600.0, "--timeout", help="Give up after this many wall seconds."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress display."),
+    verbose: bool = typer.Option(False, "--verbose", "-v"),
+):
+    """Replay a GPU cluster trace through the whole federation and print the outcome.
+
+    Brings up the embedded system, splits the trace's nodes into 3 regions x 2 clusters, submits
+    every pod as a job through the gRPC API at its creation time, waits until each job finished,
+    was rejected or is provably unplaceable, and prints a summary computed by SQL from ClickHouse.
+    """
+    _logging(verbose)
+    from fedsched.replay.driver import ReplayDriver, ReplayOptions, write_report
+    from fedsched.replay.render import print_report, progress_display
+    from services.scheduler.core import POLICY_NAMES
+
+    if policy not in POLICY_NAMES:
+        _fail(ValueError(f"unknown policy {policy!r}; one of {', '.join(POLICY_NAMES)}"))
+    cleanup = None
+    if data_dir is None:
+        cleanup = tempfile.mkdtemp(prefix="fedsched-replay-")
+        data_dir = Path(cleanup)
+    elif data_dir.exists() and any(data_dir.iterdir()):
+        _fail(ValueError(f"--data-dir {data_dir} is not empty; a replay needs a fresh directory"))
+    settings = _settings(data_dir=data_dir, nats_url=nats_url, clickhouse_url=clickhouse_url,
+                         grpc_address="127.0.0.1:0", heartbeat_interval_s=0.5,
+                         subject_prefix=os.environ.get("FEDSCHED_SUBJECT_PREFIX", "fed"), schedule_interval_s=0.002)
+    options = ReplayOptions(nodes_csv=nodes or _bundled("openb_node_list_gpu_node.csv"),
+                            pods_csv=pods or _bundled("openb_pod_list_gpuspec33.csv"), settings=settings, limit=limit,
+                            speed=speed, policy=policy, timeout_s=timeout, load=load)
+    try:
+        with progress_display(console, enabled=not quiet and console.is_terminal) as update:
+            report = asyncio.run(ReplayDriver(options, on_progress=update).run())
+    except FedError as e:
+        _fail(e)
+    finally:
+        if cleanup:
+            shutil.rmtree(cleanup, ignore_errors=True)
+    print_report(console, report)
+    if report_json:
+        write_report(report, report_json)
+        console.print(f"report written to {report_json}")
+
+
+# --------------------------------------------------------------------------- sql
+
+
+@app.command()
+def sql(
+    query: str = typer.Argument(..., help="A SELECT against database `fedsched` (tables: events, usage, decisions, "
+                                          "inventory)."),
+    data_dir: Path = typer.Option(Path(".fedsched"), "--data-dir", envvar="FEDSCHED_DATA_DIR"),
+    nats_url: str = typer.Option("", "--nats-url", envvar="FEDSCHED_NATS_URL",
+                                 help="Ask the running system over this NATS instead of opening the store."),
+    clickhouse_url: str = typer.Option("", "--clickhouse-url", envvar="FEDSCHED_CLICKHOUSE_URL"),
+    output: str = typer.Option("table", "--output", "-o", help=OUTPUT_HELP),
+):
+    """Run a read-only SQL query against the federation's ClickHouse store.
+
+    Opens the embedded store in --data-dir, or the server at --clickhouse-url. If a running
+    `fedsched up` holds the embedded store, pass --nats-url (printed by `up`) to ask it.
+    """
+    from fedsched.sqlcli import run_sql
+
+    try:
+        columns, rows = run_sql(query, data_dir=data_dir, nats_url=nats_url, clickhouse_url=clickhouse_url)
+    except FedError as e:
+        _fail(e)
+    if output == "json":
+        console.print_json(json.dumps([dict(zip(columns, r)) for r in rows], default=str))
+        return
+    table = Table(*columns)
+    for r in rows:
+        table.add_row(*("" if v is None else str(v) for v in r))
+    console.print(table)
+
+
+# --------------------------------------------------------------------------- job API
+
+from fedsched import jobcli  # noqa: E402  (registers submit/jobs/job/cancel/watch)
+
+jobcli.register(app)
+
+
+def main() -> None:
+    """Entry point of the ``fedsched`` script."""
+    try:
+        app()
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

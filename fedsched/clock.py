@@ -1,0 +1,117 @@
+"""Business clocks: the time every event is stamped with.
+
+Live, that is the system clock. A replay runs a trace of months on a *compressed* clock: trace
+time advances at ``speed`` trace-seconds per wall-second from an anchor, and the replay driver
+may *jump* it forward when nothing can happen before the next arrival or completion (a
+discrete-event skip). The clock state is one small record, ``ClockState``, published by the
+driver (NATS KV) and followed by every service, so all processes agree on "now".
+
+Liveness (heartbeat age, consumer timeouts) never uses this clock: it uses ``time.monotonic``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Protocol
+
+
+class Clock(Protocol):
+    """Source of business time."""
+
+    def time(self) -> float:
+        """Seconds since the Unix epoch (UTC) on this clock."""
+        ...
+
+
+def to_datetime(epoch_s: float) -> datetime:
+    """Aware UTC datetime of ``epoch_s`` seconds since the Unix epoch."""
+    return datetime.fromtimestamp(epoch_s, tz=UTC)
+
+
+class SystemClock:
+    """Wall-clock time (the live default)."""
+
+    def time(self) -> float:
+        """Seconds since the Unix epoch, from ``time.time``."""
+        return time.time()
+
+
+@dataclass(frozen=True, slots=True)
+class ClockState:
+    """A piecewise-linear mapping from wall time to business time.
+
+    business(w) = anchor_business + (w - anchor_wall) * speed, for wall time ``w`` (seconds
+    since the Unix epoch from ``time.time``; all processes of a replay share one machine, or
+    NTP-synchronised machines).
+
+    Attributes:
+        anchor_wall: wall time of the anchor (s).
+        anchor_business: business time at the anchor (s since the Unix epoch).
+        speed: business seconds per wall second (> 0; 1 = real time).
+        generation: increases with every change, so followers keep the newest.
+    """
+
+    anchor_wall: float
+    anchor_business: float
+    speed: float
+    generation: int = 0
+
+    def at(self, wall: float) -> float:
+        """Business time at wall time ``wall``."""
+        return self.anchor_business + (wall - self.anchor_wall) * self.speed
+
+    def wall_at(self, business: float) -> float:
+        """Wall time at which business time reaches ``business``."""
+        return self.anchor_wall + (business - self.anchor_business) / self.speed
+
+    def to_json(self) -> dict[str, float | int]:
+        """Wire form (for the clock KV bucket)."""
+        return {"anchor_wall": self.anchor_wall, "anchor_business": self.anchor_business,
+                "speed": self.speed, "generation": self.generation}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "ClockState":
+        """Parse the wire form; raises ValueError on a malformed record."""
+        state = cls(float(data["anchor_wall"]), float(data["anchor_business"]), float(data["speed"]),
+                    int(data.get("generation", 0)))
+        if not state.speed > 0:
+            raise ValueError("clock speed must be > 0")
+        return state
+
+
+class ReplayClock:
+    """A clock that follows a :class:`ClockState` (compressed, jumpable).
+
+    Args:
+        state: the initial mapping.
+        wall: wall-time source (injectable for tests).
+    """
+
+    def __init__(self, state: ClockState, wall=time.time) -> None:
+        self._state = state
+        self._wall = wall
+
+    @property
+    def state(self) -> ClockState:
+        """The mapping in force."""
+        return self._state
+
+    def time(self) -> float:
+        """Business seconds since the Unix epoch; never goes backwards."""
+        return self._state.at(self._wall())
+
+    def update(self, state: ClockState) -> bool:
+        """Adopt ``state`` if it is newer (higher generation); return whether it was adopted."""
+        if state.generation <= self._state.generation:
+            return False
+        self._state = state
+        return True
+
+    def jump_to(self, business: float) -> ClockState:
+        """Move business time forward to ``business`` now (never backwards); return the new state."""
+        wall = self._wall()
+        target = max(business, self._state.at(wall))
+        self._state = ClockState(wall, target, self._state.speed, self._state.generation + 1)
+        return self._state

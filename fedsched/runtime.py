@@ -1,0 +1,293 @@
+"""Bringing the whole federation up: embedded by default, external servers when configured.
+
+:class:`System` starts, in order: NATS (a ``nats-server`` child process on
+``data_dir/nats`` unless ``nats_url`` is set), the ClickHouse store (chDB on
+``data_dir/clickhouse`` unless ``clickhouse_url`` is set; migrations applied), the streams,
+then the services -- audit, billing, scheduler, one agent per cluster, admission (gRPC) -- each
+on its own NATS connection, as they would be in separate processes. :meth:`System.stop` stops
+them in reverse order; a later start on the same data dir resumes from the streams.
+
+The process that holds the chDB store also answers read-only SQL on
+``<p>.svc.store.query`` so ``fedsched sql`` works while the system runs (chDB allows one
+process per data dir).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import decimal
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fedsched import telemetry
+from fedsched.bus import Bus
+from fedsched.clock import Clock, SystemClock
+from fedsched.errors import FedError, UnavailableError
+from fedsched.natsd import EmbeddedNats
+from fedsched.pricing import PriceCatalog, load_price_catalog
+from fedsched.settings import Settings
+from fedsched.store import AsyncStore, Store, open_store
+from fedsched.tenancy import TenantDirectory, load_tenants
+from services.admission.convert import Limits
+from services.admission.service import AdmissionService
+from services.audit.service import AuditService
+from services.billing.service import BillingService
+from services.inventory.agent import ClusterAgent, TraceBackend
+from services.inventory.trace import CLUSTERS, load_nodes, split_nodes
+from services.scheduler.core import build_policy
+from services.scheduler.service import SchedulerService
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class SystemOptions:
+    """What to run.
+
+    Attributes:
+        settings: runtime settings.
+        clock: business clock shared by the services (a replay passes its compressed clock).
+        policy: scheduling policy name.
+        nodes_csv: trace node list for the embedded trace agents; None = run no agents
+            (agents then run beside their clusters: ``fedsched agent``).
+        services: which services to run (default all).
+        agent_tick_s: how often agents check for jobs that ended (wall seconds).
+    """
+
+    settings: Settings
+    clock: Clock = field(default_factory=SystemClock)
+    policy: str = "federated"
+    nodes_csv: Path | None = None
+    services: tuple[str, ...] = ("audit", "billing", "scheduler", "agents", "admission")
+    agent_tick_s: float = 0.01
+    clusters: tuple[str, ...] = ()  # run only these clusters' agents (default: every cluster of the split)
+    tenants: TenantDirectory | None = None
+    prices: PriceCatalog | None = None
+    limits: Limits | None = None
+
+
+class System:
+    """The running federation (see the module docstring).
+
+    Attributes (after :meth:`start`): ``nats_url``, ``grpc_target``, ``store``, ``scheduler``,
+    ``admission``, ``audit``, ``billing``, ``agents``.
+    """
+
+    def __init__(self, options: SystemOptions) -> None:
+        self.options = options
+        self.settings = options.settings
+        self.nats: EmbeddedNats | None = None
+        self.nats_url = self.settings.nats_url
+        self.store: AsyncStore | None = None
+        self.sync_store: Store | None = None
+        self.buses: list[Bus] = []
+        self.tasks: list[asyncio.Task] = []
+        self.scheduler: SchedulerService | None = None
+        self.admission: AdmissionService | None = None
+        self.audit: AuditService | None = None
+        self.billing: BillingService | None = None
+        self.agents: list[ClusterAgent] = []
+        self.control: Bus | None = None
+        self._query_sub = None
+        self.failed = asyncio.Event()
+        self.failure: BaseException | None = None
+
+    def _spawn(self, coro, name: str) -> None:
+        task = asyncio.create_task(coro, name=name)
+        task.add_done_callback(self._on_task_done)
+        self.tasks.append(task)
+
+    def _on_task_done(self, task: asyncio.Task) -> None:
+        if task.cancelled() or task.exception() is None:
+            return
+        self.failure = task.exception()
+        log.error("service %s crashed: %r", task.get_name(), task.exception(), exc_info=task.exception())
+        self.failed.set()
+
+    @property
+    def grpc_target(self) -> str:
+        """``host:port`` of the admission gRPC server."""
+        host = self.settings.grpc_address.rsplit(":", 1)[0]
+        return f"{host}:{self.admission.port}" if self.admission else self.settings.grpc_address
+
+    async def _bus(self, name: str) -> Bus:
+        bus = await Bus.connect(self.nats_url, self.settings.subject_prefix, name=name,
+                                duplicate_window_s=self.settings.duplicate_window_s,
+                                max_age_s=self.settings.stream_max_age_s)
+        self.buses.append(bus)
+        return bus
+
+    async def start(self) -> None:
+        """Start everything; returns when admission serves.
+
+        Raises:
+            UnavailableError: NATS or ClickHouse cannot be started/reached.
+            SchemaError: the store's schema is newer than this binary.
+        """
+        s = self.settings
+        opts = self.options
+        telemetry.setup_tracing(s.otel_exporter)
+        if s.embedded_nats:
+            self.nats = EmbeddedNats(Path(s.data_dir) / "nats", port=s.nats_port)
+            await asyncio.to_thread(self.nats.start)
+            self.nats_url = self.nats.url
+        self.control = await self._bus("control")
+        await self.control.ensure_streams()
+        wants = set(opts.services)
+        if wants & {"audit", "billing"}:
+            self.sync_store = await asyncio.to_thread(open_store, data_dir=Path(s.data_dir), url=s.clickhouse_url,
+                                                      database=s.clickhouse_database, chdb_path=s.clickhouse_path)
+            self.store = AsyncStore(self.sync_store)
+            self._query_sub = await self.control.nc.subscribe(f"{s.subject_prefix}.svc.store.query", cb=self._on_query)
+        prices = opts.prices or load_price_catalog(s.price_catalog)
+        tenants = opts.tenants or load_tenants()
+        clock = opts.clock
+        if "audit" in wants:
+            self.audit = AuditService(await self._bus("audit"), self.store)
+            self._spawn(self.audit.run(), "audit")
+        if "billing" in wants:
+            self.billing = BillingService(await self._bus("billing"), self.store, prices)
+            self._spawn(self.billing.run(), "billing")
+        if "agents" in wants and opts.nodes_csv is not None:
+            split = split_nodes(load_nodes(opts.nodes_csv))
+            for cluster in CLUSTERS:
+                nodes = split[cluster.name]
+                if not nodes or (opts.clusters and cluster.name not in opts.clusters):
+                    continue
+                agent = ClusterAgent(await self._bus(f"agent-{cluster.name}"), clock, cluster,
+                                     TraceBackend(nodes, rdma=cluster.interconnect in ("rdma", "infiniband")),
+                                     heartbeat_interval_s=s.heartbeat_interval_s, tick_s=opts.agent_tick_s)
+                self.agents.append(agent)
+                self._spawn(agent.run(), f"agent-{cluster.name}")
+        if "scheduler" in wants:
+            self.scheduler = SchedulerService(await self._bus("scheduler"), clock, build_policy(opts.policy), prices,
+                                              stale_after_s=s.stale_after_s, interval_s=s.schedule_interval_s)
+            self._spawn(self.scheduler.run(), "scheduler")
+        if "admission" in wants:
+            self.admission = AdmissionService(await self._bus("admission"), clock, tenants, address=s.grpc_address,
+                                              limits=opts.limits)
+            self._spawn(self.admission.run(), "admission")
+            task = self.tasks[-1]
+            ready = asyncio.create_task(self.admission.ready.wait())
+            await asyncio.wait({task, ready}, return_when=asyncio.FIRST_COMPLETED)
+            if task.done():
+                ready.cancel()
+                task.result()  # raises the startup error
+
+    async def stop(self) -> None:
+        """Stop the services, then the store and NATS (idempotent)."""
+        for svc in (self.admission, self.scheduler, *self.agents, self.billing, self.audit):
+            if svc is not None:
+                svc.stop()
+        if self.tasks:
+            done, pending = await asyncio.wait(self.tasks, timeout=10)
+            for t in pending:
+                t.cancel()
+            await asyncio.gather(*self.tasks, return_exceptions=True)
+            for t in done:
+                if not t.cancelled() and t.exception() is not None:
+                    log.warning("%s ended with %r", t.get_name(), t.exception())
+        self.tasks = []
+        if self._query_sub is not None:
+            try:
+                await self._query_sub.unsubscribe()
+            except Exception:  # noqa: BLE001
+                pass
+            self._query_sub = None
+        for bus in reversed(self.buses):
+            try:
+                await asyncio.wait_for(bus.close(), timeout=5)
+            except Exception:  # noqa: BLE001
+                pass
+        self.buses = []
+        if self.store is not None:
+            self.store.close()
+            self.store = None
+        if self.nats is not None:
+            await asyncio.to_thread(self.nats.stop)
+            self.nats = None
+
+    async def __aenter__(self) -> "System":
+        try:
+            await self.start()
+        except BaseException:
+            await self.stop()
+            raise
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    # ------------------------------------------------------------------ helpers
+
+    async def stop_producers(self) -> None:
+        """Stop every service that publishes on its own (agents, scheduler, admission) but keep
+        audit and billing writing: afterwards the event log stops growing once they drain."""
+        producers = [*self.agents, self.scheduler, self.admission]
+        for svc in producers:
+            if svc is not None:
+                svc.stop()
+        names = {f"agent-{a.cluster.name}" for a in self.agents} | {"scheduler", "admission"}
+        tasks = [t for t in self.tasks if t.get_name() in names]
+        if tasks:
+            await asyncio.wait(tasks, timeout=10)
+
+    async def stream_messages(self) -> int:
+        """Messages in all the federation's streams (what the audit log must hold)."""
+        total = 0
+        for suffix in ("EVENTS", "INVENTORY", "DLQ"):
+            info = await self.control.js.stream_info(self.control.stream_name(suffix))
+            total += int(info.state.messages)
+        return total
+
+    async def stream_last_seq(self, suffix: str = "EVENTS") -> int:
+        """Last sequence of a stream."""
+        info = await self.control.js.stream_info(self.control.stream_name(suffix))
+        return int(info.state.last_seq)
+
+    async def drain_writers(self, timeout_s: float = 120.0) -> None:
+        """Wait until audit and billing have written everything published so far.
+
+        Raises:
+            UnavailableError: not drained within ``timeout_s``.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while True:
+            lag = 0
+            if self.audit:
+                lag += await self.audit.lag()
+            if self.billing:
+                lag += await self.billing.consumer.lag()
+            if lag == 0:
+                return
+            if loop.time() > deadline:
+                raise UnavailableError(f"audit/billing still {lag} events behind after {timeout_s:.0f}s")
+            await asyncio.sleep(0.1)
+
+    async def _on_query(self, msg) -> None:
+        try:
+            req = json.loads(msg.data or b"{}")
+            sql = str(req.get("sql", ""))
+            result = await asyncio.get_running_loop().run_in_executor(
+                None, lambda: self.sync_store.query(sql, req.get("parameters") or {}, settings={"readonly": 1}))
+            body = {"columns": list(result.columns), "rows": [list(r) for r in result.rows[:10000]],
+                    "truncated": len(result.rows) > 10000}
+        except FedError as e:
+            body = {"error": e.message}
+        except Exception as e:  # noqa: BLE001 - report, never crash the responder
+            body = {"error": f"{type(e).__name__}: {e}"}
+        await msg.respond(json.dumps(body, default=_json_default).encode())
+
+
+def _json_default(value):
+    if isinstance(value, (dt.datetime, dt.date)):
+        return value.isoformat()
+    if isinstance(value, decimal.Decimal):
+        return str(value)
+    if isinstance(value, (bytes, bytearray)):
+        return value.decode("utf-8", errors="replace")
+    return str(value)

@@ -1,0 +1,81 @@
+"""Settings for every service, from the environment (prefix ``FEDSCHED_``) and CLI flags.
+
+The embedded default needs nothing: a ``nats-server`` child process and chDB on ``data_dir``.
+Setting ``nats_url`` and/or ``clickhouse_url`` switches to external servers.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    """Runtime settings (environment variable = ``FEDSCHED_`` + upper-case field name).
+
+    Attributes:
+        data_dir: where the embedded NATS (``nats/``) and chDB (``clickhouse/``) keep their data.
+        nats_url: external NATS server(s), comma separated; empty = start the embedded one.
+        nats_port: port of the embedded nats-server (0 = pick a free one).
+        clickhouse_url: ClickHouse server over HTTP(S), e.g. ``http://user:pw@host:8123``;
+            empty = embedded chDB on ``data_dir/clickhouse``.
+        clickhouse_database: database holding the tables (created by the migrations).
+        clickhouse_path: chDB data path; default ``data_dir/clickhouse`` (chDB allows one path
+            per process, so tests share one path and isolate by database).
+        subject_prefix: first token of every subject and the stream-name prefix; lets several
+            federations (or test runs) share one NATS.
+        grpc_address: where admission listens (``host:port``; port 0 = pick a free one).
+        otel_exporter: ``none`` (default), ``console`` or ``otlp`` (needs the ``otlp`` extra).
+        stream_max_age_s: how long JetStream keeps events (seconds).
+        duplicate_window_s: JetStream duplicate-detection window for ``Nats-Msg-Id`` (seconds).
+        heartbeat_interval_s: agents' heartbeat period (wall seconds).
+        stale_after_s: an inventory older than this (wall seconds) is excluded from scheduling.
+        schedule_interval_s: the scheduler's cycle period when something changed (wall seconds).
+        price_catalog: optional YAML price catalog; the bundled one is used when empty.
+    """
+
+    model_config = SettingsConfigDict(env_prefix="FEDSCHED_", extra="ignore")
+
+    data_dir: Path = Field(default=Path(".fedsched"))
+    nats_url: str = ""
+    nats_port: int = Field(default=0, ge=0, le=65535)
+    clickhouse_url: str = ""
+    clickhouse_database: str = "fedsched"
+    clickhouse_path: Path | None = None
+    subject_prefix: str = "fed"
+    grpc_address: str = "127.0.0.1:50051"
+    otel_exporter: Literal["none", "console", "otlp"] = "none"
+    stream_max_age_s: float = Field(default=30 * 86400, gt=0)
+    duplicate_window_s: float = Field(default=120, gt=0)
+    heartbeat_interval_s: float = Field(default=1.0, gt=0)
+    stale_after_s: float = Field(default=10.0, gt=0)
+    schedule_interval_s: float = Field(default=0.02, gt=0)
+    price_catalog: Path | None = None
+
+    @field_validator("subject_prefix")
+    @classmethod
+    def _prefix_is_a_token(cls, value: str) -> str:
+        if not re.fullmatch(r"[a-z][a-z0-9_]{0,15}", value):
+            raise ValueError("subject_prefix must be 1-16 lower-case letters, digits or '_', starting with a letter")
+        return value
+
+    @field_validator("clickhouse_database")
+    @classmethod
+    def _database_is_identifier(cls, value: str) -> str:
+        if not re.fullmatch(r"[a-z_][a-z0-9_]{0,62}", value):
+            raise ValueError("clickhouse_database must be a lower-case identifier")
+        return value
+
+    @property
+    def embedded_nats(self) -> bool:
+        """True when the system must start its own nats-server."""
+        return not self.nats_url
+
+    @property
+    def embedded_clickhouse(self) -> bool:
+        """True when the store is chDB in this process."""
+        return not self.clickhouse_url

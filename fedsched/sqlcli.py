@@ -1,0 +1,63 @@
+"""``fedsched sql``: run a read-only query against the store, wherever it is.
+
+* ``--clickhouse-url``: the server, directly.
+* ``--nats-url``: ask the running system (the process holding the embedded store answers on
+  ``<p>.svc.store.query``).
+* otherwise: open the embedded store in ``--data-dir`` (fails clearly if a running system holds
+  it, pointing to ``--nats-url``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+from fedsched.errors import UnavailableError, ValidationError
+from fedsched.store import open_store
+
+
+def _check(query: str) -> str:
+    q = query.strip().rstrip(";")
+    if not q:
+        raise ValidationError("query", "empty")
+    return q
+
+
+def run_sql(query: str, *, data_dir: Path, nats_url: str = "", clickhouse_url: str = "",
+            prefix: str = "fed") -> tuple[list[str], list[list]]:
+    """Columns and rows of a read-only query (``readonly=1``: writes are refused by ClickHouse).
+
+    Raises:
+        ValidationError: empty query, or ClickHouse rejected it (the message says why).
+        UnavailableError: the store or the running system cannot be reached.
+    """
+    q = _check(query)
+    if nats_url:
+        return asyncio.run(_ask(q, nats_url, prefix))
+    if not clickhouse_url and not (Path(data_dir) / "clickhouse").exists():
+        raise UnavailableError(f"no embedded store in {data_dir}/clickhouse; run `fedsched up --data-dir {data_dir}` "
+                               f"or pass --clickhouse-url")
+    store = open_store(data_dir=Path(data_dir), url=clickhouse_url, migrate=False)
+    result = store.query(q, settings={"readonly": 1})
+    return list(result.columns), [list(r) for r in result.rows]
+
+
+async def _ask(query: str, nats_url: str, prefix: str) -> tuple[list[str], list[list]]:
+    import nats
+    import nats.errors
+
+    try:
+        nc = await nats.connect(nats_url, connect_timeout=5, max_reconnect_attempts=0)
+    except Exception as e:  # noqa: BLE001
+        raise UnavailableError(f"cannot connect to NATS at {nats_url}: {e}") from e
+    try:
+        reply = await nc.request(f"{prefix}.svc.store.query", json.dumps({"sql": query}).encode(), timeout=60)
+    except (nats.errors.NoRespondersError, nats.errors.TimeoutError) as e:
+        raise UnavailableError("no running fedsched answers store queries on this NATS") from e
+    finally:
+        await nc.close()
+    body = json.loads(reply.data)
+    if "error" in body:
+        raise ValidationError("query", body["error"])
+    return body["columns"], body["rows"]

@@ -1,0 +1,89 @@
+"""Tracing: OpenTelemetry SDK spans, W3C ``traceparent`` in gRPC metadata and NATS headers.
+
+One trace spans gRPC -> admission -> scheduler -> agent -> audit: admission continues the
+caller's context (gRPC metadata), every publish injects the current context into the NATS
+headers, and every consumer starts its span as a child of the context it extracts. The audit
+log stores the trace id of each event, so a trace can be found from SQL.
+
+Spans are always recorded (so ids exist and propagate); exporting them is chosen by
+``Settings.otel_exporter``: ``none`` (default), ``console`` or ``otlp``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Iterable, Mapping
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.propagate import extract, inject
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
+
+log = logging.getLogger(__name__)
+
+_configured = False
+
+
+def setup_tracing(exporter: str = "none", service_name: str = "fedsched") -> None:
+    """Install the SDK tracer provider once per process.
+
+    Args:
+        exporter: ``none``, ``console`` or ``otlp`` (OTLP/gRPC to ``OTEL_EXPORTER_OTLP_ENDPOINT``).
+
+    Raises:
+        RuntimeError: ``otlp`` asked for but ``opentelemetry-exporter-otlp-proto-grpc`` missing.
+    """
+    global _configured
+    if _configured:
+        return
+    provider = TracerProvider(resource=Resource.create({"service.name": service_name}))
+    if exporter == "console":
+        provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter()))
+    elif exporter == "otlp":
+        try:
+            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+        except ImportError as e:  # pragma: no cover - depends on the optional extra
+            raise RuntimeError("otel_exporter=otlp needs `pip install fedsched[otlp]`") from e
+        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+    trace.set_tracer_provider(provider)
+    _configured = True
+
+
+def tracer(name: str) -> trace.Tracer:
+    """A tracer for component ``name`` (e.g. ``fedsched.scheduler``)."""
+    return trace.get_tracer(name)
+
+
+def inject_headers(headers: dict[str, str] | None = None) -> dict[str, str]:
+    """Return ``headers`` with the current trace context (``traceparent``) added."""
+    headers = dict(headers or {})
+    inject(headers)
+    return headers
+
+
+def context_from(carrier: Mapping[str, str] | Iterable[tuple[str, str]] | None) -> otel_context.Context:
+    """The trace context carried by NATS headers or gRPC metadata (empty context if none)."""
+    if carrier is None:
+        return otel_context.Context()
+    if not isinstance(carrier, Mapping):
+        carrier = {k: v for k, v in carrier if isinstance(v, str)}
+    return extract(carrier)
+
+
+def trace_id_of(carrier: Mapping[str, str] | None) -> str:
+    """32-hex trace id of the ``traceparent`` in ``carrier``, or "" if none/invalid."""
+    if not carrier:
+        return ""
+    value = carrier.get("traceparent", "")
+    parts = value.split("-")
+    if len(parts) == 4 and len(parts[1]) == 32 and parts[1] != "0" * 32:
+        return parts[1]
+    return ""
+
+
+def current_trace_id() -> str:
+    """32-hex id of the active span's trace, or "" outside a span."""
+    ctx = trace.get_current_span().get_span_context()
+    return format(ctx.trace_id, "032x") if ctx.is_valid else ""

@@ -1,0 +1,209 @@
+"""Wire <-> domain: protobuf messages to :class:`~fedsched.jobs.JobSpec` and back, strictly.
+
+Every problem becomes a :class:`~fedsched.errors.ValidationError` whose ``field`` is the
+request path (``spec.workers``, ``spec.card_models[1]``), so the caller learns exactly what to
+fix. Limits are configurable (:class:`Limits`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from google.protobuf.timestamp_pb2 import Timestamp
+from pydantic import ValidationError as PydanticValidationError
+
+from fedsched import naming
+from fedsched.api.v1 import jobs_pb2 as pb
+from fedsched.errors import InvalidName, ValidationError
+from fedsched.jobs import Dataset, JobKind, JobSpec, JobState, Locality, PriorityClass
+
+KIND_FROM_PB = {pb.JOB_KIND_UNSPECIFIED: JobKind.BATCH, pb.JOB_KIND_TRAINING: JobKind.TRAINING,
+                pb.JOB_KIND_FINE_TUNE: JobKind.FINE_TUNE, pb.JOB_KIND_INFERENCE: JobKind.INFERENCE,
+                pb.JOB_KIND_BATCH: JobKind.BATCH, pb.JOB_KIND_EVALUATION: JobKind.EVALUATION,
+                pb.JOB_KIND_EXPERIMENT: JobKind.EXPERIMENT}
+KIND_TO_PB = {v: k for k, v in KIND_FROM_PB.items() if k != pb.JOB_KIND_UNSPECIFIED}
+LOCALITY_FROM_PB = {pb.LOCALITY_MUST_LOCAL: Locality.MUST_LOCAL, pb.LOCALITY_PREFER_LOCAL: Locality.PREFER_LOCAL,
+                    pb.LOCALITY_GLOBAL: Locality.GLOBAL}
+LOCALITY_TO_PB = {v: k for k, v in LOCALITY_FROM_PB.items()}
+PRIORITY_FROM_PB = {pb.PRIORITY_CLASS_UNSPECIFIED: PriorityClass.NORMAL, pb.PRIORITY_CLASS_CRITICAL: PriorityClass.CRITICAL,
+                    pb.PRIORITY_CLASS_HIGH: PriorityClass.HIGH, pb.PRIORITY_CLASS_NORMAL: PriorityClass.NORMAL,
+                    pb.PRIORITY_CLASS_LOW: PriorityClass.LOW, pb.PRIORITY_CLASS_BEST_EFFORT: PriorityClass.BEST_EFFORT}
+PRIORITY_TO_PB = {v: k for k, v in PRIORITY_FROM_PB.items() if k != pb.PRIORITY_CLASS_UNSPECIFIED}
+STATE_TO_PB = {JobState.QUEUED: pb.JOB_STATE_QUEUED, JobState.AWAITING_APPROVAL: pb.JOB_STATE_AWAITING_APPROVAL,
+               JobState.PLACED: pb.JOB_STATE_PLACED, JobState.RUNNING: pb.JOB_STATE_RUNNING,
+               JobState.SUCCEEDED: pb.JOB_STATE_SUCCEEDED, JobState.FAILED: pb.JOB_STATE_FAILED,
+               JobState.CANCELLED: pb.JOB_STATE_CANCELLED}
+STATE_FROM_PB = {v: k for k, v in STATE_TO_PB.items()}
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Admission limits (configurable).
+
+    Attributes:
+        max_workers: largest gang.
+        max_gpus_per_worker: most whole GPUs one worker may ask for.
+        max_cpu_milli / max_memory_mib: per worker.
+        max_datasets: datasets per job.
+        max_request_id: longest request id (characters).
+    """
+
+    max_workers: int = 1024
+    max_gpus_per_worker: int = 16
+    max_cpu_milli: int = 1_024_000
+    max_memory_mib: int = 16 * 1024 * 1024
+    max_datasets: int = 64
+    max_request_id: int = 128
+    max_duration_s: float = 365 * 86400.0
+
+
+def _finite(value: float, field: str, *, lo: float = 0.0, hi: float | None = None) -> float:
+    if not math.isfinite(value):
+        raise ValidationError(field, "must be a finite number")
+    if value < lo:
+        raise ValidationError(field, f"must be >= {lo:g}")
+    if hi is not None and value > hi:
+        raise ValidationError(field, f"must be <= {hi:g}")
+    return value
+
+
+def _enum(value: int, table: dict, field: str, default=None):
+    if value in table:
+        return table[value]
+    if value == 0 and default is not None:
+        return default
+    raise ValidationError(field, f"unknown enum value {value}")
+
+
+def spec_from_pb(msg: pb.JobSpec, *, limits: Limits, default_home: str | None,
+                 known_models: frozenset[str] | None = None) -> JobSpec:
+    """Validate a wire :class:`JobSpec` into the domain model.
+
+    Args:
+        msg: the request's spec.
+        limits: admission limits.
+        default_home: the tenant's home region, used when ``home_region`` is empty.
+        known_models: canonical card models valid besides the catalog (those agents report).
+
+    Raises:
+        ValidationError: the first problem found, ``field`` = ``spec.<path>``.
+    """
+    catalog = naming.default_catalog()
+    workers = msg.workers if msg.HasField("workers") else 1
+    gpus = msg.gpus_per_worker if msg.HasField("gpus_per_worker") else 1
+    milli = msg.gpu_milli if msg.HasField("gpu_milli") else (1000 if gpus else 0)
+    shards = msg.shards if msg.HasField("shards") else 1
+    if not 1 <= workers <= limits.max_workers:
+        raise ValidationError("spec.workers", f"must be 1..{limits.max_workers}")
+    if gpus > limits.max_gpus_per_worker:
+        raise ValidationError("spec.gpus_per_worker", f"must be 0..{limits.max_gpus_per_worker}")
+    if gpus and not 1 <= milli <= 1000:
+        raise ValidationError("spec.gpu_milli", "must be 1..1000 (1000 = a whole card)")
+    if not gpus and milli not in (0, 1000):
+        raise ValidationError("spec.gpu_milli", "must be 0 for a CPU-only worker (gpus_per_worker = 0)")
+    if gpus > 1 and milli != 1000:
+        raise ValidationError("spec.gpu_milli", "a fractional share (< 1000) needs gpus_per_worker = 1")
+    if msg.cpu_milli > limits.max_cpu_milli:
+        raise ValidationError("spec.cpu_milli", f"must be <= {limits.max_cpu_milli}")
+    if msg.memory_mib > limits.max_memory_mib:
+        raise ValidationError("spec.memory_mib", f"must be <= {limits.max_memory_mib}")
+    if not gpus and not msg.cpu_milli:
+        raise ValidationError("spec.cpu_milli", "a CPU-only job must ask for CPU (cpu_milli > 0)")
+    if len(msg.datasets) > limits.max_datasets:
+        raise ValidationError("spec.datasets", f"at most {limits.max_datasets} datasets")
+    if not 1 <= shards <= 1024:
+        raise ValidationError("spec.shards", "must be 1..1024")
+
+    models: list[str] = []
+    for i, raw in enumerate(msg.card_models):
+        field = f"spec.card_models[{i}]"
+        try:
+            models.extend(m.name for m in catalog.resolve(raw, field=field))
+        except InvalidName:
+            minted = catalog.canonical(raw).name if raw.strip() else ""
+            if known_models and minted in known_models:
+                models.append(minted)
+            elif known_models and raw in known_models:
+                models.append(raw)
+            else:
+                raise
+
+    home = msg.home_region or default_home or ""
+    if not home:
+        raise ValidationError("spec.home_region", "required (the tenant has no default home region)")
+
+    deadline = None
+    if msg.HasField("start_deadline"):
+        try:
+            deadline = msg.start_deadline.ToDatetime(tzinfo=UTC)
+        except (ValueError, OverflowError) as e:
+            raise ValidationError("spec.start_deadline", f"not a valid timestamp: {e}") from e
+
+    datasets = []
+    for i, d in enumerate(msg.datasets):
+        try:
+            datasets.append(Dataset(name=d.name, home_region=d.home_region, size_bytes=d.size_bytes))
+        except InvalidName as e:
+            raise ValidationError(f"spec.datasets[{i}].{e.field.split('.')[-1]}", e.reason) from e
+        except PydanticValidationError as e:
+            raise _from_pydantic(e, f"spec.datasets[{i}]") from e
+
+    try:
+        return JobSpec(
+            tenant=msg.tenant, project=msg.project, name=msg.name,
+            kind=_enum(msg.kind, KIND_FROM_PB, "spec.kind"),
+            priority=_enum(msg.priority, PRIORITY_FROM_PB, "spec.priority"),
+            workers=workers, gpus_per_worker=gpus, gpu_milli=milli if gpus else 0,
+            cpu_milli=msg.cpu_milli, memory_mib=msg.memory_mib,
+            card_models=tuple(models), min_gpu_memory_gib=msg.min_gpu_memory_gib, requires_rdma=msg.requires_rdma,
+            home_region=home,
+            locality=_enum(msg.locality, LOCALITY_FROM_PB, "spec.locality", default=Locality.GLOBAL),
+            allowed_regions=tuple(msg.allowed_regions), forbidden_regions=tuple(msg.forbidden_regions),
+            residency_tags=tuple(msg.residency_tags), datasets=tuple(datasets), start_deadline=deadline,
+            max_price_per_gpu_hour=_finite(msg.max_price_per_gpu_hour, "spec.max_price_per_gpu_hour", hi=1e6),
+            preemptible=msg.preemptible, checkpointable=msg.checkpointable,
+            estimated_duration_s=(_finite(msg.estimated_duration_seconds, "spec.estimated_duration_seconds",
+                                          hi=limits.max_duration_s) or None),
+            retry_limit=msg.retry_limit, shards=shards, annotations=dict(msg.annotations),
+        )
+    except InvalidName as e:
+        raise ValidationError(f"spec.{e.field}", e.reason) from e
+    except PydanticValidationError as e:
+        raise _from_pydantic(e, "spec") from e
+
+
+def _from_pydantic(e: PydanticValidationError, prefix: str) -> ValidationError:
+    err = e.errors()[0]
+    loc = ".".join(str(p) for p in err.get("loc", ()) if p != "__root__")
+    msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
+    return ValidationError(f"{prefix}.{loc}" if loc else prefix, msg)
+
+
+def _ts(epoch_s: float | None) -> Timestamp | None:
+    if epoch_s is None:
+        return None
+    ts = Timestamp()
+    ts.FromDatetime(datetime.fromtimestamp(epoch_s, tz=UTC))
+    return ts
+
+
+def spec_to_pb(spec: JobSpec) -> pb.JobSpec:
+    """The wire form of a domain spec (canonical names)."""
+    msg = pb.JobSpec(
+        tenant=spec.tenant, project=spec.project, name=spec.name, kind=KIND_TO_PB[spec.kind],
+        priority=PRIORITY_TO_PB[spec.priority], workers=spec.workers, gpus_per_worker=spec.gpus_per_worker,
+        gpu_milli=spec.gpu_milli, cpu_milli=spec.cpu_milli, memory_mib=spec.memory_mib,
+        card_models=list(spec.card_models), min_gpu_memory_gib=spec.min_gpu_memory_gib,
+        requires_rdma=spec.requires_rdma, home_region=spec.home_region, locality=LOCALITY_TO_PB[spec.locality],
+        allowed_regions=list(spec.allowed_regions), forbidden_regions=list(spec.forbidden_regions),
+        residency_tags=list(spec.residency_tags),
+        datasets=[pb.Dataset(name=d.name, home_region=d.home_region, size_bytes=d.size_bytes) for d in spec.datasets],
+        max_price_per_gpu_hour=spec.max_price_per_gpu_hour, preemptible=spec.preemptible,
+        checkpointable=spec.checkpointable, estimated_duration_seconds=spec.estimated_duration_s or 0.0,
+        retry_limit=spec.retry_limit, shards=spec.shards, annotations=spec.annotations,
+    )
+    if spec.start_deadline is not None:
+        msg.start_deadline.FromDatetime(spec.start_deadline)
+    return msg

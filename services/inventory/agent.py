@@ -1,0 +1,414 @@
+"""The region agent: one per cluster, beside it.
+
+It publishes the cluster's inventory (snapshots) and heartbeats, consumes the placements for
+its own cluster (``<p>.placements.<region>.<cluster>``, a durable consumer), checks each against
+its own ledger of node allocations (the cluster's ground truth: a placement that does not fit is
+refused with ``job.rejected``, never over-committed), launches it through a backend, and reports
+``job.started`` / ``job.finished`` / ``job.failed`` / ``job.stopped``.
+
+Restart: before consuming, the agent rebuilds its running set from its own history on the bus
+(placements and status of its cluster), so jobs started before a crash keep running and end on
+time. Status events have deterministic ids (job, attempt, shard, step): reporting twice is
+harmless.
+
+Backends implement :class:`Backend`; :class:`TraceBackend` runs jobs for the runtime recorded in
+the trace (annotation ``trace.runtime_s``) on the business clock, ending them as the trace did
+(``trace.outcome``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from fedsched import telemetry
+from fedsched.bus import Bus, Delivery, DurableConsumer, StreamFollower
+from fedsched.clock import Clock, to_datetime
+from fedsched.errors import DecodeError
+from fedsched.events import (Heartbeat, InventorySnapshot, JobPlaced, JobStatus, JobStop, NodeInventory,
+                             business_event_id, make_event)
+from fedsched.jobs import JobSpec
+from services.inventory.trace import ClusterDef
+
+log = logging.getLogger(__name__)
+tracer = telemetry.tracer("fedsched.agent")
+
+WHOLE = 1000
+
+
+@dataclass
+class NodeLedger:
+    """Allocations on one node (milli-GPU per device, milli-CPU, MiB)."""
+
+    inv: NodeInventory
+    gpu_free: list[int]
+    cpu_free: int
+    mem_free: int
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptRef:
+    """The routing names of one job attempt (what status events carry in their envelope)."""
+
+    job_id: str
+    attempt: int
+    tenant: str
+    project: str
+    policy_version: str = ""
+
+    @classmethod
+    def of(cls, env) -> "AttemptRef":
+        """From the envelope of the placement."""
+        return cls(env.job_id, env.attempt, env.tenant, env.project, env.policy_version)
+
+
+@dataclass
+class RunningJob:
+    """A job attempt this agent runs."""
+
+    ref: AttemptRef
+    shard: int
+    spec: JobSpec
+    placed: JobPlaced
+    started_at: float
+    ends_at: float | None
+    outcome: str
+    trace_headers: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def key(self) -> tuple[str, int, int]:
+        return (self.ref.job_id, self.ref.attempt, self.shard)
+
+
+class Backend(Protocol):
+    """How an agent runs work on its cluster."""
+
+    def nodes(self) -> list[NodeInventory]:
+        """The cluster's nodes with capacity (free fields are filled in by the agent)."""
+        ...
+
+    def plan(self, spec: JobSpec, started_at: float) -> tuple[float | None, str]:
+        """When a job started at ``started_at`` will end (None = until stopped) and how
+        (``succeeded`` or ``failed``)."""
+        ...
+
+
+class TraceBackend:
+    """Nodes from a trace node list; jobs run for their recorded runtime on the business clock.
+
+    Args:
+        nodes: the cluster's nodes (from :func:`~services.inventory.trace.split_nodes`).
+        rdma: whether nodes sit on an RDMA fabric.
+    """
+
+    def __init__(self, nodes, *, rdma: bool = False) -> None:
+        self._nodes = [
+            NodeInventory(name=n.name.lower(), card_model=n.card_model, gpus=n.gpus, gpu_memory_gib=n.gpu_memory_gib,
+                          gpu_free_milli=(WHOLE,) * n.gpus, cpu_milli=n.cpu_milli, cpu_free_milli=n.cpu_milli,
+                          memory_mib=n.memory_mib, memory_free_mib=n.memory_mib, healthy=True, rdma=rdma)
+            for n in nodes
+        ]
+
+    def nodes(self) -> list[NodeInventory]:
+        return list(self._nodes)
+
+    def plan(self, spec: JobSpec, started_at: float) -> tuple[float | None, str]:
+        raw = spec.annotations.get("trace.runtime_s")
+        if raw is None:
+            runtime = spec.estimated_duration_s
+        else:
+            try:
+                runtime = max(0.0, float(raw))
+            except ValueError:
+                runtime = spec.estimated_duration_s
+        outcome = "failed" if spec.annotations.get("trace.outcome") == "failed" else "succeeded"
+        return (None if runtime is None else started_at + runtime), outcome
+
+
+class ClusterAgent:
+    """The agent of one cluster.
+
+    Args:
+        bus: NATS connection.
+        clock: business clock.
+        cluster: which cluster (names, fabric, residency tags).
+        backend: how work runs.
+        heartbeat_interval_s: wall seconds between heartbeats.
+        snapshot_every: a full inventory snapshot every this many heartbeats, and at once when
+            capacity or health changes (allocations are not capacity: the scheduler tracks its own
+            placements; snapshots carry free resources for reconciliation and the capacity log).
+        tick_s: wall seconds between checks for jobs that ended.
+    """
+
+    def __init__(self, bus: Bus, clock: Clock, cluster: ClusterDef, backend: Backend, *,
+                 heartbeat_interval_s: float = 1.0, snapshot_every: int = 10, tick_s: float = 0.01) -> None:
+        self.bus = bus
+        self.clock = clock
+        self.cluster = cluster
+        self.backend = backend
+        self.heartbeat_interval_s = heartbeat_interval_s
+        self.snapshot_every = snapshot_every
+        self.tick_s = tick_s
+        self.producer = f"agent/{cluster.name}"
+        self.ledger: dict[str, NodeLedger] = {
+            n.name: NodeLedger(n, list(n.gpu_free_milli), n.cpu_milli, n.memory_mib) for n in backend.nodes()}
+        self.running: dict[tuple[str, int, int], RunningJob] = {}
+        self.done: set[tuple[str, int, int]] = set()
+        self.sequence = 0
+        self._changed = asyncio.Event()  # capacity or health changed: snapshot at the next beat
+        self._stop = asyncio.Event()
+        self._consumer: DurableConsumer | None = None
+        self.paused = False  # failure drills: a paused agent stops heartbeating
+
+    @property
+    def durable(self) -> str:
+        """Durable consumer name of this agent."""
+        return f"agent-{self.cluster.name}"
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def run(self) -> None:
+        """Rebuild, then consume placements, heartbeat and end jobs until :meth:`stop`."""
+        await self.rebuild()
+        self._consumer = DurableConsumer(
+            self.bus, "EVENTS", self.durable, [self.bus.subjects.placements(self.cluster.region, self.cluster.name)],
+            self._handle, batch=64, max_wait_s=0.2)
+        await self.publish_snapshot()
+        tasks = [asyncio.create_task(self._consumer.run(), name=f"{self.durable}-consumer"),
+                 asyncio.create_task(self._heartbeats(), name=f"{self.durable}-heartbeat"),
+                 asyncio.create_task(self._ticker(), name=f"{self.durable}-ticker")]
+        try:
+            await self._stop.wait()
+        finally:
+            self._consumer.stop()
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    def stop(self) -> None:
+        """Ask :meth:`run` to return."""
+        self._stop.set()
+
+    async def rebuild(self) -> None:
+        """Restore the running set from this cluster's placements and status on the bus."""
+        placements: dict[tuple[str, int, int], tuple[Delivery, JobPlaced]] = {}
+        started: dict[tuple[str, int, int], float] = {}
+
+        def fold(d: Delivery) -> None:
+            env = d.envelope
+            if env.cluster != self.cluster.name:
+                return
+            if env.type == "job.placed":
+                p = env.payload_as(JobPlaced)
+                placements[(env.job_id, env.attempt, p.shard)] = (d, p)
+            elif env.type == "job.started":
+                s = env.payload_as(JobStatus)
+                started[(env.job_id, env.attempt, s.shard)] = env.occurred_at.timestamp()
+            elif env.type in ("job.finished", "job.failed", "job.stopped", "job.rejected"):
+                s = env.payload_as(JobStatus)
+                self.done.add((env.job_id, env.attempt, s.shard))
+
+        follower = StreamFollower(
+            self.bus, "EVENTS", fold, name=f"{self.durable}-rebuild",
+            filter_subjects=[self.bus.subjects.placements(self.cluster.region, self.cluster.name),
+                             self.bus.subjects.status(self.cluster.region, self.cluster.name)])
+        task = asyncio.create_task(follower.run())
+        await follower.caught_up.wait()
+        follower.stop()
+        await task
+        for key, at in started.items():
+            if key in self.done or key not in placements:
+                continue
+            d, placed = placements[key]
+            env = d.envelope
+            if not self._fits(placed):
+                log.error("%s: rebuilt job %s does not fit the ledger; skipping", self.producer, key)
+                continue
+            self._allocate(placed, +1)
+            ends_at, outcome = self.backend.plan(placed.spec, at)
+            self.running[key] = RunningJob(AttemptRef.of(env), placed.shard, placed.spec, placed, at, ends_at, outcome,
+                                           d.headers)
+        if self.running:
+            log.info("%s: resumed %d running job(s)", self.producer, len(self.running))
+
+    # ------------------------------------------------------------------ placements
+
+    async def _handle(self, deliveries: list[Delivery]) -> None:
+        for d in deliveries:
+            env = d.envelope
+            # continue the job's trace: status events carry this span's context
+            with tracer.start_as_current_span(f"agent.{env.type}", context=telemetry.context_from(d.headers),
+                                              attributes={"job_id": env.job_id, "cluster": self.cluster.name}):
+                if env.type == "job.placed":
+                    await self._on_placed(d, env.payload_as(JobPlaced))
+                elif env.type == "job.stop":
+                    await self._on_stop(d, env.payload_as(JobStop))
+                else:
+                    raise DecodeError(f"agent does not handle {env.type!r}")
+
+    async def _on_placed(self, d: Delivery, placed: JobPlaced) -> None:
+        env = d.envelope
+        key = (env.job_id, env.attempt, placed.shard)
+        if key in self.running or key in self.done:
+            return  # redelivery: already handled
+        problem = self._check(placed)
+        now = self.clock.time()
+        if problem:
+            self.done.add(key)
+            await self._status("job.rejected", AttemptRef.of(env), placed, now, reason=problem, headers=d.headers)
+            return
+        self._allocate(placed, +1)
+        ends_at, outcome = self.backend.plan(placed.spec, now)
+        job = RunningJob(AttemptRef.of(env), placed.shard, placed.spec, placed, now, ends_at, outcome, d.headers)
+        self.running[key] = job
+        await self._status("job.started", job.ref, placed, now, started_at=now, headers=d.headers)
+
+    async def _on_stop(self, d: Delivery, stop: JobStop) -> None:
+        env = d.envelope
+        key = (env.job_id, env.attempt, stop.shard)
+        job = self.running.pop(key, None)
+        if job is None:
+            self.done.add(key)  # stop before start (or after end): nothing runs
+            return
+        self._allocate(job.placed, -1)
+        self.done.add(key)
+        now = self.clock.time()
+        await self._status("job.stopped", job.ref, job.placed, now, started_at=job.started_at, reason=stop.reason,
+                           headers=d.headers)
+
+    def _check(self, placed: JobPlaced) -> str:
+        """"" if the placement fits the ledger, else why not."""
+        spec = placed.spec
+        if len(placed.bindings) != spec.workers:
+            return f"placement binds {len(placed.bindings)} workers, job has {spec.workers}"
+        need: dict[tuple[str, int], int] = {}
+        cpu: dict[str, int] = {}
+        mem: dict[str, int] = {}
+        for b in placed.bindings:
+            node = self.ledger.get(b.node)
+            if node is None:
+                return f"node {b.node} is not in cluster {self.cluster.name}"
+            if not node.inv.healthy:
+                return f"node {b.node} is not healthy"
+            if spec.gpus_per_worker and node.inv.card_model not in (placed.card_model,):
+                return f"node {b.node} has {node.inv.card_model}, placement says {placed.card_model}"
+            if len(b.gpu_indices) != spec.gpus_per_worker:
+                return f"worker {b.worker} bound to {len(b.gpu_indices)} GPUs, needs {spec.gpus_per_worker}"
+            for i in b.gpu_indices:
+                if not 0 <= i < len(node.gpu_free):
+                    return f"node {b.node} has no GPU {i}"
+                need[(b.node, i)] = need.get((b.node, i), 0) + b.gpu_milli
+            cpu[b.node] = cpu.get(b.node, 0) + b.cpu_milli
+            mem[b.node] = mem.get(b.node, 0) + b.memory_mib
+        for (node, i), milli in need.items():
+            if self.ledger[node].gpu_free[i] < milli:
+                return f"GPU {i} of {node} has {self.ledger[node].gpu_free[i]}m free, needs {milli}m"
+        for node, c in cpu.items():
+            if self.ledger[node].cpu_free < c:
+                return f"{node} has {self.ledger[node].cpu_free}m CPU free, needs {c}m"
+        for node, m in mem.items():
+            if self.ledger[node].mem_free < m:
+                return f"{node} has {self.ledger[node].mem_free} MiB free, needs {m} MiB"
+        return ""
+
+    def _fits(self, placed: JobPlaced) -> bool:
+        return self._check(placed) == ""
+
+    def _allocate(self, placed: JobPlaced, sign: int) -> None:
+        for b in placed.bindings:
+            node = self.ledger[b.node]
+            for i in b.gpu_indices:
+                node.gpu_free[i] -= sign * b.gpu_milli
+            node.cpu_free -= sign * b.cpu_milli
+            node.mem_free -= sign * b.memory_mib
+
+    async def _status(self, type_: str, ref: AttemptRef, placed: JobPlaced, at: float, *, started_at: float | None = None,
+                      reason: str = "", headers: dict[str, str] | None = None) -> None:
+        spec = placed.spec
+        step = {"job.started": "started", "job.rejected": "rejected"}.get(type_, "ended")
+        payload = JobStatus(
+            card_model=placed.card_model, gpu_milli=spec.total_gpu_milli, cpu_milli=spec.cpu_milli * spec.workers,
+            memory_mib=spec.memory_mib * spec.workers, started_at=to_datetime(started_at) if started_at else None,
+            reason=reason, shard=placed.shard, data_version=spec.annotations.get("data.version", ""),
+            kind=spec.kind.value, cross_region=placed.cross_region,
+        )
+        event = make_event(
+            type_, payload, producer=self.producer, occurred_at=at,
+            event_id=business_event_id(ref.job_id, ref.attempt, placed.shard, step),
+            region=self.cluster.region, zone=self.cluster.zone, cluster=self.cluster.name, tenant=ref.tenant,
+            project=ref.project, job_id=ref.job_id, attempt=ref.attempt, actor=self.producer,
+            policy_version=ref.policy_version)
+        # inside a span (placement handling) the current context wins; for jobs ending later the
+        # placement's trace context is carried over explicitly
+        current = telemetry.current_trace_id()
+        tp = {} if current else {k: v for k, v in (headers or {}).items() if k in ("traceparent", "tracestate")}
+        await self.bus.publish(self.bus.subjects.status(self.cluster.region, self.cluster.name), event, headers=tp)
+
+    # ------------------------------------------------------------------ time
+
+    async def _ticker(self) -> None:
+        while not self._stop.is_set():
+            await self.finish_due()
+            await asyncio.sleep(self.tick_s)
+
+    async def finish_due(self) -> int:
+        """End every running job whose end time has come; returns how many ended."""
+        now = self.clock.time()
+        due = sorted((j for j in self.running.values() if j.ends_at is not None and j.ends_at <= now),
+                     key=lambda j: j.ends_at)
+        for job in due:
+            self.running.pop(job.key, None)
+            self._allocate(job.placed, -1)
+            self.done.add(job.key)
+            type_ = "job.failed" if job.outcome == "failed" else "job.finished"
+            await self._status(type_, job.ref, job.placed, job.ends_at, started_at=job.started_at,
+                               reason="exited with failure (trace outcome)" if job.outcome == "failed" else "",
+                               headers=job.trace_headers)
+        return len(due)
+
+    async def _heartbeats(self) -> None:
+        beats = 0
+        while not self._stop.is_set():
+            if not self.paused:
+                try:
+                    if beats % self.snapshot_every == 0 or self._changed.is_set():
+                        self._changed.clear()
+                        await self.publish_snapshot()
+                    await self.publish_heartbeat()
+                except Exception as e:  # noqa: BLE001 - keep beating through bus trouble
+                    log.info("%s: heartbeat failed: %r", self.producer, e)
+                beats += 1
+            await asyncio.sleep(self.heartbeat_interval_s)
+
+    def snapshot(self) -> InventorySnapshot:
+        """The cluster's inventory now."""
+        nodes = tuple(
+            l.inv.model_copy(update={"gpu_free_milli": tuple(l.gpu_free), "cpu_free_milli": l.cpu_free,
+                                     "memory_free_mib": l.mem_free})
+            for l in self.ledger.values())
+        return InventorySnapshot(
+            nodes=nodes, running=tuple(sorted(f"{j}/{a}/{s}" for j, a, s in self.running)),
+            storage_tier=self.cluster.storage_tier, interconnect=self.cluster.interconnect,
+            residency_tags=self.cluster.residency_tags, sequence=self.sequence)
+
+    async def publish_snapshot(self) -> None:
+        """Publish a full inventory snapshot."""
+        self.sequence += 1
+        event = make_event("inventory.snapshot", self.snapshot(), producer=self.producer, occurred_at=self.clock.time(),
+                           region=self.cluster.region, zone=self.cluster.zone, cluster=self.cluster.name,
+                           actor=self.producer)
+        await self.bus.publish(self.bus.subjects.inventory(self.cluster.region, self.cluster.name), event)
+
+    async def publish_heartbeat(self) -> None:
+        """Publish a heartbeat with totals."""
+        self.sequence += 1
+        payload = Heartbeat(sequence=self.sequence, gpus_total=sum(len(l.gpu_free) for l in self.ledger.values()),
+                            gpu_milli_free=sum(sum(l.gpu_free) for l in self.ledger.values()),
+                            running_jobs=len(self.running))
+        event = make_event("inventory.heartbeat", payload, producer=self.producer, occurred_at=self.clock.time(),
+                           region=self.cluster.region, zone=self.cluster.zone, cluster=self.cluster.name,
+                           actor=self.producer)
+        await self.bus.publish(self.bus.subjects.heartbeat(self.cluster.region, self.cluster.name), event)

@@ -1,0 +1,163 @@
+"""Hard filters: a failed filter excludes the cluster for this job.
+
+Each filter is a small object with a ``name`` and ``check(job, cluster, ctx) -> Verdict``; it
+never raises and never mutates. The gang-capacity check needs the cycle's working allocation,
+so it lives in :mod:`.decide` (it is reported with the same :class:`~.reasons.Verdict` type).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from services.scheduler.core.reasons import PASS, Reason, Verdict, fail
+from services.scheduler.core.snapshot import ClusterState, QueuedJob, View
+from fedsched.jobs import Locality
+
+
+@dataclass(frozen=True, slots=True)
+class Context:
+    """What filters and scorers may read besides the job and the cluster.
+
+    Attributes:
+        view: the snapshot (``now``, staleness bound, all clusters for normalising).
+        inter_region_bandwidth_bps: bytes per second between regions, for transfer time.
+        egress_price_per_gb: currency units per GB moved between regions.
+        max_price: the highest GPU-hour price in the view (for normalising), > 0.
+    """
+
+    view: View
+    inter_region_bandwidth_bps: float = 1.25e9
+    egress_price_per_gb: float = 0.5
+    max_price: float = 1.0
+
+
+class Filter(Protocol):
+    """A hard constraint."""
+
+    name: str
+
+    def check(self, job: QueuedJob, cluster: ClusterState, ctx: Context) -> Verdict:
+        """PASS, or the reason this cluster cannot take ``job``."""
+        ...
+
+
+class Healthy:
+    """The cluster is alive (fresh heartbeat), not in maintenance, and has healthy nodes."""
+
+    name = "healthy"
+
+    def check(self, job: QueuedJob, cluster: ClusterState, ctx: Context) -> Verdict:
+        if cluster.heartbeat_age_s > ctx.view.stale_after_s:
+            return fail(Reason.STALE, f"last heartbeat {cluster.heartbeat_age_s:.0f}s ago "
+                                      f"(limit {ctx.view.stale_after_s:.0f}s)")
+        if cluster.maintenance:
+            return fail(Reason.MAINTENANCE, "drained for maintenance")
+        if not any(n.healthy for n in cluster.nodes):
+            return fail(Reason.UNHEALTHY, "no healthy node")
+        return PASS
+
+
+class Regions:
+    """Allowed / forbidden regions, and the must-stay-local locality class."""
+
+    name = "regions"
+
+    def check(self, job: QueuedJob, cluster: ClusterState, ctx: Context) -> Verdict:
+        spec = job.spec
+        if cluster.region in spec.forbidden_regions:
+            return fail(Reason.REGION_FORBIDDEN, f"{cluster.region} is forbidden for this job")
+        if spec.allowed_regions and cluster.region not in spec.allowed_regions:
+            return fail(Reason.REGION_NOT_ALLOWED, f"{cluster.region} not in {', '.join(spec.allowed_regions)}")
+        if spec.locality == Locality.MUST_LOCAL and cluster.region != spec.home_region:
+            return fail(Reason.NOT_HOME, f"must stay in {spec.home_region}")
+        return PASS
+
+
+class HomeOnly:
+    """Every job stays in its home region (the ``local-only`` baseline policy)."""
+
+    name = "home_only"
+
+    def check(self, job: QueuedJob, cluster: ClusterState, ctx: Context) -> Verdict:
+        if cluster.region != job.spec.home_region:
+            return fail(Reason.NOT_HOME, f"policy keeps jobs in their home region {job.spec.home_region}")
+        return PASS
+
+
+class Residency:
+    """The cluster carries every data-residency / compliance tag the job has."""
+
+    name = "residency"
+
+    def check(self, job: QueuedJob, cluster: ClusterState, ctx: Context) -> Verdict:
+        missing = set(job.spec.residency_tags) - cluster.residency_tags
+        if missing:
+            return fail(Reason.RESIDENCY, "cluster lacks " + ", ".join(sorted(missing)))
+        return PASS
+
+
+class CardModels:
+    """The cluster offers an allowed card model with enough on-card memory."""
+
+    name = "card_model"
+
+    def check(self, job: QueuedJob, cluster: ClusterState, ctx: Context) -> Verdict:
+        spec = job.spec
+        if spec.gpus_per_worker == 0:
+            return PASS
+        if not candidate_models(job, cluster, within_price=False):
+            offered = sorted(cluster.card_models)
+            if spec.card_models and not set(spec.card_models) & set(offered):
+                return fail(Reason.CARD_MODEL, f"wants {', '.join(spec.card_models)}; offers {', '.join(offered) or 'none'}")
+            if spec.min_gpu_memory_gib:
+                return fail(Reason.GPU_MEMORY, f"needs >= {spec.min_gpu_memory_gib} GiB per card")
+            return fail(Reason.CARD_MODEL, "no GPU nodes")
+        return PASS
+
+
+class Interconnect:
+    """Multi-node gangs that need RDMA run only where the fabric has it."""
+
+    name = "interconnect"
+
+    def check(self, job: QueuedJob, cluster: ClusterState, ctx: Context) -> Verdict:
+        if job.spec.requires_rdma and cluster.interconnect not in ("rdma", "infiniband"):
+            return fail(Reason.INTERCONNECT, f"needs RDMA; cluster fabric is {cluster.interconnect}")
+        return PASS
+
+
+class PriceCeiling:
+    """The cheapest allowed card here is within the job's price ceiling."""
+
+    name = "price"
+
+    def check(self, job: QueuedJob, cluster: ClusterState, ctx: Context) -> Verdict:
+        ceiling = job.spec.max_price_per_gpu_hour
+        if not ceiling or job.spec.gpus_per_worker == 0:
+            return PASS
+        prices = [cluster.prices.get(m, 0.0) for m in candidate_models(job, cluster, within_price=False)]
+        if prices and min(prices) > ceiling:
+            return fail(Reason.PRICE, f"cheapest card {min(prices):.2f}/GPU-h > ceiling {ceiling:.2f}")
+        return PASS
+
+
+def candidate_models(job: QueuedJob, cluster: ClusterState, *, within_price: bool = True) -> list[str]:
+    """Card models of ``cluster`` that ``job`` may use (allowed, memory and -- unless
+    ``within_price`` is False -- price ceiling), cheapest first."""
+    spec = job.spec
+    allowed = set(spec.card_models)
+    out = []
+    for model, mem in cluster.idx().memory.items():
+        if allowed and model not in allowed:
+            continue
+        if spec.min_gpu_memory_gib and (mem is None or mem < spec.min_gpu_memory_gib):
+            continue
+        if within_price and spec.max_price_per_gpu_hour and cluster.prices.get(model, 0.0) > spec.max_price_per_gpu_hour:
+            continue
+        out.append(model)
+    return sorted(out, key=lambda m: (cluster.prices.get(m, 0.0), m))
+
+
+#: The standard hard filters, cheapest first.
+STANDARD_FILTERS: tuple[Filter, ...] = (Healthy(), Regions(), Residency(), CardModels(), Interconnect(), PriceCeiling())

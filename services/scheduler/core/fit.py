@@ -1,0 +1,214 @@
+"""Gang fitting: can every worker of a job get a node in this cluster, and which nodes?
+
+A :class:`WorkingCluster` is the decide() call's private, mutable copy of one cluster's free
+resources, so several placements in one cycle never over-allocate. Fitting is tentative
+(:meth:`WorkingCluster.fit`) until :meth:`WorkingCluster.commit`.
+
+Rules:
+
+* all workers of a gang use one card model and all land in this cluster (gang);
+* a worker lives on one node; ``g >= 1`` whole GPUs need ``g`` idle cards on that node; a
+  fractional worker (``gpu_milli < 1000``) takes that share of one card;
+* node choice is best-fit, in the spirit of the FGD paper behind the openb trace (Weng et al.,
+  ATC'23): fractional work goes to the partially used card with the least room that still fits,
+  before breaking an idle card; whole-GPU work goes to the node with the fewest idle cards that
+  still fit; CPU-only work prefers nodes whose cards are all busy (or that have none), so idle
+  cards are not stranded without CPU. This keeps whole nodes free for big gangs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fedsched.jobs import JobSpec
+from services.scheduler.core.snapshot import WHOLE, ClusterIndex, ClusterState
+
+
+@dataclass(frozen=True, slots=True)
+class Binding:
+    """One worker's node: ``node`` index into the cluster's nodes, the devices and shares."""
+
+    worker: int
+    node: int
+    devices: tuple[int, ...]
+    gpu_milli: int
+    cpu_milli: int
+    memory_mib: int
+
+
+@dataclass(frozen=True, slots=True)
+class Fit:
+    """A tentative gang placement in one cluster: its card model and per-worker bindings."""
+
+    card_model: str
+    bindings: tuple[Binding, ...]
+
+
+class WorkingCluster:
+    """Mutable free-resource copy of a :class:`ClusterState` (private to one decide() call).
+
+    Args:
+        cluster: the snapshot to copy.
+        empty: start from capacity (as if nothing ran) -- for "could it ever fit" checks.
+    """
+
+    __slots__ = ("state", "gpu_free", "cpu_free", "mem_free", "by_model", "cpu_order", "_summary")
+
+    def __init__(self, cluster: ClusterState, *, empty: bool = False, index: ClusterIndex | None = None) -> None:
+        self.state = cluster
+        nodes = cluster.nodes
+        # Copy-on-write: per-node free-card tuples are shared with the snapshot until changed.
+        if empty:
+            self.gpu_free = [(WHOLE,) * len(n.gpu_free) for n in nodes]
+            self.cpu_free = [n.cpu_milli for n in nodes]
+            self.mem_free = [n.memory_mib for n in nodes]
+        else:
+            self.gpu_free = [n.gpu_free for n in nodes]
+            self.cpu_free = [n.cpu_free_milli for n in nodes]
+            self.mem_free = [n.memory_free_mib for n in nodes]
+        index = index or cluster.idx()
+        self.by_model = index.by_model
+        self.cpu_order = index.healthy
+        self._summary: dict[str, tuple[int, int, int]] = {}
+
+    def summary(self, model: str) -> tuple[int, int, int]:
+        """(largest free share on one card, most idle cards on one node, idle cards in all) for
+        ``model``; cached until a commit touches that model. Used to reject quickly.
+        """
+        cached = self._summary.get(model)
+        if cached is None:
+            max_dev = max_idle = total_idle = 0
+            for i in self.by_model.get(model, ()):
+                devices = self.gpu_free[i]
+                idle = 0
+                for g in devices:
+                    if g > max_dev:
+                        max_dev = g
+                    if g == WHOLE:
+                        idle += 1
+                total_idle += idle
+                if idle > max_idle:
+                    max_idle = idle
+            cached = self._summary[model] = (max_dev, max_idle, total_idle)
+        return cached
+
+    # ------------------------------------------------------------------ queries
+
+    def free_milli(self, model: str | None = None) -> int:
+        """Free milli-GPUs (of one card model, or all)."""
+        models = [model] if model else list(self.by_model)
+        return sum(sum(self.gpu_free[i]) for m in models for i in self.by_model.get(m, ()))
+
+    def capacity_milli(self, model: str | None = None) -> int:
+        """Milli-GPU capacity (of one card model, or all) on healthy nodes."""
+        models = [model] if model else list(self.by_model)
+        return sum(len(self.gpu_free[i]) * WHOLE for m in models for i in self.by_model.get(m, ()))
+
+    def whole_free(self, model: str | None = None) -> int:
+        """Idle cards (of one card model, or all)."""
+        models = [model] if model else list(self.by_model)
+        return sum(1 for m in models for i in self.by_model.get(m, ()) for g in self.gpu_free[i] if g == WHOLE)
+
+    # ------------------------------------------------------------------ fitting
+
+    def fit(self, spec: JobSpec, models: list[str]) -> Fit | None:
+        """Try each card model in ``models`` (in order) for the whole gang; None if none fits.
+
+        Args:
+            spec: the job (per-worker resources, gang size).
+            models: candidate card models present in this cluster, preferred first; ignored for
+                CPU-only jobs.
+        """
+        if spec.gpus_per_worker == 0:
+            return self._fit_model(spec, "", self.cpu_order)
+        for model in models:
+            nodes = self.by_model.get(model)
+            if not nodes:
+                continue
+            max_dev, max_idle, total_idle = self.summary(model)
+            if spec.gpus_per_worker > 1 or spec.gpu_milli == WHOLE:
+                if max_idle < spec.gpus_per_worker or total_idle < spec.gpus_per_worker * spec.workers:
+                    continue
+            elif max_dev < spec.gpu_milli:
+                continue
+            fit = self._fit_model(spec, model, nodes)
+            if fit is not None:
+                return fit
+        return None
+
+    def _fit_model(self, spec: JobSpec, model: str, nodes: list[int]) -> Fit | None:
+        taken: list[Binding] = []
+        for w in range(spec.workers):
+            b = self._fit_worker(spec, w, nodes)
+            if b is None:
+                for t in taken:
+                    self._release(t)
+                return None
+            self._take(b)
+            taken.append(b)
+        for t in taken:  # tentative: give back until commit
+            self._release(t)
+        return Fit(model, tuple(taken))
+
+    def _fit_worker(self, spec: JobSpec, worker: int, nodes: list[int]) -> Binding | None:
+        cpu, mem = spec.cpu_milli, spec.memory_mib
+        g = spec.gpus_per_worker
+        best: tuple | None = None
+        if g == 0:
+            for i in nodes:
+                if self.cpu_free[i] < cpu or self.mem_free[i] < mem:
+                    continue
+                key = (sum(self.gpu_free[i]), self.cpu_free[i] - cpu)
+                if best is None or key < best[0]:
+                    best = (key, i, ())
+            return None if best is None else Binding(worker, best[1], (), 0, cpu, mem)
+        if g == 1 and spec.gpu_milli < WHOLE:
+            m = spec.gpu_milli
+            for i in nodes:
+                if self.cpu_free[i] < cpu or self.mem_free[i] < mem:
+                    continue
+                devices = self.gpu_free[i]
+                for d, free in enumerate(devices):
+                    if free < m:
+                        continue
+                    # partial cards first (least room left), then the node with fewest idle cards
+                    idle = free == WHOLE
+                    key = (idle, free - m, sum(1 for x in devices if x == WHOLE))
+                    if best is None or key < best[0]:
+                        best = (key, i, (d,))
+            return None if best is None else Binding(worker, best[1], best[2], m, cpu, mem)
+        for i in nodes:
+            if self.cpu_free[i] < cpu or self.mem_free[i] < mem:
+                continue
+            devices = self.gpu_free[i]
+            idle = [d for d, free in enumerate(devices) if free == WHOLE]
+            if len(idle) < g:
+                continue
+            key = (len(idle) - g, self.cpu_free[i] - cpu)
+            if best is None or key < best[0]:
+                best = (key, i, tuple(idle[:g]))
+        return None if best is None else Binding(worker, best[1], best[2], WHOLE, cpu, mem)
+
+    def _take(self, b: Binding, sign: int = 1) -> None:
+        if b.devices:
+            free = list(self.gpu_free[b.node])
+            for d in b.devices:
+                free[d] -= sign * b.gpu_milli
+            self.gpu_free[b.node] = tuple(free)
+        self.cpu_free[b.node] -= sign * b.cpu_milli
+        self.mem_free[b.node] -= sign * b.memory_mib
+
+    def _release(self, b: Binding) -> None:
+        self._take(b, -1)
+
+    def commit(self, fit: Fit) -> None:
+        """Allocate a fit returned by :meth:`fit` (on this same working copy)."""
+        for b in fit.bindings:
+            self._take(b)
+        self._summary.pop(fit.card_model, None)
+
+    def release(self, fit: Fit) -> None:
+        """Undo :meth:`commit` (used by preemption what-ifs)."""
+        for b in fit.bindings:
+            self._release(b)
+        self._summary.pop(fit.card_model, None)

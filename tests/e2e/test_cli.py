@@ -1,0 +1,89 @@
+"""The README's commands as a user runs them: `fedsched up`, submit, sql through the running
+system, Ctrl-C, and a second `up` that remembers."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from fedsched.natsd import free_port
+
+pytestmark = pytest.mark.e2e
+
+FEDSCHED = [sys.executable, "-m", "fedsched.cli"]
+
+
+def _up(data_dir: Path, grpc: str, nats_port: int) -> subprocess.Popen:
+    env = dict(os.environ, FEDSCHED_NATS_PORT=str(nats_port), PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen([*FEDSCHED, "up", "--data-dir", str(data_dir), "--grpc-address", grpc],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    deadline = time.monotonic() + 60
+    lines = []
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        lines.append(line)
+        if "fedsched is up" in line:
+            return proc
+        if proc.poll() is not None:
+            break
+    proc.kill()
+    raise AssertionError("up did not start:\n" + "".join(lines))
+
+
+def _run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([*FEDSCHED, *args], capture_output=True, text=True, timeout=60)
+
+
+def _stop(proc: subprocess.Popen) -> str:
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out
+    return out
+
+
+def test_up_submit_sql_ctrl_c_and_resume(tmp_path):
+    grpc = f"127.0.0.1:{free_port()}"
+    nats_port = free_port()
+    proc = _up(tmp_path, grpc, nats_port)
+    try:
+        sub = _run("submit", "--server", grpc, "--tenant", "vision", "--project", "serve", "--kind", "inference",
+                   "--gpus", "1", "--gpu-milli", "500", "--cpu-milli", "2000", "--duration", "3600",
+                   "--request-id", "cli-1", "-o", "json")
+        assert sub.returncode == 0, sub.stderr
+        job_id = __import__("json").loads(sub.stdout)["job_id"]
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            show = _run("job", job_id, "--server", grpc, "-o", "json")
+            if '"JOB_STATE_RUNNING"' in show.stdout:
+                break
+            time.sleep(0.3)
+        assert '"JOB_STATE_RUNNING"' in show.stdout, show.stdout
+        bad = _run("submit", "--server", grpc, "--tenant", "vision", "--project", "serve", "--workers", "0")
+        assert bad.returncode == 1 and "INVALID_ARGUMENT" in bad.stderr and "spec.workers" in bad.stderr
+        time.sleep(1.0)  # let audit write
+        q = _run("sql", "--nats-url", f"nats://127.0.0.1:{nats_port}", "-o", "json",
+                 "SELECT count() AS n FROM fedsched.events WHERE job_id = '" + job_id + "'")
+        assert q.returncode == 0, q.stderr
+        assert '"n"' in q.stdout
+        locked = _run("sql", "--data-dir", str(tmp_path), "SELECT 1")
+        assert locked.returncode == 1 and "--nats-url" in (locked.stderr + locked.stdout)
+    finally:
+        out = _stop(proc)
+    assert "stopped" in out
+    proc = _up(tmp_path, grpc, nats_port)
+    try:
+        again = _run("job", job_id, "--server", grpc, "-o", "json")
+        assert again.returncode == 0 and '"JOB_STATE_RUNNING"' in again.stdout, again.stdout
+        dup = _run("submit", "--server", grpc, "--tenant", "vision", "--project", "serve", "--gpus", "1",
+                   "--gpu-milli", "500", "--cpu-milli", "2000", "--request-id", "cli-1")
+        assert job_id in dup.stdout and "duplicate" in dup.stdout
+    finally:
+        _stop(proc)
+    offline = _run("sql", "--data-dir", str(tmp_path), "-o", "json",
+                   "SELECT countIf(type = 'job.started') AS started FROM fedsched.events WHERE job_id = '" + job_id + "'")
+    assert offline.returncode == 0, offline.stderr
+    assert '"started": 1' in offline.stdout

@@ -1,0 +1,134 @@
+"""The bus against a real nats-server: dedup by message id, ack-after-commit, dead letters."""
+
+import asyncio
+import time
+
+from fedsched.bus import DurableConsumer, StreamFollower
+from fedsched.events import Heartbeat, JobStatus, business_event_id, make_event
+
+
+def _event(i: int = 0, event_id: str | None = None):
+    return make_event("job.started", JobStatus(card_model="nvidia-t4-16gb", gpu_milli=1000), producer="test",
+                      occurred_at=time.time(), event_id=event_id or business_event_id("job", i, "started"),
+                      region="cn-north-1", cluster="cn-north-1-c1", tenant="search", project="train", job_id=f"j-{i}",
+                      attempt=1)
+
+
+async def _collect(bus, subjects, durable, n, timeout=10.0, handler=None):
+    got = []
+
+    async def h(ds):
+        if handler:
+            await handler(ds)
+        got.extend(ds)
+
+    c = DurableConsumer(bus, "EVENTS", durable, subjects, h, batch=50, max_wait_s=0.1)
+    task = asyncio.create_task(c.run())
+    deadline = time.monotonic() + timeout
+    while len(got) < n and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+    c.stop()
+    await task
+    return got, c
+
+
+async def test_streams_are_created_idempotently(bus):
+    await bus.ensure_streams()
+    await bus.ensure_streams()
+    info = await bus.js.stream_info(bus.stream_name("EVENTS"))
+    assert f"{bus.prefix}.status.>" in info.config.subjects
+
+
+async def test_a_republished_event_is_stored_once(bus):
+    subject = bus.subjects.status("cn-north-1", "cn-north-1-c1")
+    e = _event(1)
+    first = await bus.publish(subject, e)
+    second = await bus.publish(subject, e)
+    assert not first.duplicate and second.duplicate
+    info = await bus.js.stream_info(bus.stream_name("EVENTS"))
+    assert info.state.messages == 1
+
+
+async def test_handler_failure_means_redelivery_not_loss(bus):
+    subject = bus.subjects.status("cn-north-1", "cn-north-1-c1")
+    await bus.publish(subject, _event(2))
+    calls = []
+
+    async def flaky(ds):
+        calls.append(len(ds))
+        if len(calls) <= 2:  # the in-place retry fails too: the message must come back
+            raise RuntimeError("disk full")
+
+    got, c = await _collect(bus, [subject], "flaky", 1, handler=flaky)
+    assert len(got) == 1 and len(calls) == 3
+    assert got[0].deliveries == 2
+    assert await c.lag() == 0
+
+
+async def test_undecodable_message_goes_to_dead_letter_and_consumer_continues(bus):
+    subject = bus.subjects.status("cn-north-1", "cn-north-1-c1")
+    await bus.js.publish(subject, b"{not json")
+    await bus.js.publish(subject, b'{"event_id": "x"}')
+    await bus.publish(subject, _event(3))
+    got, c = await _collect(bus, [subject], "dlq-test", 1)
+    assert [d.envelope.job_id for d in got] == ["j-3"]
+    assert c.dead_lettered == 2
+    dead = []
+    f = StreamFollower(bus, "DLQ", dead.append, name="check")
+    task = asyncio.create_task(f.run())
+    await f.caught_up.wait()
+    f.stop()
+    await task
+    reasons = [d.envelope.payload["reason"] for d in dead]
+    assert len(reasons) == 2 and all("not a valid envelope" in r for r in reasons)
+    assert dead[0].envelope.payload["data"] == "{not json"
+    assert dead[0].envelope.type == "bus.dead_letter"
+
+
+async def test_poison_payload_is_dead_lettered_after_retries(bus):
+    subject = bus.subjects.status("cn-north-1", "cn-north-1-c1")
+    await bus.publish(subject, _event(4))
+
+    async def always_fails(ds):
+        raise ValueError("bug in handler")
+
+    c = DurableConsumer(bus, "EVENTS", "poison", [subject], always_fails, batch=10, max_wait_s=0.1, max_failures=3)
+    task = asyncio.create_task(c.run())
+    deadline = time.monotonic() + 15
+    while c.dead_lettered == 0 and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    c.stop()
+    await task
+    assert c.dead_lettered == 1
+    assert await c.lag() == 0
+
+
+async def test_durable_consumer_resumes_after_restart_without_repeats(bus):
+    subject = bus.subjects.status("cn-north-1", "cn-north-1-c1")
+    for i in range(10, 15):
+        await bus.publish(subject, _event(i))
+    first, _ = await _collect(bus, [subject], "resume", 5)
+    for i in range(15, 18):
+        await bus.publish(subject, _event(i))
+    second, _ = await _collect(bus, [subject], "resume", 3)
+    assert [d.envelope.job_id for d in first] == [f"j-{i}" for i in range(10, 15)]
+    assert [d.envelope.job_id for d in second] == [f"j-{i}" for i in range(15, 18)]
+
+
+async def test_follower_reads_history_then_follows(bus):
+    subject = bus.subjects.heartbeat("cn-north-1", "cn-north-1-c1")
+    for i in range(3):
+        await bus.publish(subject, make_event("inventory.heartbeat", Heartbeat(sequence=i), producer="t",
+                                              occurred_at=time.time(), region="cn-north-1", cluster="cn-north-1-c1"))
+    seen = []
+    f = StreamFollower(bus, "INVENTORY", lambda d: seen.append(d.envelope.payload["sequence"]), name="f")
+    task = asyncio.create_task(f.run())
+    await f.caught_up.wait()
+    await bus.publish(subject, make_event("inventory.heartbeat", Heartbeat(sequence=3), producer="t",
+                                          occurred_at=time.time(), region="cn-north-1", cluster="cn-north-1-c1"))
+    deadline = time.monotonic() + 5
+    while len(seen) < 4 and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+    f.stop()
+    await task
+    assert seen == [0, 1, 2, 3]
