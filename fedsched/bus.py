@@ -372,7 +372,8 @@ class DurableConsumer:
         return int(info.num_pending or 0) + int(info.num_ack_pending or 0)
 
     def stop(self) -> None:
-        """Ask :meth:`run` to return after the batch in hand."""
+        """Ask :meth:`run` to return; a batch being handled is finished first, a batch just
+        fetched is handed back (nak) for redelivery."""
         self._stop.set()
 
     async def run(self) -> None:
@@ -391,6 +392,10 @@ class DurableConsumer:
                         msgs += await fetch_fast(self._sub, self.batch - len(msgs), left)
                     except (nats.errors.TimeoutError, asyncio.TimeoutError):
                         break
+                if self._stop.is_set():  # stopped while fetching: hand the messages back, untouched
+                    for msg in msgs:
+                        await msg.nak()
+                    break
                 await self._handle(msgs)
                 self._backoff = 0.1
             except asyncio.CancelledError:

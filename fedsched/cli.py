@@ -1,7 +1,7 @@
 """The ``fedsched`` command line.
 
 Run the federation (``up``), replay a trace through it (``replay``), query its event log
-(``sql``) and use the job API (``submit``, ``jobs``, ``job``, ``cancel``, ``watch``).
+(``sql``) and use the job API (``submit``, ``jobs``, ``job``, ``explain``, ``cancel``, ``watch``).
 Every setting also reads ``FEDSCHED_<NAME>`` from the environment.
 """
 
@@ -289,7 +289,7 @@ def sql(
 
 # --------------------------------------------------------------------------- job API
 
-from fedsched import jobcli  # noqa: E402  (registers submit/jobs/job/cancel/watch)
+from fedsched import jobcli  # noqa: E402  (registers submit/jobs/job/explain/cancel/watch)
 
 jobcli.register(app)
 

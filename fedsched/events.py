@@ -182,6 +182,12 @@ class JobPlaced(_Payload):
         cross_region: placed outside the job's home region.
         transfer_s: estimated data transfer time before start (s).
         shard: shard index for split batch jobs (0 otherwise).
+        evaluations: every cluster considered: verdict, reason, score terms (explanations).
+        resume_from_s: work already done by earlier attempts and checkpointed (s); the agent
+            runs only the rest.
+        queue: the scheduler queue it came from (fast, inference, training, batch).
+        est_cost: the scheduler's cost estimate (compute over the estimated runtime + egress).
+        counterfactual: what would have changed the decision, where one exists.
     """
 
     spec: JobSpec
@@ -195,13 +201,26 @@ class JobPlaced(_Payload):
     price_per_gpu_hour: float = 0.0
     shard: int = 0
     evaluations: tuple[dict[str, Any], ...] = ()
+    resume_from_s: float = 0.0
+    queue: str = ""
+    est_cost: float = 0.0
+    counterfactual: str = ""
 
 
 class JobStop(_Payload):
-    """``job.stop``: scheduler tells an agent to stop a job attempt (cancel or preemption)."""
+    """``job.stop``: scheduler tells an agent to stop a job attempt.
+
+    Attributes:
+        reason: cancelled, preempted (for a higher-priority job, ``for_job``) or reclaimed
+            (placed but never started in time, or its cluster went stale).
+        checkpoint_interval_s: for checkpointable work, how often it checkpoints (s): the agent
+            reports the checkpointed progress so the next attempt resumes from it.
+    """
 
     reason: Literal["cancelled", "preempted", "reclaimed"]
     shard: int = 0
+    for_job: str = ""
+    checkpoint_interval_s: float = 0.0
 
 
 class JobPending(_Payload):
@@ -218,6 +237,11 @@ class JobPending(_Payload):
     reasons: dict[str, str] = Field(default_factory=dict)
     fits_empty: bool = True
     evaluations: tuple[dict[str, Any], ...] = ()
+    shard: int = 0
+    queue: str = ""
+    reserved_cluster: str = ""
+    reserved_from: datetime | None = None
+    counterfactual: str = ""
 
 
 class JobStatus(_Payload):
@@ -235,6 +259,7 @@ class JobStatus(_Payload):
         data_version: version of the inputs this attempt read (for failure forensics).
         kind: the job's kind (for usage reports).
         cross_region: the attempt runs outside the job's home region.
+        progress_s: work done and checkpointed when it stopped (s); the next attempt resumes here.
     """
 
     card_model: str = ""
@@ -248,6 +273,7 @@ class JobStatus(_Payload):
     data_version: str = ""
     kind: str = ""
     cross_region: bool = False
+    progress_s: float = 0.0
 
 
 class NodeInventory(_Payload):

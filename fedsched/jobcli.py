@@ -160,6 +160,30 @@ def register(app: typer.Typer) -> None:
             console.print(t)
 
     @app.command()
+    def explain(job_id: str = typer.Argument(...), server: str = SERVER, output: str = OUTPUT):
+        """Why a job went where it went, or why it waits: every cluster's verdict and scores."""
+        channel, stub = _stub(server)
+        with channel:
+            resp = _call(stub.ExplainJob, pb.ExplainJobRequest(job_id=job_id))
+        if output == "json":
+            console.print_json(json.dumps(MessageToDict(resp, preserving_proto_field_name=True)))
+            return
+        console.print(f"[bold]{resp.job_id}[/bold] {_state(resp.state)}")
+        for d in resp.decisions:
+            head = f"shard {d.shard}: " if len(resp.decisions) > 1 else ""
+            console.print(f"{head}[bold]{d.outcome}[/bold] {d.cluster or ''} {('(' + d.region + ')') if d.region else ''}"
+                          f" queue {d.queue or '-'} policy {d.policy_version or '-'}")
+            console.print(f"  {d.summary}", highlight=False)
+            if d.counterfactual:
+                console.print(f"  [italic]what if:[/italic] {d.counterfactual}", highlight=False)
+            t = Table("cluster", "region", "verdict", "detail / scores", "total")
+            for c in sorted(d.clusters, key=lambda c: (not c.passed, -(c.total if c.HasField("total") else 0))):
+                detail = ", ".join(f"{k} {v:.2f}" for k, v in sorted(c.scores.items())) if c.passed else c.detail
+                t.add_row(c.cluster, c.region, "fits" if c.passed else c.reason, detail[:100],
+                          f"{c.total:.3f}" if c.HasField("total") else "")
+            console.print(t)
+
+    @app.command()
     def cancel(job_id: str = typer.Argument(...), reason: str = typer.Option("", "--reason"), server: str = SERVER,
                output: str = OUTPUT):
         """Cancel a job (queued jobs end at once; running ones are stopped by their agent)."""

@@ -64,6 +64,7 @@ class SystemOptions:
     services: tuple[str, ...] = ("audit", "billing", "scheduler", "agents", "admission")
     agent_tick_s: float = 0.01
     clusters: tuple[str, ...] = ()  # run only these clusters' agents (default: every cluster of the split)
+    split: dict | None = None  # cluster name -> trace nodes, instead of splitting nodes_csv (tests, drills)
     tenants: TenantDirectory | None = None
     prices: PriceCatalog | None = None
     limits: Limits | None = None
@@ -151,10 +152,10 @@ class System:
         if "billing" in wants:
             self.billing = BillingService(await self._bus("billing"), self.store, prices)
             self._spawn(self.billing.run(), "billing")
-        if "agents" in wants and opts.nodes_csv is not None:
-            split = split_nodes(load_nodes(opts.nodes_csv))
+        if "agents" in wants and (opts.nodes_csv is not None or opts.split is not None):
+            split = opts.split if opts.split is not None else split_nodes(load_nodes(opts.nodes_csv))
             for cluster in CLUSTERS:
-                nodes = split[cluster.name]
+                nodes = split.get(cluster.name, [])
                 if not nodes or (opts.clusters and cluster.name not in opts.clusters):
                     continue
                 agent = ClusterAgent(await self._bus(f"agent-{cluster.name}"), clock, cluster,
@@ -164,7 +165,8 @@ class System:
                 self._spawn(agent.run(), f"agent-{cluster.name}")
         if "scheduler" in wants:
             self.scheduler = SchedulerService(await self._bus("scheduler"), clock, build_policy(opts.policy), prices,
-                                              stale_after_s=s.stale_after_s, interval_s=s.schedule_interval_s)
+                                              stale_after_s=s.stale_after_s, interval_s=s.schedule_interval_s,
+                                              reclaim_after_s=s.reclaim_after_s)
             self._spawn(self.scheduler.run(), "scheduler")
         if "admission" in wants:
             self.admission = AdmissionService(await self._bus("admission"), clock, tenants, address=s.grpc_address,

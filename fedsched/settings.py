@@ -35,6 +35,8 @@ class Settings(BaseSettings):
         heartbeat_interval_s: agents' heartbeat period (wall seconds).
         stale_after_s: an inventory older than this (wall seconds) is excluded from scheduling.
         schedule_interval_s: the scheduler's cycle period when something changed (wall seconds).
+        reclaim_after_s: a placement its agent has not started after this long (wall seconds)
+            is taken back and placed again elsewhere.
         price_catalog: optional YAML price catalog; the bundled one is used when empty.
     """
 
@@ -54,6 +56,7 @@ class Settings(BaseSettings):
     heartbeat_interval_s: float = Field(default=1.0, gt=0)
     stale_after_s: float = Field(default=10.0, gt=0)
     schedule_interval_s: float = Field(default=0.02, gt=0)
+    reclaim_after_s: float = Field(default=30.0, gt=0)
     price_catalog: Path | None = None
 
     @field_validator("subject_prefix")

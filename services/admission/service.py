@@ -132,6 +132,32 @@ def _is_abort(e: BaseException) -> bool:
     return type(e).__name__ in ("AbortError", "_AbortError") or isinstance(e, grpc.aio.AbortError)
 
 
+def explain_to_pb(rec: JobRecord) -> pb.ExplainJobResponse:
+    """The wire form of a job's latest decisions."""
+    out = pb.ExplainJobResponse(job_id=rec.job_id, state=STATE_TO_PB[rec.state])
+    for shard in rec.shards:
+        d = shard.decision
+        if d is None:
+            out.decisions.append(pb.ShardDecision(shard=shard.index, outcome="none",
+                                                  summary="the scheduler has not decided about it yet"))
+            continue
+        msg = pb.ShardDecision(shard=shard.index, outcome=d.outcome, summary=d.reason, cluster=d.cluster,
+                               region=d.region, queue=d.queue, counterfactual=d.counterfactual,
+                               policy_version=d.policy_version, fits_empty=d.fits_empty,
+                               reserved_cluster=d.reserved_cluster)
+        msg.decided_at.CopyFrom(_ts(d.at))
+        for e in d.evaluations:
+            v = pb.ClusterVerdict(cluster=str(e.get("cluster", "")), region=str(e.get("region", "")),
+                                  passed=bool(e.get("passed")), reason=str(e.get("reason", "")),
+                                  detail=str(e.get("detail", "")),
+                                  scores={k: float(x) for k, x in (e.get("scores") or {}).items()})
+            if e.get("total") is not None:
+                v.total = float(e["total"])
+            msg.clusters.append(v)
+        out.decisions.append(msg)
+    return out
+
+
 def job_to_pb(rec: JobRecord) -> pb.Job:
     """The wire form of a job record."""
     att = rec.current
@@ -144,7 +170,7 @@ def job_to_pb(rec: JobRecord) -> pb.Job:
             getattr(msg, name).CopyFrom(ts)
     for a in rec.attempts:
         pa = pb.Attempt(attempt=a.attempt, region=a.region, cluster=a.cluster, card_model=a.card_model,
-                        outcome=a.outcome, reason=a.reason, cross_region=a.cross_region)
+                        outcome=a.outcome, reason=a.reason, cross_region=a.cross_region, shard=a.shard)
         for name, value in (("placed_at", a.placed_at), ("started_at", a.started_at), ("ended_at", a.ended_at)):
             ts = _ts(value)
             if ts is not None:
@@ -284,6 +310,9 @@ class JobServicer(pb_grpc.JobServiceServicer):
         await self.bus.publish(self.bus.subjects.job("cancel", rec.spec.tenant, rec.spec.project), event)
         self.view.apply(event)
         return pb.CancelJobResponse(job=job_to_pb(rec))
+
+    async def ExplainJob(self, request: pb.ExplainJobRequest, context) -> pb.ExplainJobResponse:
+        return explain_to_pb(self._get(request.job_id))
 
     async def WatchJob(self, request: pb.WatchJobRequest, context) -> AsyncIterator[pb.Job]:
         rec = self._get(request.job_id)

@@ -90,14 +90,21 @@ class Backend(Protocol):
         """The cluster's nodes with capacity (free fields are filled in by the agent)."""
         ...
 
-    def plan(self, spec: JobSpec, started_at: float) -> tuple[float | None, str]:
-        """When a job started at ``started_at`` will end (None = until stopped) and how
-        (``succeeded`` or ``failed``)."""
+    def plan(self, spec: JobSpec, started_at: float, *, attempt: int = 1, resume_from_s: float = 0.0
+             ) -> tuple[float | None, str]:
+        """When a job attempt started at ``started_at`` will end (None = until stopped) and how
+        (``succeeded`` or ``failed``); ``resume_from_s`` of work is already done."""
         ...
 
 
 class TraceBackend:
     """Nodes from a trace node list; jobs run for their recorded runtime on the business clock.
+
+    Annotations it reads (the scheduler never does): ``trace.runtime_s`` (how long the job
+    runs; default its estimate), ``trace.outcome`` (``failed`` ends every attempt in failure,
+    as the trace's Failed pods did), and for failure drills ``trace.fail_attempts`` (the first N
+    attempts fail after ``trace.fail_after_s`` seconds, default 0). A resumed attempt runs only
+    the rest: runtime - ``resume_from_s``.
 
     Args:
         nodes: the cluster's nodes (from :func:`~services.inventory.trace.split_nodes`).
@@ -115,17 +122,26 @@ class TraceBackend:
     def nodes(self) -> list[NodeInventory]:
         return list(self._nodes)
 
-    def plan(self, spec: JobSpec, started_at: float) -> tuple[float | None, str]:
-        raw = spec.annotations.get("trace.runtime_s")
-        if raw is None:
-            runtime = spec.estimated_duration_s
-        else:
-            try:
-                runtime = max(0.0, float(raw))
-            except ValueError:
-                runtime = spec.estimated_duration_s
-        outcome = "failed" if spec.annotations.get("trace.outcome") == "failed" else "succeeded"
-        return (None if runtime is None else started_at + runtime), outcome
+    def plan(self, spec: JobSpec, started_at: float, *, attempt: int = 1, resume_from_s: float = 0.0
+             ) -> tuple[float | None, str]:
+        ann = spec.annotations
+        runtime = _seconds(ann.get("trace.runtime_s"), spec.estimated_duration_s)
+        if attempt <= int(_seconds(ann.get("trace.fail_attempts"), 0) or 0):
+            return started_at + (_seconds(ann.get("trace.fail_after_s"), 0.0) or 0.0), "failed"
+        outcome = "failed" if ann.get("trace.outcome") == "failed" else "succeeded"
+        if runtime is None:
+            return None, outcome
+        return started_at + max(0.0, runtime - resume_from_s), outcome
+
+
+def _seconds(raw: str | None, default):
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        return default
+    return max(0.0, value) if value == value else default
 
 
 class ClusterAgent:
@@ -162,6 +178,7 @@ class ClusterAgent:
         self._stop = asyncio.Event()
         self._consumer: DurableConsumer | None = None
         self.paused = False  # failure drills: a paused agent stops heartbeating
+        self.holding = False  # failure drills: a holding agent takes no placements
 
     @property
     def durable(self) -> str:
@@ -177,6 +194,8 @@ class ClusterAgent:
             self.bus, "EVENTS", self.durable, [self.bus.subjects.placements(self.cluster.region, self.cluster.name)],
             self._handle, batch=64, max_wait_s=0.2)
         await self.publish_snapshot()
+        if self.holding:
+            self._consumer.stop()
         tasks = [asyncio.create_task(self._consumer.run(), name=f"{self.durable}-consumer"),
                  asyncio.create_task(self._heartbeats(), name=f"{self.durable}-heartbeat"),
                  asyncio.create_task(self._ticker(), name=f"{self.durable}-ticker")]
@@ -191,6 +210,21 @@ class ClusterAgent:
     def stop(self) -> None:
         """Ask :meth:`run` to return."""
         self._stop.set()
+
+    # ------------------------------------------------------------------ drills
+
+    def hold_placements(self) -> None:
+        """Drill: stop taking placements (they stay on the bus, unacknowledged) -- a cluster
+        that is alive but does not start work."""
+        self.holding = True
+        if self._consumer is not None:
+            self._consumer.stop()
+
+    def set_node_health(self, node: str, healthy: bool) -> None:
+        """Drill: mark a node (un)healthy; the next heartbeat carries a fresh snapshot."""
+        ledger = self.ledger[node]
+        ledger.inv = ledger.inv.model_copy(update={"healthy": healthy})
+        self._changed.set()
 
     async def rebuild(self) -> None:
         """Restore the running set from this cluster's placements and status on the bus."""
@@ -228,7 +262,7 @@ class ClusterAgent:
                 log.error("%s: rebuilt job %s does not fit the ledger; skipping", self.producer, key)
                 continue
             self._allocate(placed, +1)
-            ends_at, outcome = self.backend.plan(placed.spec, at)
+            ends_at, outcome = self.backend.plan(placed.spec, at, attempt=env.attempt, resume_from_s=placed.resume_from_s)
             self.running[key] = RunningJob(AttemptRef.of(env), placed.shard, placed.spec, placed, at, ends_at, outcome,
                                            d.headers)
         if self.running:
@@ -261,7 +295,7 @@ class ClusterAgent:
             await self._status("job.rejected", AttemptRef.of(env), placed, now, reason=problem, headers=d.headers)
             return
         self._allocate(placed, +1)
-        ends_at, outcome = self.backend.plan(placed.spec, now)
+        ends_at, outcome = self.backend.plan(placed.spec, now, attempt=env.attempt, resume_from_s=placed.resume_from_s)
         job = RunningJob(AttemptRef.of(env), placed.shard, placed.spec, placed, now, ends_at, outcome, d.headers)
         self.running[key] = job
         await self._status("job.started", job.ref, placed, now, started_at=now, headers=d.headers)
@@ -276,8 +310,12 @@ class ClusterAgent:
         self._allocate(job.placed, -1)
         self.done.add(key)
         now = self.clock.time()
+        progress = job.placed.resume_from_s
+        if stop.checkpoint_interval_s > 0 and job.spec.checkpointable:  # resumes from its last checkpoint
+            done_here = max(0.0, now - job.started_at)
+            progress += done_here // stop.checkpoint_interval_s * stop.checkpoint_interval_s
         await self._status("job.stopped", job.ref, job.placed, now, started_at=job.started_at, reason=stop.reason,
-                           headers=d.headers)
+                           headers=d.headers, progress_s=progress)
 
     def _check(self, placed: JobPlaced) -> str:
         """"" if the placement fits the ledger, else why not."""
@@ -326,14 +364,14 @@ class ClusterAgent:
             node.mem_free -= sign * b.memory_mib
 
     async def _status(self, type_: str, ref: AttemptRef, placed: JobPlaced, at: float, *, started_at: float | None = None,
-                      reason: str = "", headers: dict[str, str] | None = None) -> None:
+                      reason: str = "", headers: dict[str, str] | None = None, progress_s: float = 0.0) -> None:
         spec = placed.spec
         step = {"job.started": "started", "job.rejected": "rejected"}.get(type_, "ended")
         payload = JobStatus(
             card_model=placed.card_model, gpu_milli=spec.total_gpu_milli, cpu_milli=spec.cpu_milli * spec.workers,
             memory_mib=spec.memory_mib * spec.workers, started_at=to_datetime(started_at) if started_at else None,
             reason=reason, shard=placed.shard, data_version=spec.annotations.get("data.version", ""),
-            kind=spec.kind.value, cross_region=placed.cross_region,
+            kind=spec.kind.value, cross_region=placed.cross_region, progress_s=progress_s,
         )
         event = make_event(
             type_, payload, producer=self.producer, occurred_at=at,

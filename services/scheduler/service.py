@@ -1,18 +1,24 @@
 """The scheduler service: keeps the global resource view and runs the pure core on it.
 
-State is rebuilt from the bus on start (event sourcing): the job events on ``P_EVENTS`` from
-the first sequence (submissions, its own placements, agents' status) and the newest inventory of
-every cluster. Then it follows both streams and runs a cycle whenever something changed:
+State is rebuilt from the bus on start (event sourcing): every event on ``P_EVENTS`` from the
+first sequence (submissions, its own placements and stop orders, agents' status) and the newest
+inventory of every cluster. Then it follows both streams and runs a cycle whenever something
+changed (and at least once a second, for staleness, aging and reclamation):
 
-1. build the :class:`~services.scheduler.core.View` (inventory capacity minus the allocations of
-   placed and running jobs; heartbeat ages) and the queue;
-2. ``decide(view, queue, policy)`` -- pure;
-3. publish placements to each cluster's subject and changed pending reasons (one pipelined
-   batch, message id = (job, attempt) so a retried publish is never a second placement);
-4. update local state only for what JetStream acknowledged.
+1. reclaim placements that never started (timeout) or sit on a stale cluster, and carry out
+   cancellations;
+2. build the :class:`~services.scheduler.core.View` -- inventory capacity minus the allocations
+   of placed and running work, that work with its estimated ends, heartbeat ages, tenant usage
+   -- and the queue (one entry per waiting shard);
+3. ``decide(view, queue, policy)`` -- pure;
+4. publish, in one pipelined batch: stop orders for preemption victims, then placements (same
+   subject per cluster, so an agent frees the victims before it admits the preemptor), then
+   changed pending reasons with a counterfactual; message ids are (job, attempt, shard, step)
+   so a retried publish is never a second placement;
+5. update local state only for what JetStream acknowledged.
 
-Its own placement events come back through the follower; applying them is a no-op (same
-attempt), so local write-through state and the rebuilt state agree.
+Its own events come back through the follower; applying them again is a no-op (same attempt),
+so the write-through state and the rebuilt state agree.
 
 A status endpoint (core NATS request/reply on ``<p>.svc.scheduler.status``) reports the applied
 stream sequence and queue sizes; the replay driver uses it to detect quiescence.
@@ -23,43 +29,47 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import time
 from dataclasses import dataclass, field, replace
 
 from fedsched import telemetry
 from fedsched.bus import Bus, Delivery, StreamFollower
-from fedsched.clock import Clock
+from fedsched.clock import Clock, to_datetime
 from fedsched.events import (Envelope, InventorySnapshot, JobPending, JobPlaced, JobStatus, JobStop, JobSubmitted,
                              WorkerBinding, business_event_id, make_event)
 from fedsched.jobs import JobSpec
 from fedsched.pricing import PriceCatalog
 from services.scheduler.core import (ClusterEvaluation, ClusterIndex, ClusterState, NodeState, Pending, Placement,
-                                     Policy, QueuedJob, View, decide)
+                                     Policy, QueuedJob, RunningWork, Usage, View, decide)
+from services.scheduler.core.explain import pending_counterfactual, placement_counterfactual
 
 log = logging.getLogger(__name__)
 tracer = telemetry.tracer("fedsched.scheduler")
 
+ACTIVE = ("placed", "running")
+
 
 @dataclass
-class JobEntry:
-    """The scheduler's record of one job.
+class ShardEntry:
+    """One schedulable unit of a job (a whole job is shard 0 of 1).
 
     Attributes:
-        state: ``queued``, ``placed``, ``running`` or ``done``.
+        state: ``queued``, ``placed``, ``running``, ``stopping`` (evicted or reclaimed, stop
+            order sent, resources already given up) or ``done``.
         attempt: number of the latest placement (0 = never placed).
         failures: failed attempts so far (retry budget: ``spec.retry_limit``).
         avoid: clusters where an attempt failed (failover prefers others).
-        placed: the current placement (its bindings are allocated while placed/running).
-        headers: trace context of the submission (placements continue that trace).
+        placed: the current placement (allocated while placed/running).
+        placed_mono: wall-clock (monotonic) time of the placement, for reclamation.
+        started_at: business time the current attempt started.
+        progress_s: checkpointed work from earlier attempts (s).
         pending_reason: the last published pending summary.
         unplaceable: the last decision found no cluster that could hold it even if empty.
+        outcome: how a done shard ended: succeeded, failed, cancelled.
     """
 
-    job_id: str
-    tenant: str
-    project: str
-    spec: JobSpec
-    submitted_at: float
+    index: int
     state: str = "queued"
     attempt: int = 0
     failures: int = 0
@@ -67,11 +77,33 @@ class JobEntry:
     cluster: str = ""
     region: str = ""
     placed: JobPlaced | None = None
-    headers: dict[str, str] = field(default_factory=dict)
+    placed_mono: float = 0.0
+    started_at: float | None = None
+    progress_s: float = 0.0
     pending_reason: str = ""
     unplaceable: bool = False
-    cancel_requested: bool = False
     stop_sent: bool = False
+    outcome: str = ""
+
+
+@dataclass
+class JobEntry:
+    """The scheduler's record of one job: identity, spec, trace context, its shards."""
+
+    job_id: str
+    tenant: str
+    project: str
+    spec: JobSpec
+    submitted_at: float
+    headers: dict[str, str] = field(default_factory=dict)
+    cancel_requested: bool = False
+    cancelled_sent: bool = False
+    shards: list[ShardEntry] = field(default_factory=list)
+
+    @property
+    def done(self) -> bool:
+        """Every shard is done."""
+        return all(s.state == "done" for s in self.shards)
 
 
 @dataclass
@@ -101,23 +133,30 @@ class SchedulerService:
         clock: business clock.
         policy: the scheduling policy (see :func:`~services.scheduler.core.build_policy`).
         prices: price catalog (cluster prices in the view).
-        stale_after_s: wall seconds after which a silent cluster is excluded.
+        stale_after_s: wall seconds after which a silent cluster is excluded and its unstarted
+            placements are reclaimed.
         interval_s: minimum wall seconds between cycles.
+        reclaim_after_s: wall seconds a placement may stay unstarted before it is reclaimed.
+        cross_region_mode: tenant -> ``allowed`` / ``approval`` / ``forbidden`` (default allowed).
     """
 
     def __init__(self, bus: Bus, clock: Clock, policy: Policy, prices: PriceCatalog, *,
-                 stale_after_s: float = 10.0, interval_s: float = 0.02) -> None:
+                 stale_after_s: float = 10.0, interval_s: float = 0.02, reclaim_after_s: float = 30.0,
+                 cross_region_mode: dict[str, str] | None = None) -> None:
         self.bus = bus
         self.clock = clock
         self.policy = policy
         self.prices = prices
         self.stale_after_s = stale_after_s
         self.interval_s = interval_s
+        self.reclaim_after_s = reclaim_after_s
+        self.cross_region_mode = cross_region_mode or {}
         self.jobs: dict[str, JobEntry] = {}
-        self.counts = {"queued": 0, "placed": 0, "running": 0, "done": 0}
-        self.queued: dict[str, JobEntry] = {}
-        self.cancelling: dict[str, JobEntry] = {}
         self.clusters: dict[str, ClusterInfo] = {}
+        self.counts = {"queued": 0, "placed": 0, "running": 0, "stopping": 0, "done": 0}
+        self.queued: dict[tuple[str, int], tuple[JobEntry, ShardEntry]] = {}
+        self.active: dict[tuple[str, int], tuple[JobEntry, ShardEntry]] = {}
+        self.cancelling: dict[str, JobEntry] = {}
         self.applied_seq = 0
         self.cycles = 0
         self.last_cycle_ms = 0.0
@@ -139,7 +178,8 @@ class SchedulerService:
         """Rebuild from the bus, then schedule until :meth:`stop`."""
         tasks = [asyncio.create_task(self._events.run(), name="scheduler-events"),
                  asyncio.create_task(self._inventory.run(), name="scheduler-inventory")]
-        self._status_sub = await self.bus.nc.subscribe(f"{self.bus.prefix}.svc.scheduler.status", cb=self._on_status_request)
+        self._status_sub = await self.bus.nc.subscribe(f"{self.bus.prefix}.svc.scheduler.status",
+                                                       cb=self._on_status_request)
         try:
             await self._events.caught_up.wait()
             await self._inventory.caught_up.wait()
@@ -149,7 +189,7 @@ class SchedulerService:
                 try:
                     await asyncio.wait_for(self._dirty.wait(), timeout=1.0)
                 except asyncio.TimeoutError:
-                    pass  # periodic cycle: staleness, aging
+                    pass  # periodic cycle: staleness, aging, reclamation
                 if self._stop.is_set():
                     break
                 self._dirty.clear()
@@ -167,7 +207,10 @@ class SchedulerService:
             self._events.stop()
             self._inventory.stop()
             if self._status_sub is not None:
-                await self._status_sub.unsubscribe()
+                try:
+                    await self._status_sub.unsubscribe()
+                except Exception:  # noqa: BLE001 - connection may be closing
+                    pass
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -177,28 +220,44 @@ class SchedulerService:
         self._stop.set()
         self._dirty.set()
 
-    def _set(self, job: JobEntry, state: str) -> None:
-        """Move ``job`` to ``state``, keeping the counts and the queue index current."""
-        self.counts[job.state] -= 1
-        self.counts[state] += 1
-        job.state = state
-        if state == "queued":
-            self.queued[job.job_id] = job
-        else:
-            self.queued.pop(job.job_id, None)
-        if state == "done":
-            self.cancelling.pop(job.job_id, None)
-
     def status(self) -> dict:
-        """Counts for dashboards and the replay driver's quiescence check."""
-        counts = dict(self.counts)
-        unplaceable = sum(1 for j in self.queued.values() if j.unplaceable)
+        """Counts (of shards) for dashboards and the replay driver's quiescence check."""
+        unplaceable = sum(1 for _, s in self.queued.values() if s.unplaceable)
         return {"applied_seq": self.applied_seq, "dirty": self._dirty.is_set(), "busy": self.busy, "cycles": self.cycles,
-                "last_cycle_ms": round(self.last_cycle_ms, 2), "unplaceable": unplaceable,
-                "clusters": len(self.clusters), "stale": sorted(self._stale), "policy": self.policy.version, **counts}
+                "last_cycle_ms": round(self.last_cycle_ms, 2), "unplaceable": unplaceable, "jobs": len(self.jobs),
+                "clusters": len(self.clusters), "stale": sorted(self._stale), "policy": self.policy.version,
+                **self.counts}
 
     async def _on_status_request(self, msg) -> None:
         await msg.respond(json.dumps(self.status()).encode())
+
+    # ------------------------------------------------------------------ shard state
+
+    def _set(self, job: JobEntry, shard: ShardEntry, state: str) -> None:
+        """Move a shard to ``state``, keeping counts and indexes current."""
+        key = (job.job_id, shard.index)
+        self.counts[shard.state] -= 1
+        self.counts[state] += 1
+        shard.state = state
+        if state == "queued":
+            self.queued[key] = (job, shard)
+        else:
+            self.queued.pop(key, None)
+        if state in ACTIVE:
+            self.active[key] = (job, shard)
+        else:
+            self.active.pop(key, None)
+        if state != "queued":
+            shard.unplaceable = False
+        self._dirty.set()
+
+    def _requeue(self, job: JobEntry, shard: ShardEntry, *, avoid: str = "") -> None:
+        if avoid:
+            shard.avoid.add(avoid)
+        shard.pending_reason = ""
+        self._set(job, shard, "done" if job.cancel_requested else "queued")
+        if job.cancel_requested:
+            shard.outcome = "cancelled"
 
     # ------------------------------------------------------------------ state from events
 
@@ -209,80 +268,109 @@ class SchedulerService:
         if handler is not None:
             handler(self, env, d)
 
+    def _shard(self, env: Envelope, index: int) -> tuple[JobEntry, ShardEntry] | None:
+        job = self.jobs.get(env.job_id)
+        if job is None or not 0 <= index < len(job.shards):
+            return None
+        return job, job.shards[index]
+
     def _on_submitted(self, env: Envelope, d: Delivery) -> None:
         if env.job_id in self.jobs:
             return
         sub = env.payload_as(JobSubmitted)
         job = JobEntry(env.job_id, env.tenant, env.project, sub.spec, env.occurred_at.timestamp(),
                        headers={k: v for k, v in d.headers.items() if k in ("traceparent", "tracestate")})
+        job.shards = [ShardEntry(i) for i in range(sub.spec.shards)]
         self.jobs[env.job_id] = job
-        self.counts["queued"] += 1
-        self.queued[job.job_id] = job
+        for shard in job.shards:
+            self.counts["queued"] += 1
+            self.queued[(job.job_id, shard.index)] = (job, shard)
         self._dirty.set()
 
     def _on_cancel(self, env: Envelope, d: Delivery) -> None:
         job = self.jobs.get(env.job_id)
-        if job is None or job.state == "done":
+        if job is None or job.done:
             return
         job.cancel_requested = True
         self.cancelling[job.job_id] = job
         self._dirty.set()
 
     def _on_placed(self, env: Envelope, d: Delivery) -> None:
-        job = self.jobs.get(env.job_id)
-        if job is None or env.attempt <= job.attempt:
-            return  # our own write-through, or a stale duplicate
         placed = env.payload_as(JobPlaced)
-        self._bind(job, env.attempt, env.cluster, env.region, placed)
+        found = self._shard(env, placed.shard)
+        if found is None:
+            return
+        job, shard = found
+        if env.attempt <= shard.attempt:
+            return  # our own write-through, or a stale duplicate
+        self._bind(job, shard, env.attempt, env.cluster, env.region, placed)
+
+    def _on_stop_order(self, env: Envelope, d: Delivery) -> None:
+        """Our own stop order, read back after a restart: the shard gave up its resources."""
+        stop = env.payload_as(JobStop)
+        found = self._shard(env, stop.shard)
+        if found is None:
+            return
+        job, shard = found
+        if env.attempt == shard.attempt and shard.state in ACTIVE and stop.reason in ("preempted", "reclaimed"):
+            self._unbind(shard)
+            self._set(job, shard, "stopping")
 
     def _on_status(self, env: Envelope, d: Delivery) -> None:
-        job = self.jobs.get(env.job_id)
-        if job is None or env.attempt != job.attempt or job.state in ("done",):
+        status = env.payload_as(JobStatus)
+        found = self._shard(env, status.shard)
+        if found is None:
             return
-        if env.type == "job.cancelled":
-            self._set(job, "done")
-            return
-        if job.state == "queued":
-            return  # status of an attempt we already gave up on
+        job, shard = found
+        if env.attempt != shard.attempt or shard.state in ("done", "queued"):
+            return  # an attempt we already gave up on
         if env.type == "job.started":
-            self._set(job, "running")
+            if shard.state == "placed":
+                shard.started_at = env.occurred_at.timestamp()
+                self._set(job, shard, "running")
             return
-        self._unbind(job)
+        self._unbind(shard)
         if env.type == "job.finished":
-            self._set(job, "done")
+            shard.outcome = "succeeded"
+            self._set(job, shard, "done")
         elif env.type == "job.failed":
-            job.failures += 1
-            if job.failures <= job.spec.retry_limit and not job.cancel_requested:
-                job.avoid.add(env.cluster)
-                self._set(job, "queued")
+            shard.failures += 1
+            if shard.failures <= job.spec.retry_limit and not job.cancel_requested:
+                self._requeue(job, shard, avoid=env.cluster)
             else:
-                self._set(job, "done")
+                shard.outcome = "failed"
+                self._set(job, shard, "done")
         elif env.type == "job.rejected":
-            self._set(job, "done" if job.cancel_requested else "queued")
+            self._requeue(job, shard)
         elif env.type == "job.stopped":
-            reason = env.payload_as(JobStatus).reason
-            self._set(job, "done" if reason == "cancelled" or job.cancel_requested else "queued")
-        self._dirty.set()
+            if status.reason == "cancelled" or job.cancel_requested:
+                shard.outcome = "cancelled"
+                self._set(job, shard, "done")
+            else:
+                shard.progress_s = max(shard.progress_s, status.progress_s)
+                self._requeue(job, shard)
 
-    def _bind(self, job: JobEntry, attempt: int, cluster: str, region: str, placed: JobPlaced) -> None:
-        if job.placed is not None:
-            self._unbind(job)
-        job.attempt = attempt
-        job.cluster, job.region = cluster, region
-        job.placed = placed
-        self._set(job, "placed")
-        job.unplaceable = False
+    def _bind(self, job: JobEntry, shard: ShardEntry, attempt: int, cluster: str, region: str,
+              placed: JobPlaced) -> None:
+        self._unbind(shard)
+        shard.attempt = attempt
+        shard.cluster, shard.region = cluster, region
+        shard.placed = placed
+        shard.placed_mono = time.monotonic()
+        shard.started_at = None
+        shard.stop_sent = False
         info = self.clusters.get(cluster)
         if info is not None:
             _allocate(info, placed, +1)
+        self._set(job, shard, "placed")
 
-    def _unbind(self, job: JobEntry) -> None:
-        if job.placed is None:
+    def _unbind(self, shard: ShardEntry) -> None:
+        if shard.placed is None:
             return
-        info = self.clusters.get(job.cluster)
+        info = self.clusters.get(shard.cluster)
         if info is not None:
-            _allocate(info, job.placed, -1)
-        job.placed = None
+            _allocate(info, shard.placed, -1)
+        shard.placed = None
 
     def _apply_inventory(self, d: Delivery) -> None:
         env = d.envelope
@@ -301,9 +389,9 @@ class SchedulerService:
         snap = env.payload_as(InventorySnapshot)
         if info is None:
             info = self.clusters[env.cluster] = ClusterInfo(env.cluster, env.region, env.zone, snap, now)
-            for job in self.jobs.values():  # placements made before this inventory arrived
-                if job.placed is not None and job.cluster == env.cluster:
-                    _allocate(info, job.placed, +1)
+            for _, shard in self.active.values():  # placements made before this inventory arrived
+                if shard.placed is not None and shard.cluster == env.cluster:
+                    _allocate(info, shard.placed, +1)
             self._dirty.set()
         else:
             changed = _capacity_key(info.snapshot) != _capacity_key(snap)
@@ -319,80 +407,160 @@ class SchedulerService:
     def view(self) -> View:
         """The current resource view (immutable)."""
         now_mono = time.monotonic()
+        now = self.clock.time()
+        for info in self.clusters.values():  # node positions must be current before bindings map to them
+            if info.cached is None:
+                info.cached = _cluster_state(info, self.prices)
+        running: dict[str, list[RunningWork]] = {}
+        usage: dict[str, Usage] = {}
+        for job, shard in self.active.values():
+            p = shard.placed
+            info = self.clusters.get(shard.cluster)
+            if p is None or info is None:
+                continue
+            spec = job.spec
+            est = spec.estimated_duration_s
+            left = max(0.0, est - shard.progress_s) if est is not None else math.inf
+            start = shard.started_at if shard.started_at is not None else now
+            bindings = tuple((info.position.get(b.node, -1), tuple(b.gpu_indices), b.gpu_milli, b.cpu_milli,
+                              b.memory_mib) for b in p.bindings)
+            if any(b[0] < 0 for b in bindings):
+                continue
+            running.setdefault(shard.cluster, []).append(RunningWork(
+                job.job_id, shard.attempt, shard.index, job.tenant, spec.priority_value, spec.preemptible,
+                spec.checkpointable, shard.started_at, start + left, p.card_model, bindings))
+            usage[job.tenant] = usage.get(job.tenant, Usage()).plus(spec.total_gpu_milli, spec.cpu_milli * spec.workers,
+                                                                    spec.memory_mib * spec.workers)
         clusters = []
         for info in sorted(self.clusters.values(), key=lambda c: c.name):
             age = now_mono - info.seen_mono
-            stale = age > self.stale_after_s
-            if stale and info.name not in self._stale:
+            if age > self.stale_after_s and info.name not in self._stale:
                 self._stale.add(info.name)
                 log.warning("scheduler: cluster %s is stale (%.1fs since last heartbeat)", info.name, age)
             if info.cached is None:
                 info.cached = _cluster_state(info, self.prices)
-            clusters.append(replace(info.cached, heartbeat_age_s=age))
-        return View(tuple(clusters), self.clock.time(), self.stale_after_s)
+            clusters.append(replace(info.cached, heartbeat_age_s=age, running=tuple(running.get(info.name, ()))))
+        return View(tuple(clusters), now, self.stale_after_s, usage)
 
     def queue(self) -> list[QueuedJob]:
-        """Jobs waiting for a placement."""
-        return [QueuedJob(j.job_id, j.attempt + 1, j.spec, j.submitted_at, frozenset(j.avoid))
-                for j in self.queued.values() if not j.cancel_requested]
+        """Shards waiting for a placement."""
+        return [QueuedJob(job.job_id, shard.attempt + 1, job.spec, job.submitted_at, frozenset(shard.avoid),
+                          shard.index, self.cross_region_mode.get(job.tenant, "allowed"), shard.progress_s)
+                for job, shard in self.queued.values() if not job.cancel_requested]
 
     async def cycle(self) -> None:
         """One scheduling cycle (see the module docstring)."""
         t0 = time.perf_counter()
+        await self._reclaim()                                                        # 1
         await self._cancellations()
         queue = self.queue()
         if not queue or not self.clusters:
             return
-        view = self.view()
+        view = self.view()                                                           # 2
         with tracer.start_as_current_span("scheduler.cycle", attributes={"queue": len(queue)}):
-            decisions = decide(view, queue, self.policy)
-        items = []
-        for p in decisions.placements:
-            items.append(self._placement_event(p, decisions.policy_version))
-        pending_items = []
+            decisions = decide(view, queue, self.policy)                             # 3
+        stops, places, pendings = [], [], []
+        for p in decisions.placements:                                               # 4
+            for victim in p.victims:
+                stops.append((victim, p))
+            places.append(self._placement_event(view, p, decisions.policy_version))
         for pend in decisions.pending:
-            job = self.jobs[pend.job.job_id]
-            job.unplaceable = not pend.fits_empty
-            if pend.reason != job.pending_reason:
-                pending_items.append((job, pend.reason, self._pending_event(pend, decisions.policy_version)))
-        results = await self.bus.publish_many([(s, e, h) for _, s, e, h in items] +
-                                              [(s, e, h) for _, _, (s, e, h) in pending_items])
-        for (p, _, env, _), ok in zip(items, results):
+            job, shard = self.jobs[pend.job.job_id], self.jobs[pend.job.job_id].shards[pend.job.shard]
+            shard.unplaceable = not pend.fits_empty
+            if pend.reason != shard.pending_reason:
+                pendings.append((shard, pend.reason, self._pending_event(view, pend, decisions.policy_version)))
+        stop_items = [(v, item) for v, p in stops
+                      if (item := self._stop_event(self.jobs[v.job_id], self.jobs[v.job_id].shards[v.shard], "preempted",
+                                                   for_job=p.job.job_id)) is not None]
+        results = await self.bus.publish_many([item for _, item in stop_items] +
+                                              [(s, e, h) for _, s, e, h in places] +
+                                              [(s, e, h) for _, _, (s, e, h) in pendings])
+        rest = results[len(stop_items):]                                             # 5
+        for (victim, _), ok in zip(stop_items, results):
+            job = self.jobs[victim.job_id]
+            shard = job.shards[victim.shard]
+            if ok and shard.attempt == victim.attempt and shard.state in ACTIVE:
+                shard.stop_sent = True
+                self._unbind(shard)
+                self._set(job, shard, "stopping")
+        for (p, _, env, _), ok in zip(places, rest[:len(places)]):
             if ok:
                 job = self.jobs[p.job.job_id]
-                self._bind(job, p.job.attempt, p.cluster, p.region, env.payload_as(JobPlaced))
-        for (job, reason, _), ok in zip(pending_items, results[len(items):]):
+                self._bind(job, job.shards[p.job.shard], p.job.attempt, p.cluster, p.region, env.payload_as(JobPlaced))
+        for (shard, reason, _), ok in zip(pendings, rest[len(places):]):
             if ok:
-                job.pending_reason = reason
+                shard.pending_reason = reason
         self.cycles += 1
         self.last_cycle_ms = (time.perf_counter() - t0) * 1000
-        if decisions.placements:
-            log.debug("cycle %d: %d placed, %d pending, %.1f ms", self.cycles, len(decisions.placements),
-                      len(decisions.pending), self.last_cycle_ms)
+
+    # ------------------------------------------------------------------ reclamation, cancellation
+
+    async def _reclaim(self) -> None:
+        """Take back placements never started within ``reclaim_after_s`` or on a stale cluster."""
+        now_mono = time.monotonic()
+        items, shards = [], []
+        for job, shard in list(self.active.values()):
+            if shard.state != "placed":
+                continue
+            stale = shard.cluster in self._stale
+            if not stale and now_mono - shard.placed_mono <= self.reclaim_after_s:
+                continue
+            item = self._stop_event(job, shard, "reclaimed")
+            if item is not None:
+                items.append(item)
+                shards.append((job, shard, stale))
+        if not items:
+            return
+        for (job, shard, stale), ok in zip(shards, await self.bus.publish_many(items)):
+            if ok:
+                log.warning("scheduler: reclaiming %s/%d from %s (%s)", job.job_id, shard.index, shard.cluster,
+                            "cluster stale" if stale else "never started")
+                cluster = shard.cluster
+                self._unbind(shard)
+                self._requeue(job, shard, avoid="" if stale else cluster)
 
     async def _cancellations(self) -> None:
         for job in list(self.cancelling.values()):
-            if job.state == "done":
-                continue
-            if job.state == "queued":
-                event = make_event("job.cancelled", JobStatus(reason="cancelled before placement"), producer="scheduler",
+            items = []
+            for shard in job.shards:
+                if shard.state == "queued":
+                    shard.outcome = "cancelled"
+                    self._set(job, shard, "done")
+                elif shard.state in ACTIVE and not shard.stop_sent:
+                    item = self._stop_event(job, shard, "cancelled")
+                    if item is not None:
+                        items.append((shard, item))
+            if items:
+                for (shard, _), ok in zip(items, await self.bus.publish_many([i for _, i in items])):
+                    shard.stop_sent = shard.stop_sent or ok
+            if job.done and not job.cancelled_sent:
+                event = make_event("job.cancelled", JobStatus(reason="cancelled"), producer="scheduler",
                                    occurred_at=self.clock.time(), event_id=business_event_id(job.job_id, "cancelled"),
-                                   tenant=job.tenant, project=job.project, job_id=job.job_id, attempt=job.attempt,
-                                   actor="scheduler", policy_version=self.policy.version)
+                                   tenant=job.tenant, project=job.project, job_id=job.job_id,
+                                   attempt=max(s.attempt for s in job.shards), actor="scheduler",
+                                   policy_version=self.policy.version)
                 await self.bus.publish(self.bus.subjects.decisions(job.tenant, job.project), event, headers=job.headers)
-                self._set(job, "done")
-            elif job.placed is not None and not job.stop_sent:
-                info = self.clusters.get(job.cluster)
-                event = make_event("job.stop", JobStop(reason="cancelled", shard=job.placed.shard), producer="scheduler",
-                                   occurred_at=self.clock.time(),
-                                   event_id=business_event_id(job.job_id, job.attempt, "stop"),
-                                   region=job.region, zone=info.zone if info else "", cluster=job.cluster,
-                                   tenant=job.tenant, project=job.project, job_id=job.job_id, attempt=job.attempt,
-                                   actor="scheduler", policy_version=self.policy.version)
-                await self.bus.publish(self.bus.subjects.placements(job.region, job.cluster), event, headers=job.headers)
-                job.stop_sent = True
+                job.cancelled_sent = True
+                self.cancelling.pop(job.job_id, None)
+            elif job.done:
+                self.cancelling.pop(job.job_id, None)
 
-    def _placement_event(self, p: Placement, policy_version: str):
+    def _stop_event(self, job: JobEntry, shard: ShardEntry, reason: str, *, for_job: str = ""):
+        info = self.clusters.get(shard.cluster)
+        if not shard.cluster or not shard.region:
+            return None
+        payload = JobStop(reason=reason, shard=shard.index, for_job=for_job,
+                          checkpoint_interval_s=self.policy.checkpoint_interval_s if job.spec.checkpointable else 0.0)
+        event = make_event("job.stop", payload, producer="scheduler", occurred_at=self.clock.time(),
+                           event_id=business_event_id(job.job_id, shard.attempt, shard.index, "stop"),
+                           region=shard.region, zone=info.zone if info else "", cluster=shard.cluster,
+                           tenant=job.tenant, project=job.project, job_id=job.job_id, attempt=shard.attempt,
+                           actor="scheduler", policy_version=self.policy.version)
+        return self.bus.subjects.placements(shard.region, shard.cluster), event, job.headers
+
+    # ------------------------------------------------------------------ events out
+
+    def _placement_event(self, view: View, p: Placement, policy_version: str):
         job = self.jobs[p.job.job_id]
         payload = JobPlaced(
             spec=job.spec, card_model=p.card_model,
@@ -400,7 +568,9 @@ class SchedulerService:
                                          cpu_milli=b.cpu_milli, memory_mib=b.memory_mib) for b in p.bindings),
             score=p.score, explanation=p.explanation, cross_region=p.cross_region, transfer_s=p.transfer_s,
             transfer_bytes=p.transfer_bytes, price_per_gpu_hour=p.price_per_gpu_hour, shard=p.job.shard,
-            evaluations=tuple(_evaluation(e) for e in p.evaluations))
+            evaluations=tuple(_evaluation(e) for e in p.evaluations), resume_from_s=p.job.progress_s,
+            queue=p.queue, est_cost=p.est_cost,
+            counterfactual=placement_counterfactual(view, p, self.policy) if p.cross_region else "")
         event = make_event("job.placed", payload, producer="scheduler", occurred_at=self.clock.time(),
                            event_id=business_event_id(job.job_id, p.job.attempt, p.job.shard, "placed"),
                            region=p.region, zone=p.zone, cluster=p.cluster, tenant=job.tenant, project=job.project,
@@ -410,12 +580,16 @@ class SchedulerService:
             headers = telemetry.inject_headers()
         return p, self.bus.subjects.placements(p.region, p.cluster), event, headers
 
-    def _pending_event(self, pend: Pending, policy_version: str):
+    def _pending_event(self, view: View, pend: Pending, policy_version: str):
         job = self.jobs[pend.job.job_id]
+        res = pend.reservation
         payload = JobPending(reason=pend.reason, reasons={e.cluster: str(e.verdict) for e in pend.evaluations},
-                             fits_empty=pend.fits_empty, evaluations=tuple(_evaluation(e) for e in pend.evaluations))
+                             fits_empty=pend.fits_empty, evaluations=tuple(_evaluation(e) for e in pend.evaluations),
+                             shard=pend.job.shard, queue=pend.queue, reserved_cluster=res.cluster if res else "",
+                             reserved_from=to_datetime(res.start_at) if res else None,
+                             counterfactual=pending_counterfactual(view, pend.job, self.policy))
         event = make_event("job.pending", payload, producer="scheduler", occurred_at=self.clock.time(),
-                           tenant=job.tenant, project=job.project, job_id=job.job_id, attempt=job.attempt,
+                           tenant=job.tenant, project=job.project, job_id=job.job_id, attempt=pend.job.attempt - 1,
                            actor="scheduler", policy_version=policy_version)
         return self.bus.subjects.decisions(job.tenant, job.project), event, job.headers
 
@@ -424,12 +598,12 @@ _EVENT_HANDLERS = {
     "job.submitted": SchedulerService._on_submitted,
     "job.cancel_requested": SchedulerService._on_cancel,
     "job.placed": SchedulerService._on_placed,
+    "job.stop": SchedulerService._on_stop_order,
     "job.started": SchedulerService._on_status,
     "job.finished": SchedulerService._on_status,
     "job.failed": SchedulerService._on_status,
     "job.rejected": SchedulerService._on_status,
     "job.stopped": SchedulerService._on_status,
-    "job.cancelled": SchedulerService._on_status,
 }
 
 

@@ -148,7 +148,7 @@ class JobSpec(_message.Message):
     def __init__(self, tenant: _Optional[str] = ..., project: _Optional[str] = ..., name: _Optional[str] = ..., kind: _Optional[_Union[JobKind, str]] = ..., priority: _Optional[_Union[PriorityClass, str]] = ..., workers: _Optional[int] = ..., gpus_per_worker: _Optional[int] = ..., gpu_milli: _Optional[int] = ..., cpu_milli: _Optional[int] = ..., memory_mib: _Optional[int] = ..., card_models: _Optional[_Iterable[str]] = ..., min_gpu_memory_gib: _Optional[int] = ..., requires_rdma: _Optional[bool] = ..., home_region: _Optional[str] = ..., locality: _Optional[_Union[Locality, str]] = ..., allowed_regions: _Optional[_Iterable[str]] = ..., forbidden_regions: _Optional[_Iterable[str]] = ..., residency_tags: _Optional[_Iterable[str]] = ..., datasets: _Optional[_Iterable[_Union[Dataset, _Mapping]]] = ..., start_deadline: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., max_price_per_gpu_hour: _Optional[float] = ..., preemptible: _Optional[bool] = ..., checkpointable: _Optional[bool] = ..., estimated_duration_seconds: _Optional[float] = ..., retry_limit: _Optional[int] = ..., shards: _Optional[int] = ..., annotations: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class Attempt(_message.Message):
-    __slots__ = ("attempt", "region", "cluster", "card_model", "placed_at", "started_at", "ended_at", "outcome", "reason", "cross_region")
+    __slots__ = ("attempt", "region", "cluster", "card_model", "placed_at", "started_at", "ended_at", "outcome", "reason", "cross_region", "shard")
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     REGION_FIELD_NUMBER: _ClassVar[int]
     CLUSTER_FIELD_NUMBER: _ClassVar[int]
@@ -159,6 +159,7 @@ class Attempt(_message.Message):
     OUTCOME_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     CROSS_REGION_FIELD_NUMBER: _ClassVar[int]
+    SHARD_FIELD_NUMBER: _ClassVar[int]
     attempt: int
     region: str
     cluster: str
@@ -169,7 +170,8 @@ class Attempt(_message.Message):
     outcome: str
     reason: str
     cross_region: bool
-    def __init__(self, attempt: _Optional[int] = ..., region: _Optional[str] = ..., cluster: _Optional[str] = ..., card_model: _Optional[str] = ..., placed_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., ended_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., outcome: _Optional[str] = ..., reason: _Optional[str] = ..., cross_region: _Optional[bool] = ...) -> None: ...
+    shard: int
+    def __init__(self, attempt: _Optional[int] = ..., region: _Optional[str] = ..., cluster: _Optional[str] = ..., card_model: _Optional[str] = ..., placed_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., ended_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., outcome: _Optional[str] = ..., reason: _Optional[str] = ..., cross_region: _Optional[bool] = ..., shard: _Optional[int] = ...) -> None: ...
 
 class Job(_message.Message):
     __slots__ = ("job_id", "spec", "state", "reason", "submitted_at", "started_at", "ended_at", "region", "cluster", "attempts", "submitted_by", "policy_version", "unplaceable")
@@ -268,3 +270,72 @@ class WatchJobRequest(_message.Message):
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+
+class ClusterVerdict(_message.Message):
+    __slots__ = ("cluster", "region", "passed", "reason", "detail", "scores", "total")
+    class ScoresEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    CLUSTER_FIELD_NUMBER: _ClassVar[int]
+    REGION_FIELD_NUMBER: _ClassVar[int]
+    PASSED_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    SCORES_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_FIELD_NUMBER: _ClassVar[int]
+    cluster: str
+    region: str
+    passed: bool
+    reason: str
+    detail: str
+    scores: _containers.ScalarMap[str, float]
+    total: float
+    def __init__(self, cluster: _Optional[str] = ..., region: _Optional[str] = ..., passed: _Optional[bool] = ..., reason: _Optional[str] = ..., detail: _Optional[str] = ..., scores: _Optional[_Mapping[str, float]] = ..., total: _Optional[float] = ...) -> None: ...
+
+class ShardDecision(_message.Message):
+    __slots__ = ("shard", "outcome", "summary", "cluster", "region", "queue", "clusters", "counterfactual", "policy_version", "decided_at", "fits_empty", "reserved_cluster")
+    SHARD_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    SUMMARY_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_FIELD_NUMBER: _ClassVar[int]
+    REGION_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    CLUSTERS_FIELD_NUMBER: _ClassVar[int]
+    COUNTERFACTUAL_FIELD_NUMBER: _ClassVar[int]
+    POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    DECIDED_AT_FIELD_NUMBER: _ClassVar[int]
+    FITS_EMPTY_FIELD_NUMBER: _ClassVar[int]
+    RESERVED_CLUSTER_FIELD_NUMBER: _ClassVar[int]
+    shard: int
+    outcome: str
+    summary: str
+    cluster: str
+    region: str
+    queue: str
+    clusters: _containers.RepeatedCompositeFieldContainer[ClusterVerdict]
+    counterfactual: str
+    policy_version: str
+    decided_at: _timestamp_pb2.Timestamp
+    fits_empty: bool
+    reserved_cluster: str
+    def __init__(self, shard: _Optional[int] = ..., outcome: _Optional[str] = ..., summary: _Optional[str] = ..., cluster: _Optional[str] = ..., region: _Optional[str] = ..., queue: _Optional[str] = ..., clusters: _Optional[_Iterable[_Union[ClusterVerdict, _Mapping]]] = ..., counterfactual: _Optional[str] = ..., policy_version: _Optional[str] = ..., decided_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., fits_empty: _Optional[bool] = ..., reserved_cluster: _Optional[str] = ...) -> None: ...
+
+class ExplainJobRequest(_message.Message):
+    __slots__ = ("job_id",)
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+
+class ExplainJobResponse(_message.Message):
+    __slots__ = ("job_id", "state", "decisions")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    DECISIONS_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    state: JobState
+    decisions: _containers.RepeatedCompositeFieldContainer[ShardDecision]
+    def __init__(self, job_id: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., decisions: _Optional[_Iterable[_Union[ShardDecision, _Mapping]]] = ...) -> None: ...

@@ -59,6 +59,11 @@ class JobServiceStub:
                 request_serializer=fedsched_dot_api_dot_v1_dot_jobs__pb2.WatchJobRequest.SerializeToString,
                 response_deserializer=fedsched_dot_api_dot_v1_dot_jobs__pb2.Job.FromString,
                 _registered_method=True)
+        self.ExplainJob = channel.unary_unary(
+                '/fedsched.api.v1.JobService/ExplainJob',
+                request_serializer=fedsched_dot_api_dot_v1_dot_jobs__pb2.ExplainJobRequest.SerializeToString,
+                response_deserializer=fedsched_dot_api_dot_v1_dot_jobs__pb2.ExplainJobResponse.FromString,
+                _registered_method=True)
 
 
 class JobServiceServicer:
@@ -95,6 +100,14 @@ class JobServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ExplainJob(self, request, context):
+        """Why the job went where it went, or why it waits: every cluster's verdict and score terms,
+        the policy version, and a counterfactual where one exists.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_JobServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -122,6 +135,11 @@ def add_JobServiceServicer_to_server(servicer, server):
                     servicer.WatchJob,
                     request_deserializer=fedsched_dot_api_dot_v1_dot_jobs__pb2.WatchJobRequest.FromString,
                     response_serializer=fedsched_dot_api_dot_v1_dot_jobs__pb2.Job.SerializeToString,
+            ),
+            'ExplainJob': grpc.unary_unary_rpc_method_handler(
+                    servicer.ExplainJob,
+                    request_deserializer=fedsched_dot_api_dot_v1_dot_jobs__pb2.ExplainJobRequest.FromString,
+                    response_serializer=fedsched_dot_api_dot_v1_dot_jobs__pb2.ExplainJobResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -259,6 +277,33 @@ class JobService:
             '/fedsched.api.v1.JobService/WatchJob',
             fedsched_dot_api_dot_v1_dot_jobs__pb2.WatchJobRequest.SerializeToString,
             fedsched_dot_api_dot_v1_dot_jobs__pb2.Job.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ExplainJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fedsched.api.v1.JobService/ExplainJob',
+            fedsched_dot_api_dot_v1_dot_jobs__pb2.ExplainJobRequest.SerializeToString,
+            fedsched_dot_api_dot_v1_dot_jobs__pb2.ExplainJobResponse.FromString,
             options,
             channel_credentials,
             insecure,

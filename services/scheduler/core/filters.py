@@ -74,6 +74,17 @@ class Regions:
         return PASS
 
 
+class CrossRegionMode:
+    """The tenant's cross-region mode for the job's class: ``forbidden`` keeps it at home."""
+
+    name = "cross_region_mode"
+
+    def check(self, job: QueuedJob, cluster: ClusterState, ctx: Context) -> Verdict:
+        if job.cross_region == "forbidden" and cluster.region != job.spec.home_region:
+            return fail(Reason.NOT_HOME, f"tenant policy forbids leaving {job.spec.home_region}")
+        return PASS
+
+
 class HomeOnly:
     """Every job stays in its home region (the ``local-only`` baseline policy)."""
 
@@ -160,4 +171,5 @@ def candidate_models(job: QueuedJob, cluster: ClusterState, *, within_price: boo
 
 
 #: The standard hard filters, cheapest first.
-STANDARD_FILTERS: tuple[Filter, ...] = (Healthy(), Regions(), Residency(), CardModels(), Interconnect(), PriceCeiling())
+STANDARD_FILTERS: tuple[Filter, ...] = (Healthy(), Regions(), CrossRegionMode(), Residency(), CardModels(), Interconnect(),
+                                        PriceCeiling())

@@ -201,6 +201,29 @@ class WorkingCluster:
     def _release(self, b: Binding) -> None:
         self._take(b, -1)
 
+    def clone(self) -> "WorkingCluster":
+        """An independent copy (for what-ifs: preemption, estimated start)."""
+        other = WorkingCluster.__new__(WorkingCluster)
+        other.state = self.state
+        other.gpu_free = list(self.gpu_free)
+        other.cpu_free = list(self.cpu_free)
+        other.mem_free = list(self.mem_free)
+        other.by_model = self.by_model
+        other.cpu_order = self.cpu_order
+        other._summary = {}
+        return other
+
+    def release_work(self, work, sign: int = -1) -> None:
+        """Give back what a :class:`~.snapshot.RunningWork` holds (it is evicted or ends);
+        ``sign=+1`` takes it instead (see :meth:`hold_work`)."""
+        for node, devices, milli, cpu, mem in work.bindings:
+            self._take(Binding(0, node, devices, milli, cpu, mem), sign)
+        self._summary.pop(work.card_model, None)
+
+    def hold_work(self, work) -> None:
+        """Allocate what a :class:`~.snapshot.RunningWork` holds (replaying a placement)."""
+        self.release_work(work, +1)
+
     def commit(self, fit: Fit) -> None:
         """Allocate a fit returned by :meth:`fit` (on this same working copy)."""
         for b in fit.bindings:

@@ -1,27 +1,31 @@
-"""Scheduling policies: which filters, which scorers with which weights, and a version.
+"""Scheduling policies: filters, weighted scorers, queueing and preemption parameters, a version.
 
 A policy is data (frozen), built by name. ``federated`` is the product's policy; the others
-are the baselines the benchmark compares it with:
+are the baselines the benchmark compares it with. All share the queue order (priority, aging,
+fair share); only ``federated`` waits for the home region when that is worth it, preempts, and
+reserves capacity for blocked head jobs (backfilling around the reservation).
 
 =============  ==============================================================================
-name           behaviour
+name           placement
 =============  ==============================================================================
-federated      all hard filters; scores: home region, data transfer, price, bin-packing
+federated      all hard filters; scores: home region, start time vs deadline (incl. data
+               transfer), estimated cost (compute + egress), fragmentation, packing
 local-only     every job stays in its home region (each region schedules for itself)
 least-loaded   spread to the cluster with the most free capacity (a multi-cluster spreader)
-cheapest       the lowest price that fits
+cheapest       the lowest estimated cost that fits
 random         any cluster that fits, chosen pseudo-randomly (deterministic per job)
 =============  ==============================================================================
 
-The version is a content hash of the policy's definition, so every decision can record the
-exact rules it used.
+The version is a content hash of :meth:`Policy.describe`, so every decision records the exact
+rules it used.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Mapping
 
 from fedsched.errors import ValidationError
 from services.scheduler.core import filters as f
@@ -35,9 +39,21 @@ class Policy:
     Attributes:
         name: policy name (see the module table).
         filters: hard filters, applied in order (first failure is the reason).
-        weights: scorer -> weight; ``total = sum(weight * score)``.
+        weights: (scorer, weight) pairs; ``total = sum(weight * score)``.
         inter_region_bandwidth_bps: bytes/s between regions (transfer time = bytes / this).
         egress_price_per_gb: currency units per GB moved across regions.
+        fast_lane_s: jobs estimated to run at most this long (s) use the fast lane.
+        fast_lane_bonus: priority points the fast lane adds.
+        aging_period_s / aging_step / aging_max_steps: waiting adds ``aging_step`` priority
+            points per ``aging_period_s`` seconds, at most ``aging_max_steps`` times.
+        prefer_local_max_wait_s: a ``prefer_local`` job waits for its home region when the
+            estimated home start is at most this far away (s); otherwise it may go abroad.
+        preemption: may evict preemptible lower-priority work for a blocked job.
+        preempt_min_priority: only jobs with at least this class value may preempt.
+        checkpoint_interval_s: how much work a checkpointable victim loses at most (s).
+        backfill: reserve capacity for blocked head jobs and backfill only work that ends (by
+            its estimate) before the reservation starts.
+        reservations: at most this many head jobs hold reservations per cycle.
     """
 
     name: str
@@ -45,44 +61,74 @@ class Policy:
     weights: tuple[tuple[s.Scorer, float], ...]
     inter_region_bandwidth_bps: float = 1.25e9
     egress_price_per_gb: float = 0.5
+    fast_lane_s: float = 600.0
+    fast_lane_bonus: int = 5
+    aging_period_s: float = 1800.0
+    aging_step: int = 10
+    aging_max_steps: int = 6
+    prefer_local_max_wait_s: float = 0.0
+    preemption: bool = False
+    preempt_min_priority: int = 50
+    checkpoint_interval_s: float = 1800.0
+    backfill: bool = False
+    reservations: int = 8
     version: str = field(default="", compare=False)
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, Any]:
         """The policy as plain data (what the version hashes)."""
-        return {
-            "name": self.name,
-            "filters": [x.name for x in self.filters],
-            "weights": {sc.name: w for sc, w in self.weights},
-            "inter_region_bandwidth_bps": self.inter_region_bandwidth_bps,
-            "egress_price_per_gb": self.egress_price_per_gb,
-        }
+        data = {x.name: getattr(self, x.name) for x in fields(self) if x.name not in ("filters", "weights", "version")}
+        data["filters"] = [x.name for x in self.filters]
+        data["weights"] = {sc.name: w for sc, w in self.weights}
+        return data
 
 
 def _versioned(policy: Policy) -> Policy:
     digest = hashlib.sha256(json.dumps(policy.describe(), sort_keys=True).encode()).hexdigest()[:12]
-    return Policy(policy.name, policy.filters, policy.weights, policy.inter_region_bandwidth_bps,
-                  policy.egress_price_per_gb, version=f"{policy.name}@{digest}")
+    return replace(policy, version=f"{policy.name}@{digest}")
 
 
 POLICY_NAMES = ("federated", "local-only", "least-loaded", "cheapest", "random")
 
+SCORERS = {"home": s.HomeRegion, "start": s.StartTime, "cost": s.Cost, "fragmentation": s.Fragmentation,
+           "packing": s.Packing, "headroom": s.Headroom, "random": s.Random}
 
-def build_policy(name: str = "federated", *, inter_region_bandwidth_bps: float = 1.25e9,
-                 egress_price_per_gb: float = 0.5) -> Policy:
-    """The named policy.
+_TABLE: dict[str, dict[str, Any]] = {
+    "federated": dict(weights={"home": 0.25, "start": 0.2, "cost": 0.2, "fragmentation": 0.2, "packing": 0.15},
+                      prefer_local_max_wait_s=1800.0, preemption=True, backfill=True),
+    "local-only": dict(weights={"fragmentation": 0.5, "packing": 0.5}, extra_filters=(f.HomeOnly(),)),
+    "least-loaded": dict(weights={"headroom": 1.0}),
+    "cheapest": dict(weights={"cost": 1.0, "packing": 0.01}),
+    "random": dict(weights={"random": 1.0}),
+}
+
+
+def build_policy(name: str = "federated", *, weights: Mapping[str, float] | None = None, **params: Any) -> Policy:
+    """The named policy, optionally with other weights or parameters (from the versioned
+    policy file).
+
+    Args:
+        name: one of :data:`POLICY_NAMES`.
+        weights: scorer name -> weight (replaces the named policy's weights).
+        **params: any other :class:`Policy` field (e.g. ``aging_period_s``).
 
     Raises:
-        ValidationError: unknown name (field ``policy``).
+        ValidationError: unknown policy, scorer or parameter (field ``policy...``).
     """
-    std = f.STANDARD_FILTERS
-    table: dict[str, tuple[tuple[f.Filter, ...], tuple[tuple[s.Scorer, float], ...]]] = {
-        "federated": (std, ((s.HomeRegion(), 0.35), (s.DataTransfer(), 0.25), (s.Price(), 0.15), (s.Packing(), 0.25))),
-        "local-only": (std + (f.HomeOnly(),), ((s.Packing(), 1.0),)),
-        "least-loaded": (std, ((s.Headroom(), 1.0),)),
-        "cheapest": (std, ((s.Price(), 1.0), (s.Packing(), 0.01))),
-        "random": (std, ((s.Random(), 1.0),)),
-    }
-    if name not in table:
+    if name not in _TABLE:
         raise ValidationError("policy", f"unknown policy {name!r}; one of {', '.join(POLICY_NAMES)}")
-    filters, weights = table[name]
-    return _versioned(Policy(name, filters, weights, inter_region_bandwidth_bps, egress_price_per_gb))
+    spec = dict(_TABLE[name])
+    extra = spec.pop("extra_filters", ())
+    chosen = dict(weights) if weights is not None else spec.pop("weights")
+    spec.pop("weights", None)
+    for key in chosen:
+        if key not in SCORERS:
+            raise ValidationError(f"policy.weights.{key}", f"unknown scorer; one of {', '.join(SCORERS)}")
+        if not chosen[key] >= 0:
+            raise ValidationError(f"policy.weights.{key}", "weights must be >= 0")
+    known = {x.name for x in fields(Policy)} - {"name", "filters", "weights", "version"}
+    for key in params:
+        if key not in known:
+            raise ValidationError(f"policy.{key}", f"unknown policy parameter; one of {', '.join(sorted(known))}")
+    spec.update(params)
+    pairs = tuple((SCORERS[k](), float(w)) for k, w in chosen.items())
+    return _versioned(Policy(name, f.STANDARD_FILTERS + tuple(extra), pairs, **spec))

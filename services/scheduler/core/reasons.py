@@ -29,12 +29,14 @@ class Reason(StrEnum):
     INSUFFICIENT = "insufficient_free_resources"
     QUOTA = "quota_exceeded"
     AVOIDED = "failed_here_before"
+    RESERVED = "reserved_for_higher_priority"
+    WAIT_FOR_HOME = "waiting_for_home_region"
 
 
 #: Reasons that hold whatever the load: if every cluster fails on one of these, the job is
 #: unplaceable on today's federation.
 STATIC_REASONS = frozenset(Reason) - {Reason.INSUFFICIENT, Reason.QUOTA, Reason.STALE, Reason.UNHEALTHY,
-                                      Reason.MAINTENANCE, Reason.AVOIDED}
+                                      Reason.MAINTENANCE, Reason.AVOIDED, Reason.RESERVED, Reason.WAIT_FOR_HOME}
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,17 +1,19 @@
 """Soft scores: among clusters that pass every filter, which is best for this job?
 
 Each scorer returns a value in [0, 1] (1 = best) for (job, cluster, fit); the policy weighs
-them: ``total = sum(weight_i * score_i)``. Formulas are in each scorer's docstring.
+them: ``total = sum(weight_i * score_i)``. A scorer with ``relative = True`` returns a raw cost
+instead (lower is better) that :func:`~.decide.decide` turns into ``min_cost / cost`` across the
+clusters that fit, so the cheapest gets 1. Formulas are in each scorer's docstring.
 """
 
 from __future__ import annotations
 
 import hashlib
-from typing import Protocol
+from typing import Mapping, Protocol
 
 from services.scheduler.core.filters import Context
 from services.scheduler.core.fit import Fit, WorkingCluster
-from services.scheduler.core.snapshot import ClusterState, QueuedJob
+from services.scheduler.core.snapshot import WHOLE, ClusterState, QueuedJob
 
 
 class Scorer(Protocol):
@@ -20,7 +22,8 @@ class Scorer(Protocol):
     name: str
 
     def score(self, job: QueuedJob, cluster: ClusterState, fit: Fit, work: WorkingCluster, ctx: Context) -> float:
-        """Preference for placing ``job`` with ``fit`` on ``cluster``, in [0, 1]."""
+        """Preference for placing ``job`` with ``fit`` on ``cluster``, in [0, 1] (or a raw cost if
+        the scorer is ``relative``)."""
         ...
 
 
@@ -34,6 +37,31 @@ def transfer_seconds(job: QueuedJob, cluster: ClusterState, ctx: Context) -> flo
     return transfer_bytes(job, cluster) / ctx.inter_region_bandwidth_bps
 
 
+def egress_cost(job: QueuedJob, cluster: ClusterState, ctx: Context) -> float:
+    """Estimated egress charge: remote bytes / 1e9 x price per GB (currency units)."""
+    return transfer_bytes(job, cluster) / 1e9 * ctx.egress_price_per_gb
+
+
+def estimated_hours(job: QueuedJob) -> float:
+    """The submitter's runtime estimate in hours (1 h when none was given)."""
+    est = job.spec.estimated_duration_s
+    return (est if est is not None and est > 0 else 3600.0) / 3600.0
+
+
+def estimated_cost(job: QueuedJob, cluster: ClusterState, card_model: str, ctx: Context) -> float:
+    """Estimated cost of running ``job`` here: compute + egress (currency units).
+
+    compute = price(card model) x GPUs x estimated hours (CPU-only: cores x hours x CPU price).
+    """
+    spec = job.spec
+    hours = estimated_hours(job)
+    if spec.gpus_per_worker:
+        compute = cluster.prices.get(card_model, 0.0) * spec.total_gpu_milli / WHOLE * hours
+    else:
+        compute = cluster.cpu_price_per_core_hour * spec.cpu_milli * spec.workers / 1000 * hours
+    return compute + egress_cost(job, cluster, ctx)
+
+
 class HomeRegion:
     """1 in the job's home region, else 0 (data and people usually live at home)."""
 
@@ -43,45 +71,103 @@ class HomeRegion:
         return 1.0 if cluster.region == job.spec.home_region else 0.0
 
 
-class DataTransfer:
-    """Prefer where the data is: ``1 / (1 + t / 600)`` with ``t`` = transfer seconds
-    (10 minutes of transfer halves the score); 1 when nothing moves."""
+class StartTime:
+    """Earlier start is better, and a missed deadline is worst.
 
-    name = "transfer"
+    ``delay`` = data transfer before start (remote bytes / inter-region bandwidth); the score is
+    ``1 / (1 + delay / 1800)`` (half an hour of delay halves it), and 0 when ``now + delay``
+    passes the job's start deadline.
+    """
 
-    def score(self, job, cluster, fit, work, ctx) -> float:
-        t = transfer_seconds(job, cluster, ctx)
-        return 1.0 / (1.0 + t / 600.0)
-
-
-class Price:
-    """Cheaper is better: ``1 - price / max_price`` over the view's GPU-hour prices."""
-
-    name = "price"
+    name = "start"
 
     def score(self, job, cluster, fit, work, ctx) -> float:
-        if not fit.card_model:
-            return 1.0
-        return max(0.0, 1.0 - cluster.prices.get(fit.card_model, 0.0) / ctx.max_price)
+        delay = transfer_seconds(job, cluster, ctx)
+        deadline = job.spec.start_deadline
+        if deadline is not None and ctx.view.now + delay > deadline.timestamp():
+            return 0.0
+        return 1.0 / (1.0 + delay / 1800.0)
+
+
+class Cost:
+    """Cheaper is better: raw estimated cost (:func:`estimated_cost`, compute + egress);
+    relative, so the cheapest fitting cluster scores 1 and one twice as dear 0.5."""
+
+    name = "cost"
+    relative = True
+
+    def score(self, job, cluster, fit, work, ctx) -> float:
+        return estimated_cost(job, cluster, fit.card_model, ctx)
 
 
 def _used_after(job: QueuedJob, fit: Fit, work: WorkingCluster) -> float:
-    capacity = work.capacity_milli(fit.card_model or None)
+    model = fit.card_model or None
+    capacity = work.capacity_milli(model)
     if capacity <= 0:
         return 1.0
-    free_after = work.free_milli(fit.card_model or None) - job.spec.total_gpu_milli
+    free_after = work.free_milli(model) - job.spec.total_gpu_milli
     return 1.0 - max(0, free_after) / capacity
 
 
 class Packing:
-    """Bin-packing: prefer the cluster whose card pool is fullest after this placement,
-    ``1 - free_after / capacity`` of the chosen card model, so other pools stay whole for big
-    gangs (fragmentation-aware, cf. FGD, Weng et al. ATC'23)."""
+    """Consolidation: prefer the cluster whose card pool is fullest after this placement,
+    ``1 - free_after / capacity`` of the chosen card model, so other pools stay empty for big
+    gangs."""
 
     name = "packing"
 
     def score(self, job, cluster, fit, work, ctx) -> float:
         return _used_after(job, fit, work)
+
+
+#: Task sizes (milli-GPU; > 1000 = whole cards on one node) and their popularity, for the
+#: fragmentation measure. Roughly the openb mix: most tasks take a share of one card or one card.
+DEFAULT_TASK_MIX: Mapping[int, float] = {250: 0.15, 500: 0.25, 1000: 0.45, 2000: 0.05, 4000: 0.05, 8000: 0.05}
+
+
+def node_fragmentation(free: tuple[int, ...], mix: Mapping[int, float]) -> float:
+    """Expected milli-GPUs of a node that a random task from ``mix`` could not use.
+
+    After FGD (Weng et al., ATC'23, eq. 1-2): for a task of ``m`` milli (< 1000, one card), the
+    free share on cards with less than ``m`` free is a fragment; for a task of ``k`` whole cards,
+    everything free is a fragment if fewer than ``k`` cards are idle, else the partial cards are.
+    """
+    total = sum(free)
+    if total == 0:
+        return 0.0
+    idle = sum(1 for g in free if g == WHOLE)
+    partial = total - idle * WHOLE
+    frag = 0.0
+    for size, p in mix.items():
+        if size < WHOLE:
+            frag += p * sum(g for g in free if g < size)
+        else:
+            k = size // WHOLE
+            frag += p * (partial if idle >= k else total)
+    return frag
+
+
+class Fragmentation:
+    """Fragmentation-aware placement (the FGD idea, at cluster level): prefer the cluster where
+    this placement adds the least expected fragmentation, ``1 / (1 + max(0, dF) / 1000)``, with
+    ``dF`` the change of :func:`node_fragmentation` summed over the nodes it lands on."""
+
+    name = "fragmentation"
+
+    def __init__(self, mix: Mapping[int, float] = DEFAULT_TASK_MIX) -> None:
+        self.mix = dict(mix)
+
+    def score(self, job, cluster, fit, work, ctx) -> float:
+        if not fit.card_model:
+            return 1.0
+        touched: dict[int, list[int]] = {}
+        for b in fit.bindings:
+            free = touched.setdefault(b.node, list(work.gpu_free[b.node]))
+            for d in b.devices:
+                free[d] -= b.gpu_milli
+        delta = sum(node_fragmentation(tuple(after), self.mix) - node_fragmentation(work.gpu_free[n], self.mix)
+                    for n, after in touched.items())
+        return 1.0 / (1.0 + max(0.0, delta) / 1000.0)
 
 
 class Headroom:

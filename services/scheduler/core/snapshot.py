@@ -56,6 +56,55 @@ class NodeState:
 
 
 @dataclass(frozen=True, slots=True)
+class RunningWork:
+    """A job attempt holding resources on a cluster (placed or running).
+
+    The core needs it for preemption (who could be evicted, at what cost), backfill (when the
+    cluster frees up) and wait estimates.
+
+    Attributes:
+        job_id, attempt, shard, tenant: identity.
+        priority: numeric priority (higher = more important).
+        preemptible / checkpointable: may be evicted / resumes from a checkpoint.
+        started_at: business time it started (None = placed, not started yet).
+        est_end: estimated business end time, from the submitter's estimate (never the true
+            runtime); ``inf`` when the job gave no estimate.
+        card_model: its card model ("" for CPU-only).
+        bindings: per worker ``(node index, devices, milli-GPU per device, milli-CPU, MiB)``.
+    """
+
+    job_id: str
+    attempt: int
+    shard: int
+    tenant: str
+    priority: int
+    preemptible: bool
+    checkpointable: bool
+    started_at: float | None
+    est_end: float
+    card_model: str
+    bindings: tuple[tuple[int, tuple[int, ...], int, int, int], ...]
+
+    @property
+    def gpu_milli(self) -> int:
+        """Milli-GPUs it holds."""
+        return sum(len(devs) * milli for _, devs, milli, _, _ in self.bindings)
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """Resources a tenant holds across the federation (milli-GPU, milli-CPU, MiB)."""
+
+    gpu_milli: int = 0
+    cpu_milli: int = 0
+    memory_mib: int = 0
+
+    def plus(self, gpu_milli: int, cpu_milli: int, memory_mib: int) -> "Usage":
+        """This usage with more added."""
+        return Usage(self.gpu_milli + gpu_milli, self.cpu_milli + cpu_milli, self.memory_mib + memory_mib)
+
+
+@dataclass(frozen=True, slots=True)
 class ClusterIndex:
     """Static lookups over a cluster's nodes (depend on models and health, not on free capacity).
 
@@ -100,6 +149,8 @@ class ClusterState:
             priced at ``cpu_price_per_core_hour``.
         index: precomputed :class:`ClusterIndex` of ``nodes`` (optional; builders that reuse it
             across snapshots save the O(nodes) pass). Must match ``nodes`` when given.
+        running: work holding resources here (its allocations are already subtracted from the
+            nodes' free resources).
     """
 
     name: str
@@ -113,6 +164,7 @@ class ClusterState:
     prices: Mapping[str, float] = field(default_factory=dict)
     cpu_price_per_core_hour: float = 0.0
     index: ClusterIndex | None = field(default=None, compare=False, repr=False)
+    running: tuple[RunningWork, ...] = ()
 
     def idx(self) -> ClusterIndex:
         """The node index (given, or built now)."""
@@ -142,11 +194,13 @@ class View:
         clusters: every known cluster, in a stable order (by name).
         now: business time (seconds since the Unix epoch).
         stale_after_s: inventories older than this (heartbeat age) are excluded.
+        tenant_usage: what each tenant holds now (for dominant-resource fair share).
     """
 
     clusters: tuple[ClusterState, ...]
     now: float
     stale_after_s: float = 10.0
+    tenant_usage: Mapping[str, Usage] = field(default_factory=dict)
 
     def cluster(self, name: str) -> ClusterState | None:
         """The cluster called ``name``, or None."""
@@ -164,9 +218,14 @@ class QueuedJob:
         job_id: the job.
         attempt: the placement attempt this decision would create (1-based).
         spec: what it asks for.
-        submitted_at: business time it was accepted (s since the Unix epoch).
+        submitted_at: business time it was accepted (s since the Unix epoch); aging counts from
+            here.
         avoid_clusters: clusters where earlier attempts failed (failover prefers others).
         shard: shard index for split batch jobs.
+        cross_region: the tenant's cross-region mode for this job class: ``allowed``,
+            ``approval`` (the core may propose a placement abroad; the service asks an approver
+            before publishing it) or ``forbidden`` (home region only).
+        progress_s: work already done and checkpointed by earlier attempts (s), for resumes.
     """
 
     job_id: str
@@ -175,6 +234,8 @@ class QueuedJob:
     submitted_at: float
     avoid_clusters: frozenset[str] = frozenset()
     shard: int = 0
+    cross_region: str = "allowed"
+    progress_s: float = 0.0
 
     @property
     def key(self) -> str:

@@ -1,0 +1,185 @@
+"""End-to-end slices, one per scheduling feature, through the whole running system.
+
+Each test brings up a small federation (explicit nodes per cluster, real NATS, real chDB, a
+compressed business clock) and states: submit these jobs, expect these events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import grpc
+import pytest
+
+from fedsched.api.v1 import jobs_pb2 as pb
+from fedsched.api.v1 import jobs_pb2_grpc as pb_grpc
+from fedsched.clock import ClockState, ReplayClock
+from fedsched.runtime import System, SystemOptions
+from fedsched.settings import Settings
+from services.inventory.trace import TraceNode
+from tests.conftest import unique
+
+pytestmark = pytest.mark.e2e
+
+SPEED = 600.0  # business seconds per wall second: an hour in 6 s
+
+
+def _nodes(prefix: str, model: str, count: int, gpus: int) -> list[TraceNode]:
+    return [TraceNode(f"{prefix}-{i}", 64000, 262144, gpus, model, 16) for i in range(count)]
+
+
+@pytest.fixture
+async def federation(nats_server, chdb_path, tmp_path):
+    systems = []
+
+    async def start(split, **settings_kw) -> tuple[System, pb_grpc.JobServiceStub]:
+        settings = Settings(data_dir=tmp_path, nats_url=nats_server.url, subject_prefix=unique("f"),
+                            clickhouse_path=chdb_path, clickhouse_database=unique("db"), grpc_address="127.0.0.1:0",
+                            heartbeat_interval_s=0.2, schedule_interval_s=0.005, **settings_kw)
+        clock = ReplayClock(ClockState(time.time(), 1.7e9, SPEED, 1))
+        system = System(SystemOptions(settings=settings, clock=clock, split=split, agent_tick_s=0.005))
+        await system.start()
+        systems.append(system)
+        while len(system.scheduler.clusters) < len([c for c, n in split.items() if n]):
+            await asyncio.sleep(0.05)
+        channel = grpc.aio.insecure_channel(system.grpc_target)
+        systems.append(channel)
+        return system, pb_grpc.JobServiceStub(channel)
+
+    yield start
+    for s in reversed(systems):
+        if isinstance(s, System):
+            await s.stop()
+        else:
+            await s.close()
+
+
+def spec(**kw) -> pb.JobSpec:
+    runtime = kw.pop("runtime", 600)
+    annotations = {"trace.runtime_s": str(runtime), **kw.pop("annotations", {})}
+    base = dict(tenant="search", project="train", kind=pb.JOB_KIND_BATCH, gpus_per_worker=1, cpu_milli=1000,
+                estimated_duration_seconds=runtime, annotations=annotations)
+    base.update(kw)
+    return pb.JobSpec(**base)
+
+
+async def wait_for(stub, job_id, states, timeout=30.0) -> pb.Job:
+    deadline = time.monotonic() + timeout
+    while True:
+        job = await stub.GetJob(pb.GetJobRequest(job_id=job_id))
+        if job.state in states:
+            return job
+        assert time.monotonic() < deadline, f"{job_id} stuck in {pb.JobState.Name(job.state)}: {job.reason}"
+        await asyncio.sleep(0.05)
+
+
+async def submit(stub, **kw) -> str:
+    return (await stub.SubmitJob(pb.SubmitJobRequest(spec=spec(**kw)))).job_id
+
+
+async def test_failed_attempt_fails_over_to_another_cluster(federation):
+    _, stub = await federation({"cn-north-1-c1": _nodes("a", "nvidia-t4-16gb", 1, 2),
+                                "cn-north-1-c2": _nodes("b", "nvidia-t4-16gb", 1, 2)})
+    job_id = await submit(stub, retry_limit=2, runtime=300, annotations={"trace.fail_attempts": "1",
+                                                                          "trace.fail_after_s": "60"})
+    job = await wait_for(stub, job_id, {pb.JOB_STATE_SUCCEEDED})
+    first, second = job.attempts
+    assert first.outcome == "failed" and second.outcome == "succeeded"
+    assert first.cluster != second.cluster  # failover, not a retry in place
+
+
+async def test_failures_beyond_the_retry_limit_fail_the_job(federation):
+    _, stub = await federation({"cn-north-1-c1": _nodes("a", "nvidia-t4-16gb", 1, 2)})
+    job_id = await submit(stub, retry_limit=1, annotations={"trace.fail_attempts": "5"})
+    job = await wait_for(stub, job_id, {pb.JOB_STATE_FAILED})
+    assert [a.outcome for a in job.attempts] == ["failed", "failed"]
+
+
+async def test_a_placement_never_started_is_reclaimed_and_placed_elsewhere(federation):
+    system, stub = await federation({"cn-north-1-c1": _nodes("a", "nvidia-t4-16gb", 1, 2),
+                                     "cn-north-1-c2": _nodes("b", "nvidia-t4-16gb", 1, 2)}, reclaim_after_s=1.0)
+    stuck = next(a for a in system.agents if a.cluster.name == "cn-north-1-c1")
+    stuck.hold_placements()
+    job_id = await submit(stub, gpus_per_worker=2, runtime=120)  # equal scores: the tie goes to c1, the stuck one
+    job = await wait_for(stub, job_id, {pb.JOB_STATE_SUCCEEDED}, timeout=40)
+    assert [a.cluster for a in job.attempts] == ["cn-north-1-c1", "cn-north-1-c2"]
+    assert job.attempts[0].started_at.seconds == 0  # never started there
+
+
+async def test_a_stale_cluster_is_excluded_and_its_unstarted_placements_move(federation):
+    system, stub = await federation({"cn-north-1-c1": _nodes("a", "nvidia-t4-16gb", 1, 4),
+                                     "cn-east-1-c1": _nodes("b", "nvidia-t4-16gb", 1, 4)}, stale_after_s=1.0)
+    silent = next(a for a in system.agents if a.cluster.name == "cn-north-1-c1")
+    silent.paused = True  # no more heartbeats
+    silent.hold_placements()
+    await asyncio.sleep(1.5)
+    job_id = await submit(stub, runtime=60)  # home is cn-north-1, but its only cluster is stale
+    job = await wait_for(stub, job_id, {pb.JOB_STATE_SUCCEEDED})
+    assert [a.cluster for a in job.attempts] == ["cn-east-1-c1"]
+    explain = await stub.ExplainJob(pb.ExplainJobRequest(job_id=job_id))
+    verdicts = {c.cluster: c for c in explain.decisions[0].clusters}
+    assert verdicts["cn-north-1-c1"].reason == "inventory_stale"
+
+
+async def test_preemption_evicts_checkpointable_work_which_resumes_from_its_checkpoint(federation):
+    system, stub = await federation({"cn-north-1-c1": _nodes("a", "nvidia-t4-16gb", 1, 2)})
+    low = await submit(stub, gpus_per_worker=2, runtime=7200, priority=pb.PRIORITY_CLASS_LOW, preemptible=True,
+                       checkpointable=True, kind=pb.JOB_KIND_TRAINING)
+    await wait_for(stub, low, {pb.JOB_STATE_RUNNING})
+    await asyncio.sleep(4200 / SPEED)  # ~70 business minutes: two 30-minute checkpoints done
+    high = await submit(stub, gpus_per_worker=2, runtime=600, priority=pb.PRIORITY_CLASS_HIGH)
+    placed = await wait_for(stub, high, {pb.JOB_STATE_RUNNING, pb.JOB_STATE_SUCCEEDED})
+    assert "preempting" in (await stub.ExplainJob(pb.ExplainJobRequest(job_id=high))).decisions[0].summary
+    done = await wait_for(stub, low, {pb.JOB_STATE_SUCCEEDED}, timeout=40)
+    first, second = done.attempts
+    assert first.outcome == "stopped" and first.reason == "preempted"
+    await system.drain_writers()
+    db = system.settings.clickhouse_database
+    progress, resume = system.sync_store.query(
+        f"""SELECT maxIf(JSONExtractFloat(payload, 'progress_s'), type = 'job.stopped'),
+                   maxIf(JSONExtractFloat(payload, 'resume_from_s'), type = 'job.placed')
+            FROM {db}.events WHERE job_id = {{j:String}}""", {"j": low}).rows[0]
+    assert progress == resume == 3600.0  # two whole checkpoints, resumed there
+    ran = (second.ended_at.ToDatetime() - second.started_at.ToDatetime()).total_seconds()
+    assert ran == pytest.approx(7200 - 3600, abs=5)  # only the rest was run again
+    assert placed.state in (pb.JOB_STATE_RUNNING, pb.JOB_STATE_SUCCEEDED)
+
+
+async def test_a_split_batch_job_runs_its_shards_in_several_regions(federation):
+    _, stub = await federation({"cn-north-1-c1": _nodes("a", "nvidia-t4-16gb", 1, 4),
+                                "cn-east-1-c1": _nodes("b", "nvidia-t4-16gb", 1, 4),
+                                "cn-south-1-c1": _nodes("c", "nvidia-t4-16gb", 1, 4)})
+    job_id = await submit(stub, shards=3, gpus_per_worker=4, runtime=300)
+    job = await wait_for(stub, job_id, {pb.JOB_STATE_SUCCEEDED})
+    assert sorted(a.shard for a in job.attempts) == [0, 1, 2]
+    assert len({a.region for a in job.attempts}) == 3
+    assert all(a.outcome == "succeeded" for a in job.attempts)
+
+
+async def test_cancel_of_a_running_job_stops_it_on_its_agent(federation):
+    _, stub = await federation({"cn-north-1-c1": _nodes("a", "nvidia-t4-16gb", 1, 2)})
+    job_id = await submit(stub, runtime=36000)
+    await wait_for(stub, job_id, {pb.JOB_STATE_RUNNING})
+    await stub.CancelJob(pb.CancelJobRequest(job_id=job_id))
+    job = await wait_for(stub, job_id, {pb.JOB_STATE_CANCELLED})
+    assert job.attempts[0].outcome == "stopped" and job.attempts[0].reason == "cancelled"
+
+
+async def test_explain_gives_verdicts_scores_and_a_counterfactual(federation):
+    _, stub = await federation({"cn-north-1-c1": _nodes("a", "nvidia-t4-16gb", 1, 2),
+                                "cn-east-1-c1": _nodes("b", "nvidia-v100-32gb", 1, 8)})
+    waiting = await submit(stub, card_models=["V100M32"], gpus_per_worker=8, runtime=600,
+                           locality=pb.LOCALITY_MUST_LOCAL)
+    await asyncio.sleep(0.5)
+    e = await stub.ExplainJob(pb.ExplainJobRequest(job_id=waiting))
+    d = e.decisions[0]
+    assert d.outcome == "pending" and d.policy_version.startswith("federated@")
+    reasons = {c.cluster: c.reason for c in d.clusters}
+    assert reasons == {"cn-north-1-c1": "card_model_not_offered", "cn-east-1-c1": "outside_home_region"}
+    assert "allowing region cn-east-1 would start it now" in d.counterfactual
+    placed = await submit(stub, runtime=600)
+    await wait_for(stub, placed, {pb.JOB_STATE_RUNNING, pb.JOB_STATE_SUCCEEDED})
+    d = (await stub.ExplainJob(pb.ExplainJobRequest(job_id=placed))).decisions[0]
+    fit = [c for c in d.clusters if c.passed]
+    assert d.outcome == "placed" and fit and {"home", "start", "cost", "fragmentation", "packing"} <= set(fit[0].scores)
