@@ -102,19 +102,29 @@ class Bus:
     """
 
     def __init__(self, nc: nats.NATS, prefix: str = "fed", *, duplicate_window_s: float = 120.0,
-                 max_age_s: float = 30 * 86400.0) -> None:
+                 max_age_s: float = 30 * 86400.0, js_domain: str = "", replicas: int = 1) -> None:
         self.nc = nc
-        self.js = nc.jetstream(timeout=10)
+        self.js = nc.jetstream(timeout=10, domain=js_domain or None)
         self.subjects = Subjects(prefix)
         self.prefix = prefix
         self.duplicate_window_s = duplicate_window_s
         self.max_age_s = max_age_s
+        self.replicas = replicas
 
     @classmethod
     async def connect(cls, url: str, prefix: str = "fed", *, name: str = "fedsched",
                       duplicate_window_s: float = 120.0, max_age_s: float = 30 * 86400.0,
-                      connect_timeout_s: float = 10.0) -> "Bus":
+                      connect_timeout_s: float = 10.0, js_domain: str = "", inbox_prefix: str = "",
+                      replicas: int = 1) -> "Bus":
         """Connect (retrying reconnects forever once connected).
+
+        Args:
+            url: server URL(s), comma separated; credentials may be in the URL.
+            prefix: subject prefix.
+            js_domain: JetStream domain (needed through leaf nodes; "" = none).
+            inbox_prefix: reply-subject prefix for this connection (per-user inboxes let NATS
+                permissions keep users from reading each other's replies; "" = ``_INBOX``).
+            replicas: stream replicas when this connection creates the streams.
 
         Raises:
             UnavailableError: no server answered within ``connect_timeout_s``.
@@ -124,14 +134,16 @@ class Bus:
             log.debug("nats %s: %s", name, e)
 
         try:
+            extra = {"inbox_prefix": inbox_prefix.encode()} if inbox_prefix else {}
             nc = await nats.connect(
                 url.split(","), name=name, connect_timeout=connect_timeout_s, max_reconnect_attempts=-1,
                 reconnect_time_wait=0.5, allow_reconnect=True, error_cb=_error_cb,
-                pending_size=64 * 1024 * 1024,
+                pending_size=64 * 1024 * 1024, **extra,
             )
         except (nats.errors.NoServersError, OSError, asyncio.TimeoutError) as e:
-            raise UnavailableError(f"cannot connect to NATS at {url}: {e}") from e
-        return cls(nc, prefix, duplicate_window_s=duplicate_window_s, max_age_s=max_age_s)
+            raise UnavailableError(f"cannot connect to NATS at {redact(url)}: {e}") from e
+        return cls(nc, prefix, duplicate_window_s=duplicate_window_s, max_age_s=max_age_s, js_domain=js_domain,
+                   replicas=replicas)
 
     async def close(self) -> None:
         """Flush pending publishes and close the connection (idempotent)."""
@@ -155,24 +167,26 @@ class Bus:
         return f"{self.prefix.upper()}_{suffix}"
 
     async def ensure_streams(self) -> None:
-        """Create the federation's streams, or update them to the wanted config (idempotent)."""
+        """Create the federation's streams if missing (with ``replicas``), or bring the settings
+        fedsched owns (subjects, retention, duplicate window) up to date. Settings an operator
+        owns -- replicas, placement, limits not listed here -- are kept as they are."""
         for spec in stream_specs(self.max_age_s):
-            config = api.StreamConfig(
-                name=self.stream_name(spec.suffix),
-                subjects=[f"{self.prefix}.{family}.>" for family in spec.families],
-                retention=api.RetentionPolicy.LIMITS,
-                storage=api.StorageType.FILE,
-                max_age=spec.max_age_s,
-                duplicate_window=min(self.duplicate_window_s, spec.max_age_s),
-                discard=api.DiscardPolicy.OLD,
-            )
+            name = self.stream_name(spec.suffix)
+            subjects = [f"{self.prefix}.{family}.>" for family in spec.families]
+            window = min(self.duplicate_window_s, spec.max_age_s)
             try:
-                await self.js.add_stream(config)
-            except nats.js.errors.BadRequestError as e:
-                if e.err_code == 10058:  # stream name already in use with a different configuration
-                    await self.js.update_stream(config)
-                else:
-                    raise
+                info = await self.js.stream_info(name)
+            except nats.js.errors.NotFoundError:
+                await self.js.add_stream(api.StreamConfig(
+                    name=name, subjects=subjects, retention=api.RetentionPolicy.LIMITS, storage=api.StorageType.FILE,
+                    max_age=spec.max_age_s, duplicate_window=window, discard=api.DiscardPolicy.OLD,
+                    num_replicas=self.replicas))
+                continue
+            current = info.config
+            if (sorted(current.subjects or []) != sorted(subjects) or current.max_age != spec.max_age_s
+                    or current.duplicate_window != window):
+                await self.js.update_stream(current.evolve(subjects=subjects, max_age=spec.max_age_s,
+                                                           duplicate_window=window))
 
     async def key_value(self, bucket: str, history: int = 1, ttl_s: float | None = None):
         """Get or create the KV bucket ``<prefix>_<bucket>``."""
@@ -263,6 +277,13 @@ class Bus:
         await self.publish(self.subjects.deadletter(consumer), event)
 
 
+def redact(url: str) -> str:
+    """``url`` (possibly several, comma separated) with any password replaced by ``***``."""
+    import re
+
+    return re.sub(r"(://[^:/@,]+:)[^@/,]+@", r"\1***@", url)
+
+
 async def fetch_fast(sub, batch: int, max_wait_s: float) -> list[Msg]:
     """Fetch up to ``batch`` messages, returning as soon as one has arrived.
 
@@ -338,7 +359,8 @@ class DurableConsumer:
 
     def _config(self) -> api.ConsumerConfig:
         config = api.ConsumerConfig(
-            durable_name=self.durable,
+            name=self.durable,  # named: nats.py then creates through the filtered create subject,
+            durable_name=self.durable,  # which NATS permissions can pin to this consumer and filter
             ack_policy=api.AckPolicy.EXPLICIT,
             ack_wait=self.ack_wait_s,
             max_deliver=-1,
@@ -499,11 +521,18 @@ class StreamFollower:
         last_per_subject: start with the newest message of each subject instead (e.g. the latest
             inventory of every cluster), then follow.
         batch: messages per fetch.
+        fixed_name: use ``name`` as the consumer's name (deleting a leftover of the same name
+            first) and create it through the filtered create subject, so NATS permissions can
+            allow exactly this consumer; needs at most one filter subject. Default: a random
+            name.
     """
 
     def __init__(self, bus: Bus, stream_suffix: str, handler: MessageHandler, *, name: str,
                  filter_subjects: Sequence[str] = (), start_sequence: int = 1, last_per_subject: bool = False,
-                 batch: int = 500, max_wait_s: float = 0.2) -> None:
+                 batch: int = 500, max_wait_s: float = 0.2, fixed_name: bool = False) -> None:
+        if fixed_name and len(filter_subjects) > 1:
+            raise ValueError("a fixed-name follower takes one filter subject")
+        self.fixed_name = fixed_name
         self.bus = bus
         self.stream = bus.stream_name(stream_suffix)
         self.handler = handler
@@ -530,11 +559,29 @@ class StreamFollower:
         subjects = self.filter_subjects or [f"{self.bus.prefix}.>"]
         if len(subjects) > 1:
             config.filter_subjects = subjects
+        if self.fixed_name:
+            try:
+                await self.bus.js.delete_consumer(self.stream, self.name)
+            except nats.js.errors.NotFoundError:
+                pass
+            config.name = self.name
+            config.filter_subject = subjects[0]
+            await self.bus.js.add_consumer(self.stream, config)
+            self._sub = await self.bus.js.pull_subscribe_bind(durable=None, stream=self.stream, name=self.name)
+            return
         self._sub = await self.bus.js.pull_subscribe(subjects[0], stream=self.stream, config=config)
 
     def stop(self) -> None:
         """Ask :meth:`run` to return."""
         self._stop.set()
+
+    async def delete(self) -> None:
+        """Delete a fixed-name follower's consumer now (random-name ones expire by themselves)."""
+        if self.fixed_name:
+            try:
+                await self.bus.js.delete_consumer(self.stream, self.name)
+            except Exception:  # noqa: BLE001 - already gone or the connection is closing
+                pass
 
     async def run(self) -> None:
         """Follow until :meth:`stop`; sets :attr:`caught_up` once the backlog is read."""

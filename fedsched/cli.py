@@ -23,6 +23,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from fedsched.bus import redact
 from fedsched.errors import FedError
 
 app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False, rich_markup_mode="rich")
@@ -98,8 +99,8 @@ def up(
         except BaseException:
             await system.stop()
             raise
-        console.print(f"[green]fedsched is up[/green]: gRPC {system.grpc_target}, NATS {system.nats_url}, "
-                      f"ClickHouse {'chDB ' + str(Path(settings.data_dir) / 'clickhouse') if settings.embedded_clickhouse else settings.clickhouse_url}")
+        console.print(f"[green]fedsched is up[/green]: gRPC {system.grpc_target}, NATS {redact(system.nats_url)}, "
+                      f"ClickHouse {'chDB ' + str(Path(settings.data_dir) / 'clickhouse') if settings.embedded_clickhouse else redact(settings.clickhouse_url)}")
         console.print(f"  {len(system.agents)} trace agent(s), policy {system.scheduler.policy.version}, "
                       f"{len(system.admission.view.jobs)} job(s) known. Ctrl-C stops.")
         console.print(f"  try: FEDSCHED_GRPC={system.grpc_target} fedsched submit --tenant search --project train "
@@ -152,7 +153,7 @@ def service(
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
         async with system:
-            console.print(f"fedsched {name} running on {system.nats_url}" +
+            console.print(f"fedsched {name} running on {redact(system.nats_url)}" +
                           (f", gRPC {system.grpc_target}" if name == "admission" else ""))
             waiter = asyncio.create_task(system.failed.wait())
             await asyncio.wait({asyncio.create_task(stop.wait()), waiter}, return_when=asyncio.FIRST_COMPLETED)

@@ -115,9 +115,10 @@ class System:
         return f"{host}:{self.admission.port}" if self.admission else self.settings.grpc_address
 
     async def _bus(self, name: str) -> Bus:
-        bus = await Bus.connect(self.nats_url, self.settings.subject_prefix, name=name,
-                                duplicate_window_s=self.settings.duplicate_window_s,
-                                max_age_s=self.settings.stream_max_age_s)
+        s = self.settings
+        bus = await Bus.connect(self.nats_url, s.subject_prefix, name=name, duplicate_window_s=s.duplicate_window_s,
+                                max_age_s=s.stream_max_age_s, js_domain=s.js_domain, inbox_prefix=s.inbox_prefix,
+                                replicas=s.stream_replicas)
         self.buses.append(bus)
         return bus
 
@@ -136,7 +137,10 @@ class System:
             await asyncio.to_thread(self.nats.start)
             self.nats_url = self.nats.url
         self.control = await self._bus("control")
-        await self.control.ensure_streams()
+        if set(opts.services) != {"agents"}:
+            # agents (beside their clusters, confined by NATS permissions) never create or change
+            # streams: they wait for the central services to have made them
+            await self.control.ensure_streams()
         wants = set(opts.services)
         if wants & {"audit", "billing"}:
             self.sync_store = await asyncio.to_thread(open_store, data_dir=Path(s.data_dir), url=s.clickhouse_url,

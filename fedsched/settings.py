@@ -38,6 +38,12 @@ class Settings(BaseSettings):
         reclaim_after_s: a placement its agent has not started after this long (wall seconds)
             is taken back and placed again elsewhere.
         price_catalog: optional YAML price catalog; the bundled one is used when empty.
+        js_domain: JetStream domain to address (needed when services reach JetStream through
+            a leaf node; "" = none).
+        inbox_prefix: reply-subject prefix of this process's connections (give each NATS user
+            its own so permissions keep replies private; "" = ``_INBOX``).
+        stream_replicas: replicas of the streams when fedsched creates them (existing streams
+            keep what an operator set).
     """
 
     model_config = SettingsConfigDict(env_prefix="FEDSCHED_", extra="ignore")
@@ -58,6 +64,9 @@ class Settings(BaseSettings):
     schedule_interval_s: float = Field(default=0.02, gt=0)
     reclaim_after_s: float = Field(default=30.0, gt=0)
     price_catalog: Path | None = None
+    js_domain: str = ""
+    inbox_prefix: str = ""
+    stream_replicas: int = Field(default=1, ge=1, le=5)
 
     @field_validator("subject_prefix")
     @classmethod

@@ -245,14 +245,19 @@ class ClusterAgent:
                 s = env.payload_as(JobStatus)
                 self.done.add((env.job_id, env.attempt, s.shard))
 
-        follower = StreamFollower(
-            self.bus, "EVENTS", fold, name=f"{self.durable}-rebuild",
-            filter_subjects=[self.bus.subjects.placements(self.cluster.region, self.cluster.name),
-                             self.bus.subjects.status(self.cluster.region, self.cluster.name)])
-        task = asyncio.create_task(follower.run())
-        await follower.caught_up.wait()
-        follower.stop()
-        await task
+        # one fixed-name, single-filter consumer per subject: NATS permissions can confine an agent
+        # to exactly these (see deploy/nats/accounts.conf)
+        followers = [StreamFollower(self.bus, "EVENTS", fold, name=f"{self.durable}-rebuild-{kind}", filter_subjects=[subject],
+                                    fixed_name=True)
+                     for kind, subject in (("p", self.bus.subjects.placements(self.cluster.region, self.cluster.name)),
+                                           ("s", self.bus.subjects.status(self.cluster.region, self.cluster.name)))]
+        tasks = [asyncio.create_task(f.run()) for f in followers]
+        for f in followers:
+            await f.caught_up.wait()
+            f.stop()
+        await asyncio.gather(*tasks)
+        for f in followers:
+            await f.delete()
         for key, at in started.items():
             if key in self.done or key not in placements:
                 continue
