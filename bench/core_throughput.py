@@ -1,9 +1,16 @@
 """Placement decisions per second of the pure scheduling core (no bus, no store).
 
-Scenario: N clusters (8, 64, 256) spread over regions, each built from a slice of the openb
-node list (so card mixes are real), half of their cards already busy; a queue of J pending jobs
-(1k, 5k, 10k) made from the openb gpuspec33 pods by the replay's overlay rule. One
-``decide(view, queue, federated)`` call is one scheduling cycle; decisions/s = J / cycle time.
+Scenarios: N clusters (8, 64, 256) spread over 8 regions, each built from a slice of the openb
+node list (so card mixes are real); a queue of J pending jobs (1k, 5k, 10k) made from the
+openb gpuspec33 pods by the replay's overlay rule. One ``decide(view, queue, federated)`` call
+is one scheduling cycle; decisions/s = J / cycle time (a decision is a placement or a pending
+verdict with every cluster's reason).
+
+* ``filling``: half of the cards busy, so thousands of jobs are placed in the one cycle (the
+  worst case: every placement fits and scores clusters);
+* ``steady``: the federation nearly full (every card busy except one in 20);
+* ``full``: every card busy but a few shares, the usual state of a busy pool -- a handful of
+  placements, thousands of jobs that must be told why they wait.
 
     python bench/core_throughput.py [--repeat 3] [--clusters 8,64,256] [--jobs 1000,5000,10000]
 
@@ -31,7 +38,7 @@ def data(name: str) -> Path:
     return Path(str(resources.files("fedsched.data").joinpath("alibaba-gpu-2023", name)))
 
 
-def build_view(n_clusters: int, nodes_per_cluster: int = 40) -> View:
+def build_view(n_clusters: int, nodes_per_cluster: int = 40, scenario: str = "filling") -> View:
     nodes = load_nodes(data("openb_node_list_gpu_node.csv"))
     prices = load_price_catalog()
     clusters = []
@@ -40,8 +47,13 @@ def build_view(n_clusters: int, nodes_per_cluster: int = 40) -> View:
         picked = [nodes[(c * 97 + k * 31) % len(nodes)] for k in range(nodes_per_cluster)]
         states = []
         for k, n in enumerate(picked):
-            busy = (k * 7 + c) % 2  # every other card busy on half the nodes
-            free = tuple(0 if (busy and g % 2 == 0) else 1000 for g in range(n.gpus))
+            if scenario == "filling":
+                busy = (k * 7 + c) % 2  # every other card busy on half the nodes
+                free = tuple(0 if (busy and g % 2 == 0) else 1000 for g in range(n.gpus))
+            elif scenario == "steady":  # one card in 20 idle
+                free = tuple(1000 if (k * 8 + g + c) % 20 == 0 else 0 for g in range(n.gpus))
+            else:  # full: every card busy, a few with a fractional share left
+                free = tuple(300 if (k * 8 + g + c) % 50 == 0 else 0 for g in range(n.gpus))
             states.append(NodeState(f"c{c}-n{k}", n.card_model, n.gpu_memory_gib, free, n.cpu_milli // 2,
                                     n.memory_mib // 2, n.cpu_milli, n.memory_mib))
         models = {s.card_model for s in states}
@@ -67,22 +79,26 @@ def main() -> None:
     ap.add_argument("--clusters", default="8,64,256")
     ap.add_argument("--jobs", default="1000,5000,10000")
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--scenarios", default="full,steady,filling")
     args = ap.parse_args()
     policy = build_policy("federated")
-    print(f"{'clusters':>8} {'pending':>8} {'placed':>7} {'cycle s (median)':>17} {'decisions/s':>12}")
-    for n_clusters in (int(x) for x in args.clusters.split(",")):
-        view = build_view(n_clusters)
+    print(f"{'scenario':>8} {'clusters':>8} {'pending':>8} {'placed':>7} {'cycle s (median)':>17} {'cpu s':>10} "
+          f"{'decisions/s':>12}")
+    for scenario, n_clusters in ((sc, int(x)) for sc in args.scenarios.split(",") for x in args.clusters.split(",")):
+        view = build_view(n_clusters, scenario=scenario)
         regions = tuple(dict.fromkeys(c.region for c in view.clusters))
         for n_jobs in (int(x) for x in args.jobs.split(",")):
             queue = build_queue(n_jobs, regions)
-            times, placed = [], 0
+            times, cpu, placed = [], [], 0
             for _ in range(args.repeat):
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 d = decide(view, queue, policy)
                 times.append(time.perf_counter() - t0)
+                cpu.append(time.process_time() - c0)
                 placed = len(d.placements)
-            t = statistics.median(times)
-            print(f"{n_clusters:>8} {n_jobs:>8} {placed:>7} {t:>17.3f} {n_jobs / t:>12,.0f}", flush=True)
+            t, c = statistics.median(times), statistics.median(cpu)
+            print(f"{scenario:>8} {n_clusters:>8} {n_jobs:>8} {placed:>7} {t:>17.3f} {c:>10.3f} {n_jobs / t:>12,.0f}",
+                  flush=True)
 
 
 if __name__ == "__main__":

@@ -142,8 +142,8 @@ def test_estimated_start_uses_estimates_of_running_work():
 
 
 def test_backfill_only_runs_work_that_ends_before_the_reservation():
-    c = busy_cluster("c", [work("a", devices=(0,), prio=100, preemptible=False, end=NOW + 3600)], gpus=2)
-    head = job("head", gpus=2, priority=PriorityClass.HIGH, at=0)
+    c = busy_cluster("c", [work("a", devices=(0,), prio=100, preemptible=False, end=NOW + 3600)], gpus=4)
+    head = job("head", gpus=4, priority=PriorityClass.HIGH, at=0)
     short = job("short", priority=PriorityClass.LOW, at=1, estimated_duration_s=600)
     long = job("long", priority=PriorityClass.LOW, at=2, estimated_duration_s=36000)
     d = decide(View((c,), NOW), [head, short, long], FED)

@@ -146,6 +146,9 @@ def _static_key(job: QueuedJob) -> tuple:
             s.forbidden_regions, s.residency_tags, s.max_price_per_gpu_hour, job.cross_region, s.gpus_per_worker > 0)
 
 
+_MISSING = object()
+
+
 def _shape(job: QueuedJob, models: Sequence[str]) -> tuple:
     s = job.spec
     return (tuple(models), s.workers, s.gpus_per_worker, s.gpu_milli, s.cpu_milli, s.memory_mib)
@@ -169,6 +172,31 @@ def _est_end(job: QueuedJob, now: float) -> float:
     return now + est if est is not None else math.inf
 
 
+class _Split:
+    """For one request shape: the clusters it may fit (``viable``) and the "does not fit"
+    verdicts of the others (``misfits``), kept current as the cycle allocates.
+
+    Within a cycle capacity only shrinks -- except when an eviction gives some back, which starts
+    a new ``epoch`` -- so a misfit stays a misfit, and only viable clusters that changed since the
+    last use need a new look.
+    """
+
+    __slots__ = ("epoch", "log_pos", "viable", "misfits")
+
+    def __init__(self, epoch: int, log_pos: int) -> None:
+        self.epoch = epoch
+        self.log_pos = log_pos
+        self.viable: dict[str, tuple] = {}
+        self.misfits: list[ClusterEvaluation] = []
+
+    def misfit(self, cluster: ClusterState, verdict: Verdict) -> ClusterEvaluation:
+        """Move ``cluster`` from viable to the misfits; return its evaluation."""
+        evaluation = ClusterEvaluation(cluster.name, cluster.region, verdict)
+        if self.viable.pop(cluster.name, None) is not None:
+            self.misfits.append(evaluation)
+        return evaluation
+
+
 class _Cycle:
     """The mutable state of one decide() call (private)."""
 
@@ -180,14 +208,30 @@ class _Cycle:
         self.ctx = Context(view, policy.inter_region_bandwidth_bps, policy.egress_price_per_gb, max(prices, default=1.0))
         self.view = view
         self.policy = policy
+        self.scopes = [(i, sc, w, getattr(sc, "bound_scope", "cluster")) for i, (sc, w) in enumerate(policy.weights)]
+        # cluster -> lowest priority of its preemptible work (clusters without any are absent)
+        self.lowest_victim = {c.name: min(w.priority for w in c.running if w.preemptible)
+                              for c in self.clusters if any(w.preemptible for w in c.running)}
         self.work: dict[str, WorkingCluster] = {}
         self.empty: dict[str, WorkingCluster] = {}
         self.static: dict[tuple, Verdict] = {}
-        self.failed_shapes: dict[str, set[tuple]] = {}
         self.reservations: dict[str, Reservation] = {}
         self.victims: set[tuple[str, int, int]] = set()
         self.timelines: dict[str, list[RunningWork]] = {}
         self.placed = 0
+        self.version = 0  # bumped by every eviction and reservation (memo validity)
+        self.placed_keys: set[tuple[str, int, int]] = set()  # placed this cycle: never victims
+        self.cluster_version: dict[str, int] = {}  # bumped when a cluster's allocations change
+        self.value_cache: dict[tuple, object] = {}
+        self.splits: dict[tuple, _Split] = {}
+        self.outscored: dict[tuple, ClusterEvaluation] = {}
+        self.change_log: list[str] = []  # clusters whose allocations changed, in order
+        self.epoch = 0  # bumped when capacity comes back (evictions)
+        self.reserve_tries = 0
+        self.static_pass: dict[tuple, tuple] = {}
+        self.model_cache: dict[tuple, list[str]] = {}
+        self.pending_memo: dict[tuple, tuple] = {}
+        self.fits_empty_cache: dict[tuple, bool] = {}
 
     def timeline(self, cluster: ClusterState) -> list[RunningWork]:
         """Work holding the cluster's resources now, this cycle's evictions and placements applied."""
@@ -208,6 +252,96 @@ class _Cycle:
                              job.spec.preemptible, job.spec.checkpointable, self.view.now, end, fit.card_model,
                              tuple((b.node, b.devices, b.gpu_milli, b.cpu_milli, b.memory_mib) for b in fit.bindings)))
         self.placed += 1
+        self.cluster_version[cluster.name] = self.cluster_version.get(cluster.name, 0) + 1
+        self.change_log.append(cluster.name)
+        self.placed_keys.add((job.job_id, job.attempt, job.shard))
+        if victims:
+            self.version += 1
+
+    def eligible(self, job: QueuedJob, skey: tuple) -> tuple[list[ClusterState], list[ClusterEvaluation],
+                                                             list[ClusterState]]:
+        """Clusters passing the hard filters, the failed clusters' evaluations (a fresh list the
+        caller may extend), and the clusters failing only for reasons that can change."""
+        cached = self.static_pass.get(skey)
+        if cached is None:
+            eligible, failed, static_ok = [], [], []
+            for cluster in self.clusters:
+                verdict = self.static_verdict(job, skey, cluster)
+                if verdict.passed:
+                    eligible.append(cluster)
+                    static_ok.append(cluster)
+                else:
+                    failed.append(ClusterEvaluation(cluster.name, cluster.region, verdict))
+                    if verdict.reason not in STATIC_REASONS:
+                        static_ok.append(cluster)
+            cached = self.static_pass[skey] = (eligible, tuple(failed), static_ok)
+        return cached[0], list(cached[1]), cached[2]
+
+    def split(self, job: QueuedJob, skey: tuple, eligible: list[ClusterState]) -> _Split:
+        """The :class:`_Split` of the job's request shape, brought up to date."""
+        s = job.spec
+        key = (skey, s.workers, s.gpus_per_worker, s.gpu_milli, s.cpu_milli, s.memory_mib)
+        entry = self.splits.get(key)
+        if entry is None or entry.epoch != self.epoch:
+            entry = self.splits[key] = _Split(self.epoch, len(self.change_log))
+            for cluster in eligible:
+                self._classify(job, entry, cluster)
+            return entry
+        if entry.log_pos < len(self.change_log):
+            changed = set(self.change_log[entry.log_pos:])
+            entry.log_pos = len(self.change_log)
+            for name in [n for n in entry.viable if n in changed]:
+                cluster, wc, models, _ = entry.viable[name]
+                if not wc.could_fit(job.spec, models):
+                    entry.misfit(cluster, _insufficient(job, wc, models))
+        return entry
+
+    def _classify(self, job: QueuedJob, entry: _Split, cluster: ClusterState) -> None:
+        wc, models = self.wc(cluster), self.models(job, cluster)
+        shape = _shape(job, models)
+        if wc.could_fit(job.spec, models):
+            entry.viable[cluster.name] = (cluster, wc, models, shape)
+        else:
+            entry.misfits.append(self.cached("misfit", cluster, shape, lambda: ClusterEvaluation(
+                cluster.name, cluster.region, _insufficient(job, wc, models))))
+
+    def models(self, job: QueuedJob, cluster: ClusterState) -> list[str]:
+        """The job's candidate card models on ``cluster`` (cached per request shape)."""
+        key = (job.spec.card_models, job.spec.min_gpu_memory_gib, job.spec.max_price_per_gpu_hour, cluster.name)
+        models = self.model_cache.get(key)
+        if models is None:
+            models = self.model_cache[key] = candidate_models(job, cluster)
+        return models
+
+    def cached(self, kind: str, cluster: ClusterState, key: tuple, compute):
+        """Memoise ``compute()`` per (kind, cluster, key) until the cluster's state changes."""
+        full = (kind, cluster.name, self.cluster_version.get(cluster.name, 0), key)
+        value = self.value_cache.get(full, _MISSING)
+        if value is _MISSING:
+            value = self.value_cache[full] = compute()
+        return value
+
+    def memo_key(self, job: QueuedJob, skey: tuple) -> tuple:
+        """Everything a pending verdict depends on. Within a cycle capacity only shrinks, except
+        when an eviction gives some back or a reservation changes the rules: those bump
+        ``version``, so a memoised "fits nowhere" stays true until then."""
+        s = job.spec
+        return (self.version, skey, s.workers, s.gpus_per_worker, s.gpu_milli, s.cpu_milli, s.memory_mib,
+                s.priority_value, s.estimated_duration_s, job.avoid_clusters, job.progress_s)
+
+    def reservations_full(self) -> bool:
+        """No further reservation will be made this cycle."""
+        return (not self.policy.backfill or len(self.reservations) >= self.policy.reservations
+                or self.reserve_tries >= 4 * self.policy.reservations)
+
+    def fits_empty(self, job: QueuedJob, skey: tuple, clusters: list[ClusterState]) -> bool:
+        """Would the job fit some of ``clusters`` if it were empty (cached per request shape)?"""
+        s = job.spec
+        key = (skey, s.workers, s.gpus_per_worker, s.gpu_milli, s.cpu_milli, s.memory_mib)
+        cached = self.fits_empty_cache.get(key)
+        if cached is None:
+            cached = self.fits_empty_cache[key] = _fits_somewhere_empty(job, clusters, self)
+        return cached
 
     def wc(self, cluster: ClusterState) -> WorkingCluster:
         w = self.work.get(cluster.name)
@@ -245,24 +379,24 @@ def decide(view: View, queue: Iterable[QueuedJob], policy: Policy) -> Decisions:
     placements: list[Placement] = []
     pending: list[Pending] = []
     now = view.now
-    weights = policy.weights
 
     for job in order:                                                               # 1
         skey = _static_key(job)
-        evaluations: list[ClusterEvaluation] = []
-        fits: list[tuple[ClusterState, Fit, WorkingCluster, list[str]]] = []
-        static_ok: list[ClusterState] = []
-        for cluster in cy.clusters:                                                 # 2
-            verdict = cy.static_verdict(job, skey, cluster)
-            if not verdict.passed:
-                evaluations.append(ClusterEvaluation(cluster.name, cluster.region, verdict))
-                if verdict.reason not in STATIC_REASONS:
-                    static_ok.append(cluster)
-                continue
-            static_ok.append(cluster)
+        eligible, evaluations, static_ok = cy.eligible(job, skey)                  # 2
+        memo_key = cy.memo_key(job, skey)
+        memo = cy.pending_memo.get(memo_key)
+        if memo is not None:  # same request shape, same state: the same verdicts, shared
+            pending.append(Pending(job, memo[0], memo[1], memo[2], queue_of(job, policy.fast_lane_s)))
+            continue
+        split = cy.split(job, skey, eligible)
+        evaluations.extend(split.misfits)  # clusters it surely does not fit now: shared verdicts
+        candidates, avoided = [], []
+        for cand in list(split.viable.values()):
+            cluster = cand[0]
             if cluster.name in job.avoid_clusters:
                 evaluations.append(ClusterEvaluation(cluster.name, cluster.region,
                                                      fail(Reason.AVOIDED, "an earlier attempt failed here")))
+                avoided.append(cand)
                 continue
             res = cy.reservations.get(cluster.name)
             if res is not None and _est_end(job, now) > res.start_at:
@@ -270,39 +404,22 @@ def decide(view: View, queue: Iterable[QueuedJob], policy: Policy) -> Decisions:
                     Reason.RESERVED, f"held for {res.job_key} from ~{(res.start_at - now) / 60:.0f} min; "
                                      f"this job is not estimated to end before")))
                 continue
-            wc = cy.wc(cluster)
-            models = candidate_models(job, cluster)
-            shape = _shape(job, models)
-            fit = None if shape in cy.failed_shapes.get(cluster.name, ()) else wc.fit(job.spec, models)
-            if fit is None:
-                cy.failed_shapes.setdefault(cluster.name, set()).add(shape)
-                evaluations.append(ClusterEvaluation(cluster.name, cluster.region, _insufficient(job, wc, models)))
-                continue
-            fits.append((cluster, fit, wc, models))
+            candidates.append(cand)
+        home_first = job.spec.locality == Locality.PREFER_LOCAL
+        groups = ([[c for c in candidates if c[0].region == job.spec.home_region],
+                   [c for c in candidates if c[0].region != job.spec.home_region]] if home_first else [candidates])
+        best = None
+        for group in groups:
+            best = _branch_and_bound(job, group, cy, evaluations, split)             # 3
+            if best is not None:
+                break
+        if best is None and avoided:  # failover found nowhere else: the failed cluster beats waiting
+            retry = [c for c in avoided if c[0].name not in cy.reservations]
+            best = _branch_and_bound(job, retry, cy, evaluations, split)
 
-        if not fits and job.avoid_clusters:  # failover found nowhere else: the failed cluster beats waiting
-            for cluster in cy.clusters:
-                if cluster.name not in job.avoid_clusters or not cy.static_verdict(job, skey, cluster).passed:
-                    continue
-                if cluster.name in cy.reservations:
-                    continue
-                wc = cy.wc(cluster)
-                models = candidate_models(job, cluster)
-                fit = wc.fit(job.spec, models)
-                if fit is not None:
-                    fits.append((cluster, fit, wc, models))
-
-        if fits:                                                                    # 3
-            scored = _score(job, fits, cy)
-            for cluster, fit, wc, terms, total in scored:
-                evaluations.append(ClusterEvaluation(cluster.name, cluster.region, PASS, terms, total))
-            choices = scored
-            if job.spec.locality == Locality.PREFER_LOCAL:  # home first when home has room
-                choices = [x for x in scored if x[0].region == job.spec.home_region] or scored
-            best = max(choices, key=lambda x: (x[4], [-ord(ch) for ch in x[0].name]))
+        if best is not None:
             cluster, fit, wc, terms, total = best
-            if (job.spec.locality == Locality.PREFER_LOCAL and cluster.region != job.spec.home_region
-                    and policy.prefer_local_max_wait_s > 0):
+            if (home_first and cluster.region != job.spec.home_region and policy.prefer_local_max_wait_s > 0):
                 start = _home_start(job, cy, static_ok)
                 if start is not None and start - now <= policy.prefer_local_max_wait_s:
                     evaluations.append(ClusterEvaluation(job.spec.home_region, job.spec.home_region, fail(
@@ -326,7 +443,7 @@ def decide(view: View, queue: Iterable[QueuedJob], policy: Policy) -> Decisions:
                 for w in eviction.victims:
                     wc.release_work(w)
                     cy.victims.add((w.job_id, w.attempt, w.shard))
-                cy.failed_shapes.pop(cluster.name, None)  # capacity came back: cached misfits are stale
+                cy.epoch += 1  # capacity came back: cached misfits are stale
                 wc.commit(eviction.fit)
                 cy.record(job, cluster, eviction.fit, eviction.victims)
                 evaluations.append(ClusterEvaluation(cluster.name, cluster.region, PASS,
@@ -336,35 +453,119 @@ def decide(view: View, queue: Iterable[QueuedJob], policy: Policy) -> Decisions:
                 continue
 
         reservation = None
-        if policy.backfill and len(cy.reservations) < policy.reservations:
+        if policy.backfill and len(cy.reservations) < policy.reservations and cy.reserve_tries < 4 * policy.reservations:
+            cy.reserve_tries += 1
             reservation = _reserve(job, cy, static_ok)
         verdicts = {e.cluster: e.verdict for e in evaluations}
         reason = summarise(verdicts)
         if reservation is not None:
             reason = (f"reserved {reservation.cluster} from ~{(reservation.start_at - now) / 60:.0f} min "
                       f"(est.); {reason}")
-        pending.append(Pending(job, reason, tuple(evaluations), _fits_somewhere_empty(job, static_ok, cy),
-                               queue_of(job, policy.fast_lane_s), reservation))                   # 5
+        fits_empty = cy.fits_empty(job, skey, static_ok)
+        frozen = tuple(evaluations)
+        if reservation is None and cy.reservations_full():
+            cy.pending_memo[memo_key] = (reason, frozen, fits_empty)
+        pending.append(Pending(job, reason, frozen, fits_empty, queue_of(job, policy.fast_lane_s), reservation))   # 5
 
     return Decisions(tuple(placements), tuple(pending), policy.version, tuple(cy.reservations.values()))
 
 
-def _score(job: QueuedJob, fits, cy: _Cycle):
-    """Weighted scores of every fitting cluster; relative scorers normalised to min/cost."""
-    raw = []
-    for cluster, fit, wc, _ in fits:
-        raw.append([sc.score(job, cluster, fit, wc, cy.ctx) for sc, _ in cy.policy.weights])
-    for i, (sc, _) in enumerate(cy.policy.weights):
-        if getattr(sc, "relative", False):
-            best = min(r[i] for r in raw)
-            for r in raw:
-                r[i] = 1.0 if r[i] <= 0 else (best / r[i] if best > 0 else 0.0)
-    out = []
-    for (cluster, fit, wc, _), values in zip(fits, raw):
-        terms = tuple((sc.name, round(v, 4)) for (sc, _), v in zip(cy.policy.weights, values))
-        total = round(sum(w * v for (_, w), v in zip(cy.policy.weights, values)), 4)
-        out.append((cluster, fit, wc, terms, total))
-    return out
+def _branch_and_bound(job: QueuedJob, candidates: list[tuple], cy: "_Cycle", evaluations: list[ClusterEvaluation],
+                      split: "_Split"):
+    """The best-scoring fit among ``candidates`` ((cluster, work, models, shape) the job may
+    fit), fitting only those whose score bound could still beat the best found (exact, up to
+    ``policy.max_scored_fits``: the same choice as fitting and scoring all of them).
+
+    Bounds come in two levels: a region's (its shared terms, the best cost term of its
+    clusters, 1 for every cluster-specific term) and a cluster's; a region that cannot beat the
+    best found is never expanded. Appends a verdict per candidate to ``evaluations``; returns
+    (cluster, fit, work, terms, total) or None.
+    """
+    if not candidates:
+        return None
+    weights = cy.policy.weights
+    spec = job.spec
+    shared: dict[tuple, float] = {}
+
+    def part(i: int, sc, scope: str, cluster: ClusterState, wc: WorkingCluster, models: list[str], shape) -> float:
+        if scope == "cluster":
+            return sc.bound(job, cluster, wc, cy.ctx, models)
+        if scope == "cluster_shape":
+            return cy.cached(("bound", i), cluster, shape, lambda: sc.bound(job, cluster, wc, cy.ctx, models))
+        if scope == "const":
+            key = (i,)
+        elif scope == "region":
+            key = (i, cluster.region)
+        else:  # region_price
+            cheapest = models[0] if models else ""
+            key = (i, cluster.region, cheapest, cluster.prices.get(cheapest))
+        value = shared.get(key)
+        if value is None:
+            value = shared[key] = sc.bound(job, cluster, wc, cy.ctx, models)
+        return value
+
+    by_region: dict[str, list[tuple]] = {}
+    for cand in candidates:
+        by_region.setdefault(cand[0].region, []).append(cand)
+    regions = []
+    for region, members in by_region.items():
+        rb = 0.0
+        for i, sc, w, scope in cy.scopes:
+            if scope in ("cluster", "cluster_shape"):
+                rb += w  # at most 1
+            elif scope == "region_price":
+                rb += w * max(part(i, sc, scope, c, wc, m, sh) for c, wc, m, sh in members)
+            else:
+                c, wc, m, sh = members[0]
+                rb += w * part(i, sc, scope, c, wc, m, sh)
+        regions.append((-round(rb, 9), region))
+    regions.sort()
+    best = None
+    scored = 0
+    limit = cy.policy.max_scored_fits
+    for r_neg, region in regions:
+        if best is not None and (best[4] > -r_neg or (limit and scored >= limit)):
+            _outscore(cy, [c[0] for c in by_region[region]], evaluations, exact=not (limit and scored >= limit))
+            continue
+        ranked = []
+        for cluster, wc, models, shape in by_region[region]:
+            bound = sum(w * part(i, sc, scope, cluster, wc, models, shape) for i, sc, w, scope in cy.scopes)
+            ranked.append((-round(bound, 9), cluster.name, cluster, wc, models))
+        ranked.sort(key=lambda r: (r[0], r[1]))
+        for k, (neg, name, cluster, wc, models) in enumerate(ranked):
+            bound = -neg
+            if best is not None and ((best[4] > bound or (best[4] == bound and best[0].name < name))
+                                     or (limit and scored >= limit)):
+                _outscore(cy, [r[2] for r in ranked[k:]], evaluations, exact=not (limit and scored >= limit))
+                break
+            fit = wc.fit(spec, models)
+            if fit is None:
+                evaluations.append(split.misfit(cluster, _insufficient(job, wc, models)))
+                continue
+            values = [sc.score(job, cluster, fit, wc, cy.ctx) for sc, _ in weights]
+            terms = tuple((sc.name, round(v, 4)) for (sc, _), v in zip(weights, values))
+            total = round(sum(w * v for (_, w), v in zip(weights, values)), 4)
+            evaluations.append(ClusterEvaluation(name, cluster.region, PASS, terms, total))
+            scored += 1
+            if best is None or total > best[4] or (total == best[4] and name < best[0].name):
+                best = (cluster, fit, wc, terms, total)
+    return best
+
+
+_OUTSCORED = fail(Reason.OUTSCORED, "passes the filters, but even its best possible score is below the "
+                                    "chosen cluster's (see the placement)")
+_NOT_SCORED = fail(Reason.OUTSCORED, "passes the filters; not fitted: enough higher-ranked clusters were scored "
+                                     "(policy max_scored_fits)")
+
+
+def _outscore(cy: "_Cycle", clusters: list[ClusterState], evaluations: list[ClusterEvaluation], *,
+              exact: bool = True) -> None:
+    cache = cy.outscored  # verdicts are shared, so are these evaluations
+    for c in clusters:
+        e = cache.get((c.name, exact))
+        if e is None:
+            e = cache[(c.name, exact)] = ClusterEvaluation(c.name, c.region, _OUTSCORED if exact else _NOT_SCORED)
+        evaluations.append(e)
 
 
 def _home_start(job: QueuedJob, cy: _Cycle, static_ok: list[ClusterState]) -> float | None:
@@ -373,8 +574,9 @@ def _home_start(job: QueuedJob, cy: _Cycle, static_ok: list[ClusterState]) -> fl
     for cluster in static_ok:
         if cluster.region != job.spec.home_region:
             continue
-        start = estimated_start(job.spec, candidate_models(job, cluster), cluster, cy.wc(cluster), cy.view.now,
-                                cy.timeline(cluster))
+        models = cy.models(job, cluster)
+        start = cy.cached("start", cluster, _shape(job, models), lambda: estimated_start(
+            job.spec, models, cluster, cy.wc(cluster), cy.view.now, cy.timeline(cluster)))
         if start is not None and (best is None or start < best):
             best = start
     return best
@@ -382,13 +584,16 @@ def _home_start(job: QueuedJob, cy: _Cycle, static_ok: list[ClusterState]) -> fl
 
 def _preempt(job: QueuedJob, cy: _Cycle, static_ok: list[ClusterState]) -> Eviction | None:
     best = None
+    prio = job.spec.priority_value
     for cluster in static_ok:
+        if cy.lowest_victim.get(cluster.name, prio) >= prio:
+            continue  # nothing preemptible of lower priority runs there
         if cy.static_verdict(job, _static_key(job), cluster).passed is False:
             continue
         if cluster.name in job.avoid_clusters or cluster.name in cy.reservations:
             continue
-        ev = find_victims(job.spec, candidate_models(job, cluster), cluster, cy.wc(cluster), cy.view.now,
-                          cy.policy.checkpoint_interval_s, cy.victims, cy.timeline(cluster))
+        ev = find_victims(job.spec, cy.models(job, cluster), cluster, cy.wc(cluster), cy.view.now,
+                          cy.policy.checkpoint_interval_s, cy.victims | cy.placed_keys, cy.timeline(cluster))
         if ev is not None and (best is None or (ev.cost, len(ev.victims), ev.cluster) < (best.cost, len(best.victims),
                                                                                           best.cluster)):
             best = ev
@@ -410,6 +615,7 @@ def _reserve(job: QueuedJob, cy: _Cycle, static_ok: list[ClusterState]) -> Reser
         return None
     res = Reservation(job.key, best[1], best[0], cy.placed)
     cy.reservations[best[1]] = res
+    cy.version += 1
     return res
 
 

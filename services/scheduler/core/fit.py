@@ -52,7 +52,7 @@ class WorkingCluster:
         empty: start from capacity (as if nothing ran) -- for "could it ever fit" checks.
     """
 
-    __slots__ = ("state", "gpu_free", "cpu_free", "mem_free", "by_model", "cpu_order", "_summary")
+    __slots__ = ("state", "gpu_free", "cpu_free", "mem_free", "by_model", "cpu_order", "_summary", "_totals")
 
     def __init__(self, cluster: ClusterState, *, empty: bool = False, index: ClusterIndex | None = None) -> None:
         self.state = cluster
@@ -70,6 +70,7 @@ class WorkingCluster:
         self.by_model = index.by_model
         self.cpu_order = index.healthy
         self._summary: dict[str, tuple[int, int, int]] = {}
+        self._totals: dict[str, tuple[int, int]] = {}
 
     def summary(self, model: str) -> tuple[int, int, int]:
         """(largest free share on one card, most idle cards on one node, idle cards in all) for
@@ -94,15 +95,23 @@ class WorkingCluster:
 
     # ------------------------------------------------------------------ queries
 
+    def totals(self, model: str) -> tuple[int, int]:
+        """(free, capacity) milli-GPUs of one card model on healthy nodes; cached until a commit
+        or release touches that model."""
+        cached = self._totals.get(model)
+        if cached is None:
+            nodes = self.by_model.get(model, ())
+            cached = self._totals[model] = (sum(sum(self.gpu_free[i]) for i in nodes),
+                                            sum(len(self.gpu_free[i]) for i in nodes) * WHOLE)
+        return cached
+
     def free_milli(self, model: str | None = None) -> int:
         """Free milli-GPUs (of one card model, or all)."""
-        models = [model] if model else list(self.by_model)
-        return sum(sum(self.gpu_free[i]) for m in models for i in self.by_model.get(m, ()))
+        return sum(self.totals(m)[0] for m in ([model] if model else self.by_model))
 
     def capacity_milli(self, model: str | None = None) -> int:
         """Milli-GPU capacity (of one card model, or all) on healthy nodes."""
-        models = [model] if model else list(self.by_model)
-        return sum(len(self.gpu_free[i]) * WHOLE for m in models for i in self.by_model.get(m, ()))
+        return sum(self.totals(m)[1] for m in ([model] if model else self.by_model))
 
     def whole_free(self, model: str | None = None) -> int:
         """Idle cards (of one card model, or all)."""
@@ -110,6 +119,23 @@ class WorkingCluster:
         return sum(1 for m in models for i in self.by_model.get(m, ()) for g in self.gpu_free[i] if g == WHOLE)
 
     # ------------------------------------------------------------------ fitting
+
+    def could_fit(self, spec: JobSpec, models: list[str]) -> bool:
+        """A cheap necessary condition for :meth:`fit` (cached per-model summaries only): False
+        means it surely does not fit; True means it may."""
+        if spec.gpus_per_worker == 0:
+            return True
+        whole = spec.gpus_per_worker > 1 or spec.gpu_milli == WHOLE
+        for model in models:
+            if model not in self.by_model:
+                continue
+            max_dev, max_idle, total_idle = self.summary(model)
+            if whole:
+                if max_idle >= spec.gpus_per_worker and total_idle >= spec.gpus_per_worker * spec.workers:
+                    return True
+            elif max_dev >= spec.gpu_milli:
+                return True
+        return False
 
     def fit(self, spec: JobSpec, models: list[str]) -> Fit | None:
         """Try each card model in ``models`` (in order) for the whole gang; None if none fits.
@@ -153,41 +179,49 @@ class WorkingCluster:
     def _fit_worker(self, spec: JobSpec, worker: int, nodes: list[int]) -> Binding | None:
         cpu, mem = spec.cpu_milli, spec.memory_mib
         g = spec.gpus_per_worker
+        gpu_free, cpu_free, mem_free = self.gpu_free, self.cpu_free, self.mem_free
         best: tuple | None = None
         if g == 0:
             for i in nodes:
-                if self.cpu_free[i] < cpu or self.mem_free[i] < mem:
+                if cpu_free[i] < cpu or mem_free[i] < mem:
                     continue
-                key = (sum(self.gpu_free[i]), self.cpu_free[i] - cpu)
+                key = (sum(gpu_free[i]), cpu_free[i] - cpu)
                 if best is None or key < best[0]:
                     best = (key, i, ())
+                    if key[0] == 0:
+                        break  # all its cards busy (or none): the ideal home for CPU-only work
             return None if best is None else Binding(worker, best[1], (), 0, cpu, mem)
         if g == 1 and spec.gpu_milli < WHOLE:
             m = spec.gpu_milli
             for i in nodes:
-                if self.cpu_free[i] < cpu or self.mem_free[i] < mem:
+                devices = gpu_free[i]
+                if max(devices) < m or cpu_free[i] < cpu or mem_free[i] < mem:
                     continue
-                devices = self.gpu_free[i]
+                idle_count = devices.count(WHOLE)
                 for d, free in enumerate(devices):
                     if free < m:
                         continue
                     # partial cards first (least room left), then the node with fewest idle cards
-                    idle = free == WHOLE
-                    key = (idle, free - m, sum(1 for x in devices if x == WHOLE))
+                    key = (free == WHOLE, free - m, idle_count)
                     if best is None or key < best[0]:
                         best = (key, i, (d,))
+                if best is not None and not best[0][0] and best[0][1] == 0:
+                    break  # a partial card it fills exactly: cannot do better
             return None if best is None else Binding(worker, best[1], best[2], m, cpu, mem)
         for i in nodes:
-            if self.cpu_free[i] < cpu or self.mem_free[i] < mem:
+            devices = gpu_free[i]
+            idle = devices.count(WHOLE)
+            if idle < g or cpu_free[i] < cpu or mem_free[i] < mem:
                 continue
-            devices = self.gpu_free[i]
-            idle = [d for d, free in enumerate(devices) if free == WHOLE]
-            if len(idle) < g:
-                continue
-            key = (len(idle) - g, self.cpu_free[i] - cpu)
-            if best is None or key < best[0]:
-                best = (key, i, tuple(idle[:g]))
-        return None if best is None else Binding(worker, best[1], best[2], WHOLE, cpu, mem)
+            if best is None or idle - g < best[0]:
+                best = (idle - g, i)
+                if idle == g:
+                    break  # fills the node's idle cards exactly: best fit
+        if best is None:
+            return None
+        i = best[1]
+        devices = tuple(d for d, free in enumerate(gpu_free[i]) if free == WHOLE)[:g]
+        return Binding(worker, i, devices, WHOLE, cpu, mem)
 
     def _take(self, b: Binding, sign: int = 1) -> None:
         if b.devices:
@@ -211,6 +245,7 @@ class WorkingCluster:
         other.by_model = self.by_model
         other.cpu_order = self.cpu_order
         other._summary = {}
+        other._totals = {}
         return other
 
     def release_work(self, work, sign: int = -1) -> None:
@@ -219,6 +254,7 @@ class WorkingCluster:
         for node, devices, milli, cpu, mem in work.bindings:
             self._take(Binding(0, node, devices, milli, cpu, mem), sign)
         self._summary.pop(work.card_model, None)
+        self._totals.pop(work.card_model, None)
 
     def hold_work(self, work) -> None:
         """Allocate what a :class:`~.snapshot.RunningWork` holds (replaying a placement)."""
@@ -229,9 +265,11 @@ class WorkingCluster:
         for b in fit.bindings:
             self._take(b)
         self._summary.pop(fit.card_model, None)
+        self._totals.pop(fit.card_model, None)
 
     def release(self, fit: Fit) -> None:
         """Undo :meth:`commit` (used by preemption what-ifs)."""
         for b in fit.bindings:
             self._release(b)
         self._summary.pop(fit.card_model, None)
+        self._totals.pop(fit.card_model, None)

@@ -86,6 +86,13 @@ def find_victims(spec: JobSpec, models: list[str], cluster: ClusterState, work: 
                   if w.preemptible and w.priority < prio and (w.job_id, w.attempt, w.shard) not in taken]
     if not candidates:
         return None
+    if spec.gpus_per_worker:  # quick bound: even evicting every candidate would not free enough
+        usable = {m: work.totals(m)[0] for m in models}
+        for w in candidates:
+            if w.card_model in usable:
+                usable[w.card_model] += w.gpu_milli
+        if max(usable.values(), default=0) < spec.total_gpu_milli:
+            return None
     cost = {id(w): lost_work(w, now, checkpoint_interval_s) for w in candidates}
     candidates.sort(key=lambda w: (cost[id(w)], not w.checkpointable, -w.gpu_milli, w.job_id))
     trial = work.clone()

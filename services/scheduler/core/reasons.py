@@ -31,12 +31,14 @@ class Reason(StrEnum):
     AVOIDED = "failed_here_before"
     RESERVED = "reserved_for_higher_priority"
     WAIT_FOR_HOME = "waiting_for_home_region"
+    OUTSCORED = "outscored"
 
 
 #: Reasons that hold whatever the load: if every cluster fails on one of these, the job is
 #: unplaceable on today's federation.
 STATIC_REASONS = frozenset(Reason) - {Reason.INSUFFICIENT, Reason.QUOTA, Reason.STALE, Reason.UNHEALTHY,
-                                      Reason.MAINTENANCE, Reason.AVOIDED, Reason.RESERVED, Reason.WAIT_FOR_HOME}
+                                      Reason.MAINTENANCE, Reason.AVOIDED, Reason.RESERVED, Reason.WAIT_FOR_HOME,
+                                      Reason.OUTSCORED}
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +71,7 @@ def summarise(verdicts: dict[str, Verdict]) -> str:
     """
     if not verdicts:
         return "no cluster reported inventory yet"
-    counts = Counter(v.reason.value for v in verdicts.values() if not v.passed and v.reason is not None)
-    parts = [f"{code} ({n} cluster{'s' if n != 1 else ''})" for code, n in counts.most_common()]
+    counts = Counter(v.reason for v in verdicts.values() if not v.passed)
+    counts.pop(None, None)
+    parts = [f"{reason.value} ({n} cluster{'s' if n != 1 else ''})" for reason, n in counts.most_common()]
     return "no cluster fits: " + ", ".join(parts)

@@ -1,14 +1,18 @@
 """Soft scores: among clusters that pass every filter, which is best for this job?
 
 Each scorer returns a value in [0, 1] (1 = best) for (job, cluster, fit); the policy weighs
-them: ``total = sum(weight_i * score_i)``. A scorer with ``relative = True`` returns a raw cost
-instead (lower is better) that :func:`~.decide.decide` turns into ``min_cost / cost`` across the
-clusters that fit, so the cheapest gets 1. Formulas are in each scorer's docstring.
+them: ``total = sum(weight_i * score_i)``. A score depends only on its own cluster, never on the
+other candidates, and each scorer also gives an upper ``bound`` computable before the fit (the
+exact value where the fit does not matter). :func:`~.decide.decide` evaluates clusters in order
+of their bound and stops once the best total found beats every remaining bound (branch and
+bound: the same choice as scoring every cluster, without fitting most of them). Formulas are in
+each scorer's docstring.
 """
 
 from __future__ import annotations
 
 import hashlib
+from functools import lru_cache
 from typing import Mapping, Protocol
 
 from services.scheduler.core.filters import Context
@@ -22,9 +26,29 @@ class Scorer(Protocol):
     name: str
 
     def score(self, job: QueuedJob, cluster: ClusterState, fit: Fit, work: WorkingCluster, ctx: Context) -> float:
-        """Preference for placing ``job`` with ``fit`` on ``cluster``, in [0, 1] (or a raw cost if
-        the scorer is ``relative``)."""
+        """Preference for placing ``job`` with ``fit`` on ``cluster``, in [0, 1]."""
         ...
+
+    def bound(self, job: QueuedJob, cluster: ClusterState, work: WorkingCluster, ctx: Context,
+              models: list[str]) -> float:
+        """An upper bound of :meth:`score` over every fit ``job`` could get on ``cluster``
+        (``models``: its candidate card models there, cheapest first)."""
+        ...
+
+
+class _Bounded:
+    """Default bound: 1 (no better bound known)."""
+
+    bound_scope = "const"
+
+    def bound(self, job, cluster, work, ctx, models) -> float:
+        return 1.0
+
+
+#: ``bound_scope`` of a scorer says what its bound depends on, so decide() can compute it once
+#: per job for all clusters sharing that key: ``const``, ``region``, ``region_price`` (region and
+#: the price of the cheapest candidate card model), ``cluster_shape`` (the cluster's state and the
+#: request's shape: memoised until the cluster changes) or ``cluster`` (the default).
 
 
 def transfer_bytes(job: QueuedJob, cluster: ClusterState) -> int:
@@ -66,9 +90,13 @@ class HomeRegion:
     """1 in the job's home region, else 0 (data and people usually live at home)."""
 
     name = "home"
+    bound_scope = "region"
 
     def score(self, job, cluster, fit, work, ctx) -> float:
         return 1.0 if cluster.region == job.spec.home_region else 0.0
+
+    def bound(self, job, cluster, work, ctx, models) -> float:
+        return self.score(job, cluster, None, work, ctx)
 
 
 class StartTime:
@@ -80,6 +108,7 @@ class StartTime:
     """
 
     name = "start"
+    bound_scope = "region"
 
     def score(self, job, cluster, fit, work, ctx) -> float:
         delay = transfer_seconds(job, cluster, ctx)
@@ -88,25 +117,43 @@ class StartTime:
             return 0.0
         return 1.0 / (1.0 + delay / 1800.0)
 
+    def bound(self, job, cluster, work, ctx, models) -> float:
+        return self.score(job, cluster, None, work, ctx)
+
+
+def cost_per_unit_hour(job: QueuedJob, cluster: ClusterState, card_model: str, ctx: Context) -> float:
+    """:func:`estimated_cost` per GPU-hour (CPU-only: per core-hour) of the job's estimate."""
+    spec = job.spec
+    units = spec.total_gpu_milli / WHOLE if spec.gpus_per_worker else spec.cpu_milli * spec.workers / 1000
+    return estimated_cost(job, cluster, card_model, ctx) / max(units * estimated_hours(job), 1e-9)
+
 
 class Cost:
-    """Cheaper is better: raw estimated cost (:func:`estimated_cost`, compute + egress);
-    relative, so the cheapest fitting cluster scores 1 and one twice as dear 0.5."""
+    """Cheaper is better: ``1 / (1 + c / p_max)`` with ``c`` the estimated cost per GPU-hour
+    (compute price plus the egress charge spread over the estimated GPU-hours,
+    :func:`cost_per_unit_hour`) and ``p_max`` the dearest GPU-hour price in the view. Free work
+    scores 1; work at the dearest price with no data to move scores 0.5."""
 
     name = "cost"
-    relative = True
+    bound_scope = "region_price"
 
     def score(self, job, cluster, fit, work, ctx) -> float:
-        return estimated_cost(job, cluster, fit.card_model, ctx)
+        return 1.0 / (1.0 + cost_per_unit_hour(job, cluster, fit.card_model, ctx) / ctx.max_price)
+
+    def bound(self, job, cluster, work, ctx, models) -> float:
+        cheapest = models[0] if models else ""  # candidate models come cheapest first
+        return 1.0 / (1.0 + cost_per_unit_hour(job, cluster, cheapest, ctx) / ctx.max_price)
 
 
 def _used_after(job: QueuedJob, fit: Fit, work: WorkingCluster) -> float:
-    model = fit.card_model or None
-    capacity = work.capacity_milli(model)
+    return _after(job, work, fit.card_model)
+
+
+def _after(job: QueuedJob, work: WorkingCluster, model: str) -> float:
+    free, capacity = work.totals(model) if model else (0, 0)
     if capacity <= 0:
         return 1.0
-    free_after = work.free_milli(model) - job.spec.total_gpu_milli
-    return 1.0 - max(0, free_after) / capacity
+    return 1.0 - max(0, free - job.spec.total_gpu_milli) / capacity
 
 
 class Packing:
@@ -115,9 +162,22 @@ class Packing:
     gangs."""
 
     name = "packing"
+    bound_scope = "cluster_shape"  # depends on the cluster's free cards and the request's size
 
     def score(self, job, cluster, fit, work, ctx) -> float:
         return _used_after(job, fit, work)
+
+    def bound(self, job, cluster, work, ctx, models) -> float:
+        demand = job.spec.total_gpu_milli
+        best = 0.0 if models else 1.0
+        for m in models:
+            free, capacity = work.totals(m)
+            if capacity <= 0:
+                return 1.0
+            value = 1.0 - max(0, free - demand) / capacity
+            if value > best:
+                best = value
+        return best
 
 
 #: Task sizes (milli-GPU; > 1000 = whole cards on one node) and their popularity, for the
@@ -131,14 +191,20 @@ def node_fragmentation(free: tuple[int, ...], mix: Mapping[int, float]) -> float
     After FGD (Weng et al., ATC'23, eq. 1-2): for a task of ``m`` milli (< 1000, one card), the
     free share on cards with less than ``m`` free is a fragment; for a task of ``k`` whole cards,
     everything free is a fragment if fewer than ``k`` cards are idle, else the partial cards are.
+    Pure, so memoised (node states repeat a lot).
     """
+    return _fragmentation(free, tuple(mix.items()))
+
+
+@lru_cache(maxsize=65536)
+def _fragmentation(free: tuple[int, ...], mix: tuple[tuple[int, float], ...]) -> float:
     total = sum(free)
     if total == 0:
         return 0.0
     idle = sum(1 for g in free if g == WHOLE)
     partial = total - idle * WHOLE
     frag = 0.0
-    for size, p in mix.items():
+    for size, p in mix:
         if size < WHOLE:
             frag += p * sum(g for g in free if g < size)
         else:
@@ -147,7 +213,7 @@ def node_fragmentation(free: tuple[int, ...], mix: Mapping[int, float]) -> float
     return frag
 
 
-class Fragmentation:
+class Fragmentation(_Bounded):
     """Fragmentation-aware placement (the FGD idea, at cluster level): prefer the cluster where
     this placement adds the least expected fragmentation, ``1 / (1 + max(0, dF) / 1000)``, with
     ``dF`` the change of :func:`node_fragmentation` summed over the nodes it lands on."""
@@ -174,9 +240,13 @@ class Headroom:
     """Spreading (the "least loaded" multi-cluster baseline): ``free_after / capacity``."""
 
     name = "headroom"
+    bound_scope = "cluster_shape"
 
     def score(self, job, cluster, fit, work, ctx) -> float:
         return 1.0 - _used_after(job, fit, work)
+
+    def bound(self, job, cluster, work, ctx, models) -> float:
+        return max((1.0 - _after(job, work, m) for m in models), default=1.0)
 
 
 class Random:
@@ -187,3 +257,6 @@ class Random:
     def score(self, job, cluster, fit, work, ctx) -> float:
         digest = hashlib.sha256(f"{job.job_id}/{job.attempt}/{cluster.name}".encode()).digest()
         return int.from_bytes(digest[:8], "big") / 2**64
+
+    def bound(self, job, cluster, work, ctx, models) -> float:
+        return self.score(job, cluster, None, work, ctx)
