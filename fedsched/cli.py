@@ -276,7 +276,9 @@ def sql(
     from fedsched.sqlcli import run_sql
 
     try:
-        columns, rows = run_sql(query, data_dir=data_dir, nats_url=nats_url, clickhouse_url=clickhouse_url)
+        columns, rows = run_sql(query, data_dir=data_dir, nats_url=nats_url, clickhouse_url=clickhouse_url,
+                                prefix=os.environ.get("FEDSCHED_SUBJECT_PREFIX", "fed"),
+                                inbox_prefix=os.environ.get("FEDSCHED_INBOX_PREFIX", ""))
     except FedError as e:
         _fail(e)
     if output == "json":

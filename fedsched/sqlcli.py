@@ -25,7 +25,7 @@ def _check(query: str) -> str:
 
 
 def run_sql(query: str, *, data_dir: Path, nats_url: str = "", clickhouse_url: str = "",
-            prefix: str = "fed") -> tuple[list[str], list[list]]:
+            prefix: str = "fed", inbox_prefix: str = "") -> tuple[list[str], list[list]]:
     """Columns and rows of a read-only query (``readonly=1``: writes are refused by ClickHouse).
 
     Raises:
@@ -34,7 +34,7 @@ def run_sql(query: str, *, data_dir: Path, nats_url: str = "", clickhouse_url: s
     """
     q = _check(query)
     if nats_url:
-        return asyncio.run(_ask(q, nats_url, prefix))
+        return asyncio.run(_ask(q, nats_url, prefix, inbox_prefix))
     if not clickhouse_url and not (Path(data_dir) / "clickhouse").exists():
         raise UnavailableError(f"no embedded store in {data_dir}/clickhouse; run `fedsched up --data-dir {data_dir}` "
                                f"or pass --clickhouse-url")
@@ -43,12 +43,13 @@ def run_sql(query: str, *, data_dir: Path, nats_url: str = "", clickhouse_url: s
     return list(result.columns), [list(r) for r in result.rows]
 
 
-async def _ask(query: str, nats_url: str, prefix: str) -> tuple[list[str], list[list]]:
+async def _ask(query: str, nats_url: str, prefix: str, inbox_prefix: str) -> tuple[list[str], list[list]]:
     import nats
     import nats.errors
 
+    extra = {"inbox_prefix": inbox_prefix.encode()} if inbox_prefix else {}
     try:
-        nc = await nats.connect(nats_url, connect_timeout=5, max_reconnect_attempts=0)
+        nc = await nats.connect(nats_url, connect_timeout=5, max_reconnect_attempts=0, **extra)
     except Exception as e:  # noqa: BLE001
         raise UnavailableError(f"cannot connect to NATS at {nats_url}: {e}") from e
     try:
