@@ -170,7 +170,8 @@ class System:
         if "scheduler" in wants:
             self.scheduler = SchedulerService(await self._bus("scheduler"), clock, build_policy(opts.policy), prices,
                                               stale_after_s=s.stale_after_s, interval_s=s.schedule_interval_s,
-                                              reclaim_after_s=s.reclaim_after_s)
+                                              reclaim_after_s=s.reclaim_after_s,
+                                              cross_region_mode={t.name: t.cross_region for t in tenants})
             self._spawn(self.scheduler.run(), "scheduler")
         if "admission" in wants:
             self.admission = AdmissionService(await self._bus("admission"), clock, tenants, address=s.grpc_address,

@@ -251,3 +251,68 @@ def test_drf_order_is_respected_among_equal_priorities(case):
         if len(tenants) > 1:
             shares = {t: FairOrder([], v, FED).share(t) for t in tenants}
             assert shares[members[0].spec.tenant] == min(shares.values())
+
+
+# ---------------------------------------------------------------- remaining scorers, one table
+
+@pytest.mark.parametrize("policy,expect", [
+    ("federated", "home"),          # home region wins when both fit
+    ("least-loaded", "roomy"),      # the most free capacity after placement
+    ("local-only", "home"),
+])
+def test_each_policy_prefers_its_cluster(policy, expect):
+    home = cluster("home", "cn-north-1", (node("h", gpus=4, free=(0, 0, 1000, 1000)),))
+    roomy = cluster("roomy", "cn-east-1", (node("r", gpus=8),))
+    (p,) = decide(View((home, roomy), NOW), [job()], build_policy(policy)).placements
+    assert p.cluster == expect
+
+
+def test_random_policy_is_deterministic_per_job_and_spreads():
+    cs = tuple(cluster(f"c{i}", ("cn-north-1", "cn-east-1")[i % 2], (node(f"n{i}", gpus=8),)) for i in range(4))
+    policy = build_policy("random")
+    first = [decide(View(cs, NOW), [job(f"j{k}")], policy).placements[0].cluster for k in range(40)]
+    again = [decide(View(cs, NOW), [job(f"j{k}")], policy).placements[0].cluster for k in range(40)]
+    assert first == again and len(set(first)) > 1
+
+
+def test_cross_region_mode_forbidden_keeps_the_job_home():
+    away = cluster("away", "cn-east-1", (node("x"),))
+    home_full = cluster("home", "cn-north-1", (node("h", free=(0, 0)),))
+    j = replace(job(), cross_region="forbidden")
+    d = decide(View((home_full, away), NOW), [j], FED)
+    assert not d.placements
+    verdicts = {e.cluster: e.verdict.reason for e in d.pending[0].evaluations}
+    assert verdicts["away"].value == "outside_home_region"
+
+
+class _NoBound:
+    """Wraps a scorer with an infinite bound, so nothing can be pruned."""
+
+    bound_scope = "cluster"
+
+    def __init__(self, inner) -> None:
+        self.inner, self.name = inner, inner.name
+
+    def score(self, *args):
+        return self.inner.score(*args)
+
+    def bound(self, *args):
+        return 1e9
+
+
+def test_branch_and_bound_matches_scoring_every_cluster():
+    """Pruning never changes the choice: the same as scoring every fitting cluster."""
+    cs = tuple(cluster(f"c{i:02d}", ("cn-north-1", "cn-east-1", "cn-south-1")[i % 3],
+                       (node(f"n{i}", gpus=(2, 4, 8)[i % 3], free=tuple(1000 if (i + g) % 3 else 0
+                                                                        for g in range((2, 4, 8)[i % 3]))),),
+                       prices={T4: 4.0 + i % 5})
+               for i in range(12))
+    exact = build_policy("federated", max_scored_fits=0)
+    brute = replace(exact, weights=tuple((_NoBound(sc), w) for sc, w in exact.weights))
+    for k in range(30):
+        j = job(f"j{k}", gpus=(1, 2)[k % 2], home=("cn-north-1", "cn-east-1", "cn-south-1")[k % 3],
+                estimated_duration_s=600.0 * (k + 1))
+        pruned = decide(View(cs, NOW), [j], exact).placements[0]
+        full = decide(View(cs, NOW), [j], brute).placements[0]
+        assert (pruned.cluster, pruned.score) == (full.cluster, full.score)
+        assert sum(e.total is not None for e in pruned.evaluations) <= sum(e.total is not None for e in full.evaluations)
