@@ -260,7 +260,7 @@ class System:
             if self.audit:
                 lag += await self.audit.lag()
             if self.billing:
-                lag += await self.billing.consumer.lag()
+                lag += await self.billing.lag()
             if lag == 0:
                 return
             if loop.time() > deadline:
