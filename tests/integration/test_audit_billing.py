@@ -131,3 +131,13 @@ async def test_transfer_is_its_own_line_billed_once_and_spend_is_recomputed_not_
     await billing.write([Delivery(finished, subject, {}, 1, 2), Delivery(placed, placements, {}, 2, 2)])
     assert store.query(f"SELECT count(), sum(cost) FROM {db}.usage").rows == [(2, Decimal("12.800000"))]
     assert (await kv.get("nlp.2023-03")).value == b"12.800000"
+
+
+async def test_lag_counts_the_backlog_even_before_the_writers_first_run(bus, store):
+    astore = AsyncStore(store)
+    audit, billing = AuditService(bus, astore), BillingService(bus, astore, load_price_catalog())
+    subject = bus.subjects.status("cn-east-1", "cn-east-1-c1")
+    for e in (_status("job.started"), _status("job.finished", at=START + 60)):
+        await bus.publish(subject, e)
+    await bus.publish(bus.subjects.placements("cn-east-1", "cn-east-1-c1"), _placed())
+    assert await audit.lag() == 3 and await billing.lag() == 3
