@@ -228,27 +228,40 @@ class ServerOptions:
     send_receive_timeout_s: float = 60.0
 
 
-def _http_client(url: str, database: str, options: ServerOptions | None = None):
-    import clickhouse_connect
+def http_client_args(url: str, options: ServerOptions | None = None) -> dict[str, Any]:
+    """The clickhouse-connect ``get_client`` arguments for a server ``url`` (pure).
 
+    ``http://`` or ``https://`` (TLS); credentials from the URL, else from ``options``; the
+    certificate is verified unless ``options.verify`` is off or the URL says ``?verify=false``.
+
+    Raises:
+        ValidationError: another scheme.
+    """
     o = options or ServerOptions()
     u = urlparse(url)
     if u.scheme not in ("http", "https"):
         raise ValidationError("clickhouse_url", f"scheme must be http or https, got {u.scheme!r}")
     q = parse_qs(u.query)
-    kwargs: dict[str, Any] = {}
+    args: dict[str, Any] = dict(
+        host=u.hostname or "localhost", port=u.port or (8443 if u.scheme == "https" else 8123),
+        username=unquote(u.username) if u.username else (o.user or "default"),
+        password=unquote(u.password) if u.password else o.password,
+        secure=u.scheme == "https", verify=o.verify and q.get("verify", ["true"])[0] != "false",
+        connect_timeout=o.connect_timeout_s, send_receive_timeout=o.send_receive_timeout_s,
+    )
     if o.ca_cert:
-        kwargs["ca_cert"] = o.ca_cert
+        args["ca_cert"] = o.ca_cert
+    return args
+
+
+def _http_client(url: str, database: str, options: ServerOptions | None = None):
+    import clickhouse_connect
+
+    args = http_client_args(url, options)
     try:
-        return clickhouse_connect.get_client(
-            host=u.hostname or "localhost", port=u.port or (8443 if u.scheme == "https" else 8123),
-            username=unquote(u.username) if u.username else (o.user or "default"),
-            password=unquote(u.password) if u.password else o.password,
-            secure=u.scheme == "https", verify=o.verify and q.get("verify", ["true"])[0] != "false",
-            connect_timeout=o.connect_timeout_s, send_receive_timeout=o.send_receive_timeout_s, **kwargs,
-        )
+        return clickhouse_connect.get_client(**args)
     except Exception as e:  # noqa: BLE001
-        raise UnavailableError(f"cannot reach ClickHouse at {u.hostname}:{u.port}: {e}") from e
+        raise UnavailableError(f"cannot reach ClickHouse at {args['host']}:{args['port']}: {e}") from e
 
 
 ClientFactory = Callable[[], Any]
