@@ -99,7 +99,8 @@ def render_sql(sql: str, database: str, *, cluster: str | None = None,
       which queries and inserts go through.
 
     ``ALTER TABLE X`` goes to ``X_local``, and also to ``X`` when it changes columns (a
-    Distributed table must have the columns it reads); other statements get ``ON CLUSTER``.
+    Distributed table must have the columns it reads); settings of non-replicated tables
+    (``non_replicated_*``) are left out; other statements get ``ON CLUSTER``.
 
     Args:
         sql: migration text with ``{db}``, ``{engine:...}`` and ``{ttl:table}`` placeholders.
@@ -156,6 +157,8 @@ def _on_cluster(statement: str, database: str, cluster: str) -> list[str]:
     m = re.match(rf"ALTER TABLE {db}\.([a-z_]+)\s", statement)
     if m:
         table, rest = m.group(1), statement[m.end():]
+        if re.fullmatch(r"MODIFY SETTING non_replicated_\w+\s*=\s*\S+", rest.strip()):
+            return []  # Replicated tables deduplicate inserts by their own (replicated_*) window
         out = [f"ALTER TABLE {database}.{table}{LOCAL_SUFFIX} ON CLUSTER {cluster}\n{rest}"]
         if re.search(r"\b(ADD|DROP|MODIFY|RENAME|COMMENT)\s+COLUMN\b", rest):
             out.append(f"ALTER TABLE {database}.{table} ON CLUSTER {cluster}\n{rest}")

@@ -128,15 +128,3 @@ ALTER TABLE fedsched.usage ON CLUSTER fedsched
     ADD COLUMN IF NOT EXISTS line LowCardinality(String) DEFAULT 'compute' AFTER usage_id,
     ADD COLUMN IF NOT EXISTS transfer_bytes UInt64 DEFAULT 0 AFTER gpu_seconds,
     ADD COLUMN IF NOT EXISTS flag LowCardinality(String) DEFAULT '' AFTER outcome;
-
-ALTER TABLE fedsched.events_local ON CLUSTER fedsched
-MODIFY SETTING non_replicated_deduplication_window = 10000;
-
-ALTER TABLE fedsched.usage_local ON CLUSTER fedsched
-MODIFY SETTING non_replicated_deduplication_window = 10000;
-
-ALTER TABLE fedsched.decisions_local ON CLUSTER fedsched
-MODIFY SETTING non_replicated_deduplication_window = 10000;
-
-ALTER TABLE fedsched.inventory_local ON CLUSTER fedsched
-MODIFY SETTING non_replicated_deduplication_window = 10000;
