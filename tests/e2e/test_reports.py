@@ -6,10 +6,11 @@ every chart; the Grafana panels run the same SQL with the same results; ``fedsch
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 from collections import defaultdict
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from html.parser import HTMLParser
 
@@ -17,14 +18,18 @@ import pytest
 from typer.testing import CliRunner
 
 from fedsched import naming
+from fedsched.bus import Bus
+from fedsched.events import JobPlaced, WorkerBinding, business_event_id, make_event
+from fedsched.jobs import Dataset, JobSpec
 from fedsched.pricing import load_price_catalog, money
 from fedsched.replay.driver import ReplayDriver, ReplayOptions
 from fedsched.reports import REPORTS, data_window, run_reports
 from fedsched.reports.grafana import dashboard, grafana_macros
 from fedsched.reports.html import html_page
 from fedsched.settings import Settings
-from fedsched.store import open_store
-from services.audit.service import EVENT_COLUMNS
+from fedsched.store import AsyncStore, open_store
+from services.audit.service import EVENT_COLUMNS, AuditService
+from services.billing.service import BillingService
 from tests.conftest import DATA, unique
 
 pytestmark = pytest.mark.e2e
@@ -35,8 +40,10 @@ ENDS = ("job.finished", "job.failed", "job.stopped")
 
 @pytest.fixture(scope="module")
 async def replayed(nats_server, chdb_path, tmp_path_factory):
-    """200 pods of the trace at 400x arrival compression, plus one approval row (what audit will
-    write once admission publishes ``approval.*`` events)."""
+    """200 pods of the trace at 400x arrival compression; then, so that every report has data
+    whatever the scheduler decides, one more placement that moves data between regions
+    (published on the bus and ingested by a restarted audit and billing), and one approval row
+    (what audit will write once admission publishes ``approval.*`` events)."""
     settings = Settings(data_dir=tmp_path_factory.mktemp("reports"), nats_url=nats_server.url,
                         subject_prefix=unique("r"), clickhouse_path=chdb_path, clickhouse_database=unique("db"),
                         grpc_address="127.0.0.1:0", heartbeat_interval_s=0.5, schedule_interval_s=0.002)
@@ -46,6 +53,7 @@ async def replayed(nats_server, chdb_path, tmp_path_factory):
     store = open_store(chdb_path=chdb_path, database=settings.clickhouse_database)
     job, at = store.query(f"SELECT job_id, min(occurred_at) FROM {store.database}.events "
                           f"WHERE type = 'job.placed' GROUP BY job_id ORDER BY 2 LIMIT 1").rows[0]
+    await _one_more_transfer(nats_server.url, settings.subject_prefix, store, at.replace(tzinfo=UTC))
     row = dict.fromkeys(EVENT_COLUMNS, "")
     row.update(event_id="a" * 32, type="approval.approved", schema_version=1, occurred_at=at, producer="admission",
                actor="alice", region="cn-east-1", cluster="cn-east-1-c1", tenant="nlp", project="train", job_id=job,
@@ -55,6 +63,31 @@ async def replayed(nats_server, chdb_path, tmp_path_factory):
     window = data_window(query, store.database)
     results = {r.query.name: r for r in run_reports(query, store.database, window)}
     return store, window, results, Raw(store)
+
+
+async def _one_more_transfer(nats_url: str, prefix: str, store, at: datetime) -> None:
+    bus = await Bus.connect(nats_url, prefix, name="extra")
+    spec = JobSpec(tenant="nlp", project="train", home_region="cn-south-1", kind="training",
+                   datasets=(Dataset(name="nlp/corpus", home_region="cn-south-1", size_bytes=7_500_000_000),))
+    placed = make_event("job.placed", JobPlaced(spec=spec, card_model="nvidia-t4-16gb", cross_region=True,
+                                                bindings=(WorkerBinding(worker=0, node="n1", gpu_indices=(0,)),),
+                                                transfer_bytes=7_500_000_000, transfer_s=60.0),
+                        producer="scheduler", occurred_at=at.timestamp() + 1, region="cn-east-1", zone="cn-east-1a",
+                        cluster="cn-east-1-c1", tenant="nlp", project="train", job_id="j-extra-transfer", attempt=1)
+    await bus.publish(bus.subjects.placements("cn-east-1", "cn-east-1-c1"), placed)
+    astore = AsyncStore(store)
+    audit = AuditService(bus, astore, linger_s=0.02)
+    billing = BillingService(bus, astore, load_price_catalog(), linger_s=0.02)
+    tasks = [asyncio.create_task(audit.run()), asyncio.create_task(billing.run())]
+    recorded = business_event_id(placed.event_id, "usage")
+    for _ in range(300):
+        await asyncio.sleep(0.05)
+        if store.query(f"SELECT count() FROM {store.database}.events WHERE event_id = {{e:String}}",
+                       {"e": recorded}).scalar() and await audit.lag() == 0 and await billing.lag() == 0:
+            break
+    audit.stop(), billing.stop()
+    await asyncio.gather(*tasks)
+    await bus.close()
 
 
 class Raw:
