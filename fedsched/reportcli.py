@@ -33,12 +33,15 @@ def store_query(data_dir: Path, clickhouse_url: str, database: str):
     Raises:
         UnavailableError: no embedded store in ``data_dir``, or it is held by a running system.
     """
-    from fedsched.store import open_store
+    from fedsched.settings import Settings
+    from fedsched.store import open_store_from
 
     if not clickhouse_url and not (Path(data_dir) / "clickhouse").exists():
         raise UnavailableError(f"no embedded store in {data_dir}/clickhouse; run `fedsched up --data-dir {data_dir}` "
                                f"or pass --clickhouse-url / --nats-url")
-    store = open_store(data_dir=Path(data_dir), url=clickhouse_url, database=database, migrate=False)
+    # credentials and TLS for a server come from FEDSCHED_CLICKHOUSE_* like the services'
+    settings = Settings(data_dir=Path(data_dir), clickhouse_url=clickhouse_url, clickhouse_database=database)
+    store = open_store_from(settings, migrate=False)
     return lambda sql, params: store.query(sql, params, settings={"readonly": 1})
 
 
