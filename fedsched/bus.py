@@ -389,8 +389,18 @@ class DurableConsumer:
         return await self.bus.js.pull_subscribe_bind(durable=self.durable, stream=self.stream)
 
     async def lag(self) -> int:
-        """Messages not yet acknowledged (pending + in flight), from the server's consumer info."""
-        info = await self.bus.js.consumer_info(self.stream, self.durable)
+        """Messages not yet acknowledged (pending + in flight), from the server's consumer info.
+
+        Before :meth:`run` created the durable consumer, every message its filter matches is lag.
+        """
+        try:
+            info = await self.bus.js.consumer_info(self.stream, self.durable)
+        except nats.js.errors.NotFoundError:
+            total = 0
+            for subject in self.filter_subjects:
+                state = (await self.bus.js.stream_info(self.stream, subjects_filter=subject)).state
+                total += sum((state.subjects or {}).values())
+            return total
         return int(info.num_pending or 0) + int(info.num_ack_pending or 0)
 
     def stop(self) -> None:

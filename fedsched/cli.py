@@ -296,6 +296,10 @@ from fedsched import jobcli  # noqa: E402  (registers submit/jobs/job/explain/ca
 
 jobcli.register(app)
 
+from fedsched import reportcli  # noqa: E402  (registers report)
+
+reportcli.register(app)
+
 
 def main() -> None:
     """Entry point of the ``fedsched`` script."""

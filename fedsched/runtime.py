@@ -29,7 +29,7 @@ from fedsched.errors import FedError, UnavailableError
 from fedsched.natsd import EmbeddedNats
 from fedsched.pricing import PriceCatalog, load_price_catalog
 from fedsched.settings import Settings
-from fedsched.store import AsyncStore, Store, open_store
+from fedsched.store import AsyncStore, Store, open_store_from
 from fedsched.tenancy import TenantDirectory, load_tenants
 from services.admission.convert import Limits
 from services.admission.service import AdmissionService
@@ -143,8 +143,7 @@ class System:
             await self.control.ensure_streams()
         wants = set(opts.services)
         if wants & {"audit", "billing"}:
-            self.sync_store = await asyncio.to_thread(open_store, data_dir=Path(s.data_dir), url=s.clickhouse_url,
-                                                      database=s.clickhouse_database, chdb_path=s.clickhouse_path)
+            self.sync_store = await asyncio.to_thread(open_store_from, s)
             self.store = AsyncStore(self.sync_store)
             self._query_sub = await self.control.nc.subscribe(f"{s.subject_prefix}.svc.store.query", cb=self._on_query)
         prices = opts.prices or load_price_catalog(s.price_catalog)
@@ -268,7 +267,7 @@ class System:
             if self.audit:
                 lag += await self.audit.lag()
             if self.billing:
-                lag += await self.billing.consumer.lag()
+                lag += await self.billing.lag()
             if lag == 0:
                 return
             if loop.time() > deadline:

@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -26,6 +26,14 @@ class Settings(BaseSettings):
         clickhouse_database: database holding the tables (created by the migrations).
         clickhouse_path: chDB data path; default ``data_dir/clickhouse`` (chDB allows one path
             per process, so tests share one path and isolate by database).
+        clickhouse_user / clickhouse_password: server credentials (the URL's ``user:pw@`` wins).
+        clickhouse_ca_cert: CA bundle for an ``https://`` server; clickhouse_verify: check its
+            certificate (default on).
+        clickhouse_cluster: ClickHouse cluster name for the replicated schema (Distributed over
+            Replicated tables, ``ON CLUSTER``); empty = single node.
+        clickhouse_ttl_days: days to keep rows of high-volume tables, e.g.
+            ``{"events": 400, "decisions": 90, "inventory": 30}`` (JSON in the environment);
+            absent = forever. Applied at every start.
         subject_prefix: first token of every subject and the stream-name prefix; lets several
             federations (or test runs) share one NATS.
         grpc_address: where admission listens (``host:port``; port 0 = pick a free one).
@@ -54,6 +62,12 @@ class Settings(BaseSettings):
     clickhouse_url: str = ""
     clickhouse_database: str = "fedsched"
     clickhouse_path: Path | None = None
+    clickhouse_user: str = ""
+    clickhouse_password: SecretStr = SecretStr("")
+    clickhouse_ca_cert: Path | None = None
+    clickhouse_verify: bool = True
+    clickhouse_cluster: str = ""
+    clickhouse_ttl_days: dict[str, int] = Field(default_factory=dict)
     subject_prefix: str = "fed"
     grpc_address: str = "127.0.0.1:50051"
     otel_exporter: Literal["none", "console", "otlp"] = "none"
@@ -73,6 +87,13 @@ class Settings(BaseSettings):
     def _prefix_is_a_token(cls, value: str) -> str:
         if not re.fullmatch(r"[a-z][a-z0-9_]{0,15}", value):
             raise ValueError("subject_prefix must be 1-16 lower-case letters, digits or '_', starting with a letter")
+        return value
+
+    @field_validator("clickhouse_cluster")
+    @classmethod
+    def _cluster_is_identifier(cls, value: str) -> str:
+        if value and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,62}", value):
+            raise ValueError("clickhouse_cluster must be an identifier")
         return value
 
     @field_validator("clickhouse_database")

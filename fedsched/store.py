@@ -7,10 +7,21 @@ applied by versioned migrations (``fedsched/schema/migrations/NNNN_name.sql``) r
 error.
 
 Idempotent writing (the brief: non-replicated MergeTree does not deduplicate, Replacing
-engines only at merge time): :meth:`Store.insert_new` looks up which keys of a batch are
-already in the table and inserts only the others. With one writer per table (the audit and
-billing consumers each own theirs) that is exact across redelivery, restarts and replays; the
-Replacing engines are the second line for anything else.
+engines only at merge time) has three layers, so one event never becomes two rows across
+redelivery, restarts and replays:
+
+1. :meth:`Store.insert_new` looks up which keys of a batch are already in the table and inserts
+   only the others. With one writer per table (the audit and billing consumers each own theirs)
+   that alone is exact.
+2. Each insert carries ``insert_deduplication_token`` = a hash of the table and the keys it
+   writes, and every table keeps a deduplication window (migration 0002 sets
+   ``non_replicated_deduplication_window``; Replicated tables have one by default). A retry of
+   an insert that did commit -- the client timed out after the server committed, or a crash
+   between commit and acknowledgement raced a redelivery -- is dropped by the engine.
+3. The Replacing engines collapse anything a second, concurrent writer could still produce, at
+   merge time (``FINAL`` gives exact counts then).
+
+Writers acknowledge a message only after its rows are committed, so nothing is lost either.
 
 chDB allows one data path per process; :func:`open_store` keeps one client per path. All calls
 are synchronous; async services use :class:`AsyncStore`, which runs them on one worker thread.
@@ -27,7 +38,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 from urllib.parse import urlparse, parse_qs, unquote
 
 from fedsched.errors import FedError, UnavailableError, ValidationError
@@ -63,20 +74,39 @@ def load_migrations() -> list[Migration]:
     return sorted(out, key=lambda m: m.version)
 
 
-_TTL_COLUMNS = {"events": "occurred_at", "decisions": "decided_at", "inventory": "at"}
+#: Time column of each table whose rows may expire (high-volume tables; usage is kept).
+TTL_COLUMNS = {"events": "occurred_at", "decisions": "decided_at", "inventory": "at"}
+
+#: Cluster variant: the Distributed table's sharding key per table. All rows of one key land on
+#: one shard, so that shard's Replacing engine and deduplication window see every copy of it.
+SHARDING_KEYS = {"events": "cityHash64(event_id)", "usage": "cityHash64(usage_id)",
+                 "decisions": "cityHash64(event_id)", "inventory": "cityHash64(event_id)"}
+
+#: Cluster variant: suffix of the Replicated table under each Distributed table.
+LOCAL_SUFFIX = "_local"
 
 
 def render_sql(sql: str, database: str, *, cluster: str | None = None,
                ttl_days: dict[str, int] | None = None) -> list[str]:
     """Render a migration into executable statements.
 
+    Single node, a table is what the migration says. On a cluster, every ``CREATE TABLE X``
+    becomes two tables (the usual ClickHouse layout), so queries name ``X`` either way:
+
+    * ``X_local`` -- ``Replicated*MergeTree`` with the standard ``{shard}``/``{replica}`` macros,
+      ``ON CLUSTER``, holding the data;
+    * ``X`` -- ``ENGINE = Distributed(cluster, db, X_local, SHARDING_KEYS[X])``, ``ON CLUSTER``,
+      which queries and inserts go through.
+
+    ``ALTER TABLE X`` goes to ``X_local``, and also to ``X`` when it changes columns (a
+    Distributed table must have the columns it reads); settings of non-replicated tables
+    (``non_replicated_*``) are left out; other statements get ``ON CLUSTER``.
+
     Args:
         sql: migration text with ``{db}``, ``{engine:...}`` and ``{ttl:table}`` placeholders.
         database: validated database identifier.
-        cluster: None for a single node; a ClickHouse cluster name for the replicated variant
-            (``ON CLUSTER``, ``Replicated*MergeTree`` with the standard ``{shard}``/``{replica}``
-            macros).
-        ttl_days: table -> days to keep (high-volume tables); absent = keep forever.
+        cluster: None for a single node; a ClickHouse cluster name for the replicated variant.
+        ttl_days: table -> days to keep (tables of :data:`TTL_COLUMNS`); absent = keep forever.
 
     Returns:
         One statement per element, comments removed.
@@ -97,17 +127,46 @@ def render_sql(sql: str, database: str, *, cluster: str | None = None,
         days = ttl_days.get(table)
         if not days:
             return ""
-        return f"TTL toDateTime({_TTL_COLUMNS[table]}) + INTERVAL {int(days)} DAY"
+        return f"TTL {ttl_expression(table, days)}"
 
     text = re.sub(r"--[^\n]*", "", sql)
     text = re.sub(r"\{engine:([A-Za-z]+(?:\([^)]*\))?)\}", engine, text)
     text = re.sub(r"\{ttl:([a-z_]+)\}", ttl, text)
     text = text.replace("{db}", database)
     statements = [s.strip() for s in text.split(";") if s.strip()]
-    if cluster is not None:
-        statements = [re.sub(r"^(CREATE TABLE IF NOT EXISTS \S+)", rf"\1 ON CLUSTER {cluster}", s)
-                      for s in statements]
-    return statements
+    if cluster is None:
+        return statements
+    return [out for s in statements for out in _on_cluster(s, database, cluster)]
+
+
+def ttl_expression(table: str, days: int) -> str:
+    """The TTL expression keeping ``table``'s rows ``days`` days (by its :data:`TTL_COLUMNS` time)."""
+    return f"toDateTime({TTL_COLUMNS[table]}) + INTERVAL {int(days)} DAY"
+
+
+def _on_cluster(statement: str, database: str, cluster: str) -> list[str]:
+    db = re.escape(database)
+    m = re.match(rf"CREATE TABLE IF NOT EXISTS {db}\.([a-z_]+)\s", statement)
+    if m:
+        table = m.group(1)
+        local = f"{database}.{table}{LOCAL_SUFFIX}"
+        key = SHARDING_KEYS.get(table, "rand()")
+        return [f"CREATE TABLE IF NOT EXISTS {local} ON CLUSTER {cluster}\n{statement[m.end():]}",
+                f"CREATE TABLE IF NOT EXISTS {database}.{table} ON CLUSTER {cluster} AS {local}\n"
+                f"ENGINE = Distributed({cluster}, {database}, {table}{LOCAL_SUFFIX}, {key})"]
+    m = re.match(rf"ALTER TABLE {db}\.([a-z_]+)\s", statement)
+    if m:
+        table, rest = m.group(1), statement[m.end():]
+        if re.fullmatch(r"MODIFY SETTING non_replicated_\w+\s*=\s*\S+", rest.strip()):
+            return []  # Replicated tables deduplicate inserts by their own (replicated_*) window
+        out = [f"ALTER TABLE {database}.{table}{LOCAL_SUFFIX} ON CLUSTER {cluster}\n{rest}"]
+        if re.search(r"\b(ADD|DROP|MODIFY|RENAME|COMMENT)\s+COLUMN\b", rest):
+            out.append(f"ALTER TABLE {database}.{table} ON CLUSTER {cluster}\n{rest}")
+        return out
+    m = re.match(rf"(CREATE (?:OR REPLACE )?(?:MATERIALIZED )?VIEW (?:IF NOT EXISTS )?{db}\.[a-z_]+)\s", statement)
+    if m:
+        return [f"{m.group(1)} ON CLUSTER {cluster}\n{statement[m.end():]}"]
+    raise SchemaError(f"cannot render for a cluster: {statement[:80]!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,16 +189,17 @@ _chdb_clients: dict[str, Any] = {}
 _chdb_lock = threading.Lock()
 
 
-def _chdb_client(path: Path):
+def _chdb_client(path: Path, *, fresh: bool = False):
+    """The process's chDB client on ``path`` (``fresh``: a new handle on it, replacing the cached one)."""
     import clickhouse_connect
 
     key = str(path.resolve())
     with _chdb_lock:
-        client = _chdb_clients.get(key)
+        client = None if fresh else _chdb_clients.get(key)
         if client is None:
-            if _chdb_clients:
-                other = next(iter(_chdb_clients))
-                raise UnavailableError(f"chDB is already open on {other} in this process; one data path per process")
+            others = [p for p in _chdb_clients if p != key]
+            if others:
+                raise UnavailableError(f"chDB is already open on {others[0]} in this process; one data path per process")
             path.mkdir(parents=True, exist_ok=True)
             try:
                 client = clickhouse_connect.get_client(interface="chdb", path=key)
@@ -152,22 +212,62 @@ def _chdb_client(path: Path):
         return client
 
 
-def _http_client(url: str, database: str):
-    import clickhouse_connect
+@dataclass(frozen=True, slots=True)
+class ServerOptions:
+    """How to reach a ClickHouse server over HTTP(S).
 
+    Attributes:
+        user / password: credentials; the URL's own ``user:password@`` wins when present.
+        ca_cert: CA bundle to verify the server's certificate (TLS: an ``https://`` URL).
+        verify: verify the server's certificate (``?verify=false`` in the URL also turns it off).
+        connect_timeout_s / send_receive_timeout_s: HTTP timeouts (seconds).
+    """
+
+    user: str = ""
+    password: str = ""
+    ca_cert: str = ""
+    verify: bool = True
+    connect_timeout_s: float = 10.0
+    send_receive_timeout_s: float = 60.0
+
+
+def http_client_args(url: str, options: ServerOptions | None = None) -> dict[str, Any]:
+    """The clickhouse-connect ``get_client`` arguments for a server ``url`` (pure).
+
+    ``http://`` or ``https://`` (TLS); credentials from the URL, else from ``options``; the
+    certificate is verified unless ``options.verify`` is off or the URL says ``?verify=false``.
+
+    Raises:
+        ValidationError: another scheme.
+    """
+    o = options or ServerOptions()
     u = urlparse(url)
     if u.scheme not in ("http", "https"):
         raise ValidationError("clickhouse_url", f"scheme must be http or https, got {u.scheme!r}")
     q = parse_qs(u.query)
+    args: dict[str, Any] = dict(
+        host=u.hostname or "localhost", port=u.port or (8443 if u.scheme == "https" else 8123),
+        username=unquote(u.username) if u.username else (o.user or "default"),
+        password=unquote(u.password) if u.password else o.password,
+        secure=u.scheme == "https", verify=o.verify and q.get("verify", ["true"])[0] != "false",
+        connect_timeout=o.connect_timeout_s, send_receive_timeout=o.send_receive_timeout_s,
+    )
+    if o.ca_cert:
+        args["ca_cert"] = o.ca_cert
+    return args
+
+
+def _http_client(url: str, database: str, options: ServerOptions | None = None):
+    import clickhouse_connect
+
+    args = http_client_args(url, options)
     try:
-        return clickhouse_connect.get_client(
-            host=u.hostname or "localhost", port=u.port or (8443 if u.scheme == "https" else 8123),
-            username=unquote(u.username or "default"), password=unquote(u.password or ""),
-            secure=u.scheme == "https", verify=q.get("verify", ["true"])[0] != "false",
-            connect_timeout=10, send_receive_timeout=60,
-        )
+        return clickhouse_connect.get_client(**args)
     except Exception as e:  # noqa: BLE001
-        raise UnavailableError(f"cannot reach ClickHouse at {u.hostname}:{u.port}: {e}") from e
+        raise UnavailableError(f"cannot reach ClickHouse at {args['host']}:{args['port']}: {e}") from e
+
+
+ClientFactory = Callable[[], Any]
 
 
 class Store:
@@ -177,31 +277,51 @@ class Store:
         client: a clickhouse-connect client (chDB or HTTP).
         database: database name (validated identifier).
         embedded: True for chDB.
+        cluster: the ClickHouse cluster of the replicated deployment (None: single node). Tables
+            are then Distributed over Replicated ones (:func:`render_sql`); inserts wait until
+            the shards have them (``distributed_foreground_insert``), so a lookup right after an
+            insert sees it.
+        reopen: makes a new client. After the engine became unavailable (a closed chDB handle,
+            a lost server), the next call first opens a new client with it; None = keep the
+            client (HTTP clients reconnect by themselves).
     """
 
-    def __init__(self, client: Any, database: str, *, embedded: bool) -> None:
+    def __init__(self, client: Any, database: str, *, embedded: bool, cluster: str | None = None,
+                 reopen: ClientFactory | None = None) -> None:
         self.client = client
         self.database = database
         self.embedded = embedded
+        self.cluster = cluster or None
+        self._reopen = reopen
+        self._broken = False
         self._lock = threading.RLock()
 
     # ------------------------------------------------------------------ schema
 
-    def migrate(self, *, cluster: str | None = None, ttl_days: dict[str, int] | None = None) -> list[int]:
+    def migrate(self, *, ttl_days: dict[str, int] | None = None) -> list[int]:
         """Apply the bundled migrations not yet applied; return the versions applied now.
+
+        Args:
+            ttl_days: table -> days to keep (see :meth:`apply_ttl`); applied on every start, so
+                changing the setting changes the tables.
 
         Raises:
             SchemaError: the database has a migration this binary does not know, or a known
                 migration's recorded checksum differs (someone edited an applied migration).
         """
         migrations = load_migrations()
+        cluster = self.cluster
         on_cluster = f" ON CLUSTER {cluster}" if cluster else ""
+        engine = "ReplacingMergeTree"
+        if cluster:  # one migration record for every replica of every shard
+            engine = (f"ReplicatedReplacingMergeTree('/clickhouse/tables/{self.database}/schema_migrations', "
+                      "'{replica}')")
         with self._lock:
             self._command(f"CREATE DATABASE IF NOT EXISTS {self.database}{on_cluster}")
             self._command(
                 f"CREATE TABLE IF NOT EXISTS {self.database}.schema_migrations{on_cluster} "
                 "(version UInt32, name String, checksum String, applied_at DateTime64(3, 'UTC') DEFAULT now64(3)) "
-                "ENGINE = ReplacingMergeTree ORDER BY version")
+                f"ENGINE = {engine} ORDER BY version")
             applied = {int(v): c for v, c in self.query(
                 f"SELECT version, argMax(checksum, applied_at) FROM {self.database}.schema_migrations GROUP BY version").rows}
             known = {m.version: m for m in migrations}
@@ -219,22 +339,67 @@ class Store:
                     continue
                 for statement in render_sql(m.sql, self.database, cluster=cluster, ttl_days=ttl_days):
                     self._command(statement)
-                self.client.insert(f"{self.database}.schema_migrations", [[m.version, m.name, m.checksum]],
-                                   column_names=["version", "name", "checksum"])
+                self._call(lambda c: c.insert(f"{self.database}.schema_migrations", [[m.version, m.name, m.checksum]],
+                                              column_names=["version", "name", "checksum"]))
                 done.append(m.version)
+            if ttl_days is not None:
+                self.apply_ttl(ttl_days)
             return done
 
     def schema_version(self) -> int:
         """Highest applied migration version (0 if none)."""
         return int(self.query(f"SELECT max(version) FROM {self.database}.schema_migrations").scalar() or 0)
 
+    def apply_ttl(self, ttl_days: dict[str, int]) -> list[str]:
+        """Make the tables of :data:`TTL_COLUMNS` keep rows ``ttl_days[table]`` days (absent or 0:
+        forever); returns the tables changed.
+
+        Raises:
+            ValidationError: a table without a time column to expire by.
+        """
+        unknown = sorted(set(ttl_days) - set(TTL_COLUMNS))
+        if unknown:
+            raise ValidationError("clickhouse_ttl_days", f"no TTL for {', '.join(unknown)}; only {', '.join(TTL_COLUMNS)}")
+        on_cluster = f" ON CLUSTER {self.cluster}" if self.cluster else ""
+        changed = []
+        for table in TTL_COLUMNS:
+            target = table + (LOCAL_SUFFIX if self.cluster else "")
+            full = str(self.query("SELECT engine_full FROM system.tables WHERE database = {db:String} AND name = {t:String}",
+                                  {"db": self.database, "t": target}).scalar() or "")
+            now = re.search(r"\bTTL\b.*?toIntervalDay\((\d+)\)", full)
+            days = int(ttl_days.get(table) or 0)
+            if days and (now is None or int(now.group(1)) != days):
+                self._command(f"ALTER TABLE {self.database}.{target}{on_cluster} MODIFY TTL {ttl_expression(table, days)}")
+                changed.append(table)
+            elif not days and now is not None:
+                self._command(f"ALTER TABLE {self.database}.{target}{on_cluster} REMOVE TTL")
+                changed.append(table)
+        return changed
+
     # ------------------------------------------------------------------ I/O
 
+    def _call(self, fn: Callable[[Any], Any]) -> Any:
+        """Run ``fn(client)`` under the lock, translating the engine's errors (see :func:`_translate`)."""
+        with self._lock:
+            if self._broken and self._reopen is not None:
+                try:
+                    self.client = self._reopen()
+                except FedError:
+                    raise
+                except Exception as e:  # noqa: BLE001
+                    raise UnavailableError(f"ClickHouse unavailable: cannot reopen the client: {e}") from e
+                self._broken = False
+                log.info("store %s: client reopened", self.database)
+            try:
+                return fn(self.client)
+            except Exception as e:  # noqa: BLE001
+                err = _translate(e)
+                if isinstance(err, UnavailableError):
+                    self._broken = True
+                raise err from e
+
     def _command(self, sql: str) -> None:
-        try:
-            self.client.command(sql)
-        except Exception as e:  # noqa: BLE001
-            raise _translate(e) from e
+        self._call(lambda c: c.command(sql))
 
     def query(self, sql: str, parameters: dict[str, Any] | None = None, *, settings: dict | None = None) -> QueryResult:
         """Run a SELECT with ``{name:Type}`` parameters.
@@ -243,26 +408,30 @@ class Store:
             UnavailableError: the engine/server cannot be reached.
             ValidationError: the SQL is invalid (field ``sql``; the message is ClickHouse's).
         """
-        with self._lock:
-            try:
-                result = self.client.query(sql, parameters=parameters or {}, settings=settings or {})
-            except Exception as e:  # noqa: BLE001
-                raise _translate(e) from e
+        result = self._call(lambda c: c.query(sql, parameters=parameters or {}, settings=settings or {}))
         return QueryResult(tuple(result.column_names), list(result.result_rows))
 
-    def insert(self, table: str, rows: Sequence[Sequence[Any]], columns: Sequence[str]) -> int:
+    def insert(self, table: str, rows: Sequence[Sequence[Any]], columns: Sequence[str], *,
+               dedup_token: str = "") -> int:
         """Insert ``rows`` (in ``columns`` order) into ``database.table``; returns the row count.
 
+        Args:
+            dedup_token: ``insert_deduplication_token``: the engine drops a later insert with the
+                same token into the same table (within its deduplication window).
+
         Raises:
-            UnavailableError: the engine/server cannot be reached; nothing was committed.
+            UnavailableError: the engine/server cannot be reached; nothing was committed, or
+                the commit is not known (a retry with the same token is safe).
         """
         if not rows:
             return 0
-        with self._lock:
-            try:
-                self.client.insert(table, rows, column_names=list(columns), database=self.database)
-            except Exception as e:  # noqa: BLE001
-                raise _translate(e) from e
+        settings: dict[str, Any] = {}
+        if dedup_token:
+            settings["insert_deduplication_token"] = dedup_token
+        if self.cluster:
+            settings["distributed_foreground_insert"] = 1
+        self._call(lambda c: c.insert(table, rows, column_names=list(columns), database=self.database,
+                                      settings=settings))
         return len(rows)
 
     def existing_keys(self, table: str, key: Sequence[str], ids: Iterable[str]) -> set[tuple]:
@@ -278,6 +447,9 @@ class Store:
     def insert_new(self, table: str, rows: Sequence[Sequence[Any]], columns: Sequence[str],
                    key: str | Sequence[str]) -> int:
         """Insert only the rows whose key is not yet in the table (nor repeated within ``rows``).
+
+        The insert carries a deduplication token derived from the table and the keys written
+        (see the module docstring), so repeating this call after an unknown outcome is safe.
 
         Args:
             table: table name in the store's database.
@@ -301,7 +473,7 @@ class Store:
                     continue
                 seen.add(k)
                 fresh.append(row)
-            return self.insert(table, fresh, columns)
+            return self.insert(table, fresh, columns, dedup_token=dedup_token(table, seen))
 
     def ping(self) -> bool:
         """True if a trivial query succeeds."""
@@ -310,6 +482,21 @@ class Store:
             return True
         except FedError:
             return False
+
+    def close(self) -> None:
+        """Close the client (a chDB handle is released; other handles on the path stay open)."""
+        with self._lock:
+            try:
+                self.client.close()
+            except Exception:  # noqa: BLE001 - closing anyway
+                pass
+            self._broken = True
+
+
+def dedup_token(table: str, keys: Iterable[tuple]) -> str:
+    """The insert deduplication token of writing ``keys`` into ``table``: sha256 of both (hex)."""
+    text = table + "\n" + "\n".join(sorted("\x1f".join(str(p) for p in k) for k in keys))
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def _translate(e: Exception) -> FedError:
@@ -322,24 +509,40 @@ def _translate(e: Exception) -> FedError:
 
 
 def open_store(*, data_dir: Path | None = None, url: str = "", database: str = "fedsched",
-               migrate: bool = True, chdb_path: Path | None = None) -> Store:
+               migrate: bool = True, chdb_path: Path | None = None, server: ServerOptions | None = None,
+               cluster: str | None = None, ttl_days: dict[str, int] | None = None) -> Store:
     """Open the store: chDB on ``chdb_path`` (default ``data_dir/clickhouse``) when ``url`` is
-    empty, else the server.
+    empty, else the server (``server``: credentials, TLS; ``cluster``: the replicated variant).
 
     Raises:
         UnavailableError: the engine cannot be opened / the server cannot be reached.
         SchemaError: the database schema is newer than this binary.
+        ValidationError: a cluster with the embedded engine, or a bad URL.
     """
     if url:
-        store = Store(_http_client(url, database), database, embedded=False)
+        store = Store(_http_client(url, database, server), database, embedded=False, cluster=cluster,
+                      reopen=lambda: _http_client(url, database, server))
     else:
+        if cluster:
+            raise ValidationError("clickhouse_cluster", "the embedded engine is one node; a cluster needs a server URL")
         if chdb_path is None and data_dir is None:
             raise ValidationError("data_dir", "the embedded store needs a data directory")
-        store = Store(_chdb_client(Path(chdb_path) if chdb_path else Path(data_dir) / "clickhouse"), database,
-                      embedded=True)
+        path = Path(chdb_path) if chdb_path else Path(data_dir) / "clickhouse"
+        store = Store(_chdb_client(path), database, embedded=True, reopen=lambda: _chdb_client(path, fresh=True))
     if migrate:
-        store.migrate()
+        store.migrate(ttl_days=ttl_days)
     return store
+
+
+def open_store_from(settings: Any, *, migrate: bool = True) -> Store:
+    """:func:`open_store` with everything taken from :class:`~fedsched.settings.Settings`."""
+    server = ServerOptions(user=settings.clickhouse_user,
+                           password=settings.clickhouse_password.get_secret_value(),
+                           ca_cert=str(settings.clickhouse_ca_cert or ""), verify=settings.clickhouse_verify)
+    return open_store(data_dir=Path(settings.data_dir), url=settings.clickhouse_url,
+                      database=settings.clickhouse_database, chdb_path=settings.clickhouse_path, server=server,
+                      cluster=settings.clickhouse_cluster or None, ttl_days=dict(settings.clickhouse_ttl_days),
+                      migrate=migrate)
 
 
 class AsyncStore:

@@ -104,3 +104,18 @@ CREATE TABLE IF NOT EXISTS fedsched.inventory
 ENGINE = ReplacingMergeTree(ingested_at)
 PARTITION BY toYYYYMM(at)
 ORDER BY (region, cluster, card_model, at, event_id);
+
+-- migration 0002_billing_lines_dedup
+
+ALTER TABLE fedsched.usage
+    ADD COLUMN IF NOT EXISTS line LowCardinality(String) DEFAULT 'compute' AFTER usage_id,
+    ADD COLUMN IF NOT EXISTS transfer_bytes UInt64 DEFAULT 0 AFTER gpu_seconds,
+    ADD COLUMN IF NOT EXISTS flag LowCardinality(String) DEFAULT '' AFTER outcome;
+
+ALTER TABLE fedsched.events MODIFY SETTING non_replicated_deduplication_window = 10000;
+
+ALTER TABLE fedsched.usage MODIFY SETTING non_replicated_deduplication_window = 10000;
+
+ALTER TABLE fedsched.decisions MODIFY SETTING non_replicated_deduplication_window = 10000;
+
+ALTER TABLE fedsched.inventory MODIFY SETTING non_replicated_deduplication_window = 10000;

@@ -11,7 +11,8 @@ Definitions (all times on the business clock):
   latest inventory of every cluster, span from the first submission to the last attempt end;
   ``gpu_utilization_arrivals`` the same over the arrival window only (first to last submission,
   usage clipped to it), which a long-running straggler cannot dilute.
-* ``cost_total`` = sum of ``usage.cost`` (Decimal, as a string).
+* ``cost_total`` = sum of ``usage.cost``, compute and transfer lines (Decimal, as a string);
+  ``usage_rows`` = compute lines (one per ended attempt).
 * ``capacity_check`` = per cluster, the most milli-GPUs in use at once (from started/ended
   events) against its capacity: ``over_allocated`` must be empty.
 """
@@ -49,7 +50,7 @@ def build_report(store: Store, *, policy: str, wall_seconds: float, **extra: Any
         SELECT uniqExact(job_id) FROM {db}.events
         WHERE type = 'job.started' AND JSONExtractBool(payload, 'cross_region')""").scalar() or 0)
     usage = _q(store, """
-        SELECT sum(gpu_seconds), sum(cost), any(currency), min(started_at), max(ended_at), count()
+        SELECT sum(gpu_seconds), sum(cost), any(currency), min(started_at), max(ended_at), countIf(line = 'compute')
         FROM {db}.usage""").rows[0]
     gpu_seconds = float(usage[0] or 0.0)
     cost = usage[1] if usage[1] is not None else Decimal(0)

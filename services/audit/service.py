@@ -84,15 +84,17 @@ class AuditService:
         batch: maximum events per insert.
         max_wait_s: how long an idle fetch waits.
         linger_s: time bound of a batch (collect up to ``batch`` events for this long).
+        ack_wait_s: JetStream redelivers a batch not acknowledged within this long (a writer
+            that died mid-batch).
     """
 
     def __init__(self, bus: Bus, store: AsyncStore, *, batch: int = 2000, max_wait_s: float = 0.5,
-                 linger_s: float = 0.25) -> None:
+                 linger_s: float = 0.25, ack_wait_s: float = 60.0) -> None:
         self.bus = bus
         self.store = store
         self.consumers = [
             DurableConsumer(bus, suffix, f"audit-{suffix.lower()}", [bus.subjects.all()], self.write,
-                            batch=batch, max_wait_s=max_wait_s, linger_s=linger_s)
+                            batch=batch, max_wait_s=max_wait_s, linger_s=linger_s, ack_wait_s=ack_wait_s)
             for suffix in ("EVENTS", "INVENTORY", "DLQ")
         ]
         self.written = 0

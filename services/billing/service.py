@@ -1,110 +1,162 @@
-"""The billing service: job start/stop events -> priced usage rows in ClickHouse.
+"""The billing service: job events -> priced usage lines in ClickHouse, and budget spend.
 
-Every attempt that ends (``job.finished``, ``job.failed``, ``job.stopped``) becomes one
-``usage`` row for the interval [started_at, ended_at]:
+Two durable consumers feed one writer:
 
-* GPU work: ``gpu_seconds = gpu_milli / 1000 * (ended_at - started_at)``;
-  ``cost = gpu_seconds / 3600 * price(region, card model, at start)``;
-* CPU-only work: ``cost = cpu_milli / 1000 * seconds / 3600 * cpu_core_hour(region)``.
+* ``billing`` on ``<p>.status.>``: ended attempts -> ``compute`` lines;
+* ``billing-transfer`` on ``<p>.placements.>``: placements that move data -> ``transfer`` lines.
 
-Prices come from the versioned :class:`~fedsched.pricing.PriceCatalog`; every row records the
-catalog version. Money is Decimal (6 places). The row's id is the ending event's id, inserted
-with :meth:`~fedsched.store.Store.insert_new`, so redelivery never bills twice. After the insert
-the service publishes ``usage.recorded`` (id derived from the row's, so a retry is
-deduplicated) for budgets.
+What a line is and costs is the pure core's business (:mod:`services.billing.usage`). The cycle
+of one batch (:meth:`BillingService.write`):
+
+1. price the batch's events into lines (pure);
+2. insert the lines not yet in ``usage`` (:meth:`~fedsched.store.Store.insert_new`, keyed on
+   ``usage_id`` = the event id), so redelivery, restarts and replays never bill twice;
+3. for every (tenant, month) the batch touches, recompute the month-to-date spend from
+   ``usage`` and put it in the NATS KV bucket ``<p>_spend`` under ``<tenant>.<YYYY-MM>`` (a
+   decimal string): recomputed, never incremented, so a redelivered batch cannot double it;
+4. publish ``usage.recorded`` per line (event id derived from the line's, so JetStream drops a
+   repeat);
+5. return -- the consumer acknowledges only now.
+
+A ClickHouse or NATS outage raises :class:`~fedsched.errors.UnavailableError`: the consumer
+backs off and redelivers, the backlog waits in JetStream (:meth:`BillingService.lag`). The two
+consumers share one lock, so spend is always computed after the insert it must include.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from datetime import UTC
+from datetime import UTC, datetime
 from decimal import Decimal
+
+import nats.errors
 
 from fedsched.bus import Bus, Delivery, DurableConsumer
 from fedsched.errors import UnavailableError
-from fedsched.events import JobStatus, UsageRecorded, business_event_id, make_event
+from fedsched.events import UsageRecorded, business_event_id, make_event
 from fedsched.pricing import PriceCatalog, money
 from fedsched.store import AsyncStore
+from services.billing.usage import USAGE_COLUMNS, UsageLine, compute_line, spend_key, transfer_line
 
 log = logging.getLogger(__name__)
 
-USAGE_COLUMNS = ("usage_id", "job_id", "attempt", "shard", "tenant", "project", "region", "zone", "cluster",
-                 "card_model", "kind", "outcome", "cross_region", "started_at", "ended_at", "gpu_milli", "gpu_seconds",
-                 "unit_price", "price_version", "cost", "currency")
+#: KV bucket (``<prefix>_spend``) holding month-to-date spend per tenant.
+SPEND_BUCKET = "spend"
 
-ENDINGS = {"job.finished": "finished", "job.failed": "failed", "job.stopped": "stopped"}
+_SPEND_SQL = """
+    SELECT sum(cost) FROM {db}.usage
+    WHERE tenant = {tenant:String}
+      AND ended_at >= {start:DateTime64(3, 'UTC')} AND ended_at < {end:DateTime64(3, 'UTC')}"""
 
 
-def usage_row(d: Delivery, prices: PriceCatalog) -> list | None:
-    """The ``usage`` row for an ending status event (None for other events or never-started attempts)."""
-    e = d.envelope
-    outcome = ENDINGS.get(e.type)
-    if outcome is None:
-        return None
-    s = e.payload_as(JobStatus)
-    if s.started_at is None:
-        return None
-    start, end = s.started_at, e.occurred_at
-    seconds = max(0.0, (end - start).total_seconds())
-    if s.gpu_milli > 0:
-        unit = prices.gpu_hour(e.region, s.card_model, start)
-        gpu_seconds = s.gpu_milli / 1000 * seconds
-        cost = money(Decimal(str(gpu_seconds)) / Decimal(3600) * unit)
-    else:
-        unit = prices.cpu_core_hour_in(e.region, start)
-        gpu_seconds = 0.0
-        cost = money(Decimal(s.cpu_milli) / Decimal(1000) * Decimal(str(seconds)) / Decimal(3600) * unit)
-    if outcome == "stopped" and s.reason:
-        outcome = f"stopped:{s.reason}"
-    return [e.event_id, e.job_id, e.attempt, s.shard, e.tenant, e.project, e.region, e.zone, e.cluster, s.card_model,
-            s.kind, outcome, int(s.cross_region), start.replace(tzinfo=None), end.replace(tzinfo=None), s.gpu_milli,
-            gpu_seconds, unit, prices.version, cost, prices.currency]
+def month_bounds(month: str) -> tuple[datetime, datetime]:
+    """[first instant, first instant of the next month) of ``YYYY-MM`` (naive UTC)."""
+    year, mon = (int(x) for x in month.split("-"))
+    start = datetime(year, mon, 1)
+    end = datetime(year + (mon == 12), mon % 12 + 1, 1)
+    return start, end
 
 
 class BillingService:
-    """Prices ended attempts.
+    """Prices ended attempts and data transfers; publishes budget spend.
 
     Args:
         bus: NATS connection.
         store: the ClickHouse store (async wrapper).
         prices: the price catalog.
+        batch / max_wait_s / linger_s / ack_wait_s: consumer batching (size and time bounds)
+            and redelivery (see :class:`~fedsched.bus.DurableConsumer`).
     """
 
     def __init__(self, bus: Bus, store: AsyncStore, prices: PriceCatalog, *, batch: int = 1000,
-                 max_wait_s: float = 0.5, linger_s: float = 0.25) -> None:
+                 max_wait_s: float = 0.5, linger_s: float = 0.25, ack_wait_s: float = 60.0) -> None:
         self.bus = bus
         self.store = store
         self.prices = prices
-        self.consumer = DurableConsumer(bus, "EVENTS", "billing", [bus.subjects.all("status")], self.write,
-                                        batch=batch, max_wait_s=max_wait_s, linger_s=linger_s)
+        kw = dict(batch=batch, max_wait_s=max_wait_s, linger_s=linger_s, ack_wait_s=ack_wait_s)
+        self.consumer = DurableConsumer(bus, "EVENTS", "billing", [bus.subjects.all("status")], self.write, **kw)
+        self.transfer_consumer = DurableConsumer(bus, "EVENTS", "billing-transfer", [bus.subjects.all("placements")],
+                                                 self.write, **kw)
+        self.consumers = [self.consumer, self.transfer_consumer]
         self.rows = 0
+        self._lock = asyncio.Lock()
+        self._kv = None
+
+    def lines(self, deliveries: list[Delivery]) -> list[UsageLine]:
+        """The priced lines of a batch (step 1; pure)."""
+        out = []
+        for d in deliveries:
+            line = compute_line(d.envelope, self.prices) or transfer_line(d.envelope, self.prices)
+            if line is not None:
+                out.append(line)
+        return out
 
     async def write(self, deliveries: list[Delivery]) -> None:
-        """Insert usage rows for the batch's ending events, then publish ``usage.recorded``.
+        """Bill one batch (steps 1-4 of the module docstring); return only once all is committed.
 
         Raises:
             UnavailableError: ClickHouse or NATS unreachable (retried by the consumer).
+            DecodeError: a payload does not validate (dead-lettered by the consumer).
         """
-        rows = [r for d in deliveries if (r := usage_row(d, self.prices)) is not None]
-        if not rows:
+        lines = self.lines(deliveries)
+        if not lines:
             return
-        self.rows += await self.store.insert_new("usage", rows, USAGE_COLUMNS, "usage_id")
+        async with self._lock:
+            self.rows += await self.store.insert_new("usage", [ln.row() for ln in lines], USAGE_COLUMNS, "usage_id")
+            await self.publish_spend({(ln.tenant, ln.month) for ln in lines})
+        await self._publish_recorded(lines)
+
+    async def spend(self, tenant: str, month: str) -> Decimal:
+        """Month-to-date spend of ``tenant`` in ``month`` (``YYYY-MM``), from ``usage``.
+
+        Raises:
+            UnavailableError: ClickHouse unreachable.
+        """
+        start, end = month_bounds(month)
+        total = (await self.store.query(_SPEND_SQL.replace("{db}", self.store.store.database),
+                                        {"tenant": tenant, "start": start, "end": end})).scalar()
+        return money(total or 0)
+
+    async def publish_spend(self, keys: set[tuple[str, str]]) -> None:
+        """Recompute and put the spend of each (tenant, month) in the KV bucket (step 3).
+
+        Raises:
+            UnavailableError: ClickHouse or NATS unreachable.
+        """
+        for tenant, month in sorted(keys):
+            amount = await self.spend(tenant, month)
+            try:
+                if self._kv is None:
+                    self._kv = await self.bus.key_value(SPEND_BUCKET)
+                await self._kv.put(spend_key(tenant, month), format(amount, "f").encode())
+            except (nats.errors.Error, asyncio.TimeoutError, OSError) as e:
+                self._kv = None
+                raise UnavailableError(f"cannot publish spend of {tenant} {month}: {e!r}") from e
+
+    async def _publish_recorded(self, lines: list[UsageLine]) -> None:
         items = []
-        for r in rows:
-            usage = UsageRecorded(gpu_seconds=r[16], cost=str(r[19]), currency=r[20])
+        for ln in lines:
+            usage = UsageRecorded(gpu_seconds=ln.gpu_seconds, cost=str(ln.cost), currency=ln.currency)
             event = make_event("usage.recorded", usage, producer="billing",
-                               occurred_at=r[14].replace(tzinfo=UTC).timestamp(),
-                               event_id=business_event_id(r[0], "usage"), region=r[6], zone=r[7], cluster=r[8],
-                               tenant=r[4], project=r[5], job_id=r[1], attempt=r[2], actor="billing")
-            items.append((self.bus.subjects.usage(r[4]), event, None))
+                               occurred_at=ln.ended_at.replace(tzinfo=UTC).timestamp(),
+                               event_id=business_event_id(ln.usage_id, "usage"), region=ln.region, zone=ln.zone,
+                               cluster=ln.cluster, tenant=ln.tenant, project=ln.project, job_id=ln.job_id,
+                               attempt=ln.attempt, actor="billing")
+            items.append((self.bus.subjects.usage(ln.tenant), event, None))
         ok = await self.bus.publish_many(items)
         if not all(ok):
             raise UnavailableError("could not publish usage.recorded; will retry (rows are already idempotent)")
 
+    async def lag(self) -> int:
+        """Events not yet billed (both consumers), from the server's consumer info."""
+        return sum([await c.lag() for c in self.consumers])
+
     async def run(self) -> None:
         """Consume until stopped."""
-        await self.consumer.run()
+        await asyncio.gather(*(c.run() for c in self.consumers))
 
     def stop(self) -> None:
-        """Stop after the current batch."""
-        self.consumer.stop()
+        """Stop after the current batches."""
+        for c in self.consumers:
+            c.stop()

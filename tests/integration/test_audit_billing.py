@@ -85,3 +85,59 @@ async def test_a_batch_written_twice_after_a_crash_is_not_doubled(bus, store):
 async def test_migrations_are_idempotent_and_recorded(store):
     assert store.migrate() == []
     assert store.schema_version() >= 1
+
+
+def _placed(job="j-9", attempt=1, transfer_bytes=4_000_000_000):
+    from fedsched.events import JobPlaced, WorkerBinding
+    from fedsched.jobs import Dataset, JobSpec
+
+    spec = JobSpec(tenant="nlp", project="train", home_region="cn-north-1", kind="training",
+                   datasets=(Dataset(name="nlp/corpus", home_region="cn-north-1", size_bytes=transfer_bytes),))
+    payload = JobPlaced(spec=spec, card_model="nvidia-t4-16gb", bindings=(WorkerBinding(worker=0, node="n1"),),
+                        cross_region=True, transfer_bytes=transfer_bytes)
+    return make_event("job.placed", payload, producer="scheduler", occurred_at=START,
+                      event_id=business_event_id(job, attempt, 0, "placed"), region="cn-east-1", zone="cn-east-1a",
+                      cluster="cn-east-1-c1", tenant="nlp", project="train", job_id=job, attempt=attempt)
+
+
+async def test_transfer_is_its_own_line_billed_once_and_spend_is_recomputed_not_added(bus, store):
+    """Egress: one line per placement event id; the spend KV equals sum(usage) however often a batch comes."""
+    astore = AsyncStore(store)
+    billing = BillingService(bus, astore, load_price_catalog(), linger_s=0.05)
+    task = asyncio.create_task(billing.run())
+    placed = _placed()
+    finished = _status("job.finished", job="j-9", at=START + 3600)
+    placements = bus.subjects.placements("cn-east-1", "cn-east-1-c1")
+    await bus.publish(placements, placed)
+    await bus.js.publish(placements, placed.to_bytes(), headers={"Nats-Msg-Id": placed.event_id + "-again"})
+    await bus.publish(bus.subjects.status("cn-east-1", "cn-east-1-c1"), finished)
+    db = store.database
+
+    async def billed():
+        n = store.query(f"SELECT count() FROM {db}.usage").scalar()
+        return n >= 2 and await billing.lag() == 0
+
+    assert await _wait(billed)
+    billing.stop()
+    await task
+    rows = store.query(f"SELECT line, usage_id, transfer_bytes, cost FROM {db}.usage ORDER BY line").rows
+    # 4 GB x 0.5 per GB = 2.0; compute: 2 T4 x 1 h x 5.4 = 10.8
+    assert rows == [("compute", finished.event_id, 0, Decimal("10.800000")),
+                    ("transfer", placed.event_id, 4_000_000_000, Decimal("2.000000"))]
+    kv = await bus.key_value("spend")
+    assert (await kv.get("nlp.2023-03")).value == b"12.800000"
+    # the same batch again (a redelivery after a crash): no new row, the same spend
+    subject = bus.subjects.status("cn-east-1", "cn-east-1-c1")
+    await billing.write([Delivery(finished, subject, {}, 1, 2), Delivery(placed, placements, {}, 2, 2)])
+    assert store.query(f"SELECT count(), sum(cost) FROM {db}.usage").rows == [(2, Decimal("12.800000"))]
+    assert (await kv.get("nlp.2023-03")).value == b"12.800000"
+
+
+async def test_lag_counts_the_backlog_even_before_the_writers_first_run(bus, store):
+    astore = AsyncStore(store)
+    audit, billing = AuditService(bus, astore), BillingService(bus, astore, load_price_catalog())
+    subject = bus.subjects.status("cn-east-1", "cn-east-1-c1")
+    for e in (_status("job.started"), _status("job.finished", at=START + 60)):
+        await bus.publish(subject, e)
+    await bus.publish(bus.subjects.placements("cn-east-1", "cn-east-1-c1"), _placed())
+    assert await audit.lag() == 3 and await billing.lag() == 3

@@ -1,8 +1,8 @@
-CREATE DATABASE IF NOT EXISTS fedsched ON CLUSTER fed;
+CREATE DATABASE IF NOT EXISTS fedsched ON CLUSTER fedsched;
 
 -- migration 0001_init
 
-CREATE TABLE IF NOT EXISTS fedsched.events ON CLUSTER fed
+CREATE TABLE IF NOT EXISTS fedsched.events_local ON CLUSTER fedsched
 (
     event_id        String,
     type            LowCardinality(String),
@@ -29,7 +29,10 @@ ENGINE = ReplicatedReplacingMergeTree('/clickhouse/tables/{shard}/fedsched/{uuid
 PARTITION BY toYYYYMM(occurred_at)
 ORDER BY (type, occurred_at, event_id);
 
-CREATE TABLE IF NOT EXISTS fedsched.usage ON CLUSTER fed
+CREATE TABLE IF NOT EXISTS fedsched.events ON CLUSTER fedsched AS fedsched.events_local
+ENGINE = Distributed(fedsched, fedsched, events_local, cityHash64(event_id));
+
+CREATE TABLE IF NOT EXISTS fedsched.usage_local ON CLUSTER fedsched
 (
     usage_id        String,
     job_id          String,
@@ -59,7 +62,10 @@ ENGINE = ReplicatedReplacingMergeTree('/clickhouse/tables/{shard}/fedsched/{uuid
 PARTITION BY toYYYYMM(ended_at)
 ORDER BY (tenant, project, region, card_model, ended_at, usage_id);
 
-CREATE TABLE IF NOT EXISTS fedsched.decisions ON CLUSTER fed
+CREATE TABLE IF NOT EXISTS fedsched.usage ON CLUSTER fedsched AS fedsched.usage_local
+ENGINE = Distributed(fedsched, fedsched, usage_local, cityHash64(usage_id));
+
+CREATE TABLE IF NOT EXISTS fedsched.decisions_local ON CLUSTER fedsched
 (
     event_id        String,
     decided_at      DateTime64(3, 'UTC'),
@@ -83,7 +89,10 @@ ENGINE = ReplicatedReplacingMergeTree('/clickhouse/tables/{shard}/fedsched/{uuid
 PARTITION BY toYYYYMM(decided_at)
 ORDER BY (tenant, job_id, decided_at, event_id);
 
-CREATE TABLE IF NOT EXISTS fedsched.inventory ON CLUSTER fed
+CREATE TABLE IF NOT EXISTS fedsched.decisions ON CLUSTER fedsched AS fedsched.decisions_local
+ENGINE = Distributed(fedsched, fedsched, decisions_local, cityHash64(event_id));
+
+CREATE TABLE IF NOT EXISTS fedsched.inventory_local ON CLUSTER fedsched
 (
     event_id        String,
     at              DateTime64(3, 'UTC'),
@@ -104,3 +113,18 @@ CREATE TABLE IF NOT EXISTS fedsched.inventory ON CLUSTER fed
 ENGINE = ReplicatedReplacingMergeTree('/clickhouse/tables/{shard}/fedsched/{uuid}', '{replica}', ingested_at)
 PARTITION BY toYYYYMM(at)
 ORDER BY (region, cluster, card_model, at, event_id);
+
+CREATE TABLE IF NOT EXISTS fedsched.inventory ON CLUSTER fedsched AS fedsched.inventory_local
+ENGINE = Distributed(fedsched, fedsched, inventory_local, cityHash64(event_id));
+
+-- migration 0002_billing_lines_dedup
+
+ALTER TABLE fedsched.usage_local ON CLUSTER fedsched
+    ADD COLUMN IF NOT EXISTS line LowCardinality(String) DEFAULT 'compute' AFTER usage_id,
+    ADD COLUMN IF NOT EXISTS transfer_bytes UInt64 DEFAULT 0 AFTER gpu_seconds,
+    ADD COLUMN IF NOT EXISTS flag LowCardinality(String) DEFAULT '' AFTER outcome;
+
+ALTER TABLE fedsched.usage ON CLUSTER fedsched
+    ADD COLUMN IF NOT EXISTS line LowCardinality(String) DEFAULT 'compute' AFTER usage_id,
+    ADD COLUMN IF NOT EXISTS transfer_bytes UInt64 DEFAULT 0 AFTER gpu_seconds,
+    ADD COLUMN IF NOT EXISTS flag LowCardinality(String) DEFAULT '' AFTER outcome;

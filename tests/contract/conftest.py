@@ -1,0 +1,130 @@
+"""Contract fixtures: the identical suite runs on every ClickHouse engine available.
+
+``engine`` is parametrised: ``chdb`` (always: the embedded engine in this process) and
+``server`` (a ClickHouse server: ``FEDSCHED_CLICKHOUSE_URL`` if set, else a testcontainers
+``ClickHouseContainer`` when a Docker daemon answers; skipped with the reason otherwise).
+
+Each engine can be made unavailable and available again -- honestly, with the real client:
+
+* chDB: every store the engine opened has its client handle closed (clickhouse-connect then
+  fails every call with "The client has been closed", translated to ``UnavailableError``), and
+  reopening a handle is refused while the engine is "down" (as if the data dir were locked by
+  another process); when it is "up" the store's next call opens a new real handle on the path.
+* server: clients go through a :class:`~tests.contract.proxy.TcpProxy`; "down" closes the
+  proxy's listening socket and every open connection (connection refused/reset), "up" listens
+  again.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlparse
+
+import pytest
+
+from fedsched.errors import UnavailableError
+from fedsched.store import Store, open_store
+from tests.conftest import unique
+from tests.contract.proxy import TcpProxy
+
+
+def _docker_problem() -> str:
+    """'' if a Docker daemon answers, else why not."""
+    try:
+        import docker
+
+        docker.from_env(timeout=3).ping()
+        return ""
+    except Exception as e:  # noqa: BLE001 - any failure means: no Docker here
+        return f"no Docker daemon ({type(e).__name__}: {str(e)[:120]})"
+
+
+@pytest.fixture(scope="session")
+def clickhouse_server():
+    """(url, '') of a ClickHouse server, or (None, reason)."""
+    url = os.environ.get("FEDSCHED_CLICKHOUSE_URL", "")
+    if url:
+        yield url, ""
+        return
+    problem = _docker_problem()
+    if problem:
+        yield None, f"no ClickHouse server: FEDSCHED_CLICKHOUSE_URL is not set and {problem}"
+        return
+    from testcontainers.community.clickhouse import ClickHouseContainer
+
+    with ClickHouseContainer("clickhouse/clickhouse-server:latest") as ch:
+        host, port = ch.get_container_host_ip(), ch.get_exposed_port(8123)
+        yield f"http://{ch.username}:{ch.password}@{host}:{port}", ""
+
+
+@dataclass
+class Engine:
+    """One ClickHouse engine under test (see the module docstring)."""
+
+    kind: str
+    chdb_path: Path | None = None
+    url: str = ""
+    proxy: TcpProxy | None = None
+    available: bool = True
+    stores: list[Store] = field(default_factory=list)
+
+    def open(self, database: str | None = None) -> Store:
+        """A migrated store on a fresh (or the named) database, on its own client."""
+        database = database or unique("db")
+        if self.kind == "chdb":
+            import clickhouse_connect
+
+            path = str(self.chdb_path.resolve())
+
+            def connect():
+                if not self.available:
+                    raise UnavailableError("embedded ClickHouse is locked (simulated outage)")
+                return clickhouse_connect.get_client(interface="chdb", path=path)
+
+            store = Store(connect(), database, embedded=True, reopen=connect)
+            store.migrate()
+        else:
+            store = open_store(url=self.proxied_url, database=database)
+        self.stores.append(store)
+        return store
+
+    @property
+    def proxied_url(self) -> str:
+        u = urlparse(self.url)
+        auth = f"{u.username}:{u.password}@" if u.username else ""
+        return f"{u.scheme}://{auth}127.0.0.1:{self.proxy.port}{u.path}"
+
+    def down(self) -> None:
+        """Make the engine unavailable to every store it opened."""
+        self.available = False
+        if self.kind == "chdb":
+            for s in self.stores:
+                s.close()
+        else:
+            self.proxy.stop()
+
+    def up(self) -> None:
+        """Make it available again."""
+        self.available = True
+        if self.proxy is not None:
+            self.proxy.start()
+
+
+@pytest.fixture(params=["chdb", "server"])
+def engine(request, chdb_path):
+    if request.param == "chdb":
+        eng = Engine("chdb", chdb_path=chdb_path)
+        yield eng
+        eng.available = True
+        return
+    url, reason = request.getfixturevalue("clickhouse_server")
+    if url is None:
+        pytest.skip(reason)
+    u = urlparse(url)
+    proxy = TcpProxy(u.hostname or "127.0.0.1", u.port or 8123)
+    proxy.start()
+    eng = Engine("server", url=url, proxy=proxy)
+    yield eng
+    proxy.close()
