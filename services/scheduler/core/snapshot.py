@@ -11,9 +11,12 @@ memory in MiB, on-card memory in GiB, ages in seconds, prices per GPU-hour.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 
 from fedsched.jobs import JobSpec
+
+if TYPE_CHECKING:
+    from services.scheduler.core.quota import QuotaBook
 
 WHOLE = 1000  #: milli-GPUs in one card
 
@@ -142,11 +145,14 @@ class View:
         clusters: every known cluster, in a stable order (by name).
         now: business time (seconds since the Unix epoch).
         stale_after_s: inventories older than this (heartbeat age) are excluded.
+        quota: tenants' quota rules with the usage in force (a
+            :class:`~services.scheduler.core.quota.QuotaBook`; None = no quotas). Read-only here.
     """
 
     clusters: tuple[ClusterState, ...]
     now: float
     stale_after_s: float = 10.0
+    quota: "QuotaBook | None" = None
 
     def cluster(self, name: str) -> ClusterState | None:
         """The cluster called ``name``, or None."""
