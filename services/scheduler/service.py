@@ -32,7 +32,9 @@ from fedsched.clock import Clock
 from fedsched.events import (Envelope, InventorySnapshot, JobPending, JobPlaced, JobStatus, JobStop, JobSubmitted,
                              WorkerBinding, business_event_id, make_event)
 from fedsched.jobs import JobSpec
+from fedsched.policystore import PolicyFollower, PolicyHolder
 from fedsched.pricing import PriceCatalog
+from services.scheduler.approvals import Governor
 from services.scheduler.core import (ClusterEvaluation, ClusterIndex, ClusterState, NodeState, Pending, Placement,
                                      Policy, QueuedJob, View, decide)
 
@@ -132,17 +134,24 @@ class SchedulerService:
                                          last_per_subject=True)
         self._status_sub = None
         self._stale: set[str] = set()
+        # governance (quotas, cross-region modes, approvals): services/scheduler/approvals.py
+        self.base_policy = policy
+        self.policy_holder = PolicyHolder()
+        self.governor = Governor(self.policy_holder, bus.subjects, prices)
+        self._policy_follower = PolicyFollower(bus, self.policy_holder, name="scheduler-policy")
 
     # ------------------------------------------------------------------ lifecycle
 
     async def run(self) -> None:
         """Rebuild from the bus, then schedule until :meth:`stop`."""
         tasks = [asyncio.create_task(self._events.run(), name="scheduler-events"),
-                 asyncio.create_task(self._inventory.run(), name="scheduler-inventory")]
+                 asyncio.create_task(self._inventory.run(), name="scheduler-inventory"),
+                 asyncio.create_task(self._policy_follower.run(), name="scheduler-policy")]
         self._status_sub = await self.bus.nc.subscribe(f"{self.bus.prefix}.svc.scheduler.status", cb=self._on_status_request)
         try:
             await self._events.caught_up.wait()
             await self._inventory.caught_up.wait()
+            await self._policy_follower.initial.wait()
             log.info("scheduler: rebuilt %d jobs, %d clusters", len(self.jobs), len(self.clusters))
             self._dirty.set()
             while not self._stop.is_set():
@@ -166,6 +175,7 @@ class SchedulerService:
         finally:
             self._events.stop()
             self._inventory.stop()
+            self._policy_follower.stop()
             if self._status_sub is not None:
                 await self._status_sub.unsubscribe()
             for t in tasks:
@@ -208,6 +218,8 @@ class SchedulerService:
         handler = _EVENT_HANDLERS.get(env.type)
         if handler is not None:
             handler(self, env, d)
+        if self.governor.apply(env):  # governance: approval requests and outcomes
+            self._dirty.set()
 
     def _on_submitted(self, env: Envelope, d: Delivery) -> None:
         if env.job_id in self.jobs:
@@ -339,13 +351,20 @@ class SchedulerService:
     async def cycle(self) -> None:
         """One scheduling cycle (see the module docstring)."""
         t0 = time.perf_counter()
+        self.policy = self.governor.effective_policy(self.base_policy)  # governance: weights, quota filter
         await self._cancellations()
+        expired = self.governor.expiries(self.jobs, self.clock.time())  # governance: approval timeouts
+        if expired:
+            await self.bus.publish_many(expired)
         queue = self.queue()
         if not queue or not self.clusters:
             return
         view = self.view()
+        view = replace(view, quota=self.governor.quota_book(self.jobs.values()))  # governance: quota usage
+        queue = self.governor.narrow(queue, view)  # governance: awaiting approval, home-only, quota room
         with tracer.start_as_current_span("scheduler.cycle", attributes={"queue": len(queue)}):
             decisions = decide(view, queue, self.policy)
+        decisions, requests = self.governor.gate(decisions, self.jobs, view, self.clock.time())  # governance
         items = []
         for p in decisions.placements:
             items.append(self._placement_event(p, decisions.policy_version))
@@ -356,7 +375,9 @@ class SchedulerService:
             if pend.reason != job.pending_reason:
                 pending_items.append((job, pend.reason, self._pending_event(pend, decisions.policy_version)))
         results = await self.bus.publish_many([(s, e, h) for _, s, e, h in items] +
-                                              [(s, e, h) for _, _, (s, e, h) in pending_items])
+                                              [(s, e, h) for _, _, (s, e, h) in pending_items] + requests)
+        if requests:  # governance: the jobs whose approval request was acknowledged now wait
+            self.governor.confirm(requests, results[len(items) + len(pending_items):])
         for (p, _, env, _), ok in zip(items, results):
             if ok:
                 job = self.jobs[p.job.job_id]
