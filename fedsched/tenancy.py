@@ -1,20 +1,17 @@
-"""Tenants and projects: who may submit, where they live, how far their jobs may roam.
+"""Tenants and projects as a plain directory (compatibility view of the governance policy).
 
-Loaded from YAML (``fedsched/catalog/tenants.yaml`` by default); names are validated by
-:mod:`fedsched.naming`.
+The tenants live in the versioned governance policy (:mod:`fedsched.governance`; the bundled
+default is ``fedsched/catalog/policy.yaml``). This module keeps the small read-only directory
+API for code that only needs names, home regions, projects and modes.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 from typing import Literal
 
-import yaml
-
-from fedsched import naming
-from fedsched.errors import ValidationError
+from fedsched.governance import Governance, bundled_policy_text
 
 CrossRegionMode = Literal["forbidden", "approval", "allowed"]
 
@@ -43,27 +40,18 @@ class TenantDirectory:
         self._tenants = {t.name: t for t in tenants}
 
     @classmethod
+    def from_governance(cls, gov: Governance) -> "TenantDirectory":
+        """The tenants of a governance policy."""
+        return cls([Tenant(t.name, t.home_region, frozenset(t.projects), t.cross_region) for t in gov.doc.tenants])
+
+    @classmethod
     def from_yaml(cls, text: str) -> "TenantDirectory":
-        """Parse the YAML format of ``tenants.yaml``.
+        """The tenants of a policy document's YAML text.
 
         Raises:
-            ValidationError: a bad name or mode (the field names the entry).
+            ValidationError: the document does not validate (the field names the entry).
         """
-        data = yaml.safe_load(text) or {}
-        tenants = []
-        for i, entry in enumerate(data.get("tenants") or []):
-            field = f"tenants[{i}]"
-            mode = entry.get("cross_region", "allowed")
-            if mode not in ("forbidden", "approval", "allowed"):
-                raise ValidationError(f"{field}.cross_region", f"must be forbidden, approval or allowed, got {mode!r}")
-            tenants.append(Tenant(
-                name=naming.check_name("tenant", str(entry.get("name", "")), f"{field}.name"),
-                home_region=naming.check_name("region", str(entry.get("home_region", "")), f"{field}.home_region"),
-                projects=frozenset(naming.check_name("project", str(p), f"{field}.projects")
-                                   for p in entry.get("projects") or []),
-                cross_region=mode,
-            ))
-        return cls(tenants)
+        return cls.from_governance(Governance.parse(text))
 
     def get(self, name: str) -> Tenant | None:
         """The tenant called ``name``, or None."""
@@ -77,7 +65,6 @@ class TenantDirectory:
 
 
 def load_tenants(path: Path | None = None) -> TenantDirectory:
-    """Tenants from ``path`` or the bundled default."""
-    if path is not None:
-        return TenantDirectory.from_yaml(Path(path).read_text("utf-8"))
-    return TenantDirectory.from_yaml(resources.files("fedsched.catalog").joinpath("tenants.yaml").read_text("utf-8"))
+    """Tenants of the policy document at ``path``, or of the bundled default policy."""
+    text = Path(path).read_text("utf-8") if path is not None else bundled_policy_text()
+    return TenantDirectory.from_yaml(text)

@@ -11,7 +11,7 @@ import asyncio
 from dataclasses import dataclass, field
 
 from fedsched.bus import Delivery
-from fedsched.events import Envelope, JobPending, JobPlaced, JobStatus, JobSubmitted
+from fedsched.events import ApprovalDecided, ApprovalRequested, Envelope, JobPending, JobPlaced, JobStatus, JobSubmitted
 from fedsched.jobs import TERMINAL_STATES, JobSpec, JobState
 
 
@@ -48,6 +48,7 @@ class JobRecord:
     attempts: list[AttemptRecord] = field(default_factory=list)
     policy_version: str = ""
     unplaceable: bool = False
+    approval_id: str = ""  # the latest cross-region approval request
     version: int = 0  # increases with every change (for watchers)
 
     @property
@@ -92,13 +93,30 @@ class JobView:
             p = env.payload_as(JobPlaced)
             rec.attempts.append(AttemptRecord(env.attempt, env.region, env.cluster, p.card_model, placed_at=t,
                                               cross_region=p.cross_region, explanation=p.explanation))
-            rec.state, rec.reason, rec.unplaceable = JobState.PLACED, "", False
+            rec.state, rec.reason, rec.unplaceable = JobState.PLACED, "", False  # also ends AWAITING_APPROVAL
             rec.policy_version = env.policy_version
         elif env.type == "job.pending":
             p = env.payload_as(JobPending)
             if rec.state == JobState.QUEUED:
                 rec.reason, rec.unplaceable = p.reason, not p.fits_empty
                 rec.policy_version = env.policy_version
+        elif env.type == "approval.requested":
+            if rec.state != JobState.QUEUED:
+                return
+            req = env.payload_as(ApprovalRequested)
+            rec.state, rec.approval_id = JobState.AWAITING_APPROVAL, req.approval_id
+            rec.reason = f"awaiting approval {req.approval_id} to run in {req.proposed_region}: {req.reason}"
+            rec.policy_version = env.policy_version
+        elif env.type in ("approval.approved", "approval.rejected", "approval.expired"):
+            out = env.payload_as(ApprovalDecided)
+            if rec.state != JobState.AWAITING_APPROVAL or rec.approval_id != out.approval_id:
+                return
+            rec.state = JobState.QUEUED
+            rec.reason = {
+                "approval.approved": f"cross-region run in {out.proposed_region} approved by {env.actor}",
+                "approval.rejected": f"cross-region run rejected by {env.actor}; waits in its home region",
+                "approval.expired": "approval timed out; back in its home region's queue",
+            }[env.type]
         elif env.type == "job.cancel_requested":
             rec.reason = "cancel requested"
         elif env.type == "job.cancelled":
