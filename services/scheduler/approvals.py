@@ -47,7 +47,7 @@ from fedsched.clock import to_datetime
 from services.scheduler.core import ClusterEvaluation, Decisions, Pending, Placement, Policy, QueuedJob, View
 from services.scheduler.core.filters import Quota
 from services.scheduler.core.quota import QuotaBook
-from services.scheduler.core.reasons import Reason, Verdict, fail
+from services.scheduler.core.reasons import STATIC_REASONS, Reason, Verdict, fail
 
 log = logging.getLogger(__name__)
 
@@ -318,8 +318,13 @@ class Governor:
                            if c.region == home and p.card_model in c.prices]
             if home_prices:
                 home_cost = str(money(Decimal(str(gpus * hours * min(home_prices)))))
-        reason = (f"home region {home}: {_home_summary(p, home)}"
-                  + (f", est. wait {_duration(wait)}" if wait is not None else ", est. wait unknown")
+        at_home = [e for e in p.evaluations if e.region == home]
+        never = bool(at_home) and all(not e.verdict.passed and e.verdict.reason in STATIC_REASONS for e in at_home)
+        if never:
+            wait, wait_text = None, ", so it can never run there"
+        else:
+            wait_text = f", est. wait {_duration(wait)}" if wait is not None else ", est. wait unknown"
+        reason = (f"home region {home}: {_home_summary(p, home)}" + wait_text
                   + f"; {p.cluster} ({p.region}) can run it now"
                   + (f", +{_duration(p.transfer_s)} data transfer" if p.transfer_s >= 1 else "")
                   + (f"; est. cost {cost} {self.prices.currency}" if cost else f"; egress {egress} {self.prices.currency}")
