@@ -28,8 +28,10 @@ from __future__ import annotations
 import contextvars
 import hashlib
 import hmac
+import os
 import secrets
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Iterable, Literal
 
 from fedsched.errors import AuthError
@@ -40,6 +42,7 @@ ROLES: tuple[str, ...] = ("submitter", "approver", "admin", "agent")
 TOKEN_PREFIX = "fst_"
 METADATA_KEY = "authorization"
 ANY = "*"
+TOKEN_FILE = "admin.token"  #: the embedded system's bootstrap admin token, in its data dir
 
 
 def new_token() -> str:
@@ -168,3 +171,26 @@ def current() -> Principal:
     if principal is None:
         raise AuthError("not authenticated")
     return principal
+
+
+def write_token_file(path: Path, token: str) -> None:
+    """Write ``token`` to ``path`` with mode 0600 (replacing any old file atomically)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+        os.write(fd, (token + "\n").encode())
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
+def read_token_file(path: Path) -> str | None:
+    """The token in ``path``, or None if there is no such file."""
+    try:
+        text = Path(path).read_text("utf-8").strip()
+    except (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError):
+        return None
+    return text or None

@@ -16,8 +16,7 @@ from pathlib import Path
 
 import grpc
 
-from fedsched.auth import METADATA_KEY
-from fedsched.policystore import TOKEN_FILE, read_token_file
+from fedsched.auth import METADATA_KEY, TOKEN_FILE, read_token_file
 
 
 def call_metadata(token: str | None) -> tuple[tuple[str, str], ...]:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -28,7 +27,7 @@ from typing import Callable
 import nats.errors
 import nats.js.errors
 
-from fedsched.auth import new_token, hash_token
+from fedsched.auth import TOKEN_FILE, hash_token, new_token, read_token_file, write_token_file
 from fedsched.bus import Bus
 from fedsched.errors import ConflictError, UnavailableError, ValidationError
 from fedsched.events import PolicyApplied, business_event_id, make_event
@@ -40,7 +39,6 @@ log = logging.getLogger(__name__)
 BUCKET = "policy"
 KEY = "current"
 HISTORY = 64
-TOKEN_FILE = "admin.token"
 
 
 @dataclass(frozen=True)
@@ -227,29 +225,6 @@ class PolicyFollower:
                         await watcher.stop()
                     except Exception:  # noqa: BLE001
                         pass
-
-
-def write_token_file(path: Path, token: str) -> None:
-    """Write ``token`` to ``path`` with mode 0600 (replacing any old file atomically)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.fchmod(fd, 0o600)
-        os.write(fd, (token + "\n").encode())
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-
-
-def read_token_file(path: Path) -> str | None:
-    """The token in ``path``, or None if there is no such file."""
-    try:
-        text = Path(path).read_text("utf-8").strip()
-    except (FileNotFoundError, PermissionError, IsADirectoryError):
-        return None
-    return text or None
 
 
 async def bootstrap(bus: Bus, default_text: str, token_path: Path, *, now: float) -> str | None:

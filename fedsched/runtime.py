@@ -7,9 +7,11 @@ then the services -- audit, billing, scheduler, one agent per cluster, admission
 on its own NATS connection, as they would be in separate processes. :meth:`System.stop` stops
 them in reverse order; a later start on the same data dir resumes from the streams.
 
-Governance: at first start (no policy in NATS KV yet) the default policy is stored with a
-bootstrap admin whose token goes to ``<data_dir>/admin.token`` (mode 0600; see
-:func:`fedsched.policystore.bootstrap`); the CLI reads that file when no token is given.
+Governance: when admission starts and NATS KV holds no policy yet, the default policy
+(``policy_text`` / ``settings.policy_file`` / the bundled one) is stored with a bootstrap admin
+whose token goes to ``<data_dir>/admin.token`` (mode 0600; see
+:func:`fedsched.policystore.bootstrap`); the CLI reads that file when no token is given. Other
+services follow whatever policy is stored.
 
 The process that holds the chDB store also answers read-only SQL on
 ``<p>.svc.store.query`` so ``fedsched sql`` works while the system runs (chDB allows one
@@ -143,10 +145,11 @@ class System:
             self.nats_url = self.nats.url
         self.control = await self._bus("control")
         await self.control.ensure_streams()
-        policy_text = opts.policy_text or (Path(s.policy_file).read_text("utf-8") if s.policy_file
-                                           else bundled_policy_text())
-        self.admin_token = await bootstrap(self.control, policy_text, s.admin_token_path, now=opts.clock.time())
         wants = set(opts.services)
+        if "admission" in wants:  # the front door stores the first policy (and keeps the admin token)
+            policy_text = opts.policy_text or (Path(s.policy_file).read_text("utf-8") if s.policy_file
+                                               else bundled_policy_text())
+            self.admin_token = await bootstrap(self.control, policy_text, s.admin_token_path, now=opts.clock.time())
         if wants & {"audit", "billing"}:
             self.sync_store = await asyncio.to_thread(open_store, data_dir=Path(s.data_dir), url=s.clickhouse_url,
                                                       database=s.clickhouse_database, chdb_path=s.clickhouse_path)
