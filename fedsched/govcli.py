@@ -84,8 +84,9 @@ def register(app: typer.Typer) -> None:
         t = Table("approval", "job", "tenant/project", "state", "proposed", "cost", "expires", "decided by", "reason")
         for a in resp.approvals:
             t.add_row(a.approval_id, a.job_id, f"{a.tenant}/{a.project}",
-                      _name(gpb.ApprovalState, a.state, "APPROVAL_STATE_"), f"{a.proposed_cluster} ({a.proposed_region})",
-                      f"{a.cost} {a.currency}" if a.cost else "-", _ts(a.expires_at), a.decided_by or "-", a.reason[:90])
+                      _name(gpb.ApprovalState, a.state, "APPROVAL_STATE_"),
+                      f"{a.proposed_cluster} ({a.proposed_region})", f"{a.cost} {a.currency}" if a.cost else "-",
+                      _ts(a.expires_at), a.decided_by or "-", a.reason[:90])
         console.print(t)
 
     def _decide(approval_id: str, comment: str, server: str, output: str, token: str, approve: bool) -> None:
@@ -326,7 +327,8 @@ def register(app: typer.Typer) -> None:
                     token: str = TOKEN):
         """Show what applying FILE would change (nothing is applied)."""
         with Api(server, token) as api:
-            resp = api.call(gpb_grpc.PolicyServiceStub(api.channel).DiffPolicy, gpb.ApplyPolicyRequest(yaml=_read(file)))
+            resp = api.call(gpb_grpc.PolicyServiceStub(api.channel).DiffPolicy,
+                            gpb.ApplyPolicyRequest(yaml=_read(file)))
         _changes(resp, output, "(would be; not applied)")
 
     @policy_app.command("show")

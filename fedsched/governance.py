@@ -34,7 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic import ValidationError as PydanticValidationError
 
 from fedsched import naming
-from fedsched.auth import ANY, ROLES, Grant, Principal, hash_token
+from fedsched.auth import ANY, Grant, Principal, hash_token
 from fedsched.errors import InvalidName, ValidationError
 from fedsched.jobs import JobKind, JobSpec, Locality
 from services.scheduler.core.quota import QuotaRule

@@ -27,7 +27,7 @@ from typing import Callable
 import nats.errors
 import nats.js.errors
 
-from fedsched.auth import TOKEN_FILE, hash_token, new_token, read_token_file, write_token_file
+from fedsched.auth import hash_token, new_token, read_token_file, write_token_file
 from fedsched.bus import Bus
 from fedsched.errors import ConflictError, UnavailableError, ValidationError
 from fedsched.events import PolicyApplied, business_event_id, make_event

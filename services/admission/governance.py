@@ -22,8 +22,6 @@ import math
 import re
 from typing import TYPE_CHECKING, Callable
 
-from google.protobuf.timestamp_pb2 import Timestamp
-
 from fedsched import auth
 from fedsched.api.v1 import governance_pb2 as gpb
 from fedsched.api.v1 import governance_pb2_grpc as gpb_grpc
@@ -31,10 +29,9 @@ from fedsched.api.v1 import jobs_pb2 as pb
 from fedsched.auth import ROLES, Principal, hash_token, new_token
 from fedsched.errors import ConflictError, NotFoundError, PermissionDeniedError, ValidationError
 from fedsched.events import ApprovalDecided, GovernanceChanged, approval_outcome_id, business_event_id, make_event
-from fedsched.governance import (WILDCARD, BudgetDoc, Governance, GrantDoc, JobClassDoc, PolicyDoc, PrincipalDoc,
-                                 QuotaDoc, TenantDoc, canonical, carry_bootstrap, check_grant, diff, parse_entry,
-                                 parse_policy, parse_policy_data, policy_version, public_view, resolve_card, to_yaml,
-                                 with_principal)
+from fedsched.governance import (WILDCARD, Governance, GrantDoc, PolicyDoc, PrincipalDoc, QuotaDoc, TenantDoc,
+                                 canonical, carry_bootstrap, check_grant, diff, parse_entry, parse_policy,
+                                 parse_policy_data, policy_version, public_view, resolve_card, to_yaml, with_principal)
 from fedsched.jobs import JobState, Locality
 from fedsched.naming import check_name
 from fedsched.policystore import StoredPolicy, announce, read_policy, write_policy

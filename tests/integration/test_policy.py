@@ -161,3 +161,16 @@ async def test_first_start_bootstrap_writes_a_private_admin_token_once(bus, tmp_
     assert await bootstrap(bus, policy_text(), path, now=time.time()) == token  # second start: nothing changes
     assert (await read_policy(bus)).version == stored.version
     assert set(Governance.of(stored.gov.doc).tenants) == {"search", "ads", "nlp", "vision", "recsys"}
+
+
+async def test_a_follower_on_an_empty_bucket_reports_that_no_policy_is_stored(bus):
+    holder = PolicyHolder()
+    follower = PolicyFollower(bus, holder, name="empty")
+    task = asyncio.create_task(follower.run())
+    await asyncio.wait_for(follower.initial.wait(), 10)
+    assert holder.current is None and not holder.ready.is_set()
+    await store_policy(bus, policy_doc())
+    await asyncio.wait_for(holder.ready.wait(), 10)
+    assert holder.version == policy_version(policy_doc())
+    follower.stop()
+    await task
