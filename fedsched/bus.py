@@ -17,7 +17,8 @@ Streams (``P`` = upper-cased subject prefix):
 =================  ==========================================================  ==============
 stream             subjects                                                    retention
 =================  ==========================================================  ==============
-``P_EVENTS``       jobs, admission, placements, decisions, status, billing     max age
+``P_EVENTS``       jobs, admission, placements, decisions, status, billing,    max age
+                   governance
 ``P_INVENTORY``    inventory, heartbeat                                        max age 1 day
 ``P_DLQ``          deadletter                                                  max age
 =================  ==========================================================  ==============
@@ -59,7 +60,8 @@ class StreamSpec:
 def stream_specs(max_age_s: float) -> tuple[StreamSpec, ...]:
     """The streams of a federation (see the module docstring)."""
     return (
-        StreamSpec("EVENTS", ("jobs", "admission", "placements", "decisions", "status", "billing"), max_age_s),
+        StreamSpec("EVENTS", ("jobs", "admission", "placements", "decisions", "status", "billing", "governance"),
+                   max_age_s),
         StreamSpec("INVENTORY", ("inventory", "heartbeat"), min(max_age_s, 86400.0)),
         StreamSpec("DLQ", ("deadletter",), max_age_s),
     )

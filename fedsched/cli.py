@@ -1,8 +1,11 @@
 """The ``fedsched`` command line.
 
 Run the federation (``up``), replay a trace through it (``replay``), query its event log
-(``sql``) and use the job API (``submit``, ``jobs``, ``job``, ``explain``, ``cancel``, ``watch``).
-Every setting also reads ``FEDSCHED_<NAME>`` from the environment.
+(``sql``, ``report``), use the job API (``submit``, ``jobs``, ``job``, ``explain``, ``cancel``,
+``watch``) and the governance API (``approvals``, ``approve``, ``reject``, ``tenants``, ``quota``,
+``principal``, ``policy apply|show|diff``; ``token new``). Every setting also reads
+``FEDSCHED_<NAME>`` from the environment; API commands send ``--token`` / ``FEDSCHED_TOKEN`` or
+the embedded system's ``<data_dir>/admin.token``.
 """
 
 from __future__ import annotations
@@ -75,6 +78,14 @@ def up(
                                          "(default: the bundled openb nodes)."),
     no_agents: bool = typer.Option(False, "--no-agents", help="Run no agents here (they run beside their clusters)."),
     policy: str = typer.Option("federated", "--policy", help="Scheduling policy."),
+    policy_file: Optional[Path] = typer.Option(None, "--policy-file", envvar="FEDSCHED_POLICY_FILE",
+                                               help="Governance policy to store at first start (default: the bundled "
+                                                    "one); later: `fedsched policy apply`."),
+    tls_cert: Optional[Path] = typer.Option(None, "--tls-cert", envvar="FEDSCHED_TLS_CERT",
+                                            help="Serve gRPC over TLS with this PEM certificate (with --tls-key)."),
+    tls_key: Optional[Path] = typer.Option(None, "--tls-key", envvar="FEDSCHED_TLS_KEY", help="PEM private key."),
+    tls_client_ca: Optional[Path] = typer.Option(None, "--tls-client-ca", envvar="FEDSCHED_TLS_CLIENT_CA",
+                                                 help="Require client certificates signed by this CA (mTLS)."),
     verbose: bool = typer.Option(False, "--verbose", "-v"),
 ):
     """Run the whole federation in the foreground until Ctrl-C.
@@ -85,7 +96,8 @@ def up(
     _logging(verbose)
     from fedsched.runtime import System, SystemOptions
 
-    settings = _settings(data_dir=data_dir, nats_url=nats_url, clickhouse_url=clickhouse_url, grpc_address=grpc_address)
+    settings = _settings(data_dir=data_dir, nats_url=nats_url, clickhouse_url=clickhouse_url, grpc_address=grpc_address,
+                         policy_file=policy_file, tls_cert=tls_cert, tls_key=tls_key, tls_client_ca=tls_client_ca)
     nodes_csv = None if no_agents else (nodes or _bundled("openb_node_list_gpu_node.csv"))
 
     async def main() -> None:
@@ -103,6 +115,10 @@ def up(
                       f"ClickHouse {'chDB ' + str(Path(settings.data_dir) / 'clickhouse') if settings.embedded_clickhouse else redact(settings.clickhouse_url)}")
         console.print(f"  {len(system.agents)} trace agent(s), policy {system.scheduler.policy.version}, "
                       f"{len(system.admission.view.jobs)} job(s) known. Ctrl-C stops.")
+        token_note = (f"admin token in {settings.admin_token_path} (the CLI reads it; FEDSCHED_DATA_DIR="
+                      f"{settings.data_dir})" if system.admin_token else
+                      "no admin token in this data dir: pass --token / FEDSCHED_TOKEN")
+        console.print(f"  policy {system.admission.policy.version}; {token_note}")
         console.print(f"  try: FEDSCHED_GRPC={system.grpc_target} fedsched submit --tenant search --project train "
                       f"--gpus 1 --duration 600")
         await stop.wait()
@@ -133,6 +149,13 @@ def service(
     nodes: Optional[Path] = typer.Option(None, "--nodes", help="agents: trace node list (default: bundled openb)."),
     cluster: list[str] = typer.Option([], "--cluster", help="agents: run only this cluster's agent (repeatable)."),
     policy: str = typer.Option("federated", "--policy", help="scheduler: policy name."),
+    policy_file: Optional[Path] = typer.Option(None, "--policy-file", envvar="FEDSCHED_POLICY_FILE",
+                                               help="Governance policy to store if NATS holds none yet."),
+    tls_cert: Optional[Path] = typer.Option(None, "--tls-cert", envvar="FEDSCHED_TLS_CERT",
+                                            help="admission: serve gRPC over TLS (with --tls-key)."),
+    tls_key: Optional[Path] = typer.Option(None, "--tls-key", envvar="FEDSCHED_TLS_KEY"),
+    tls_client_ca: Optional[Path] = typer.Option(None, "--tls-client-ca", envvar="FEDSCHED_TLS_CLIENT_CA",
+                                                 help="admission: require client certificates (mTLS)."),
     verbose: bool = typer.Option(False, "--verbose", "-v"),
 ):
     """Run one service against an existing NATS (the distributed deployment: one process per
@@ -142,7 +165,8 @@ def service(
         _fail(ValueError(f"unknown service {name!r}; one of {', '.join(SERVICES)}"))
     from fedsched.runtime import System, SystemOptions
 
-    settings = _settings(data_dir=data_dir, nats_url=nats_url, clickhouse_url=clickhouse_url, grpc_address=grpc_address)
+    settings = _settings(data_dir=data_dir, nats_url=nats_url, clickhouse_url=clickhouse_url, grpc_address=grpc_address,
+                         policy_file=policy_file, tls_cert=tls_cert, tls_key=tls_key, tls_client_ca=tls_client_ca)
     options = SystemOptions(settings=settings, policy=policy, services=(name,), clusters=tuple(cluster),
                             nodes_csv=(nodes or _bundled("openb_node_list_gpu_node.csv")) if name == "agents" else None)
 
@@ -292,9 +316,10 @@ def sql(
 
 # --------------------------------------------------------------------------- job API
 
-from fedsched import jobcli  # noqa: E402  (registers submit/jobs/job/explain/cancel/watch)
+from fedsched import govcli, jobcli  # noqa: E402  (registers submit/jobs/job/explain/cancel/watch, governance)
 
 jobcli.register(app)
+govcli.register(app)
 
 from fedsched import reportcli  # noqa: E402  (registers report)
 

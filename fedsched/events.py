@@ -352,6 +352,91 @@ class DeadLetter(_Payload):
     headers: dict[str, str] = Field(default_factory=dict)
 
 
+class PolicyApplied(_Payload):
+    """``policy.applied``: a governance policy version came into force (envelope
+    ``policy_version`` = the new version, ``actor`` = who applied it).
+
+    Attributes:
+        version: the new version.
+        previous_version: the version it replaced ("" at bootstrap).
+        changes: what changed, one line each (token hashes never shown).
+        source: ``bootstrap``, ``apply`` or the RPC that made it.
+    """
+
+    version: str
+    previous_version: str = ""
+    changes: tuple[str, ...] = ()
+    source: str = ""
+
+
+class GovernanceChanged(_Payload):
+    """``tenant.updated`` / ``quota.updated`` / ``principal.updated``: an admin changed one entry
+    of the policy (envelope: ``actor``, ``policy_version`` = the version it created).
+
+    Attributes:
+        kind: ``tenant``, ``quota`` or ``principal``.
+        key: its identity (tenant name, ``tenant/card/region``, principal name).
+        old / new: the entry before and after (None = absent); never a token or its hash.
+        previous_version: the policy version before the change.
+        token_issued: a new token was issued to the principal.
+    """
+
+    kind: Literal["tenant", "quota", "principal"]
+    key: str
+    old: dict[str, Any] | None = None
+    new: dict[str, Any] | None = None
+    previous_version: str = ""
+    token_issued: bool = False
+
+
+class ApprovalRequested(_Payload):
+    """``approval.requested``: the scheduler's best placement is outside the job's home region
+    and its mode is ``approval``; the job waits for an approver (envelope: ``actor`` =
+    scheduler, ``policy_version`` = the governance version in force, region/cluster = the
+    proposal).
+
+    Attributes:
+        approval_id: ``ap-`` + 20 hex.
+        home_region: the job's home region.
+        proposed_region, proposed_cluster, card_model: the proposed placement.
+        reason: why (home region state, estimated wait, where it could run now, transfer).
+        estimated_wait_s: estimated wait at home (None = unknown).
+        transfer_s: data transfer before start if placed as proposed (s).
+        cost / currency: estimated cost of the proposed run (GPU-hours x price + egress), and
+            ``home_cost`` of the same run at home list prices ("" = unknown).
+        expires_at: business time after which the job falls back to its home queue.
+    """
+
+    approval_id: str
+    home_region: str
+    proposed_region: str
+    proposed_cluster: str
+    card_model: str = ""
+    reason: str = ""
+    estimated_wait_s: float | None = None
+    transfer_s: float = 0.0
+    cost: str = ""
+    home_cost: str = ""
+    currency: str = "CNY"
+    expires_at: datetime
+
+
+class ApprovalDecided(_Payload):
+    """``approval.approved`` / ``approval.rejected`` (actor = the approver) and
+    ``approval.expired`` (actor = scheduler). At most one per approval: all three share one
+    event id, so the first one published wins.
+
+    Attributes:
+        approval_id: which request.
+        comment: the approver's note, or why it expired.
+        proposed_region: the region the request was for.
+    """
+
+    approval_id: str
+    comment: str = ""
+    proposed_region: str = ""
+
+
 PAYLOADS: dict[str, type[_Payload]] = {
     "bus.dead_letter": DeadLetter,
     "job.submitted": JobSubmitted,
@@ -369,7 +454,24 @@ PAYLOADS: dict[str, type[_Payload]] = {
     "inventory.snapshot": InventorySnapshot,
     "inventory.heartbeat": Heartbeat,
     "usage.recorded": UsageRecorded,
+    "policy.applied": PolicyApplied,
+    "tenant.updated": GovernanceChanged,
+    "quota.updated": GovernanceChanged,
+    "principal.updated": GovernanceChanged,
+    "approval.requested": ApprovalRequested,
+    "approval.approved": ApprovalDecided,
+    "approval.rejected": ApprovalDecided,
+    "approval.expired": ApprovalDecided,
 }
+
+#: Approval outcomes (one per approval; see :class:`ApprovalDecided`).
+APPROVAL_OUTCOMES = ("approval.approved", "approval.rejected", "approval.expired")
+
+
+def approval_outcome_id(approval_id: str) -> str:
+    """The one event id every outcome of ``approval_id`` uses, so JetStream keeps only the first
+    (an approval racing its timeout, or two approvers, can never both win)."""
+    return business_event_id(approval_id, "outcome")
 
 PayloadT = Any  # typing alias for payload_as (a _Payload subclass)
 
@@ -425,6 +527,9 @@ class Subjects:
         <p>.inventory.<region>.<cluster>       agent snapshots
         <p>.heartbeat.<region>.<cluster>       agent heartbeats
         <p>.billing.usage.<tenant>             billing -> budgets
+        <p>.governance.policy                  policy versions, principals (admission)
+        <p>.governance.tenant.<tenant>         tenant and quota changes (admission)
+        <p>.governance.approval.<t>.<p>        approval requests (scheduler), decisions
         <p>.deadletter.<consumer>              undecodable messages with the reason
 
     Args:
@@ -468,6 +573,19 @@ class Subjects:
     def usage(self, tenant: str) -> str:
         """Subject of billing's priced usage for a tenant."""
         return self._s("billing", "usage", naming.check_name("tenant", tenant))
+
+    def governance_policy(self) -> str:
+        """Subject of policy versions and principal changes."""
+        return self._s("governance", "policy")
+
+    def governance_tenant(self, tenant: str) -> str:
+        """Subject of a tenant's settings and quota changes."""
+        return self._s("governance", "tenant", naming.check_name("tenant", tenant))
+
+    def approval(self, tenant: str, project: str) -> str:
+        """Subject of cross-region approval requests and decisions for a tenant's project."""
+        return self._s("governance", "approval", naming.check_name("tenant", tenant),
+                       naming.check_name("project", project))
 
     def deadletter(self, consumer: str) -> str:
         """Subject where ``consumer`` puts messages it cannot decode."""

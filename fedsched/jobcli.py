@@ -1,12 +1,18 @@
 """CLI commands over the gRPC job API: submit, jobs, job, cancel, watch.
 
 Every command talks to admission at ``--server`` (``FEDSCHED_GRPC``, default
-``127.0.0.1:50051``) and prints a table, or JSON with ``--output json``.
+``127.0.0.1:50051``) as the principal whose token it sends: ``--token``, else
+``FEDSCHED_TOKEN``, else the embedded system's bootstrap admin token in
+``<FEDSCHED_DATA_DIR or .fedsched>/admin.token``. TLS: ``FEDSCHED_TLS_CA`` (the CA that signed
+the server), and for mTLS ``FEDSCHED_TLS_CLIENT_CERT`` / ``FEDSCHED_TLS_CLIENT_KEY``. Output is
+a table, or JSON with ``--output json``.
 """
 
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 from typing import Optional
 
 import grpc
@@ -17,12 +23,15 @@ from rich.table import Table
 
 from fedsched.api.v1 import jobs_pb2 as pb
 from fedsched.api.v1 import jobs_pb2_grpc as pb_grpc
+from fedsched.client import TlsClient, call_metadata, resolve_token, sync_channel
 
 console = Console()
 err = Console(stderr=True)
 
 SERVER = typer.Option("127.0.0.1:50051", "--server", envvar="FEDSCHED_GRPC", help="Admission gRPC address (host:port).")
 OUTPUT = typer.Option("table", "--output", "-o", help="table (for people) or json (for scripts)")
+TOKEN = typer.Option("", "--token", envvar="FEDSCHED_TOKEN", show_default=False,
+                     help="Bearer token (default: FEDSCHED_TOKEN, else <FEDSCHED_DATA_DIR or .fedsched>/admin.token).")
 
 KINDS = {"training": pb.JOB_KIND_TRAINING, "fine_tune": pb.JOB_KIND_FINE_TUNE, "inference": pb.JOB_KIND_INFERENCE,
          "batch": pb.JOB_KIND_BATCH, "evaluation": pb.JOB_KIND_EVALUATION, "experiment": pb.JOB_KIND_EXPERIMENT}
@@ -33,21 +42,50 @@ LOCALITIES = {"must_local": pb.LOCALITY_MUST_LOCAL, "prefer_local": pb.LOCALITY_
               "global": pb.LOCALITY_GLOBAL}
 
 
-def _stub(server: str) -> tuple[grpc.Channel, pb_grpc.JobServiceStub]:
-    channel = grpc.insecure_channel(server)
-    return channel, pb_grpc.JobServiceStub(channel)
+def tls_from_env() -> TlsClient | None:
+    """Client TLS from ``FEDSCHED_TLS_CA`` / ``FEDSCHED_TLS_CLIENT_CERT`` / ``FEDSCHED_TLS_CLIENT_KEY``."""
+    ca, cert, key = (os.environ.get(f"FEDSCHED_TLS_{n}") or None for n in ("CA", "CLIENT_CERT", "CLIENT_KEY"))
+    if not (ca or cert or key):
+        return None
+    return TlsClient(Path(ca) if ca else None, Path(cert) if cert else None, Path(key) if key else None)
 
 
-def _call(fn, *args, **kwargs):
-    try:
-        return fn(*args, timeout=30, **kwargs)
-    except grpc.RpcError as e:
-        code = e.code()
-        hint = ""
-        if code == grpc.StatusCode.UNAVAILABLE:
-            hint = " (is `fedsched up` running? pass --server or FEDSCHED_GRPC)"
-        err.print(f"[red]{code.name}[/red]: {e.details()}{hint}")
-        raise typer.Exit(1) from None
+class Api:
+    """One connection to admission with the caller's token (use as a context manager)."""
+
+    def __init__(self, server: str, token: str = "") -> None:
+        self.server = server
+        self.channel = sync_channel(server, tls=tls_from_env())
+        self.metadata = call_metadata(resolve_token(token))
+
+    def __enter__(self) -> "Api":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.channel.close()
+
+    def call(self, fn, request, timeout: float = 30):
+        """Call ``fn(request)`` with the token; print the status and exit 1 on an RPC error."""
+        try:
+            return fn(request, timeout=timeout, metadata=self.metadata)
+        except grpc.RpcError as e:
+            fail_rpc(e)
+
+    def stream(self, fn, request):
+        """Iterate a server stream with the token."""
+        return fn(request, metadata=self.metadata)
+
+
+def fail_rpc(e: grpc.RpcError) -> None:
+    """Print an RPC error for people and exit 1."""
+    code = e.code()
+    hint = ""
+    if code == grpc.StatusCode.UNAVAILABLE:
+        hint = " (is `fedsched up` running? pass --server or FEDSCHED_GRPC)"
+    elif code == grpc.StatusCode.UNAUTHENTICATED:
+        hint = " (pass --token or FEDSCHED_TOKEN, or set FEDSCHED_DATA_DIR to the data dir holding admin.token)"
+    err.print(f"[red]{code.name}[/red]: {e.details()}{hint}")
+    raise typer.Exit(1) from None
 
 
 def _state(s: int) -> str:
@@ -76,7 +114,7 @@ def register(app: typer.Typer) -> None:
 
     @app.command()
     def submit(
-        tenant: str = typer.Option(..., "--tenant", help="Tenant (see fedsched/catalog/tenants.yaml)."),
+        tenant: str = typer.Option(..., "--tenant", help="Tenant (see `fedsched tenants`)."),
         project: str = typer.Option(..., "--project", help="Project of the tenant."),
         kind: str = typer.Option("batch", "--kind", help=", ".join(KINDS)),
         workers: int = typer.Option(1, "--workers", help="Gang size (all workers start together in one cluster)."),
@@ -94,6 +132,7 @@ def register(app: typer.Typer) -> None:
         request_id: str = typer.Option("", "--request-id", help="Idempotency key: resubmitting it returns the same job."),
         server: str = SERVER,
         output: str = OUTPUT,
+        token: str = TOKEN,
     ):
         """Submit a job."""
         for value, table, flag in ((kind, KINDS, "--kind"), (priority, PRIORITIES, "--priority"),
@@ -109,9 +148,9 @@ def register(app: typer.Typer) -> None:
             spec.gpu_milli = gpu_milli
         if duration:
             spec.annotations["trace.runtime_s"] = str(duration)
-        channel, stub = _stub(server)
-        with channel:
-            resp = _call(stub.SubmitJob, pb.SubmitJobRequest(spec=spec, request_id=request_id))
+        with Api(server, token) as api:
+            resp = api.call(pb_grpc.JobServiceStub(api.channel).SubmitJob,
+                            pb.SubmitJobRequest(spec=spec, request_id=request_id))
         if output == "json":
             console.print_json(json.dumps(MessageToDict(resp, preserving_proto_field_name=True)))
         else:
@@ -126,6 +165,7 @@ def register(app: typer.Typer) -> None:
         limit: int = typer.Option(100, "--limit", min=1, max=1000),
         server: str = SERVER,
         output: str = OUTPUT,
+        token: str = TOKEN,
     ):
         """List jobs (oldest first)."""
         states = []
@@ -135,19 +175,18 @@ def register(app: typer.Typer) -> None:
                 err.print(f"[red]--state[/red] {s!r} is not a state")
                 raise typer.Exit(2)
             states.append(pb.JobState.Value(name))
-        channel, stub = _stub(server)
-        with channel:
-            resp = _call(stub.ListJobs, pb.ListJobsRequest(tenant=tenant, project=project, states=states, page_size=limit))
+        with Api(server, token) as api:
+            resp = api.call(pb_grpc.JobServiceStub(api.channel).ListJobs,
+                            pb.ListJobsRequest(tenant=tenant, project=project, states=states, page_size=limit))
         _print_jobs(resp.jobs, output)
         if output != "json" and resp.next_page_token:
             console.print(f"{len(resp.jobs)} of {resp.total} shown")
 
     @app.command()
-    def job(job_id: str = typer.Argument(...), server: str = SERVER, output: str = OUTPUT):
+    def job(job_id: str = typer.Argument(...), server: str = SERVER, output: str = OUTPUT, token: str = TOKEN):
         """Show one job with its attempts."""
-        channel, stub = _stub(server)
-        with channel:
-            j = _call(stub.GetJob, pb.GetJobRequest(job_id=job_id))
+        with Api(server, token) as api:
+            j = api.call(pb_grpc.JobServiceStub(api.channel).GetJob, pb.GetJobRequest(job_id=job_id))
         if output == "json":
             console.print_json(json.dumps(MessageToDict(j, preserving_proto_field_name=True)))
             return
@@ -185,24 +224,22 @@ def register(app: typer.Typer) -> None:
 
     @app.command()
     def cancel(job_id: str = typer.Argument(...), reason: str = typer.Option("", "--reason"), server: str = SERVER,
-               output: str = OUTPUT):
+               output: str = OUTPUT, token: str = TOKEN):
         """Cancel a job (queued jobs end at once; running ones are stopped by their agent)."""
-        channel, stub = _stub(server)
-        with channel:
-            resp = _call(stub.CancelJob, pb.CancelJobRequest(job_id=job_id, reason=reason))
+        with Api(server, token) as api:
+            resp = api.call(pb_grpc.JobServiceStub(api.channel).CancelJob,
+                            pb.CancelJobRequest(job_id=job_id, reason=reason))
         _print_jobs([resp.job], output)
 
     @app.command()
-    def watch(job_id: str = typer.Argument(...), server: str = SERVER, output: str = OUTPUT):
+    def watch(job_id: str = typer.Argument(...), server: str = SERVER, output: str = OUTPUT, token: str = TOKEN):
         """Follow a job's state until it ends."""
-        channel, stub = _stub(server)
-        with channel:
+        with Api(server, token) as api:
             try:
-                for j in stub.WatchJob(pb.WatchJobRequest(job_id=job_id)):
+                for j in api.stream(pb_grpc.JobServiceStub(api.channel).WatchJob, pb.WatchJobRequest(job_id=job_id)):
                     if output == "json":
                         console.print_json(json.dumps(MessageToDict(j, preserving_proto_field_name=True)))
                     else:
                         console.print(f"{j.job_id} {_state(j.state)} {j.cluster or ''} {j.reason}")
             except grpc.RpcError as e:
-                err.print(f"[red]{e.code().name}[/red]: {e.details()}")
-                raise typer.Exit(1) from None
+                fail_rpc(e)

@@ -1,9 +1,10 @@
 """One label taxonomy and one naming scheme, enforced at every entry point.
 
-Names of regions, zones, clusters, pools, queues, tenants, projects, jobs and nodes follow one
-rule each (see :data:`RULES`); anything else raises :class:`~fedsched.errors.InvalidName` naming
-the kind and the rule. Names are never "fixed up" silently -- a caller that sends ``CN_North_1``
-is told the rule and the canonical form it probably meant.
+Names of regions, zones, clusters, pools, queues, tenants, projects, jobs, nodes, principals,
+quota cohorts and card classes follow one rule each (see :data:`RULES`); anything else raises
+:class:`~fedsched.errors.InvalidName` naming the kind and the rule. Names are never "fixed up"
+silently -- a caller that sends ``CN_North_1`` is told the rule and the canonical form it
+probably meant.
 
 Card models are the exception: agents report whatever their driver or trace calls a card
 (``NVIDIA-A100-SXM4-80GB``, ``A100 80G``, ``V100M16``), so :func:`canonical_card_model` maps
@@ -63,6 +64,9 @@ RULES: dict[str, tuple[re.Pattern[str], str]] = {
          "lower-case letters, digits, '-', '.', '_' and '/', at most 252 characters"),
         ("residency_tag", r"[a-z]([-a-z0-9]{0,30}[a-z0-9])?",
          "lower-case letters, digits and '-', starting with a letter, at most 32 characters"),
+        ("principal", _LABEL, "an RFC 1123 label starting with a letter, at most 63 characters, e.g. 'alice'"),
+        ("cohort", _LABEL, "an RFC 1123 label starting with a letter, at most 63 characters"),
+        ("card_class", _LABEL, "an RFC 1123 label starting with a letter, at most 63 characters"),
     ]
 }
 

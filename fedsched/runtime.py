@@ -7,6 +7,12 @@ then the services -- audit, billing, scheduler, one agent per cluster, admission
 on its own NATS connection, as they would be in separate processes. :meth:`System.stop` stops
 them in reverse order; a later start on the same data dir resumes from the streams.
 
+Governance: when admission starts and NATS KV holds no policy yet, the default policy
+(``policy_text`` / ``settings.policy_file`` / the bundled one) is stored with a bootstrap admin
+whose token goes to ``<data_dir>/admin.token`` (mode 0600; see
+:func:`fedsched.policystore.bootstrap`); the CLI reads that file when no token is given. Other
+services follow whatever policy is stored.
+
 The process that holds the chDB store also answers read-only SQL on
 ``<p>.svc.store.query`` so ``fedsched sql`` works while the system runs (chDB allows one
 process per data dir).
@@ -28,11 +34,12 @@ from fedsched.clock import Clock, SystemClock
 from fedsched.errors import FedError, UnavailableError
 from fedsched.natsd import EmbeddedNats
 from fedsched.pricing import PriceCatalog, load_price_catalog
+from fedsched.governance import bundled_policy_text
+from fedsched.policystore import bootstrap
 from fedsched.settings import Settings
 from fedsched.store import AsyncStore, Store, open_store_from
-from fedsched.tenancy import TenantDirectory, load_tenants
 from services.admission.convert import Limits
-from services.admission.service import AdmissionService
+from services.admission.service import AdmissionService, TlsFiles
 from services.audit.service import AuditService
 from services.billing.service import BillingService
 from services.inventory.agent import ClusterAgent, TraceBackend
@@ -65,7 +72,7 @@ class SystemOptions:
     agent_tick_s: float = 0.01
     clusters: tuple[str, ...] = ()  # run only these clusters' agents (default: every cluster of the split)
     split: dict | None = None  # cluster name -> trace nodes, instead of splitting nodes_csv (tests, drills)
-    tenants: TenantDirectory | None = None
+    policy_text: str | None = None  # governance policy stored at first start (default: settings.policy_file / bundled)
     prices: PriceCatalog | None = None
     limits: Limits | None = None
 
@@ -74,7 +81,8 @@ class System:
     """The running federation (see the module docstring).
 
     Attributes (after :meth:`start`): ``nats_url``, ``grpc_target``, ``store``, ``scheduler``,
-    ``admission``, ``audit``, ``billing``, ``agents``.
+    ``admission``, ``audit``, ``billing``, ``agents``, ``admin_token`` (the bootstrap admin's
+    token if this data dir holds it: written to ``<data_dir>/admin.token`` at first start).
     """
 
     def __init__(self, options: SystemOptions) -> None:
@@ -95,6 +103,7 @@ class System:
         self._query_sub = None
         self.failed = asyncio.Event()
         self.failure: BaseException | None = None
+        self.admin_token: str | None = None
 
     def _spawn(self, coro, name: str) -> None:
         task = asyncio.create_task(coro, name=name)
@@ -142,12 +151,15 @@ class System:
             # streams: they wait for the central services to have made them
             await self.control.ensure_streams()
         wants = set(opts.services)
+        if "admission" in wants:  # the front door stores the first policy (and keeps the admin token)
+            policy_text = opts.policy_text or (Path(s.policy_file).read_text("utf-8") if s.policy_file
+                                               else bundled_policy_text())
+            self.admin_token = await bootstrap(self.control, policy_text, s.admin_token_path, now=opts.clock.time())
         if wants & {"audit", "billing"}:
             self.sync_store = await asyncio.to_thread(open_store_from, s)
             self.store = AsyncStore(self.sync_store)
             self._query_sub = await self.control.nc.subscribe(f"{s.subject_prefix}.svc.store.query", cb=self._on_query)
         prices = opts.prices or load_price_catalog(s.price_catalog)
-        tenants = opts.tenants or load_tenants()
         clock = opts.clock
         if "audit" in wants:
             self.audit = AuditService(await self._bus("audit"), self.store)
@@ -169,12 +181,13 @@ class System:
         if "scheduler" in wants:
             self.scheduler = SchedulerService(await self._bus("scheduler"), clock, build_policy(opts.policy), prices,
                                               stale_after_s=s.stale_after_s, interval_s=s.schedule_interval_s,
-                                              reclaim_after_s=s.reclaim_after_s,
-                                              cross_region_mode={t.name: t.cross_region for t in tenants})
+                                              reclaim_after_s=s.reclaim_after_s)
             self._spawn(self.scheduler.run(), "scheduler")
         if "admission" in wants:
-            self.admission = AdmissionService(await self._bus("admission"), clock, tenants, address=s.grpc_address,
-                                              limits=opts.limits)
+            tls = TlsFiles(s.tls_cert, s.tls_key, s.tls_client_ca) if s.tls_cert else None
+            self.admission = AdmissionService(await self._bus("admission"), clock, address=s.grpc_address,
+                                              limits=opts.limits, prices=prices, tls=tls,
+                                              max_message_bytes=s.grpc_max_request_bytes)
             self._spawn(self.admission.run(), "admission")
             task = self.tasks[-1]
             ready = asyncio.create_task(self.admission.ready.wait())

@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -52,6 +52,11 @@ class Settings(BaseSettings):
             its own so permissions keep replies private; "" = ``_INBOX``).
         stream_replicas: replicas of the streams when fedsched creates them (existing streams
             keep what an operator set).
+        policy_file: governance policy stored at first start when NATS holds none (default: the
+            bundled ``fedsched/catalog/policy.yaml``); later changes: ``fedsched policy apply``.
+        grpc_max_request_bytes: largest gRPC request admission accepts (RESOURCE_EXHAUSTED above).
+        tls_cert / tls_key: PEM server certificate and key: serve gRPC over TLS.
+        tls_client_ca: PEM CA bundle: require client certificates signed by it (mTLS).
     """
 
     model_config = SettingsConfigDict(env_prefix="FEDSCHED_", extra="ignore")
@@ -81,6 +86,11 @@ class Settings(BaseSettings):
     js_domain: str = ""
     inbox_prefix: str = ""
     stream_replicas: int = Field(default=1, ge=1, le=5)
+    policy_file: Path | None = None
+    grpc_max_request_bytes: int = Field(default=4 * 1024 * 1024, ge=1024, le=256 * 1024 * 1024)
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    tls_client_ca: Path | None = None
 
     @field_validator("subject_prefix")
     @classmethod
@@ -102,6 +112,19 @@ class Settings(BaseSettings):
         if not re.fullmatch(r"[a-z_][a-z0-9_]{0,62}", value):
             raise ValueError("clickhouse_database must be a lower-case identifier")
         return value
+
+    @model_validator(mode="after")
+    def _tls_pair(self) -> "Settings":
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise ValueError("tls_cert and tls_key go together")
+        if self.tls_client_ca and not self.tls_cert:
+            raise ValueError("tls_client_ca (mTLS) needs tls_cert and tls_key")
+        return self
+
+    @property
+    def admin_token_path(self) -> Path:
+        """Where the embedded system keeps its bootstrap admin token (mode 0600)."""
+        return Path(self.data_dir) / "admin.token"
 
     @property
     def embedded_nats(self) -> bool:

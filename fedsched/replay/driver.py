@@ -1,7 +1,8 @@
 """The replay: a real trace through the whole running federation.
 
 The driver brings the system up (embedded NATS + chDB unless URLs are given), starts one trace
-agent per cluster of the split, then submits every pod as a job through the gRPC API at its
+agent per cluster of the split, then submits every pod as a job through the gRPC API (as the
+bootstrap admin, whose token the system wrote to ``<data_dir>/admin.token``) at its
 creation time on the replay clock, and waits until every job has finished, been rejected, or
 is provably unplaceable. The summary is computed by SQL from ClickHouse (:mod:`.report`).
 
@@ -33,6 +34,7 @@ import grpc
 from fedsched.api.v1 import jobs_pb2 as pb
 from fedsched.api.v1 import jobs_pb2_grpc as pb_grpc
 from fedsched.bus import Delivery, StreamFollower
+from fedsched.client import aio_channel, resolve_token
 from fedsched.clock import ClockState, ReplayClock
 from fedsched.clocksync import publish_clock
 from fedsched.errors import UnavailableError
@@ -141,7 +143,8 @@ class ReplayDriver:
                                                        self.system.control.subjects.all("decisions")])
             follow_task = asyncio.create_task(follower.run())
             try:
-                async with grpc.aio.insecure_channel(self.system.grpc_target) as channel:
+                token = self.system.admin_token or resolve_token(data_dir=self.o.settings.data_dir)
+                async with aio_channel(self.system.grpc_target, token) as channel:
                     stub = pb_grpc.JobServiceStub(channel)
                     finished = await self._drive(stub, jobs, epoch, t_wall)
             finally:
@@ -250,6 +253,9 @@ class ReplayDriver:
             self._drop_ended()
             if sched["queued"] > 0 and self.ends:
                 target = self.ends[0][0] if target is None else min(target, self.ends[0][0])
+            if sched.get("next_due") is not None:  # a scheduler timer (approval timeout) may change things
+                due = sched["next_due"] + 0.001
+                target = due if target is None else min(target, due)
             if target is None:
                 # nothing will arrive and nothing that ends would unblock anyone
                 if not self.ends or sched["queued"] == 0:

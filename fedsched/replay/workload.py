@@ -8,7 +8,7 @@ every replay of the same trace submits the same jobs:
 field              rule
 =================  ===========================================================================
 tenant             ``u(tenant)`` against weights search .30, ads .25, nlp .20, vision .15,
-                   recsys .10 (tenants of ``fedsched/catalog/tenants.yaml``)
+                   recsys .10 (tenants of ``fedsched/catalog/policy.yaml``)
 home_region        the tenant's home region when ``u(home) < .85``, else one of the other
                    regions of the split, by ``u(home)``
 kind               ``num_gpu >= 2`` -> training; qos ``LS`` -> inference; ``Guaranteed`` /

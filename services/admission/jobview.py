@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fedsched.bus import Delivery
-from fedsched.events import Envelope, JobPending, JobPlaced, JobStatus, JobSubmitted
+from fedsched.events import ApprovalDecided, ApprovalRequested, Envelope, JobPending, JobPlaced, JobStatus, JobSubmitted
 from fedsched.jobs import TERMINAL_STATES, JobSpec, JobState
 
 
@@ -88,6 +88,7 @@ class JobRecord:
     cancelled: bool = False
     cancel_requested: bool = False
     policy_version: str = ""
+    approval_id: str = ""  # the latest cross-region approval request
     version: int = 0  # increases with every change (for watchers)
 
     @property
@@ -178,6 +179,28 @@ class JobView:
             return
         if env.type == "job.cancel_requested":
             rec.cancel_requested = True
+        elif env.type == "approval.requested":
+            req = env.payload_as(ApprovalRequested)
+            waiting = [sh for sh in rec.shards if sh.state == JobState.QUEUED]
+            if not waiting:
+                return
+            rec.approval_id = req.approval_id
+            for sh in waiting:
+                sh.state = JobState.AWAITING_APPROVAL
+                sh.reason = f"awaiting approval {req.approval_id} to run in {req.proposed_region}: {req.reason}"
+            rec.policy_version = env.policy_version
+        elif env.type in ("approval.approved", "approval.rejected", "approval.expired"):
+            out = env.payload_as(ApprovalDecided)
+            held = [sh for sh in rec.shards if sh.state == JobState.AWAITING_APPROVAL]
+            if not held or rec.approval_id != out.approval_id:
+                return
+            for sh in held:
+                sh.state = JobState.QUEUED
+                sh.reason = {
+                    "approval.approved": f"cross-region run in {out.proposed_region} approved by {env.actor}",
+                    "approval.rejected": f"cross-region run rejected by {env.actor}; waits in its home region",
+                    "approval.expired": "approval timed out; back in its home region's queue",
+                }[env.type]
         elif env.type == "job.cancelled":
             rec.cancelled = True
             for s in rec.shards:

@@ -1,17 +1,29 @@
-"""The admission service: the gRPC front door (``fedsched.api.v1.JobService``).
+"""The admission service: the governed gRPC front door.
 
-It validates a submission (known tenant and project, sane resources, canonical card models,
-names by the naming rules), assigns the job id, and publishes ``job.submitted``; it serves job
-state from its :class:`~services.admission.jobview.JobView`. Bad input gets INVALID_ARGUMENT
-whose message starts with the offending field; refusals are published as
-``submission.rejected`` so the audit log has the submission success rate.
+It serves ``fedsched.api.v1.JobService`` and the governance services (``TenantService``,
+``ApprovalService``, ``PolicyService``: :mod:`services.admission.governance`) on one port.
+
+Every call of those services is authenticated by :class:`GatewayInterceptor`: the bearer token
+in the ``authorization`` metadata is hashed and looked up in the governance policy in force
+(:mod:`fedsched.governance`); a missing or unknown token is UNAUTHENTICATED, and each handler
+checks the caller's roles (:mod:`fedsched.auth`), refusing with PERMISSION_DENIED. Tokens are
+never logged. Health and reflection stay open (no token). Optional TLS, with client
+certificates required when a client CA is given (mTLS).
+
+A submission is validated (known tenant and project, sane resources, canonical card models,
+names by the naming rules, limits of the policy), checked against the tenant's cross-region
+policy (a job may narrow it, never widen it), its quota (a job that could never fit is
+refused) and its budget (:mod:`services.admission.rules`), then gets its job id and is
+published as ``job.submitted`` stamped with the policy version. Bad input gets INVALID_ARGUMENT
+whose message starts with the offending field (also in trailing metadata ``fedsched-field``);
+quota and budget refusals get RESOURCE_EXHAUSTED naming the limit (``fedsched-limit``).
+Refusals are published as ``submission.rejected`` so the audit log has the submission success
+rate.
 
 Idempotency: with a ``request_id``, the job id and the event id are derived from
 (tenant, request_id), so concurrent retries publish the same message id (JetStream keeps one)
-and later retries find the job in the view's request index.
-
-gRPC extras: server reflection, the standard health service, and one interceptor
-(:class:`ErrorInterceptor`) that continues the caller's trace and maps errors to status codes.
+and later retries find the job in the view's request index (before any other check, so a
+retry returns the same job even if the budget ran out meanwhile).
 """
 
 from __future__ import annotations
@@ -20,6 +32,8 @@ import asyncio
 import hashlib
 import logging
 import uuid
+from dataclasses import dataclass
+from pathlib import Path
 from typing import AsyncIterator
 
 import grpc
@@ -28,25 +42,36 @@ from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 from opentelemetry import context as otel_context
 
-from fedsched import telemetry
+from fedsched import auth, telemetry
+from fedsched.api.v1 import governance_pb2 as gpb
+from fedsched.api.v1 import governance_pb2_grpc as gpb_grpc
 from fedsched.api.v1 import jobs_pb2 as pb
 from fedsched.api.v1 import jobs_pb2_grpc as pb_grpc
-from fedsched.bus import Bus, StreamFollower
+from fedsched.auth import Principal
+from fedsched.bus import Bus, Delivery, StreamFollower
 from fedsched.clock import Clock
 from fedsched.errors import (AuthError, ConflictError, FedError, NotFoundError, PermissionDeniedError,
                              QuotaExceededError, UnavailableError, ValidationError)
 from fedsched.events import InventorySnapshot, JobCancelRequested, JobSubmitted, SubmissionRejected, business_event_id, \
     make_event
+from fedsched.governance import Governance
 from fedsched.jobs import TERMINAL_STATES
 from fedsched.naming import check_name, is_name
-from fedsched.tenancy import TenantDirectory
+from fedsched.policystore import PolicyFollower, PolicyHolder
+from fedsched.pricing import PriceCatalog, load_price_catalog
+from services.admission.approvalview import ApprovalView
+from services.admission.budgets import SpendBook, SpendWatcher
 from services.admission.convert import STATE_FROM_PB, STATE_TO_PB, Limits, _ts, spec_from_pb, spec_to_pb
 from services.admission.jobview import JobRecord, JobView
+from services.admission.rules import check_budget, check_quota_can_fit
 
 log = logging.getLogger(__name__)
 tracer = telemetry.tracer("fedsched.admission")
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["JobService"].full_name
+GOVERNANCE_SERVICES = tuple(gpb.DESCRIPTOR.services_by_name[n].full_name
+                            for n in ("TenantService", "ApprovalService", "PolicyService"))
+GUARDED = (SERVICE_NAME, *GOVERNANCE_SERVICES)  #: services whose every call needs a token
 
 _CODES: list[tuple[type[FedError], grpc.StatusCode]] = [
     (PermissionDeniedError, grpc.StatusCode.PERMISSION_DENIED),
@@ -67,45 +92,105 @@ def status_for(error: FedError) -> grpc.StatusCode:
     return grpc.StatusCode.INTERNAL
 
 
-class ErrorInterceptor(grpc.aio.ServerInterceptor):
-    """Continues the caller's trace (``traceparent`` metadata) in a server span, and maps
-    :class:`~fedsched.errors.FedError` to status codes (the field goes in trailing metadata
-    ``fedsched-field``). Anything else is logged and reported as INTERNAL without internals.
+class _Undecodable:
+    """Stands in for a request body that is not a valid message of its type."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+
+def _safe(deserializer):
+    if deserializer is None:
+        return None
+
+    def parse(data: bytes):
+        try:
+            return deserializer(data)
+        except Exception as e:  # noqa: BLE001 - protobuf DecodeError and friends
+            return _Undecodable(e)
+
+    return parse
+
+
+def authenticator(holder: PolicyHolder):
+    """``authenticate(metadata) -> Principal`` against the policy in ``holder``."""
+
+    def authenticate(metadata) -> Principal:
+        gov = holder.current
+        if gov is None:
+            raise UnavailableError("no governance policy applied yet; nothing can be authenticated")
+        principal = gov.authenticate(auth.bearer_token(metadata))
+        if principal is None:
+            raise AuthError("unknown or revoked token")
+        return principal
+
+    return authenticate
+
+
+class GatewayInterceptor(grpc.aio.ServerInterceptor):
+    """Authenticates every call of the guarded services, continues the caller's trace
+    (``traceparent`` metadata) in a server span, and maps :class:`~fedsched.errors.FedError` to
+    status codes (the field in trailing metadata ``fedsched-field``, a quota or budget in
+    ``fedsched-limit``). A request body that does not parse is INVALID_ARGUMENT; anything else
+    unexpected is logged and reported as INTERNAL without internals.
+
+    Args:
+        authenticate: ``metadata -> Principal``; raises AuthError / UnavailableError.
     """
+
+    def __init__(self, authenticate) -> None:
+        self.authenticate = authenticate
 
     async def intercept_service(self, continuation, details):
         handler = await continuation(details)
-        if handler is None or not details.method.startswith(f"/{SERVICE_NAME}/"):
+        if handler is None or not details.method.startswith(tuple(f"/{s}/" for s in GUARDED)):
             return handler
-        method = details.method.rsplit("/", 1)[-1]
-        carrier = {m.key: m.value for m in (details.invocation_metadata or ()) if isinstance(m.value, str)}
+        service, method = details.method.lstrip("/").rsplit("/", 1)
+        span_name = f"{service.rsplit('.', 1)[-1]}/{method}"
+        metadata = tuple((m.key, m.value) for m in (details.invocation_metadata or ()))
+        carrier = {k: v for k, v in metadata if isinstance(v, str) and k != auth.METADATA_KEY}
+        authenticate = self.authenticate
 
         async def _fail(context, e: Exception) -> None:
             if isinstance(e, FedError):
-                field = getattr(e, "field", "")
-                if field:
-                    context.set_trailing_metadata((("fedsched-field", field),))
+                trailing = []
+                if getattr(e, "field", ""):
+                    trailing.append(("fedsched-field", e.field))
+                if getattr(e, "limit", ""):
+                    trailing.append(("fedsched-limit", e.limit))
+                if trailing:
+                    context.set_trailing_metadata(tuple(trailing))
                 await context.abort(status_for(e), e.message)
-            log.exception("admission %s failed", method)
+            log.exception("admission %s failed", span_name)
             await context.abort(grpc.StatusCode.INTERNAL, "internal error; see the admission log")
+
+        def _enter(request) -> object:
+            principal = authenticate(metadata)
+            if isinstance(request, _Undecodable):
+                raise ValidationError("request", f"not a valid {method} request message")
+            return auth.CURRENT.set(principal)
 
         if handler.unary_unary:
             inner = handler.unary_unary
 
             async def unary(request, context):
                 token = otel_context.attach(telemetry.context_from(carrier))
+                caller = None
                 try:
-                    with tracer.start_as_current_span(f"JobService/{method}"):
+                    with tracer.start_as_current_span(span_name):
                         try:
+                            caller = _enter(request)
                             return await inner(request, context)
                         except (FedError, Exception) as e:  # noqa: BLE001
                             if isinstance(e, asyncio.CancelledError) or _is_abort(e):
                                 raise
                             await _fail(context, e)
                 finally:
+                    if caller is not None:
+                        auth.CURRENT.reset(caller)
                     otel_context.detach(token)
 
-            return grpc.unary_unary_rpc_method_handler(unary, request_deserializer=handler.request_deserializer,
+            return grpc.unary_unary_rpc_method_handler(unary, request_deserializer=_safe(handler.request_deserializer),
                                                        response_serializer=handler.response_serializer)
         if handler.unary_stream:
             inner_stream = handler.unary_stream
@@ -113,6 +198,7 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
             async def stream(request, context):
                 token = otel_context.attach(telemetry.context_from(carrier))
                 try:
+                    _enter(request)
                     async for item in inner_stream(request, context):
                         yield item
                 except (FedError, Exception) as e:  # noqa: BLE001
@@ -122,9 +208,13 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
                 finally:
                     otel_context.detach(token)
 
-            return grpc.unary_stream_rpc_method_handler(stream, request_deserializer=handler.request_deserializer,
+            return grpc.unary_stream_rpc_method_handler(stream, request_deserializer=_safe(handler.request_deserializer),
                                                         response_serializer=handler.response_serializer)
         return handler
+
+
+#: The old name (the interceptor used to only map errors).
+ErrorInterceptor = GatewayInterceptor
 
 
 def _is_abort(e: BaseException) -> bool:
@@ -156,6 +246,25 @@ def explain_to_pb(rec: JobRecord) -> pb.ExplainJobResponse:
             msg.clusters.append(v)
         out.decisions.append(msg)
     return out
+def check_job_access(principal: Principal, rec: JobRecord, *, write: bool = False) -> None:
+    """Raise unless ``principal`` may read (or, with ``write``, cancel) the job ``rec``.
+
+    Readers: admins, the tenant's approvers, its submitters (of the job's project), and the
+    agent of the cluster the job's current attempt runs on. Cancellers: admins and submitters.
+    Other services that show a job (e.g. an explain RPC) should call this too.
+
+    Raises:
+        PermissionDeniedError: naming the principal and the job's tenant/project.
+    """
+    spec = rec.spec
+    if write:
+        allowed = principal.can_cancel(spec.tenant, spec.project)
+    else:
+        allowed = principal.can_read(spec.tenant, spec.project) or (
+            rec.current is not None and principal.agent_of(rec.current.cluster))
+    if not allowed:
+        verb = "cancel" if write else "read"
+        raise PermissionDeniedError(f"{principal.name} may not {verb} jobs of {spec.tenant}/{spec.project}")
 
 
 def job_to_pb(rec: JobRecord) -> pb.Job:
@@ -184,40 +293,63 @@ class JobServicer(pb_grpc.JobServiceServicer):
 
     Args:
         bus: NATS connection.
-        clock: business clock (submission times).
-        tenants: known tenants and projects.
+        clock: business clock (submission times, budget months).
+        policy: the governance policy in force.
         view: the job read model (kept current by :class:`AdmissionService`).
-        limits: admission limits.
-        known_models: card models reported by agents (kept current by :class:`AdmissionService`).
+        limits: admission limits overriding the policy's (None = the policy's).
+        known_models / known_regions: card models and regions agents reported (kept current).
+        spend: month-to-date spend per tenant (budgets).
+        prices: the price catalog (worst-case job cost for budgets).
     """
 
-    def __init__(self, bus: Bus, clock: Clock, tenants: TenantDirectory, view: JobView, limits: Limits,
-                 known_models: set[str], known_regions: set[str]) -> None:
+    def __init__(self, bus: Bus, clock: Clock, policy: PolicyHolder, view: JobView, limits: Limits | None,
+                 known_models: set[str], known_regions: set[str], spend: SpendBook, prices: PriceCatalog) -> None:
         self.bus = bus
         self.clock = clock
-        self.tenants = tenants
+        self.policy = policy
         self.view = view
-        self.limits = limits
+        self.limits_override = limits
         self.known_models = known_models
         self.known_regions = known_regions
+        self.spend = spend
+        self.prices = prices
+        self._limits: tuple[str, Limits] | None = None
+
+    def gov(self) -> Governance:
+        """The policy in force (the interceptor guarantees one exists)."""
+        gov = self.policy.current
+        if gov is None:
+            raise UnavailableError("no governance policy applied yet")
+        return gov
+
+    def limits(self, gov: Governance) -> Limits:
+        """Admission limits: the override, else the policy's."""
+        if self.limits_override is not None:
+            return self.limits_override
+        if self._limits is None or self._limits[0] != gov.version:
+            self._limits = (gov.version, Limits(**gov.doc.limits.model_dump()))
+        return self._limits[1]
 
     # ------------------------------------------------------------------ submit
 
     async def SubmitJob(self, request: pb.SubmitJobRequest, context) -> pb.SubmitJobResponse:
+        principal = auth.current()
         try:
-            return await self._submit(request, principal="anonymous")
-        except (ValidationError, QuotaExceededError) as e:
-            await self._record_rejection(request, e)
+            return await self._submit(request, principal)
+        except (ValidationError, QuotaExceededError, PermissionDeniedError) as e:
+            await self._record_rejection(request, e, principal)
             raise
 
-    async def _submit(self, request: pb.SubmitJobRequest, principal: str) -> pb.SubmitJobResponse:
+    async def _submit(self, request: pb.SubmitJobRequest, principal: Principal) -> pb.SubmitJobResponse:
+        gov = self.gov()
+        limits = self.limits(gov)
         if not request.HasField("spec"):
             raise ValidationError("spec", "required")
         rid = request.request_id
-        if len(rid) > self.limits.max_request_id or (rid and not rid.isprintable()):
-            raise ValidationError("request_id", f"at most {self.limits.max_request_id} printable characters")
+        if len(rid) > limits.max_request_id or (rid and not rid.isprintable()):
+            raise ValidationError("request_id", f"at most {limits.max_request_id} printable characters")
         raw = request.spec
-        tenant = self.tenants.get(raw.tenant)
+        tenant = gov.tenant(raw.tenant)
         if tenant is None:
             check_name("tenant", raw.tenant, "spec.tenant")
             raise ValidationError("spec.tenant", f"unknown tenant {raw.tenant!r}")
@@ -225,37 +357,45 @@ class JobServicer(pb_grpc.JobServiceServicer):
             check_name("project", raw.project, "spec.project")
             raise ValidationError("spec.project", f"tenant {tenant.name} has no project {raw.project!r} "
                                                   f"(has {', '.join(sorted(tenant.projects))})")
-        spec = spec_from_pb(raw, limits=self.limits, default_home=tenant.home_region,
+        if not principal.can_submit(tenant.name, raw.project):
+            raise PermissionDeniedError(f"{principal.name} may not submit jobs for {tenant.name}/{raw.project or '?'}")
+        if rid:
+            existing = self.view.find_request(tenant.name, rid)
+            if existing is not None:
+                return pb.SubmitJobResponse(job_id=existing.job_id, state=STATE_TO_PB[existing.state], duplicate=True)
+        spec = spec_from_pb(raw, limits=limits, default_home=tenant.home_region,
                             known_models=frozenset(self.known_models))
-        regions = self.known_regions | {t.home_region for t in self.tenants}
+        regions = self.known_regions | {t.home_region for t in gov.tenants.values()}
         for field, values in (("spec.home_region", [spec.home_region]), ("spec.allowed_regions", spec.allowed_regions),
                               ("spec.forbidden_regions", spec.forbidden_regions)):
             for r in values:
                 if r not in regions:
                     raise ValidationError(field, f"unknown region {r!r} (known: {', '.join(sorted(regions))})")
+        spec = gov.admit_spec(spec, locality_given=raw.locality != pb.LOCALITY_UNSPECIFIED)
+        check_quota_can_fit(gov, spec, self.known_models, regions)
+        check_budget(gov, self.spend, spec, self.clock.time(), self.prices, self.known_models, regions)
         if rid:
-            existing = self.view.find_request(spec.tenant, rid)
-            if existing is not None:
-                return pb.SubmitJobResponse(job_id=existing.job_id, state=STATE_TO_PB[existing.state], duplicate=True)
             job_id = "j-" + hashlib.sha256(f"{spec.tenant}/{rid}".encode()).hexdigest()[:20]
         else:
             job_id = "j-" + uuid.uuid4().hex[:20]
-        event = make_event("job.submitted", JobSubmitted(spec=spec, request_id=rid, submitted_by=principal),
+        event = make_event("job.submitted", JobSubmitted(spec=spec, request_id=rid, submitted_by=principal.name),
                            producer="admission", occurred_at=self.clock.time(),
                            event_id=business_event_id(job_id, "submitted"), tenant=spec.tenant, project=spec.project,
-                           job_id=job_id, actor=principal)
+                           job_id=job_id, actor=principal.name, policy_version=gov.version)
         ack = await self.bus.publish(self.bus.subjects.job("submitted", spec.tenant, spec.project), event)
         self.view.apply(event)
         return pb.SubmitJobResponse(job_id=job_id, state=STATE_TO_PB[self.view.jobs[job_id].state],
                                     duplicate=bool(ack.duplicate))
 
-    async def _record_rejection(self, request: pb.SubmitJobRequest, e: FedError) -> None:
+    async def _record_rejection(self, request: pb.SubmitJobRequest, e: FedError, principal: Principal) -> None:
         tenant = request.spec.tenant if request.HasField("spec") else ""
-        payload = SubmissionRejected(code=status_for(e).name, field=getattr(e, "field", ""), message=e.message[:500],
-                                     request_id=request.request_id[:128])
+        gov = self.policy.current
+        known = gov is not None and is_name("tenant", tenant) and gov.tenant(tenant) is not None
+        payload = SubmissionRejected(code=status_for(e).name, field=getattr(e, "field", "") or getattr(e, "limit", ""),
+                                     message=e.message[:500], request_id=request.request_id[:128])
         event = make_event("submission.rejected", payload, producer="admission", occurred_at=self.clock.time(),
-                           tenant=tenant if is_name("tenant", tenant) and self.tenants.get(tenant) else "",
-                           actor="anonymous")
+                           tenant=tenant if known else "", actor=principal.name,
+                           policy_version=gov.version if gov else "")
         try:
             await self.bus.publish(self.bus.subjects.admission_rejected(), event)
         except UnavailableError:
@@ -263,18 +403,22 @@ class JobServicer(pb_grpc.JobServiceServicer):
 
     # ------------------------------------------------------------------ read
 
-    def _get(self, job_id: str) -> JobRecord:
+    def _get(self, job_id: str, *, write: bool = False) -> JobRecord:
         if not job_id:
             raise ValidationError("job_id", "required")
+        if len(job_id) > 64 or not job_id.isprintable():
+            raise ValidationError("job_id", "not a job id (j- and 20 hex characters)")
         rec = self.view.jobs.get(job_id)
         if rec is None:
             raise NotFoundError("job", job_id)
+        check_job_access(auth.current(), rec, write=write)
         return rec
 
     async def GetJob(self, request: pb.GetJobRequest, context) -> pb.Job:
         return job_to_pb(self._get(request.job_id))
 
     async def ListJobs(self, request: pb.ListJobsRequest, context) -> pb.ListJobsResponse:
+        principal = auth.current()
         size = request.page_size or 100
         if size > 1000:
             raise ValidationError("page_size", "must be <= 1000")
@@ -289,24 +433,36 @@ class JobServicer(pb_grpc.JobServiceServicer):
             if s not in STATE_FROM_PB:
                 raise ValidationError(f"states[{i}]", f"unknown state {s}")
             states.add(STATE_FROM_PB[s])
+        if request.tenant:
+            check_name("tenant", request.tenant, "tenant")
+            if not principal.can_read(request.tenant, request.project or None):
+                raise PermissionDeniedError(f"{principal.name} may not read jobs of {request.tenant}")
+        elif principal.readable_tenants() == frozenset():
+            raise PermissionDeniedError(f"{principal.name} may not list jobs (no tenant rights)")
+        if request.project:
+            check_name("project", request.project, "project")
         jobs = [r for r in self.view.jobs.values()
                 if (not request.tenant or r.spec.tenant == request.tenant)
                 and (not request.project or r.spec.project == request.project)
-                and (not states or r.state in states)]
+                and (not states or r.state in states)
+                and principal.can_read(r.spec.tenant, r.spec.project)]
         jobs.sort(key=lambda r: (r.submitted_at, r.job_id))
         page = jobs[offset:offset + size]
         nxt = str(offset + size) if offset + size < len(jobs) else ""
         return pb.ListJobsResponse(jobs=[job_to_pb(r) for r in page], next_page_token=nxt, total=len(jobs))
 
     async def CancelJob(self, request: pb.CancelJobRequest, context) -> pb.CancelJobResponse:
-        rec = self._get(request.job_id)
-        if rec.state in TERMINAL_STATES:
-            raise ConflictError(f"job {rec.job_id} is already {rec.state.value}")
+        principal = auth.current()
+        rec = self._get(request.job_id, write=True)
         if len(request.reason) > 500:
             raise ValidationError("reason", "at most 500 characters")
+        if rec.state in TERMINAL_STATES:
+            raise ConflictError(f"job {rec.job_id} is already {rec.state.value}")
+        gov = self.policy.current
         event = make_event("job.cancel_requested", JobCancelRequested(reason=request.reason), producer="admission",
                            occurred_at=self.clock.time(), event_id=business_event_id(rec.job_id, "cancel"),
-                           tenant=rec.spec.tenant, project=rec.spec.project, job_id=rec.job_id, actor="anonymous")
+                           tenant=rec.spec.tenant, project=rec.spec.project, job_id=rec.job_id, actor=principal.name,
+                           policy_version=gov.version if gov else "")
         await self.bus.publish(self.bus.subjects.job("cancel", rec.spec.tenant, rec.spec.project), event)
         self.view.apply(event)
         return pb.CancelJobResponse(job=job_to_pb(rec))
@@ -327,43 +483,91 @@ class JobServicer(pb_grpc.JobServiceServicer):
             await changed.wait()
 
 
+@dataclass(frozen=True)
+class TlsFiles:
+    """TLS for the gRPC port: server certificate and key (PEM files); with ``client_ca``,
+    clients must present a certificate signed by it (mTLS)."""
+
+    cert: Path
+    key: Path
+    client_ca: Path | None = None
+
+    def credentials(self) -> grpc.ServerCredentials:
+        """The server credentials (reads the files)."""
+        ca = Path(self.client_ca).read_bytes() if self.client_ca else None
+        return grpc.ssl_server_credentials([(Path(self.key).read_bytes(), Path(self.cert).read_bytes())],
+                                           root_certificates=ca, require_client_auth=ca is not None)
+
+
 class AdmissionService:
-    """Runs the gRPC server and keeps the job view and the known card models current.
+    """Runs the gRPC server and keeps its read models current: jobs, approvals, spend, the
+    policy in force, the card models and regions agents report.
 
     Args:
         bus: NATS connection.
         clock: business clock.
-        tenants: known tenants.
         address: ``host:port`` to listen on (port 0 = any free port; see :attr:`port`).
-        limits: admission limits.
+        limits: admission limits overriding the policy's (None = the policy's).
+        max_message_bytes: largest request accepted (bigger: RESOURCE_EXHAUSTED from gRPC).
+        prices: price catalog (budgets' worst-case cost); default the bundled one.
+        tls: serve TLS / mTLS instead of plaintext.
+        spend_poll_s: how often to look for billing's spend KV bucket until it exists.
     """
 
-    def __init__(self, bus: Bus, clock: Clock, tenants: TenantDirectory, *, address: str = "127.0.0.1:50051",
-                 limits: Limits | None = None, max_message_bytes: int = 4 * 1024 * 1024) -> None:
+    def __init__(self, bus: Bus, clock: Clock, *, address: str = "127.0.0.1:50051", limits: Limits | None = None,
+                 max_message_bytes: int = 4 * 1024 * 1024, prices: PriceCatalog | None = None,
+                 tls: TlsFiles | None = None, spend_poll_s: float = 5.0) -> None:
+        from services.admission.governance import ApprovalServicer, PolicyServicer, TenantServicer
+
         self.bus = bus
         self.address = address
+        self.tls = tls
+        self.policy = PolicyHolder()
         self.view = JobView()
+        self.approvals = ApprovalView()
+        self.spend = SpendBook()
         self.known_models: set[str] = set()
         self.known_regions: set[str] = set()
-        self.servicer = JobServicer(bus, clock, tenants, self.view, limits or Limits(), self.known_models,
-                                    self.known_regions)
-        self.server = grpc.aio.server(interceptors=[ErrorInterceptor()], options=[
+        prices = prices or load_price_catalog()
+        self.servicer = JobServicer(bus, clock, self.policy, self.view, limits, self.known_models,
+                                    self.known_regions, self.spend, prices)
+        self.tenants = TenantServicer(self)
+        self.approval_servicer = ApprovalServicer(self)
+        self.policy_servicer = PolicyServicer(self)
+        self.clock = clock
+        self.server = grpc.aio.server(interceptors=[GatewayInterceptor(authenticator(self.policy))], options=[
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", 64 * 1024 * 1024),
         ])
         pb_grpc.add_JobServiceServicer_to_server(self.servicer, self.server)
+        gpb_grpc.add_TenantServiceServicer_to_server(self.tenants, self.server)
+        gpb_grpc.add_ApprovalServiceServicer_to_server(self.approval_servicer, self.server)
+        gpb_grpc.add_PolicyServiceServicer_to_server(self.policy_servicer, self.server)
         self.health = health_aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        reflection.enable_server_reflection((SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+        reflection.enable_server_reflection((*GUARDED, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
                                              reflection.SERVICE_NAME), self.server)
         self.port = 0
-        self._events = StreamFollower(bus, "EVENTS", self.view.apply_delivery, name="admission-jobs",
-                                      filter_subjects=[bus.subjects.all("jobs"), bus.subjects.all("placements"),
-                                                       bus.subjects.all("decisions"), bus.subjects.all("status")])
+        s = bus.subjects
+        self._events = StreamFollower(bus, "EVENTS", self._on_event, name="admission-jobs",
+                                      filter_subjects=[s.all("jobs"), s.all("placements"), s.all("decisions"),
+                                                       s.all("status"), s.all("governance"),
+                                                       s.all("billing", "usage")])
         self._inventory = StreamFollower(bus, "INVENTORY", self._on_inventory, name="admission-inventory",
-                                         filter_subjects=[bus.subjects.all("inventory")], last_per_subject=True)
+                                         filter_subjects=[s.all("inventory")], last_per_subject=True)
+        self._policy_follower = PolicyFollower(bus, self.policy, name="admission-policy")
+        self._spend_watcher = SpendWatcher(bus, self.spend, poll_s=spend_poll_s)
         self._stop = asyncio.Event()
         self.ready = asyncio.Event()
+
+    def _on_event(self, d: Delivery) -> None:
+        env = d.envelope
+        if env.type.startswith("approval."):
+            self.approvals.apply(env)
+        elif env.type == "usage.recorded":
+            self.spend.apply_event(env)
+            return
+        self.view.apply_delivery(d)
 
     def _on_inventory(self, d) -> None:
         env = d.envelope
@@ -373,19 +577,32 @@ class AdmissionService:
             self.known_regions.add(env.region)
 
     async def start(self) -> None:
-        """Rebuild the view, then start serving (sets :attr:`ready`)."""
+        """Rebuild the read models, wait for a policy, then start serving (sets :attr:`ready`)."""
         self._tasks = [asyncio.create_task(self._events.run(), name="admission-events"),
-                       asyncio.create_task(self._inventory.run(), name="admission-inventory")]
+                       asyncio.create_task(self._inventory.run(), name="admission-inventory"),
+                       asyncio.create_task(self._policy_follower.run(), name="admission-policy"),
+                       asyncio.create_task(self._spend_watcher.run(), name="admission-spend")]
         await self._events.caught_up.wait()
         await self._inventory.caught_up.wait()
-        self.port = self.server.add_insecure_port(self.address)
+        if not self.policy.ready.is_set():
+            await self._policy_follower.initial.wait()
+            if not self.policy.ready.is_set():
+                log.warning("admission: no governance policy stored yet; waiting for one "
+                            "(the embedded system bootstraps it; see `fedsched policy apply`)")
+            await self.policy.ready.wait()
+        if self.tls is not None:
+            self.port = self.server.add_secure_port(self.address, self.tls.credentials())
+        else:
+            self.port = self.server.add_insecure_port(self.address)
         if self.port == 0:
             raise UnavailableError(f"admission cannot listen on {self.address}")
         await self.server.start()
-        await self.health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
-        await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
+        for name in (*GUARDED, ""):
+            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         self.ready.set()
-        log.info("admission: serving JobService on port %d (%d jobs known)", self.port, len(self.view.jobs))
+        log.info("admission: serving on port %d%s (%d jobs known, policy %s)", self.port,
+                 " with TLS" + (" (client certificates required)" if self.tls.client_ca else "") if self.tls else "",
+                 len(self.view.jobs), self.policy.version)
 
     async def run(self) -> None:
         """Serve until :meth:`stop`."""
@@ -395,8 +612,8 @@ class AdmissionService:
         finally:
             await self.health.enter_graceful_shutdown()
             await self.server.stop(grace=2)
-            self._events.stop()
-            self._inventory.stop()
+            for follower in (self._events, self._inventory, self._policy_follower, self._spend_watcher):
+                follower.stop()
             for t in self._tasks:
                 t.cancel()
             await asyncio.gather(*self._tasks, return_exceptions=True)

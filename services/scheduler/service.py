@@ -39,7 +39,9 @@ from fedsched.clock import Clock, to_datetime
 from fedsched.events import (Envelope, InventorySnapshot, JobPending, JobPlaced, JobStatus, JobStop, JobSubmitted,
                              WorkerBinding, business_event_id, make_event)
 from fedsched.jobs import JobSpec
+from fedsched.policystore import PolicyFollower, PolicyHolder
 from fedsched.pricing import PriceCatalog
+from services.scheduler.approvals import Governor
 from services.scheduler.core import (ClusterEvaluation, ClusterIndex, ClusterState, NodeState, Pending, Placement,
                                      Policy, QueuedJob, RunningWork, Usage, View, decide)
 from services.scheduler.core.explain import pending_counterfactual, placement_counterfactual
@@ -105,6 +107,48 @@ class JobEntry:
         """Every shard is done."""
         return all(s.state == "done" for s in self.shards)
 
+    # -- the job as one attempt, for the governor (services/scheduler/approvals.py) --
+
+    @property
+    def state(self) -> str:
+        """``done`` when every shard is; else the most advanced shard state."""
+        if self.done:
+            return "done"
+        for state in ("running", "placed", "stopping", "queued"):
+            if any(s.state == state for s in self.shards):
+                return state
+        return "queued"
+
+    @property
+    def attempt(self) -> int:
+        """Latest attempt number over the shards."""
+        return max((s.attempt for s in self.shards), default=0)
+
+    @property
+    def _lead(self) -> "ShardEntry | None":
+        return next((s for s in self.shards if s.placed is not None), None)
+
+    @property
+    def placed(self) -> JobPlaced | None:
+        """The first shard's current placement (None if no shard holds one)."""
+        lead = self._lead
+        return lead.placed if lead else None
+
+    @property
+    def region(self) -> str:
+        """Region of :attr:`placed`."""
+        lead = self._lead
+        return lead.region if lead else ""
+
+
+@dataclass(frozen=True)
+class ActiveShard:
+    """A placed or running shard as the governor's quota book counts it."""
+
+    tenant: str
+    region: str
+    placed: JobPlaced
+
 
 @dataclass
 class ClusterInfo:
@@ -151,6 +195,11 @@ class SchedulerService:
         self.interval_s = interval_s
         self.reclaim_after_s = reclaim_after_s
         self.cross_region_mode = cross_region_mode or {}
+        # governance (quotas, cross-region modes, approvals): services/scheduler/approvals.py
+        self.base_policy = policy
+        self.policy_holder = PolicyHolder()
+        self.governor = Governor(self.policy_holder, bus.subjects, prices)
+        self._policy_follower = PolicyFollower(bus, self.policy_holder, name="scheduler-policy")
         self.jobs: dict[str, JobEntry] = {}
         self.clusters: dict[str, ClusterInfo] = {}
         self.counts = {"queued": 0, "placed": 0, "running": 0, "stopping": 0, "done": 0}
@@ -177,12 +226,14 @@ class SchedulerService:
     async def run(self) -> None:
         """Rebuild from the bus, then schedule until :meth:`stop`."""
         tasks = [asyncio.create_task(self._events.run(), name="scheduler-events"),
-                 asyncio.create_task(self._inventory.run(), name="scheduler-inventory")]
+                 asyncio.create_task(self._inventory.run(), name="scheduler-inventory"),
+                 asyncio.create_task(self._policy_follower.run(), name="scheduler-policy")]
         self._status_sub = await self.bus.nc.subscribe(f"{self.bus.prefix}.svc.scheduler.status",
                                                        cb=self._on_status_request)
         try:
             await self._events.caught_up.wait()
             await self._inventory.caught_up.wait()
+            await self._policy_follower.initial.wait()
             log.info("scheduler: rebuilt %d jobs, %d clusters", len(self.jobs), len(self.clusters))
             self._dirty.set()
             while not self._stop.is_set():
@@ -206,6 +257,7 @@ class SchedulerService:
         finally:
             self._events.stop()
             self._inventory.stop()
+            self._policy_follower.stop()
             if self._status_sub is not None:
                 try:
                     await self._status_sub.unsubscribe()
@@ -223,7 +275,9 @@ class SchedulerService:
     def status(self) -> dict:
         """Counts (of shards) for dashboards and the replay driver's quiescence check."""
         unplaceable = sum(1 for _, s in self.queued.values() if s.unplaceable)
-        return {"applied_seq": self.applied_seq, "dirty": self._dirty.is_set(), "busy": self.busy, "cycles": self.cycles,
+        timers = [st.pending.expires_at for st in self.governor.state.values() if st.pending is not None]
+        return {"next_due": min(timers) if timers else None,  # business time of the next timer (approval expiry)
+                "applied_seq": self.applied_seq, "dirty": self._dirty.is_set(), "busy": self.busy, "cycles": self.cycles,
                 "last_cycle_ms": round(self.last_cycle_ms, 2), "unplaceable": unplaceable, "jobs": len(self.jobs),
                 "clusters": len(self.clusters), "stale": sorted(self._stale), "policy": self.policy.version,
                 **self.counts}
@@ -267,6 +321,8 @@ class SchedulerService:
         handler = _EVENT_HANDLERS.get(env.type)
         if handler is not None:
             handler(self, env, d)
+        if self.governor.apply(env):  # governance: approval requests and outcomes
+            self._dirty.set()
 
     def _shard(self, env: Envelope, index: int) -> tuple[JobEntry, ShardEntry] | None:
         job = self.jobs.get(env.job_id)
@@ -443,22 +499,34 @@ class SchedulerService:
         return View(tuple(clusters), now, self.stale_after_s, usage)
 
     def queue(self) -> list[QueuedJob]:
-        """Shards waiting for a placement."""
+        """Shards waiting for a placement (cross-region mode from the governance policy in force,
+        else the ``cross_region_mode`` given at construction)."""
+        gov = self.policy_holder.current
         return [QueuedJob(job.job_id, shard.attempt + 1, job.spec, job.submitted_at, frozenset(shard.avoid),
-                          shard.index, self.cross_region_mode.get(job.tenant, "allowed"), shard.progress_s)
+                          shard.index, gov.mode_for(job.spec)[0] if gov is not None
+                          else self.cross_region_mode.get(job.tenant, "allowed"), shard.progress_s)
                 for job, shard in self.queued.values() if not job.cancel_requested]
 
     async def cycle(self) -> None:
         """One scheduling cycle (see the module docstring)."""
         t0 = time.perf_counter()
+        self.policy = self.governor.effective_policy(self.base_policy)  # governance: weights, quota filter
         await self._reclaim()                                                        # 1
         await self._cancellations()
+        expired = self.governor.expiries(self.jobs, self.clock.time())  # governance: approval timeouts
+        if expired:
+            await self.bus.publish_many(expired)
         queue = self.queue()
         if not queue or not self.clusters:
             return
         view = self.view()                                                           # 2
+        view = replace(view, quota=self.governor.quota_book(  # governance: quota usage
+            ActiveShard(job.tenant, shard.region, shard.placed) for job, shard in self.active.values()
+            if shard.placed is not None))
+        queue = self.governor.narrow(queue, view)  # governance: awaiting approval, home-only, quota room
         with tracer.start_as_current_span("scheduler.cycle", attributes={"queue": len(queue)}):
             decisions = decide(view, queue, self.policy)                             # 3
+        decisions, requests = self.governor.gate(decisions, self.jobs, view, self.clock.time())  # governance
         stops, places, pendings = [], [], []
         for p in decisions.placements:                                               # 4
             for victim in p.victims:
@@ -474,7 +542,9 @@ class SchedulerService:
                                                    for_job=p.job.job_id)) is not None]
         results = await self.bus.publish_many([item for _, item in stop_items] +
                                               [(s, e, h) for _, s, e, h in places] +
-                                              [(s, e, h) for _, _, (s, e, h) in pendings])
+                                              [(s, e, h) for _, _, (s, e, h) in pendings] + requests)
+        if requests:  # governance: the jobs whose approval request was acknowledged now wait
+            self.governor.confirm(requests, results[len(results) - len(requests):])
         rest = results[len(stop_items):]                                             # 5
         for (victim, _), ok in zip(stop_items, results):
             job = self.jobs[victim.job_id]

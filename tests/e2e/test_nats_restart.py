@@ -9,6 +9,7 @@ import pytest
 
 from fedsched.api.v1 import jobs_pb2 as pb
 from fedsched.api.v1 import jobs_pb2_grpc as pb_grpc
+from fedsched.client import aio_channel
 from fedsched.clock import ClockState, ReplayClock
 from fedsched.runtime import System, SystemOptions
 from fedsched.settings import Settings
@@ -40,7 +41,7 @@ async def test_services_survive_a_nats_server_restart(tmp_path, chdb_path):
     system = System(SystemOptions(settings=settings, clock=clock, split=split, agent_tick_s=0.005))
     await system.start()
     try:
-        async with grpc.aio.insecure_channel(system.grpc_target) as channel:
+        async with aio_channel(system.grpc_target, system.admin_token) as channel:
             stub = pb_grpc.JobServiceStub(channel)
             spec = pb.JobSpec(tenant="search", project="train", gpus_per_worker=1, cpu_milli=1000,
                               annotations={"trace.runtime_s": "600"})

@@ -2,11 +2,11 @@
 
 import asyncio
 
-import grpc
 import pytest
 
 from fedsched.api.v1 import jobs_pb2 as pb
 from fedsched.api.v1 import jobs_pb2_grpc as pb_grpc
+from fedsched.client import aio_channel
 from fedsched.clock import ClockState, ReplayClock
 from fedsched.runtime import System, SystemOptions
 from fedsched.settings import Settings
@@ -38,7 +38,7 @@ async def test_second_start_resumes_with_jobs_running_and_history_kept(tmp_path,
     spec = pb.JobSpec(tenant="search", project="train", gpus_per_worker=2, cpu_milli=8000,
                       annotations={"trace.runtime_s": "300"}, card_models=["G2"])
     async with _system(tmp_path, chdb_path, database, clock) as first:
-        async with grpc.aio.insecure_channel(first.grpc_target) as channel:
+        async with aio_channel(first.grpc_target, first.admin_token) as channel:
             stub = pb_grpc.JobServiceStub(channel)
             done = await stub.SubmitJob(pb.SubmitJobRequest(spec=pb.JobSpec(
                 tenant="nlp", project="batch", gpus_per_worker=1, gpu_milli=250, cpu_milli=1000,
@@ -48,7 +48,8 @@ async def test_second_start_resumes_with_jobs_running_and_history_kept(tmp_path,
             running = await _wait_state(stub, long.job_id, {pb.JOB_STATE_RUNNING})
             cluster = running.cluster
     async with _system(tmp_path, chdb_path, database, clock) as second:
-        async with grpc.aio.insecure_channel(second.grpc_target) as channel:
+        assert second.admin_token == first.admin_token  # read back from <data_dir>/admin.token
+        async with aio_channel(second.grpc_target, second.admin_token) as channel:
             stub = pb_grpc.JobServiceStub(channel)
             assert (await stub.GetJob(pb.GetJobRequest(job_id=done.job_id))).state == pb.JOB_STATE_SUCCEEDED
             again = await stub.SubmitJob(pb.SubmitJobRequest(spec=spec, request_id="survives-restart"))

@@ -14,6 +14,7 @@ import pytest
 
 from fedsched.api.v1 import jobs_pb2 as pb
 from fedsched.api.v1 import jobs_pb2_grpc as pb_grpc
+from fedsched.client import aio_channel
 from fedsched.clock import ClockState, ReplayClock
 from fedsched.runtime import System, SystemOptions
 from fedsched.settings import Settings
@@ -43,7 +44,7 @@ async def federation(nats_server, chdb_path, tmp_path):
         systems.append(system)
         while len(system.scheduler.clusters) < len([c for c, n in split.items() if n]):
             await asyncio.sleep(0.05)
-        channel = grpc.aio.insecure_channel(system.grpc_target)
+        channel = aio_channel(system.grpc_target, system.admin_token)
         systems.append(channel)
         return system, pb_grpc.JobServiceStub(channel)
 

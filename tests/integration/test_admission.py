@@ -1,34 +1,67 @@
-"""Admission over real gRPC and real NATS: validation, idempotency, reflection, health."""
+"""Admission over real gRPC and real NATS: validation, idempotency, reflection, health.
+
+The bad-request table (:data:`BAD`) pairs every kind of bad submission -- each field's invalid
+forms, oversize, wrong wire types, unknown card models, names breaking the rules, widening the
+tenant's policy, a quota it can never fit, missing or foreign credentials -- with its exact
+status code and the field (or limit) the error names.
+"""
 
 import asyncio
 
 import grpc
 import pytest
+from google.protobuf.timestamp_pb2 import Timestamp
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from fedsched.api.v1 import jobs_pb2 as pb
 from fedsched.api.v1 import jobs_pb2_grpc as pb_grpc
+from fedsched.bus import Bus
 from fedsched.clock import SystemClock
-from fedsched.tenancy import load_tenants
 from services.admission.service import AdmissionService
+from tests.conftest import unique
+from tests.govfixtures import TOKENS, channel, policy_doc, store_policy
+
+QUOTAS = """
+quotas:
+  - {tenant: nlp, card: "*", region: "*", guaranteed_gpus: 8}
+"""
+MAX_MESSAGE = 256 * 1024
+
+
+async def _start(bus: Bus) -> tuple[AdmissionService, asyncio.Task]:
+    await store_policy(bus, policy_doc(QUOTAS))
+    svc = AdmissionService(bus, SystemClock(), address="127.0.0.1:0", max_message_bytes=MAX_MESSAGE)
+    svc.known_models.add("nvidia-t4-16gb")
+    task = asyncio.create_task(svc.run())
+    await asyncio.wait_for(svc.ready.wait(), 20)
+    return svc, task
 
 
 @pytest.fixture
 async def admission(bus):
-    svc = AdmissionService(bus, SystemClock(), load_tenants(), address="127.0.0.1:0")
-    svc.known_models.add("nvidia-t4-16gb")
-    task = asyncio.create_task(svc.run())
-    await asyncio.wait_for(svc.ready.wait(), 20)
+    svc, task = await _start(bus)
     yield svc
     svc.stop()
     await task
 
 
+@pytest.fixture(scope="module")
+async def shared_admission(nats_server):
+    """One admission for the read-only table tests of this module (its own subject prefix)."""
+    bus = await Bus.connect(nats_server.url, unique("t"), name="test-shared")
+    await bus.ensure_streams()
+    svc, task = await _start(bus)
+    yield svc
+    svc.stop()
+    await task
+    await bus.close()
+
+
 @pytest.fixture
 async def stub(admission):
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{admission.port}") as channel:
-        yield pb_grpc.JobServiceStub(channel)
+    async with channel(admission.port, "root") as ch:
+        yield pb_grpc.JobServiceStub(ch)
 
 
 def good(**kw) -> pb.JobSpec:
@@ -38,40 +71,144 @@ def good(**kw) -> pb.JobSpec:
         if isinstance(v, list):
             del getattr(spec, k)[:]
             getattr(spec, k).extend(v)
+        elif isinstance(v, dict):
+            getattr(spec, k).update(v)
+        elif k == "datasets":
+            spec.datasets.append(v)
+        elif isinstance(v, Timestamp):
+            getattr(spec, k).CopyFrom(v)
         else:
             setattr(spec, k, v)
     return spec
 
 
+def req(spec: pb.JobSpec | None = None, **kw) -> pb.SubmitJobRequest:
+    return pb.SubmitJobRequest(spec=spec, **kw) if spec is not None else pb.SubmitJobRequest(**kw)
+
+
+def raw_spec(body: bytes) -> bytes:
+    """A SubmitJobRequest whose field 1 (spec) holds ``body`` verbatim."""
+    return b"\x0a" + bytes([len(body)]) + body
+
+
+IA, RE, PD, UA = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED,
+                  grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED)
+FAR = Timestamp(seconds=10**13)  # year ~318857: not a datetime
+
+#: (id, request (message or raw bytes), caller, expected code, expected field/limit or None)
 BAD = [
-    ("unknown tenant", good(tenant="nobody"), "spec.tenant"),
-    ("tenant breaks the naming rule", good(tenant="Search"), "spec.tenant"),
-    ("unknown project", good(project="nope"), "spec.project"),
-    ("zero workers", good(workers=0), "spec.workers"),
-    ("too many workers", good(workers=100000), "spec.workers"),
-    ("too many gpus per worker", good(gpus_per_worker=65), "spec.gpus_per_worker"),
-    ("share above a whole card", good(gpu_milli=1500), "spec.gpu_milli"),
-    ("fractional share over two cards", good(gpus_per_worker=2, gpu_milli=500), "spec.gpu_milli"),
-    ("cpu-only job without cpu", good(gpus_per_worker=0, cpu_milli=0), "spec.cpu_milli"),
-    ("unknown card model", good(card_models=["T4", "Quantum-9"]), "spec.card_models[1]"),
-    ("bad home region", good(home_region="North"), "spec.home_region"),
-    ("unknown home region", good(home_region="us-west-9"), "spec.home_region"),
-    ("region both allowed and forbidden", good(allowed_regions=["cn-east-1"], forbidden_regions=["cn-east-1"]),
-     "spec"),
-    ("NaN duration", good(estimated_duration_seconds=float("nan")), "spec.estimated_duration_seconds"),
-    ("negative price ceiling", good(max_price_per_gpu_hour=-1.0), "spec.max_price_per_gpu_hour"),
-    ("unknown enum", good(kind=42), "spec.kind"),
-    ("bad job name", good(name="My Job"), "spec.name"),
+    # tenant and project: unknown, naming rules, empty
+    ("unknown tenant", req(good(tenant="nobody")), "root", IA, "spec.tenant"),
+    ("tenant breaks the naming rule", req(good(tenant="Search")), "root", IA, "spec.tenant"),
+    ("tenant too long", req(good(tenant="s" * 40)), "root", IA, "spec.tenant"),
+    ("tenant empty", req(good(tenant="")), "root", IA, "spec.tenant"),
+    ("unknown project", req(good(project="nope")), "root", IA, "spec.project"),
+    ("project breaks the naming rule", req(good(project="Train!")), "root", IA, "spec.project"),
+    ("project empty", req(good(project="")), "root", IA, "spec.project"),
+    # gang shape and resources
+    ("zero workers", req(good(workers=0)), "root", IA, "spec.workers"),
+    ("workers beyond any gang", req(good(workers=100000)), "root", IA, "spec.workers"),
+    ("workers above the policy limit", req(good(workers=1025)), "root", IA, "spec.workers"),
+    ("gpus per worker beyond a node", req(good(gpus_per_worker=65)), "root", IA, "spec.gpus_per_worker"),
+    ("gpus per worker above the policy limit", req(good(gpus_per_worker=17)), "root", IA, "spec.gpus_per_worker"),
+    ("share above a whole card", req(good(gpu_milli=1500)), "root", IA, "spec.gpu_milli"),
+    ("zero share of a card", req(good(gpu_milli=0)), "root", IA, "spec.gpu_milli"),
+    ("fractional share over two cards", req(good(gpus_per_worker=2, gpu_milli=500)), "root", IA, "spec.gpu_milli"),
+    ("cpu-only job without cpu", req(good(gpus_per_worker=0, cpu_milli=0)), "root", IA, "spec.cpu_milli"),
+    ("cpu above the limit", req(good(cpu_milli=10**9)), "root", IA, "spec.cpu_milli"),
+    ("memory above the limit", req(good(memory_mib=10**9)), "root", IA, "spec.memory_mib"),
+    ("min gpu memory absurd", req(good(min_gpu_memory_gib=5000)), "root", IA, "spec.min_gpu_memory_gib"),
+    # card models
+    ("unknown card model", req(good(card_models=["T4", "Quantum-9"])), "root", IA, "spec.card_models[1]"),
+    ("empty card model", req(good(card_models=[""])), "root", IA, "spec.card_models[0]"),
+    ("card model name oversize", req(good(card_models=["A" * 200])), "root", IA, "spec.card_models[0]"),
+    # regions
+    ("home region breaks the naming rule", req(good(home_region="North")), "root", IA, "spec.home_region"),
+    ("unknown home region", req(good(home_region="us-west-9")), "root", IA, "spec.home_region"),
+    ("allowed region breaks the naming rule", req(good(allowed_regions=["CN"])), "root", IA, "spec.allowed_regions"),
+    ("unknown allowed region", req(good(allowed_regions=["us-west-9"])), "root", IA, "spec.allowed_regions"),
+    ("forbidden region breaks the naming rule", req(good(forbidden_regions=["cn_east"])), "root", IA,
+     "spec.forbidden_regions"),
+    ("region both allowed and forbidden", req(good(allowed_regions=["cn-east-1"], forbidden_regions=["cn-east-1"])),
+     "root", IA, "spec"),
+    # numbers
+    ("NaN duration", req(good(estimated_duration_seconds=float("nan"))), "root", IA,
+     "spec.estimated_duration_seconds"),
+    ("infinite duration", req(good(estimated_duration_seconds=float("inf"))), "root", IA,
+     "spec.estimated_duration_seconds"),
+    ("negative duration", req(good(estimated_duration_seconds=-1.0)), "root", IA, "spec.estimated_duration_seconds"),
+    ("duration above the limit", req(good(estimated_duration_seconds=1e10)), "root", IA,
+     "spec.estimated_duration_seconds"),
+    ("negative price ceiling", req(good(max_price_per_gpu_hour=-1.0)), "root", IA, "spec.max_price_per_gpu_hour"),
+    ("NaN price ceiling", req(good(max_price_per_gpu_hour=float("nan"))), "root", IA, "spec.max_price_per_gpu_hour"),
+    ("retry limit above 100", req(good(retry_limit=101)), "root", IA, "spec.retry_limit"),
+    ("zero shards", req(good(kind=pb.JOB_KIND_BATCH, shards=0)), "root", IA, "spec.shards"),
+    ("shards of a training job", req(good(shards=2)), "root", IA, "spec"),
+    ("start deadline out of range", req(good(start_deadline=FAR)), "root", IA, "spec.start_deadline"),
+    # enums
+    ("unknown kind", req(good(kind=42)), "root", IA, "spec.kind"),
+    ("unknown priority", req(good(priority=42)), "root", IA, "spec.priority"),
+    ("unknown locality", req(good(locality=9)), "root", IA, "spec.locality"),
+    # other names and collections
+    ("job name breaks the naming rule", req(good(name="My Job")), "root", IA, "spec.name"),
+    ("residency tag breaks the naming rule", req(good(residency_tags=["PII data"])), "root", IA,
+     "spec.residency_tags"),
+    ("dataset name breaks the naming rule", req(good(datasets=pb.Dataset(name="Data Set", home_region="cn-east-1"))),
+     "root", IA, "spec.datasets[0].name"),
+    ("dataset region breaks the naming rule", req(good(datasets=pb.Dataset(name="d1", home_region="East"))),
+     "root", IA, "spec.datasets[0].home_region"),
+    ("too many datasets", req(good(datasets=[pb.Dataset(name=f"d{i}", home_region="cn-east-1") for i in range(65)])),
+     "root", IA, "spec.datasets"),
+    ("too many annotations", req(good(annotations={f"k{i}": "v" for i in range(65)})), "root", IA,
+     "spec.annotations"),
+    ("request id too long", req(good(), request_id="r" * 129), "root", IA, "request_id"),
+    ("request id not printable", req(good(), request_id="a\x00b"), "root", IA, "request_id"),
+    ("missing spec", req(), "root", IA, "spec"),
+    # wrong wire types and oversize
+    ("truncated message", b"\x0a\x05ab", "root", IA, "request"),
+    ("tenant not UTF-8", raw_spec(b"\x0a\x02\xff\xfe"), "root", IA, "request"),
+    ("tenant sent as a number", raw_spec(b"\x08\x05"), "root", IA, "spec.tenant"),
+    ("request larger than the server accepts", req(good(name="n" * (MAX_MESSAGE + 10))), "root", RE, None),
+    # widening the tenant's policy
+    ("global job of a tenant that forbids cross-region", req(good(tenant="recsys", locality=pb.LOCALITY_GLOBAL)),
+     "root", IA, "spec.locality"),
+    ("foreign region for a tenant that forbids cross-region",
+     req(good(tenant="recsys", locality=pb.LOCALITY_MUST_LOCAL, allowed_regions=["cn-north-1"])), "root", IA,
+     "spec.allowed_regions"),
+    ("home region outside the tenant's regions", req(good(tenant="recsys", home_region="cn-north-1")), "root", IA,
+     "spec.home_region"),
+    ("finance job (forbidden class) asking prefer_local",
+     req(good(tenant="ads", residency_tags=["finance"], locality=pb.LOCALITY_PREFER_LOCAL)), "root", IA,
+     "spec.locality"),
+    # quota, credentials
+    ("gang that can never fit the tenant's quota", req(good(tenant="nlp", workers=3, gpus_per_worker=4)), "root",
+     RE, "quota.nlp/*/*"),
+    ("submitter of another tenant", req(good(tenant="ads")), "alice", PD, None),
+    ("submitter of another project", req(good(project="serve")), "dave", PD, None),
+    ("no token", req(good()), None, UA, None),
 ]
 
 
-@pytest.mark.parametrize("name,spec,field", BAD, ids=[b[0] for b in BAD])
-async def test_bad_submission_is_invalid_argument_naming_the_field(stub, name, spec, field):
-    with pytest.raises(grpc.aio.AioRpcError) as e:
-        await stub.SubmitJob(pb.SubmitJobRequest(spec=spec))
-    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert e.value.details().startswith(field + ":"), e.value.details()
-    assert dict(e.value.trailing_metadata()).get("fedsched-field") == field
+@pytest.mark.parametrize("name,request_,who,code,field", BAD, ids=[b[0] for b in BAD])
+async def test_bad_submission_gets_its_exact_status_naming_the_field(shared_admission, name, request_, who, code,
+                                                                     field):
+    async with channel(shared_admission.port, who) as ch:
+        if isinstance(request_, bytes):
+            call = ch.unary_unary("/fedsched.api.v1.JobService/SubmitJob", request_serializer=None,
+                                  response_deserializer=pb.SubmitJobResponse.FromString)
+        else:
+            call = pb_grpc.JobServiceStub(ch).SubmitJob
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await call(request_, timeout=10)
+    assert e.value.code() == code, e.value.details()
+    if field is not None:
+        assert e.value.details().startswith(field + ":"), e.value.details()
+        key = "fedsched-limit" if code == RE else "fedsched-field"
+        assert dict(e.value.trailing_metadata()).get(key) == field
+
+
+def test_the_bad_request_table_is_big_enough():
+    assert len(BAD) >= 40 and len({b[0] for b in BAD}) == len(BAD)
 
 
 async def test_missing_spec_is_invalid_argument(stub):
@@ -128,7 +265,7 @@ async def test_cancel_of_a_queued_job_and_watch_sees_it(stub):
     watch.cancel()
 
 
-async def test_health_and_reflection_are_served(admission):
+async def test_health_and_reflection_are_served_without_a_token(admission):
     async with grpc.aio.insecure_channel(f"127.0.0.1:{admission.port}") as channel:
         health = health_pb2_grpc.HealthStub(channel)
         resp = await health.Check(health_pb2.HealthCheckRequest(service="fedsched.api.v1.JobService"))
@@ -139,7 +276,8 @@ async def test_health_and_reflection_are_served(admission):
         answer = await call.read()
         await call.done_writing()
         names = {s.name for s in answer.list_services_response.service}
-        assert "fedsched.api.v1.JobService" in names and "grpc.health.v1.Health" in names
+        assert {"fedsched.api.v1.JobService", "fedsched.api.v1.TenantService", "fedsched.api.v1.ApprovalService",
+                "fedsched.api.v1.PolicyService", "grpc.health.v1.Health"} <= names
 
 
 async def test_rejections_are_published_for_the_audit_trail(stub, bus):
@@ -147,3 +285,38 @@ async def test_rejections_are_published_for_the_audit_trail(stub, bus):
         await stub.SubmitJob(pb.SubmitJobRequest(spec=good(workers=0)))
     info = await bus.js.stream_info(bus.stream_name("EVENTS"), subjects_filter=f"{bus.prefix}.admission.>")
     assert info.state.messages == 1
+
+
+async def test_accepted_job_records_the_submitter_and_the_policy_version(admission, bus):
+    async with channel(admission.port, "alice") as ch:
+        resp = await pb_grpc.JobServiceStub(ch).SubmitJob(pb.SubmitJobRequest(spec=good()))
+        job = await pb_grpc.JobServiceStub(ch).GetJob(pb.GetJobRequest(job_id=resp.job_id))
+    assert job.submitted_by == "alice"
+    rec = admission.view.jobs[resp.job_id]
+    assert rec.spec.locality.value == "global"  # the tenant's default
+    sub = await bus.js.pull_subscribe(bus.subjects.job("submitted", "search", "train"), stream=bus.stream_name("EVENTS"))
+    from fedsched.events import Envelope
+    env = Envelope.from_bytes((await sub.fetch(1, timeout=5))[0].data)
+    assert env.actor == "alice" and env.policy_version == admission.policy.version != ""
+
+
+async def test_a_forbidden_tenants_job_defaults_to_must_local(admission):
+    async with channel(admission.port, "carol") as ch:
+        resp = await pb_grpc.JobServiceStub(ch).SubmitJob(pb.SubmitJobRequest(spec=good(tenant="recsys")))
+    spec = admission.view.jobs[resp.job_id].spec
+    assert spec.locality.value == "must_local" and spec.allowed_regions == ("cn-east-1",)
+
+
+async def test_tokens_never_reach_the_log(admission, caplog):
+    caplog.set_level("DEBUG")
+    async with channel(admission.port, "alice") as ch:
+        await pb_grpc.JobServiceStub(ch).SubmitJob(pb.SubmitJobRequest(spec=good()))
+        with pytest.raises(grpc.aio.AioRpcError):
+            await pb_grpc.JobServiceStub(ch).SubmitJob(pb.SubmitJobRequest(spec=good(tenant="ads")))
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{admission.port}") as ch:
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await pb_grpc.JobServiceStub(ch).GetJob(pb.GetJobRequest(job_id="j-x"),
+                                                    metadata=(("authorization", "Bearer tok-guess-123"),))
+    assert e.value.code() == UA and "tok-guess-123" not in e.value.details()
+    text = caplog.text
+    assert all(token not in text for token in TOKENS.values()) and "tok-guess-123" not in text

@@ -173,3 +173,27 @@ def candidate_models(job: QueuedJob, cluster: ClusterState, *, within_price: boo
 #: The standard hard filters, cheapest first.
 STANDARD_FILTERS: tuple[Filter, ...] = (Healthy(), Regions(), CrossRegionMode(), Residency(), CardModels(), Interconnect(),
                                         PriceCeiling())
+
+
+class Quota:
+    """The tenant's quota (``view.quota``) has room for the job on some allowed card model in
+    this cluster's region (rules and formula in :mod:`.quota`). Without quotas in the view, or
+    for CPU-only jobs, it passes. Which model the gang fit then picks is re-checked when the
+    cycle's placements are admitted in order (``services.scheduler.approvals``).
+    """
+
+    name = "quota"
+
+    def check(self, job: QueuedJob, cluster: ClusterState, ctx: Context) -> Verdict:
+        book = ctx.view.quota
+        spec = job.spec
+        if book is None or spec.gpus_per_worker == 0 or not book.limits(spec.tenant):
+            return PASS
+        first = PASS
+        for model in candidate_models(job, cluster, within_price=False):
+            verdict = book.check(spec.tenant, model, cluster.region, spec.total_gpu_milli)
+            if verdict.passed:
+                return PASS
+            if first.passed:
+                first = verdict
+        return first

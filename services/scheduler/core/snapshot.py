@@ -11,9 +11,12 @@ memory in MiB, on-card memory in GiB, ages in seconds, prices per GPU-hour.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 
 from fedsched.jobs import JobSpec
+
+if TYPE_CHECKING:
+    from services.scheduler.core.quota import QuotaBook
 
 WHOLE = 1000  #: milli-GPUs in one card
 
@@ -195,12 +198,15 @@ class View:
         now: business time (seconds since the Unix epoch).
         stale_after_s: inventories older than this (heartbeat age) are excluded.
         tenant_usage: what each tenant holds now (for dominant-resource fair share).
+        quota: tenants' quota rules with the usage in force (a
+            :class:`~services.scheduler.core.quota.QuotaBook`; None = no quotas). Read-only here.
     """
 
     clusters: tuple[ClusterState, ...]
     now: float
     stale_after_s: float = 10.0
     tenant_usage: Mapping[str, Usage] = field(default_factory=dict)
+    quota: "QuotaBook | None" = None
 
     def cluster(self, name: str) -> ClusterState | None:
         """The cluster called ``name``, or None."""

@@ -1,0 +1,91 @@
+"""Client side of the gRPC API: channels that carry the bearer token (and TLS, if asked).
+
+* :func:`aio_channel` -- a ``grpc.aio`` channel whose every call carries
+  ``authorization: Bearer <token>`` (an interceptor adds it), plaintext or TLS/mTLS;
+* :func:`sync_channel` and :func:`call_metadata` -- the same for the blocking API (the CLI);
+* :func:`resolve_token` -- the token to use: explicit (``--token``), else ``FEDSCHED_TOKEN``,
+  else the embedded system's ``<data_dir>/admin.token`` (``FEDSCHED_DATA_DIR``, default
+  ``.fedsched``).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+from fedsched.auth import METADATA_KEY, TOKEN_FILE, read_token_file
+
+
+def call_metadata(token: str | None) -> tuple[tuple[str, str], ...]:
+    """The metadata that authenticates a call (empty without a token)."""
+    return ((METADATA_KEY, f"Bearer {token}"),) if token else ()
+
+
+def resolve_token(explicit: str | None = None, data_dir: Path | str | None = None) -> str | None:
+    """The bearer token: ``explicit``, else ``$FEDSCHED_TOKEN``, else the token file in
+    ``data_dir`` (default ``$FEDSCHED_DATA_DIR`` or ``.fedsched``); None if there is none."""
+    if explicit:
+        return explicit.strip()
+    env = os.environ.get("FEDSCHED_TOKEN", "").strip()
+    if env:
+        return env
+    base = Path(data_dir or os.environ.get("FEDSCHED_DATA_DIR") or ".fedsched")
+    return read_token_file(base / TOKEN_FILE)
+
+
+@dataclass(frozen=True)
+class TlsClient:
+    """TLS for a client: the CA that signed the server (None = system roots) and, for mTLS, the
+    client's certificate and key (PEM files)."""
+
+    ca: Path | None = None
+    cert: Path | None = None
+    key: Path | None = None
+
+    def credentials(self) -> grpc.ChannelCredentials:
+        """Channel credentials (reads the files)."""
+        read = lambda p: Path(p).read_bytes() if p else None  # noqa: E731
+        return grpc.ssl_channel_credentials(root_certificates=read(self.ca), private_key=read(self.key),
+                                            certificate_chain=read(self.cert))
+
+
+def _with_token(details: grpc.aio.ClientCallDetails, metadata) -> grpc.aio.ClientCallDetails:
+    merged = grpc.aio.Metadata(*(details.metadata or ()), *metadata)
+    return grpc.aio.ClientCallDetails(details.method, details.timeout, merged, details.credentials,
+                                      details.wait_for_ready)
+
+
+class _BearerUnary(grpc.aio.UnaryUnaryClientInterceptor):
+    # one object per call kind: grpc.aio files an interceptor under its first matching kind only
+    def __init__(self, token: str) -> None:
+        self.metadata = call_metadata(token)
+
+    async def intercept_unary_unary(self, continuation, client_call_details, request):
+        return await continuation(_with_token(client_call_details, self.metadata), request)
+
+
+class _BearerStream(grpc.aio.UnaryStreamClientInterceptor):
+    def __init__(self, token: str) -> None:
+        self.metadata = call_metadata(token)
+
+    async def intercept_unary_stream(self, continuation, client_call_details, request):
+        return await continuation(_with_token(client_call_details, self.metadata), request)
+
+
+def aio_channel(target: str, token: str | None, *, tls: TlsClient | None = None,
+                options: list[tuple[str, object]] | None = None) -> grpc.aio.Channel:
+    """A ``grpc.aio`` channel to ``target`` whose calls carry ``token``."""
+    interceptors = [_BearerUnary(token), _BearerStream(token)] if token else None
+    if tls is not None:
+        return grpc.aio.secure_channel(target, tls.credentials(), options=options, interceptors=interceptors)
+    return grpc.aio.insecure_channel(target, options=options, interceptors=interceptors)
+
+
+def sync_channel(target: str, *, tls: TlsClient | None = None) -> grpc.Channel:
+    """A blocking channel (pass :func:`call_metadata` with each call)."""
+    if tls is not None:
+        return grpc.secure_channel(target, tls.credentials())
+    return grpc.insecure_channel(target)

@@ -1,0 +1,185 @@
+"""The authorization matrix: every role x every RPC of the four services, over real gRPC and NATS.
+
+Targets are tenant ``search`` resources: a job of search/train placed on cn-north-1-c1 and a
+pending cross-region approval request for it. "allowed" means the call passed authentication
+and authorization (it may still fail for business reasons, e.g. NOT_FOUND or
+FAILED_PRECONDITION); "denied" is PERMISSION_DENIED; "unauth" is UNAUTHENTICATED.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+
+import grpc
+import pytest
+
+from fedsched.api.v1 import governance_pb2 as gpb
+from fedsched.api.v1 import jobs_pb2 as pb
+from fedsched.bus import Bus
+from fedsched.clock import SystemClock, to_datetime
+from fedsched.events import ApprovalRequested, JobPlaced, WorkerBinding, business_event_id, make_event
+from fedsched.client import aio_channel
+from fedsched.governance import to_yaml
+from services.admission.service import AdmissionService
+from tests.conftest import unique
+from tests.govfixtures import Stubs, channel, policy_doc, store_policy
+
+ROLES = ("none", "bad-token", "alice", "carol", "bob", "agent1", "root")
+#: who they are: no token; a token nobody holds; submitter of search; submitter of other tenants;
+#: approver of search and ads; agent of cn-north-1-c1; admin
+A, D, U = "allowed", "denied", "unauth"
+
+#: rpc -> expected outcome per role, in ROLES order
+MATRIX: dict[str, tuple[str, ...]] = {
+    "JobService.SubmitJob":          (U, U, A, D, D, D, A),
+    "JobService.GetJob":             (U, U, A, D, A, A, A),
+    "JobService.ListJobs":           (U, U, A, D, A, D, A),
+    "JobService.WatchJob":           (U, U, A, D, A, A, A),
+    "JobService.ExplainJob":         (U, U, A, D, A, A, A),
+    "JobService.CancelJob":          (U, U, A, D, D, D, A),
+    "TenantService.ListTenants":     (U, U, A, A, A, D, A),
+    "TenantService.ListQuotas":      (U, U, A, D, A, D, A),
+    "TenantService.PutTenant":       (U, U, D, D, D, D, A),
+    "TenantService.SetQuota":        (U, U, D, D, D, D, A),
+    "TenantService.DeleteQuota":     (U, U, D, D, D, D, A),
+    "TenantService.PutPrincipal":    (U, U, D, D, D, D, A),
+    "ApprovalService.ListApprovals": (U, U, D, D, A, D, A),
+    "ApprovalService.Approve":       (U, U, D, D, A, D, A),
+    "ApprovalService.Reject":        (U, U, D, D, A, D, A),
+    "PolicyService.GetPolicy":       (U, U, D, D, D, D, A),
+    "PolicyService.DiffPolicy":      (U, U, D, D, D, D, A),
+    "PolicyService.ApplyPolicy":     (U, U, D, D, D, D, A),
+}
+
+
+class World:
+    """The admission under test and the ids of its target job and approval."""
+
+    svc: AdmissionService
+    job_id: str
+    approval_id: str
+    yaml: str
+
+
+@contextlib.asynccontextmanager
+async def running_world(nats_url: str):
+    """Admission on its own subject prefix with the targets in place."""
+    bus = await Bus.connect(nats_url, unique("t"), name="test-authz")
+    await bus.ensure_streams()
+    await store_policy(bus, policy_doc("quotas: [{tenant: search, card: T4, region: cn-north-1, guaranteed_gpus: 4}]\n"))
+    svc = AdmissionService(bus, SystemClock(), address="127.0.0.1:0")
+    svc.known_models.add("nvidia-t4-16gb")
+    task = asyncio.create_task(svc.run())
+    await asyncio.wait_for(svc.ready.wait(), 20)
+    w = World()
+    w.svc = svc
+    async with channel(svc.port, "alice") as ch:
+        w.job_id = (await Stubs(ch).jobs.SubmitJob(pb.SubmitJobRequest(spec=_spec()))).job_id
+    spec = svc.view.jobs[w.job_id].spec
+    placed = make_event("job.placed", JobPlaced(spec=spec, card_model="nvidia-t4-16gb",
+                                                bindings=(WorkerBinding(worker=0, node="n1", gpu_indices=(0,),
+                                                                        gpu_milli=1000),)),
+                        producer="scheduler", occurred_at=time.time(), event_id=business_event_id(w.job_id, 1, "p"),
+                        region="cn-north-1", cluster="cn-north-1-c1", tenant="search", project="train",
+                        job_id=w.job_id, attempt=1)
+    await bus.publish(bus.subjects.placements("cn-north-1", "cn-north-1-c1"), placed)
+    w.approval_id = "ap-" + "1" * 20
+    request = make_event("approval.requested", ApprovalRequested(
+        approval_id=w.approval_id, home_region="cn-north-1", proposed_region="cn-east-1",
+        proposed_cluster="cn-east-1-c1", expires_at=to_datetime(time.time() + 3600)),
+        producer="scheduler", occurred_at=time.time(), tenant="search", project="train", job_id=w.job_id,
+        actor="scheduler")
+    await bus.publish(bus.subjects.approval("search", "train"), request)
+    for _ in range(200):
+        if w.approval_id in svc.approvals.by_id and svc.view.jobs[w.job_id].current is not None:
+            break
+        await asyncio.sleep(0.02)
+    w.yaml = to_yaml(svc.policy.current.doc)
+    try:
+        yield w
+    finally:
+        svc.stop()
+        await task
+        await bus.close()
+
+
+@pytest.fixture(scope="module")
+async def world(nats_server):
+    async with running_world(nats_server.url) as w:
+        yield w
+
+
+def _spec(**kw) -> pb.JobSpec:
+    return pb.JobSpec(tenant="search", project="train", gpus_per_worker=1, cpu_milli=1000, card_models=["T4"], **kw)
+
+
+def _call(s: Stubs, rpc: str, w: World):
+    """The coroutine making ``rpc`` against the search targets."""
+    calls = {
+        "JobService.SubmitJob": lambda: s.jobs.SubmitJob(pb.SubmitJobRequest(spec=_spec())),
+        "JobService.GetJob": lambda: s.jobs.GetJob(pb.GetJobRequest(job_id=w.job_id)),
+        "JobService.ListJobs": lambda: s.jobs.ListJobs(pb.ListJobsRequest(tenant="search")),
+        "JobService.WatchJob": lambda: _first(s.jobs.WatchJob(pb.WatchJobRequest(job_id=w.job_id))),
+        "JobService.ExplainJob": lambda: s.jobs.ExplainJob(pb.ExplainJobRequest(job_id=w.job_id)),
+        "JobService.CancelJob": lambda: s.jobs.CancelJob(pb.CancelJobRequest(job_id=w.job_id)),
+        "TenantService.ListTenants": lambda: s.tenants.ListTenants(gpb.ListTenantsRequest()),
+        "TenantService.ListQuotas": lambda: s.tenants.ListQuotas(gpb.ListQuotasRequest(tenant="search")),
+        "TenantService.PutTenant": lambda: s.tenants.PutTenant(gpb.PutTenantRequest(tenant=gpb.Tenant(
+            name="search", home_region="cn-north-1", projects=["train", "serve", "batch"]))),
+        "TenantService.SetQuota": lambda: s.tenants.SetQuota(gpb.SetQuotaRequest(quota=gpb.Quota(
+            tenant="search", card="T4", region="cn-north-1", guaranteed_gpus=4))),
+        "TenantService.DeleteQuota": lambda: s.tenants.DeleteQuota(gpb.DeleteQuotaRequest(
+            tenant="search", card="A100", region="cn-east-1")),
+        "TenantService.PutPrincipal": lambda: s.tenants.PutPrincipal(gpb.PutPrincipalRequest(
+            name="newbie", roles=[gpb.RoleGrant(role="submitter", tenants=["search"])])),
+        "ApprovalService.ListApprovals": lambda: s.approvals.ListApprovals(gpb.ListApprovalsRequest(tenant="search")),
+        "ApprovalService.Approve": lambda: s.approvals.Approve(gpb.DecideApprovalRequest(approval_id=w.approval_id)),
+        "ApprovalService.Reject": lambda: s.approvals.Reject(gpb.DecideApprovalRequest(approval_id=w.approval_id)),
+        "PolicyService.GetPolicy": lambda: s.policy.GetPolicy(gpb.GetPolicyRequest()),
+        "PolicyService.DiffPolicy": lambda: s.policy.DiffPolicy(gpb.ApplyPolicyRequest(yaml=w.yaml)),
+        "PolicyService.ApplyPolicy": lambda: s.policy.ApplyPolicy(gpb.ApplyPolicyRequest(yaml=w.yaml)),
+    }
+    return calls[rpc]()
+
+
+async def _first(stream):
+    try:
+        return await stream.read()
+    finally:
+        stream.cancel()
+
+
+def _channel(port: int, role: str) -> grpc.aio.Channel:
+    if role == "bad-token":
+        return aio_channel(f"127.0.0.1:{port}", "tok-nobody-has-this")
+    return channel(port, None if role == "none" else role)
+
+
+async def outcome(w: World, rpc: str, role: str) -> tuple[str, str]:
+    """(allowed / denied / unauth, the status code name)."""
+    async with _channel(w.svc.port, role) as ch:
+        try:
+            await _call(Stubs(ch), rpc, w)
+            return A, "OK"
+        except grpc.aio.AioRpcError as e:
+            code = e.code()
+    assert code not in (grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL), (rpc, role, code)
+    return {grpc.StatusCode.PERMISSION_DENIED: D, grpc.StatusCode.UNAUTHENTICATED: U}.get(code, A), code.name
+
+
+CASES = [(rpc, role, MATRIX[rpc][i]) for rpc in MATRIX for i, role in enumerate(ROLES)]
+
+
+@pytest.mark.parametrize("rpc,role,expected", CASES, ids=[f"{r}-{who}" for r, who, _ in CASES])
+async def test_role_x_rpc(world, rpc, role, expected):
+    got, code = await outcome(world, rpc, role)
+    assert got == expected, f"{role} calling {rpc}: {code}"
+
+
+def test_the_matrix_covers_every_rpc_of_every_service():
+    from fedsched.api.v1 import governance_pb2, jobs_pb2
+    rpcs = {f"{s.name}.{m.name}" for d in (jobs_pb2.DESCRIPTOR, governance_pb2.DESCRIPTOR)
+            for s in d.services_by_name.values() for m in s.methods}
+    assert rpcs == set(MATRIX)
