@@ -92,7 +92,7 @@ def main() -> None:
     ap.add_argument("--policies", default=",".join(POLICY_NAMES))
     ap.add_argument("--load", type=float, default=200.0, help="arrival compression (1 = the trace as recorded)")
     ap.add_argument("--limit", type=int, default=None)
-    ap.add_argument("--speed", type=float, default=100.0)
+    ap.add_argument("--speed", type=float, default=10.0)
     ap.add_argument("--timeout", type=float, default=3600.0)
     ap.add_argument("--json", type=Path, default=None, help="also write all reports here")
     args = ap.parse_args()

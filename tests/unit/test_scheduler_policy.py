@@ -158,11 +158,15 @@ def test_prefer_local_waits_for_a_home_region_that_frees_up_soon():
     home = busy_cluster("home", [work("a", devices=(0, 1), prio=100, preemptible=False, end=NOW + 600)],
                         region="cn-north-1")
     away = cluster("away", "cn-east-1", (node("x"),))
-    j = job(locality=Locality.PREFER_LOCAL, priority=PriorityClass.LOW)
+    big_data = (Dataset(name="d", home_region="cn-north-1", size_bytes=10**12),)  # 800 s to move
+    j = job(locality=Locality.PREFER_LOCAL, priority=PriorityClass.LOW, datasets=big_data)
     d = decide(View((home, away), NOW), [j], FED)
     assert not d.placements and "waiting for cn-north-1" in d.pending[0].reason
+    no_data = job("light", locality=Locality.PREFER_LOCAL, priority=PriorityClass.LOW)
+    (p,) = decide(View((home, away), NOW), [no_data], FED).placements  # nothing to move: 10 min is too long
+    assert p.cluster == "away"
     later = busy_cluster("home", [work("a", devices=(0, 1), prio=100, preemptible=False, end=NOW + 7200)])
-    (p,) = decide(View((later, away), NOW), [j], FED).placements
+    (p,) = decide(View((later, away), NOW), [j], FED).placements  # 2 h: beyond the 30 min cap
     assert p.cluster == "away"
 
 

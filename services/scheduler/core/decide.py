@@ -420,11 +420,15 @@ def decide(view: View, queue: Iterable[QueuedJob], policy: Policy) -> Decisions:
         if best is not None:
             cluster, fit, wc, terms, total = best
             if (home_first and cluster.region != job.spec.home_region and policy.prefer_local_max_wait_s > 0):
+                # data follows or job follows: wait for home only while that is no slower than
+                # moving the data abroad (plus a little slack), and never longer than the cap
+                limit = min(policy.prefer_local_max_wait_s,
+                            transfer_seconds(job, cluster, cy.ctx) + policy.prefer_local_slack_s)
                 start = _home_start(job, cy, static_ok)
-                if start is not None and start - now <= policy.prefer_local_max_wait_s:
+                if start is not None and start - now <= limit:
                     evaluations.append(ClusterEvaluation(job.spec.home_region, job.spec.home_region, fail(
-                        Reason.WAIT_FOR_HOME, f"home region frees up in ~{(start - now) / 60:.0f} min "
-                                              f"(limit {policy.prefer_local_max_wait_s / 60:.0f} min)")))
+                        Reason.WAIT_FOR_HOME, f"home region frees up in ~{(start - now) / 60:.0f} min, no later "
+                                              f"than moving the data to {cluster.name} would start it")))
                     pending.append(Pending(job, f"prefer_local: waiting for {job.spec.home_region}, est. start in "
                                                 f"{(start - now) / 60:.0f} min", tuple(evaluations), True,
                                            queue_of(job, policy.fast_lane_s)))

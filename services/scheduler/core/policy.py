@@ -46,8 +46,10 @@ class Policy:
         fast_lane_bonus: priority points the fast lane adds.
         aging_period_s / aging_step / aging_max_steps: waiting adds ``aging_step`` priority
             points per ``aging_period_s`` seconds, at most ``aging_max_steps`` times.
-        prefer_local_max_wait_s: a ``prefer_local`` job waits for its home region when the
-            estimated home start is at most this far away (s); otherwise it may go abroad.
+        prefer_local_max_wait_s: a ``prefer_local`` job whose home region is full waits for it
+            when the estimated home start comes no later than the data transfer abroad would
+            (plus ``prefer_local_slack_s``), and never longer than this (s); 0 = never waits.
+        prefer_local_slack_s: seconds of extra wait a ``prefer_local`` job accepts to stay home.
         preemption: may evict preemptible lower-priority work for a blocked job.
         preempt_min_priority: only jobs with at least this class value may preempt.
         checkpoint_interval_s: how much work a checkpointable victim loses at most (s).
@@ -71,6 +73,7 @@ class Policy:
     aging_step: int = 10
     aging_max_steps: int = 6
     prefer_local_max_wait_s: float = 0.0
+    prefer_local_slack_s: float = 120.0
     preemption: bool = False
     preempt_min_priority: int = 50
     checkpoint_interval_s: float = 1800.0
@@ -98,7 +101,7 @@ SCORERS = {"home": s.HomeRegion, "start": s.StartTime, "cost": s.Cost, "fragment
            "packing": s.Packing, "headroom": s.Headroom, "random": s.Random}
 
 _TABLE: dict[str, dict[str, Any]] = {
-    "federated": dict(weights={"home": 0.25, "start": 0.2, "cost": 0.2, "fragmentation": 0.2, "packing": 0.15},
+    "federated": dict(weights={"home": 0.1, "start": 0.2, "cost": 0.35, "fragmentation": 0.2, "packing": 0.15},
                       prefer_local_max_wait_s=1800.0, preemption=True, backfill=True),
     "local-only": dict(weights={"fragmentation": 0.5, "packing": 0.5}, extra_filters=(f.HomeOnly(),)),
     "least-loaded": dict(weights={"headroom": 1.0}),
