@@ -24,6 +24,7 @@ One call (numbered as in the code):
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass, replace
 from typing import Iterable, Sequence
 
@@ -33,7 +34,7 @@ from services.scheduler.core.fit import Fit, WorkingCluster
 from services.scheduler.core.policy import Policy
 from services.scheduler.core.preempt import Eviction, estimated_start, find_victims
 from services.scheduler.core.queues import FairOrder, queue_of
-from services.scheduler.core.reasons import PASS, STATIC_REASONS, Reason, Verdict, fail, summarise
+from services.scheduler.core.reasons import PASS, STATIC_REASONS, Reason, Verdict, fail, summarise_counts
 from services.scheduler.core.scorers import estimated_cost, transfer_bytes, transfer_seconds
 from services.scheduler.core.snapshot import WHOLE, ClusterIndex, ClusterState, QueuedJob, RunningWork, View
 
@@ -151,7 +152,7 @@ _MISSING = object()
 
 def _shape(job: QueuedJob, models: Sequence[str]) -> tuple:
     s = job.spec
-    return (tuple(models), s.workers, s.gpus_per_worker, s.gpu_milli, s.cpu_milli, s.memory_mib)
+    return (tuple(models), s.workers, s.gpus_per_worker, s.gpu_milli)
 
 
 def _insufficient(job: QueuedJob, work: WorkingCluster, models: Sequence[str]) -> Verdict:
@@ -181,19 +182,25 @@ class _Split:
     last use need a new look.
     """
 
-    __slots__ = ("epoch", "log_pos", "viable", "misfits")
+    __slots__ = ("epoch", "log_pos", "viable", "misfits", "counts")
 
     def __init__(self, epoch: int, log_pos: int) -> None:
         self.epoch = epoch
         self.log_pos = log_pos
         self.viable: dict[str, tuple] = {}
         self.misfits: list[ClusterEvaluation] = []
+        self.counts: Counter = Counter()  # reasons of the misfits
+
+    def add_misfit(self, evaluation: ClusterEvaluation) -> None:
+        """Record a cluster the shape surely does not fit."""
+        self.misfits.append(evaluation)
+        self.counts[evaluation.verdict.reason] += 1
 
     def misfit(self, cluster: ClusterState, verdict: Verdict) -> ClusterEvaluation:
         """Move ``cluster`` from viable to the misfits; return its evaluation."""
         evaluation = ClusterEvaluation(cluster.name, cluster.region, verdict)
         if self.viable.pop(cluster.name, None) is not None:
-            self.misfits.append(evaluation)
+            self.add_misfit(evaluation)
         return evaluation
 
 
@@ -224,11 +231,13 @@ class _Cycle:
         self.cluster_version: dict[str, int] = {}  # bumped when a cluster's allocations change
         self.value_cache: dict[tuple, object] = {}
         self.splits: dict[tuple, _Split] = {}
+        self.fit_failed: dict[tuple, tuple[int, ClusterEvaluation]] = {}
         self.outscored: dict[tuple, ClusterEvaluation] = {}
         self.change_log: list[str] = []  # clusters whose allocations changed, in order
         self.epoch = 0  # bumped when capacity comes back (evictions)
         self.reserve_tries = 0
         self.static_pass: dict[tuple, tuple] = {}
+        self.static_counts: dict[tuple, Counter] = {}
         self.model_cache: dict[tuple, list[str]] = {}
         self.pending_memo: dict[tuple, tuple] = {}
         self.fits_empty_cache: dict[tuple, bool] = {}
@@ -275,12 +284,13 @@ class _Cycle:
                     if verdict.reason not in STATIC_REASONS:
                         static_ok.append(cluster)
             cached = self.static_pass[skey] = (eligible, tuple(failed), static_ok)
+            self.static_counts[skey] = Counter(e.verdict.reason for e in failed)
         return cached[0], list(cached[1]), cached[2]
 
     def split(self, job: QueuedJob, skey: tuple, eligible: list[ClusterState]) -> _Split:
         """The :class:`_Split` of the job's request shape, brought up to date."""
         s = job.spec
-        key = (skey, s.workers, s.gpus_per_worker, s.gpu_milli, s.cpu_milli, s.memory_mib)
+        key = (skey, s.workers, s.gpus_per_worker, s.gpu_milli)  # could_fit reads only the GPU shape
         entry = self.splits.get(key)
         if entry is None or entry.epoch != self.epoch:
             entry = self.splits[key] = _Split(self.epoch, len(self.change_log))
@@ -302,7 +312,7 @@ class _Cycle:
         if wc.could_fit(job.spec, models):
             entry.viable[cluster.name] = (cluster, wc, models, shape)
         else:
-            entry.misfits.append(self.cached("misfit", cluster, shape, lambda: ClusterEvaluation(
+            entry.add_misfit(self.cached("misfit", cluster, shape, lambda: ClusterEvaluation(
                 cluster.name, cluster.region, _insufficient(job, wc, models))))
 
     def models(self, job: QueuedJob, cluster: ClusterState) -> list[str]:
@@ -390,6 +400,7 @@ def decide(view: View, queue: Iterable[QueuedJob], policy: Policy) -> Decisions:
             continue
         split = cy.split(job, skey, eligible)
         evaluations.extend(split.misfits)  # clusters it surely does not fit now: shared verdicts
+        shared_len, shared_counts = len(evaluations), cy.static_counts[skey] + split.counts
         candidates, avoided = [], []
         for cand in list(split.viable.values()):
             cluster = cand[0]
@@ -460,8 +471,8 @@ def decide(view: View, queue: Iterable[QueuedJob], policy: Policy) -> Decisions:
         if policy.backfill and len(cy.reservations) < policy.reservations and cy.reserve_tries < 4 * policy.reservations:
             cy.reserve_tries += 1
             reservation = _reserve(job, cy, static_ok)
-        verdicts = {e.cluster: e.verdict for e in evaluations}
-        reason = summarise(verdicts)
+        counts = shared_counts + Counter(e.verdict.reason for e in evaluations[shared_len:] if not e.verdict.passed)
+        reason = summarise_counts(counts)
         if reservation is not None:
             reason = (f"reserved {reservation.cluster} from ~{(reservation.start_at - now) / 60:.0f} min "
                       f"(est.); {reason}")

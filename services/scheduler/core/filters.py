@@ -7,7 +7,7 @@ so it lives in :mod:`.decide` (it is reported with the same :class:`~.reasons.Ve
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from services.scheduler.core.reasons import PASS, Reason, Verdict, fail
@@ -24,12 +24,14 @@ class Context:
         inter_region_bandwidth_bps: bytes per second between regions, for transfer time.
         egress_price_per_gb: currency units per GB moved between regions.
         max_price: the highest GPU-hour price in the view (for normalising), > 0.
+        memo: a cycle's memo for pure per-(job, region) figures such as bytes to move.
     """
 
     view: View
     inter_region_bandwidth_bps: float = 1.25e9
     egress_price_per_gb: float = 0.5
     max_price: float = 1.0
+    memo: dict = field(default_factory=dict, compare=False)  # per-cycle memo of pure per-job figures
 
 
 class Filter(Protocol):

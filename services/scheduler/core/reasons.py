@@ -63,6 +63,16 @@ def fail(reason: Reason, detail: str = "") -> Verdict:
     return Verdict(False, reason, detail)
 
 
+def summarise_counts(counts: "Counter[Reason]") -> str:
+    """:func:`summarise` from reason counts already made (the scheduler keeps them as it goes)."""
+    counts = +counts  # drop zero and negative entries
+    counts.pop(None, None)
+    if not counts:
+        return "no cluster reported inventory yet"
+    parts = [f"{reason.value} ({n} cluster{'s' if n != 1 else ''})" for reason, n in counts.most_common()]
+    return "no cluster fits: " + ", ".join(parts)
+
+
 def summarise(verdicts: dict[str, Verdict]) -> str:
     """One line for a pending job: reason codes with their cluster counts, most common first.
 

@@ -56,14 +56,22 @@ def transfer_bytes(job: QueuedJob, cluster: ClusterState) -> int:
     return sum(d.size_bytes for d in job.spec.datasets if d.home_region != cluster.region)
 
 
+def _remote_bytes(job: QueuedJob, cluster: ClusterState, ctx: Context) -> int:
+    key = ("bytes", job.job_id, job.shard, cluster.region)
+    value = ctx.memo.get(key)
+    if value is None:
+        value = ctx.memo[key] = transfer_bytes(job, cluster)
+    return value
+
+
 def transfer_seconds(job: QueuedJob, cluster: ClusterState, ctx: Context) -> float:
     """Estimated time to move the job's remote datasets: bytes / inter-region bandwidth (s)."""
-    return transfer_bytes(job, cluster) / ctx.inter_region_bandwidth_bps
+    return _remote_bytes(job, cluster, ctx) / ctx.inter_region_bandwidth_bps
 
 
 def egress_cost(job: QueuedJob, cluster: ClusterState, ctx: Context) -> float:
     """Estimated egress charge: remote bytes / 1e9 x price per GB (currency units)."""
-    return transfer_bytes(job, cluster) / 1e9 * ctx.egress_price_per_gb
+    return _remote_bytes(job, cluster, ctx) / 1e9 * ctx.egress_price_per_gb
 
 
 def estimated_hours(job: QueuedJob) -> float:
