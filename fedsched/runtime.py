@@ -277,10 +277,12 @@ class System:
         deadline = loop.time() + timeout_s
         while True:
             lag = 0
-            if self.audit:
-                lag += await self.audit.lag()
+            # billing first: it publishes usage.recorded before it acknowledges, so once its lag is
+            # 0 those events are on the bus, and audit's lag (read after) counts them
             if self.billing:
                 lag += await self.billing.lag()
+            if self.audit:
+                lag += await self.audit.lag()
             if lag == 0:
                 return
             if loop.time() > deadline:
