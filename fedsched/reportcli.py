@@ -8,6 +8,7 @@ running system over ``--nats-url`` (the process holding the embedded store answe
 from __future__ import annotations
 
 import asyncio
+import os
 import json
 from datetime import datetime
 from decimal import Decimal
@@ -18,6 +19,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from fedsched.sqlcli import ask_store
 from fedsched.errors import FedError, UnavailableError, ValidationError
 from fedsched.store import QueryResult
 
@@ -55,24 +57,8 @@ def nats_query(nats_url: str, prefix: str):
 
 
 async def _ask(nats_url: str, prefix: str, sql: str, params: dict[str, Any]) -> QueryResult:
-    import nats
-    import nats.errors
-
     wire = {k: (v.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] if isinstance(v, datetime) else v) for k, v in params.items()}
-    try:
-        nc = await nats.connect(nats_url, connect_timeout=5, max_reconnect_attempts=0)
-    except Exception as e:  # noqa: BLE001
-        raise UnavailableError(f"cannot connect to NATS at {nats_url}: {e}") from e
-    try:
-        reply = await nc.request(f"{prefix}.svc.store.query", json.dumps({"sql": sql, "parameters": wire}).encode(),
-                                 timeout=120)
-    except (nats.errors.NoRespondersError, nats.errors.TimeoutError) as e:
-        raise UnavailableError("no running fedsched answers store queries on this NATS") from e
-    finally:
-        await nc.close()
-    body = json.loads(reply.data)
-    if "error" in body:
-        raise ValidationError("query", body["error"])
+    body = await ask_store(nats_url, prefix, sql, wire, inbox_prefix=os.environ.get("FEDSCHED_INBOX_PREFIX", ""))
     columns = tuple(body["columns"])
     rows = [tuple(_revive(c, v) for c, v in zip(columns, r)) for r in body["rows"]]
     return QueryResult(columns, rows)

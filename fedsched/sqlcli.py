@@ -13,6 +13,7 @@ import asyncio
 import json
 from pathlib import Path
 
+from fedsched.bus import redact
 from fedsched.errors import UnavailableError, ValidationError
 from fedsched.store import open_store
 
@@ -43,7 +44,17 @@ def run_sql(query: str, *, data_dir: Path, nats_url: str = "", clickhouse_url: s
     return list(result.columns), [list(r) for r in result.rows]
 
 
-async def _ask(query: str, nats_url: str, prefix: str, inbox_prefix: str) -> tuple[list[str], list[list]]:
+async def ask_store(nats_url: str, prefix: str, sql: str, parameters: dict | None = None, *,
+                    inbox_prefix: str = "", timeout_s: float = 120.0) -> dict:
+    """Ask the running system (the process holding the store) a read-only query over NATS.
+
+    Returns:
+        The reply body: ``columns`` and ``rows`` (JSON values).
+
+    Raises:
+        UnavailableError: NATS unreachable, or no fedsched answers on ``<prefix>.svc.store.query``.
+        ValidationError: ClickHouse refused the query (its message).
+    """
     import nats
     import nats.errors
 
@@ -51,9 +62,10 @@ async def _ask(query: str, nats_url: str, prefix: str, inbox_prefix: str) -> tup
     try:
         nc = await nats.connect(nats_url, connect_timeout=5, max_reconnect_attempts=0, **extra)
     except Exception as e:  # noqa: BLE001
-        raise UnavailableError(f"cannot connect to NATS at {nats_url}: {e}") from e
+        raise UnavailableError(f"cannot connect to NATS at {redact(nats_url)}: {e}") from e
     try:
-        reply = await nc.request(f"{prefix}.svc.store.query", json.dumps({"sql": query}).encode(), timeout=60)
+        reply = await nc.request(f"{prefix}.svc.store.query",
+                                 json.dumps({"sql": sql, "parameters": parameters or {}}).encode(), timeout=timeout_s)
     except (nats.errors.NoRespondersError, nats.errors.TimeoutError) as e:
         raise UnavailableError("no running fedsched answers store queries on this NATS") from e
     finally:
@@ -61,4 +73,9 @@ async def _ask(query: str, nats_url: str, prefix: str, inbox_prefix: str) -> tup
     body = json.loads(reply.data)
     if "error" in body:
         raise ValidationError("query", body["error"])
+    return body
+
+
+async def _ask(query: str, nats_url: str, prefix: str, inbox_prefix: str) -> tuple[list[str], list[list]]:
+    body = await ask_store(nats_url, prefix, query, inbox_prefix=inbox_prefix, timeout_s=60)
     return body["columns"], body["rows"]
