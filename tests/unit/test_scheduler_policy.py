@@ -159,15 +159,26 @@ def test_prefer_local_waits_for_a_home_region_that_frees_up_soon():
                         region="cn-north-1")
     away = cluster("away", "cn-east-1", (node("x"),))
     big_data = (Dataset(name="d", home_region="cn-north-1", size_bytes=10**12),)  # 800 s to move
-    j = job(locality=Locality.PREFER_LOCAL, priority=PriorityClass.LOW, datasets=big_data)
+    j = job(locality=Locality.PREFER_LOCAL, priority=PriorityClass.LOW, datasets=big_data, at=NOW)
     d = decide(View((home, away), NOW), [j], FED)
     assert not d.placements and "waiting for cn-north-1" in d.pending[0].reason
-    no_data = job("light", locality=Locality.PREFER_LOCAL, priority=PriorityClass.LOW)
+    no_data = job("light", locality=Locality.PREFER_LOCAL, priority=PriorityClass.LOW, at=NOW)
     (p,) = decide(View((home, away), NOW), [no_data], FED).placements  # nothing to move: 10 min is too long
     assert p.cluster == "away"
     later = busy_cluster("home", [work("a", devices=(0, 1), prio=100, preemptible=False, end=NOW + 7200)])
     (p,) = decide(View((later, away), NOW), [j], FED).placements  # 2 h: beyond the 30 min cap
     assert p.cluster == "away"
+    waited = replace(j, submitted_at=NOW - 1700)  # has waited 28 min already: the cap is on the whole wait
+    (p,) = decide(View((home, away), NOW), [waited], FED).placements
+    assert p.cluster == "away"
+
+
+def test_overdue_work_is_not_expected_to_free_its_cards_now():
+    from services.scheduler.core.preempt import expected_end
+    overdue = work("late", started=NOW - 4000, end=NOW - 100)
+    assert expected_end(overdue, NOW) == NOW + 2000  # half of its 4000 s so far
+    assert expected_end(work("fresh", started=NOW - 10, end=NOW - 1), NOW) == NOW + 300
+    assert expected_end(work("ok", end=NOW + 50), NOW) == NOW + 50
 
 
 # ---------------------------------------------------------------- properties

@@ -435,6 +435,7 @@ def decide(view: View, queue: Iterable[QueuedJob], policy: Policy) -> Decisions:
                 # moving the data abroad (plus a little slack), and never longer than the cap
                 limit = min(policy.prefer_local_max_wait_s,
                             transfer_seconds(job, cluster, cy.ctx) + policy.prefer_local_slack_s)
+                limit -= now - job.submitted_at  # the limit is on the whole wait, not per cycle
                 start = _home_start(job, cy, static_ok)
                 if start is not None and start - now <= limit:
                     evaluations.append(ClusterEvaluation(job.spec.home_region, job.spec.home_region, fail(
@@ -468,7 +469,8 @@ def decide(view: View, queue: Iterable[QueuedJob], policy: Policy) -> Decisions:
                 continue
 
         reservation = None
-        if policy.backfill and len(cy.reservations) < policy.reservations and cy.reserve_tries < 4 * policy.reservations:
+        if (policy.backfill and len(cy.reservations) < policy.reservations and cy.reserve_tries < 4 * policy.reservations
+                and now - job.submitted_at >= policy.reserve_after_s):
             cy.reserve_tries += 1
             reservation = _reserve(job, cy, static_ok)
         counts = shared_counts + Counter(e.verdict.reason for e in evaluations[shared_len:] if not e.verdict.passed)

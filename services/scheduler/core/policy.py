@@ -56,6 +56,8 @@ class Policy:
         backfill: reserve capacity for blocked head jobs and backfill only work that ends (by
             its estimate) before the reservation starts.
         reservations: at most this many head jobs hold reservations per cycle.
+        reserve_after_s: only a job that has waited this long (s) reserves capacity (holding
+            cards back for a job that would start soon anyway costs more than it saves).
         max_scored_fits: per job, stop after this many clusters fit and were scored (in order
             of their score bound); 0 = score every cluster that can still win (exact). Like
             kube-scheduler's percentageOfNodesToScore: with many clusters the best of the most
@@ -79,6 +81,7 @@ class Policy:
     checkpoint_interval_s: float = 1800.0
     backfill: bool = False
     reservations: int = 8
+    reserve_after_s: float = 900.0
     max_scored_fits: int = 4
     version: str = field(default="", compare=False)
 
@@ -101,7 +104,7 @@ SCORERS = {"home": s.HomeRegion, "start": s.StartTime, "cost": s.Cost, "fragment
            "packing": s.Packing, "headroom": s.Headroom, "random": s.Random}
 
 _TABLE: dict[str, dict[str, Any]] = {
-    "federated": dict(weights={"home": 0.1, "start": 0.2, "cost": 0.35, "fragmentation": 0.2, "packing": 0.15},
+    "federated": dict(weights={"home": 0.1, "start": 0.2, "cost": 0.45, "fragmentation": 0.15, "packing": 0.1},
                       prefer_local_max_wait_s=1800.0, preemption=True, backfill=True),
     "local-only": dict(weights={"fragmentation": 0.5, "packing": 0.5}, extra_filters=(f.HomeOnly(),)),
     "least-loaded": dict(weights={"headroom": 1.0}),

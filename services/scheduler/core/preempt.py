@@ -3,8 +3,8 @@
 Both are pure and work on clones of the cycle's :class:`~.fit.WorkingCluster`.
 
 * :func:`estimated_start` -- when would a job fit here if running work ended when its
-  submitters estimated (never the true runtime)? Release work in order of estimated end until
-  the job fits.
+  submitters estimated (never the true runtime; overdue work by :func:`expected_end`)? Release
+  work in order of expected end until the job fits.
 * :func:`find_victims` -- the cheapest set of preemptible, strictly lower-priority work whose
   eviction lets the job fit. Cost of a victim = GPU-seconds of work lost:
   ``gpus x min(elapsed, checkpoint_interval)`` if checkpointable (it resumes from its last
@@ -33,6 +33,16 @@ def lost_work(w: RunningWork, now: float, checkpoint_interval_s: float) -> float
     return size * lost
 
 
+def expected_end(w: RunningWork, now: float) -> float:
+    """When ``w`` is expected to end: its estimated end while that is ahead; once it overran
+    its estimate (estimates are the submitters' guesses), half of what it has run so far from
+    now, at least 5 minutes -- an overdue job is not about to free its cards "now"."""
+    if w.est_end > now:
+        return w.est_end
+    ran = now - w.started_at if w.started_at is not None else 0.0
+    return now + max(300.0, 0.5 * ran)
+
+
 def estimated_start(spec: JobSpec, models: list[str], cluster: ClusterState, work: WorkingCluster,
                     now: float, timeline: list[RunningWork] | None = None) -> float | None:
     """Business time at which ``spec`` would fit on ``cluster`` (``now`` if it fits now).
@@ -47,12 +57,13 @@ def estimated_start(spec: JobSpec, models: list[str], cluster: ClusterState, wor
     if work.fit(spec, models) is not None:
         return now
     trial = work.clone()
-    for w in sorted(cluster.running if timeline is None else timeline, key=lambda w: w.est_end):
-        if math.isinf(w.est_end):
+    for end, w in sorted(((expected_end(w, now), w) for w in (cluster.running if timeline is None else timeline)),
+                         key=lambda x: x[0]):
+        if math.isinf(end):
             break
         trial.release_work(w)
         if trial.fit(spec, models) is not None:
-            return max(now, w.est_end)
+            return end
     return None
 
 
