@@ -210,6 +210,7 @@ class SchedulerService:
         self.cycles = 0
         self.last_cycle_ms = 0.0
         self.busy = False
+        self._counterfactuals = 0
         self.on_cycle: list = []  # callables run after every cycle (e.g. a replay driver's wake-up)
         self._dirty = asyncio.Event()
         self._stop = asyncio.Event()
@@ -528,6 +529,7 @@ class SchedulerService:
             decisions = decide(view, queue, self.policy)                             # 3
         decisions, requests = self.governor.gate(decisions, self.jobs, view, self.clock.time())  # governance
         stops, places, pendings = [], [], []
+        self._counterfactuals = 0
         for p in decisions.placements:                                               # 4
             for victim in p.victims:
                 stops.append((victim, p))
@@ -650,6 +652,19 @@ class SchedulerService:
             headers = telemetry.inject_headers()
         return p, self.bus.subjects.placements(p.region, p.cluster), event, headers
 
+    #: counterfactuals cost a decide() per relaxation: only for jobs that waited this long (or can
+    #: never run as asked), and at most this many per cycle
+    COUNTERFACTUAL_AFTER_S = 60.0
+    COUNTERFACTUALS_PER_CYCLE = 32
+
+    def _counterfactual(self, view: View, pend: Pending) -> str:
+        if pend.fits_empty and view.now - pend.job.submitted_at < self.COUNTERFACTUAL_AFTER_S:
+            return ""
+        if self._counterfactuals >= self.COUNTERFACTUALS_PER_CYCLE:
+            return ""
+        self._counterfactuals += 1
+        return pending_counterfactual(view, pend.job, self.policy)
+
     def _pending_event(self, view: View, pend: Pending, policy_version: str):
         job = self.jobs[pend.job.job_id]
         res = pend.reservation
@@ -657,7 +672,7 @@ class SchedulerService:
                              fits_empty=pend.fits_empty, evaluations=tuple(_evaluation(e) for e in pend.evaluations),
                              shard=pend.job.shard, queue=pend.queue, reserved_cluster=res.cluster if res else "",
                              reserved_from=to_datetime(res.start_at) if res else None,
-                             counterfactual=pending_counterfactual(view, pend.job, self.policy))
+                             counterfactual=self._counterfactual(view, pend))
         event = make_event("job.pending", payload, producer="scheduler", occurred_at=self.clock.time(),
                            tenant=job.tenant, project=job.project, job_id=job.job_id, attempt=pend.job.attempt - 1,
                            actor="scheduler", policy_version=policy_version)

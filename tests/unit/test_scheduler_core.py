@@ -89,11 +89,18 @@ def test_unplaceable_is_told_apart_from_busy():
 
 # ---------------------------------------------------------------- table: placement
 
-def test_prefers_home_region_when_both_fit():
+def test_prefers_home_region_when_both_fit_at_a_similar_price():
+    home = cluster("home", "cn-north-1", (node("h1"),))
+    away = cluster("away", "cn-south-1", (node("a1"),), prices={T4: 5.5})
+    (p,) = decide(view(away, home), [job()], FED).placements
+    assert p.cluster == "home" and not p.cross_region
+
+
+def test_goes_abroad_when_it_is_much_cheaper_there():
     home = cluster("home", "cn-north-1", (node("h1"),))
     away = cluster("away", "cn-south-1", (node("a1"),), prices={T4: 1.0})
     (p,) = decide(view(away, home), [job()], FED).placements
-    assert p.cluster == "home" and not p.cross_region
+    assert p.cluster == "away" and p.cross_region
 
 
 def test_goes_cross_region_when_home_is_full_and_says_why():

@@ -35,7 +35,8 @@ from services.scheduler.core.policy import Policy
 from services.scheduler.core.preempt import Eviction, estimated_start, find_victims
 from services.scheduler.core.queues import FairOrder, queue_of
 from services.scheduler.core.reasons import PASS, STATIC_REASONS, Reason, Verdict, fail, summarise_counts
-from services.scheduler.core.scorers import estimated_cost, transfer_bytes, transfer_seconds
+from services.scheduler.core.scorers import (cost_per_unit_hour, estimated_cost, set_cost_reference, transfer_bytes,
+                                             transfer_seconds)
 from services.scheduler.core.snapshot import WHOLE, ClusterIndex, ClusterState, QueuedJob, RunningWork, View
 
 
@@ -503,6 +504,9 @@ def _branch_and_bound(job: QueuedJob, candidates: list[tuple], cy: "_Cycle", eva
     weights = cy.policy.weights
     spec = job.spec
     shared: dict[tuple, float] = {}
+    # the cost scale: the cheapest cost per GPU-hour among these candidates (cheapest model each)
+    set_cost_reference(job, min(cost_per_unit_hour(job, c, m[0] if m else "", cy.ctx) for c, _, m, _ in candidates),
+                       cy.ctx)
 
     def part(i: int, sc, scope: str, cluster: ClusterState, wc: WorkingCluster, models: list[str], shape) -> float:
         if scope == "cluster":

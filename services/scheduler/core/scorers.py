@@ -137,20 +137,36 @@ def cost_per_unit_hour(job: QueuedJob, cluster: ClusterState, card_model: str, c
 
 
 class Cost:
-    """Cheaper is better: ``1 / (1 + c / p_max)`` with ``c`` the estimated cost per GPU-hour
+    """Cheaper is better: ``c_min / c``, with ``c`` the estimated cost per GPU-hour here
     (compute price plus the egress charge spread over the estimated GPU-hours,
-    :func:`cost_per_unit_hour`) and ``p_max`` the dearest GPU-hour price in the view. Free work
-    scores 1; work at the dearest price with no data to move scores 0.5."""
+    :func:`cost_per_unit_hour`, with the cheapest allowed card model) and ``c_min`` the lowest
+    such cost among the clusters the job could use this cycle (:func:`set_cost_reference`): the
+    cheapest place scores 1, one twice as dear 0.5. Without a reference (outside decide) the
+    dearest GPU-hour price of the view stands in: ``1 / (1 + c / p_max)``."""
 
     name = "cost"
     bound_scope = "region_price"
 
     def score(self, job, cluster, fit, work, ctx) -> float:
-        return 1.0 / (1.0 + cost_per_unit_hour(job, cluster, fit.card_model, ctx) / ctx.max_price)
+        return _relative_cost(job, cost_per_unit_hour(job, cluster, fit.card_model, ctx), ctx)
 
     def bound(self, job, cluster, work, ctx, models) -> float:
         cheapest = models[0] if models else ""  # candidate models come cheapest first
-        return 1.0 / (1.0 + cost_per_unit_hour(job, cluster, cheapest, ctx) / ctx.max_price)
+        return _relative_cost(job, cost_per_unit_hour(job, cluster, cheapest, ctx), ctx)
+
+
+def set_cost_reference(job: QueuedJob, cost_per_hour: float, ctx: Context) -> None:
+    """Record the lowest cost per GPU-hour the job could get this cycle (the Cost scale)."""
+    ctx.memo[("cost_ref", job.job_id, job.shard)] = cost_per_hour
+
+
+def _relative_cost(job: QueuedJob, cost: float, ctx: Context) -> float:
+    ref = ctx.memo.get(("cost_ref", job.job_id, job.shard))
+    if ref is None:
+        return 1.0 / (1.0 + cost / ctx.max_price)
+    if cost <= 0:
+        return 1.0
+    return min(1.0, ref / cost)
 
 
 def _used_after(job: QueuedJob, fit: Fit, work: WorkingCluster) -> float:
