@@ -27,6 +27,7 @@ stream             subjects                                                    r
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
@@ -129,21 +130,27 @@ class Bus:
             replicas: stream replicas when this connection creates the streams.
 
         Raises:
-            UnavailableError: no server answered within ``connect_timeout_s``.
+            UnavailableError: no server answered within ``3 * connect_timeout_s`` seconds.
         """
 
         async def _error_cb(e: Exception) -> None:
             log.debug("nats %s: %s", name, e)
 
+        extra = {"inbox_prefix": inbox_prefix.encode()} if inbox_prefix else {}
+        nc = nats.NATS()
         try:
-            extra = {"inbox_prefix": inbox_prefix.encode()} if inbox_prefix else {}
-            nc = await nats.connect(
+            # reconnects retry forever once connected; the first connection gets a bounded wait
+            # (nats.py would otherwise keep retrying an unreachable server without end)
+            await asyncio.wait_for(nc.connect(
                 url.split(","), name=name, connect_timeout=connect_timeout_s, max_reconnect_attempts=-1,
                 reconnect_time_wait=0.5, allow_reconnect=True, error_cb=_error_cb,
                 pending_size=64 * 1024 * 1024, **extra,
-            )
-        except (nats.errors.NoServersError, OSError, asyncio.TimeoutError) as e:
-            raise UnavailableError(f"cannot connect to NATS at {redact(url)}: {e}") from e
+            ), timeout=3 * connect_timeout_s)
+        except (nats.errors.NoServersError, OSError, asyncio.TimeoutError, nats.errors.Error) as e:
+            with contextlib.suppress(Exception):
+                await nc.close()
+            raise UnavailableError(f"cannot connect to NATS at {redact(url)} within {3 * connect_timeout_s:g} s: "
+                                   f"{str(e) or 'no server answered'}") from e
         return cls(nc, prefix, duplicate_window_s=duplicate_window_s, max_age_s=max_age_s, js_domain=js_domain,
                    replicas=replicas)
 

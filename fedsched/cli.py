@@ -23,15 +23,13 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from fedsched.bus import redact
 from fedsched.errors import FedError
 
 app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False, rich_markup_mode="rich")
-console = Console()
-err = Console(stderr=True)
+from fedsched.clitext import console, err, error_line, styled
 
 OUTPUT_HELP = "table (for people) or json (for scripts)"
 
@@ -47,7 +45,7 @@ def _settings(**overrides):
     try:
         return Settings(**clean)
     except Exception as e:  # pydantic ValidationError: show it plainly
-        err.print(f"[red]invalid setting:[/red] {e}")
+        err.print(error_line("invalid setting:", e))
         raise typer.Exit(2) from e
 
 
@@ -57,11 +55,37 @@ def _logging(verbose: bool) -> None:
 
 
 def _fail(e: Exception) -> None:
-    err.print(f"[red]error:[/red] {e}")
+    err.print(error_line("error:", e))
     raise typer.Exit(1)
 
 
 # --------------------------------------------------------------------------- up
+
+
+async def _start_unless_stopped(system, stop: asyncio.Event) -> bool:
+    """Start ``system``; Ctrl-C / SIGTERM (``stop``) during the start abandons it.
+
+    Returns:
+        True when the system runs; False when a signal came first (the system is stopped again).
+
+    Raises:
+        Whatever the start raised (the system is stopped first).
+    """
+    start = asyncio.create_task(system.start())
+    signalled = asyncio.create_task(stop.wait())
+    await asyncio.wait({start, signalled}, return_when=asyncio.FIRST_COMPLETED)
+    if not start.done():
+        start.cancel()
+        await asyncio.gather(start, return_exceptions=True)
+        await system.stop()
+        return False
+    signalled.cancel()
+    try:
+        start.result()
+    except BaseException:
+        await system.stop()
+        raise
+    return True
 
 
 @app.command()
@@ -106,13 +130,11 @@ def up(
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        try:
-            await system.start()
-        except BaseException:
-            await system.stop()
-            raise
-        console.print(f"[green]fedsched is up[/green]: gRPC {system.grpc_target}, NATS {redact(system.nats_url)}, "
-                      f"ClickHouse {'chDB ' + str(Path(settings.data_dir) / 'clickhouse') if settings.embedded_clickhouse else redact(settings.clickhouse_url)}")
+        if not await _start_unless_stopped(system, stop):
+            console.print("stopped while starting")
+            return
+        console.print(styled(("fedsched is up", "green"), f": gRPC {system.grpc_target}, NATS {redact(system.nats_url)}, "
+                      f"ClickHouse {'chDB ' + str(Path(settings.data_dir) / 'clickhouse') if settings.embedded_clickhouse else redact(settings.clickhouse_url)}"))
         console.print(f"  {len(system.agents)} trace agent(s), policy {system.scheduler.policy.version}, "
                       f"{len(system.admission.view.jobs)} job(s) known. Ctrl-C stops.")
         token_note = (f"admin token in {settings.admin_token_path} (the CLI reads it; FEDSCHED_DATA_DIR="
@@ -176,13 +198,17 @@ def service(
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        async with system:
+        if not await _start_unless_stopped(system, stop):
+            return
+        try:
             console.print(f"fedsched {name} running on {redact(system.nats_url)}" +
                           (f", gRPC {system.grpc_target}" if name == "admission" else ""))
             waiter = asyncio.create_task(system.failed.wait())
             await asyncio.wait({asyncio.create_task(stop.wait()), waiter}, return_when=asyncio.FIRST_COMPLETED)
             if system.failed.is_set():
                 raise typer.Exit(1)
+        finally:
+            await system.stop()
 
     try:
         asyncio.run(main())
@@ -300,11 +326,14 @@ def sql(
     from fedsched.sqlcli import run_sql
 
     try:
-        columns, rows = run_sql(query, data_dir=data_dir, nats_url=nats_url, clickhouse_url=clickhouse_url,
+        columns, rows, total = run_sql(query, data_dir=data_dir, nats_url=nats_url, clickhouse_url=clickhouse_url,
                                 prefix=os.environ.get("FEDSCHED_SUBJECT_PREFIX", "fed"),
                                 inbox_prefix=os.environ.get("FEDSCHED_INBOX_PREFIX", ""))
     except FedError as e:
         _fail(e)
+    if total > len(rows):
+        err.print(styled(("warning:", "yellow"), f" {total} rows; only the first {len(rows)} are shown "
+                         f"(add LIMIT/OFFSET or aggregate)"))
     if output == "json":
         console.print_json(json.dumps([dict(zip(columns, r)) for r in rows], default=str))
         return

@@ -19,7 +19,8 @@ from rich.table import Table
 from fedsched.api.v1 import governance_pb2 as gpb
 from fedsched.api.v1 import governance_pb2_grpc as gpb_grpc
 from fedsched.auth import ROLES, hash_token, new_token
-from fedsched.jobcli import KINDS, LOCALITIES, OUTPUT, SERVER, TOKEN, Api, console, err
+from fedsched.clitext import console, err, error_line
+from fedsched.jobcli import KINDS, LOCALITIES, OUTPUT, SERVER, TOKEN, Api
 
 MODES = {"forbidden": gpb.CROSS_REGION_MODE_FORBIDDEN, "approval": gpb.CROSS_REGION_MODE_APPROVAL,
          "allowed": gpb.CROSS_REGION_MODE_ALLOWED}
@@ -33,7 +34,7 @@ def _json(msg) -> None:
 
 def _pick(value: str, table: dict, flag: str) -> int:
     if value not in table:
-        err.print(f"[red]{flag}[/red] must be one of {', '.join(table)}")
+        err.print(error_line(flag, f"must be one of {', '.join(table)}"))
         raise typer.Exit(2)
     return table[value]
 
@@ -50,7 +51,7 @@ def parse_role(text: str) -> gpb.RoleGrant:
     """``admin`` | ``submitter:T1,T2[/P1,P2]`` | ``approver:T1,T2`` | ``agent:REGION/CLUSTER``."""
     role, _, rest = text.partition(":")
     if role not in ROLES:
-        err.print(f"[red]--role[/red] {text!r}: role must be one of {', '.join(ROLES)}")
+        err.print(error_line("--role", f"{text!r}: role must be one of {', '.join(ROLES)}"))
         raise typer.Exit(2)
     if role == "agent":
         region, _, cluster = rest.partition("/")
@@ -162,7 +163,7 @@ def register(app: typer.Typer) -> None:
         for spec in job_class:
             parts = spec.split(":")
             if len(parts) < 2:
-                err.print(f"[red]--job-class[/red] {spec!r}: NAME:MODE[:kinds=...][:tags=...]")
+                err.print(error_line("--job-class", f"{spec!r}: NAME:MODE[:kinds=...][:tags=...]"))
                 raise typer.Exit(2)
             jc = gpb.JobClass(name=parts[0], cross_region=_pick(parts[1], MODES, "--job-class mode"))
             for extra in parts[2:]:
@@ -258,7 +259,7 @@ def register(app: typer.Typer) -> None:
     @principal_app.command("put")
     def principal_put(
         name: str = typer.Argument(...),
-        role: list[str] = typer.Option(..., "--role", help="admin | submitter:T1,T2[/P1,P2] | approver:T1,T2 | "
+        role: list[str] = typer.Option(..., "--role", help="admin | submitter:T1,T2\\[/P1,P2] | approver:T1,T2 | "
                                                            "agent:REGION/CLUSTER (repeatable)."),
         new_token_: bool = typer.Option(False, "--new-token", help="Issue a fresh token (always for a new principal)."),
         expected_version: str = typer.Option("", "--expected-version"),
@@ -297,7 +298,7 @@ def register(app: typer.Typer) -> None:
         try:
             return path.read_text("utf-8")
         except OSError as e:
-            err.print(f"[red]error:[/red] cannot read {path}: {e}")
+            err.print(error_line("error:", f"cannot read {path}: {e}"))
             raise typer.Exit(2) from None
 
     def _changes(resp: gpb.ApplyPolicyResponse, output: str, verb: str) -> None:

@@ -18,15 +18,13 @@ from typing import Optional
 import grpc
 import typer
 from google.protobuf.json_format import MessageToDict
-from rich.console import Console
 from rich.table import Table
 
 from fedsched.api.v1 import jobs_pb2 as pb
 from fedsched.api.v1 import jobs_pb2_grpc as pb_grpc
 from fedsched.client import TlsClient, call_metadata, resolve_token, sync_channel
+from fedsched.clitext import console, err, error_line, styled
 
-console = Console()
-err = Console(stderr=True)
 
 SERVER = typer.Option("127.0.0.1:50051", "--server", envvar="FEDSCHED_GRPC", help="Admission gRPC address (host:port).")
 OUTPUT = typer.Option("table", "--output", "-o", help="table (for people) or json (for scripts)")
@@ -84,7 +82,7 @@ def fail_rpc(e: grpc.RpcError) -> None:
         hint = " (is `fedsched up` running? pass --server or FEDSCHED_GRPC)"
     elif code == grpc.StatusCode.UNAUTHENTICATED:
         hint = " (pass --token or FEDSCHED_TOKEN, or set FEDSCHED_DATA_DIR to the data dir holding admin.token)"
-    err.print(f"[red]{code.name}[/red]: {e.details()}{hint}")
+    err.print(error_line(f"{code.name}:", f"{e.details()}{hint}"))
     raise typer.Exit(1) from None
 
 
@@ -138,7 +136,7 @@ def register(app: typer.Typer) -> None:
         for value, table, flag in ((kind, KINDS, "--kind"), (priority, PRIORITIES, "--priority"),
                                    (locality, LOCALITIES, "--locality")):
             if value not in table:
-                err.print(f"[red]{flag}[/red] must be one of {', '.join(table)}")
+                err.print(error_line(flag, f"must be one of {', '.join(table)}"))
                 raise typer.Exit(2)
         spec = pb.JobSpec(tenant=tenant, project=project, name=name, kind=KINDS[kind], priority=PRIORITIES[priority],
                           workers=workers, gpus_per_worker=gpus, cpu_milli=cpu_milli, memory_mib=memory_mib,
@@ -172,7 +170,7 @@ def register(app: typer.Typer) -> None:
         for s in state:
             name = "JOB_STATE_" + s.upper()
             if name not in pb.JobState.keys():
-                err.print(f"[red]--state[/red] {s!r} is not a state")
+                err.print(error_line("--state", f"{s!r} is not a state"))
                 raise typer.Exit(2)
             states.append(pb.JobState.Value(name))
         with Api(server, token) as api:
@@ -199,22 +197,21 @@ def register(app: typer.Typer) -> None:
             console.print(t)
 
     @app.command()
-    def explain(job_id: str = typer.Argument(...), server: str = SERVER, output: str = OUTPUT):
+    def explain(job_id: str = typer.Argument(...), server: str = SERVER, output: str = OUTPUT, token: str = TOKEN):
         """Why a job went where it went, or why it waits: every cluster's verdict and scores."""
-        channel, stub = _stub(server)
-        with channel:
-            resp = _call(stub.ExplainJob, pb.ExplainJobRequest(job_id=job_id))
+        with Api(server, token) as api:
+            resp = api.call(pb_grpc.JobServiceStub(api.channel).ExplainJob, pb.ExplainJobRequest(job_id=job_id))
         if output == "json":
             console.print_json(json.dumps(MessageToDict(resp, preserving_proto_field_name=True)))
             return
-        console.print(f"[bold]{resp.job_id}[/bold] {_state(resp.state)}")
+        console.print(styled((resp.job_id, "bold"), f" {_state(resp.state)}"))
         for d in resp.decisions:
             head = f"shard {d.shard}: " if len(resp.decisions) > 1 else ""
-            console.print(f"{head}[bold]{d.outcome}[/bold] {d.cluster or ''} {('(' + d.region + ')') if d.region else ''}"
-                          f" queue {d.queue or '-'} policy {d.policy_version or '-'}")
+            console.print(styled(head, (d.outcome, "bold"), f" {d.cluster or ''} {('(' + d.region + ')') if d.region else ''}"
+                                 f" queue {d.queue or '-'} policy {d.policy_version or '-'}"))
             console.print(f"  {d.summary}", highlight=False)
             if d.counterfactual:
-                console.print(f"  [italic]what if:[/italic] {d.counterfactual}", highlight=False)
+                console.print(styled("  ", ("what if:", "italic"), f" {d.counterfactual}"), highlight=False)
             t = Table("cluster", "region", "verdict", "detail / scores", "total")
             for c in sorted(d.clusters, key=lambda c: (not c.passed, -(c.total if c.HasField("total") else 0))):
                 detail = ", ".join(f"{k} {v:.2f}" for k, v in sorted(c.scores.items())) if c.passed else c.detail

@@ -12,7 +12,9 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import sysconfig
+import threading
 import time
 from pathlib import Path
 
@@ -42,6 +44,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _die_with_parent() -> None:
+    """In the child before exec: ask the kernel for SIGTERM when the parent (thread) dies."""
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM, 0, 0, 0)
+
+
 class EmbeddedNats:
     """A nats-server child process (JetStream, loopback only).
 
@@ -63,23 +73,48 @@ class EmbeddedNats:
         return f"nats://127.0.0.1:{self.port}"
 
     def start(self, timeout_s: float = 15.0) -> None:
-        """Start the server and wait until it accepts connections.
+        """Start the server and wait until it accepts connections (:meth:`spawn` + :meth:`wait_ready`).
 
         Raises:
             UnavailableError: the process exits or does not listen within ``timeout_s``.
+        """
+        self.spawn()
+        self.wait_ready(timeout_s)
+
+    def spawn(self) -> None:
+        """Start the child process (returns at once).
+
+        Called from the main thread on Linux, the child gets ``PR_SET_PDEATHSIG``: if this process
+        dies without stopping it (SIGKILL, a crash), the kernel sends the server SIGTERM, so no
+        orphan keeps the port and the JetStream store. (The signal follows the *thread* that
+        forked, hence main thread only.)
         """
         self.store_dir.mkdir(parents=True, exist_ok=True)
         log = self.store_dir / "nats-server.log"
         args = [find_nats_server(), "-js", "-sd", str(self.store_dir), "-a", "127.0.0.1",
                 "-p", str(self.port), "-l", str(log)]
+        preexec = _die_with_parent if (sys.platform.startswith("linux")
+                                       and threading.current_thread() is threading.main_thread()) else None
         # Own process group: Ctrl-C in the terminal reaches us, and we stop the server in order.
         self._proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                      start_new_session=True)
+                                      start_new_session=True, preexec_fn=preexec)
+
+    def wait_ready(self, timeout_s: float = 15.0) -> None:
+        """Wait until the spawned server accepts connections.
+
+        Raises:
+            UnavailableError: the process exits or does not listen within ``timeout_s``.
+        """
+        log = self.store_dir / "nats-server.log"
+        proc = self._proc
+        if proc is None:
+            raise UnavailableError("nats-server was not started")
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            if self._proc.poll() is not None:
-                err = (self._proc.stderr.read() or b"").decode(errors="replace")[-2000:]
-                raise UnavailableError(f"nats-server exited with {self._proc.returncode}: {err or log.read_text()[-2000:]}")
+            if proc.poll() is not None:
+                err = (proc.stderr.read() or b"").decode(errors="replace")[-2000:]
+                tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
+                raise UnavailableError(f"nats-server exited with {proc.returncode}: {err or tail}")
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
                     return

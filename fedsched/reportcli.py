@@ -16,15 +16,13 @@ from pathlib import Path
 from typing import Any, Optional
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from fedsched.sqlcli import ask_store
-from fedsched.errors import FedError, UnavailableError, ValidationError
+from fedsched.errors import FedError, UnavailableError
 from fedsched.store import QueryResult
 
-console = Console()
-err = Console(stderr=True)
+from fedsched.clitext import console, err, error_line, styled
 
 _TIME_FORMATS = ["%Y-%m-%d", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M:%S", "%Y-%m-%dT%H:%M"]
 
@@ -85,7 +83,7 @@ def _print_report(result) -> None:
 
     q = result.query
     if not result.rows:
-        console.print(f"[bold]{q.title}[/bold]: no rows in this window")
+        console.print(styled((q.title, "bold"), ": no rows in this window"))
         return
     if q.is_timeseries:  # hundreds of buckets: per series, the figures a person looks for
         table = Table(q.series, "buckets", f"mean {q.y[0]}", f"peak {q.y[0]}", "peak at", title=q.title,
@@ -144,7 +142,7 @@ def register(app: typer.Typer) -> None:
 
         if list_reports:
             for q in REPORTS:
-                console.print(f"[bold]{q.name}[/bold]: {q.description}", highlight=False)
+                console.print(styled((q.name, "bold"), f": {q.description}"), highlight=False)
             return
         if grafana_dashboard is not None:
             grafana_dashboard.write_text(dashboard_json(), "utf-8")
@@ -161,10 +159,10 @@ def register(app: typer.Typer) -> None:
                 window = Window(window.start, window.end, bucket)
             results = run_reports(query, database, window, only or None)
         except KeyError as e:
-            err.print(f"[red]error:[/red] unknown report {e}; `fedsched report --list` shows them")
+            err.print(error_line("error:", f"unknown report {e}; `fedsched report --list` shows them"))
             raise typer.Exit(2) from None
         except FedError as e:
-            err.print(f"[red]error:[/red] {e}")
+            err.print(error_line("error:", e))
             raise typer.Exit(1) from None
         if output == "json":
             body = {"window": {"from": window.start.isoformat(), "to": window.end.isoformat(),

@@ -23,8 +23,11 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import decimal
+import fcntl
 import json
 import logging
+import os
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,7 +40,7 @@ from fedsched.pricing import PriceCatalog, load_price_catalog
 from fedsched.governance import bundled_policy_text
 from fedsched.policystore import bootstrap
 from fedsched.settings import Settings
-from fedsched.store import AsyncStore, Store, open_store_from
+from fedsched.store import MAX_QUERY_ROWS, AsyncStore, Store, open_store_from
 from services.admission.convert import Limits
 from services.admission.service import AdmissionService, TlsFiles
 from services.audit.service import AuditService
@@ -92,6 +95,8 @@ class System:
         self.nats_url = self.settings.nats_url
         self.store: AsyncStore | None = None
         self.sync_store: Store | None = None
+        self._read_store: Store | None = None
+        self._reader_lock = threading.Lock()
         self.buses: list[Bus] = []
         self.tasks: list[asyncio.Task] = []
         self.scheduler: SchedulerService | None = None
@@ -104,6 +109,9 @@ class System:
         self.failed = asyncio.Event()
         self.failure: BaseException | None = None
         self.admin_token: str | None = None
+        self.nats_restarts = 0
+        self._nats_watchdog: asyncio.Task | None = None
+        self._dir_lock = None
 
     def _spawn(self, coro, name: str) -> None:
         task = asyncio.create_task(coro, name=name)
@@ -141,16 +149,20 @@ class System:
         s = self.settings
         opts = self.options
         telemetry.setup_tracing(s.otel_exporter)
+        wants = set(opts.services)
+        if s.embedded_nats or (s.embedded_clickhouse and wants & {"audit", "billing"}):
+            self._lock_data_dir(Path(s.data_dir))
         if s.embedded_nats:
             self.nats = EmbeddedNats(Path(s.data_dir) / "nats", port=s.nats_port)
-            await asyncio.to_thread(self.nats.start)
+            self.nats.spawn()  # from the loop's thread: the child dies with this process
+            await asyncio.to_thread(self.nats.wait_ready)
             self.nats_url = self.nats.url
+            self._nats_watchdog = asyncio.create_task(self._watch_nats(), name="nats-watchdog")
         self.control = await self._bus("control")
         if set(opts.services) != {"agents"}:
             # agents (beside their clusters, confined by NATS permissions) never create or change
             # streams: they wait for the central services to have made them
             await self.control.ensure_streams()
-        wants = set(opts.services)
         if "admission" in wants:  # the front door stores the first policy (and keeps the admin token)
             policy_text = opts.policy_text or (Path(s.policy_file).read_text("utf-8") if s.policy_file
                                                else bundled_policy_text())
@@ -196,8 +208,54 @@ class System:
                 ready.cancel()
                 task.result()  # raises the startup error
 
+    def _lock_data_dir(self, data_dir: Path) -> None:
+        """Hold an exclusive lock on ``data_dir/.lock`` while this system runs.
+
+        Two processes on one data dir would run two nats-servers on one JetStream store (and
+        fight over the chDB files); the second one fails here, saying which process holds it.
+
+        Raises:
+            UnavailableError: another process holds the lock.
+        """
+        data_dir.mkdir(parents=True, exist_ok=True)
+        f = open(data_dir / ".lock", "a+")  # noqa: SIM115 - held open while running
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            f.seek(0)
+            holder = f.read().strip() or "?"
+            f.close()
+            raise UnavailableError(f"data dir {data_dir} is in use by another fedsched process (pid {holder}); "
+                                   f"stop it, or pass another --data-dir") from None
+        f.seek(0)
+        f.truncate()
+        f.write(str(os.getpid()))
+        f.flush()
+        self._dir_lock = f
+
+    async def _watch_nats(self, interval_s: float = 1.0) -> None:
+        """Restart the embedded nats-server if it dies (same port, same store): every client
+        reconnects by itself, and JetStream resumes from the store."""
+        while True:
+            await asyncio.sleep(interval_s)
+            if self.nats is None or self.nats.running:
+                continue
+            log.error("the embedded nats-server exited; restarting it on port %d", self.nats.port)
+            try:
+                self.nats.spawn()
+                await asyncio.to_thread(self.nats.wait_ready)
+                self.nats_restarts += 1
+                log.warning("the embedded nats-server is back (restart %d)", self.nats_restarts)
+            except Exception as e:  # noqa: BLE001 - keep trying
+                log.error("cannot restart the embedded nats-server: %s", e)
+                await asyncio.sleep(5 * interval_s)
+
     async def stop(self) -> None:
         """Stop the services, then the store and NATS (idempotent)."""
+        if self._nats_watchdog is not None:
+            self._nats_watchdog.cancel()
+            await asyncio.gather(self._nats_watchdog, return_exceptions=True)
+            self._nats_watchdog = None
         for svc in (self.admission, self.scheduler, *self.agents, self.billing, self.audit):
             if svc is not None:
                 svc.stop()
@@ -225,9 +283,15 @@ class System:
         if self.store is not None:
             self.store.close()
             self.store = None
+        if self._read_store is not None:
+            self._read_store.close()
+            self._read_store = None
         if self.nats is not None:
             await asyncio.to_thread(self.nats.stop)
             self.nats = None
+        if self._dir_lock is not None:
+            self._dir_lock.close()  # releases the flock
+            self._dir_lock = None
 
     async def __aenter__(self) -> "System":
         try:
@@ -290,18 +354,27 @@ class System:
             await asyncio.sleep(0.1)
 
     async def _on_query(self, msg) -> None:
+        """Answer ``<p>.svc.store.query`` (``{"sql", "parameters"}``) on the read-only handle."""
         try:
             req = json.loads(msg.data or b"{}")
             sql = str(req.get("sql", ""))
             result = await asyncio.get_running_loop().run_in_executor(
-                None, lambda: self.sync_store.query(sql, req.get("parameters") or {}, settings={"readonly": 1}))
-            body = {"columns": list(result.columns), "rows": [list(r) for r in result.rows[:10000]],
-                    "truncated": len(result.rows) > 10000}
+                None, lambda: self._reader().query(sql, req.get("parameters") or {}))
+            body = {"columns": list(result.columns), "rows": [list(r) for r in result.rows[:MAX_QUERY_ROWS]],
+                    "truncated": len(result.rows) > MAX_QUERY_ROWS, "total_rows": len(result.rows)}
         except FedError as e:
             body = {"error": e.message}
         except Exception as e:  # noqa: BLE001 - report, never crash the responder
             body = {"error": f"{type(e).__name__}: {e}"}
         await msg.respond(json.dumps(body, default=_json_default).encode())
+
+
+    def _reader(self) -> Store:
+        """The read-only store handle for queries from outside (opened at first use)."""
+        with self._reader_lock:
+            if self._read_store is None:
+                self._read_store = self.sync_store.reader()
+            return self._read_store
 
 
 def _json_default(value):

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from fedsched.bus import redact
 from fedsched.errors import UnavailableError, ValidationError
-from fedsched.store import open_store
+from fedsched.store import MAX_QUERY_ROWS, open_store
 
 
 def _check(query: str) -> str:
@@ -26,12 +26,14 @@ def _check(query: str) -> str:
 
 
 def run_sql(query: str, *, data_dir: Path, nats_url: str = "", clickhouse_url: str = "",
-            prefix: str = "fed", inbox_prefix: str = "") -> tuple[list[str], list[list]]:
-    """Columns and rows of a read-only query (``readonly=1``: writes are refused by ClickHouse).
+            prefix: str = "fed", inbox_prefix: str = "") -> tuple[list[str], list[list], int]:
+    """Columns, rows (at most :data:`~fedsched.store.MAX_QUERY_ROWS`) and the full row count of a
+    read-only query (``readonly=2`` on a handle of its own: ClickHouse refuses writes and DDL; 55 s
+    execution limit).
 
     Raises:
         ValidationError: empty query, or ClickHouse rejected it (the message says why).
-        UnavailableError: the store or the running system cannot be reached.
+        UnavailableError: the store or the running system cannot be reached, or did not answer in time.
     """
     q = _check(query)
     if nats_url:
@@ -40,12 +42,15 @@ def run_sql(query: str, *, data_dir: Path, nats_url: str = "", clickhouse_url: s
         raise UnavailableError(f"no embedded store in {data_dir}/clickhouse; run `fedsched up --data-dir {data_dir}` "
                                f"or pass --clickhouse-url")
     store = open_store(data_dir=Path(data_dir), url=clickhouse_url, migrate=False)
-    result = store.query(q, settings={"readonly": 1})
-    return list(result.columns), [list(r) for r in result.rows]
+    try:
+        result = store.reader().query(q)
+    finally:
+        store.close()
+    return list(result.columns), [list(r) for r in result.rows[:MAX_QUERY_ROWS]], len(result.rows)
 
 
 async def ask_store(nats_url: str, prefix: str, sql: str, parameters: dict | None = None, *,
-                    inbox_prefix: str = "", timeout_s: float = 120.0) -> dict:
+                    inbox_prefix: str = "", timeout_s: float = 65.0) -> dict:
     """Ask the running system (the process holding the store) a read-only query over NATS.
 
     Returns:
@@ -60,14 +65,19 @@ async def ask_store(nats_url: str, prefix: str, sql: str, parameters: dict | Non
 
     extra = {"inbox_prefix": inbox_prefix.encode()} if inbox_prefix else {}
     try:
-        nc = await nats.connect(nats_url, connect_timeout=5, max_reconnect_attempts=0, **extra)
-    except Exception as e:  # noqa: BLE001
-        raise UnavailableError(f"cannot connect to NATS at {redact(nats_url)}: {e}") from e
+        nc = await asyncio.wait_for(
+            nats.connect(nats_url, connect_timeout=5, allow_reconnect=False, max_reconnect_attempts=0, **extra),
+            timeout=10)
+    except Exception as e:  # noqa: BLE001 - a bad URL, refused, or silent
+        raise UnavailableError(f"cannot connect to NATS at {redact(nats_url)}: {str(e) or type(e).__name__}") from e
     try:
         reply = await nc.request(f"{prefix}.svc.store.query",
                                  json.dumps({"sql": sql, "parameters": parameters or {}}).encode(), timeout=timeout_s)
-    except (nats.errors.NoRespondersError, nats.errors.TimeoutError) as e:
+    except nats.errors.NoRespondersError as e:
         raise UnavailableError("no running fedsched answers store queries on this NATS") from e
+    except nats.errors.TimeoutError as e:
+        raise UnavailableError(f"the running fedsched did not answer within {timeout_s:g} s (queries stop after "
+                               f"55 s; is the system overloaded?)") from e
     finally:
         await nc.close()
     body = json.loads(reply.data)
@@ -76,6 +86,6 @@ async def ask_store(nats_url: str, prefix: str, sql: str, parameters: dict | Non
     return body
 
 
-async def _ask(query: str, nats_url: str, prefix: str, inbox_prefix: str) -> tuple[list[str], list[list]]:
-    body = await ask_store(nats_url, prefix, query, inbox_prefix=inbox_prefix, timeout_s=60)
-    return body["columns"], body["rows"]
+async def _ask(query: str, nats_url: str, prefix: str, inbox_prefix: str) -> tuple[list[str], list[list], int]:
+    body = await ask_store(nats_url, prefix, query, inbox_prefix=inbox_prefix, timeout_s=65)
+    return body["columns"], body["rows"], int(body.get("total_rows", len(body["rows"])))

@@ -267,7 +267,28 @@ def _http_client(url: str, database: str, options: ServerOptions | None = None):
         raise UnavailableError(f"cannot reach ClickHouse at {args['host']}:{args['port']}: {e}") from e
 
 
+def _chdb_reader(path: Path):
+    """A new chDB handle on ``path`` that is not the process's cached writer handle.
+
+    Settings given to a chDB query stick to its session, so read-only queries run on a handle of
+    their own (see :meth:`Store.reader`) and can never turn the writer read-only.
+    """
+    import clickhouse_connect
+
+    try:
+        return clickhouse_connect.get_client(interface="chdb", path=str(path.resolve()))
+    except Exception as e:  # noqa: BLE001
+        raise UnavailableError(f"cannot open a read handle on the embedded ClickHouse at {path}: {e}") from e
+
+
 ClientFactory = Callable[[], Any]
+
+#: Settings of every query on a :meth:`Store.reader` handle: ``readonly=2`` refuses writes and
+#: DDL and cannot be lifted from inside a query; ``max_execution_time`` bounds a runaway query.
+READ_ONLY_SETTINGS = {"readonly": 2, "max_execution_time": 55}
+
+#: Rows an ad-hoc query returns at most (``fedsched sql``); more are cut, and the caller is told.
+MAX_QUERY_ROWS = 10_000
 
 
 class Store:
@@ -287,12 +308,15 @@ class Store:
     """
 
     def __init__(self, client: Any, database: str, *, embedded: bool, cluster: str | None = None,
-                 reopen: ClientFactory | None = None) -> None:
+                 reopen: ClientFactory | None = None, read_client: ClientFactory | None = None,
+                 read_only: bool = False) -> None:
         self.client = client
         self.database = database
         self.embedded = embedded
         self.cluster = cluster or None
+        self.read_only = read_only
         self._reopen = reopen
+        self._read_client = read_client
         self._broken = False
         self._lock = threading.RLock()
 
@@ -401,14 +425,31 @@ class Store:
     def _command(self, sql: str) -> None:
         self._call(lambda c: c.command(sql))
 
+    def reader(self) -> "Store":
+        """A read-only :class:`Store` on a client of its own, for ad-hoc (untrusted) SQL.
+
+        Every query on it runs with :data:`READ_ONLY_SETTINGS` (writes and DDL refused, 55 s
+        execution limit); it has its own lock, so a long query never holds up the writers, and
+        settings it applies never leak into the writers' session.
+
+        Raises:
+            UnavailableError: a second handle cannot be opened.
+        """
+        if self._read_client is None:
+            raise UnavailableError("this store cannot open a separate read handle")
+        return Store(self._read_client(), self.database, embedded=self.embedded, cluster=self.cluster,
+                     reopen=self._read_client, read_only=True)
+
     def query(self, sql: str, parameters: dict[str, Any] | None = None, *, settings: dict | None = None) -> QueryResult:
         """Run a SELECT with ``{name:Type}`` parameters.
 
         Raises:
             UnavailableError: the engine/server cannot be reached.
-            ValidationError: the SQL is invalid (field ``sql``; the message is ClickHouse's).
+            ValidationError: the SQL is invalid, or writes on a read-only store (field ``sql``;
+                the message is ClickHouse's).
         """
-        result = self._call(lambda c: c.query(sql, parameters=parameters or {}, settings=settings or {}))
+        settings = {**(settings or {}), **READ_ONLY_SETTINGS} if self.read_only else (settings or {})
+        result = self._call(lambda c: c.query(sql, parameters=parameters or {}, settings=settings))
         return QueryResult(tuple(result.column_names), list(result.result_rows))
 
     def insert(self, table: str, rows: Sequence[Sequence[Any]], columns: Sequence[str], *,
@@ -521,14 +562,16 @@ def open_store(*, data_dir: Path | None = None, url: str = "", database: str = "
     """
     if url:
         store = Store(_http_client(url, database, server), database, embedded=False, cluster=cluster,
-                      reopen=lambda: _http_client(url, database, server))
+                      reopen=lambda: _http_client(url, database, server),
+                      read_client=lambda: _http_client(url, database, server))
     else:
         if cluster:
             raise ValidationError("clickhouse_cluster", "the embedded engine is one node; a cluster needs a server URL")
         if chdb_path is None and data_dir is None:
             raise ValidationError("data_dir", "the embedded store needs a data directory")
         path = Path(chdb_path) if chdb_path else Path(data_dir) / "clickhouse"
-        store = Store(_chdb_client(path), database, embedded=True, reopen=lambda: _chdb_client(path, fresh=True))
+        store = Store(_chdb_client(path), database, embedded=True, reopen=lambda: _chdb_client(path, fresh=True),
+                      read_client=lambda: _chdb_reader(path))
     if migrate:
         store.migrate(ttl_days=ttl_days)
     return store

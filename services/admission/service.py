@@ -538,6 +538,7 @@ class AdmissionService:
         self.server = grpc.aio.server(interceptors=[GatewayInterceptor(authenticator(self.policy))], options=[
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", 64 * 1024 * 1024),
+            ("grpc.so_reuseport", 0),  # a second server on a taken port must fail, not share it
         ])
         pb_grpc.add_JobServiceServicer_to_server(self.servicer, self.server)
         gpb_grpc.add_TenantServiceServicer_to_server(self.tenants, self.server)
@@ -590,12 +591,17 @@ class AdmissionService:
                 log.warning("admission: no governance policy stored yet; waiting for one "
                             "(the embedded system bootstraps it; see `fedsched policy apply`)")
             await self.policy.ready.wait()
-        if self.tls is not None:
-            self.port = self.server.add_secure_port(self.address, self.tls.credentials())
-        else:
-            self.port = self.server.add_insecure_port(self.address)
+        try:
+            if self.tls is not None:
+                self.port = self.server.add_secure_port(self.address, self.tls.credentials())
+            else:
+                self.port = self.server.add_insecure_port(self.address)
+        except RuntimeError as e:  # grpc's "Failed to bind" / bad address
+            raise UnavailableError(f"admission cannot listen on {self.address!r} ({e}); is the port taken "
+                                   f"(another `fedsched up`?) or the address not host:port? Pass --grpc-address") from e
         if self.port == 0:
-            raise UnavailableError(f"admission cannot listen on {self.address}")
+            raise UnavailableError(f"admission cannot listen on {self.address}; is the port taken (another "
+                                   f"`fedsched up`?) Pass --grpc-address")
         await self.server.start()
         for name in (*GUARDED, ""):
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)

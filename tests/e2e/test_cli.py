@@ -80,6 +80,9 @@ def test_up_submit_sql_ctrl_c_and_resume(tmp_path):
         assert '"n"' in q.stdout
         locked = _run("sql", "--data-dir", str(tmp_path), "SELECT 1")
         assert locked.returncode == 1 and "--nats-url" in (locked.stderr + locked.stdout)
+        _store_queries_are_read_only(nats_port, grpc, tmp_path)
+        _explain_and_odd_text(grpc, tmp_path, job_id)
+        _second_up_is_refused(tmp_path, grpc)
         _governance_commands(grpc, tmp_path)
     finally:
         out = _stop(proc)
@@ -118,3 +121,78 @@ def _governance_commands(grpc: str, data_dir: Path) -> None:
     assert own.returncode == 0, own.stderr
     other = _run("jobs", "--tenant", "ads", "--server", grpc, "--token", token)
     assert other.returncode == 1 and "PERMISSION_DENIED" in other.stderr
+
+
+def _store_queries_are_read_only(nats_port: int, grpc: str, data_dir: Path) -> None:
+    """A write through `sql` is refused, and does not stop audit from writing afterwards."""
+    url = f"nats://127.0.0.1:{nats_port}"
+    ins = _run("sql", "--nats-url", url, "INSERT INTO fedsched.events (event_id) VALUES ('forged')")
+    assert ins.returncode == 1 and "readonly" in ins.stderr.lower(), ins.stderr
+    ddl = _run("sql", "--nats-url", url, "DROP TABLE fedsched.usage")
+    assert ddl.returncode == 1, ddl.stdout
+    sub = _run("submit", "--server", grpc, "--tenant", "search", "--project", "train", "--gpus", "1",
+               "--duration", "60", "-o", "json", data_dir=data_dir)
+    assert sub.returncode == 0, sub.stderr
+    later = json.loads(sub.stdout)["job_id"]
+    deadline = time.monotonic() + 30
+    n = 0
+    while time.monotonic() < deadline and n == 0:
+        q = _run("sql", "--nats-url", url, "-o", "json",
+                 f"SELECT count() AS n FROM fedsched.events WHERE job_id = '{later}'")
+        assert q.returncode == 0, q.stderr
+        n = json.loads(q.stdout)[0]["n"]
+        time.sleep(0.5)
+    assert n > 0  # the writer's handle is not read-only
+    many = _run("sql", "--nats-url", url, "SELECT number FROM system.numbers LIMIT 10005", "-o", "json")
+    assert many.returncode == 0 and len(json.loads(many.stdout)) == 10000
+    assert "10005 rows; only the first 10000" in many.stderr.replace("\n", " ")
+    dead = _run("sql", "--nats-url", f"nats://127.0.0.1:{free_port()}", "SELECT 1")
+    assert dead.returncode == 1 and "cannot connect to NATS" in dead.stderr
+
+
+def _explain_and_odd_text(grpc: str, data_dir: Path, job_id: str) -> None:
+    """`explain` (table and JSON), and user text that looks like rich markup prints as itself."""
+    table = _run("explain", job_id, "--server", grpc, data_dir=data_dir)
+    assert table.returncode == 0, table.stderr
+    assert job_id in table.stdout and "placed" in table.stdout and "cn-" in table.stdout
+    as_json = _run("explain", job_id, "--server", grpc, "-o", "json", data_dir=data_dir)
+    assert as_json.returncode == 0 and json.loads(as_json.stdout)["job_id"] == job_id
+    odd = _run("submit", "--server", grpc, "--tenant", "[/x]", "--project", "[bold]p", data_dir=data_dir)
+    assert odd.returncode == 1 and "INVALID_ARGUMENT" in odd.stderr and "[/x]" in odd.stderr, odd.stderr
+    assert "Traceback" not in odd.stderr
+    helped = _run("principal", "put", "--help")
+    assert helped.returncode == 0 and "T1,T2[/P1,P2]" in helped.stdout, helped.stdout + helped.stderr
+
+
+def _second_up_is_refused(data_dir: Path, grpc: str) -> None:
+    """The same data dir, or the same gRPC port, cannot be used by a second `up`."""
+    env = dict(os.environ, FEDSCHED_NATS_PORT=str(free_port()))
+    same_dir = subprocess.run([*FEDSCHED, "up", "--data-dir", str(data_dir), "--grpc-address", f"127.0.0.1:{free_port()}"],
+                              capture_output=True, text=True, timeout=60, env=env)
+    assert same_dir.returncode == 1 and "in use by another fedsched process" in same_dir.stderr, same_dir.stderr
+    other = data_dir / "other"
+    same_port = subprocess.run([*FEDSCHED, "up", "--data-dir", str(other), "--grpc-address", grpc, "--no-agents"],
+                               capture_output=True, text=True, timeout=90, env=env)
+    assert same_port.returncode == 1 and "cannot listen" in same_port.stderr, same_port.stderr
+
+
+def test_killed_up_leaves_no_nats_server_behind(tmp_path):
+    """SIGKILL of `up` (no chance to clean up) still ends its nats-server child, so the data dir
+    and port are free for the next `up`."""
+    import socket
+
+    nats_port = free_port()
+    proc = _up(tmp_path, f"127.0.0.1:{free_port()}", nats_port)
+    proc.kill()
+    proc.wait(timeout=30)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", nats_port), timeout=0.5).close()
+            time.sleep(0.2)
+        except OSError:
+            break
+    else:
+        raise AssertionError("the nats-server outlived its killed parent")
+    proc = _up(tmp_path, f"127.0.0.1:{free_port()}", nats_port)
+    _stop(proc)
