@@ -42,6 +42,10 @@ def _settings(**overrides):
     from fedsched.settings import Settings
 
     clean = {k: v for k, v in overrides.items() if v not in (None, "")}
+    data_dir = clean.get("data_dir")
+    if data_dir is not None and Path(data_dir).exists() and not Path(data_dir).is_dir():
+        err.print(error_line("invalid setting:", f"--data-dir {data_dir} exists and is not a directory"))
+        raise typer.Exit(2)
     try:
         return Settings(**clean)
     except Exception as e:  # pydantic ValidationError: show it plainly
@@ -226,8 +230,14 @@ def schema(
     out: Optional[Path] = typer.Option(None, "--out", help="Write here instead of printing."),
 ):
     """Print the ClickHouse DDL (all migrations), single-node or ON CLUSTER."""
-    from fedsched.store import load_migrations, render_sql
+    from fedsched.store import check_identifier, load_migrations, render_sql
 
+    try:
+        check_identifier("--database", database)
+        if cluster:
+            check_identifier("--cluster", cluster)
+    except FedError as e:
+        _fail(e)
     parts = [f"CREATE DATABASE IF NOT EXISTS {database}{' ON CLUSTER ' + cluster if cluster else ''};"]
     for m in load_migrations():
         parts.append(f"-- migration {m.version:04d}_{m.name}")
@@ -262,7 +272,9 @@ def replay(
     report_json: Optional[Path] = typer.Option(None, "--report-json", help="Also write the report as JSON here."),
     nats_url: str = typer.Option("", "--nats-url", envvar="FEDSCHED_NATS_URL"),
     clickhouse_url: str = typer.Option("", "--clickhouse-url", envvar="FEDSCHED_CLICKHOUSE_URL"),
-    timeout: float = typer.Option(3600.0, "--timeout", help="Give up after this many wall seconds."),
+    timeout: float = typer.Option(3600.0, "--timeout", min=1.0,
+                                  help="Give up after this many wall seconds: the report covers what happened, "
+                                       "and the exit code is 2."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress display."),
     verbose: bool = typer.Option(False, "--verbose", "-v"),
 ):
@@ -301,8 +313,15 @@ def replay(
             shutil.rmtree(cleanup, ignore_errors=True)
     print_report(console, report)
     if report_json:
-        write_report(report, report_json)
+        try:
+            write_report(report, report_json)
+        except OSError as e:
+            _fail(OSError(f"cannot write the report to {report_json}: {e.strerror or e}"))
         console.print(f"report written to {report_json}")
+    if report.get("timed_out"):
+        err.print(error_line("timeout:", f"stopped after {timeout:g} s with jobs still open; the figures cover "
+                                         f"only what happened (raise --timeout or --speed)"))
+        raise typer.Exit(2)
 
 
 # --------------------------------------------------------------------------- sql
@@ -361,6 +380,18 @@ def main() -> None:
         app()
     except KeyboardInterrupt:
         sys.exit(130)
+    except (FedError, OSError, UnicodeError) as e:  # the commands' own handlers missed it: still no traceback
+        err.print(error_line("error:", _describe(e)))
+        sys.exit(1)
+
+
+def _describe(e: BaseException) -> str:
+    """A one-line account of an error for people (file errors name the file)."""
+    if isinstance(e, OSError) and e.filename:
+        return f"{e.strerror or type(e).__name__}: {e.filename}"
+    if isinstance(e, UnicodeDecodeError):
+        return f"a file is not UTF-8 text ({e.reason} at byte {e.start})"
+    return str(e) or type(e).__name__
 
 
 if __name__ == "__main__":

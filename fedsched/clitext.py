@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.text import Text
 
 console = Console(markup=False)
-err = Console(stderr=True, markup=False)
+err = Console(stderr=True, markup=False, soft_wrap=True)  # one line per error, for grep
 
 
 def styled(*parts: str | tuple[str, str]) -> Text:

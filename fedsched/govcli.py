@@ -297,8 +297,11 @@ def register(app: typer.Typer) -> None:
     def _read(path: Path) -> str:
         try:
             return path.read_text("utf-8")
+        except UnicodeDecodeError as e:
+            err.print(error_line("error:", f"{path} is not UTF-8 text (byte {e.start}); a policy is YAML"))
+            raise typer.Exit(2) from None
         except OSError as e:
-            err.print(error_line("error:", f"cannot read {path}: {e}"))
+            err.print(error_line("error:", f"cannot read {path}: {e.strerror or e}"))
             raise typer.Exit(2) from None
 
     def _changes(resp: gpb.ApplyPolicyResponse, output: str, verb: str) -> None:

@@ -37,6 +37,7 @@ from fedsched import naming
 from fedsched.auth import ANY, Grant, Principal, hash_token
 from fedsched.errors import InvalidName, ValidationError
 from fedsched.jobs import JobKind, JobSpec, Locality
+from fedsched.yamltext import load_yaml
 from services.scheduler.core.quota import QuotaRule
 
 Mode = Literal["forbidden", "approval", "allowed"]
@@ -400,13 +401,7 @@ def parse_policy(text: str) -> PolicyDoc:
     Raises:
         ValidationError: malformed YAML or a broken rule (``field`` = document path).
     """
-    if len(text) > 1_000_000:
-        raise ValidationError("policy", "larger than 1 MB")
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise ValidationError("policy", f"not valid YAML: {e}") from e
-    return parse_policy_data(data)
+    return parse_policy_data(load_yaml(text, "policy"))
 
 
 def _cross_check(doc: PolicyDoc) -> None:

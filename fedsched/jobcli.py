@@ -40,6 +40,9 @@ LOCALITIES = {"must_local": pb.LOCALITY_MUST_LOCAL, "prefer_local": pb.LOCALITY_
               "global": pb.LOCALITY_GLOBAL}
 
 
+U32, U64 = 2**32 - 1, 2**64 - 1  #: the wire's unsigned field ranges (admission enforces the real limits)
+
+
 def tls_from_env() -> TlsClient | None:
     """Client TLS from ``FEDSCHED_TLS_CA`` / ``FEDSCHED_TLS_CLIENT_CERT`` / ``FEDSCHED_TLS_CLIENT_KEY``."""
     ca, cert, key = (os.environ.get(f"FEDSCHED_TLS_{n}") or None for n in ("CA", "CLIENT_CERT", "CLIENT_KEY"))
@@ -115,16 +118,16 @@ def register(app: typer.Typer) -> None:
         tenant: str = typer.Option(..., "--tenant", help="Tenant (see `fedsched tenants`)."),
         project: str = typer.Option(..., "--project", help="Project of the tenant."),
         kind: str = typer.Option("batch", "--kind", help=", ".join(KINDS)),
-        workers: int = typer.Option(1, "--workers", help="Gang size (all workers start together in one cluster)."),
-        gpus: int = typer.Option(1, "--gpus", help="Whole GPUs per worker (0 = CPU-only)."),
-        gpu_milli: Optional[int] = typer.Option(None, "--gpu-milli", help="Share of one GPU, 1-1000 (with --gpus 1)."),
-        cpu_milli: int = typer.Option(0, "--cpu-milli", help="CPU per worker, milli-cores."),
-        memory_mib: int = typer.Option(0, "--memory-mib", help="Memory per worker, MiB."),
+        workers: int = typer.Option(1, "--workers", min=1, max=U32, help="Gang size (all workers start together in one cluster)."),
+        gpus: int = typer.Option(1, "--gpus", min=0, max=U32, help="Whole GPUs per worker (0 = CPU-only)."),
+        gpu_milli: Optional[int] = typer.Option(None, "--gpu-milli", min=0, max=U32, help="Share of one GPU, 1-1000 (with --gpus 1)."),
+        cpu_milli: int = typer.Option(0, "--cpu-milli", min=0, max=U64, help="CPU per worker, milli-cores."),
+        memory_mib: int = typer.Option(0, "--memory-mib", min=0, max=U64, help="Memory per worker, MiB."),
         card_model: list[str] = typer.Option([], "--card-model", help="Allowed card model (repeatable; aliases ok)."),
         home_region: str = typer.Option("", "--home-region", help="Default: the tenant's home region."),
         locality: str = typer.Option("global", "--locality", help=", ".join(LOCALITIES)),
         priority: str = typer.Option("normal", "--priority", help=", ".join(PRIORITIES)),
-        duration: float = typer.Option(0.0, "--duration", help="Your runtime estimate, seconds (trace agents run "
+        duration: float = typer.Option(0.0, "--duration", min=0.0, help="Your runtime estimate, seconds (trace agents run "
                                                                "the job this long)."),
         name: str = typer.Option("", "--name", help="A label for the job."),
         request_id: str = typer.Option("", "--request-id", help="Idempotency key: resubmitting it returns the same job."),

@@ -35,9 +35,8 @@ from functools import lru_cache
 from importlib import resources
 from typing import Iterable
 
-import yaml
-
 from fedsched.errors import InvalidName
+from fedsched.yamltext import load_yaml
 
 _LABEL = r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?"
 
@@ -184,7 +183,7 @@ class CardCatalog:
     @classmethod
     def from_yaml(cls, text: str) -> "CardCatalog":
         """Build a catalog from the YAML format of ``card_models.yaml``."""
-        data = yaml.safe_load(text) or {}
+        data = load_yaml(text, "card_catalog") or {}
         models = []
         aliases: dict[str, str] = {}
         for entry in data.get("models", []):

@@ -18,6 +18,7 @@ import yaml
 
 from fedsched import naming
 from fedsched.errors import ValidationError
+from fedsched.yamltext import load_yaml
 
 SIX = Decimal("0.000001")
 
@@ -70,7 +71,7 @@ class PriceCatalog:
             ValidationError: a malformed entry (field names the entry).
         """
         try:
-            data = yaml.safe_load(text) or {}
+            data = load_yaml(text, "price_catalog") or {}
             base = {naming.canonical_card_model(k): money(v) for k, v in (data.get("base") or {}).items()}
             regions = {naming.check_name("region", k, "price_catalog.region_factor"): Decimal(str(v))
                        for k, v in (data.get("region_factor") or {}).items()}

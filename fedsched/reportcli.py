@@ -140,6 +140,9 @@ def register(app: typer.Typer) -> None:
         from fedsched.reports.html import html_page
         from fedsched.reports.run import Window
 
+        if start is not None and end is not None and start >= end:
+            err.print(error_line("--from", f"{start} is not before --to {end}"))
+            raise typer.Exit(2)
         if list_reports:
             for q in REPORTS:
                 console.print(styled((q.name, "bold"), f": {q.description}"), highlight=False)

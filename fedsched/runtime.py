@@ -34,7 +34,7 @@ from pathlib import Path
 from fedsched import telemetry
 from fedsched.bus import Bus
 from fedsched.clock import Clock, SystemClock
-from fedsched.errors import FedError, UnavailableError
+from fedsched.errors import FedError, UnavailableError, ValidationError
 from fedsched.natsd import EmbeddedNats
 from fedsched.pricing import PriceCatalog, load_price_catalog
 from fedsched.governance import bundled_policy_text
@@ -164,7 +164,7 @@ class System:
             # streams: they wait for the central services to have made them
             await self.control.ensure_streams()
         if "admission" in wants:  # the front door stores the first policy (and keeps the admin token)
-            policy_text = opts.policy_text or (Path(s.policy_file).read_text("utf-8") if s.policy_file
+            policy_text = opts.policy_text or (_read_policy_file(Path(s.policy_file)) if s.policy_file
                                                else bundled_policy_text())
             self.admin_token = await bootstrap(self.control, policy_text, s.admin_token_path, now=opts.clock.time())
         if wants & {"audit", "billing"}:
@@ -375,6 +375,20 @@ class System:
             if self._read_store is None:
                 self._read_store = self.sync_store.reader()
             return self._read_store
+
+
+def _read_policy_file(path: Path) -> str:
+    """The text of ``--policy-file``.
+
+    Raises:
+        ValidationError: unreadable or not UTF-8 (field ``policy_file``).
+    """
+    try:
+        return path.read_text("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValidationError("policy_file", f"{path} is not UTF-8 text (byte {e.start})") from e
+    except OSError as e:
+        raise ValidationError("policy_file", f"cannot read {path}: {e.strerror or e}") from e
 
 
 def _json_default(value):

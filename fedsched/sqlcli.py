@@ -64,9 +64,14 @@ async def ask_store(nats_url: str, prefix: str, sql: str, parameters: dict | Non
     import nats.errors
 
     extra = {"inbox_prefix": inbox_prefix.encode()} if inbox_prefix else {}
+
+    async def quiet(_e: Exception) -> None:  # the failure is raised below, once, for people
+        return None
+
     try:
         nc = await asyncio.wait_for(
-            nats.connect(nats_url, connect_timeout=5, allow_reconnect=False, max_reconnect_attempts=0, **extra),
+            nats.connect(nats_url, connect_timeout=5, allow_reconnect=False, max_reconnect_attempts=0,
+                         error_cb=quiet, **extra),
             timeout=10)
     except Exception as e:  # noqa: BLE001 - a bad URL, refused, or silent
         raise UnavailableError(f"cannot connect to NATS at {redact(nats_url)}: {str(e) or type(e).__name__}") from e

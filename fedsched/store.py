@@ -86,6 +86,21 @@ SHARDING_KEYS = {"events": "cityHash64(event_id)", "usage": "cityHash64(usage_id
 LOCAL_SUFFIX = "_local"
 
 
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
+
+
+def check_identifier(field: str, value: str) -> str:
+    """``value`` if it is a plain ClickHouse identifier (letters, digits, ``_``; <= 63 chars).
+
+    Raises:
+        ValidationError: anything else (field ``field``).
+    """
+    if not _IDENTIFIER.fullmatch(value or ""):
+        raise ValidationError(field, f"{value!r} must be an identifier: a letter or _, then letters, digits or _ "
+                                     f"(at most 63)")
+    return value
+
+
 def render_sql(sql: str, database: str, *, cluster: str | None = None,
                ttl_days: dict[str, int] | None = None) -> list[str]:
     """Render a migration into executable statements.
@@ -110,7 +125,14 @@ def render_sql(sql: str, database: str, *, cluster: str | None = None,
 
     Returns:
         One statement per element, comments removed.
+
+    Raises:
+        ValidationError: ``database`` or ``cluster`` is not a plain identifier (they are pasted
+            into DDL, where parameters cannot go).
     """
+    check_identifier("clickhouse_database", database)
+    if cluster:
+        check_identifier("clickhouse_cluster", cluster)
     ttl_days = ttl_days or {}
 
     def engine(m: re.Match[str]) -> str:

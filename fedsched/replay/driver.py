@@ -117,6 +117,7 @@ class ReplayDriver:
         self.system: System | None = None
         self.clock: ReplayClock | None = None
         self._early: dict[str, list[Delivery]] = {}  # events that beat the SubmitJob response
+        self.timed_out = False  #: the replay stopped at ``timeout_s`` with jobs still open
         self._poke = asyncio.Event()  # something happened: check quiescence again
 
     async def run(self) -> dict:
@@ -137,7 +138,8 @@ class ReplayDriver:
         self.system.scheduler.on_cycle.append(self._poke.set)
         try:
             await publish_clock(self.system.control, self.clock.state)
-            await self._wait_for_clusters(sum(1 for c in CLUSTERS if split[c.name]))
+            await self._wait_for_clusters(sum(1 for c in CLUSTERS if split[c.name]),
+                                          {n.card_model for n in nodes if n.card_model})
             follower = StreamFollower(self.system.control, "EVENTS", self._on_event, name="replay-driver",
                                       filter_subjects=[self.system.control.subjects.all("status"),
                                                        self.system.control.subjects.all("decisions")])
@@ -161,14 +163,17 @@ class ReplayDriver:
                 submitted=self.progress.submitted + self.progress.rejected, rejected=self.progress.rejected,
                 unplaceable=self.progress.unplaceable, completed=finished, speed=self.o.speed, jumps=self.progress.jumps,
                 stream_messages=stream_messages, load=self.o.load)
+            report["timed_out"] = self.timed_out
             return report
         finally:
             await self.system.stop()
 
-    async def _wait_for_clusters(self, expected: int, timeout_s: float = 60.0) -> None:
+    async def _wait_for_clusters(self, expected: int, models: set[str], timeout_s: float = 60.0) -> None:
+        """Until the scheduler knows ``expected`` clusters and admission every card model of the
+        node list (a node list without GPUs has none to wait for)."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            if len(self.system.scheduler.clusters) >= expected and len(self.system.admission.known_models) > 0:
+            if len(self.system.scheduler.clusters) >= expected and self.system.admission.known_models >= models:
                 return
             await asyncio.sleep(0.05)
         raise TimeoutError(f"only {len(self.system.scheduler.clusters)} of {expected} clusters reported inventory")
@@ -236,6 +241,7 @@ class ReplayDriver:
                 raise UnavailableError(f"a service crashed during the replay: {self.system.failure!r}")
             if time.monotonic() - t_wall > self.o.timeout_s:
                 log.warning("replay: timeout after %.0fs; reporting what happened", self.o.timeout_s)
+                self.timed_out = True
                 break
             p = self.progress
             if i >= n and not pending_submits and p.finished + p.failed + p.rejected + p.unplaceable >= n:
@@ -300,10 +306,17 @@ class ReplayDriver:
     async def _submit(self, stub, job: TraceJob, sem: asyncio.Semaphore) -> None:
         track = _JobTrack(job)
         self.tracks[job.request_id] = track
+        try:
+            wire = spec_to_pb(job.spec)
+        except (ValueError, TypeError) as e:  # a value the wire format cannot carry (e.g. beyond int64)
+            track.state = "rejected"
+            self.progress.rejected += 1
+            log.warning("replay: %s cannot be sent as a job (%s); counted as rejected", job.pod.name, e)
+            return
         async with sem:
             for attempt in range(5):
                 try:
-                    resp = await stub.SubmitJob(pb.SubmitJobRequest(spec=spec_to_pb(job.spec), request_id=job.request_id),
+                    resp = await stub.SubmitJob(pb.SubmitJobRequest(spec=wire, request_id=job.request_id),
                                                 timeout=30)
                     break
                 except grpc.aio.AioRpcError as e:

@@ -38,6 +38,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import pydantic
+
 from fedsched.jobs import Dataset, JobKind, JobSpec, Locality, PriorityClass
 from services.inventory.trace import CLUSTERS, TracePod, pick, unit_hash
 
@@ -103,7 +105,7 @@ def overlay(pod: TracePod) -> JobSpec:
         gpus, milli = 1, pod.gpu_milli
     else:
         gpus, milli = pod.num_gpu, 1000
-    return JobSpec(
+    fields = dict(
         tenant=tenant, project=project, name=name.lower().replace("_", "-")[:63], kind=kind,
         priority=_PRIORITY.get(pod.qos, PriorityClass.NORMAL),
         workers=1, gpus_per_worker=gpus, gpu_milli=milli, cpu_milli=pod.cpu_milli, memory_mib=pod.memory_mib,
@@ -112,6 +114,12 @@ def overlay(pod: TracePod) -> JobSpec:
         estimated_duration_s=round(estimate, 3),
         annotations={"trace.pod": name, "trace.runtime_s": str(pod.runtime_s), "trace.outcome": pod.outcome},
     )
+    try:
+        return JobSpec(**fields)
+    except pydantic.ValidationError:
+        # a pod no valid job can express (e.g. 100 GPUs, a 20-year runtime): submit it as the
+        # trace says and let admission reject it, so it is counted and audited like any bad job
+        return JobSpec.model_construct(**fields)
 
 
 def trace_jobs(pods: list[TracePod], limit: int | None = None, load: float = 1.0) -> list[TraceJob]:

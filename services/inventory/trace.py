@@ -112,33 +112,82 @@ class TracePod:
 
 
 def _read_rows(path: Path | str | io.TextIOBase, required: Iterable[str], what: str) -> tuple[list[dict], list[str]]:
-    text = path.read() if isinstance(path, io.TextIOBase) else Path(path).read_text("utf-8-sig")
-    reader = csv.DictReader(io.StringIO(text))
-    columns = [c.strip() for c in (reader.fieldnames or [])]
-    missing = [c for c in required if c not in columns]
-    if missing:
-        raise ValidationError(what, f"missing required column(s) {', '.join(missing)}; has {', '.join(columns) or 'none'}")
-    rows = [{(k or "").strip(): (v or "").strip() for k, v in row.items()} for row in reader]
+    try:
+        text = path.read() if isinstance(path, io.TextIOBase) else Path(path).read_text("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise ValidationError(what, f"{path} is not UTF-8 text (byte {e.start}); expected the openb CSV format") from e
+    except OSError as e:
+        raise ValidationError(what, f"cannot read {path}: {e.strerror or e}") from e
+    try:
+        reader = csv.DictReader(io.StringIO(text))
+        columns = [c.strip() for c in (reader.fieldnames or [])]
+        missing = [c for c in required if c not in columns]
+        if missing:
+            raise ValidationError(what, f"missing required column(s) {', '.join(missing)}; "
+                                        f"has {', '.join(columns) or 'none'}")
+        rows = [{(k or "").strip(): (v if isinstance(v, str) else "").strip() for k, v in row.items()}
+                for row in reader]
+    except csv.Error as e:
+        raise ValidationError(what, f"{path} is not valid CSV: {e}") from e
     return rows, columns
 
 
-def _int(row: dict, key: str, default: int, what: str, line: int) -> int:
+def _int(row: dict, key: str, default: int, what: str, line: int, *, minimum: int | None = 0) -> int:
+    """The integer in ``row[key]`` (``default`` when empty); decimals are truncated.
+
+    Raises:
+        ValidationError: not a finite number, or below ``minimum`` (field ``what:line:key``).
+    """
     raw = row.get(key, "")
     if raw == "":
         return default
     try:
-        return int(float(raw))
-    except ValueError as e:
-        raise ValidationError(f"{what}:{line}:{key}", f"not a number: {raw!r}") from e
+        value = int(float(raw))
+    except (ValueError, OverflowError) as e:  # "abc", "nan", "inf"
+        raise ValidationError(f"{what}:{line}:{key}", f"not a finite number: {raw!r}") from e
+    if minimum is not None and value < minimum:
+        raise ValidationError(f"{what}:{line}:{key}", f"must be >= {minimum}, got {raw!r}")
+    return value
+
+
+def _unique_names(rows: list[dict], key: str, what: str) -> None:
+    """Make ``row[key]`` unique in place: a repeated name becomes ``name-dup2``, ``name-dup3``, ... (a
+    warning says how many), so every row of the trace stays one node / one job.
+
+    Raises:
+        ValidationError: an empty name (field ``what:line:key``).
+    """
+    seen: dict[str, int] = {}
+    renamed = []
+    for line, row in enumerate(rows, start=2):
+        name = row.get(key, "")
+        if not name:
+            raise ValidationError(f"{what}:{line}:{key}", "empty; every row needs a name")
+        if name in seen:
+            seen[name] += 1
+            new = f"{name}-dup{seen[name]}"
+            while new in seen:
+                seen[name] += 1
+                new = f"{name}-dup{seen[name]}"
+            seen[new] = 1
+            row[key] = new
+            renamed.append(line)
+        else:
+            seen[name] = 1
+    if renamed:
+        log.warning("%s: %d row(s) repeat an earlier %s (first at line %d); kept, renamed NAME-dup2, NAME-dup3, ...",
+                    what, len(renamed), key, renamed[0])
 
 
 def load_nodes(path: Path | str) -> list[TraceNode]:
     """Parse a node list.
 
     Raises:
-        ValidationError: missing ``sn`` column, or a non-numeric value (field names file:line:column).
+        ValidationError: missing ``sn`` column, unreadable or non-UTF-8 file, an empty name, or a
+            non-numeric / negative value (field names file:line:column).
     """
     rows, columns = _read_rows(path, ["sn"], "nodes")
+    _unique_names(rows, "sn", "nodes")
     catalog = naming.default_catalog()
     out = []
     for line, row in enumerate(rows, start=2):
@@ -161,23 +210,24 @@ def load_pods(path: Path | str) -> list[TracePod]:
     """Parse a pod list (see the module docstring for defaults), sorted by creation time.
 
     Raises:
-        ValidationError: missing required columns or a non-numeric value (field names
-            file:line:column).
+        ValidationError: missing required columns, unreadable or non-UTF-8 file, an empty name,
+            or a non-numeric / negative value (field names file:line:column).
     """
     rows, _ = _read_rows(path, ["name", "creation_time"], "pods")
+    _unique_names(rows, "name", "pods")
     catalog = naming.default_catalog()
     parsed = []
     for line, row in enumerate(rows, start=2):
-        num_gpu = max(0, _int(row, "num_gpu", 0, "pods", line))
+        num_gpu = _int(row, "num_gpu", 0, "pods", line)
         parsed.append(dict(
             row=row,
-            creation=max(0, _int(row, "creation_time", 0, "pods", line)),
-            scheduled=_int(row, "scheduled_time", -1, "pods", line),
-            deletion=_int(row, "deletion_time", -1, "pods", line),
+            creation=_int(row, "creation_time", 0, "pods", line),
+            scheduled=_int(row, "scheduled_time", -1, "pods", line, minimum=None),
+            deletion=_int(row, "deletion_time", -1, "pods", line, minimum=None),
             num_gpu=num_gpu,
             gpu_milli=_int(row, "gpu_milli", 1000, "pods", line) if num_gpu else 0,
-            cpu_milli=max(0, _int(row, "cpu_milli", 0, "pods", line)),
-            memory_mib=max(0, _int(row, "memory_mib", 0, "pods", line)),
+            cpu_milli=_int(row, "cpu_milli", 0, "pods", line),
+            memory_mib=_int(row, "memory_mib", 0, "pods", line),
             spec=tuple(sorted({catalog.canonical(m).name for m in row.get("gpu_spec", "").split("|") if m.strip()})),
         ))
     trace_end = max((max(p["creation"], p["scheduled"], p["deletion"]) for p in parsed), default=0)

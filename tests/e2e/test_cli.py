@@ -70,9 +70,9 @@ def test_up_submit_sql_ctrl_c_and_resume(tmp_path):
                 break
             time.sleep(0.3)
         assert '"JOB_STATE_RUNNING"' in show.stdout, show.stdout
-        bad = _run("submit", "--server", grpc, "--tenant", "vision", "--project", "serve", "--workers", "0",
+        bad = _run("submit", "--server", grpc, "--tenant", "vision", "--project", "serve", "--gpu-milli", "5000",
                    "--token", token_file.read_text().strip())
-        assert bad.returncode == 1 and "INVALID_ARGUMENT" in bad.stderr and "spec.workers" in bad.stderr
+        assert bad.returncode == 1 and "INVALID_ARGUMENT" in bad.stderr and "spec.gpu_milli" in bad.stderr
         time.sleep(1.0)  # let audit write
         q = _run("sql", "--nats-url", f"nats://127.0.0.1:{nats_port}", "-o", "json",
                  "SELECT count() AS n FROM fedsched.events WHERE job_id = '" + job_id + "'")

@@ -129,3 +129,26 @@ async def test_waits_usage_and_cost_are_consistent(replayed):
     assert report["usage_rows"] == ended
     assert float(report["cost_total"]) > 0
     json.dumps(report)  # the report is JSON-serialisable
+
+
+async def test_a_trace_without_gpu_columns_with_odd_pods_replays(nats_server, chdb_path, tmp_path):
+    """Other traces: a node list without ``gpu``/``model`` columns, pods without GPU columns, a
+    repeated pod name, and pods no valid job can express -- every row is accounted for."""
+    nodes = tmp_path / "nodes.csv"
+    nodes.write_text("sn,cpu_milli,memory_mib\n" + "".join(f"node-{i},96000,393216\n" for i in range(24)))
+    pods = tmp_path / "pods.csv"
+    pods.write_text("name,creation_time,deletion_time,cpu_milli,memory_mib\n"
+                    "p1,0,600,4000,8192\n"
+                    "p1,10,400,2000,4096\n"              # same name: kept as p1-dup2
+                    "p2,20,900,1000,1024\n"
+                    "huge,30,100,999999999999,1024\n"    # more CPU than any worker may ask: rejected
+                    "forever,40,999999999999,1000,1024\n")  # a runtime no estimate may claim: rejected
+    settings = Settings(data_dir=tmp_path / "d", nats_url=nats_server.url, subject_prefix=unique("r"),
+                        clickhouse_path=chdb_path, clickhouse_database=unique("db"), grpc_address="127.0.0.1:0",
+                        heartbeat_interval_s=0.5, schedule_interval_s=0.002)
+    report = await ReplayDriver(ReplayOptions(nodes_csv=nodes, pods_csv=pods, settings=settings, speed=1000,
+                                              timeout_s=120)).run()
+    jobs = report["jobs"]
+    assert report["timed_out"] is False
+    assert jobs["submitted"] == 5 and jobs["rejected"] == 2, jobs
+    assert jobs["finished"] == 3 and jobs["pending"] == 0, jobs

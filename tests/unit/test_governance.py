@@ -191,3 +191,14 @@ def test_role_predicates():
     assert not appr.can_cancel("ads", "train") and appr.readable_tenants() is None
     assert agent.agent_of("c1") and not agent.agent_of("c2") and agent.readable_tenants() == frozenset()
     assert admin.can_submit("x", "y") and admin.can_approve("x") and admin.readable_tenants() is None
+
+
+def test_yaml_aliases_and_oversize_documents_are_refused():
+    """An alias "bomb" (a few lines that expand to billions of nodes) fails fast, naming the rule."""
+    bomb = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+        f"{n}: &{n} [{', '.join([f'*{p}'] * 9)}]\n" for p, n in zip("abcdefgh", "bcdefghi"))
+    with pytest.raises(ValidationError, match="aliases") as e:
+        parse_policy(bomb)
+    assert e.value.field == "policy"
+    with pytest.raises(ValidationError, match="larger than"):
+        parse_policy("# " + "x" * 1_000_001)

@@ -74,3 +74,36 @@ def test_non_numeric_value_names_file_line_and_column(tmp_path):
     with pytest.raises(ValidationError) as e:
         load_nodes(bad)
     assert e.value.field == "nodes:2:gpu"
+
+
+@pytest.mark.parametrize("cell, message", [("-1", "must be >= 0"), ("inf", "not a finite number"),
+                                           ("nan", "not a finite number"), ("1e999", "not a finite number")])
+def test_negative_or_infinite_values_are_rejected_with_their_place(tmp_path, cell, message):
+    bad = tmp_path / "pods.csv"
+    bad.write_text(f"name,creation_time,num_gpu,cpu_milli\np1,0,1,100\np2,5,1,{cell}\n")
+    with pytest.raises(ValidationError, match=message) as e:
+        load_pods(bad)
+    assert e.value.field == "pods:3:cpu_milli"
+
+
+def test_unreadable_and_non_utf8_files_are_clear_errors(tmp_path):
+    binary = tmp_path / "pods.csv"
+    binary.write_bytes(b"name,creation_time\n\xff\xfe,1\n")
+    with pytest.raises(ValidationError, match="not UTF-8"):
+        load_pods(binary)
+    with pytest.raises(ValidationError, match="cannot read"):
+        load_nodes(tmp_path / "missing.csv")
+
+
+def test_repeated_names_are_kept_under_new_names_and_empty_names_rejected(tmp_path, caplog):
+    pods = tmp_path / "pods.csv"
+    pods.write_text("name,creation_time\np,0\np,1\np,2\np-dup2,3\n")
+    with caplog.at_level("WARNING"):
+        got = load_pods(pods)
+    assert sorted(p.name for p in got) == ["p", "p-dup2", "p-dup2-dup2", "p-dup3"]
+    assert "3 row(s) repeat an earlier name" in caplog.text
+    nodes = tmp_path / "nodes.csv"
+    nodes.write_text("sn,gpu\nn1,1\n,2\n")
+    with pytest.raises(ValidationError) as e:
+        load_nodes(nodes)
+    assert e.value.field == "nodes:3:sn"
