@@ -128,7 +128,8 @@ def register(app: typer.Typer) -> None:
         locality: str = typer.Option("global", "--locality", help=", ".join(LOCALITIES)),
         priority: str = typer.Option("normal", "--priority", help=", ".join(PRIORITIES)),
         duration: float = typer.Option(0.0, "--duration", min=0.0, help="Your runtime estimate, seconds (trace agents run "
-                                                               "the job this long)."),
+                                                               "the job this long; 0 = unknown: it runs until "
+                                                               "cancelled)."),
         name: str = typer.Option("", "--name", help="A label for the job."),
         request_id: str = typer.Option("", "--request-id", help="Idempotency key: resubmitting it returns the same job."),
         server: str = SERVER,
