@@ -504,8 +504,17 @@ def _branch_and_bound(job: QueuedJob, candidates: list[tuple], cy: "_Cycle", eva
     weights = cy.policy.weights
     spec = job.spec
     shared: dict[tuple, float] = {}
-    # the cost scale: the cheapest cost per GPU-hour among these candidates (cheapest model each)
-    set_cost_reference(job, min(cost_per_unit_hour(job, c, m[0] if m else "", cy.ctx) for c, _, m, _ in candidates),
+    # the cost scale: the cheapest cost per GPU-hour among these candidates (cheapest model each).
+    # Within a region the egress is the same, so that cost rises with the unit price: one call
+    # per region, on its lowest-priced candidate, gives the same minimum as one per candidate.
+    lowest: dict[str, tuple[float, ClusterState, str]] = {}
+    for c, _, m, _ in candidates:
+        model = m[0] if m else ""
+        unit = c.prices.get(model, 0.0) if spec.gpus_per_worker else c.cpu_price_per_core_hour
+        held = lowest.get(c.region)
+        if held is None or unit < held[0]:
+            lowest[c.region] = (unit, c, model)
+    set_cost_reference(job, min(cost_per_unit_hour(job, c, model, cy.ctx) for _, c, model in lowest.values()),
                        cy.ctx)
 
     def part(i: int, sc, scope: str, cluster: ClusterState, wc: WorkingCluster, models: list[str], shape) -> float:
@@ -549,8 +558,13 @@ def _branch_and_bound(job: QueuedJob, candidates: list[tuple], cy: "_Cycle", eva
             _outscore(cy, [c[0] for c in by_region[region]], evaluations, exact=not (limit and scored >= limit))
             continue
         ranked = []
+        c0, wc0, m0, sh0 = by_region[region][0]
+        # terms that are the same for every cluster of the region, once; the rest per cluster
+        same = sum(w * part(i, sc, scope, c0, wc0, m0, sh0) for i, sc, w, scope in cy.scopes
+                   if scope in ("const", "region"))
+        varying = [(i, sc, w, scope) for i, sc, w, scope in cy.scopes if scope not in ("const", "region")]
         for cluster, wc, models, shape in by_region[region]:
-            bound = sum(w * part(i, sc, scope, cluster, wc, models, shape) for i, sc, w, scope in cy.scopes)
+            bound = same + sum(w * part(i, sc, scope, cluster, wc, models, shape) for i, sc, w, scope in varying)
             ranked.append((-round(bound, 9), cluster.name, cluster, wc, models))
         ranked.sort(key=lambda r: (r[0], r[1]))
         for k, (neg, name, cluster, wc, models) in enumerate(ranked):
