@@ -86,6 +86,7 @@ class ShardEntry:
     unplaceable: bool = False
     stop_sent: bool = False
     outcome: str = ""
+    view_cache: tuple | None = field(default=None, repr=False, compare=False)
 
 
 @dataclass
@@ -469,25 +470,22 @@ class SchedulerService:
             if info.cached is None:
                 info.cached = _cluster_state(info, self.prices)
         running: dict[str, list[RunningWork]] = {}
-        usage: dict[str, Usage] = {}
+        held: dict[str, list[int]] = {}  # tenant -> [milli-GPU, milli-CPU, MiB]
         for job, shard in self.active.values():
             p = shard.placed
             info = self.clusters.get(shard.cluster)
             if p is None or info is None:
                 continue
-            spec = job.spec
-            est = spec.estimated_duration_s
-            left = max(0.0, est - shard.progress_s) if est is not None else math.inf
-            start = shard.started_at if shard.started_at is not None else now
-            bindings = tuple((info.position.get(b.node, -1), tuple(b.gpu_indices), b.gpu_milli, b.cpu_milli,
-                              b.memory_mib) for b in p.bindings)
-            if any(b[0] < 0 for b in bindings):
+            work = self._running_work(job, shard, p, info, now)
+            if work is None:
                 continue
-            running.setdefault(shard.cluster, []).append(RunningWork(
-                job.job_id, shard.attempt, shard.index, job.tenant, spec.priority_value, spec.preemptible,
-                spec.checkpointable, shard.started_at, start + left, p.card_model, bindings))
-            usage[job.tenant] = usage.get(job.tenant, Usage()).plus(spec.total_gpu_milli, spec.cpu_milli * spec.workers,
-                                                                    spec.memory_mib * spec.workers)
+            running.setdefault(shard.cluster, []).append(work)
+            spec = job.spec
+            h = held.setdefault(job.tenant, [0, 0, 0])
+            h[0] += spec.total_gpu_milli
+            h[1] += spec.cpu_milli * spec.workers
+            h[2] += spec.memory_mib * spec.workers
+        usage = {tenant: Usage(*h) for tenant, h in held.items()}
         clusters = []
         for info in sorted(self.clusters.values(), key=lambda c: c.name):
             age = now_mono - info.seen_mono
@@ -498,6 +496,32 @@ class SchedulerService:
                 info.cached = _cluster_state(info, self.prices)
             clusters.append(replace(info.cached, heartbeat_age_s=age, running=tuple(running.get(info.name, ()))))
         return View(tuple(clusters), now, self.stale_after_s, usage)
+
+    @staticmethod
+    def _running_work(job: "JobEntry", shard: ShardEntry, p: JobPlaced, info: ClusterInfo,
+                      now: float) -> RunningWork | None:
+        """The view's record of a placed/running shard (None if a node it is bound to is gone).
+
+        Kept on the shard while nothing it depends on changes (attempt, start, placement,
+        progress, the cluster's node positions), so a cycle does not rebuild every running job;
+        a shard not started yet is expected to start ``now``, so it is rebuilt each time.
+        """
+        key = (shard.attempt, shard.started_at, shard.progress_s)
+        cached = shard.view_cache  # (key, placement, positions, work): the objects themselves, compared by identity
+        if cached is not None and cached[0] == key and cached[1] is p and cached[2] is info.position:
+            return cached[3]
+        spec = job.spec
+        est = spec.estimated_duration_s
+        left = max(0.0, est - shard.progress_s) if est is not None else math.inf
+        start = shard.started_at if shard.started_at is not None else now
+        bindings = tuple((info.position.get(b.node, -1), tuple(b.gpu_indices), b.gpu_milli, b.cpu_milli,
+                          b.memory_mib) for b in p.bindings)
+        work = None if any(b[0] < 0 for b in bindings) else RunningWork(
+            job.job_id, shard.attempt, shard.index, job.tenant, spec.priority_value, spec.preemptible,
+            spec.checkpointable, shard.started_at, start + left, p.card_model, bindings)
+        if shard.started_at is not None:
+            shard.view_cache = (key, p, info.position, work)
+        return work
 
     def queue(self) -> list[QueuedJob]:
         """Shards waiting for a placement (cross-region mode from the governance policy in force,

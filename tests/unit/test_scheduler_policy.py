@@ -331,3 +331,52 @@ def test_branch_and_bound_matches_scoring_every_cluster():
         full = decide(View(cs, NOW), [j], brute).placements[0]
         assert (pruned.cluster, pruned.score) == (full.cluster, full.score)
         assert sum(e.total is not None for e in pruned.evaluations) <= sum(e.total is not None for e in full.evaluations)
+
+
+# ---------------------------------------------------------------- what-if searches: narrowed fits are exact
+
+@st.composite
+def loaded_clusters(draw):
+    """A cluster of 1-6 nodes with 0-10 running jobs placed by the core's own fit."""
+    nodes = tuple(node(f"n{k}", draw(st.sampled_from((T4, V100))), gpus=draw(st.sampled_from((1, 2, 4, 8))),
+                       cpu=draw(st.sampled_from((8000, 32000, 96000))), mem=draw(st.sampled_from((65536, 262144))))
+                  for k in range(draw(st.integers(1, 6))))
+    c = cluster("c", nodes=nodes)
+    wc = WorkingCluster(c)
+    running = []
+    for i in range(draw(st.integers(0, 10))):
+        gpus = draw(st.sampled_from((0, 1, 1, 2, 4)))
+        spec = job(f"r{i}", gpus=gpus, milli=draw(st.sampled_from((1000, 500, 300))) if gpus == 1 else 1000,
+                   workers=draw(st.sampled_from((1, 1, 2))), cpu=draw(st.sampled_from((1000, 8000, 24000)))).spec
+        fit = wc.fit(spec, [T4, V100])
+        if fit is None:
+            continue
+        wc.commit(fit)
+        running.append(RunningWork(f"r{i}", 1, 0, "ads", draw(st.integers(0, 20)), draw(st.booleans()),
+                                   draw(st.booleans()), 0.0, draw(st.sampled_from((1500.0, 3000.0, math.inf))),
+                                   fit.card_model, tuple((b.node, b.devices, b.gpu_milli, b.cpu_milli, b.memory_mib)
+                                                         for b in fit.bindings)))
+    frozen = replace(c, nodes=tuple(replace(n, gpu_free=wc.gpu_free[i], cpu_free_milli=wc.cpu_free[i],
+                                            memory_free_mib=wc.mem_free[i]) for i, n in enumerate(nodes)),
+                     running=tuple(running))
+    return frozen
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(c=loaded_clusters(), gpus=st.sampled_from((0, 1, 2, 4, 8)), milli=st.sampled_from((1000, 500)),
+       workers=st.sampled_from((1, 1, 2)), cpu=st.sampled_from((1000, 16000, 64000)))
+def test_estimated_start_and_victims_equal_a_full_search_each_time(c, gpus, milli, workers, cpu):
+    """The what-if searches look only at nodes that got resources back; the answer must be the
+    one that searching the whole cluster after every release gives."""
+    from services.scheduler.core import preempt
+
+    spec = job("j", gpus=gpus, milli=milli if gpus == 1 else 1000, workers=workers, cpu=cpu,
+               priority=PriorityClass.HIGH).spec
+    models = [T4, V100]
+    narrowed = (estimated_start(spec, models, c, WorkingCluster(c), NOW),
+                find_victims(spec, models, c, WorkingCluster(c), NOW, 600.0, set()))
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(preempt._Search, "fit", lambda self, trial, released, models: trial.fit(self.spec, models))
+        full = (estimated_start(spec, models, c, WorkingCluster(c), NOW),
+                find_victims(spec, models, c, WorkingCluster(c), NOW, 600.0, set()))
+    assert narrowed == full

@@ -137,19 +137,30 @@ class WorkingCluster:
                 return True
         return False
 
-    def fit(self, spec: JobSpec, models: list[str]) -> Fit | None:
+    def fit(self, spec: JobSpec, models: list[str], only: set[int] | None = None) -> Fit | None:
         """Try each card model in ``models`` (in order) for the whole gang; None if none fits.
 
         Args:
             spec: the job (per-worker resources, gang size).
             models: candidate card models present in this cluster, preferred first; ignored for
                 CPU-only jobs.
+            only: look at these node indices alone. The caller's promise: no other node can
+                hold a worker (e.g. a single-worker job did not fit, then only these nodes got
+                resources back), so the result is the one a full search would give.
         """
         if spec.gpus_per_worker == 0:
-            return self._fit_model(spec, "", self.cpu_order)
+            order = self.cpu_order if only is None else [i for i in self.cpu_order if i in only]
+            return self._fit_model(spec, "", order)
         for model in models:
             nodes = self.by_model.get(model)
+            if nodes and only is not None:
+                nodes = [i for i in nodes if i in only]
             if not nodes:
+                continue
+            if only is not None:  # a few nodes: scanning them beats the whole-cluster summary
+                fit = self._fit_model(spec, model, nodes)
+                if fit is not None:
+                    return fit
                 continue
             max_dev, max_idle, total_idle = self.summary(model)
             if spec.gpus_per_worker > 1 or spec.gpu_milli == WHOLE:

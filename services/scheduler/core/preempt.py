@@ -57,14 +57,42 @@ def estimated_start(spec: JobSpec, models: list[str], cluster: ClusterState, wor
     if work.fit(spec, models) is not None:
         return now
     trial = work.clone()
+    search = _Search(spec)
     for end, w in sorted(((expected_end(w, now), w) for w in (cluster.running if timeline is None else timeline)),
                          key=lambda x: x[0]):
         if math.isinf(end):
             break
         trial.release_work(w)
-        if trial.fit(spec, models) is not None:
+        if search.fit(trial, w, models) is not None:
             return end
     return None
+
+
+class _Search:
+    """Fit attempts while work is released one piece at a time.
+
+    The first attempt searches the whole cluster. Once a single-worker job fit nowhere, it can
+    only come to fit on a node that got resources back since, so later attempts look at those
+    nodes alone (:meth:`WorkingCluster.fit`'s ``only``) and find what a full search would; a
+    gang's workers interact, so it is searched whole every time.
+    """
+
+    __slots__ = ("spec", "touched")
+
+    def __init__(self, spec: JobSpec) -> None:
+        self.spec = spec
+        self.touched: set[int] | None = None  # None: the next attempt searches everything
+
+    def fit(self, trial: WorkingCluster, released: RunningWork, models: list[str]) -> Fit | None:
+        """Try again after ``released`` went back into ``trial``."""
+        if self.touched is None:
+            fit = trial.fit(self.spec, models)
+        else:
+            self.touched.update(b[0] for b in released.bindings)
+            fit = trial.fit(self.spec, models, only=self.touched)
+        if fit is None and self.spec.workers == 1:
+            self.touched = set()  # it fits on no node now
+        return fit
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,12 +135,13 @@ def find_victims(spec: JobSpec, models: list[str], cluster: ClusterState, work: 
     cost = {id(w): lost_work(w, now, checkpoint_interval_s) for w in candidates}
     candidates.sort(key=lambda w: (cost[id(w)], not w.checkpointable, -w.gpu_milli, w.job_id))
     trial = work.clone()
+    search = _Search(spec)
     chosen: list[RunningWork] = []
     fit = None
     for w in candidates:
         trial.release_work(w)
         chosen.append(w)
-        fit = trial.fit(spec, models)
+        fit = search.fit(trial, w, models)
         if fit is not None:
             break
     if fit is None:
