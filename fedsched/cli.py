@@ -336,23 +336,28 @@ def sql(
                                  help="Ask the running system over this NATS instead of opening the store."),
     clickhouse_url: str = typer.Option("", "--clickhouse-url", envvar="FEDSCHED_CLICKHOUSE_URL"),
     output: str = typer.Option("table", "--output", "-o", help=OUTPUT_HELP),
+    token: str = typer.Option("", "--token", envvar="FEDSCHED_TOKEN", show_default=False,
+                              help="With --nats-url: an admin's token (default: <FEDSCHED_DATA_DIR or "
+                                   ".fedsched>/admin.token)."),
 ):
     """Run a read-only SQL query against the federation's ClickHouse store.
 
     Opens the embedded store in --data-dir, or the server at --clickhouse-url. If a running
-    `fedsched up` holds the embedded store, pass --nats-url (printed by `up`) to ask it.
+    `fedsched up` holds the embedded store, pass --nats-url (printed by `up`) to ask it, with
+    an admin's token. Writes, DDL and file/url table functions are refused; a query stops after
+    55 s; at most 10,000 rows come back.
     """
     from fedsched.sqlcli import run_sql
 
     try:
         columns, rows, total = run_sql(query, data_dir=data_dir, nats_url=nats_url, clickhouse_url=clickhouse_url,
                                 prefix=os.environ.get("FEDSCHED_SUBJECT_PREFIX", "fed"),
-                                inbox_prefix=os.environ.get("FEDSCHED_INBOX_PREFIX", ""))
+                                inbox_prefix=os.environ.get("FEDSCHED_INBOX_PREFIX", ""), token=token or None)
     except FedError as e:
         _fail(e)
     if total > len(rows):
-        err.print(styled(("warning:", "yellow"), f" {total} rows; only the first {len(rows)} are shown "
-                         f"(add LIMIT/OFFSET or aggregate)"))
+        err.print(styled(("warning:", "yellow"), f" the answer has more than {len(rows)} rows; only the first "
+                         f"{len(rows)} are shown (add LIMIT/OFFSET or aggregate)"))
     if output == "json":
         console.print_json(json.dumps([dict(zip(columns, r)) for r in rows], default=str))
         return

@@ -41,22 +41,24 @@ def store_query(data_dir: Path, clickhouse_url: str, database: str):
                                f"or pass --clickhouse-url / --nats-url")
     # credentials and TLS for a server come from FEDSCHED_CLICKHOUSE_* like the services'
     settings = Settings(data_dir=Path(data_dir), clickhouse_url=clickhouse_url, clickhouse_database=database)
-    store = open_store_from(settings, migrate=False)
-    return lambda sql, params: store.query(sql, params, settings={"readonly": 1})
+    reader = open_store_from(settings, migrate=False).reader()
+    return lambda sql, params: reader.query(sql, params)
 
 
-def nats_query(nats_url: str, prefix: str):
-    """A :data:`~fedsched.reports.QueryFn` asking the running system over NATS."""
+def nats_query(nats_url: str, prefix: str, token: str | None = None):
+    """A :data:`~fedsched.reports.QueryFn` asking the running system over NATS (an admin's
+    ``token``; default :func:`~fedsched.client.resolve_token`)."""
 
     def run(sql: str, params: dict[str, Any]) -> QueryResult:
-        return asyncio.run(_ask(nats_url, prefix, sql, params))
+        return asyncio.run(_ask(nats_url, prefix, sql, params, token))
 
     return run
 
 
-async def _ask(nats_url: str, prefix: str, sql: str, params: dict[str, Any]) -> QueryResult:
+async def _ask(nats_url: str, prefix: str, sql: str, params: dict[str, Any], token: str | None) -> QueryResult:
     wire = {k: (v.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] if isinstance(v, datetime) else v) for k, v in params.items()}
-    body = await ask_store(nats_url, prefix, sql, wire, inbox_prefix=os.environ.get("FEDSCHED_INBOX_PREFIX", ""))
+    body = await ask_store(nats_url, prefix, sql, wire, inbox_prefix=os.environ.get("FEDSCHED_INBOX_PREFIX", ""),
+                           token=token)
     columns = tuple(body["columns"])
     rows = [tuple(_revive(c, v) for c, v in zip(columns, r)) for r in body["rows"]]
     return QueryResult(columns, rows)
@@ -125,6 +127,9 @@ def register(app: typer.Typer) -> None:
         database: str = typer.Option("fedsched", "--database", envvar="FEDSCHED_CLICKHOUSE_DATABASE"),
         prefix: str = typer.Option("fed", "--prefix", envvar="FEDSCHED_SUBJECT_PREFIX",
                                    help="Subject prefix of the running system (with --nats-url)."),
+        token: str = typer.Option("", "--token", envvar="FEDSCHED_TOKEN", show_default=False,
+                                  help="With --nats-url: an admin's token (default: <FEDSCHED_DATA_DIR or "
+                                       ".fedsched>/admin.token)."),
         list_reports: bool = typer.Option(False, "--list", help="List the reports and exit."),
         grafana_dashboard: Optional[Path] = typer.Option(None, "--grafana-dashboard",
                                                          help="Write the Grafana dashboard JSON (same SQL) and exit."),
@@ -153,7 +158,7 @@ def register(app: typer.Typer) -> None:
             return
         try:
             if nats_url:
-                query, source = nats_query(nats_url, prefix), f"running system at {nats_url}"
+                query, source = nats_query(nats_url, prefix, token or None), f"running system at {nats_url}"
             else:
                 query = store_query(data_dir, clickhouse_url, database)
                 source = clickhouse_url.split("@")[-1] if clickhouse_url else f"chDB {data_dir}/clickhouse"

@@ -38,7 +38,7 @@ from fedsched.errors import FedError, UnavailableError, ValidationError
 from fedsched.natsd import EmbeddedNats
 from fedsched.pricing import PriceCatalog, load_price_catalog
 from fedsched.governance import bundled_policy_text
-from fedsched.policystore import bootstrap
+from fedsched.policystore import PolicyFollower, PolicyHolder, bootstrap
 from fedsched.settings import Settings
 from fedsched.store import MAX_QUERY_ROWS, AsyncStore, Store, open_store_from
 from services.admission.convert import Limits
@@ -96,6 +96,8 @@ class System:
         self.store: AsyncStore | None = None
         self.sync_store: Store | None = None
         self._read_store: Store | None = None
+        self._query_policy: PolicyHolder | None = None
+        self._followers: list[PolicyFollower] = []
         self._reader_lock = threading.Lock()
         self.buses: list[Bus] = []
         self.tasks: list[asyncio.Task] = []
@@ -170,6 +172,10 @@ class System:
         if wants & {"audit", "billing"}:
             self.sync_store = await asyncio.to_thread(open_store_from, s)
             self.store = AsyncStore(self.sync_store)
+            self._query_policy = PolicyHolder()  # store queries are for admins: their tokens come from the policy
+            follower = PolicyFollower(self.control, self._query_policy, name="store-query-policy")
+            self._followers.append(follower)
+            self._spawn(follower.run(), "store-query-policy")
             self._query_sub = await self.control.nc.subscribe(f"{s.subject_prefix}.svc.store.query", cb=self._on_query)
         prices = opts.prices or load_price_catalog(s.price_catalog)
         clock = opts.clock
@@ -252,6 +258,8 @@ class System:
 
     async def stop(self) -> None:
         """Stop the services, then the store and NATS (idempotent)."""
+        for follower in self._followers:
+            follower.stop()
         if self._nats_watchdog is not None:
             self._nats_watchdog.cancel()
             await asyncio.gather(self._nats_watchdog, return_exceptions=True)
@@ -354,20 +362,38 @@ class System:
             await asyncio.sleep(0.1)
 
     async def _on_query(self, msg) -> None:
-        """Answer ``<p>.svc.store.query`` (``{"sql", "parameters"}``) on the read-only handle."""
+        """Answer ``<p>.svc.store.query`` (``{"sql", "parameters", "token"}``) on the read-only
+        handle, for an admin's token only (the store holds every tenant's data).
+
+        The reply is ``{"columns", "rows", "truncated", "total_rows"}`` or ``{"error", "code"}``
+        (``unauthenticated``, ``permission_denied``, ``invalid``, ``unavailable``); rows are cut
+        to :data:`~fedsched.store.MAX_QUERY_ROWS` and to what fits in one NATS message.
+        """
         try:
             req = json.loads(msg.data or b"{}")
-            sql = str(req.get("sql", ""))
-            result = await asyncio.get_running_loop().run_in_executor(
-                None, lambda: self._reader().query(sql, req.get("parameters") or {}))
-            body = {"columns": list(result.columns), "rows": [list(r) for r in result.rows[:MAX_QUERY_ROWS]],
-                    "truncated": len(result.rows) > MAX_QUERY_ROWS, "total_rows": len(result.rows)}
+            principal = self._query_principal(str(req.get("token") or ""))
+            if principal is None:
+                body = {"code": "unauthenticated", "error": "store queries need an admin's token (--token, "
+                                                            "FEDSCHED_TOKEN, or FEDSCHED_DATA_DIR holding admin.token)"}
+            elif not principal.is_admin:
+                body = {"code": "permission_denied", "error": f"{principal.name} is not an admin; store queries read "
+                                                              f"every tenant's data"}
+            else:
+                sql = str(req.get("sql", ""))
+                result = await asyncio.get_running_loop().run_in_executor(
+                    None, lambda: self._reader().query(sql, req.get("parameters") or {}))
+                body = {"columns": list(result.columns), "rows": [list(r) for r in result.rows[:MAX_QUERY_ROWS]],
+                        "truncated": len(result.rows) > MAX_QUERY_ROWS, "total_rows": len(result.rows)}
         except FedError as e:
-            body = {"error": e.message}
+            body = {"code": "unavailable" if isinstance(e, UnavailableError) else "invalid", "error": e.message}
         except Exception as e:  # noqa: BLE001 - report, never crash the responder
-            body = {"error": f"{type(e).__name__}: {e}"}
-        await msg.respond(json.dumps(body, default=_json_default).encode())
+            body = {"code": "invalid", "error": f"{type(e).__name__}: {e}"}
+        await msg.respond(_fit_reply(body, self.control.nc.max_payload))
 
+    def _query_principal(self, token: str):
+        """The principal holding ``token`` under the policy in force (None: unknown or no policy)."""
+        gov = self._query_policy.current if self._query_policy is not None else None
+        return gov.authenticate(token) if gov is not None and token else None
 
     def _reader(self) -> Store:
         """The read-only store handle for queries from outside (opened at first use)."""
@@ -389,6 +415,20 @@ def _read_policy_file(path: Path) -> str:
         raise ValidationError("policy_file", f"{path} is not UTF-8 text (byte {e.start})") from e
     except OSError as e:
         raise ValidationError("policy_file", f"cannot read {path}: {e.strerror or e}") from e
+
+
+def _fit_reply(body: dict, max_bytes: int) -> bytes:
+    """``body`` as JSON within ``max_bytes`` (the NATS max payload): rows are halved until it
+    fits, and ``truncated`` says so."""
+    data = json.dumps(body, default=_json_default).encode()
+    rows = body.get("rows")
+    while len(data) > max_bytes - 1024 and rows:
+        rows = rows[:len(rows) // 2]
+        body = {**body, "rows": rows, "truncated": True}
+        data = json.dumps(body, default=_json_default).encode()
+    if len(data) > max_bytes - 1024:
+        data = json.dumps({"code": "invalid", "error": "the answer is too large for one message"}).encode()
+    return data
 
 
 def _json_default(value):

@@ -14,7 +14,8 @@ import json
 from pathlib import Path
 
 from fedsched.bus import redact
-from fedsched.errors import UnavailableError, ValidationError
+from fedsched.client import resolve_token
+from fedsched.errors import AuthError, PermissionDeniedError, UnavailableError, ValidationError
 from fedsched.store import MAX_QUERY_ROWS, open_store
 
 
@@ -26,18 +27,20 @@ def _check(query: str) -> str:
 
 
 def run_sql(query: str, *, data_dir: Path, nats_url: str = "", clickhouse_url: str = "",
-            prefix: str = "fed", inbox_prefix: str = "") -> tuple[list[str], list[list], int]:
+            prefix: str = "fed", inbox_prefix: str = "", token: str | None = None) -> tuple[list[str], list[list], int]:
     """Columns, rows (at most :data:`~fedsched.store.MAX_QUERY_ROWS`) and the full row count of a
-    read-only query (``readonly=2`` on a handle of its own: ClickHouse refuses writes and DDL; 55 s
-    execution limit).
+    read-only query (on a handle of its own with :data:`~fedsched.store.READ_ONLY_SETTINGS`:
+    ClickHouse refuses writes, DDL and file/url access; 55 s execution limit). Through
+    ``nats_url`` the running system answers, for an admin's ``token`` only.
 
     Raises:
+        AuthError / PermissionDeniedError: (through NATS) no token, an unknown one, or not an admin's.
         ValidationError: empty query, or ClickHouse rejected it (the message says why).
         UnavailableError: the store or the running system cannot be reached, or did not answer in time.
     """
     q = _check(query)
     if nats_url:
-        return asyncio.run(_ask(q, nats_url, prefix, inbox_prefix))
+        return asyncio.run(_ask(q, nats_url, prefix, inbox_prefix, token))
     if not clickhouse_url and not (Path(data_dir) / "clickhouse").exists():
         raise UnavailableError(f"no embedded store in {data_dir}/clickhouse; run `fedsched up --data-dir {data_dir}` "
                                f"or pass --clickhouse-url")
@@ -50,8 +53,9 @@ def run_sql(query: str, *, data_dir: Path, nats_url: str = "", clickhouse_url: s
 
 
 async def ask_store(nats_url: str, prefix: str, sql: str, parameters: dict | None = None, *,
-                    inbox_prefix: str = "", timeout_s: float = 65.0) -> dict:
-    """Ask the running system (the process holding the store) a read-only query over NATS.
+                    inbox_prefix: str = "", timeout_s: float = 65.0, token: str | None = None) -> dict:
+    """Ask the running system (the process holding the store) a read-only query over NATS, as
+    the holder of ``token`` (default: :func:`~fedsched.client.resolve_token`; must be an admin's).
 
     Returns:
         The reply body: ``columns`` and ``rows`` (JSON values).
@@ -59,6 +63,7 @@ async def ask_store(nats_url: str, prefix: str, sql: str, parameters: dict | Non
     Raises:
         UnavailableError: NATS unreachable, or no fedsched answers on ``<prefix>.svc.store.query``.
         ValidationError: ClickHouse refused the query (its message).
+        AuthError / PermissionDeniedError: no token, an unknown one, or not an admin's.
     """
     import nats
     import nats.errors
@@ -77,7 +82,8 @@ async def ask_store(nats_url: str, prefix: str, sql: str, parameters: dict | Non
         raise UnavailableError(f"cannot connect to NATS at {redact(nats_url)}: {str(e) or type(e).__name__}") from e
     try:
         reply = await nc.request(f"{prefix}.svc.store.query",
-                                 json.dumps({"sql": sql, "parameters": parameters or {}}).encode(), timeout=timeout_s)
+                                 json.dumps({"sql": sql, "parameters": parameters or {},
+                                             "token": resolve_token(token) or ""}).encode(), timeout=timeout_s)
     except nats.errors.NoRespondersError as e:
         raise UnavailableError("no running fedsched answers store queries on this NATS") from e
     except nats.errors.TimeoutError as e:
@@ -87,10 +93,18 @@ async def ask_store(nats_url: str, prefix: str, sql: str, parameters: dict | Non
         await nc.close()
     body = json.loads(reply.data)
     if "error" in body:
+        code = body.get("code", "invalid")
+        if code == "unauthenticated":
+            raise AuthError(body["error"])
+        if code == "permission_denied":
+            raise PermissionDeniedError(body["error"])
+        if code == "unavailable":
+            raise UnavailableError(body["error"])
         raise ValidationError("query", body["error"])
     return body
 
 
-async def _ask(query: str, nats_url: str, prefix: str, inbox_prefix: str) -> tuple[list[str], list[list], int]:
-    body = await ask_store(nats_url, prefix, query, inbox_prefix=inbox_prefix, timeout_s=65)
+async def _ask(query: str, nats_url: str, prefix: str, inbox_prefix: str,
+               token: str | None) -> tuple[list[str], list[list], int]:
+    body = await ask_store(nats_url, prefix, query, inbox_prefix=inbox_prefix, timeout_s=65, token=token)
     return body["columns"], body["rows"], int(body.get("total_rows", len(body["rows"])))

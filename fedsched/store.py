@@ -305,12 +305,16 @@ def _chdb_reader(path: Path):
 
 ClientFactory = Callable[[], Any]
 
-#: Settings of every query on a :meth:`Store.reader` handle: ``readonly=2`` refuses writes and
-#: DDL and cannot be lifted from inside a query; ``max_execution_time`` bounds a runaway query.
-READ_ONLY_SETTINGS = {"readonly": 2, "max_execution_time": 55}
-
 #: Rows an ad-hoc query returns at most (``fedsched sql``); more are cut, and the caller is told.
 MAX_QUERY_ROWS = 10_000
+
+#: Settings of every query on a :meth:`Store.reader` handle, applied in this order (``readonly``
+#: last, so it cannot be lifted): ``max_execution_time`` (s) bounds a runaway query; the result
+#: stops (``break``) past :data:`MAX_QUERY_ROWS` rows or 256 MB, so memory stays bounded;
+#: ``readonly=1`` refuses writes, DDL, settings changes and the table functions that reach
+#: outside the database (``file``, ``url``, ``executable``, ...).
+READ_ONLY_SETTINGS = {"max_execution_time": 55, "max_result_rows": MAX_QUERY_ROWS + 1,
+                      "max_result_bytes": 256 * 1024 * 1024, "result_overflow_mode": "break", "readonly": 1}
 
 
 class Store:
@@ -450,8 +454,8 @@ class Store:
     def reader(self) -> "Store":
         """A read-only :class:`Store` on a client of its own, for ad-hoc (untrusted) SQL.
 
-        Every query on it runs with :data:`READ_ONLY_SETTINGS` (writes and DDL refused, 55 s
-        execution limit); it has its own lock, so a long query never holds up the writers, and
+        Every query on it runs with :data:`READ_ONLY_SETTINGS` (writes, DDL and file/url access
+        refused, 55 s execution limit, bounded results); it has its own lock, so a long query never holds up the writers, and
         settings it applies never leak into the writers' session.
 
         Raises:
@@ -470,7 +474,8 @@ class Store:
             ValidationError: the SQL is invalid, or writes on a read-only store (field ``sql``;
                 the message is ClickHouse's).
         """
-        settings = {**(settings or {}), **READ_ONLY_SETTINGS} if self.read_only else (settings or {})
+        if self.read_only:  # the caller's settings first, ours after (readonly=1 last: nothing after it may change)
+            settings = {k: v for k, v in (settings or {}).items() if k not in READ_ONLY_SETTINGS} | READ_ONLY_SETTINGS
         result = self._call(lambda c: c.query(sql, parameters=parameters or {}, settings=settings))
         return QueryResult(tuple(result.column_names), list(result.result_rows))
 

@@ -75,7 +75,7 @@ def test_up_submit_sql_ctrl_c_and_resume(tmp_path):
         assert bad.returncode == 1 and "INVALID_ARGUMENT" in bad.stderr and "spec.gpu_milli" in bad.stderr
         time.sleep(1.0)  # let audit write
         q = _run("sql", "--nats-url", f"nats://127.0.0.1:{nats_port}", "-o", "json",
-                 "SELECT count() AS n FROM fedsched.events WHERE job_id = '" + job_id + "'")
+                 "SELECT count() AS n FROM fedsched.events WHERE job_id = '" + job_id + "'", data_dir=tmp_path)
         assert q.returncode == 0, q.stderr
         assert '"n"' in q.stdout
         locked = _run("sql", "--data-dir", str(tmp_path), "SELECT 1")
@@ -126,9 +126,18 @@ def _governance_commands(grpc: str, data_dir: Path) -> None:
 def _store_queries_are_read_only(nats_port: int, grpc: str, data_dir: Path) -> None:
     """A write through `sql` is refused, and does not stop audit from writing afterwards."""
     url = f"nats://127.0.0.1:{nats_port}"
-    ins = _run("sql", "--nats-url", url, "INSERT INTO fedsched.events (event_id) VALUES ('forged')")
+    anonymous = _run("sql", "--nats-url", url, "SELECT 1")
+    assert anonymous.returncode == 1 and "admin's token" in anonymous.stderr, anonymous.stderr
+    sam = _run("principal", "put", "sam-reader", "--role", "submitter:search", "--server", grpc, "-o", "json",
+               data_dir=data_dir)
+    not_admin = _run("sql", "--nats-url", url, "SELECT 1", "--token", json.loads(sam.stdout)["token"])
+    assert not_admin.returncode == 1 and "not an admin" in not_admin.stderr, not_admin.stderr
+    secret = _run("sql", "--nats-url", url, f"SELECT * FROM file('{data_dir / 'admin.token'}', 'LineAsString')",
+                  data_dir=data_dir)
+    assert secret.returncode == 1 and "readonly" in secret.stderr.lower(), secret.stdout + secret.stderr
+    ins = _run("sql", "--nats-url", url, "INSERT INTO fedsched.events (event_id) VALUES ('forged')", data_dir=data_dir)
     assert ins.returncode == 1 and "readonly" in ins.stderr.lower(), ins.stderr
-    ddl = _run("sql", "--nats-url", url, "DROP TABLE fedsched.usage")
+    ddl = _run("sql", "--nats-url", url, "DROP TABLE fedsched.usage", data_dir=data_dir)
     assert ddl.returncode == 1, ddl.stdout
     sub = _run("submit", "--server", grpc, "--tenant", "search", "--project", "train", "--gpus", "1",
                "--duration", "60", "-o", "json", data_dir=data_dir)
@@ -138,14 +147,18 @@ def _store_queries_are_read_only(nats_port: int, grpc: str, data_dir: Path) -> N
     n = 0
     while time.monotonic() < deadline and n == 0:
         q = _run("sql", "--nats-url", url, "-o", "json",
-                 f"SELECT count() AS n FROM fedsched.events WHERE job_id = '{later}'")
+                 f"SELECT count() AS n FROM fedsched.events WHERE job_id = '{later}'", data_dir=data_dir)
         assert q.returncode == 0, q.stderr
         n = json.loads(q.stdout)[0]["n"]
         time.sleep(0.5)
     assert n > 0  # the writer's handle is not read-only
-    many = _run("sql", "--nats-url", url, "SELECT number FROM system.numbers LIMIT 10005", "-o", "json")
+    many = _run("sql", "--nats-url", url, "SELECT number FROM system.numbers LIMIT 10005", "-o", "json",
+                data_dir=data_dir)
     assert many.returncode == 0 and len(json.loads(many.stdout)) == 10000
-    assert "10005 rows; only the first 10000" in many.stderr.replace("\n", " ")
+    assert "more than 10000 rows; only the first 10000" in many.stderr
+    wide = _run("sql", "--nats-url", url, "SELECT number, repeat('x', 200) AS pad FROM numbers(9000)", "-o", "json",
+                data_dir=data_dir)  # > 1 MB: cut to what fits in one NATS message, and said so
+    assert wide.returncode == 0 and 0 < len(json.loads(wide.stdout)) < 9000 and "only the first" in wide.stderr
     dead = _run("sql", "--nats-url", f"nats://127.0.0.1:{free_port()}", "SELECT 1")
     assert dead.returncode == 1 and "cannot connect to NATS" in dead.stderr
 
