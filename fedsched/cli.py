@@ -29,7 +29,7 @@ from fedsched.bus import redact
 from fedsched.errors import FedError
 
 app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False, rich_markup_mode="rich")
-from fedsched.clitext import console, err, error_line, styled
+from fedsched.clitext import Output, console, err, error_line, styled
 
 OUTPUT_HELP = "table (for people) or json (for scripts)"
 
@@ -335,7 +335,7 @@ def sql(
     nats_url: str = typer.Option("", "--nats-url", envvar="FEDSCHED_NATS_URL",
                                  help="Ask the running system over this NATS instead of opening the store."),
     clickhouse_url: str = typer.Option("", "--clickhouse-url", envvar="FEDSCHED_CLICKHOUSE_URL"),
-    output: str = typer.Option("table", "--output", "-o", help=OUTPUT_HELP),
+    output: Output = typer.Option(Output.table, "--output", "-o", help=OUTPUT_HELP),
     token: str = typer.Option("", "--token", envvar="FEDSCHED_TOKEN", show_default=False,
                               help="With --nats-url: an admin's token (default: <FEDSCHED_DATA_DIR or "
                                    ".fedsched>/admin.token)."),

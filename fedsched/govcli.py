@@ -9,6 +9,7 @@ with ``--output json``.
 from __future__ import annotations
 
 import json
+from enum import Enum
 from pathlib import Path
 from typing import Optional
 
@@ -19,8 +20,16 @@ from rich.table import Table
 from fedsched.api.v1 import governance_pb2 as gpb
 from fedsched.api.v1 import governance_pb2_grpc as gpb_grpc
 from fedsched.auth import ROLES, hash_token, new_token
-from fedsched.clitext import console, err, error_line
+from fedsched.clitext import Output, console, err, error_line
 from fedsched.jobcli import KINDS, LOCALITIES, OUTPUT, SERVER, TOKEN, Api
+
+
+class PolicyOutput(str, Enum):
+    """``policy show --output``."""
+
+    yaml = "yaml"
+    json = "json"
+
 
 MODES = {"forbidden": gpb.CROSS_REGION_MODE_FORBIDDEN, "approval": gpb.CROSS_REGION_MODE_APPROVAL,
          "allowed": gpb.CROSS_REGION_MODE_ALLOWED}
@@ -72,7 +81,7 @@ def register(app: typer.Typer) -> None:
         state: list[str] = typer.Option([], "--state", help="pending, approved, rejected, expired (repeatable; "
                                                               "default all)."),
         limit: int = typer.Option(100, "--limit", min=1, max=1000),
-        server: str = SERVER, output: str = OUTPUT, token: str = TOKEN,
+        server: str = SERVER, output: Output = OUTPUT, token: str = TOKEN,
     ):
         """List cross-region approval requests (approvers: of their tenants)."""
         states = [_pick(s, APPROVAL_STATES, "--state") for s in state]
@@ -103,13 +112,13 @@ def register(app: typer.Typer) -> None:
 
     @app.command()
     def approve(approval_id: str = typer.Argument(...), comment: str = typer.Option("", "--comment"),
-                server: str = SERVER, output: str = OUTPUT, token: str = TOKEN):
+                server: str = SERVER, output: Output = OUTPUT, token: str = TOKEN):
         """Approve a cross-region request: the job may run in the proposed region."""
         _decide(approval_id, comment, server, output, token, True)
 
     @app.command()
     def reject(approval_id: str = typer.Argument(...), comment: str = typer.Option("", "--comment"),
-               server: str = SERVER, output: str = OUTPUT, token: str = TOKEN):
+               server: str = SERVER, output: Output = OUTPUT, token: str = TOKEN):
         """Reject a cross-region request: the job stays in its home region."""
         _decide(approval_id, comment, server, output, token, False)
 
@@ -120,7 +129,7 @@ def register(app: typer.Typer) -> None:
     app.add_typer(tenants_app, name="tenants")
 
     @tenants_app.callback()
-    def tenants(ctx: typer.Context, server: str = SERVER, output: str = OUTPUT, token: str = TOKEN):
+    def tenants(ctx: typer.Context, server: str = SERVER, output: Output = OUTPUT, token: str = TOKEN):
         """List tenants (with their month-to-date spend)."""
         if ctx.invoked_subcommand:
             return
@@ -153,7 +162,7 @@ def register(app: typer.Typer) -> None:
         budget: str = typer.Option("", "--budget", help="Monthly budget (currency units)."),
         currency: str = typer.Option("CNY", "--currency"),
         expected_version: str = typer.Option("", "--expected-version", help="Refuse if the policy moved on."),
-        server: str = SERVER, output: str = OUTPUT, token: str = TOKEN,
+        server: str = SERVER, output: Output = OUTPUT, token: str = TOKEN,
     ):
         """Create or update a tenant (admins)."""
         tenant = gpb.Tenant(name=name, home_region=home_region, projects=project, regions=region,
@@ -193,7 +202,7 @@ def register(app: typer.Typer) -> None:
 
     @quota_app.callback()
     def quota(ctx: typer.Context, tenant: str = typer.Option("", "--tenant"), server: str = SERVER,
-              output: str = OUTPUT, token: str = TOKEN):
+              output: Output = OUTPUT, token: str = TOKEN):
         """Show quotas (guaranteed, borrowing limit, cohort, in use)."""
         if ctx.invoked_subcommand:
             return
@@ -221,7 +230,7 @@ def register(app: typer.Typer) -> None:
                                                              "without a cohort, unlimited with one)."),
         cohort: str = typer.Option("", "--cohort"),
         expected_version: str = typer.Option("", "--expected-version"),
-        server: str = SERVER, output: str = OUTPUT, token: str = TOKEN,
+        server: str = SERVER, output: Output = OUTPUT, token: str = TOKEN,
     ):
         """Create or replace a quota (admins)."""
         q = gpb.Quota(tenant=tenant, card=card, region=region, guaranteed_gpus=guaranteed, cohort=cohort)
@@ -240,7 +249,7 @@ def register(app: typer.Typer) -> None:
     def quota_delete(tenant: str = typer.Argument(...), card: str = typer.Option("*", "--card"),
                      region: str = typer.Option("*", "--region"),
                      expected_version: str = typer.Option("", "--expected-version"),
-                     server: str = SERVER, output: str = OUTPUT, token: str = TOKEN):
+                     server: str = SERVER, output: Output = OUTPUT, token: str = TOKEN):
         """Delete a quota (admins)."""
         with Api(server, token) as api:
             resp = api.call(gpb_grpc.TenantServiceStub(api.channel).DeleteQuota,
@@ -263,7 +272,7 @@ def register(app: typer.Typer) -> None:
                                                            "agent:REGION/CLUSTER (repeatable)."),
         new_token_: bool = typer.Option(False, "--new-token", help="Issue a fresh token (always for a new principal)."),
         expected_version: str = typer.Option("", "--expected-version"),
-        server: str = SERVER, output: str = OUTPUT, token: str = TOKEN,
+        server: str = SERVER, output: Output = OUTPUT, token: str = TOKEN,
     ):
         """Create or update a principal; a new token is printed once (only its hash is stored)."""
         request = gpb.PutPrincipalRequest(name=name, roles=[parse_role(r) for r in role], issue_token=new_token_,
@@ -281,7 +290,7 @@ def register(app: typer.Typer) -> None:
     app.add_typer(token_app, name="token")
 
     @token_app.command("new")
-    def token_new(output: str = OUTPUT):
+    def token_new(output: Output = OUTPUT):
         """Print a fresh random token and its sha256 (put the hash in a policy file's principals)."""
         tok = new_token()
         if output == "json":
@@ -319,7 +328,7 @@ def register(app: typer.Typer) -> None:
     def policy_apply(file: Path = typer.Argument(..., help="Policy YAML (format: deploy/policy/example.yaml)."),
                      expected_version: str = typer.Option("", "--expected-version",
                                                           help="Refuse if the policy in force is not this version."),
-                     server: str = SERVER, output: str = OUTPUT, token: str = TOKEN):
+                     server: str = SERVER, output: Output = OUTPUT, token: str = TOKEN):
         """Validate FILE and make it the policy in force (every service follows it)."""
         with Api(server, token) as api:
             resp = api.call(gpb_grpc.PolicyServiceStub(api.channel).ApplyPolicy,
@@ -327,7 +336,7 @@ def register(app: typer.Typer) -> None:
         _changes(resp, output, "applied" if resp.applied else "")
 
     @policy_app.command("diff")
-    def policy_diff(file: Path = typer.Argument(...), server: str = SERVER, output: str = OUTPUT,
+    def policy_diff(file: Path = typer.Argument(...), server: str = SERVER, output: Output = OUTPUT,
                     token: str = TOKEN):
         """Show what applying FILE would change (nothing is applied)."""
         with Api(server, token) as api:
@@ -336,7 +345,8 @@ def register(app: typer.Typer) -> None:
         _changes(resp, output, "(would be; not applied)")
 
     @policy_app.command("show")
-    def policy_show(server: str = SERVER, output: str = typer.Option("yaml", "--output", "-o", help="yaml or json"),
+    def policy_show(server: str = SERVER, output: PolicyOutput = typer.Option(PolicyOutput.yaml, "--output", "-o",
+                                                                             help="yaml or json"),
                     token: str = TOKEN):
         """Print the policy in force (canonical YAML with its version)."""
         with Api(server, token) as api:

@@ -23,11 +23,11 @@ from rich.table import Table
 from fedsched.api.v1 import jobs_pb2 as pb
 from fedsched.api.v1 import jobs_pb2_grpc as pb_grpc
 from fedsched.client import TlsClient, call_metadata, resolve_token, sync_channel
-from fedsched.clitext import console, err, error_line, styled
+from fedsched.clitext import Output, console, err, error_line, styled
 
 
 SERVER = typer.Option("127.0.0.1:50051", "--server", envvar="FEDSCHED_GRPC", help="Admission gRPC address (host:port).")
-OUTPUT = typer.Option("table", "--output", "-o", help="table (for people) or json (for scripts)")
+OUTPUT = typer.Option(Output.table, "--output", "-o", help="table (for people) or json (for scripts)")
 TOKEN = typer.Option("", "--token", envvar="FEDSCHED_TOKEN", show_default=False,
                      help="Bearer token (default: FEDSCHED_TOKEN, else <FEDSCHED_DATA_DIR or .fedsched>/admin.token).")
 
@@ -133,7 +133,7 @@ def register(app: typer.Typer) -> None:
         name: str = typer.Option("", "--name", help="A label for the job."),
         request_id: str = typer.Option("", "--request-id", help="Idempotency key: resubmitting it returns the same job."),
         server: str = SERVER,
-        output: str = OUTPUT,
+        output: Output = OUTPUT,
         token: str = TOKEN,
     ):
         """Submit a job."""
@@ -166,7 +166,7 @@ def register(app: typer.Typer) -> None:
                                                               "succeeded, failed, cancelled, awaiting_approval."),
         limit: int = typer.Option(100, "--limit", min=1, max=1000),
         server: str = SERVER,
-        output: str = OUTPUT,
+        output: Output = OUTPUT,
         token: str = TOKEN,
     ):
         """List jobs (oldest first)."""
@@ -185,7 +185,7 @@ def register(app: typer.Typer) -> None:
             console.print(f"{len(resp.jobs)} of {resp.total} shown")
 
     @app.command()
-    def job(job_id: str = typer.Argument(...), server: str = SERVER, output: str = OUTPUT, token: str = TOKEN):
+    def job(job_id: str = typer.Argument(...), server: str = SERVER, output: Output = OUTPUT, token: str = TOKEN):
         """Show one job with its attempts."""
         with Api(server, token) as api:
             j = api.call(pb_grpc.JobServiceStub(api.channel).GetJob, pb.GetJobRequest(job_id=job_id))
@@ -201,7 +201,7 @@ def register(app: typer.Typer) -> None:
             console.print(t)
 
     @app.command()
-    def explain(job_id: str = typer.Argument(...), server: str = SERVER, output: str = OUTPUT, token: str = TOKEN):
+    def explain(job_id: str = typer.Argument(...), server: str = SERVER, output: Output = OUTPUT, token: str = TOKEN):
         """Why a job went where it went, or why it waits: every cluster's verdict and scores."""
         with Api(server, token) as api:
             resp = api.call(pb_grpc.JobServiceStub(api.channel).ExplainJob, pb.ExplainJobRequest(job_id=job_id))
@@ -225,7 +225,7 @@ def register(app: typer.Typer) -> None:
 
     @app.command()
     def cancel(job_id: str = typer.Argument(...), reason: str = typer.Option("", "--reason"), server: str = SERVER,
-               output: str = OUTPUT, token: str = TOKEN):
+               output: Output = OUTPUT, token: str = TOKEN):
         """Cancel a job (queued jobs end at once; running ones are stopped by their agent)."""
         with Api(server, token) as api:
             resp = api.call(pb_grpc.JobServiceStub(api.channel).CancelJob,
@@ -233,7 +233,7 @@ def register(app: typer.Typer) -> None:
         _print_jobs([resp.job], output)
 
     @app.command()
-    def watch(job_id: str = typer.Argument(...), server: str = SERVER, output: str = OUTPUT, token: str = TOKEN):
+    def watch(job_id: str = typer.Argument(...), server: str = SERVER, output: Output = OUTPUT, token: str = TOKEN):
         """Follow a job's state until it ends."""
         with Api(server, token) as api:
             try:

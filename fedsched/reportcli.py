@@ -22,7 +22,7 @@ from fedsched.sqlcli import ask_store
 from fedsched.errors import FedError, UnavailableError
 from fedsched.store import QueryResult
 
-from fedsched.clitext import console, err, error_line, styled
+from fedsched.clitext import Output, console, err, error_line, styled
 
 _TIME_FORMATS = ["%Y-%m-%d", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M:%S", "%Y-%m-%dT%H:%M"]
 
@@ -119,7 +119,7 @@ def register(app: typer.Typer) -> None:
         only: list[str] = typer.Option([], "--only", help="Only this report (repeatable); see --list."),
         bucket: Optional[int] = typer.Option(None, "--bucket", min=1,
                                              help="Time-series bucket in seconds (default: window / 120)."),
-        output: str = typer.Option("table", "--output", "-o", help="table (for people) or json (for scripts)"),
+        output: Output = typer.Option(Output.table, "--output", "-o", help="table (for people) or json (for scripts)"),
         data_dir: Path = typer.Option(Path(".fedsched"), "--data-dir", envvar="FEDSCHED_DATA_DIR"),
         nats_url: str = typer.Option("", "--nats-url", envvar="FEDSCHED_NATS_URL",
                                      help="Ask the running system over this NATS instead of opening the store."),
