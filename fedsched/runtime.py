@@ -34,7 +34,7 @@ from pathlib import Path
 from fedsched import telemetry
 from fedsched.bus import Bus
 from fedsched.clock import Clock, SystemClock
-from fedsched.errors import FedError, UnavailableError, ValidationError
+from fedsched.errors import ConflictError, FedError, UnavailableError, ValidationError
 from fedsched.natsd import EmbeddedNats
 from fedsched.pricing import PriceCatalog, load_price_catalog
 from fedsched.governance import bundled_policy_text
@@ -172,6 +172,7 @@ class System:
         if wants & {"audit", "billing"}:
             self.sync_store = await asyncio.to_thread(open_store_from, s)
             self.store = AsyncStore(self.sync_store)
+            await self._check_one_store_per_bus()
             self._query_policy = PolicyHolder()  # store queries are for admins: their tokens come from the policy
             follower = PolicyFollower(self.control, self._query_policy, name="store-query-policy")
             self._followers.append(follower)
@@ -361,6 +362,31 @@ class System:
                 raise UnavailableError(f"audit/billing still {lag} events behind after {timeout_s:.0f}s")
             await asyncio.sleep(0.1)
 
+    async def _check_one_store_per_bus(self) -> None:
+        """Refuse to write the audit log into a second store on this bus.
+
+        Audit and billing consume durable consumers shared by name; two processes writing to two
+        different stores would split the log between them (each event in one store only). The
+        process holding a store answers pings on ``<p>.svc.store.query`` with its store's
+        identity: another identity answering means another store is already fed from this bus.
+
+        Raises:
+            ConflictError: a different store is being written from this bus.
+        """
+        import nats.errors
+
+        subject = f"{self.settings.subject_prefix}.svc.store.query"
+        try:
+            reply = await self.control.nc.request(subject, json.dumps({"ping": True}).encode(), timeout=2)
+        except (nats.errors.NoRespondersError, nats.errors.TimeoutError):
+            return
+        other = json.loads(reply.data or b"{}").get("store")
+        if other and other != self.sync_store.identity:
+            raise ConflictError(f"another fedsched already writes the audit log of this NATS (subject prefix "
+                                f"{self.settings.subject_prefix!r}) into a different store ({other}); both would get "
+                                f"half of the events. Use that system (fedsched sql/report --nats-url), give this "
+                                f"one its own NATS or FEDSCHED_SUBJECT_PREFIX, or point it at the same ClickHouse")
+
     async def _on_query(self, msg) -> None:
         """Answer ``<p>.svc.store.query`` (``{"sql", "parameters", "token"}``) on the read-only
         handle, for an admin's token only (the store holds every tenant's data).
@@ -371,6 +397,9 @@ class System:
         """
         try:
             req = json.loads(msg.data or b"{}")
+            if req.get("ping"):  # which store answers here (see _check_one_store_per_bus)
+                await msg.respond(json.dumps({"store": self.sync_store.identity}).encode())
+                return
             principal = self._query_principal(str(req.get("token") or ""))
             if principal is None:
                 body = {"code": "unauthenticated", "error": "store queries need an admin's token (--token, "

@@ -33,6 +33,7 @@ import asyncio
 import hashlib
 import logging
 import re
+import socket
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -335,9 +336,10 @@ class Store:
 
     def __init__(self, client: Any, database: str, *, embedded: bool, cluster: str | None = None,
                  reopen: ClientFactory | None = None, read_client: ClientFactory | None = None,
-                 read_only: bool = False) -> None:
+                 read_only: bool = False, location: str = "") -> None:
         self.client = client
         self.database = database
+        self.location = location
         self.embedded = embedded
         self.cluster = cluster or None
         self.read_only = read_only
@@ -464,7 +466,13 @@ class Store:
         if self._read_client is None:
             raise UnavailableError("this store cannot open a separate read handle")
         return Store(self._read_client(), self.database, embedded=self.embedded, cluster=self.cluster,
-                     reopen=self._read_client, read_only=True)
+                     reopen=self._read_client, read_only=True, location=self.location)
+
+    @property
+    def identity(self) -> str:
+        """Which database this is, as a short stable id: the same for every process writing to
+        the same server database or chDB directory (12 hex of a SHA-256)."""
+        return hashlib.sha256(f"{self.location}|{self.database}".encode()).hexdigest()[:12]
 
     def query(self, sql: str, parameters: dict[str, Any] | None = None, *, settings: dict | None = None) -> QueryResult:
         """Run a SELECT with ``{name:Type}`` parameters.
@@ -588,9 +596,11 @@ def open_store(*, data_dir: Path | None = None, url: str = "", database: str = "
         ValidationError: a cluster with the embedded engine, or a bad URL.
     """
     if url:
+        where = urlparse(url)
         store = Store(_http_client(url, database, server), database, embedded=False, cluster=cluster,
                       reopen=lambda: _http_client(url, database, server),
-                      read_client=lambda: _http_client(url, database, server))
+                      read_client=lambda: _http_client(url, database, server),
+                      location=f"{where.hostname}:{where.port}")
     else:
         if cluster:
             raise ValidationError("clickhouse_cluster", "the embedded engine is one node; a cluster needs a server URL")
@@ -598,7 +608,7 @@ def open_store(*, data_dir: Path | None = None, url: str = "", database: str = "
             raise ValidationError("data_dir", "the embedded store needs a data directory")
         path = Path(chdb_path) if chdb_path else Path(data_dir) / "clickhouse"
         store = Store(_chdb_client(path), database, embedded=True, reopen=lambda: _chdb_client(path, fresh=True),
-                      read_client=lambda: _chdb_reader(path))
+                      read_client=lambda: _chdb_reader(path), location=f"chdb:{socket.gethostname()}:{path.resolve()}")
     if migrate:
         store.migrate(ttl_days=ttl_days)
     return store
