@@ -153,6 +153,7 @@ class JobView:
     def __init__(self) -> None:
         self.jobs: dict[str, JobRecord] = {}
         self.by_request: dict[tuple[str, str], str] = {}
+        self.open_by_tenant: dict[str, set[str]] = {}  #: tenant -> ids of its jobs not yet ended
         self._changed: dict[str, asyncio.Event] = {}
         self.applied_seq = 0
 
@@ -271,6 +272,11 @@ class JobView:
         return rec.shards[index] if 0 <= index < len(rec.shards) else None
 
     def _notify(self, rec: JobRecord) -> None:
+        open_ids = self.open_by_tenant.setdefault(rec.spec.tenant, set())
+        if rec.state in TERMINAL_STATES:
+            open_ids.discard(rec.job_id)
+        else:
+            open_ids.add(rec.job_id)
         rec.version += 1
         event = self._changed.pop(rec.job_id, None)
         if event is not None:

@@ -5,15 +5,17 @@
   demand even with nothing else running (ceilings: :meth:`QuotaBook.ceiling`). A job that
   fits some day is accepted; the scheduler holds it until usage frees.
 * :func:`check_budget` -- refuse new jobs once the tenant's month-to-date spend has reached its
-  monthly budget; and refuse a job whose worst-case cost would overrun what is left, where the
-  worst case counts its retry budget::
+  monthly budget; and refuse a job whose worst-case cost, on top of the spend and of the worst
+  case of the tenant's open (queued or running, not yet billed) jobs, would overrun it, where
+  the worst case counts the retry budget::
 
       worst = (1 + retry_limit) x GPUs x estimated hours x unit price
 
   with the unit price the job's price ceiling, or else the highest list price of a card model
-  it may use in a region it may use (CPU-only: cores x CPU core-hour price). Without an
-  estimated duration only the exhausted-budget rule applies. Failed attempts that did run are
-  billed like any other and so count against the budget through the spend itself.
+  it may use in a region it may use (CPU-only: cores x CPU core-hour price). A tenant with a
+  budget must give a runtime estimate (INVALID_ARGUMENT otherwise: the cost has no bound).
+  Failed attempts that did run are billed like any other and so count against the budget
+  through the spend itself; a job that runs past its estimate is billed for what it ran.
 
 Both raise :class:`~fedsched.errors.QuotaExceededError` (gRPC RESOURCE_EXHAUSTED) whose
 ``limit`` names the quota (``quota.<tenant>/<card>/<region>``) or the budget
@@ -25,7 +27,7 @@ from __future__ import annotations
 from decimal import Decimal
 from typing import Iterable
 
-from fedsched.errors import QuotaExceededError
+from fedsched.errors import QuotaExceededError, ValidationError
 from fedsched.governance import Governance
 from fedsched.jobs import JobSpec, Locality
 from fedsched.pricing import PriceCatalog, money
@@ -107,14 +109,19 @@ def worst_case_cost(spec: JobSpec, prices: PriceCatalog, known_models: Iterable[
 
 
 def check_budget(gov: Governance, spend: SpendBook, spec: JobSpec, now: float, prices: PriceCatalog,
-                 known_models: Iterable[str], known_regions: Iterable[str]) -> None:
-    """Raise if the tenant's budget is exhausted or the job's worst case would overrun it.
+                 known_models: Iterable[str], known_regions: Iterable[str],
+                 open_jobs: Iterable[JobSpec] = ()) -> None:
+    """Raise if the tenant's budget is exhausted, or if its spend plus the worst case of the
+    jobs it has open (queued or running, not billed yet) plus this job's would overrun it.
 
     Args:
         now: business time (seconds since the Unix epoch): picks the month.
+        open_jobs: the specs of the tenant's other jobs that have not ended.
 
     Raises:
         QuotaExceededError: ``limit`` = ``budget.<tenant>``.
+        ValidationError: the tenant has a budget and the job gives no runtime estimate (field
+            ``spec.estimated_duration_seconds``): its cost could not be bounded.
     """
     budget = gov.budget(spec.tenant)
     if budget is None:
@@ -128,9 +135,17 @@ def check_budget(gov: Governance, spend: SpendBook, spec: JobSpec, now: float, p
             f"month-to-date spend {spent} {cur} has reached tenant {spec.tenant}'s monthly budget {budget.monthly} "
             f"{cur} for {month}; new jobs are refused until next month or a larger budget (policy {gov.version})")
     worst = worst_case_cost(spec, prices, known_models, known_regions)
-    if worst is not None and spent + worst[0] > budget.monthly:
-        left = budget.monthly - spent
+    if worst is None:
+        raise ValidationError("spec.estimated_duration_seconds",
+                              f"tenant {spec.tenant} has a monthly budget ({budget.monthly} {cur}): give the job's "
+                              f"runtime estimate, so its worst-case cost can be checked against what is left")
+    committed = sum((w[0] for o in open_jobs if (w := worst_case_cost(o, prices, known_models, known_regions))),
+                    Decimal(0))
+    if spent + committed + worst[0] > budget.monthly:
+        left = budget.monthly - spent - committed
+        held = f", {committed} {cur} held by its open jobs" if committed else ""
         raise QuotaExceededError(
             f"budget.{spec.tenant}",
             f"the job may cost up to {worst[0]} {cur} ({worst[1]}, retries included) but only {left} {cur} of "
-            f"tenant {spec.tenant}'s {month} budget {budget.monthly} {cur} is left (policy {gov.version})")
+            f"tenant {spec.tenant}'s {month} budget {budget.monthly} {cur} is left (spent {spent} {cur}{held}; "
+            f"policy {gov.version})")

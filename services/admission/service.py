@@ -373,7 +373,9 @@ class JobServicer(pb_grpc.JobServiceServicer):
                     raise ValidationError(field, f"unknown region {r!r} (known: {', '.join(sorted(regions))})")
         spec = gov.admit_spec(spec, locality_given=raw.locality != pb.LOCALITY_UNSPECIFIED)
         check_quota_can_fit(gov, spec, self.known_models, regions)
-        check_budget(gov, self.spend, spec, self.clock.time(), self.prices, self.known_models, regions)
+        check_budget(gov, self.spend, spec, self.clock.time(), self.prices, self.known_models, regions,
+                     open_jobs=[self.view.jobs[j].spec for j in self.view.open_by_tenant.get(spec.tenant, ())
+                                if j in self.view.jobs])
         if rid:
             job_id = "j-" + hashlib.sha256(f"{spec.tenant}/{rid}".encode()).hexdigest()[:20]
         else:

@@ -112,15 +112,17 @@ async def test_jobs_beyond_quota_wait_and_start_when_earlier_ones_finish(system)
 async def test_a_budget_spent_by_billed_retries_refuses_new_submissions(system):
     async with channel(system.grpc_target, "carol") as ch:
         s = Stubs(ch)
+        # estimated at 1 s (a worst case well inside the 0.1 CNY budget), it runs 120 s and fails twice
         spec = _spec("vision", "batch", 120, retry_limit=1, card_models=["T4"], locality=pb.LOCALITY_MUST_LOCAL,
-                     annotations={"trace.outcome": "failed"})
+                     annotations={"trace.outcome": "failed"}, estimated_duration_seconds=1)
         first = await s.jobs.SubmitJob(pb.SubmitJobRequest(spec=spec))
         failed = await _wait_job(s.jobs, first.job_id, lambda j: j.state == pb.JOB_STATE_FAILED)
         assert [a.outcome for a in failed.attempts] == ["failed", "failed"]  # the retry ran too
         deadline = time.monotonic() + 20
         while True:
             try:
-                await s.jobs.SubmitJob(pb.SubmitJobRequest(spec=_spec("vision", "batch", 60)))
+                await s.jobs.SubmitJob(pb.SubmitJobRequest(spec=_spec("vision", "batch", 60,
+                                                                      estimated_duration_seconds=1)))
             except grpc.aio.AioRpcError as e:
                 assert e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and e.details().startswith("budget.vision:")
                 break

@@ -15,6 +15,7 @@ from fedsched.api.v1 import jobs_pb2 as pb
 from fedsched.api.v1 import jobs_pb2_grpc as pb_grpc
 from fedsched.clock import SystemClock
 from fedsched.events import UsageRecorded, make_event
+from fedsched.pricing import load_price_catalog
 from services.admission.budgets import month_of
 from services.admission.service import AdmissionService
 from tests.govfixtures import TENANTS, channel, policy_doc, store_policy
@@ -37,6 +38,7 @@ async def admission(bus):
 
 
 def _job(**kw) -> pb.SubmitJobRequest:
+    kw.setdefault("estimated_duration_seconds", 60)  # a budget needs an estimate to bound the cost
     return pb.SubmitJobRequest(spec=pb.JobSpec(tenant="vision", project="serve", gpus_per_worker=1, cpu_milli=1000,
                                                card_models=["T4"], **kw))
 
@@ -116,3 +118,20 @@ async def test_a_jobs_retry_budget_counts_against_the_tenants_budget(admission):
     assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert "4 attempt(s)" in e.value.details() and "retries included" in e.value.details()
     assert await _submit(admission.port, _job(estimated_duration_seconds=10 * 3600)) == grpc.StatusCode.OK
+
+
+async def test_a_budget_needs_an_estimate_and_open_jobs_hold_their_worst_case(admission):
+    """Without a runtime estimate the cost has no bound: refused, naming the field. Jobs queued
+    or running are not billed yet, so their worst case is held against the budget."""
+    async with channel(admission.port, "carol") as ch:
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await pb_grpc.JobServiceStub(ch).SubmitJob(_job(estimated_duration_seconds=0))
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert e.value.details().startswith("spec.estimated_duration_seconds")
+    price = max(load_price_catalog().gpu_hour(r, "nvidia-t4-16gb") for r in ("cn-north-1", "cn-east-1", "cn-south-1"))
+    hours = 600 / float(price)  # each job's worst case: 600 of the 1000 CNY
+    assert await _submit(admission.port, _job(estimated_duration_seconds=hours * 3600)) == grpc.StatusCode.OK
+    async with channel(admission.port, "carol") as ch:
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await pb_grpc.JobServiceStub(ch).SubmitJob(_job(estimated_duration_seconds=hours * 3600))
+    assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "held by its open jobs" in e.value.details()
