@@ -20,6 +20,7 @@ estimate of the workload overlay.
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 import heapq
 import json
 import logging
@@ -118,6 +119,7 @@ class ReplayDriver:
         self.clock: ReplayClock | None = None
         self._early: dict[str, list[Delivery]] = {}  # events that beat the SubmitJob response
         self.timed_out = False  #: the replay stopped at ``timeout_s`` with jobs still open
+        self.rejections: Counter[str] = Counter()  #: "STATUS: field" -> rejected submissions
         self._poke = asyncio.Event()  # something happened: check quiescence again
 
     async def run(self) -> dict:
@@ -164,6 +166,7 @@ class ReplayDriver:
                 unplaceable=self.progress.unplaceable, completed=finished, speed=self.o.speed, jumps=self.progress.jumps,
                 stream_messages=stream_messages, load=self.o.load)
             report["timed_out"] = self.timed_out
+            report["rejected_reasons"] = [{"reason": r, "jobs": n} for r, n in self.rejections.most_common(10)]
             return report
         finally:
             await self.system.stop()
@@ -311,6 +314,7 @@ class ReplayDriver:
         except (ValueError, TypeError) as e:  # a value the wire format cannot carry (e.g. beyond int64)
             track.state = "rejected"
             self.progress.rejected += 1
+            self.rejections["not sendable: a value beyond the wire format"] += 1
             log.warning("replay: %s cannot be sent as a job (%s); counted as rejected", job.pod.name, e)
             return
         async with sem:
@@ -325,6 +329,7 @@ class ReplayDriver:
                         continue
                     track.state = "rejected"
                     self.progress.rejected += 1
+                    self.rejections[f"{e.code().name}: {(e.details() or '').split(':')[0]}"] += 1
                     log.info("replay: %s rejected: %s %s", job.pod.name, e.code().name, e.details())
                     return
         track.job_id = resp.job_id

@@ -49,8 +49,9 @@ def print_report(console: Console, report: dict) -> None:
     t = Table(title=f"replay summary (policy {report['policy']}, {report['wall_seconds']} s wall)", show_header=True)
     t.add_column("figure")
     t.add_column("value", justify="right")
-    for k in ("submitted", "placed", "started", "finished", "failed", "cancelled", "rejected", "pending", "unplaceable"):
+    for k in ("submitted", "placed", "started", "finished", "failed", "cancelled", "rejected"):
         t.add_row(f"jobs {k}", str(jobs[k]))
+    t.add_row("jobs pending (of them: can never fit as asked)", f"{jobs['pending']} ({jobs['unplaceable']})")
     w = report["wait_seconds"]
     t.add_row("wait p50 / p95 / mean (s)", f"{w['p50']} / {w['p95']} / {w['mean']}")
     t.add_row("cross-region jobs", f"{report['cross_region_jobs']} ({report['cross_region_ratio']:.1%})")
@@ -68,4 +69,11 @@ def print_report(console: Console, report: dict) -> None:
             r.add_column(col, justify="right" if col != "region" else "left")
         for row in report["by_region"]:
             r.add_row(*(str(row[c]) for c in ("region", "jobs_started", "cross_region_in", "gpu_hours", "cost")))
+        console.print(r)
+    if report.get("rejected_reasons"):
+        r = Table(title="rejected submissions (status: field)")
+        r.add_column("reason")
+        r.add_column("jobs", justify="right")
+        for row in report["rejected_reasons"]:
+            r.add_row(row["reason"], str(row["jobs"]))
         console.print(r)

@@ -28,6 +28,9 @@ card_models        the pod's ``gpu_spec`` (canonical names), empty = any
 gpus               ``num_gpu`` whole cards, or one card's ``gpu_milli`` share when
                    ``num_gpu == 1``; a pod with ``num_gpu > 1`` and ``gpu_milli < 1000`` asks
                    for whole cards (shares span one card here)
+cpu                the pod's ``cpu_milli``; a pod with neither GPUs nor CPU asks one core
+name               the pod name as a job label (lower case, other characters as ``-``; changed
+                   names get 6 hex of their hash); the dataset is ``<tenant>/<label>-input``
 annotations        ``trace.pod``, ``trace.runtime_s``, ``trace.outcome`` -- read only by the
                    trace agent, which runs the job that long and ends it that way
 =================  ===========================================================================
@@ -35,7 +38,9 @@ annotations        ``trace.pod``, ``trace.runtime_s``, ``trace.outcome`` -- read
 
 from __future__ import annotations
 
+import hashlib
 import math
+import re
 from dataclasses import dataclass
 
 import pydantic
@@ -72,9 +77,21 @@ def _log_uniform(u: float, lo: float, hi: float) -> int:
     return int(math.exp(math.log(lo) + u * (math.log(hi) - math.log(lo))))
 
 
+def _label(name: str) -> str:
+    """``name`` as a canonical job/dataset label: lower case, runs of other characters as one
+    ``-``, starting with a letter, at most 63 characters; a name that had to change gets 6 hex
+    of its SHA-256 appended, so two pods never share a label."""
+    label = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+    if label != name or not label[:1].isalpha() or len(label) > 63:
+        digest = hashlib.sha256(name.encode()).hexdigest()[:6]
+        label = f"{label if label[:1].isalpha() else 'pod-' + label}"[:56].rstrip("-") + "-" + digest
+    return label
+
+
 def overlay(pod: TracePod) -> JobSpec:
     """The job spec of ``pod`` by the module's rule."""
     name = pod.name
+    label = _label(name)
     tenant_i = pick(unit_hash(name, "tenant"), [w for _, _, w in TENANT_WEIGHTS])
     tenant, tenant_home, _ = TENANT_WEIGHTS[tenant_i]
     u_home = unit_hash(name, "home")
@@ -96,19 +113,21 @@ def overlay(pod: TracePod) -> JobSpec:
     if unit_hash(name, "residency") < 0.03:
         tags = {"ads": ("finance",), "nlp": ("pii",)}.get(tenant, ())
     lo, hi = _SIZES[kind]
-    dataset = Dataset(name=f"{tenant}/{name}-input", home_region=home,
+    dataset = Dataset(name=f"{tenant}/{label}-input", home_region=home,
                       size_bytes=_log_uniform(unit_hash(name, "size"), lo, hi))
     estimate = pod.runtime_s * 2 ** (3 * unit_hash(name, "estimate") - 1)
+    cpu_milli = pod.cpu_milli
     if pod.num_gpu == 0:
         gpus, milli = 0, 0
+        cpu_milli = cpu_milli or 1000  # a pod list without resource columns: one core, not nothing
     elif pod.num_gpu == 1:
         gpus, milli = 1, pod.gpu_milli
     else:
         gpus, milli = pod.num_gpu, 1000
     fields = dict(
-        tenant=tenant, project=project, name=name.lower().replace("_", "-")[:63], kind=kind,
+        tenant=tenant, project=project, name=label, kind=kind,
         priority=_PRIORITY.get(pod.qos, PriorityClass.NORMAL),
-        workers=1, gpus_per_worker=gpus, gpu_milli=milli, cpu_milli=pod.cpu_milli, memory_mib=pod.memory_mib,
+        workers=1, gpus_per_worker=gpus, gpu_milli=milli, cpu_milli=cpu_milli, memory_mib=pod.memory_mib,
         card_models=pod.gpu_spec, home_region=home, locality=locality, residency_tags=tags, datasets=(dataset,),
         preemptible=pod.qos == "BE", checkpointable=kind == JobKind.TRAINING and unit_hash(name, "ckpt") < 0.5,
         estimated_duration_s=round(estimate, 3),

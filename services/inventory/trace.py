@@ -37,6 +37,8 @@ from fedsched.errors import ValidationError
 log = logging.getLogger(__name__)
 
 UNLIMITED = 10**12  #: stands for "not enforced" when a node list has no cpu/memory columns
+MAX_NODE_GPUS = 1024  #: most GPUs one node row may declare
+MAX_TRACE_SPAN_S = 100 * 365 * 86400  #: creation and deletion times lie within 100 years of the first creation
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,11 +134,18 @@ def _read_rows(path: Path | str | io.TextIOBase, required: Iterable[str], what: 
     return rows, columns
 
 
-def _int(row: dict, key: str, default: int, what: str, line: int, *, minimum: int | None = 0) -> int:
+#: Largest value a count or size column may hold (a bound far above any real node or pod; it
+#: keeps a corrupt row from overflowing the wire formats further on).
+MAX_VALUE = 10**12
+
+
+def _int(row: dict, key: str, default: int, what: str, line: int, *, minimum: int | None = 0,
+         maximum: int = MAX_VALUE) -> int:
     """The integer in ``row[key]`` (``default`` when empty); decimals are truncated.
 
     Raises:
-        ValidationError: not a finite number, or below ``minimum`` (field ``what:line:key``).
+        ValidationError: not a finite number, or outside ``minimum``..``maximum`` (field
+            ``what:line:key``).
     """
     raw = row.get(key, "")
     if raw == "":
@@ -147,6 +156,8 @@ def _int(row: dict, key: str, default: int, what: str, line: int, *, minimum: in
         raise ValidationError(f"{what}:{line}:{key}", f"not a finite number: {raw!r}") from e
     if minimum is not None and value < minimum:
         raise ValidationError(f"{what}:{line}:{key}", f"must be >= {minimum}, got {raw!r}")
+    if value > maximum:
+        raise ValidationError(f"{what}:{line}:{key}", f"must be <= {maximum}, got {raw!r}")
     return value
 
 
@@ -191,7 +202,7 @@ def load_nodes(path: Path | str) -> list[TraceNode]:
     catalog = naming.default_catalog()
     out = []
     for line, row in enumerate(rows, start=2):
-        gpus = _int(row, "gpu", 0, "nodes", line)
+        gpus = _int(row, "gpu", 0, "nodes", line, maximum=MAX_NODE_GPUS)
         model_raw = row.get("model", "")
         model = catalog.canonical(model_raw) if gpus > 0 and model_raw else (
             catalog.canonical("unlisted gpu") if gpus > 0 else None)
@@ -230,6 +241,13 @@ def load_pods(path: Path | str) -> list[TracePod]:
             memory_mib=_int(row, "memory_mib", 0, "pods", line),
             spec=tuple(sorted({catalog.canonical(m).name for m in row.get("gpu_spec", "").split("|") if m.strip()})),
         ))
+    t0 = min((p["creation"] for p in parsed), default=0)
+    for line, p in enumerate(parsed, start=2):
+        for key, value in (("creation_time", p["creation"]), ("scheduled_time", p["scheduled"]),
+                           ("deletion_time", p["deletion"])):
+            if value - t0 > MAX_TRACE_SPAN_S:
+                raise ValidationError(f"pods:{line}:{key}", f"{value} lies more than 100 years after the first "
+                                                            f"creation_time ({t0}); times are seconds")
     trace_end = max((max(p["creation"], p["scheduled"], p["deletion"]) for p in parsed), default=0)
     pods = []
     for p in parsed:

@@ -142,7 +142,8 @@ async def test_a_trace_without_gpu_columns_with_odd_pods_replays(nats_server, ch
                     "p1,10,400,2000,4096\n"              # same name: kept as p1-dup2
                     "p2,20,900,1000,1024\n"
                     "huge,30,100,999999999999,1024\n"    # more CPU than any worker may ask: rejected
-                    "forever,40,999999999999,1000,1024\n")  # a runtime no estimate may claim: rejected
+                    "forever,40,3000000000,1000,1024\n"  # a runtime no estimate may claim: rejected
+                    "P_Upper Name,50,200,,\n")             # any name; no resources given: one core
     settings = Settings(data_dir=tmp_path / "d", nats_url=nats_server.url, subject_prefix=unique("r"),
                         clickhouse_path=chdb_path, clickhouse_database=unique("db"), grpc_address="127.0.0.1:0",
                         heartbeat_interval_s=0.5, schedule_interval_s=0.002)
@@ -150,5 +151,5 @@ async def test_a_trace_without_gpu_columns_with_odd_pods_replays(nats_server, ch
                                               timeout_s=120)).run()
     jobs = report["jobs"]
     assert report["timed_out"] is False
-    assert jobs["submitted"] == 5 and jobs["rejected"] == 2, jobs
-    assert jobs["finished"] == 3 and jobs["pending"] == 0, jobs
+    assert jobs["submitted"] == 6 and jobs["rejected"] == 2, jobs
+    assert jobs["finished"] == 4 and jobs["pending"] == 0, jobs

@@ -107,3 +107,16 @@ def test_repeated_names_are_kept_under_new_names_and_empty_names_rejected(tmp_pa
     with pytest.raises(ValidationError) as e:
         load_nodes(nodes)
     assert e.value.field == "nodes:3:sn"
+
+
+def test_values_beyond_any_real_trace_are_rejected_with_their_place(tmp_path):
+    nodes = tmp_path / "nodes.csv"
+    nodes.write_text("sn,gpu\nn1,8\nn2,1e20\n")
+    with pytest.raises(ValidationError, match="must be <=") as e:
+        load_nodes(nodes)
+    assert e.value.field == "nodes:3:gpu"
+    pods = tmp_path / "pods.csv"
+    pods.write_text("name,creation_time\np1,0\np2,1000000000000\n")
+    with pytest.raises(ValidationError, match="100 years") as e:
+        load_pods(pods)
+    assert e.value.field == "pods:3:creation_time"

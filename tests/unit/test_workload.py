@@ -44,3 +44,15 @@ def test_load_compresses_arrivals_not_runtimes(trace_pods):
     assert fast[-1].submit_at_s == plain[-1].submit_at_s // 10
     assert [j.pod.runtime_s for j in plain] == [j.pod.runtime_s for j in fast]
     assert plain[0].request_id == "replay-" + pods[0].name
+
+
+def test_any_pod_name_becomes_a_valid_distinct_job_label():
+    from fedsched import naming
+    from fedsched.replay.workload import _label
+
+    names = ["openb-pod-0001", "P_Upper_Name", "p-upper-name", "Ünïcode pod", "123abc", "x" * 80, "-", "a--b"]
+    labels = [_label(n) for n in names]
+    assert labels[0] == "openb-pod-0001"  # canonical names stay as they are
+    assert len(set(labels)) == len(labels)
+    for label in labels:
+        naming.check_name("job", label)
