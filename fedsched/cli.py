@@ -147,10 +147,16 @@ def up(
         console.print(f"  policy {system.admission.policy.version}; {token_note}")
         console.print(f"  try: FEDSCHED_GRPC={system.grpc_target} fedsched submit --tenant search --project train "
                       f"--gpus 1 --duration 600")
-        await stop.wait()
+        failed = asyncio.create_task(system.failed.wait())
+        await asyncio.wait({asyncio.create_task(stop.wait()), failed}, return_when=asyncio.FIRST_COMPLETED)
+        if system.failed.is_set():
+            err.print(error_line("error:", f"a service crashed ({system.failure!r}); stopping everything (state is "
+                                           f"kept: `fedsched up` again resumes; -v shows the logs)"))
         console.print("stopping ...")
         await system.stop()
         console.print("stopped; state kept in " + str(settings.data_dir))
+        if system.failed.is_set():
+            raise typer.Exit(1)
 
     try:
         asyncio.run(main())

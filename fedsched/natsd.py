@@ -44,6 +44,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+#: The embedded server's largest message (bytes); NATS's default is 1 MB.
+MAX_PAYLOAD_BYTES = 8 * 1024 * 1024
+
+
 def _die_with_parent() -> None:
     """In the child before exec: ask the kernel for SIGTERM when the parent (thread) dies."""
     import ctypes
@@ -91,7 +95,10 @@ class EmbeddedNats:
         """
         self.store_dir.mkdir(parents=True, exist_ok=True)
         log = self.store_dir / "nats-server.log"
-        args = [find_nats_server(), "-js", "-sd", str(self.store_dir), "-a", "127.0.0.1",
+        conf = self.store_dir / "nats-server.conf"
+        # messages up to 8 MB: an inventory snapshot of a cluster with tens of thousands of nodes
+        conf.write_text(f"max_payload: {MAX_PAYLOAD_BYTES}\n", "utf-8")
+        args = [find_nats_server(), "-c", str(conf), "-js", "-sd", str(self.store_dir), "-a", "127.0.0.1",
                 "-p", str(self.port), "-l", str(log)]
         preexec = _die_with_parent if (sys.platform.startswith("linux")
                                        and threading.current_thread() is threading.main_thread()) else None
