@@ -103,6 +103,18 @@ def test_goes_abroad_when_it_is_much_cheaper_there():
     assert p.cluster == "away" and p.cross_region
 
 
+def test_a_job_that_needs_approval_to_go_abroad_stays_home_when_home_can_run_it_now():
+    from dataclasses import replace as _replace
+
+    home = cluster("home", "cn-north-1", (node("h1"),))
+    away = cluster("away", "cn-south-1", (node("a1"),), prices={T4: 1.0})
+    (p,) = decide(view(away, home), [_replace(job(), cross_region="approval")], FED).placements
+    assert p.cluster == "home" and not p.cross_region  # no approver is asked to save a little
+    full_home = cluster("home", "cn-north-1", (node("h1", free=(0, 0)),))
+    (p,) = decide(view(away, full_home), [_replace(job(), cross_region="approval")], FED).placements
+    assert p.cluster == "away"  # home cannot: going abroad is proposed (and the governor asks)
+
+
 def test_goes_cross_region_when_home_is_full_and_says_why():
     home = cluster("home", "cn-north-1", (node("h1", free=(0, 0)),))
     away = cluster("away", "cn-south-1", (node("a1"),))

@@ -418,8 +418,12 @@ def decide(view: View, queue: Iterable[QueuedJob], policy: Policy) -> Decisions:
                 continue
             candidates.append(cand)
         home_first = job.spec.locality == Locality.PREFER_LOCAL
+        # a job whose tenant must ask before going abroad runs at home whenever home can take it
+        # now: an approver is asked only when going abroad is the alternative to waiting
+        ask_first = job.cross_region == "approval"
         groups = ([[c for c in candidates if c[0].region == job.spec.home_region],
-                   [c for c in candidates if c[0].region != job.spec.home_region]] if home_first else [candidates])
+                   [c for c in candidates if c[0].region != job.spec.home_region]]
+                  if home_first or ask_first else [candidates])
         best = None
         for group in groups:
             best = _branch_and_bound(job, group, cy, evaluations, split)             # 3
