@@ -101,12 +101,16 @@ def _print_jobs(jobs, output: str) -> None:
     if output == "json":
         console.print_json(json.dumps([MessageToDict(j, preserving_proto_field_name=True) for j in jobs]))
         return
-    table = Table("job", "tenant/project", "state", "where", "GPUs", "submitted", "reason")
+    table = Table()
+    table.add_column("job", no_wrap=True, min_width=22)  # ids are copied from here: never cut them
+    for col in ("tenant/project", "state", "where", "GPUs", "submitted", "reason"):
+        table.add_column(col)
     for j in jobs:
         s = j.spec
         gpus = f"{s.workers}x{s.gpus_per_worker}" if s.gpu_milli in (0, 1000) else f"{s.workers}x{s.gpu_milli}m"
+        reason = ("can never run as asked: " if j.unplaceable else "") + j.reason
         table.add_row(j.job_id, f"{s.tenant}/{s.project}", _state(j.state), j.cluster or "-", gpus,
-                      _ts(j.submitted_at), j.reason[:80])
+                      _ts(j.submitted_at), reason[:100])
     console.print(table)
 
 
@@ -205,8 +209,9 @@ def register(app: typer.Typer) -> None:
         """Why a job went where it went, or why it waits: every cluster's verdict and scores."""
         with Api(server, token) as api:
             resp = api.call(pb_grpc.JobServiceStub(api.channel).ExplainJob, pb.ExplainJobRequest(job_id=job_id))
-        if output == "json":
-            console.print_json(json.dumps(MessageToDict(resp, preserving_proto_field_name=True)))
+        if output == "json":  # every field, false ones too (fits_empty: false = can never run as asked)
+            console.print_json(json.dumps(MessageToDict(resp, preserving_proto_field_name=True,
+                                                        always_print_fields_with_no_presence=True)))
             return
         console.print(styled((resp.job_id, "bold"), f" {_state(resp.state)}"))
         for d in resp.decisions:
@@ -214,6 +219,10 @@ def register(app: typer.Typer) -> None:
             console.print(styled(head, (d.outcome, "bold"), f" {d.cluster or ''} {('(' + d.region + ')') if d.region else ''}"
                                  f" queue {d.queue or '-'} policy {d.policy_version or '-'}"))
             console.print(f"  {d.summary}", highlight=False)
+            if d.outcome == "pending" and not d.fits_empty:
+                console.print(styled("  ", ("can never run as asked:", "red"),
+                                     " no cluster could hold it even if it were empty; waiting will not help "
+                                     "(ask for fewer GPUs per worker, other card models or regions, or cancel it)"))
             if d.counterfactual:
                 console.print(styled("  ", ("what if:", "italic"), f" {d.counterfactual}"), highlight=False)
             t = Table("cluster", "region", "verdict", "detail / scores", "total")
