@@ -156,8 +156,8 @@ def _store_queries_are_read_only(nats_port: int, grpc: str, data_dir: Path) -> N
                 data_dir=data_dir)
     assert many.returncode == 0 and len(json.loads(many.stdout)) == 10000
     assert "more than 10000 rows; only the first 10000" in many.stderr
-    wide = _run("sql", "--nats-url", url, "SELECT number, repeat('x', 200) AS pad FROM numbers(9000)", "-o", "json",
-                data_dir=data_dir)  # > 1 MB: cut to what fits in one NATS message, and said so
+    wide = _run("sql", "--nats-url", url, "SELECT number, repeat('x', 1000) AS pad FROM numbers(9000)", "-o", "json",
+                data_dir=data_dir)  # > 8 MB: cut to what fits in one NATS message, and said so
     assert wide.returncode == 0 and 0 < len(json.loads(wide.stdout)) < 9000 and "only the first" in wide.stderr
     dead = _run("sql", "--nats-url", f"nats://127.0.0.1:{free_port()}", "SELECT 1")
     assert dead.returncode == 1 and "cannot connect to NATS" in dead.stderr
