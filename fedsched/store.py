@@ -445,7 +445,7 @@ class Store:
             try:
                 return fn(self.client)
             except Exception as e:  # noqa: BLE001
-                err = _translate(e)
+                err = _translate(e, read_only=self.read_only)
                 if isinstance(err, UnavailableError):
                     self._broken = True
                 raise err from e
@@ -575,11 +575,29 @@ def dedup_token(table: str, keys: Iterable[tuple]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def _translate(e: Exception) -> FedError:
+#: ClickHouse error codes that mean "not reachable / try later" rather than "this query is
+#: wrong": NETWORK_ERROR, SOCKET_TIMEOUT, TOO_MANY_SIMULTANEOUS_QUERIES, NO_FREE_CONNECTION,
+#: ALL_CONNECTION_TRIES_FAILED, TABLE_IS_READ_ONLY (a replica without its keeper), KEEPER_EXCEPTION,
+#: MEMORY_LIMIT_EXCEEDED, TOO_MANY_PARTS, TIMEOUT_EXCEEDED (writers back off and retry on these).
+_UNAVAILABLE_CODES = {210, 209, 202, 203, 279, 242, 999, 241, 252, 159}
+
+
+def _translate(e: Exception, *, read_only: bool = False) -> FedError:
+    """The engine's exception as a typed error: an answer from ClickHouse with an error code is
+    about the query (:class:`ValidationError`, field ``sql``), unless the code says the server
+    is unreachable or busy; no code and words like "connection"/"closed" mean unavailable. On a
+    read-only (ad-hoc query) store, running past the time limit is the query's fault."""
     text = str(e)
     low = text.lower()
-    if any(s in low for s in ("connection", "timed out", "timeout", "refused", "unreachable", "closed",
-                              "failed to create connection", "network")):
+    m = re.search(r"Code: (\d+)\.", text)
+    code = int(m.group(1)) if m else None
+    if code == 159 and read_only:
+        return ValidationError("sql", f"the query ran past its time limit (max_execution_time, "
+                                      f"{READ_ONLY_SETTINGS['max_execution_time']} s)")
+    if code is not None and code not in _UNAVAILABLE_CODES:
+        return ValidationError("sql", text.strip().splitlines()[0][:1000])
+    if m or any(s in low for s in ("connection", "timed out", "timeout", "refused", "unreachable", "closed",
+                                   "failed to create connection", "network")):
         return UnavailableError(f"ClickHouse unavailable: {text[:500]}")
     return ValidationError("sql", text.strip().splitlines()[0][:1000] if text.strip() else repr(e))
 

@@ -42,3 +42,19 @@ def test_a_cluster_needs_a_server(tmp_path):
     with pytest.raises(ValidationError) as e:
         open_store(chdb_path=tmp_path / "ch", cluster="fedsched")
     assert e.value.field == "clickhouse_cluster"
+
+
+@pytest.mark.parametrize("text, read_only, kind", [
+    ("Code: 62. DB::Exception: Syntax error: ... Unmatched parentheses: '(' is never closed. (SYNTAX_ERROR)", False,
+     "ValidationError"),
+    ("Code: 60. DB::Exception: Unknown table expression identifier 'nope'. (UNKNOWN_TABLE)", True, "ValidationError"),
+    ("Code: 159. DB::Exception: Timeout exceeded: elapsed 55000 ms. (TIMEOUT_EXCEEDED)", True, "ValidationError"),
+    ("Code: 159. DB::Exception: Timeout exceeded: elapsed 55000 ms. (TIMEOUT_EXCEEDED)", False, "UnavailableError"),
+    ("Code: 252. DB::Exception: Too many parts (300). (TOO_MANY_PARTS)", False, "UnavailableError"),
+    ("The client has been closed", False, "UnavailableError"),
+    ("HTTPConnectionPool: Max retries exceeded (Connection refused)", False, "UnavailableError"),
+])
+def test_engine_errors_are_told_apart_from_outages(text, read_only, kind):
+    from fedsched.store import _translate
+
+    assert type(_translate(RuntimeError(text), read_only=read_only)).__name__ == kind
