@@ -27,6 +27,7 @@ import fcntl
 import json
 import logging
 import os
+import socket
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -155,7 +156,7 @@ class System:
         if s.embedded_nats or (s.embedded_clickhouse and wants & {"audit", "billing"}):
             self._lock_data_dir(Path(s.data_dir))
         if s.embedded_nats:
-            self.nats = EmbeddedNats(Path(s.data_dir) / "nats", port=s.nats_port)
+            self.nats = EmbeddedNats(Path(s.data_dir) / "nats", port=s.nats_port or _remembered_port(Path(s.data_dir)))
             self.nats.spawn()  # from the loop's thread: the child dies with this process
             await asyncio.to_thread(self.nats.wait_ready)
             self.nats_url = self.nats.url
@@ -430,6 +431,23 @@ class System:
             if self._read_store is None:
                 self._read_store = self.sync_store.reader()
             return self._read_store
+
+
+def _remembered_port(data_dir: Path) -> int:
+    """The embedded NATS port this data dir used last time if it is free now, else a new free
+    one; remembered in ``data_dir/nats/port`` so `fedsched up` keeps its URL across restarts."""
+    from fedsched.natsd import free_port
+
+    record = data_dir / "nats" / "port"
+    try:
+        port = int(record.read_text().strip())
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", port))
+    except (OSError, ValueError):
+        port = free_port()
+    record.parent.mkdir(parents=True, exist_ok=True)
+    record.write_text(str(port))
+    return port
 
 
 def _read_policy_file(path: Path) -> str:
