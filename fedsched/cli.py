@@ -281,7 +281,8 @@ def replay(
     timeout: float = typer.Option(3600.0, "--timeout", min=1.0,
                                   help="Give up after this many wall seconds: the report covers what happened, "
                                        "and the exit code is 2."),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress display."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress (a bar on a terminal, else a line every "
+                                                              "10 s)."),
     verbose: bool = typer.Option(False, "--verbose", "-v"),
 ):
     """Replay a GPU cluster trace through the whole federation and print the outcome.
@@ -310,7 +311,7 @@ def replay(
                             pods_csv=pods or _bundled("openb_pod_list_gpuspec33.csv"), settings=settings, limit=limit,
                             speed=speed, policy=policy, timeout_s=timeout, load=load)
     try:
-        with progress_display(console, enabled=not quiet and console.is_terminal) as update:
+        with progress_display(console, enabled=console.is_terminal, quiet=quiet) as update:
             report = asyncio.run(ReplayDriver(options, on_progress=update).run())
     except FedError as e:
         _fail(e)

@@ -11,9 +11,12 @@ from rich.table import Table
 
 
 @contextlib.contextmanager
-def progress_display(console: Console, *, enabled: bool = True) -> Iterator[Callable]:
+def progress_display(console: Console, *, enabled: bool = True, quiet: bool = False) -> Iterator[Callable]:
     """A context whose value is ``update(progress)``; renders a rich progress bar if enabled,
-    else a plain line every ~10 seconds of wall time."""
+    else a plain line every ~10 seconds of wall time (for logs and pipes), or nothing if quiet."""
+    if quiet:
+        yield lambda p: None
+        return
     if not enabled:
         import time
 
