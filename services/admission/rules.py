@@ -110,13 +110,14 @@ def worst_case_cost(spec: JobSpec, prices: PriceCatalog, known_models: Iterable[
 
 def check_budget(gov: Governance, spend: SpendBook, spec: JobSpec, now: float, prices: PriceCatalog,
                  known_models: Iterable[str], known_regions: Iterable[str],
-                 open_jobs: Iterable[JobSpec] = ()) -> None:
+                 open_costs: Iterable[Decimal] = ()) -> None:
     """Raise if the tenant's budget is exhausted, or if its spend plus the worst case of the
     jobs it has open (queued or running, not billed yet) plus this job's would overrun it.
 
     Args:
         now: business time (seconds since the Unix epoch): picks the month.
-        open_jobs: the specs of the tenant's other jobs that have not ended.
+        open_costs: the worst-case costs (:func:`worst_case_cost`) of the tenant's other jobs
+            that have not ended; walked only when the tenant has a budget.
 
     Raises:
         QuotaExceededError: ``limit`` = ``budget.<tenant>``.
@@ -139,8 +140,7 @@ def check_budget(gov: Governance, spend: SpendBook, spec: JobSpec, now: float, p
         raise ValidationError("spec.estimated_duration_seconds",
                               f"tenant {spec.tenant} has a monthly budget ({budget.monthly} {cur}): give the job's "
                               f"runtime estimate, so its worst-case cost can be checked against what is left")
-    committed = sum((w[0] for o in open_jobs if (w := worst_case_cost(o, prices, known_models, known_regions))),
-                    Decimal(0))
+    committed = sum(open_costs, Decimal(0))
     if spent + committed + worst[0] > budget.monthly:
         left = budget.monthly - spent - committed
         held = f", {committed} {cur} held by its open jobs" if committed else ""

@@ -33,6 +33,7 @@ import hashlib
 import logging
 import uuid
 from dataclasses import dataclass
+from decimal import Decimal
 from pathlib import Path
 from typing import AsyncIterator
 
@@ -63,7 +64,7 @@ from services.admission.approvalview import ApprovalView
 from services.admission.budgets import SpendBook, SpendWatcher
 from services.admission.convert import STATE_FROM_PB, STATE_TO_PB, Limits, _ts, spec_from_pb, spec_to_pb
 from services.admission.jobview import JobRecord, JobView
-from services.admission.rules import check_budget, check_quota_can_fit
+from services.admission.rules import check_budget, check_quota_can_fit, worst_case_cost
 
 log = logging.getLogger(__name__)
 tracer = telemetry.tracer("fedsched.admission")
@@ -314,6 +315,7 @@ class JobServicer(pb_grpc.JobServiceServicer):
         self.spend = spend
         self.prices = prices
         self._limits: tuple[str, Limits] | None = None
+        self._worst: dict[str, Decimal] = {}  # job id -> its worst-case cost (budget holds), computed once
 
     def gov(self) -> Governance:
         """The policy in force (the interceptor guarantees one exists)."""
@@ -331,6 +333,15 @@ class JobServicer(pb_grpc.JobServiceServicer):
         return self._limits[1]
 
     # ------------------------------------------------------------------ submit
+
+    def _worst_case(self, job_id: str, regions: set[str]) -> Decimal:
+        """An open job's worst-case cost (what it holds of its tenant's budget), computed once;
+        0 for a job without an estimate (accepted before its tenant had a budget)."""
+        cost = self._worst.get(job_id)
+        if cost is None:
+            worst = worst_case_cost(self.view.jobs[job_id].spec, self.prices, self.known_models, regions)
+            cost = self._worst[job_id] = worst[0] if worst else Decimal(0)
+        return cost
 
     async def SubmitJob(self, request: pb.SubmitJobRequest, context) -> pb.SubmitJobResponse:
         principal = auth.current()
@@ -374,8 +385,8 @@ class JobServicer(pb_grpc.JobServiceServicer):
         spec = gov.admit_spec(spec, locality_given=raw.locality != pb.LOCALITY_UNSPECIFIED)
         check_quota_can_fit(gov, spec, self.known_models, regions)
         check_budget(gov, self.spend, spec, self.clock.time(), self.prices, self.known_models, regions,
-                     open_jobs=[self.view.jobs[j].spec for j in self.view.open_by_tenant.get(spec.tenant, ())
-                                if j in self.view.jobs])
+                     open_costs=(self._worst_case(j, regions) for j in self.view.open_by_tenant.get(spec.tenant, ())
+                                 if j in self.view.jobs))  # lazy: walked only for a tenant with a budget
         if rid:
             job_id = "j-" + hashlib.sha256(f"{spec.tenant}/{rid}".encode()).hexdigest()[:20]
         else:
