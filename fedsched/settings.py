@@ -99,6 +99,14 @@ class Settings(BaseSettings):
             raise ValueError("subject_prefix must be 1-16 lower-case letters, digits or '_', starting with a letter")
         return value
 
+    @field_validator("grpc_address")
+    @classmethod
+    def _address_is_host_port(cls, value: str) -> str:
+        host, sep, port = value.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+            raise ValueError(f"grpc_address must be host:port with a port 0-65535 (0 = any free one), got {value!r}")
+        return value
+
     @field_validator("clickhouse_cluster")
     @classmethod
     def _cluster_is_identifier(cls, value: str) -> str:

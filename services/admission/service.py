@@ -611,10 +611,11 @@ class AdmissionService:
                 self.port = self.server.add_insecure_port(self.address)
         except RuntimeError as e:  # grpc's "Failed to bind" / bad address
             raise UnavailableError(f"admission cannot listen on {self.address!r} ({e}); is the port taken "
-                                   f"(another `fedsched up`?) or the address not host:port? Pass --grpc-address") from e
+                                   f"(another `fedsched up`?) or the address not host:port?{self._tls_hint()} "
+                                   f"Pass --grpc-address") from e
         if self.port == 0:
             raise UnavailableError(f"admission cannot listen on {self.address}; is the port taken (another "
-                                   f"`fedsched up`?) Pass --grpc-address")
+                                   f"`fedsched up`?){self._tls_hint()} Pass --grpc-address")
         await self.server.start()
         for name in (*GUARDED, ""):
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
@@ -622,6 +623,10 @@ class AdmissionService:
         log.info("admission: serving on port %d%s (%d jobs known, policy %s)", self.port,
                  " with TLS" + (" (client certificates required)" if self.tls.client_ca else "") if self.tls else "",
                  len(self.view.jobs), self.policy.version)
+
+    def _tls_hint(self) -> str:
+        return (" Or are --tls-cert / --tls-key not a matching PEM certificate and key?" if self.tls is not None
+                else "")
 
     async def run(self) -> None:
         """Serve until :meth:`stop`."""
