@@ -16,11 +16,21 @@ from pathlib import Path
 
 import grpc
 
+from fedsched.errors import AuthError
+
 from fedsched.auth import METADATA_KEY, TOKEN_FILE, read_token_file
 
 
 def call_metadata(token: str | None) -> tuple[tuple[str, str], ...]:
-    """The metadata that authenticates a call (empty without a token)."""
+    """The metadata that authenticates a call (empty without a token).
+
+    Raises:
+        AuthError: the token holds characters no token has (spaces, line breaks, non-ASCII):
+            usually a pasted or wrongly read value.
+    """
+    if token and not all(33 <= ord(ch) < 127 for ch in token):
+        raise AuthError("the token has spaces, line breaks or non-ASCII characters; tokens are one printable "
+                        "ASCII word (check --token / FEDSCHED_TOKEN / admin.token)")
     return ((METADATA_KEY, f"Bearer {token}"),) if token else ()
 
 

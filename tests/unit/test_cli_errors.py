@@ -43,6 +43,7 @@ def _run(*args: str, cwd=None) -> subprocess.CompletedProcess:
     (("submit", "--tenant", "t", "--project", "p", "--cpu-milli", str(2**64)), 2, "--cpu-milli"),
     (("sql", "--nats-url", "nats://127.0.0.1:1", "SELECT 1"), 1, "cannot connect to NATS"),
     (("jobs", "-o", "xml"), 2, "--output"),
+    (("jobs", "--token", "abc\ndef"), 1, "printable ASCII"),
     (("up", "--grpc-address", "127.0.0.1:99999", "--data-dir", "/tmp/fedsched-never-made"), 2, "port 0-65535"),
     (("report", "--from", "2023-03-01", "--to", "2023-02-01"), 2, "is not before"),
 ])
