@@ -137,7 +137,8 @@ def up(
         if not await _start_unless_stopped(system, stop):
             console.print("stopped while starting")
             return
-        console.print(styled(("fedsched is up", "green"), f": gRPC {system.grpc_target}, NATS {redact(system.nats_url)}, "
+        console.print(styled(("fedsched is up", "green"), f": gRPC {system.grpc_target}, NATS "
+                                                               f"{system.nats.url if system.nats else redact(system.nats_url)}, "
                       f"ClickHouse {'chDB ' + str(Path(settings.data_dir) / 'clickhouse') if settings.embedded_clickhouse else redact(settings.clickhouse_url)}"))
         console.print(f"  {len(system.agents)} trace agent(s), policy {system.scheduler.policy.version}, "
                       f"{len(system.admission.view.jobs)} job(s) known. Ctrl-C stops.")
@@ -197,7 +198,10 @@ def service(
         _fail(ValueError(f"unknown service {name!r}; one of {', '.join(SERVICES)}"))
     from fedsched.runtime import System, SystemOptions
 
-    settings = _settings(data_dir=data_dir, nats_url=nats_url, clickhouse_url=clickhouse_url, grpc_address=grpc_address,
+    from fedsched.client import with_local_credentials
+
+    settings = _settings(data_dir=data_dir, nats_url=with_local_credentials(nats_url, data_dir),
+                         clickhouse_url=clickhouse_url, grpc_address=grpc_address,
                          policy_file=policy_file, tls_cert=tls_cert, tls_key=tls_key, tls_client_ca=tls_client_ca)
     options = SystemOptions(settings=settings, policy=policy, services=(name,), clusters=tuple(cluster),
                             nodes_csv=(nodes or _bundled("openb_node_list_gpu_node.csv")) if name == "agents" else None)

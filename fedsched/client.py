@@ -34,6 +34,27 @@ def call_metadata(token: str | None) -> tuple[tuple[str, str], ...]:
     return ((METADATA_KEY, f"Bearer {token}"),) if token else ()
 
 
+#: Where ``fedsched up`` keeps its embedded NATS password, in the data dir.
+NATS_PASSWORD_FILE = "nats.password"
+
+
+def with_local_credentials(url: str, data_dir: Path | str | None = None) -> str:
+    """``url`` with the embedded NATS's credentials added, when it names a loopback server
+    without credentials and ``data_dir`` (default ``$FEDSCHED_DATA_DIR`` or ``.fedsched``) holds
+    the password of the system running there; else ``url`` unchanged."""
+    from urllib.parse import urlparse
+
+    u = urlparse(url)
+    if "," in url or u.username or u.hostname not in ("127.0.0.1", "localhost", "::1"):
+        return url
+    base = Path(data_dir or os.environ.get("FEDSCHED_DATA_DIR") or ".fedsched")
+    try:
+        password = (base / NATS_PASSWORD_FILE).read_text().strip()
+    except OSError:
+        return url
+    return f"{u.scheme}://fedsched:{password}@{u.hostname}:{u.port}" if password and u.port else url
+
+
 def resolve_token(explicit: str | None = None, data_dir: Path | str | None = None) -> str | None:
     """The bearer token: ``explicit``, else ``$FEDSCHED_TOKEN``, else the token file in
     ``data_dir`` (default ``$FEDSCHED_DATA_DIR`` or ``.fedsched``); None if there is none."""

@@ -44,6 +44,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+#: The user clients of a password-protected embedded server log in as.
+NATS_USER = "fedsched"
+
 #: The embedded server's largest message (bytes); NATS's default is 1 MB.
 MAX_PAYLOAD_BYTES = 8 * 1024 * 1024
 
@@ -62,19 +65,27 @@ class EmbeddedNats:
     Args:
         store_dir: JetStream storage directory (kept across restarts: state survives).
         port: client port; 0 picks a free one.
+        password: if given, clients must log in as user ``fedsched`` with it (other local users
+            of the machine can then neither read nor publish on the bus).
 
     Use ``start()``/``stop()`` or ``async with``. ``url`` is valid after start.
     """
 
-    def __init__(self, store_dir: Path, port: int = 0) -> None:
+    def __init__(self, store_dir: Path, port: int = 0, password: str | None = None) -> None:
         self.store_dir = Path(store_dir)
         self.port = port or free_port()
+        self.password = password
         self._proc: subprocess.Popen | None = None
 
     @property
     def url(self) -> str:
-        """Client URL, ``nats://127.0.0.1:<port>``."""
+        """Address for people, ``nats://127.0.0.1:<port>`` (no credentials)."""
         return f"nats://127.0.0.1:{self.port}"
+
+    @property
+    def client_url(self) -> str:
+        """The URL clients connect with (with the credentials, if the server has a password)."""
+        return f"nats://{NATS_USER}:{self.password}@127.0.0.1:{self.port}" if self.password else self.url
 
     def start(self, timeout_s: float = 15.0) -> None:
         """Start the server and wait until it accepts connections (:meth:`spawn` + :meth:`wait_ready`).
@@ -97,7 +108,12 @@ class EmbeddedNats:
         log = self.store_dir / "nats-server.log"
         conf = self.store_dir / "nats-server.conf"
         # messages up to 8 MB: an inventory snapshot of a cluster with tens of thousands of nodes
-        conf.write_text(f"max_payload: {MAX_PAYLOAD_BYTES}\n", "utf-8")
+        text = f"max_payload: {MAX_PAYLOAD_BYTES}\n"
+        if self.password:
+            text += f'authorization {{ user: "{NATS_USER}", password: "{self.password}" }}\n'
+        conf.touch(mode=0o600)
+        conf.chmod(0o600)
+        conf.write_text(text, "utf-8")
         args = [find_nats_server(), "-c", str(conf), "-js", "-sd", str(self.store_dir), "-a", "127.0.0.1",
                 "-p", str(self.port), "-l", str(log)]
         preexec = _die_with_parent if (sys.platform.startswith("linux")

@@ -37,6 +37,7 @@ from fedsched.bus import Bus
 from fedsched.clock import Clock, SystemClock
 from fedsched.errors import ConflictError, FedError, UnavailableError, ValidationError
 from fedsched.natsd import EmbeddedNats
+from fedsched.client import NATS_PASSWORD_FILE
 from fedsched.pricing import PriceCatalog, load_price_catalog
 from fedsched.governance import bundled_policy_text
 from fedsched.policystore import PolicyFollower, PolicyHolder, bootstrap
@@ -156,10 +157,11 @@ class System:
         if s.embedded_nats or (s.embedded_clickhouse and wants & {"audit", "billing"}):
             self._lock_data_dir(Path(s.data_dir))
         if s.embedded_nats:
-            self.nats = EmbeddedNats(Path(s.data_dir) / "nats", port=s.nats_port or _remembered_port(Path(s.data_dir)))
+            self.nats = EmbeddedNats(Path(s.data_dir) / "nats", port=s.nats_port or _remembered_port(Path(s.data_dir)),
+                                     password=nats_password(Path(s.data_dir)))
             self.nats.spawn()  # from the loop's thread: the child dies with this process
             await asyncio.to_thread(self.nats.wait_ready)
-            self.nats_url = self.nats.url
+            self.nats_url = self.nats.client_url
             self._nats_watchdog = asyncio.create_task(self._watch_nats(), name="nats-watchdog")
         self.control = await self._bus("control")
         if set(opts.services) != {"agents"}:
@@ -431,6 +433,27 @@ class System:
             if self._read_store is None:
                 self._read_store = self.sync_store.reader()
             return self._read_store
+
+
+def nats_password(data_dir: Path) -> str:
+    """The embedded NATS password of ``data_dir`` (``data_dir/nats.password``, mode 0600; made
+    at first start). Local CLI commands read it to reach the bus (see
+    :func:`fedsched.client.with_local_credentials`)."""
+    path = data_dir / NATS_PASSWORD_FILE
+    try:
+        text = path.read_text().strip()
+        if text:
+            return text
+    except OSError:
+        pass
+    import secrets
+
+    data_dir.mkdir(parents=True, exist_ok=True)
+    password = secrets.token_urlsafe(24)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(password)
+    return password
 
 
 def _remembered_port(data_dir: Path) -> int:

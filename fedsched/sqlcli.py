@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 
 from fedsched.bus import redact
-from fedsched.client import resolve_token
+from fedsched.client import resolve_token, with_local_credentials
 from fedsched.errors import AuthError, PermissionDeniedError, UnavailableError, ValidationError
 from fedsched.store import MAX_QUERY_ROWS, open_store
 
@@ -75,7 +75,8 @@ async def ask_store(nats_url: str, prefix: str, sql: str, parameters: dict | Non
 
     try:
         nc = await asyncio.wait_for(
-            nats.connect(nats_url, connect_timeout=5, allow_reconnect=False, max_reconnect_attempts=0,
+            nats.connect(with_local_credentials(nats_url), connect_timeout=5, allow_reconnect=False,
+                         max_reconnect_attempts=0,
                          error_cb=quiet, **extra),
             timeout=10)
     except Exception as e:  # noqa: BLE001 - a bad URL, refused, or silent

@@ -126,11 +126,19 @@ def _governance_commands(grpc: str, data_dir: Path) -> None:
 def _store_queries_are_read_only(nats_port: int, grpc: str, data_dir: Path) -> None:
     """A write through `sql` is refused, and does not stop audit from writing afterwards."""
     url = f"nats://127.0.0.1:{nats_port}"
-    anonymous = _run("sql", "--nats-url", url, "SELECT 1")
+    outsider = _run("sql", "--nats-url", url, "SELECT 1")  # no data dir: neither the bus password nor a token
+    assert outsider.returncode == 1 and "cannot connect to NATS" in outsider.stderr, outsider.stderr
+    forged = _run("sql", "--nats-url", f"nats://someone:guess@127.0.0.1:{nats_port}", "SELECT 1")
+    assert forged.returncode == 1 and "cannot connect to NATS" in forged.stderr, forged.stderr
+    bus_only = data_dir / "bus-only"  # the bus password, but no admin token
+    bus_only.mkdir()
+    (bus_only / "nats.password").write_text((data_dir / "nats.password").read_text())
+    anonymous = _run("sql", "--nats-url", url, "SELECT 1", data_dir=bus_only)
     assert anonymous.returncode == 1 and "admin's token" in anonymous.stderr, anonymous.stderr
     sam = _run("principal", "put", "sam-reader", "--role", "submitter:search", "--server", grpc, "-o", "json",
                data_dir=data_dir)
-    not_admin = _run("sql", "--nats-url", url, "SELECT 1", "--token", json.loads(sam.stdout)["token"])
+    not_admin = _run("sql", "--nats-url", url, "SELECT 1", "--token", json.loads(sam.stdout)["token"],
+                     data_dir=data_dir)
     assert not_admin.returncode == 1 and "not an admin" in not_admin.stderr, not_admin.stderr
     secret = _run("sql", "--nats-url", url, f"SELECT * FROM file('{data_dir / 'admin.token'}', 'LineAsString')",
                   data_dir=data_dir)
