@@ -21,7 +21,9 @@ from fedsched.api.v1 import governance_pb2 as gpb
 from fedsched.api.v1 import governance_pb2_grpc as gpb_grpc
 from fedsched.auth import ROLES, hash_token, new_token
 from fedsched.clitext import Output, console, err, error_line
+from fedsched.errors import ValidationError
 from fedsched.jobcli import KINDS, LOCALITIES, OUTPUT, SERVER, TOKEN, Api
+from fedsched.yamltext import read_text
 
 
 class PolicyOutput(str, Enum):
@@ -305,12 +307,9 @@ def register(app: typer.Typer) -> None:
 
     def _read(path: Path) -> str:
         try:
-            return path.read_text("utf-8")
-        except UnicodeDecodeError as e:
-            err.print(error_line("error:", f"{path} is not UTF-8 text (byte {e.start}); a policy is YAML"))
-            raise typer.Exit(2) from None
-        except OSError as e:
-            err.print(error_line("error:", f"cannot read {path}: {e.strerror or e}"))
+            return read_text(path, "policy")
+        except ValidationError as e:
+            err.print(error_line("error:", e.reason))
             raise typer.Exit(2) from None
 
     def _changes(resp: gpb.ApplyPolicyResponse, output: str, verb: str) -> None:

@@ -35,13 +35,14 @@ from pathlib import Path
 from fedsched import telemetry
 from fedsched.bus import Bus
 from fedsched.clock import Clock, SystemClock
-from fedsched.errors import ConflictError, FedError, UnavailableError, ValidationError
+from fedsched.errors import ConflictError, FedError, UnavailableError
 from fedsched.natsd import EmbeddedNats
 from fedsched.client import NATS_PASSWORD_FILE
 from fedsched.pricing import PriceCatalog, load_price_catalog
 from fedsched.governance import bundled_policy_text
 from fedsched.policystore import PolicyFollower, PolicyHolder, bootstrap
 from fedsched.settings import Settings
+from fedsched.yamltext import read_text
 from fedsched.store import MAX_QUERY_ROWS, AsyncStore, Store, open_store_from
 from services.admission.convert import Limits
 from services.admission.service import AdmissionService, TlsFiles
@@ -169,7 +170,7 @@ class System:
             # streams: they wait for the central services to have made them
             await self.control.ensure_streams()
         if "admission" in wants:  # the front door stores the first policy (and keeps the admin token)
-            policy_text = opts.policy_text or (_read_policy_file(Path(s.policy_file)) if s.policy_file
+            policy_text = opts.policy_text or (read_text(Path(s.policy_file), "policy_file") if s.policy_file
                                                else bundled_policy_text())
             self.admin_token = await bootstrap(self.control, policy_text, s.admin_token_path, now=opts.clock.time())
         if wants & {"audit", "billing"}:
@@ -471,20 +472,6 @@ def _remembered_port(data_dir: Path) -> int:
     record.parent.mkdir(parents=True, exist_ok=True)
     record.write_text(str(port))
     return port
-
-
-def _read_policy_file(path: Path) -> str:
-    """The text of ``--policy-file``.
-
-    Raises:
-        ValidationError: unreadable or not UTF-8 (field ``policy_file``).
-    """
-    try:
-        return path.read_text("utf-8")
-    except UnicodeDecodeError as e:
-        raise ValidationError("policy_file", f"{path} is not UTF-8 text (byte {e.start})") from e
-    except OSError as e:
-        raise ValidationError("policy_file", f"cannot read {path}: {e.strerror or e}") from e
 
 
 def _fit_reply(body: dict, max_bytes: int) -> bytes:

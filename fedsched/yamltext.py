@@ -8,6 +8,7 @@ size is capped.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -46,3 +47,17 @@ def load_yaml(text: str, field: str, *, max_chars: int = MAX_YAML_CHARS) -> Any:
         return yaml.load(text, Loader=_NoAliasLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as e:
         raise ValidationError(field, f"not valid YAML: {e}") from e
+
+
+def read_text(path: Path, field: str) -> str:
+    """The UTF-8 text of a configuration file (a policy, a price catalog).
+
+    Raises:
+        ValidationError: unreadable or not UTF-8 (field ``field``).
+    """
+    try:
+        return Path(path).read_text("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValidationError(field, f"{path} is not UTF-8 text (byte {e.start}); expected YAML") from e
+    except OSError as e:
+        raise ValidationError(field, f"cannot read {path}: {e.strerror or e}") from e

@@ -3,6 +3,7 @@ channels and stubs that carry a principal's token."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import grpc
@@ -78,3 +79,13 @@ class Stubs:
         self.tenants = gpb_grpc.TenantServiceStub(ch)
         self.approvals = gpb_grpc.ApprovalServiceStub(ch)
         self.policy = gpb_grpc.PolicyServiceStub(ch)
+
+
+async def until(pred, timeout: float = 10.0) -> bool:
+    """Poll ``pred()`` every 20 ms until it is true (True) or ``timeout`` seconds pass (False)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        await asyncio.sleep(0.02)
+    return False

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import time
 
-import grpc
 import pytest
 
 from fedsched.api.v1 import jobs_pb2 as pb

@@ -18,7 +18,7 @@ from fedsched.events import UsageRecorded, make_event
 from fedsched.pricing import load_price_catalog
 from services.admission.budgets import month_of
 from services.admission.service import AdmissionService
-from tests.govfixtures import TENANTS, channel, policy_doc, store_policy
+from tests.govfixtures import TENANTS, channel, policy_doc, store_policy, until
 
 BUDGET_TENANTS = TENANTS.replace("{name: vision, home_region: cn-south-1, projects: [train, serve, batch]}",
                                  "{name: vision, home_region: cn-south-1, projects: [train, serve, batch], "
@@ -61,23 +61,15 @@ async def _usage(bus, cost: str, at: float) -> None:
     await bus.publish(bus.subjects.usage("vision"), event)
 
 
-async def _until(pred, timeout=10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        await asyncio.sleep(0.02)
-    return False
-
 
 async def test_spend_from_billing_kv_exhausts_the_budget(admission, bus):
     month = month_of(time.time())
     kv = await bus.key_value("spend")  # what billing creates and updates after each usage insert
     await kv.put(f"vision.{month}", b"999.50")
-    assert await _until(lambda: admission.spend.spend("vision", month) == 999.5)
+    assert await until(lambda: admission.spend.spend("vision", month) == 999.5)
     assert await _submit(admission.port, _job()) == grpc.StatusCode.OK
     await kv.put(f"vision.{month}", b"1000.000000")
-    assert await _until(lambda: admission.spend.spend("vision", month) == 1000)
+    assert await until(lambda: admission.spend.spend("vision", month) == 1000)
     assert await _submit(admission.port, _job()) == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert await _submit(admission.port, _job(retry_limit=0)) == grpc.StatusCode.RESOURCE_EXHAUSTED
     # other tenants are not affected
@@ -91,10 +83,10 @@ async def test_without_a_kv_figure_spend_is_summed_from_usage_events(admission, 
     last_month = datetime(2020, 1, 15, tzinfo=UTC).timestamp()
     await _usage(bus, "5000", last_month)  # another month: does not count
     await _usage(bus, "600.25", now)
-    assert await _until(lambda: admission.spend.from_events.get(("vision", month_of(now))) is not None)
+    assert await until(lambda: admission.spend.from_events.get(("vision", month_of(now))) is not None)
     assert await _submit(admission.port, _job()) == grpc.StatusCode.OK
     await _usage(bus, "399.75", now)
-    assert await _until(lambda: admission.spend.spend("vision", month_of(now)) == 1000)
+    assert await until(lambda: admission.spend.spend("vision", month_of(now)) == 1000)
     assert admission.spend.source("vision", month_of(now)) == "events"
     assert await _submit(admission.port, _job()) == grpc.StatusCode.RESOURCE_EXHAUSTED
 
@@ -102,10 +94,10 @@ async def test_without_a_kv_figure_spend_is_summed_from_usage_events(admission, 
 async def test_a_kv_figure_takes_precedence_over_events(admission, bus):
     now = time.time()
     await _usage(bus, "5000", now)
-    assert await _until(lambda: admission.spend.spend("vision", month_of(now)) == 5000)
+    assert await until(lambda: admission.spend.spend("vision", month_of(now)) == 5000)
     kv = await bus.key_value("spend")
     await kv.put(f"vision.{month_of(now)}", b"12.5")
-    assert await _until(lambda: admission.spend.source("vision", month_of(now)) == "kv")
+    assert await until(lambda: admission.spend.source("vision", month_of(now)) == "kv")
     assert await _submit(admission.port, _job()) == grpc.StatusCode.OK
 
 

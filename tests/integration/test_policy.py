@@ -20,7 +20,7 @@ from fedsched.policystore import PolicyFollower, PolicyHolder, bootstrap, read_p
 from fedsched.store import AsyncStore
 from services.admission.service import AdmissionService
 from services.audit.service import AuditService
-from tests.govfixtures import TOKENS, Stubs, channel, policy_doc, policy_text, principals_yaml, store_policy
+from tests.govfixtures import TOKENS, Stubs, channel, policy_doc, policy_text, principals_yaml, store_policy, until
 
 
 @pytest.fixture
@@ -38,14 +38,6 @@ async def gov_world(bus, store):
     admission.stop(), audit.stop(), follower.stop()
     await asyncio.gather(*tasks)
 
-
-async def _until(pred, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        await asyncio.sleep(0.02)
-    return False
 
 
 async def _audited(audit, store, where: str, timeout=10.0) -> list[tuple]:
@@ -76,7 +68,7 @@ async def test_apply_publishes_a_new_version_every_service_follows_and_the_audit
     assert applied.applied and applied.previous_version == before and applied.changes == diff.changes
     assert applied.version == diff.version == policy_version(parse_policy(text)) == shown.version
     assert not again.applied and shown.applied_by == "root" and "guaranteed_gpus: 8" in shown.yaml
-    assert await _until(lambda: other.version == applied.version)  # another service follows within moments
+    assert await until(lambda: other.version == applied.version)  # another service follows within moments
     assert other.current.weights == {"home": 0.5}
     rows = await _audited(audit, store, "type = 'policy.applied'")
     assert [(t, actor, v) for t, actor, v, _ in rows] == [("policy.applied", "root", applied.version)]
@@ -120,7 +112,7 @@ async def test_tenant_quota_and_principal_changes_are_events_with_old_and_new(go
     versions = [v for _, _, v, _ in rows]
     assert versions[3] == versions[1]  # deleting the quota restores the content, hence the version, before it
     assert len(set(versions)) == 4 and versions[-1] == stored.version
-    assert await _until(lambda: other.version == stored.version)
+    assert await until(lambda: other.version == stored.version)
 
 
 async def test_guards_refuse_lockouts_stale_versions_and_invalid_documents(gov_world):
