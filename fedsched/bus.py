@@ -41,7 +41,7 @@ from nats.js import api
 
 from fedsched import telemetry
 from fedsched.errors import DecodeError, UnavailableError
-from fedsched.events import DeadLetter, Envelope, Subjects, make_event
+from fedsched.events import DeadLetter, Envelope, EventType, Subjects, make_event
 
 log = logging.getLogger(__name__)
 
@@ -280,7 +280,7 @@ class Bus:
         payload = DeadLetter(consumer=consumer, subject=subject, stream_sequence=seq, deliveries=deliveries,
                              reason=reason[:2000], data=data[:65536].decode("utf-8", errors="replace"),
                              headers={k: str(v) for k, v in (headers or {}).items()})
-        event = make_event("bus.dead_letter", payload, producer=consumer, occurred_at=time.time(),
+        event = make_event(EventType.BUS_DEAD_LETTER, payload, producer=consumer, occurred_at=time.time(),
                            event_id=None)
         log.warning("dead-lettered message on %s for %s: %s", subject, consumer, reason)
         await self.publish(self.subjects.deadletter(consumer), event)

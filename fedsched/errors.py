@@ -16,7 +16,9 @@ Hierarchy::
     ├── AuthError                missing/unknown credentials; gRPC UNAUTHENTICATED
     │   └── PermissionDeniedError  known principal acting outside its rights; PERMISSION_DENIED
     ├── UnavailableError         a dependency (bus, store) is down; gRPC UNAVAILABLE
-    └── DecodeError              an undecodable bus message (goes to the dead-letter subject)
+    ├── DecodeError              an undecodable bus message (goes to the dead-letter subject)
+    └── EventTypeError           an event built with an unknown type or the wrong payload model
+                                 (a producer's programming error; never a wire problem)
 """
 
 from __future__ import annotations
@@ -101,3 +103,19 @@ class DecodeError(FedError):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
+
+
+class EventTypeError(FedError):
+    """An event built with an unknown type, or with a payload that is not its type's model.
+
+    Args:
+        event_type: the type given to :func:`~fedsched.events.make_event`.
+        message: what is wrong.
+        expected / got: payload model names, when the payload is the wrong one ("" otherwise).
+    """
+
+    def __init__(self, event_type: str, message: str, *, expected: str = "", got: str = "") -> None:
+        super().__init__(f"{event_type}: {message}")
+        self.event_type = event_type
+        self.expected = expected
+        self.got = got

@@ -3,7 +3,7 @@
 Every bus message is one :class:`Envelope` (JSON, UTF-8). The envelope carries the routing
 names (region, zone, cluster, tenant, project, job) so consumers and the audit log never have to
 open the payload to route or index; the payload is one typed model per event type
-(:data:`PAYLOADS`). Trace context is not in the envelope: it travels in the NATS headers
+(:data:`PAYLOADS`, keyed by :class:`EventType`). Trace context is not in the envelope: it travels in the NATS headers
 (W3C ``traceparent``) and the audit log records its trace id.
 
 Subjects carry the routing names as tokens (see :class:`Subjects`), e.g.
@@ -17,24 +17,77 @@ audit log; see :func:`business_event_id`.
 Schema evolution: ``schema_version`` is 1; readers accept unknown payload fields of a newer
 minor change only where a payload model says so (``extra="ignore"``), and reject a higher
 major version with a :class:`~fedsched.errors.DecodeError` (the message goes to dead letter).
+
+Event types a reader does not know (a newer producer during a rolling upgrade) still decode when
+their name is well formed (:data:`TYPE_PATTERN`): the audit log keeps them and consumers skip them
+and count them (:mod:`fedsched.dispatch`), instead of dead-lettering them. A malformed type name is
+a :class:`~fedsched.errors.DecodeError` like any other invalid envelope.
 """
 
 from __future__ import annotations
 
 import uuid
 from datetime import datetime
+from enum import StrEnum
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError as PydanticValidationError
 
 from fedsched import naming
 from fedsched.clock import to_datetime
-from fedsched.errors import DecodeError, ValidationError
+from fedsched.errors import DecodeError, EventTypeError, ValidationError
 from fedsched.jobs import JobSpec
 
 SCHEMA_VERSION = 1
 
 _EVENT_NS = uuid.UUID("6f1b1f5e-3c1e-4f43-9a53-0f2b6b0f5e11")
+
+
+#: What an event type name looks like: dotted lower-case words (``job.started``). A type this
+#: build does not know but of this form is kept and skipped; anything else is undecodable.
+TYPE_PATTERN = r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)+$"
+
+
+class EventType(StrEnum):
+    """Every event type of the federation; the value is the wire form of ``Envelope.type``.
+
+    A ``StrEnum``: members compare and hash like their strings, so ``env.type == EventType.JOB_STARTED``
+    and ``table.get(env.type)`` work on a decoded envelope (whose ``type`` is a plain ``str``), and
+    the wire format is unchanged. Each member has one payload model in :data:`PAYLOADS`.
+    """
+
+    BUS_DEAD_LETTER = "bus.dead_letter"
+    JOB_SUBMITTED = "job.submitted"
+    JOB_CANCEL_REQUESTED = "job.cancel_requested"
+    SUBMISSION_REJECTED = "submission.rejected"
+    JOB_PLACED = "job.placed"
+    JOB_STOP = "job.stop"
+    JOB_PENDING = "job.pending"
+    JOB_STARTED = "job.started"
+    JOB_FINISHED = "job.finished"
+    JOB_FAILED = "job.failed"
+    JOB_REJECTED = "job.rejected"
+    JOB_STOPPED = "job.stopped"
+    JOB_CANCELLED = "job.cancelled"
+    INVENTORY_SNAPSHOT = "inventory.snapshot"
+    INVENTORY_HEARTBEAT = "inventory.heartbeat"
+    USAGE_RECORDED = "usage.recorded"
+    POLICY_APPLIED = "policy.applied"
+    TENANT_UPDATED = "tenant.updated"
+    QUOTA_UPDATED = "quota.updated"
+    PRINCIPAL_UPDATED = "principal.updated"
+    APPROVAL_REQUESTED = "approval.requested"
+    APPROVAL_APPROVED = "approval.approved"
+    APPROVAL_REJECTED = "approval.rejected"
+    APPROVAL_EXPIRED = "approval.expired"
+
+
+def known_type(type_: str) -> EventType | None:
+    """The :class:`EventType` named ``type_``, or None when this build does not know it."""
+    try:
+        return EventType(type_)
+    except ValueError:
+        return None
 
 
 def business_event_id(*parts: object) -> str:
@@ -52,7 +105,8 @@ class Envelope(BaseModel):
 
     Attributes:
         event_id: 32 hex characters; deterministic for business events.
-        type: event type, one of :data:`PAYLOADS`.
+        type: event type: an :class:`EventType` value, or (from a newer producer) an unknown name
+            of the form :data:`TYPE_PATTERN` (see :attr:`known_type`).
         schema_version: envelope/payload major version (:data:`SCHEMA_VERSION`).
         occurred_at: business time of the event (UTC; the replay's compressed clock in replays).
         producer: the emitting service instance, e.g. ``scheduler`` or ``agent/cn-north-1-c1``.
@@ -66,7 +120,7 @@ class Envelope(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     event_id: str = Field(pattern=r"^[0-9a-f]{32}$")
-    type: str = Field(min_length=1, max_length=64)
+    type: str = Field(min_length=1, max_length=64, pattern=TYPE_PATTERN)
     schema_version: int = SCHEMA_VERSION
     occurred_at: datetime
     producer: str = Field(min_length=1, max_length=128)
@@ -80,6 +134,11 @@ class Envelope(BaseModel):
     attempt: int = Field(default=0, ge=0)
     policy_version: str = Field(default="", max_length=64)
     payload: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def known_type(self) -> EventType | None:
+        """This event's :class:`EventType`, or None for a type this build does not know."""
+        return known_type(self.type)
 
     def payload_as(self, model: type["PayloadT"]) -> "PayloadT":
         """Parse the payload as ``model``.
@@ -102,8 +161,11 @@ class Envelope(BaseModel):
     def from_bytes(cls, data: bytes) -> "Envelope":
         """Parse and validate a wire message.
 
+        An unknown but well-formed type decodes (see the module docstring); the consumer decides.
+
         Raises:
-            DecodeError: not JSON, not an envelope, unknown type, or a newer major schema.
+            DecodeError: not JSON, not an envelope (including a malformed type name), or a newer
+                major schema.
         """
         try:
             env = cls.model_validate_json(data)
@@ -111,8 +173,6 @@ class Envelope(BaseModel):
             raise DecodeError(f"not a valid envelope: {_first_error(e)}") from e
         if env.schema_version > SCHEMA_VERSION:
             raise DecodeError(f"schema_version {env.schema_version} is newer than this reader ({SCHEMA_VERSION})")
-        if env.type not in PAYLOADS:
-            raise DecodeError(f"unknown event type {env.type!r}")
         return env
 
 
@@ -437,35 +497,47 @@ class ApprovalDecided(_Payload):
     proposed_region: str = ""
 
 
-PAYLOADS: dict[str, type[_Payload]] = {
-    "bus.dead_letter": DeadLetter,
-    "job.submitted": JobSubmitted,
-    "job.cancel_requested": JobCancelRequested,
-    "submission.rejected": SubmissionRejected,
-    "job.placed": JobPlaced,
-    "job.stop": JobStop,
-    "job.pending": JobPending,
-    "job.started": JobStatus,
-    "job.finished": JobStatus,
-    "job.failed": JobStatus,
-    "job.rejected": JobStatus,
-    "job.stopped": JobStatus,
-    "job.cancelled": JobStatus,
-    "inventory.snapshot": InventorySnapshot,
-    "inventory.heartbeat": Heartbeat,
-    "usage.recorded": UsageRecorded,
-    "policy.applied": PolicyApplied,
-    "tenant.updated": GovernanceChanged,
-    "quota.updated": GovernanceChanged,
-    "principal.updated": GovernanceChanged,
-    "approval.requested": ApprovalRequested,
-    "approval.approved": ApprovalDecided,
-    "approval.rejected": ApprovalDecided,
-    "approval.expired": ApprovalDecided,
+#: The payload model of every event type (the registry :func:`make_event` checks against).
+PAYLOADS: dict[EventType, type[_Payload]] = {
+    EventType.BUS_DEAD_LETTER: DeadLetter,
+    EventType.JOB_SUBMITTED: JobSubmitted,
+    EventType.JOB_CANCEL_REQUESTED: JobCancelRequested,
+    EventType.SUBMISSION_REJECTED: SubmissionRejected,
+    EventType.JOB_PLACED: JobPlaced,
+    EventType.JOB_STOP: JobStop,
+    EventType.JOB_PENDING: JobPending,
+    EventType.JOB_STARTED: JobStatus,
+    EventType.JOB_FINISHED: JobStatus,
+    EventType.JOB_FAILED: JobStatus,
+    EventType.JOB_REJECTED: JobStatus,
+    EventType.JOB_STOPPED: JobStatus,
+    EventType.JOB_CANCELLED: JobStatus,
+    EventType.INVENTORY_SNAPSHOT: InventorySnapshot,
+    EventType.INVENTORY_HEARTBEAT: Heartbeat,
+    EventType.USAGE_RECORDED: UsageRecorded,
+    EventType.POLICY_APPLIED: PolicyApplied,
+    EventType.TENANT_UPDATED: GovernanceChanged,
+    EventType.QUOTA_UPDATED: GovernanceChanged,
+    EventType.PRINCIPAL_UPDATED: GovernanceChanged,
+    EventType.APPROVAL_REQUESTED: ApprovalRequested,
+    EventType.APPROVAL_APPROVED: ApprovalDecided,
+    EventType.APPROVAL_REJECTED: ApprovalDecided,
+    EventType.APPROVAL_EXPIRED: ApprovalDecided,
 }
 
+#: Job status events (payload :class:`JobStatus`): ``job.started`` and the terminal statuses.
+#: A terminal status ends a job attempt (finished, failed, rejected by the agent, stopped) or, for
+#: ``job.cancelled``, a job cancelled before it was placed. Every consumer that follows attempts
+#: (job view, agent, billing, scheduler, replay) must handle or knowingly ignore each of them;
+#: ``tests/unit/test_event_dispatch.py`` checks their tables.
+TERMINAL_STATUSES: frozenset[EventType] = frozenset({
+    EventType.JOB_FINISHED, EventType.JOB_FAILED, EventType.JOB_REJECTED, EventType.JOB_STOPPED,
+    EventType.JOB_CANCELLED,
+})
+JOB_STATUSES: frozenset[EventType] = frozenset({EventType.JOB_STARTED, *TERMINAL_STATUSES})
+
 #: Approval outcomes (one per approval; see :class:`ApprovalDecided`).
-APPROVAL_OUTCOMES = ("approval.approved", "approval.rejected", "approval.expired")
+APPROVAL_OUTCOMES = (EventType.APPROVAL_APPROVED, EventType.APPROVAL_REJECTED, EventType.APPROVAL_EXPIRED)
 
 
 def approval_outcome_id(approval_id: str) -> str:
@@ -477,7 +549,7 @@ PayloadT = Any  # typing alias for payload_as (a _Payload subclass)
 
 
 def make_event(
-    type: str,
+    type: EventType | str,
     payload: _Payload,
     *,
     producer: str,
@@ -488,8 +560,8 @@ def make_event(
     """Build an envelope around ``payload``.
 
     Args:
-        type: event type (a key of :data:`PAYLOADS`).
-        payload: the payload model.
+        type: event type (an :class:`EventType`, or its string value).
+        payload: the payload model: an instance of ``PAYLOADS[type]``.
         producer: emitting service instance.
         occurred_at: business time, seconds since the Unix epoch.
         event_id: deterministic id; random when None.
@@ -497,13 +569,20 @@ def make_event(
             policy_version, zone).
 
     Raises:
-        KeyError: unknown event type (a programming error).
+        EventTypeError: unknown event type, or a payload that is not the type's model (both
+            programming errors in the producer).
     """
-    if type not in PAYLOADS:
-        raise KeyError(type)
+    event_type = known_type(type)
+    if event_type is None:
+        raise EventTypeError(str(type), "unknown event type")
+    expected = PAYLOADS[event_type]
+    if not isinstance(payload, expected):
+        raise EventTypeError(event_type.value, f"payload must be {expected.__name__}, not "
+                                               f"{payload.__class__.__name__}", expected=expected.__name__,
+                             got=payload.__class__.__name__)
     return Envelope(
         event_id=event_id or random_event_id(),
-        type=type,
+        type=event_type.value,
         occurred_at=to_datetime(occurred_at),
         producer=producer,
         payload=payload.model_dump(mode="json"),

@@ -30,7 +30,7 @@ import nats.js.errors
 from fedsched.auth import hash_token, new_token, read_token_file, write_token_file
 from fedsched.bus import Bus
 from fedsched.errors import ConflictError, UnavailableError, ValidationError
-from fedsched.events import PolicyApplied, business_event_id, make_event
+from fedsched.events import EventType, PolicyApplied, business_event_id, make_event
 from fedsched.governance import (Governance, GrantDoc, PolicyDoc, PrincipalDoc, canonical, diff, parse_policy,
                                  parse_policy_data, with_principal)
 
@@ -123,7 +123,7 @@ async def announce(bus: Bus, stored: StoredPolicy, *, previous_version: str, cha
     """
     payload = PolicyApplied(version=stored.version, previous_version=previous_version, changes=tuple(changes[:500]),
                             source=source)
-    event = make_event("policy.applied", payload, producer=producer, occurred_at=stored.applied_at,
+    event = make_event(EventType.POLICY_APPLIED, payload, producer=producer, occurred_at=stored.applied_at,
                        event_id=business_event_id("policy", stored.revision, stored.version),
                        actor=stored.applied_by, policy_version=stored.version)
     await bus.publish(bus.subjects.governance_policy(), event)

@@ -39,7 +39,8 @@ from fedsched.client import aio_channel, resolve_token
 from fedsched.clock import ClockState, ReplayClock
 from fedsched.clocksync import publish_clock
 from fedsched.errors import UnavailableError
-from fedsched.events import JobPending
+from fedsched.dispatch import EventTable, SkippedTypes
+from fedsched.events import Envelope, EventType, JobPending
 from fedsched.replay.report import build_report
 from fedsched.replay.workload import TraceJob, trace_jobs
 from fedsched.runtime import System, SystemOptions
@@ -118,6 +119,7 @@ class ReplayDriver:
         self.system: System | None = None
         self.clock: ReplayClock | None = None
         self._early: dict[str, list[Delivery]] = {}  # events that beat the SubmitJob response
+        self.skipped = SkippedTypes("replay-driver")  # events of unknown types (newer producers)
         self.timed_out = False  #: the replay stopped at ``timeout_s`` with jobs still open
         self.rejections: Counter[str] = Counter()  #: "STATUS: field" -> rejected submissions
         self._poke = asyncio.Event()  # something happened: check quiescence again
@@ -192,32 +194,40 @@ class ReplayDriver:
             return
         if track.state in ("done", "rejected"):
             return
+        fold = REPLAY_EVENTS.route(env.type, self.skipped)
+        if fold is not None:
+            fold(self, env, track)
+
+    def _on_pending(self, env: Envelope, track: _JobTrack) -> None:
         p = self.progress
-        if env.type == "job.pending":
-            pend = env.payload_as(JobPending)
-            if track.state == "running":
-                return
-            if track.unplaceable != (not pend.fits_empty):
-                track.unplaceable = not pend.fits_empty
-                p.unplaceable += 1 if track.unplaceable else -1
-        elif env.type == "job.started":
-            if track.unplaceable:
-                track.unplaceable = False
-                p.unplaceable -= 1
-            track.state, track.attempt = "running", env.attempt
-            p.running += 1
-            heapq.heappush(self.ends, (env.occurred_at.timestamp() + track.job.pod.runtime_s, env.job_id, env.attempt))
-        elif env.type in ("job.finished", "job.failed", "job.stopped", "job.rejected", "job.cancelled"):
-            if track.state == "running" and env.attempt == track.attempt:
-                p.running -= 1
-            if env.type in ("job.finished", "job.failed", "job.cancelled"):
-                track.state = "done"
-                if env.type == "job.failed":
-                    p.failed += 1
-                else:
-                    p.finished += 1
+        pend = env.payload_as(JobPending)
+        if track.state == "running":
+            return
+        if track.unplaceable != (not pend.fits_empty):
+            track.unplaceable = not pend.fits_empty
+            p.unplaceable += 1 if track.unplaceable else -1
+
+    def _on_started(self, env: Envelope, track: _JobTrack) -> None:
+        p = self.progress
+        if track.unplaceable:
+            track.unplaceable = False
+            p.unplaceable -= 1
+        track.state, track.attempt = "running", env.attempt
+        p.running += 1
+        heapq.heappush(self.ends, (env.occurred_at.timestamp() + track.job.pod.runtime_s, env.job_id, env.attempt))
+
+    def _on_ended(self, env: Envelope, track: _JobTrack) -> None:
+        p = self.progress
+        if track.state == "running" and env.attempt == track.attempt:
+            p.running -= 1
+        if env.type in (EventType.JOB_FINISHED, EventType.JOB_FAILED, EventType.JOB_CANCELLED):
+            track.state = "done"
+            if env.type == EventType.JOB_FAILED:
+                p.failed += 1
             else:
-                track.state = "submitted"  # requeued by the scheduler
+                p.finished += 1
+        else:
+            track.state = "submitted"  # requeued by the scheduler
 
     # ------------------------------------------------------------------ the loop
 
@@ -343,3 +353,16 @@ class ReplayDriver:
 def write_report(report: dict, path: Path) -> None:
     """Write the JSON report."""
     Path(path).write_text(json.dumps(report, indent=2, sort_keys=False, default=str) + "\n", "utf-8")
+
+
+#: The replay driver's table (status and decisions subjects): what moves a traced job's progress.
+#: Finished, failed and cancelled end the job; stopped and rejected attempts are requeued.
+REPLAY_EVENTS: EventTable = EventTable({
+    EventType.JOB_PENDING: ReplayDriver._on_pending,
+    EventType.JOB_STARTED: ReplayDriver._on_started,
+    EventType.JOB_FINISHED: ReplayDriver._on_ended,
+    EventType.JOB_FAILED: ReplayDriver._on_ended,
+    EventType.JOB_CANCELLED: ReplayDriver._on_ended,
+    EventType.JOB_STOPPED: ReplayDriver._on_ended,
+    EventType.JOB_REJECTED: ReplayDriver._on_ended,
+})

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fedsched.events import APPROVAL_OUTCOMES, ApprovalDecided, ApprovalRequested, Envelope
+from fedsched.dispatch import EventTable
+from fedsched.events import APPROVAL_OUTCOMES, ApprovalDecided, ApprovalRequested, Envelope, EventType
 
 STATES = ("pending", "approved", "rejected", "expired")
 
@@ -49,22 +50,35 @@ class ApprovalView:
         self.by_id: dict[str, ApprovalRecord] = {}
 
     def apply(self, env: Envelope) -> None:
-        """Fold one event (idempotent; first outcome wins)."""
-        if env.type == "approval.requested":
-            req = env.payload_as(ApprovalRequested)
-            if req.approval_id in self.by_id:
-                return
-            self.by_id[req.approval_id] = ApprovalRecord(
-                req.approval_id, env.job_id, env.tenant, env.project, req.home_region, req.proposed_region,
-                req.proposed_cluster, req.card_model, req.reason, req.cost, req.home_cost, req.currency,
-                req.transfer_s, env.occurred_at.timestamp(), req.expires_at.timestamp(), env.policy_version)
-        elif env.type in APPROVAL_OUTCOMES:
-            out = env.payload_as(ApprovalDecided)
-            rec = self.by_id.get(out.approval_id)
-            if rec is None or rec.state != "pending":
-                return
-            rec.state = env.type.removeprefix("approval.")
-            rec.decided_at = env.occurred_at.timestamp()
-            rec.decided_by = env.actor
-            rec.comment = out.comment
-            rec.decision_policy_version = env.policy_version
+        """Fold one event (idempotent; first outcome wins); other types change nothing."""
+        fold = APPROVAL_VIEW_EVENTS.route(env.type)
+        if fold is not None:
+            fold(self, env)
+
+    def _on_requested(self, env: Envelope) -> None:
+        req = env.payload_as(ApprovalRequested)
+        if req.approval_id in self.by_id:
+            return
+        self.by_id[req.approval_id] = ApprovalRecord(
+            req.approval_id, env.job_id, env.tenant, env.project, req.home_region, req.proposed_region,
+            req.proposed_cluster, req.card_model, req.reason, req.cost, req.home_cost, req.currency,
+            req.transfer_s, env.occurred_at.timestamp(), req.expires_at.timestamp(), env.policy_version)
+
+    def _on_outcome(self, env: Envelope) -> None:
+        out = env.payload_as(ApprovalDecided)
+        rec = self.by_id.get(out.approval_id)
+        if rec is None or rec.state != "pending":
+            return
+        rec.state = env.type.removeprefix("approval.")
+        rec.decided_at = env.occurred_at.timestamp()
+        rec.decided_by = env.actor
+        rec.comment = out.comment
+        rec.decision_policy_version = env.policy_version
+
+
+#: The approval view's dispatch table (the admission follower routes approval events here;
+#: unknown types are counted by the job view, which sees every event of that follower).
+APPROVAL_VIEW_EVENTS: EventTable = EventTable({
+    EventType.APPROVAL_REQUESTED: ApprovalView._on_requested,
+    **{t: ApprovalView._on_outcome for t in APPROVAL_OUTCOMES},
+})

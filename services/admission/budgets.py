@@ -24,7 +24,7 @@ import nats.errors
 import nats.js.errors
 
 from fedsched.bus import Bus
-from fedsched.events import Envelope, UsageRecorded
+from fedsched.events import Envelope, EventType, UsageRecorded
 from fedsched.governance import decimal_or_none
 
 log = logging.getLogger(__name__)
@@ -46,7 +46,7 @@ class SpendBook:
 
     def apply_event(self, env: Envelope) -> None:
         """Add a ``usage.recorded`` event's cost to its tenant's month."""
-        if env.type != "usage.recorded" or not env.tenant:
+        if env.type != EventType.USAGE_RECORDED or not env.tenant:
             return
         cost = decimal_or_none(env.payload_as(UsageRecorded).cost)
         if cost is None:

@@ -29,6 +29,7 @@ from fedsched.api.v1 import jobs_pb2 as pb
 from fedsched.auth import ROLES, Principal, hash_token, new_token
 from fedsched.errors import ConflictError, NotFoundError, PermissionDeniedError, ValidationError
 from fedsched.events import ApprovalDecided, GovernanceChanged, approval_outcome_id, business_event_id, make_event
+from fedsched.events import EventType
 from fedsched.governance import (WILDCARD, Governance, GrantDoc, PolicyDoc, PrincipalDoc, QuotaDoc, TenantDoc,
                                  canonical, carry_bootstrap, check_grant, diff, parse_entry, parse_policy,
                                  parse_policy_data, policy_version, public_view, resolve_card, to_yaml, with_principal)
@@ -220,7 +221,7 @@ class TenantServicer(gpb_grpc.TenantServiceServicer):
     def _gov(self) -> Governance:
         return self.svc.servicer.gov()
 
-    async def _publish(self, event_type: str, kind: str, key: str, old, new, before: StoredPolicy,
+    async def _publish(self, event_type: EventType, kind: str, key: str, old, new, before: StoredPolicy,
                        after: StoredPolicy, actor: Principal, tenant: str = "", token_issued: bool = False) -> None:
         payload = GovernanceChanged(kind=kind, key=key, old=public_view(kind, old), new=public_view(kind, new),
                                     previous_version=before.version, token_issued=token_issued)
@@ -255,7 +256,7 @@ class TenantServicer(gpb_grpc.TenantServiceServicer):
             actor=principal, expected_version=expected)
         if after is not None:
             old_now = before.gov.tenant(new.name)
-            await self._publish("tenant.updated", "tenant", new.name, old_now, new, before, after, principal,
+            await self._publish(EventType.TENANT_UPDATED, "tenant", new.name, old_now, new, before, after, principal,
                                 tenant=new.name)
         version = (after or before).version
         return gpb.PutTenantResponse(tenant=tenant_to_pb(new), created=old is None, policy_version=version)
@@ -307,7 +308,7 @@ class TenantServicer(gpb_grpc.TenantServiceServicer):
             actor=principal, expected_version=expected)
         if after is not None:
             old = next((x for x in before.gov.doc.quotas if x.key == new.key), None)
-            await self._publish("quota.updated", "quota", new.label, old, new, before, after, principal,
+            await self._publish(EventType.QUOTA_UPDATED, "quota", new.label, old, new, before, after, principal,
                                 tenant=new.tenant)
         return gpb.SetQuotaResponse(quota=quota_to_pb(new), created=not existed,
                                     policy_version=(after or before).version)
@@ -326,7 +327,7 @@ class TenantServicer(gpb_grpc.TenantServiceServicer):
             actor=principal, expected_version=expected)
         if after is not None:
             old = next((x for x in before.gov.doc.quotas if x.key == key), None)
-            await self._publish("quota.updated", "quota", "/".join(key), old, None, before, after, principal,
+            await self._publish(EventType.QUOTA_UPDATED, "quota", "/".join(key), old, None, before, after, principal,
                                 tenant=request.tenant)
         return gpb.DeleteQuotaResponse(policy_version=(after or before).version)
 
@@ -353,7 +354,7 @@ class TenantServicer(gpb_grpc.TenantServiceServicer):
         before, after = await self.editor.change(lambda doc: with_principal(doc, new), actor=principal,
                                                  expected_version=expected)
         if after is not None:
-            await self._publish("principal.updated", "principal", new.name, before.gov.principal(new.name), new,
+            await self._publish(EventType.PRINCIPAL_UPDATED, "principal", new.name, before.gov.principal(new.name), new,
                                 before, after, principal, token_issued=bool(token))
         return gpb.PutPrincipalResponse(name=new.name, token=token, created=old is None,
                                         policy_version=(after or before).version)
@@ -391,12 +392,12 @@ class ApprovalServicer(gpb_grpc.ApprovalServiceServicer):
         return gpb.ListApprovalsResponse(approvals=[approval_to_pb(r) for r in records[:size]])
 
     async def Approve(self, request: gpb.DecideApprovalRequest, context) -> gpb.Approval:
-        return await self._decide(request, "approval.approved")
+        return await self._decide(request, EventType.APPROVAL_APPROVED)
 
     async def Reject(self, request: gpb.DecideApprovalRequest, context) -> gpb.Approval:
-        return await self._decide(request, "approval.rejected")
+        return await self._decide(request, EventType.APPROVAL_REJECTED)
 
-    async def _decide(self, request: gpb.DecideApprovalRequest, event_type: str) -> gpb.Approval:
+    async def _decide(self, request: gpb.DecideApprovalRequest, event_type: EventType) -> gpb.Approval:
         principal = auth.current()
         if not request.approval_id:
             raise ValidationError("approval_id", "required")

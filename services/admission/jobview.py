@@ -18,7 +18,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fedsched.bus import Delivery
+from fedsched.dispatch import EventTable, SkippedTypes
 from fedsched.events import ApprovalDecided, ApprovalRequested, Envelope, JobPending, JobPlaced, JobStatus, JobSubmitted
+from fedsched.events import EventType
 from fedsched.jobs import TERMINAL_STATES, JobSpec, JobState
 
 
@@ -156,6 +158,7 @@ class JobView:
         self.open_by_tenant: dict[str, set[str]] = {}  #: tenant -> ids of its jobs not yet ended
         self._changed: dict[str, asyncio.Event] = {}
         self.applied_seq = 0
+        self.skipped = SkippedTypes("admission-jobs")  #: events of unknown types (newer producers) skipped
 
     def apply_delivery(self, d: Delivery) -> None:
         """Fold one delivered event (follower callback)."""
@@ -163,109 +166,127 @@ class JobView:
         self.apply(d.envelope)
 
     def apply(self, env: Envelope) -> None:
-        """Fold one event; idempotent (re-applying an event changes nothing)."""
-        if env.type == "job.submitted":
-            if env.job_id in self.jobs:
-                return
-            sub = env.payload_as(JobSubmitted)
-            rec = JobRecord(env.job_id, sub.spec, env.occurred_at.timestamp(), sub.submitted_by, sub.request_id,
-                            shards=[ShardRecord(i) for i in range(sub.spec.shards)])
-            self.jobs[env.job_id] = rec
-            if sub.request_id:
-                self.by_request[(sub.spec.tenant, sub.request_id)] = env.job_id
-            self._notify(rec)
+        """Fold one event; idempotent (re-applying an event changes nothing). Events of a type
+        this build does not know are skipped and counted in :attr:`skipped`."""
+        fold = JOB_VIEW_EVENTS.route(env.type, self.skipped)
+        if fold is not None:
+            fold(self, env)
+
+    def _on_submitted(self, env: Envelope) -> None:
+        if env.job_id in self.jobs:
             return
-        rec = self.jobs.get(env.job_id)
-        if rec is None or rec.state in TERMINAL_STATES:
-            return
-        if env.type == "job.cancel_requested":
-            rec.cancel_requested = True
-        elif env.type == "approval.requested":
-            req = env.payload_as(ApprovalRequested)
-            waiting = [sh for sh in rec.shards if sh.state == JobState.QUEUED]
-            if not waiting:
-                return
-            rec.approval_id = req.approval_id
-            for sh in waiting:
-                sh.state = JobState.AWAITING_APPROVAL
-                sh.reason = f"awaiting approval {req.approval_id} to run in {req.proposed_region}: {req.reason}"
-            rec.policy_version = env.policy_version
-        elif env.type in ("approval.approved", "approval.rejected", "approval.expired"):
-            out = env.payload_as(ApprovalDecided)
-            held = [sh for sh in rec.shards if sh.state == JobState.AWAITING_APPROVAL]
-            if not held or rec.approval_id != out.approval_id:
-                return
-            for sh in held:
-                sh.state = JobState.QUEUED
-                sh.reason = {
-                    "approval.approved": f"cross-region run in {out.proposed_region} approved by {env.actor}",
-                    "approval.rejected": f"cross-region run rejected by {env.actor}; waits in its home region",
-                    "approval.expired": "approval timed out; back in its home region's queue",
-                }[env.type]
-        elif env.type == "job.cancelled":
-            rec.cancelled = True
-            for s in rec.shards:
-                if s.state not in TERMINAL_STATES:
-                    s.state = JobState.CANCELLED
-        elif not self._apply_shard(rec, env):
-            return
+        sub = env.payload_as(JobSubmitted)
+        rec = JobRecord(env.job_id, sub.spec, env.occurred_at.timestamp(), sub.submitted_by, sub.request_id,
+                        shards=[ShardRecord(i) for i in range(sub.spec.shards)])
+        self.jobs[env.job_id] = rec
+        if sub.request_id:
+            self.by_request[(sub.spec.tenant, sub.request_id)] = env.job_id
         self._notify(rec)
 
-    def _apply_shard(self, rec: JobRecord, env: Envelope) -> bool:
-        t = env.occurred_at.timestamp()
-        if env.type == "job.placed":
-            p = env.payload_as(JobPlaced)
-            shard = self._shard(rec, p.shard)
-            if shard is None or (shard.current and shard.current.attempt >= env.attempt):
-                return False
-            shard.attempts.append(AttemptRecord(env.attempt, p.shard, env.region, env.cluster, p.card_model, placed_at=t,
-                                                cross_region=p.cross_region, explanation=p.explanation))
-            shard.state, shard.reason, shard.unplaceable = JobState.PLACED, "", False
-            shard.decision = Decision("placed", t, p.explanation, p.evaluations, env.policy_version, p.counterfactual,
-                                      env.cluster, env.region, p.queue)
-            rec.policy_version = env.policy_version
-            return True
-        if env.type == "job.pending":
-            p = env.payload_as(JobPending)
-            shard = self._shard(rec, p.shard)
-            if shard is None or shard.state != JobState.QUEUED:
-                return False
-            shard.reason, shard.unplaceable = p.reason, not p.fits_empty
-            shard.decision = Decision("pending", t, p.reason, p.evaluations, env.policy_version, p.counterfactual,
-                                      queue=p.queue, fits_empty=p.fits_empty, reserved_cluster=p.reserved_cluster)
-            rec.policy_version = env.policy_version
-            return True
-        if env.type not in ("job.started", "job.finished", "job.failed", "job.rejected", "job.stopped"):
-            return False
-        s = env.payload_as(JobStatus)
-        shard = self._shard(rec, s.shard)
-        att = shard.current if shard else None
-        if att is None or att.attempt != env.attempt:
-            return False
-        if env.type == "job.started":
-            att.started_at, att.outcome = t, "running"
-            shard.state = JobState.RUNNING
-        elif env.type == "job.finished":
-            att.ended_at, att.outcome = t, "succeeded"
-            shard.state, shard.reason = JobState.SUCCEEDED, ""
-        elif env.type == "job.failed":
-            att.ended_at, att.outcome, att.reason = t, "failed", s.reason
-            shard.failures += 1
-            if shard.failures <= rec.spec.retry_limit and not rec.cancel_requested:
-                shard.state, shard.reason = JobState.QUEUED, f"attempt {env.attempt} failed on {env.cluster}; retrying"
-            else:
-                shard.state, shard.reason = JobState.FAILED, s.reason
-        elif env.type == "job.rejected":
-            att.ended_at, att.outcome, att.reason = t, "rejected", s.reason
-            shard.state, shard.reason = JobState.QUEUED, f"{env.cluster} refused the placement: {s.reason}"
-        else:  # stopped
-            att.ended_at, att.outcome, att.reason = t, "stopped", s.reason
-            if s.reason == "cancelled":
-                shard.state, shard.reason = JobState.CANCELLED, "cancelled"
-            else:
-                resumed = f", resumes from {s.progress_s:.0f}s of work" if s.progress_s else ""
-                shard.state, shard.reason = JobState.QUEUED, f"{s.reason} on {env.cluster}; requeued{resumed}"
+    # The folds below take a job not yet ended (see _open_job) and return whether it changed.
+
+    def _on_cancel_requested(self, rec: JobRecord, env: Envelope) -> bool:
+        rec.cancel_requested = True
         return True
+
+    def _on_approval_requested(self, rec: JobRecord, env: Envelope) -> bool:
+        req = env.payload_as(ApprovalRequested)
+        waiting = [sh for sh in rec.shards if sh.state == JobState.QUEUED]
+        if not waiting:
+            return False
+        rec.approval_id = req.approval_id
+        for sh in waiting:
+            sh.state = JobState.AWAITING_APPROVAL
+            sh.reason = f"awaiting approval {req.approval_id} to run in {req.proposed_region}: {req.reason}"
+        rec.policy_version = env.policy_version
+        return True
+
+    def _on_approval_outcome(self, rec: JobRecord, env: Envelope) -> bool:
+        out = env.payload_as(ApprovalDecided)
+        held = [sh for sh in rec.shards if sh.state == JobState.AWAITING_APPROVAL]
+        if not held or rec.approval_id != out.approval_id:
+            return False
+        for sh in held:
+            sh.state = JobState.QUEUED
+            sh.reason = {
+                EventType.APPROVAL_APPROVED: f"cross-region run in {out.proposed_region} approved by {env.actor}",
+                EventType.APPROVAL_REJECTED: f"cross-region run rejected by {env.actor}; waits in its home region",
+                EventType.APPROVAL_EXPIRED: "approval timed out; back in its home region's queue",
+            }[env.type]
+        return True
+
+    def _on_cancelled(self, rec: JobRecord, env: Envelope) -> bool:
+        rec.cancelled = True
+        for s in rec.shards:
+            if s.state not in TERMINAL_STATES:
+                s.state = JobState.CANCELLED
+        return True
+
+    def _on_placed(self, rec: JobRecord, env: Envelope) -> bool:
+        t = env.occurred_at.timestamp()
+        p = env.payload_as(JobPlaced)
+        shard = self._shard(rec, p.shard)
+        if shard is None or (shard.current and shard.current.attempt >= env.attempt):
+            return False
+        shard.attempts.append(AttemptRecord(env.attempt, p.shard, env.region, env.cluster, p.card_model, placed_at=t,
+                                            cross_region=p.cross_region, explanation=p.explanation))
+        shard.state, shard.reason, shard.unplaceable = JobState.PLACED, "", False
+        shard.decision = Decision("placed", t, p.explanation, p.evaluations, env.policy_version, p.counterfactual,
+                                  env.cluster, env.region, p.queue)
+        rec.policy_version = env.policy_version
+        return True
+
+    def _on_pending(self, rec: JobRecord, env: Envelope) -> bool:
+        t = env.occurred_at.timestamp()
+        p = env.payload_as(JobPending)
+        shard = self._shard(rec, p.shard)
+        if shard is None or shard.state != JobState.QUEUED:
+            return False
+        shard.reason, shard.unplaceable = p.reason, not p.fits_empty
+        shard.decision = Decision("pending", t, p.reason, p.evaluations, env.policy_version, p.counterfactual,
+                                  queue=p.queue, fits_empty=p.fits_empty, reserved_cluster=p.reserved_cluster)
+        rec.policy_version = env.policy_version
+        return True
+
+    # Status folds: the status of the shard's current attempt (see _current_attempt), at business time t.
+
+    @staticmethod
+    def _on_started(rec: JobRecord, env: Envelope, s: JobStatus, shard: ShardRecord, att: AttemptRecord,
+                    t: float) -> None:
+        att.started_at, att.outcome = t, "running"
+        shard.state = JobState.RUNNING
+
+    @staticmethod
+    def _on_finished(rec: JobRecord, env: Envelope, s: JobStatus, shard: ShardRecord, att: AttemptRecord,
+                     t: float) -> None:
+        att.ended_at, att.outcome = t, "succeeded"
+        shard.state, shard.reason = JobState.SUCCEEDED, ""
+
+    @staticmethod
+    def _on_failed(rec: JobRecord, env: Envelope, s: JobStatus, shard: ShardRecord, att: AttemptRecord,
+                   t: float) -> None:
+        att.ended_at, att.outcome, att.reason = t, "failed", s.reason
+        shard.failures += 1
+        if shard.failures <= rec.spec.retry_limit and not rec.cancel_requested:
+            shard.state, shard.reason = JobState.QUEUED, f"attempt {env.attempt} failed on {env.cluster}; retrying"
+        else:
+            shard.state, shard.reason = JobState.FAILED, s.reason
+
+    @staticmethod
+    def _on_rejected(rec: JobRecord, env: Envelope, s: JobStatus, shard: ShardRecord, att: AttemptRecord,
+                     t: float) -> None:
+        att.ended_at, att.outcome, att.reason = t, "rejected", s.reason
+        shard.state, shard.reason = JobState.QUEUED, f"{env.cluster} refused the placement: {s.reason}"
+
+    @staticmethod
+    def _on_stopped(rec: JobRecord, env: Envelope, s: JobStatus, shard: ShardRecord, att: AttemptRecord,
+                    t: float) -> None:
+        att.ended_at, att.outcome, att.reason = t, "stopped", s.reason
+        if s.reason == "cancelled":
+            shard.state, shard.reason = JobState.CANCELLED, "cancelled"
+        else:
+            resumed = f", resumes from {s.progress_s:.0f}s of work" if s.progress_s else ""
+            shard.state, shard.reason = JobState.QUEUED, f"{s.reason} on {env.cluster}; requeued{resumed}"
 
     @staticmethod
     def _shard(rec: JobRecord, index: int) -> ShardRecord | None:
@@ -293,3 +314,52 @@ class JobView:
         """The job a tenant's earlier request with ``request_id`` created, if any."""
         job_id = self.by_request.get((tenant, request_id))
         return self.jobs.get(job_id) if job_id else None
+
+
+def _open_job(fold):
+    """A job view handler for an event about a known job that has not ended:
+    ``fold(view, rec, env) -> changed``; watchers are notified when it changed."""
+    def handler(view: JobView, env: Envelope) -> None:
+        rec = view.jobs.get(env.job_id)
+        if rec is None or rec.state in TERMINAL_STATES:
+            return
+        if fold(view, rec, env):
+            view._notify(rec)
+    return handler
+
+
+def _current_attempt(fold):
+    """A fold (for :func:`_open_job`) of a status event of its shard's current attempt:
+    ``fold(rec, env, status, shard, attempt, t)``; a status of another attempt changes nothing."""
+    def changed(view: JobView, rec: JobRecord, env: Envelope) -> bool:
+        s = env.payload_as(JobStatus)
+        shard = view._shard(rec, s.shard)
+        att = shard.current if shard else None
+        if att is None or att.attempt != env.attempt:
+            return False
+        fold(rec, env, s, shard, att, env.occurred_at.timestamp())
+        return True
+    return changed
+
+
+#: The job view's dispatch table (admission's ``admission-jobs`` follower; jobs, placements,
+#: decisions, status, governance). Usage events go to the spend book, not here.
+JOB_VIEW_EVENTS: EventTable = EventTable({
+    EventType.JOB_SUBMITTED: JobView._on_submitted,
+    EventType.JOB_CANCEL_REQUESTED: _open_job(JobView._on_cancel_requested),
+    EventType.APPROVAL_REQUESTED: _open_job(JobView._on_approval_requested),
+    EventType.APPROVAL_APPROVED: _open_job(JobView._on_approval_outcome),
+    EventType.APPROVAL_REJECTED: _open_job(JobView._on_approval_outcome),
+    EventType.APPROVAL_EXPIRED: _open_job(JobView._on_approval_outcome),
+    EventType.JOB_CANCELLED: _open_job(JobView._on_cancelled),
+    EventType.JOB_PLACED: _open_job(JobView._on_placed),
+    EventType.JOB_PENDING: _open_job(JobView._on_pending),
+    EventType.JOB_STARTED: _open_job(_current_attempt(JobView._on_started)),
+    EventType.JOB_FINISHED: _open_job(_current_attempt(JobView._on_finished)),
+    EventType.JOB_FAILED: _open_job(_current_attempt(JobView._on_failed)),
+    EventType.JOB_REJECTED: _open_job(_current_attempt(JobView._on_rejected)),
+    EventType.JOB_STOPPED: _open_job(_current_attempt(JobView._on_stopped)),
+}, ignores=frozenset({
+    EventType.JOB_STOP, EventType.SUBMISSION_REJECTED, EventType.POLICY_APPLIED, EventType.TENANT_UPDATED,
+    EventType.QUOTA_UPDATED, EventType.PRINCIPAL_UPDATED, EventType.USAGE_RECORDED,
+}))

@@ -51,10 +51,12 @@ from fedsched.api.v1 import jobs_pb2_grpc as pb_grpc
 from fedsched.auth import Principal
 from fedsched.bus import Bus, Delivery, StreamFollower
 from fedsched.clock import Clock
+from fedsched.dispatch import EventTable, SkippedTypes
 from fedsched.errors import (AuthError, ConflictError, FedError, NotFoundError, PermissionDeniedError,
                              QuotaExceededError, UnavailableError, ValidationError)
 from fedsched.events import InventorySnapshot, JobCancelRequested, JobSubmitted, SubmissionRejected, business_event_id, \
     make_event
+from fedsched.events import APPROVAL_OUTCOMES, Envelope, EventType
 from fedsched.governance import Governance
 from fedsched.jobs import TERMINAL_STATES
 from fedsched.naming import check_name, is_name
@@ -391,7 +393,7 @@ class JobServicer(pb_grpc.JobServiceServicer):
             job_id = "j-" + hashlib.sha256(f"{spec.tenant}/{rid}".encode()).hexdigest()[:20]
         else:
             job_id = "j-" + uuid.uuid4().hex[:20]
-        event = make_event("job.submitted", JobSubmitted(spec=spec, request_id=rid, submitted_by=principal.name),
+        event = make_event(EventType.JOB_SUBMITTED, JobSubmitted(spec=spec, request_id=rid, submitted_by=principal.name),
                            producer="admission", occurred_at=self.clock.time(),
                            event_id=business_event_id(job_id, "submitted"), tenant=spec.tenant, project=spec.project,
                            job_id=job_id, actor=principal.name, policy_version=gov.version)
@@ -406,7 +408,7 @@ class JobServicer(pb_grpc.JobServiceServicer):
         known = gov is not None and is_name("tenant", tenant) and gov.tenant(tenant) is not None
         payload = SubmissionRejected(code=status_for(e).name, field=getattr(e, "field", "") or getattr(e, "limit", ""),
                                      message=e.message[:500], request_id=request.request_id[:128])
-        event = make_event("submission.rejected", payload, producer="admission", occurred_at=self.clock.time(),
+        event = make_event(EventType.SUBMISSION_REJECTED, payload, producer="admission", occurred_at=self.clock.time(),
                            tenant=tenant if known else "", actor=principal.name,
                            policy_version=gov.version if gov else "")
         try:
@@ -472,7 +474,7 @@ class JobServicer(pb_grpc.JobServiceServicer):
         if rec.state in TERMINAL_STATES:
             raise ConflictError(f"job {rec.job_id} is already {rec.state.value}")
         gov = self.policy.current
-        event = make_event("job.cancel_requested", JobCancelRequested(reason=request.reason), producer="admission",
+        event = make_event(EventType.JOB_CANCEL_REQUESTED, JobCancelRequested(reason=request.reason), producer="admission",
                            occurred_at=self.clock.time(), event_id=business_event_id(rec.job_id, "cancel"),
                            tenant=rec.spec.tenant, project=rec.spec.project, job_id=rec.job_id, actor=principal.name,
                            policy_version=gov.version if gov else "")
@@ -573,22 +575,31 @@ class AdmissionService:
         self._spend_watcher = SpendWatcher(bus, self.spend, poll_s=spend_poll_s)
         self._stop = asyncio.Event()
         self.ready = asyncio.Event()
+        self.skipped_inventory = SkippedTypes("admission-inventory")  #: unknown inventory event types skipped
 
     def _on_event(self, d: Delivery) -> None:
-        env = d.envelope
-        if env.type.startswith("approval."):
-            self.approvals.apply(env)
-        elif env.type == "usage.recorded":
-            self.spend.apply_event(env)
-            return
+        route = ADMISSION_EVENTS.route(d.envelope.type)  # unknown types: counted by the job view
+        (route or AdmissionService._to_view)(self, d)
+
+    def _to_approvals(self, d: Delivery) -> None:
+        self.approvals.apply(d.envelope)
+        self.view.apply_delivery(d)
+
+    def _to_spend(self, d: Delivery) -> None:
+        self.spend.apply_event(d.envelope)
+
+    def _to_view(self, d: Delivery) -> None:
         self.view.apply_delivery(d)
 
     def _on_inventory(self, d) -> None:
-        env = d.envelope
-        if env.type == "inventory.snapshot":
-            snap = env.payload_as(InventorySnapshot)
-            self.known_models.update(n.card_model for n in snap.nodes if n.card_model)
-            self.known_regions.add(env.region)
+        fold = INVENTORY_EVENTS.route(d.envelope.type, self.skipped_inventory)
+        if fold is not None:
+            fold(self, d.envelope)
+
+    def _on_snapshot(self, env: Envelope) -> None:
+        snap = env.payload_as(InventorySnapshot)
+        self.known_models.update(n.card_model for n in snap.nodes if n.card_model)
+        self.known_regions.add(env.region)
 
     async def start(self) -> None:
         """Rebuild the read models, wait for a policy, then start serving (sets :attr:`ready`)."""
@@ -645,3 +656,18 @@ class AdmissionService:
     def stop(self) -> None:
         """Ask :meth:`run` to return (graceful)."""
         self._stop.set()
+
+
+#: Where admission's ``admission-jobs`` follower sends an event besides (or instead of) the job
+#: view, which takes every other type (its own table, :data:`~services.admission.jobview.JOB_VIEW_EVENTS`,
+#: says which it folds and counts unknown ones).
+ADMISSION_EVENTS: EventTable = EventTable({
+    EventType.APPROVAL_REQUESTED: AdmissionService._to_approvals,
+    **{t: AdmissionService._to_approvals for t in APPROVAL_OUTCOMES},
+    EventType.USAGE_RECORDED: AdmissionService._to_spend,
+})
+
+#: ``admission-inventory``: the snapshots tell which card models and regions exist; heartbeats
+#: are on another subject.
+INVENTORY_EVENTS: EventTable = EventTable({EventType.INVENTORY_SNAPSHOT: AdmissionService._on_snapshot},
+                                          ignores=frozenset({EventType.INVENTORY_HEARTBEAT}))

@@ -17,7 +17,8 @@ import logging
 from datetime import datetime
 
 from fedsched.bus import Bus, Delivery, DurableConsumer
-from fedsched.events import Envelope, InventorySnapshot, JobPending, JobPlaced
+from fedsched.dispatch import EventTable
+from fedsched.events import Envelope, EventType, InventorySnapshot, JobPending, JobPlaced
 from fedsched.store import AsyncStore
 
 log = logging.getLogger(__name__)
@@ -44,21 +45,30 @@ def event_row(d: Delivery) -> list:
 
 def decision_row(e: Envelope) -> list | None:
     """The ``decisions`` row of a ``job.placed`` / ``job.pending`` event, else None."""
-    if e.type == "job.placed":
-        p = e.payload_as(JobPlaced)
-        return [e.event_id, _naive_utc(e.occurred_at), e.job_id, e.attempt, e.tenant, e.project, "placed", e.region,
-                e.cluster, p.explanation, 1, int(p.cross_region), p.score, e.policy_version,
-                json.dumps(p.evaluations, default=str)]
-    if e.type == "job.pending":
-        p = e.payload_as(JobPending)
-        return [e.event_id, _naive_utc(e.occurred_at), e.job_id, e.attempt, e.tenant, e.project, "pending", "", "",
-                p.reason, int(p.fits_empty), 0, 0.0, e.policy_version, json.dumps(p.evaluations, default=str)]
-    return None
+    row = DECISION_ROWS.route(e.type)
+    return row(e) if row is not None else None
+
+
+def _placed_row(e: Envelope) -> list:
+    p = e.payload_as(JobPlaced)
+    return [e.event_id, _naive_utc(e.occurred_at), e.job_id, e.attempt, e.tenant, e.project, "placed", e.region,
+            e.cluster, p.explanation, 1, int(p.cross_region), p.score, e.policy_version,
+            json.dumps(p.evaluations, default=str)]
+
+
+def _pending_row(e: Envelope) -> list:
+    p = e.payload_as(JobPending)
+    return [e.event_id, _naive_utc(e.occurred_at), e.job_id, e.attempt, e.tenant, e.project, "pending", "", "",
+            p.reason, int(p.fits_empty), 0, 0.0, e.policy_version, json.dumps(p.evaluations, default=str)]
+
+
+#: Which events have a ``decisions`` row (every event, of a known type or not, has an ``events`` row).
+DECISION_ROWS: EventTable = EventTable({EventType.JOB_PLACED: _placed_row, EventType.JOB_PENDING: _pending_row})
 
 
 def inventory_rows(e: Envelope) -> list[list]:
     """The ``inventory`` rows (one per card model) of an ``inventory.snapshot`` event."""
-    if e.type != "inventory.snapshot":
+    if e.type != EventType.INVENTORY_SNAPSHOT:
         return []
     snap = e.payload_as(InventorySnapshot)
     by_model: dict[str, list[int]] = {}

@@ -33,11 +33,12 @@ from decimal import Decimal
 import nats.errors
 
 from fedsched.bus import Bus, Delivery, DurableConsumer
+from fedsched.dispatch import SkippedTypes
 from fedsched.errors import UnavailableError
-from fedsched.events import UsageRecorded, business_event_id, make_event
+from fedsched.events import EventType, UsageRecorded, business_event_id, make_event
 from fedsched.pricing import PriceCatalog, money
 from fedsched.store import AsyncStore
-from services.billing.usage import USAGE_COLUMNS, UsageLine, compute_line, spend_key, transfer_line
+from services.billing.usage import BILLING_EVENTS, USAGE_COLUMNS, UsageLine, spend_key
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +81,7 @@ class BillingService:
                                                  self.write, **kw)
         self.consumers = [self.consumer, self.transfer_consumer]
         self.rows = 0
+        self.skipped = SkippedTypes("billing")  #: events of unknown types (newer producers) skipped
         self._lock = asyncio.Lock()
         self._kv = None
 
@@ -87,7 +89,8 @@ class BillingService:
         """The priced lines of a batch (step 1; pure)."""
         out = []
         for d in deliveries:
-            line = compute_line(d.envelope, self.prices) or transfer_line(d.envelope, self.prices)
+            price = BILLING_EVENTS.route(d.envelope.type, self.skipped)
+            line = price(d.envelope, self.prices) if price is not None else None
             if line is not None:
                 out.append(line)
         return out
@@ -138,7 +141,7 @@ class BillingService:
         items = []
         for ln in lines:
             usage = UsageRecorded(gpu_seconds=ln.gpu_seconds, cost=str(ln.cost), currency=ln.currency)
-            event = make_event("usage.recorded", usage, producer="billing",
+            event = make_event(EventType.USAGE_RECORDED, usage, producer="billing",
                                occurred_at=ln.ended_at.replace(tzinfo=UTC).timestamp(),
                                event_id=business_event_id(ln.usage_id, "usage"), region=ln.region, zone=ln.zone,
                                cluster=ln.cluster, tenant=ln.tenant, project=ln.project, job_id=ln.job_id,

@@ -33,11 +33,12 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
-from fedsched.events import Envelope, JobPlaced, JobStatus
+from fedsched.dispatch import EventTable
+from fedsched.events import Envelope, EventType, JobPlaced, JobStatus
 from fedsched.pricing import PriceCatalog, money
 
 #: Ending event type -> usage outcome.
-ENDINGS = {"job.finished": "finished", "job.failed": "failed", "job.stopped": "stopped"}
+ENDINGS = {EventType.JOB_FINISHED: "finished", EventType.JOB_FAILED: "failed", EventType.JOB_STOPPED: "stopped"}
 
 USAGE_COLUMNS = ("usage_id", "line", "job_id", "attempt", "shard", "tenant", "project", "region", "zone", "cluster",
                  "card_model", "kind", "outcome", "flag", "cross_region", "started_at", "ended_at", "gpu_milli",
@@ -176,7 +177,7 @@ def transfer_line(e: Envelope, catalog: PriceCatalog) -> UsageLine | None:
     Raises:
         DecodeError: the payload does not validate.
     """
-    if e.type != "job.placed":
+    if e.type != EventType.JOB_PLACED:
         return None
     p = e.payload_as(JobPlaced)
     if p.transfer_bytes <= 0:
@@ -194,3 +195,12 @@ def transfer_line(e: Envelope, catalog: PriceCatalog) -> UsageLine | None:
 def spend_key(tenant: str, month: str) -> str:
     """The budget KV key of a tenant's spend in a month: ``<tenant>.<YYYY-MM>``."""
     return f"{tenant}.{month}"
+
+
+#: Billing's dispatch table: event type -> the function that prices its line
+#: (``fn(event, catalog) -> UsageLine | None``). ``job.rejected`` ends an attempt that never
+#: started and ``job.cancelled`` a job never placed: no interval, nothing to bill.
+BILLING_EVENTS: EventTable = EventTable({
+    **{t: compute_line for t in ENDINGS},
+    EventType.JOB_PLACED: transfer_line,
+}, ignores=frozenset({EventType.JOB_STARTED, EventType.JOB_REJECTED, EventType.JOB_CANCELLED, EventType.JOB_STOP}))

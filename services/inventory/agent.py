@@ -26,9 +26,11 @@ from typing import Protocol
 from fedsched import telemetry
 from fedsched.bus import Bus, Delivery, DurableConsumer, StreamFollower
 from fedsched.clock import Clock, to_datetime
+from fedsched.dispatch import EventTable, SkippedTypes
 from fedsched.errors import DecodeError
 from fedsched.events import (Heartbeat, InventorySnapshot, JobPlaced, JobStatus, JobStop, NodeInventory,
                              business_event_id, make_event)
+from fedsched.events import Envelope, EventType
 from fedsched.jobs import JobSpec
 from services.inventory.trace import ClusterDef
 
@@ -178,6 +180,8 @@ class ClusterAgent:
         self._consumer: DurableConsumer | None = None
         self.paused = False  # failure drills: a paused agent stops heartbeating
         self.holding = False  # failure drills: a holding agent takes no placements
+        #: events of types this build does not know (a newer scheduler), skipped, not dead-lettered
+        self.skipped = SkippedTypes(f"agent-{cluster.name}")
 
     @property
     def durable(self) -> str:
@@ -230,19 +234,27 @@ class ClusterAgent:
         placements: dict[tuple[str, int, int], tuple[Delivery, JobPlaced]] = {}
         started: dict[tuple[str, int, int], float] = {}
 
+        def on_placed(d: Delivery, env: Envelope) -> None:
+            p = env.payload_as(JobPlaced)
+            placements[(env.job_id, env.attempt, p.shard)] = (d, p)
+
+        def on_started(d: Delivery, env: Envelope) -> None:
+            s = env.payload_as(JobStatus)
+            started[(env.job_id, env.attempt, s.shard)] = env.occurred_at.timestamp()
+
+        def on_ended(d: Delivery, env: Envelope) -> None:
+            s = env.payload_as(JobStatus)
+            self.done.add((env.job_id, env.attempt, s.shard))
+
+        folds = {"placed": on_placed, "started": on_started, "ended": on_ended}
+
         def fold(d: Delivery) -> None:
             env = d.envelope
             if env.cluster != self.cluster.name:
                 return
-            if env.type == "job.placed":
-                p = env.payload_as(JobPlaced)
-                placements[(env.job_id, env.attempt, p.shard)] = (d, p)
-            elif env.type == "job.started":
-                s = env.payload_as(JobStatus)
-                started[(env.job_id, env.attempt, s.shard)] = env.occurred_at.timestamp()
-            elif env.type in ("job.finished", "job.failed", "job.stopped", "job.rejected"):
-                s = env.payload_as(JobStatus)
-                self.done.add((env.job_id, env.attempt, s.shard))
+            kind = REBUILD_EVENTS.route(env.type, self.skipped)
+            if kind is not None:
+                folds[kind](d, env)
 
         # one fixed-name, single-filter consumer per subject: NATS permissions can confine an agent
         # to exactly these (see deploy/nats/accounts.conf)
@@ -280,12 +292,17 @@ class ClusterAgent:
             # continue the job's trace: status events carry this span's context
             with tracer.start_as_current_span(f"agent.{env.type}", context=telemetry.context_from(d.headers),
                                               attributes={"job_id": env.job_id, "cluster": self.cluster.name}):
-                if env.type == "job.placed":
-                    await self._on_placed(d, env.payload_as(JobPlaced))
-                elif env.type == "job.stop":
-                    await self._on_stop(d, env.payload_as(JobStop))
-                else:
+                handler = PLACEMENT_EVENTS.route(env.type, self.skipped)
+                if handler is not None:
+                    await handler(self, d)
+                elif env.known_type is not None:  # a known type that has no business here
                     raise DecodeError(f"agent does not handle {env.type!r}")
+
+    async def _handle_placed(self, d: Delivery) -> None:
+        await self._on_placed(d, d.envelope.payload_as(JobPlaced))
+
+    async def _handle_stop(self, d: Delivery) -> None:
+        await self._on_stop(d, d.envelope.payload_as(JobStop))
 
     async def _on_placed(self, d: Delivery, placed: JobPlaced) -> None:
         env = d.envelope
@@ -296,13 +313,13 @@ class ClusterAgent:
         now = self.clock.time()
         if problem:
             self.done.add(key)
-            await self._status("job.rejected", AttemptRef.of(env), placed, now, reason=problem, headers=d.headers)
+            await self._status(EventType.JOB_REJECTED, AttemptRef.of(env), placed, now, reason=problem, headers=d.headers)
             return
         self._allocate(placed, +1)
         ends_at, outcome = self.backend.plan(placed.spec, now, attempt=env.attempt, resume_from_s=placed.resume_from_s)
         job = RunningJob(AttemptRef.of(env), placed.shard, placed.spec, placed, now, ends_at, outcome, d.headers)
         self.running[key] = job
-        await self._status("job.started", job.ref, placed, now, started_at=now, headers=d.headers)
+        await self._status(EventType.JOB_STARTED, job.ref, placed, now, started_at=now, headers=d.headers)
 
     async def _on_stop(self, d: Delivery, stop: JobStop) -> None:
         env = d.envelope
@@ -318,7 +335,7 @@ class ClusterAgent:
         if stop.checkpoint_interval_s > 0 and job.spec.checkpointable:  # resumes from its last checkpoint
             done_here = max(0.0, now - job.started_at)
             progress += done_here // stop.checkpoint_interval_s * stop.checkpoint_interval_s
-        await self._status("job.stopped", job.ref, job.placed, now, started_at=job.started_at, reason=stop.reason,
+        await self._status(EventType.JOB_STOPPED, job.ref, job.placed, now, started_at=job.started_at, reason=stop.reason,
                            headers=d.headers, progress_s=progress)
 
     def _check(self, placed: JobPlaced) -> str:
@@ -367,10 +384,10 @@ class ClusterAgent:
             node.cpu_free -= sign * b.cpu_milli
             node.mem_free -= sign * b.memory_mib
 
-    async def _status(self, type_: str, ref: AttemptRef, placed: JobPlaced, at: float, *, started_at: float | None = None,
+    async def _status(self, type_: EventType, ref: AttemptRef, placed: JobPlaced, at: float, *, started_at: float | None = None,
                       reason: str = "", headers: dict[str, str] | None = None, progress_s: float = 0.0) -> None:
         spec = placed.spec
-        step = {"job.started": "started", "job.rejected": "rejected"}.get(type_, "ended")
+        step = {EventType.JOB_STARTED: "started", EventType.JOB_REJECTED: "rejected"}.get(type_, "ended")
         payload = JobStatus(
             card_model=placed.card_model, gpu_milli=spec.total_gpu_milli, cpu_milli=spec.cpu_milli * spec.workers,
             memory_mib=spec.memory_mib * spec.workers, started_at=to_datetime(started_at) if started_at else None,
@@ -405,7 +422,7 @@ class ClusterAgent:
             self.running.pop(job.key, None)
             self._allocate(job.placed, -1)
             self.done.add(job.key)
-            type_ = "job.failed" if job.outcome == "failed" else "job.finished"
+            type_ = EventType.JOB_FAILED if job.outcome == "failed" else EventType.JOB_FINISHED
             await self._status(type_, job.ref, job.placed, job.ends_at, started_at=job.started_at,
                                reason="exited with failure (trace outcome)" if job.outcome == "failed" else "",
                                headers=job.trace_headers)
@@ -439,7 +456,7 @@ class ClusterAgent:
     async def publish_snapshot(self) -> None:
         """Publish a full inventory snapshot."""
         self.sequence += 1
-        event = make_event("inventory.snapshot", self.snapshot(), producer=self.producer, occurred_at=self.clock.time(),
+        event = make_event(EventType.INVENTORY_SNAPSHOT, self.snapshot(), producer=self.producer, occurred_at=self.clock.time(),
                            region=self.cluster.region, zone=self.cluster.zone, cluster=self.cluster.name,
                            actor=self.producer)
         await self.bus.publish(self.bus.subjects.inventory(self.cluster.region, self.cluster.name), event)
@@ -450,7 +467,27 @@ class ClusterAgent:
         payload = Heartbeat(sequence=self.sequence, gpus_total=sum(len(l.gpu_free) for l in self.ledger.values()),
                             gpu_milli_free=sum(sum(l.gpu_free) for l in self.ledger.values()),
                             running_jobs=len(self.running))
-        event = make_event("inventory.heartbeat", payload, producer=self.producer, occurred_at=self.clock.time(),
+        event = make_event(EventType.INVENTORY_HEARTBEAT, payload, producer=self.producer, occurred_at=self.clock.time(),
                            region=self.cluster.region, zone=self.cluster.zone, cluster=self.cluster.name,
                            actor=self.producer)
         await self.bus.publish(self.bus.subjects.heartbeat(self.cluster.region, self.cluster.name), event)
+
+
+#: The agent's consumer of its placements subject: placements and stop orders. Another known
+#: type there is dead-lettered (it has no business on that subject); an unknown one is skipped.
+PLACEMENT_EVENTS: EventTable = EventTable({
+    EventType.JOB_PLACED: ClusterAgent._handle_placed,
+    EventType.JOB_STOP: ClusterAgent._handle_stop,
+})
+
+#: The agent's rebuild (its placements and status subjects): which fold of ``Agent.rebuild`` an
+#: event takes. Every terminal status ends the attempt; ``job.cancelled`` is the scheduler's, for
+#: a job that never held resources here (it is published on the decisions subject).
+REBUILD_EVENTS: EventTable = EventTable({
+    EventType.JOB_PLACED: "placed",
+    EventType.JOB_STARTED: "started",
+    EventType.JOB_FINISHED: "ended",
+    EventType.JOB_FAILED: "ended",
+    EventType.JOB_STOPPED: "ended",
+    EventType.JOB_REJECTED: "ended",
+}, ignores=frozenset({EventType.JOB_STOP, EventType.JOB_CANCELLED}))

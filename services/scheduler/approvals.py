@@ -37,8 +37,10 @@ from decimal import Decimal
 from typing import Any, Iterable, Mapping
 
 from fedsched.bus import Delivery
+from fedsched.dispatch import EventTable
 from fedsched.events import (APPROVAL_OUTCOMES, ApprovalDecided, ApprovalRequested, Envelope, Subjects,
                              approval_outcome_id, business_event_id, make_event)
+from fedsched.events import TERMINAL_STATUSES, EventType
 from fedsched.governance import Governance
 from fedsched.jobs import Locality
 from fedsched.policystore import PolicyHolder
@@ -125,39 +127,45 @@ class Governor:
 
     def apply(self, env: Envelope) -> bool:
         """Fold one event; True when a job's eligibility changed (the cycle should run)."""
-        t = env.type
-        if t == "job.started":
-            self.started[env.job_id] = env.occurred_at.timestamp()
-            return False
-        if t in ("job.finished", "job.failed", "job.stopped", "job.rejected", "job.cancelled"):
-            self.started.pop(env.job_id, None)
-            st = self.state.get(env.job_id)
-            if t == "job.cancelled" and st is not None:
-                st.pending = None
-            return False
-        if t == "approval.requested":
-            req = env.payload_as(ApprovalRequested)
-            st = self.state.setdefault(env.job_id, JobApprovals())
-            if req.approval_id in st.seen:
-                return False
-            st.seen.add(req.approval_id)
-            st.requests += 1
-            st.pending = PendingApproval(req.approval_id, req.proposed_region, req.proposed_cluster,
-                                         req.expires_at.timestamp())
-            return True
-        if t in APPROVAL_OUTCOMES:
-            out = env.payload_as(ApprovalDecided)
-            st = self.state.get(env.job_id)
-            if st is None or st.pending is None or st.pending.approval_id != out.approval_id:
-                return False  # already decided (first outcome wins) or unknown
-            region = out.proposed_region or st.pending.region
-            st.pending = None
-            if t == "approval.approved":
-                st.granted.add(region)
-            else:
-                st.home_only = True
-            return True
+        fold = GOVERNOR_EVENTS.route(env.type)
+        return fold(self, env) if fold is not None else False
+
+    def _on_started(self, env: Envelope) -> bool:
+        self.started[env.job_id] = env.occurred_at.timestamp()
         return False
+
+    def _on_ended(self, env: Envelope) -> bool:
+        t = env.type
+        self.started.pop(env.job_id, None)
+        st = self.state.get(env.job_id)
+        if t == EventType.JOB_CANCELLED and st is not None:
+            st.pending = None
+        return False
+
+    def _on_requested(self, env: Envelope) -> bool:
+        req = env.payload_as(ApprovalRequested)
+        st = self.state.setdefault(env.job_id, JobApprovals())
+        if req.approval_id in st.seen:
+            return False
+        st.seen.add(req.approval_id)
+        st.requests += 1
+        st.pending = PendingApproval(req.approval_id, req.proposed_region, req.proposed_cluster,
+                                     req.expires_at.timestamp())
+        return True
+
+    def _on_outcome(self, env: Envelope) -> bool:
+        t = env.type
+        out = env.payload_as(ApprovalDecided)
+        st = self.state.get(env.job_id)
+        if st is None or st.pending is None or st.pending.approval_id != out.approval_id:
+            return False  # already decided (first outcome wins) or unknown
+        region = out.proposed_region or st.pending.region
+        st.pending = None
+        if t == EventType.APPROVAL_APPROVED:
+            st.granted.add(region)
+        else:
+            st.home_only = True
+        return True
 
     def apply_delivery(self, d: Delivery) -> bool:
         """:meth:`apply` for a delivery."""
@@ -268,7 +276,7 @@ class Governor:
     def confirm(self, items: list[Item], acknowledged: list[bool]) -> None:
         """Write through the approval requests JetStream acknowledged (the job now waits)."""
         for (_, env, _), ok in zip(items, acknowledged):
-            if ok and env.type == "approval.requested":
+            if ok and env.type == EventType.APPROVAL_REQUESTED:
                 self.apply(env)
 
     def expiries(self, jobs: Mapping[str, Any], now: float) -> list[Item]:
@@ -291,7 +299,7 @@ class Governor:
             payload = ApprovalDecided(approval_id=pa.approval_id, proposed_region=pa.region,
                                       comment=f"no decision within {_duration(timeout)}; the job falls back to "
                                               f"its home queue ({entry.spec.home_region})")
-            event = make_event("approval.expired", payload, producer="scheduler", occurred_at=now,
+            event = make_event(EventType.APPROVAL_EXPIRED, payload, producer="scheduler", occurred_at=now,
                                event_id=approval_outcome_id(pa.approval_id), region=pa.region,
                                cluster=pa.cluster, tenant=entry.tenant, project=entry.project, job_id=job_id,
                                attempt=entry.attempt, actor="scheduler", policy_version=self.holder.version)
@@ -334,7 +342,7 @@ class Governor:
             approval_id=approval_id, home_region=home, proposed_region=p.region, proposed_cluster=p.cluster,
             card_model=p.card_model, reason=reason, estimated_wait_s=wait, transfer_s=p.transfer_s, cost=cost,
             home_cost=home_cost, currency=self.prices.currency, expires_at=to_datetime(now + gov.approval_timeout_s))
-        event = make_event("approval.requested", payload, producer="scheduler", occurred_at=now, event_id=event_id,
+        event = make_event(EventType.APPROVAL_REQUESTED, payload, producer="scheduler", occurred_at=now, event_id=event_id,
                            region=p.region, zone=p.zone, cluster=p.cluster, tenant=entry.tenant,
                            project=entry.project, job_id=p.job.job_id, attempt=p.job.attempt, actor="scheduler",
                            policy_version=gov.version)
@@ -388,3 +396,14 @@ def _held(p: Placement, verdict: Verdict) -> Pending:
     evaluations = tuple(ClusterEvaluation(e.cluster, e.region, verdict) if e.cluster == p.cluster else e
                         for e in p.evaluations)
     return Pending(p.job, f"held: {verdict}", evaluations, True)
+
+
+#: What the Governor folds (it sees the scheduler's whole EVENTS stream; the scheduler's own table
+#: counts unknown types, so this one does not). ``job.started`` and every terminal status keep
+#: ``started`` (the business start of a running attempt) current.
+GOVERNOR_EVENTS: EventTable = EventTable({
+    EventType.JOB_STARTED: Governor._on_started,
+    **{t: Governor._on_ended for t in sorted(TERMINAL_STATUSES)},
+    EventType.APPROVAL_REQUESTED: Governor._on_requested,
+    **{t: Governor._on_outcome for t in APPROVAL_OUTCOMES},
+})

@@ -36,8 +36,10 @@ from dataclasses import dataclass, field, replace
 from fedsched import telemetry
 from fedsched.bus import Bus, Delivery, StreamFollower
 from fedsched.clock import Clock, to_datetime
+from fedsched.dispatch import EventTable, SkippedTypes
 from fedsched.events import (Envelope, InventorySnapshot, JobPending, JobPlaced, JobStatus, JobStop, JobSubmitted,
                              WorkerBinding, business_event_id, make_event)
+from fedsched.events import EventType
 from fedsched.jobs import JobSpec
 from fedsched.policystore import PolicyFollower, PolicyHolder
 from fedsched.pricing import PriceCatalog
@@ -222,6 +224,8 @@ class SchedulerService:
                                          last_per_subject=True)
         self._status_sub = None
         self._stale: set[str] = set()
+        # events of types this build does not know (a newer producer), skipped per follower
+        self.skipped = {name: SkippedTypes(name) for name in ("scheduler-events", "scheduler-inventory")}
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -282,6 +286,7 @@ class SchedulerService:
                 "applied_seq": self.applied_seq, "dirty": self._dirty.is_set(), "busy": self.busy, "cycles": self.cycles,
                 "last_cycle_ms": round(self.last_cycle_ms, 2), "unplaceable": unplaceable, "jobs": len(self.jobs),
                 "clusters": len(self.clusters), "stale": sorted(self._stale), "policy": self.policy.version,
+                "skipped_types": {name: c.as_dict() for name, c in self.skipped.items() if c.counts},
                 **self.counts}
 
     async def _on_status_request(self, msg) -> None:
@@ -320,7 +325,7 @@ class SchedulerService:
     def _apply_event(self, d: Delivery) -> None:
         self.applied_seq = d.stream_sequence
         env = d.envelope
-        handler = _EVENT_HANDLERS.get(env.type)
+        handler = EVENTS.route(env.type, self.skipped["scheduler-events"])
         if handler is not None:
             handler(self, env, d)
         if self.governor.apply(env):  # governance: approval requests and outcomes
@@ -382,25 +387,25 @@ class SchedulerService:
         job, shard = found
         if env.attempt != shard.attempt or shard.state in ("done", "queued"):
             return  # an attempt we already gave up on
-        if env.type == "job.started":
+        if env.type == EventType.JOB_STARTED:
             if shard.state == "placed":
                 shard.started_at = env.occurred_at.timestamp()
                 self._set(job, shard, "running")
             return
         self._unbind(shard)
-        if env.type == "job.finished":
+        if env.type == EventType.JOB_FINISHED:
             shard.outcome = "succeeded"
             self._set(job, shard, "done")
-        elif env.type == "job.failed":
+        elif env.type == EventType.JOB_FAILED:
             shard.failures += 1
             if shard.failures <= job.spec.retry_limit and not job.cancel_requested:
                 self._requeue(job, shard, avoid=env.cluster)
             else:
                 shard.outcome = "failed"
                 self._set(job, shard, "done")
-        elif env.type == "job.rejected":
+        elif env.type == EventType.JOB_REJECTED:
             self._requeue(job, shard)
-        elif env.type == "job.stopped":
+        elif env.type == EventType.JOB_STOPPED:
             if status.reason == "cancelled" or job.cancel_requested:
                 shard.outcome = "cancelled"
                 self._set(job, shard, "done")
@@ -434,15 +439,16 @@ class SchedulerService:
         env = d.envelope
         info = self.clusters.get(env.cluster)
         now = time.monotonic()
-        if env.type == "inventory.heartbeat":
+        handler = INVENTORY.route(env.type, self.skipped["scheduler-inventory"])
+        if handler is None:
+            return
+        if handler == "heartbeat":
             if info is not None:
                 info.seen_mono = now
                 if env.cluster in self._stale:
                     self._stale.discard(env.cluster)
                     info.cached = None
                     self._dirty.set()
-            return
-        if env.type != "inventory.snapshot":
             return
         snap = env.payload_as(InventorySnapshot)
         if info is None:
@@ -630,7 +636,7 @@ class SchedulerService:
                 for (shard, _), ok in zip(items, await self.bus.publish_many([i for _, i in items])):
                     shard.stop_sent = shard.stop_sent or ok
             if job.done and not job.cancelled_sent:
-                event = make_event("job.cancelled", JobStatus(reason="cancelled"), producer="scheduler",
+                event = make_event(EventType.JOB_CANCELLED, JobStatus(reason="cancelled"), producer="scheduler",
                                    occurred_at=self.clock.time(), event_id=business_event_id(job.job_id, "cancelled"),
                                    tenant=job.tenant, project=job.project, job_id=job.job_id,
                                    attempt=max(s.attempt for s in job.shards), actor="scheduler",
@@ -647,7 +653,7 @@ class SchedulerService:
             return None
         payload = JobStop(reason=reason, shard=shard.index, for_job=for_job,
                           checkpoint_interval_s=self.policy.checkpoint_interval_s if job.spec.checkpointable else 0.0)
-        event = make_event("job.stop", payload, producer="scheduler", occurred_at=self.clock.time(),
+        event = make_event(EventType.JOB_STOP, payload, producer="scheduler", occurred_at=self.clock.time(),
                            event_id=business_event_id(job.job_id, shard.attempt, shard.index, "stop"),
                            region=shard.region, zone=info.zone if info else "", cluster=shard.cluster,
                            tenant=job.tenant, project=job.project, job_id=job.job_id, attempt=shard.attempt,
@@ -667,7 +673,7 @@ class SchedulerService:
             evaluations=tuple(_evaluation(e) for e in p.evaluations), resume_from_s=p.job.progress_s,
             queue=p.queue, est_cost=p.est_cost,
             counterfactual=placement_counterfactual(view, p, self.policy) if p.cross_region else "")
-        event = make_event("job.placed", payload, producer="scheduler", occurred_at=self.clock.time(),
+        event = make_event(EventType.JOB_PLACED, payload, producer="scheduler", occurred_at=self.clock.time(),
                            event_id=business_event_id(job.job_id, p.job.attempt, p.job.shard, "placed"),
                            region=p.region, zone=p.zone, cluster=p.cluster, tenant=job.tenant, project=job.project,
                            job_id=job.job_id, attempt=p.job.attempt, actor="scheduler", policy_version=policy_version)
@@ -697,23 +703,36 @@ class SchedulerService:
                              shard=pend.job.shard, queue=pend.queue, reserved_cluster=res.cluster if res else "",
                              reserved_from=to_datetime(res.start_at) if res else None,
                              counterfactual=self._counterfactual(view, pend))
-        event = make_event("job.pending", payload, producer="scheduler", occurred_at=self.clock.time(),
+        event = make_event(EventType.JOB_PENDING, payload, producer="scheduler", occurred_at=self.clock.time(),
                            tenant=job.tenant, project=job.project, job_id=job.job_id, attempt=pend.job.attempt - 1,
                            actor="scheduler", policy_version=policy_version)
         return self.bus.subjects.decisions(job.tenant, job.project), event, job.headers
 
 
-_EVENT_HANDLERS = {
-    "job.submitted": SchedulerService._on_submitted,
-    "job.cancel_requested": SchedulerService._on_cancel,
-    "job.placed": SchedulerService._on_placed,
-    "job.stop": SchedulerService._on_stop_order,
-    "job.started": SchedulerService._on_status,
-    "job.finished": SchedulerService._on_status,
-    "job.failed": SchedulerService._on_status,
-    "job.rejected": SchedulerService._on_status,
-    "job.stopped": SchedulerService._on_status,
-}
+#: ``scheduler-events`` (the whole EVENTS stream): the job lifecycle. Approval requests and
+#: outcomes, ``job.started`` and the terminal statuses are folded by the Governor as well
+#: (``services/scheduler/approvals.py``); policy versions are read by the PolicyFollower.
+EVENTS: EventTable = EventTable({
+    EventType.JOB_SUBMITTED: SchedulerService._on_submitted,
+    EventType.JOB_CANCEL_REQUESTED: SchedulerService._on_cancel,
+    EventType.JOB_PLACED: SchedulerService._on_placed,
+    EventType.JOB_STOP: SchedulerService._on_stop_order,
+    EventType.JOB_STARTED: SchedulerService._on_status,
+    EventType.JOB_FINISHED: SchedulerService._on_status,
+    EventType.JOB_FAILED: SchedulerService._on_status,
+    EventType.JOB_REJECTED: SchedulerService._on_status,
+    EventType.JOB_STOPPED: SchedulerService._on_status,
+}, ignores=frozenset({
+    EventType.JOB_CANCELLED,  # our own: the job was already done when we published it
+    EventType.JOB_PENDING, EventType.SUBMISSION_REJECTED, EventType.USAGE_RECORDED, EventType.BUS_DEAD_LETTER,
+    EventType.POLICY_APPLIED, EventType.TENANT_UPDATED, EventType.QUOTA_UPDATED, EventType.PRINCIPAL_UPDATED,
+    EventType.APPROVAL_REQUESTED, EventType.APPROVAL_APPROVED, EventType.APPROVAL_REJECTED,
+    EventType.APPROVAL_EXPIRED,
+}))
+
+#: ``scheduler-inventory``: which branch of ``_apply_inventory`` an inventory event takes.
+INVENTORY: EventTable = EventTable({EventType.INVENTORY_HEARTBEAT: "heartbeat",
+                                    EventType.INVENTORY_SNAPSHOT: "snapshot"})
 
 
 def _evaluation(e: ClusterEvaluation) -> dict:
