@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 from decimal import Decimal
 
 from fedsched.bus import Delivery
-from fedsched.events import JobStatus, business_event_id, make_event
+from fedsched.events import Envelope, JobStatus, business_event_id, make_event
 from fedsched.pricing import load_price_catalog
 from fedsched.store import AsyncStore
 from services.audit.service import AuditService
@@ -60,6 +60,39 @@ async def test_same_event_twice_gives_one_audit_row_and_one_usage_row(bus, store
     assert usage == (7200.0, Decimal("5.400000"), Decimal("10.800000"), "finished")
     recorded = store.query(f"SELECT count() FROM {db}.events WHERE type = 'usage.recorded'").scalar()
     assert recorded == 1
+
+
+async def test_an_unknown_event_type_is_stored_by_audit_and_skipped_by_billing_not_dead_lettered(bus, store):
+    """Rolling upgrade: a newer agent publishes a type this build does not know, between two it does."""
+    astore = AsyncStore(store)
+    audit, billing = AuditService(bus, astore, linger_s=0.05), BillingService(bus, astore, load_price_catalog(),
+                                                                              linger_s=0.05)
+    tasks = [asyncio.create_task(audit.run()), asyncio.create_task(billing.run())]
+    subject = bus.subjects.status("cn-east-1", "cn-east-1-c1")
+    future = Envelope(event_id=business_event_id("j-1", 1, 0, "future"), type="job.future_thing",
+                      occurred_at=datetime.fromtimestamp(START + 60, UTC), producer="agent/cn-east-1-c1",
+                      region="cn-east-1", cluster="cn-east-1-c1", tenant="nlp", project="train", job_id="j-1",
+                      attempt=1, payload={"checkpoint": "s3://ckpt/7", "gpu_milli": 2000})
+    for e in (_status("job.started"), future, _status("job.finished", at=START + 3600)):
+        await bus.publish(subject, e)
+
+    async def written():
+        n = store.query(f"SELECT count() FROM {store.database}.usage").scalar()
+        return n >= 1 and await audit.lag() == 0 and await billing.consumer.lag() == 0
+
+    assert await _wait(written)
+    audit.stop(), billing.stop()
+    await asyncio.gather(*tasks)
+    db = store.database
+    # billing skipped it, counted it, and went on to bill the attempt
+    assert billing.skipped.as_dict() == {"job.future_thing": 1}
+    assert store.query(f"SELECT outcome, cost FROM {db}.usage").rows == [("finished", Decimal("10.800000"))]
+    # nobody dead-lettered it
+    assert billing.consumer.dead_lettered == 0 and all(c.dead_lettered == 0 for c in audit.consumers)
+    assert (await bus.js.stream_info(bus.stream_name("DLQ"))).state.messages == 0
+    # the audit log kept it as it came
+    rows = store.query(f"SELECT event_id, payload FROM {db}.events WHERE type = 'job.future_thing'").rows
+    assert rows == [(future.event_id, '{"checkpoint":"s3://ckpt/7","gpu_milli":2000}')]
 
 
 async def test_a_batch_written_twice_after_a_crash_is_not_doubled(bus, store):

@@ -85,6 +85,18 @@ async def test_undecodable_message_goes_to_dead_letter_and_consumer_continues(bu
     assert dead[0].envelope.type == "bus.dead_letter"
 
 
+async def test_an_unknown_event_type_reaches_the_handler_and_a_malformed_type_is_dead_lettered(bus):
+    subject = bus.subjects.status("cn-north-1", "cn-north-1-c1")
+    newer = _event(5).model_copy(update={"type": "job.future_thing", "event_id": business_event_id("future")})
+    await bus.publish(subject, newer)
+    await bus.js.publish(subject, newer.to_bytes().replace(b"job.future_thing", b"Job Future!"))
+    await bus.publish(subject, _event(6))
+    got, c = await _collect(bus, [subject], "unknown-type-test", 2)
+    assert [(d.envelope.type, d.envelope.known_type) for d in got] == [("job.future_thing", None),
+                                                                      ("job.started", "job.started")]
+    assert c.dead_lettered == 1
+
+
 async def test_poison_payload_is_dead_lettered_after_retries(bus):
     subject = bus.subjects.status("cn-north-1", "cn-north-1-c1")
     await bus.publish(subject, _event(4))
