@@ -144,3 +144,29 @@ async def test_follower_reads_history_then_follows(bus):
     f.stop()
     await task
     assert seen == [0, 1, 2, 3]
+
+
+async def test_the_scheduler_skips_an_unknown_event_type_and_reports_it_on_its_status(bus):
+    from fedsched.clock import SystemClock
+    from fedsched.pricing import load_price_catalog
+    from services.scheduler.core import build_policy
+    from services.scheduler.service import SchedulerService
+
+    subject = bus.subjects.status("cn-north-1", "cn-north-1-c1")
+    newer = _event(7).model_copy(update={"type": "job.future_thing", "event_id": business_event_id("future", 7)})
+    await bus.publish(subject, newer)
+    last = (await bus.publish(subject, _event(8))).seq
+    svc = SchedulerService(bus, SystemClock(), build_policy(), load_price_catalog())
+    task = asyncio.create_task(svc.run())
+    try:
+        deadline = time.monotonic() + 10
+        while svc.applied_seq < last and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        assert svc.applied_seq == last  # it went past the unknown event, and on to the next one
+        assert svc.status()["skipped_types"] == {"scheduler-events": {"job.future_thing": 1}}
+    finally:
+        svc.stop()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    dlq = (await bus.js.stream_info(bus.stream_name("DLQ"))).state.messages
+    assert dlq == 0
