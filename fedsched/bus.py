@@ -7,6 +7,9 @@
   acknowledges only after the handler returned (its effect is committed). Undecodable messages
   and messages that keep failing go to the dead-letter subject with the reason; a dependency
   outage (:class:`~fedsched.errors.UnavailableError`) naks with back-off and keeps the backlog.
+  An event of a type this build does not know but well formed (a newer producer) is not
+  undecodable: it is handed to the handler, whose dispatch table skips and counts it
+  (:mod:`fedsched.dispatch`).
 * :class:`StreamFollower` -- reads a stream from the start (or a sequence) and follows it; how
   services rebuild their state after a restart. It tracks the stream sequence itself and
   recreates its ephemeral consumer after errors or a server restart (nats.py pull consumers can

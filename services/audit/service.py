@@ -7,6 +7,9 @@ model) -- and returns only once ClickHouse committed them; the consumer acknowle
 Rows are keyed on the event id and inserted with :meth:`~fedsched.store.Store.insert_new`, so a
 redelivered or replayed event never becomes a second row. When ClickHouse is unavailable the
 consumer backs off and the backlog stays in JetStream.
+
+Events of a type this build does not know (a newer producer) are stored like any other: the
+log keeps what was said even when no reader here understands it yet.
 """
 
 from __future__ import annotations
