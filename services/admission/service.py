@@ -577,6 +577,10 @@ class AdmissionService:
         self.ready = asyncio.Event()
         self.skipped_inventory = SkippedTypes("admission-inventory")  #: unknown inventory event types skipped
 
+    def skipped_types(self) -> dict[str, dict[str, int]]:
+        """Follower -> event type -> events skipped because this build does not know the type."""
+        return {c.consumer: c.as_dict() for c in (self.view.skipped, self.skipped_inventory) if c.counts}
+
     def _on_event(self, d: Delivery) -> None:
         route = ADMISSION_EVENTS.route(d.envelope.type)  # unknown types: counted by the job view
         (route or AdmissionService._to_view)(self, d)

@@ -170,3 +170,24 @@ async def test_the_scheduler_skips_an_unknown_event_type_and_reports_it_on_its_s
         await asyncio.gather(task, return_exceptions=True)
     dlq = (await bus.js.stream_info(bus.stream_name("DLQ"))).state.messages
     assert dlq == 0
+
+
+async def test_admission_skips_an_unknown_event_type_and_reports_it(bus):
+    from fedsched.clock import SystemClock
+    from services.admission.service import AdmissionService
+    from tests.govfixtures import policy_doc, store_policy
+
+    await store_policy(bus, policy_doc())
+    subject = bus.subjects.status("cn-north-1", "cn-north-1-c1")
+    newer = _event(9).model_copy(update={"type": "job.future_thing", "event_id": business_event_id("future", 9)})
+    last = (await bus.publish(subject, newer)).seq
+    svc = AdmissionService(bus, SystemClock(), address="127.0.0.1:0")
+    task = asyncio.create_task(svc.run())
+    try:
+        await asyncio.wait_for(svc.ready.wait(), 20)  # ready = the read models caught up with the stream
+        assert svc.view.applied_seq == last
+        assert svc.skipped_types() == {"admission-jobs": {"job.future_thing": 1}}
+    finally:
+        svc.stop()
+        await task
+    assert (await bus.js.stream_info(bus.stream_name("DLQ"))).state.messages == 0
