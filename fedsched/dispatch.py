@@ -29,6 +29,8 @@ H = TypeVar("H")
 class SkippedTypes:
     """Count of the unknown event types one consumer skipped (per type name).
 
+    Counts skip decisions: a batch redelivered after a failure counts its unknown events again.
+
     Args:
         consumer: the consumer's name (for logs), e.g. ``scheduler-events``.
     """
