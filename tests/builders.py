@@ -329,3 +329,49 @@ def decision(e: Envelope) -> Decision:
     if e.type in ("job.stop", "job.stopped", "job.cancelled"):
         reason = e.payload.get("reason", "")
     return Decision(e.type, e.job_id, e.attempt, e.cluster, reason)
+
+
+# ---------------------------------------------------------------------------- the agent, by hand
+
+class StaticBackend:
+    """A :class:`~services.inventory.agent.Backend` with fixed nodes; every attempt runs
+    ``runtime_s`` (None = until stopped) minus the work it resumes from, ending ``outcome``."""
+
+    def __init__(self, node_list: tuple[NodeInventory, ...], *, runtime_s: float | None = 600.0,
+                 outcome: str = "succeeded") -> None:
+        self._nodes = list(node_list)
+        self.runtime_s = runtime_s
+        self.outcome = outcome
+
+    def nodes(self) -> list[NodeInventory]:
+        return list(self._nodes)
+
+    def plan(self, spec: JobSpec, started_at: float, *, attempt: int = 1, resume_from_s: float = 0.0):
+        from fedsched.jobs import AttemptState
+        if self.runtime_s is None:
+            return None, AttemptState(self.outcome)
+        return started_at + max(0.0, self.runtime_s - resume_from_s), AttemptState(self.outcome)
+
+
+def placement(job_id: str, job: JobSpec, cluster: str, region: str, bindings: Sequence[tuple[str, tuple[int, ...]]], *,
+              attempt: int = 1, at: float = EPOCH, card_model: str = T4, resume_from_s: float = 0.0) -> Envelope:
+    """``job.placed`` binding worker i to ``bindings[i]`` = (node, GPU indices), whole GPUs."""
+    from fedsched.events import WorkerBinding
+    payload = JobPlaced(spec=job, card_model=card_model, resume_from_s=resume_from_s,
+                        bindings=tuple(WorkerBinding(worker=i, node=node, gpu_indices=devices,
+                                                     gpu_milli=job.gpu_milli, cpu_milli=job.cpu_milli,
+                                                     memory_mib=job.memory_mib)
+                                       for i, (node, devices) in enumerate(bindings)))
+    return make_event("job.placed", payload, producer="scheduler", occurred_at=at,
+                      event_id=business_event_id(job_id, attempt, 0, "placed"), region=region, zone=region + "a",
+                      cluster=cluster, tenant=job.tenant, project=job.project, job_id=job_id, attempt=attempt)
+
+
+def stop_order(placed: Envelope, reason: str, at: float, *, checkpoint_interval_s: float = 0.0) -> Envelope:
+    """The scheduler's ``job.stop`` for the attempt ``placed``."""
+    from fedsched.events import JobStop
+    return make_event("job.stop", JobStop(reason=reason, checkpoint_interval_s=checkpoint_interval_s),
+                      producer="scheduler", occurred_at=at,
+                      event_id=business_event_id(placed.job_id, placed.attempt, 0, "stop"), region=placed.region,
+                      zone=placed.zone, cluster=placed.cluster, tenant=placed.tenant, project=placed.project,
+                      job_id=placed.job_id, attempt=placed.attempt)
