@@ -73,6 +73,8 @@ class ShardEntry:
         failures: failed attempts so far (retry budget: ``spec.retry_limit``).
         avoid: clusters where an attempt failed (failover prefers others).
         placed: the current placement (allocated while placed/running).
+        attempt_placed: the placement of the latest attempt, kept after its resources are given
+            up (what a ``job.stopped`` for it carries: card model, fabric).
         placed_wall: liveness-clock (wall) seconds when the placement was published (JetStream
             time when read back from the stream), for reclamation.
         started_at: business time the current attempt started.
@@ -90,6 +92,7 @@ class ShardEntry:
     cluster: str = ""
     region: str = ""
     placed: JobPlaced | None = None
+    attempt_placed: JobPlaced | None = None
     placed_wall: float = 0.0
     started_at: float | None = None
     progress_s: float = 0.0
@@ -482,7 +485,7 @@ class SchedulerService:
         self._unbind(shard)
         shard.attempt = attempt
         shard.cluster, shard.region = cluster, region
-        shard.placed = placed
+        shard.placed = shard.attempt_placed = placed
         shard.placed_wall = placed_wall
         shard.started_at = None
         shard.stop_sent = False
@@ -743,7 +746,7 @@ class SchedulerService:
     def _lost_event(self, job: JobEntry, shard: ShardEntry):
         """``job.stopped`` (reason ``cluster_lost``) for an attempt on a lost cluster, published on
         that cluster's status subject with the id its agent would give the attempt's end."""
-        placed = shard.placed
+        placed = shard.attempt_placed
         spec = job.spec
         info = self.clusters.get(shard.cluster)
         payload = JobStatus(

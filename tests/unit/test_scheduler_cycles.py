@@ -22,7 +22,7 @@ from fedsched.jobs import PriorityClass
 from fedsched.pricing import load_price_catalog
 from services.billing.usage import compute_line
 from services.scheduler.states import Outcome, ShardState
-from tests.builders import ClusterSpec, Decision, SchedulerHarness, nodes
+from tests.builders import T4, ClusterSpec, Decision, SchedulerHarness, nodes
 
 A, B = "cn-north-1-c1", "cn-north-1-c2"
 TWO = (ClusterSpec(A, node_list=nodes("a")), ClusterSpec(B, node_list=nodes("b")))
@@ -233,6 +233,22 @@ CASES = [
         Report("j1", "job.started"),
         state("j1", ShardState.RUNNING),
     ], dict(stale_after_s=1.0, reclaim_after_s=20.0)),
+    Case("staleness: a preempted victim whose cluster falls silent before it reports is ended and requeued", ONE, [
+        Submit("low", LOW),
+        Cycle([placed("low", 1, A)]),
+        Report("low", "job.started"),
+        Submit("high", HIGH),
+        Cycle([stop("low", 1, A, "preempted"), placed("high", 1, A)]),
+        Silence(A),
+        Advance(1.6),
+        Cycle([stop("high", 1, A, "cluster_lost"), stopped("high", 1, A, "cluster_lost"),
+               stopped("low", 1, A, "cluster_lost")]),
+        state("low", ShardState.QUEUED),
+        state("high", ShardState.QUEUED),
+        Check("the victim's end carries its card model (billing prices it)",
+              lambda h: [p.event.payload["card_model"] for p in h.publisher.published
+                         if p.event.type == "job.stopped" and p.event.job_id == "low"] == [T4]),
+    ], dict(stale_after_s=1.0)),
     Case("staleness: a stale cluster heard from again takes placements again", ONE, [
         Silence(A),
         Advance(2.0),
