@@ -5,6 +5,8 @@
   and acknowledges it (or refuses the items a predicate picks, like an unavailable JetStream).
 * Event builders: :func:`spec`, :func:`submitted`, :func:`cancel_requested`, :func:`status_event`,
   :func:`snapshot`, :func:`heartbeat`, :func:`delivery`.
+* Agent: :class:`StaticBackend` (a :class:`~services.inventory.agent.Backend` with fixed nodes
+  and runtimes), :func:`placement`, :func:`stop_order`.
 * :class:`SchedulerHarness` -- a :class:`~services.scheduler.service.SchedulerService` driven by
   hand the way its run loop drives it: deliveries in stream order (its own publishes read back
   too), live clusters heartbeating as the clock advances, cycles when asked, and a restart that
@@ -21,10 +23,14 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from fedsched.bus import Delivery
-from fedsched.events import (Envelope, Heartbeat, InventorySnapshot, JobCancelRequested, JobPlaced, JobStatus,
-                             JobSubmitted, NodeInventory, Subjects, business_event_id, make_event)
-from fedsched.jobs import JobSpec
+from fedsched.clock import to_datetime
+from fedsched.errors import UnavailableError
+from fedsched.events import (Envelope, Heartbeat, InventorySnapshot, JobCancelRequested, JobPlaced, JobStatus, JobStop,
+                             JobSubmitted, NodeInventory, Subjects, WorkerBinding, business_event_id, make_event)
+from fedsched.jobs import AttemptState, JobSpec
 from fedsched.pricing import load_price_catalog
+from services.scheduler.core import build_policy
+from services.scheduler.service import SchedulerService
 
 T4 = "nvidia-t4-16gb"
 EPOCH = 1_700_000_000.0
@@ -75,7 +81,6 @@ class FakePublisher:
     async def publish(self, subject: str, event: Envelope, *, headers: dict[str, str] | None = None) -> Any:
         """Acknowledge ``event`` (or raise like the real bus after its retries)."""
         if not self._accept(subject, event, headers):
-            from fedsched.errors import UnavailableError
             raise UnavailableError(f"fake: publish to {subject} refused")
         return True
 
@@ -123,7 +128,6 @@ def status_event(type_: str, placed: Envelope, at: float, *, reason: str = "", s
     (a ``job.placed`` envelope), with the agent's deterministic id."""
     p = placed.payload_as(JobPlaced)
     step = {"job.started": "started", "job.rejected": "rejected"}.get(type_, "ended")
-    from fedsched.clock import to_datetime
     payload = JobStatus(card_model=p.card_model, gpu_milli=p.spec.total_gpu_milli, reason=reason, shard=p.shard,
                         started_at=to_datetime(started_at) if started_at is not None else None,
                         kind=p.spec.kind.value, progress_s=progress_s)
@@ -192,7 +196,6 @@ class SchedulerHarness:
 
     def __init__(self, clusters: Sequence[ClusterSpec], *, policy: str = "federated", heartbeat_s: float = 0.5,
                  **settings: Any) -> None:
-        from services.scheduler.core import build_policy
         self.clock = FakeClock()
         self.subjects = Subjects("t")
         self.prices = load_price_catalog()
@@ -215,7 +218,6 @@ class SchedulerHarness:
         self._beat()
 
     def _service(self):
-        from services.scheduler.service import SchedulerService
         return SchedulerService(None, self.clock, self.policy, self.prices, publisher=self.publisher,
                                 subjects=self.subjects, liveness=self.clock, **self.settings)
 
@@ -347,7 +349,6 @@ class StaticBackend:
         return list(self._nodes)
 
     def plan(self, spec: JobSpec, started_at: float, *, attempt: int = 1, resume_from_s: float = 0.0):
-        from fedsched.jobs import AttemptState
         if self.runtime_s is None:
             return None, AttemptState(self.outcome)
         return started_at + max(0.0, self.runtime_s - resume_from_s), AttemptState(self.outcome)
@@ -356,7 +357,6 @@ class StaticBackend:
 def placement(job_id: str, job: JobSpec, cluster: str, region: str, bindings: Sequence[tuple[str, tuple[int, ...]]], *,
               attempt: int = 1, at: float = EPOCH, card_model: str = T4, resume_from_s: float = 0.0) -> Envelope:
     """``job.placed`` binding worker i to ``bindings[i]`` = (node, GPU indices), whole GPUs."""
-    from fedsched.events import WorkerBinding
     payload = JobPlaced(spec=job, card_model=card_model, resume_from_s=resume_from_s,
                         bindings=tuple(WorkerBinding(worker=i, node=node, gpu_indices=devices,
                                                      gpu_milli=job.gpu_milli, cpu_milli=job.cpu_milli,
@@ -369,7 +369,6 @@ def placement(job_id: str, job: JobSpec, cluster: str, region: str, bindings: Se
 
 def stop_order(placed: Envelope, reason: str, at: float, *, checkpoint_interval_s: float = 0.0) -> Envelope:
     """The scheduler's ``job.stop`` for the attempt ``placed``."""
-    from fedsched.events import JobStop
     return make_event("job.stop", JobStop(reason=reason, checkpoint_interval_s=checkpoint_interval_s),
                       producer="scheduler", occurred_at=at,
                       event_id=business_event_id(placed.job_id, placed.attempt, 0, "stop"), region=placed.region,
