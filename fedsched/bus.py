@@ -81,6 +81,9 @@ class Delivery:
         headers: its NATS headers (``traceparent``, ``Nats-Msg-Id``).
         stream_sequence: sequence in its stream.
         deliveries: how many times it has been delivered (1 = first time).
+        published_at: wall time (s since the Unix epoch) JetStream stored it, from the message
+            metadata; None when unknown. Liveness is judged from it (when a heartbeat was
+            produced), never from when a restarted service happened to read it.
     """
 
     envelope: Envelope
@@ -89,6 +92,7 @@ class Delivery:
     stream_sequence: int
     deliveries: int
     msg: Msg | None = field(default=None, repr=False)
+    published_at: float | None = None
 
     @property
     def trace_id(self) -> str:
@@ -321,6 +325,12 @@ async def _failed(e: Exception):
     raise e
 
 
+def _stored_at(md) -> float | None:
+    """Wall seconds at which JetStream stored a message (its metadata timestamp), or None."""
+    ts = getattr(md, "timestamp", None)
+    return ts.timestamp() if ts is not None else None
+
+
 def _decode(msg: Msg) -> Envelope:
     return Envelope.from_bytes(msg.data)
 
@@ -463,7 +473,8 @@ class DurableConsumer:
                 self.dead_lettered += 1
                 continue
             md = msg.metadata
-            good.append(Delivery(env, msg.subject, dict(msg.headers or {}), md.sequence.stream, md.num_delivered, msg))
+            good.append(Delivery(env, msg.subject, dict(msg.headers or {}), md.sequence.stream, md.num_delivered, msg,
+                                 _stored_at(md)))
         if not good:
             return
         try:
@@ -640,7 +651,7 @@ class StreamFollower:
         self.next_sequence = seq + 1
         try:
             env = _decode(msg)
-            delivery = Delivery(env, msg.subject, dict(msg.headers or {}), seq, 1, None)
+            delivery = Delivery(env, msg.subject, dict(msg.headers or {}), seq, 1, None, _stored_at(md))
             result = self.handler(delivery)
             if asyncio.iscoroutine(result):
                 await result

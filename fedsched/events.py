@@ -271,13 +271,15 @@ class JobStop(_Payload):
     """``job.stop``: scheduler tells an agent to stop a job attempt.
 
     Attributes:
-        reason: cancelled, preempted (for a higher-priority job, ``for_job``) or reclaimed
-            (placed but never started in time, or its cluster went stale).
+        reason: cancelled, preempted (for a higher-priority job, ``for_job``), reclaimed
+            (placed but never started in time) or cluster_lost (its cluster went silent for
+            longer than the freshness limit; the scheduler also ends the attempt with a
+            ``job.stopped`` of the same reason).
         checkpoint_interval_s: for checkpointable work, how often it checkpoints (s): the agent
             reports the checkpointed progress so the next attempt resumes from it.
     """
 
-    reason: Literal["cancelled", "preempted", "reclaimed"]
+    reason: Literal["cancelled", "preempted", "reclaimed", "cluster_lost"]
     shard: int = 0
     for_job: str = ""
     checkpoint_interval_s: float = 0.0

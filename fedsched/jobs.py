@@ -77,6 +77,18 @@ class JobState(StrEnum):
 TERMINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
 
 
+class AttemptState(StrEnum):
+    """States of one attempt (one placement of a job or shard on a cluster), str-valued as
+    attempt records and the API have always carried them."""
+
+    PLACED = "placed"        # the scheduler published the placement
+    RUNNING = "running"      # its agent started it
+    SUCCEEDED = "succeeded"  # ended well (``job.finished``)
+    FAILED = "failed"        # ended in failure (``job.failed``)
+    REJECTED = "rejected"    # its agent refused the placement (``job.rejected``)
+    STOPPED = "stopped"      # stopped on order: cancelled, preempted, reclaimed, cluster lost
+
+
 class Dataset(BaseModel):
     """A dataset a job reads.
 

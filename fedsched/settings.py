@@ -41,7 +41,9 @@ class Settings(BaseSettings):
         stream_max_age_s: how long JetStream keeps events (seconds).
         duplicate_window_s: JetStream duplicate-detection window for ``Nats-Msg-Id`` (seconds).
         heartbeat_interval_s: agents' heartbeat period (wall seconds).
-        stale_after_s: an inventory older than this (wall seconds) is excluded from scheduling.
+        stale_after_s: a cluster whose newest heartbeat or inventory was stored longer ago than
+            this (wall seconds) is excluded from scheduling, and its placed and running attempts
+            are moved elsewhere (declared lost, reason ``cluster_lost``).
         schedule_interval_s: the scheduler's cycle period when something changed (wall seconds).
         reclaim_after_s: a placement its agent has not started after this long (wall seconds)
             is taken back and placed again elsewhere.

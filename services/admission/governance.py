@@ -20,29 +20,32 @@ from __future__ import annotations
 
 import math
 import re
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 from fedsched import auth
 from fedsched.api.v1 import governance_pb2 as gpb
 from fedsched.api.v1 import governance_pb2_grpc as gpb_grpc
 from fedsched.api.v1 import jobs_pb2 as pb
 from fedsched.auth import ROLES, Principal, hash_token, new_token
-from fedsched.errors import ConflictError, NotFoundError, PermissionDeniedError, ValidationError
-from fedsched.events import ApprovalDecided, GovernanceChanged, approval_outcome_id, business_event_id, make_event
+from fedsched.bus import Bus
+from fedsched.clock import Clock
+from fedsched.errors import ConflictError, NotFoundError, PermissionDeniedError, UnavailableError, ValidationError
+from fedsched.events import (ApprovalDecided, GovernanceChanged, Subjects, approval_outcome_id, business_event_id,
+                             make_event)
 from fedsched.events import EventType
 from fedsched.governance import (WILDCARD, Governance, GrantDoc, PolicyDoc, PrincipalDoc, QuotaDoc, TenantDoc,
                                  canonical, carry_bootstrap, check_grant, diff, parse_entry, parse_policy,
                                  parse_policy_data, policy_version, public_view, resolve_card, to_yaml, with_principal)
 from fedsched.jobs import JobState, Locality
 from fedsched.naming import check_name
-from fedsched.policystore import StoredPolicy, announce, read_policy, write_policy
-from services.admission.approvalview import ApprovalRecord
-from services.admission.budgets import month_of
+from fedsched.policystore import PolicyHolder, StoredPolicy, announce, read_policy, write_policy
+from fedsched.ports import Publisher
+from services.admission.approvalview import ApprovalRecord, ApprovalView
+from services.admission.budgets import SpendBook, month_of
+from services.admission.jobview import JobView
 from services.admission.convert import KIND_FROM_PB, KIND_TO_PB, LOCALITY_FROM_PB, LOCALITY_TO_PB, _ts
 from services.scheduler.core.quota import QuotaBook
 
-if TYPE_CHECKING:
-    from services.admission.service import AdmissionService
 
 MODE_FROM_PB = {gpb.CROSS_REGION_MODE_FORBIDDEN: "forbidden", gpb.CROSS_REGION_MODE_APPROVAL: "approval",
                 gpb.CROSS_REGION_MODE_ALLOWED: "allowed"}
@@ -71,11 +74,31 @@ def _finite(value: float, field: str) -> float:
     return value
 
 
-class PolicyEditor:
-    """Read-modify-write of the stored policy with compare-and-set (see the module docstring)."""
+def governance_in_force(policy: PolicyHolder) -> Governance:
+    """The governance policy in force.
 
-    def __init__(self, svc: "AdmissionService") -> None:
-        self.svc = svc
+    Raises:
+        UnavailableError: no policy applied yet (the interceptor refuses calls before one is).
+    """
+    gov = policy.current
+    if gov is None:
+        raise UnavailableError("no governance policy applied yet")
+    return gov
+
+
+class PolicyEditor:
+    """Read-modify-write of the stored policy with compare-and-set (see the module docstring).
+
+    Args:
+        store: the connection holding the policy KV bucket (:mod:`fedsched.policystore`).
+        clock: business clock (the stored version's ``applied_at``).
+        policy: the holder updated with what was stored.
+    """
+
+    def __init__(self, store: Bus, clock: Clock, policy: PolicyHolder) -> None:
+        self.store = store
+        self.clock = clock
+        self.policy = policy
 
     async def change(self, mutate: Callable[[PolicyDoc], PolicyDoc], *, actor: Principal,
                      expected_version: str = "") -> tuple[StoredPolicy, StoredPolicy | None]:
@@ -90,7 +113,7 @@ class PolicyEditor:
             ValidationError: the changed document does not validate.
         """
         for attempt in range(3):
-            before = await read_policy(self.svc.bus)
+            before = await read_policy(self.store)
             if before is None:
                 raise ConflictError("no policy is stored yet")
             if expected_version and before.version != expected_version:
@@ -99,16 +122,16 @@ class PolicyEditor:
             doc = mutate(before.gov.doc)
             _guard(doc, actor)
             if policy_version(doc) == before.version:
-                self.svc.policy.set(before)
+                self.policy.set(before)
                 return before, None
             try:
-                stored = await write_policy(self.svc.bus, doc, actor=actor.name, now=self.svc.clock.time(),
+                stored = await write_policy(self.store, doc, actor=actor.name, now=self.clock.time(),
                                             expected_revision=before.revision)
             except ConflictError:
                 if attempt == 2:
                     raise
                 continue
-            self.svc.policy.set(stored)
+            self.policy.set(stored)
             return before, stored
         raise ConflictError("the policy kept changing; retry")  # pragma: no cover - loop always returns
 
@@ -212,14 +235,30 @@ def approval_to_pb(r: ApprovalRecord) -> gpb.Approval:
 
 
 class TenantServicer(gpb_grpc.TenantServiceServicer):
-    """Tenants, quotas and principals (writes: admins; reads: a tenant's submitters/approvers)."""
+    """Tenants, quotas and principals (writes: admins; reads: a tenant's submitters/approvers).
 
-    def __init__(self, svc: "AdmissionService") -> None:
-        self.svc = svc
-        self.editor = PolicyEditor(svc)
+    Args:
+        store: the connection holding the policy KV bucket.
+        clock: business clock (budget months, stored versions).
+        policy: the governance policy in force.
+        spend: month-to-date spend per tenant.
+        view: the job read model (quota usage).
+        publisher: where governance events go (default: ``store``).
+        subjects: subject names (default: ``store.subjects``).
+    """
+
+    def __init__(self, store: Bus, clock: Clock, policy: PolicyHolder, spend: SpendBook, view: JobView, *,
+                 publisher: Publisher | None = None, subjects: Subjects | None = None) -> None:
+        self.clock = clock
+        self.policy = policy
+        self.spend = spend
+        self.view = view
+        self.publisher = publisher if publisher is not None else store
+        self.subjects = subjects if subjects is not None else store.subjects
+        self.editor = PolicyEditor(store, clock, policy)
 
     def _gov(self) -> Governance:
-        return self.svc.servicer.gov()
+        return governance_in_force(self.policy)
 
     async def _publish(self, event_type: EventType, kind: str, key: str, old, new, before: StoredPolicy,
                        after: StoredPolicy, actor: Principal, tenant: str = "", token_issued: bool = False) -> None:
@@ -228,17 +267,17 @@ class TenantServicer(gpb_grpc.TenantServiceServicer):
         event = make_event(event_type, payload, producer="admission", occurred_at=after.applied_at,
                            event_id=business_event_id(kind, key, after.revision, after.version), actor=actor.name,
                            policy_version=after.version, tenant=tenant)
-        subject = self.svc.bus.subjects.governance_tenant(tenant) if tenant else self.svc.bus.subjects.governance_policy()
-        await self.svc.bus.publish(subject, event)
+        subject = self.subjects.governance_tenant(tenant) if tenant else self.subjects.governance_policy()
+        await self.publisher.publish(subject, event)
 
     async def ListTenants(self, request: gpb.ListTenantsRequest, context) -> gpb.ListTenantsResponse:
         principal = auth.current()
         if principal.readable_tenants() == frozenset():
             raise PermissionDeniedError(f"{principal.name} has no tenant rights")
         gov = self._gov()
-        month = month_of(self.svc.clock.time())
+        month = month_of(self.clock.time())
         return gpb.ListTenantsResponse(
-            tenants=[tenant_to_pb(t, str(self.svc.spend.spend(t.name, month))) for t in gov.doc.tenants
+            tenants=[tenant_to_pb(t, str(self.spend.spend(t.name, month))) for t in gov.doc.tenants
                      if principal.can_read(t.name)], policy_version=gov.version)
 
     async def PutTenant(self, request: gpb.PutTenantRequest, context) -> gpb.PutTenantResponse:
@@ -264,7 +303,7 @@ class TenantServicer(gpb_grpc.TenantServiceServicer):
     def _usage(self, gov: Governance) -> QuotaBook:
         running = (JobState.PLACED, JobState.RUNNING)
         allocations = ((r.spec.tenant, r.current.card_model, r.current.region, r.spec.total_gpu_milli)
-                       for r in self.svc.view.jobs.values() if r.state in running and r.current is not None)
+                       for r in self.view.jobs.values() if r.state in running and r.current is not None)
         return QuotaBook.build(gov.quota_rules, allocations)
 
     async def ListQuotas(self, request: gpb.ListQuotasRequest, context) -> gpb.ListQuotasResponse:
@@ -364,10 +403,26 @@ class TenantServicer(gpb_grpc.TenantServiceServicer):
 
 
 class ApprovalServicer(gpb_grpc.ApprovalServiceServicer):
-    """Cross-region approval requests (approvers of the job's tenant, admins)."""
+    """Cross-region approval requests (approvers of the job's tenant, admins).
 
-    def __init__(self, svc: "AdmissionService") -> None:
-        self.svc = svc
+    Args:
+        publisher: where decisions go (``approval.approved`` / ``approval.rejected``); its
+            acknowledgement says whether the outcome was a duplicate.
+        subjects: subject names.
+        clock: business clock (decision time, expiry).
+        policy: the governance policy in force (its version on the event).
+        approvals: the approval read model (decisions are written through).
+        view: the job read model (decisions are written through).
+    """
+
+    def __init__(self, publisher: Publisher, subjects: Subjects, clock: Clock, policy: PolicyHolder,
+                 approvals: ApprovalView, view: JobView) -> None:
+        self.publisher = publisher
+        self.subjects = subjects
+        self.clock = clock
+        self.policy = policy
+        self.approvals = approvals
+        self.view = view
 
     async def ListApprovals(self, request: gpb.ListApprovalsRequest, context) -> gpb.ListApprovalsResponse:
         principal = auth.current()
@@ -385,7 +440,7 @@ class ApprovalServicer(gpb_grpc.ApprovalServiceServicer):
             if s not in APPROVAL_STATE_FROM_PB:
                 raise ValidationError(f"states[{i}]", f"unknown state {s}")
             states.add(APPROVAL_STATE_FROM_PB[s])
-        records = [r for r in self.svc.approvals.by_id.values()
+        records = [r for r in self.approvals.by_id.values()
                    if (not request.tenant or r.tenant == request.tenant) and (not states or r.state in states)
                    and principal.can_approve(r.tenant)]
         records.sort(key=lambda r: (r.requested_at, r.approval_id))
@@ -405,7 +460,7 @@ class ApprovalServicer(gpb_grpc.ApprovalServiceServicer):
             raise ValidationError("approval_id", "an approval id: 'ap-' and 20 hex characters")
         if len(request.comment) > 500 or not request.comment.isprintable():
             raise ValidationError("comment", "at most 500 printable characters")
-        rec = self.svc.approvals.by_id.get(request.approval_id)
+        rec = self.approvals.by_id.get(request.approval_id)
         if rec is None:
             raise NotFoundError("approval", request.approval_id)
         if not principal.can_approve(rec.tenant):
@@ -413,21 +468,21 @@ class ApprovalServicer(gpb_grpc.ApprovalServiceServicer):
         if rec.state != "pending":
             raise ConflictError(f"approval {rec.approval_id} is already {rec.state}"
                                 + (f" (by {rec.decided_by})" if rec.decided_by else ""))
-        now = self.svc.clock.time()
+        now = self.clock.time()
         if now >= rec.expires_at:
             raise ConflictError(f"approval {rec.approval_id} timed out; the job falls back to its home region")
-        gov = self.svc.servicer.gov()
+        gov = governance_in_force(self.policy)
         payload = ApprovalDecided(approval_id=rec.approval_id, comment=request.comment,
                                   proposed_region=rec.proposed_region)
         event = make_event(event_type, payload, producer="admission", occurred_at=now,
                            event_id=approval_outcome_id(rec.approval_id), region=rec.proposed_region,
                            cluster=rec.proposed_cluster, tenant=rec.tenant, project=rec.project, job_id=rec.job_id,
                            actor=principal.name, policy_version=gov.version)
-        ack = await self.svc.bus.publish(self.svc.bus.subjects.approval(rec.tenant, rec.project), event)
+        ack = await self.publisher.publish(self.subjects.approval(rec.tenant, rec.project), event)
         if ack.duplicate:
             raise ConflictError(f"approval {rec.approval_id} was decided (or timed out) a moment ago")
-        self.svc.approvals.apply(event)
-        self.svc.view.apply(event)
+        self.approvals.apply(event)
+        self.view.apply(event)
         return approval_to_pb(rec)
 
 
@@ -435,15 +490,22 @@ class ApprovalServicer(gpb_grpc.ApprovalServiceServicer):
 
 
 class PolicyServicer(gpb_grpc.PolicyServiceServicer):
-    """The whole policy document (admins)."""
+    """The whole policy document (admins).
 
-    def __init__(self, svc: "AdmissionService") -> None:
-        self.svc = svc
-        self.editor = PolicyEditor(svc)
+    Args:
+        store: the connection holding the policy KV bucket (and announcing applied policies).
+        clock: business clock (stored versions).
+        policy: the governance policy in force.
+    """
+
+    def __init__(self, store: Bus, clock: Clock, policy: PolicyHolder) -> None:
+        self.store = store
+        self.policy = policy
+        self.editor = PolicyEditor(store, clock, policy)
 
     async def GetPolicy(self, request: gpb.GetPolicyRequest, context) -> gpb.PolicyDocument:
         _require_admin(auth.current())
-        stored = self.svc.policy.stored
+        stored = self.policy.stored
         if stored is None:
             raise NotFoundError("policy", "current")
         msg = gpb.PolicyDocument(version=stored.version, yaml=to_yaml(stored.gov.doc), applied_by=stored.applied_by)
@@ -467,7 +529,7 @@ class PolicyServicer(gpb_grpc.PolicyServiceServicer):
         _require_admin(principal)
         expected = _expected(request.expected_version)
         new = self._parse(request)
-        current = await read_policy(self.svc.bus)
+        current = await read_policy(self.store)
         if current is None:
             raise ConflictError("no policy is stored yet")
         if expected and current.version != expected:
@@ -488,6 +550,6 @@ class PolicyServicer(gpb_grpc.PolicyServiceServicer):
         if after is None:
             return gpb.ApplyPolicyResponse(version=before.version, previous_version=before.version, applied=False)
         changes = diff(before.gov.doc, after.gov.doc)
-        await announce(self.svc.bus, after, previous_version=before.version, changes=changes, source="apply")
+        await announce(self.store, after, previous_version=before.version, changes=changes, source="apply")
         return gpb.ApplyPolicyResponse(version=after.version, previous_version=before.version, changes=changes,
                                        applied=True)

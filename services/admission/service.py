@@ -54,13 +54,14 @@ from fedsched.clock import Clock
 from fedsched.dispatch import EventTable, SkippedTypes
 from fedsched.errors import (AuthError, ConflictError, FedError, NotFoundError, PermissionDeniedError,
                              QuotaExceededError, UnavailableError, ValidationError)
-from fedsched.events import InventorySnapshot, JobCancelRequested, JobSubmitted, SubmissionRejected, business_event_id, \
-    make_event
+from fedsched.events import InventorySnapshot, JobCancelRequested, JobSubmitted, SubmissionRejected, Subjects, \
+    business_event_id, make_event
 from fedsched.events import APPROVAL_OUTCOMES, Envelope, EventType
 from fedsched.governance import Governance
 from fedsched.jobs import TERMINAL_STATES
 from fedsched.naming import check_name, is_name
 from fedsched.policystore import PolicyFollower, PolicyHolder
+from fedsched.ports import Publisher
 from fedsched.pricing import PriceCatalog, load_price_catalog
 from services.admission.approvalview import ApprovalView
 from services.admission.budgets import SpendBook, SpendWatcher
@@ -295,7 +296,7 @@ class JobServicer(pb_grpc.JobServiceServicer):
     """The JobService implementation.
 
     Args:
-        bus: NATS connection.
+        publisher: where submissions, cancellations and refusals go (the bus live).
         clock: business clock (submission times, budget months).
         policy: the governance policy in force.
         view: the job read model (kept current by :class:`AdmissionService`).
@@ -303,11 +304,14 @@ class JobServicer(pb_grpc.JobServiceServicer):
         known_models / known_regions: card models and regions agents reported (kept current).
         spend: month-to-date spend per tenant (budgets).
         prices: the price catalog (worst-case job cost for budgets).
+        subjects: subject names (default: ``publisher.subjects``, the bus's).
     """
 
-    def __init__(self, bus: Bus, clock: Clock, policy: PolicyHolder, view: JobView, limits: Limits | None,
-                 known_models: set[str], known_regions: set[str], spend: SpendBook, prices: PriceCatalog) -> None:
-        self.bus = bus
+    def __init__(self, publisher: Publisher, clock: Clock, policy: PolicyHolder, view: JobView, limits: Limits | None,
+                 known_models: set[str], known_regions: set[str], spend: SpendBook, prices: PriceCatalog, *,
+                 subjects: Subjects | None = None) -> None:
+        self.publisher = publisher
+        self.subjects: Subjects = subjects if subjects is not None else publisher.subjects
         self.clock = clock
         self.policy = policy
         self.view = view
@@ -397,7 +401,7 @@ class JobServicer(pb_grpc.JobServiceServicer):
                            producer="admission", occurred_at=self.clock.time(),
                            event_id=business_event_id(job_id, "submitted"), tenant=spec.tenant, project=spec.project,
                            job_id=job_id, actor=principal.name, policy_version=gov.version)
-        ack = await self.bus.publish(self.bus.subjects.job("submitted", spec.tenant, spec.project), event)
+        ack = await self.publisher.publish(self.subjects.job("submitted", spec.tenant, spec.project), event)
         self.view.apply(event)
         return pb.SubmitJobResponse(job_id=job_id, state=STATE_TO_PB[self.view.jobs[job_id].state],
                                     duplicate=bool(ack.duplicate))
@@ -412,7 +416,7 @@ class JobServicer(pb_grpc.JobServiceServicer):
                            tenant=tenant if known else "", actor=principal.name,
                            policy_version=gov.version if gov else "")
         try:
-            await self.bus.publish(self.bus.subjects.admission_rejected(), event)
+            await self.publisher.publish(self.subjects.admission_rejected(), event)
         except UnavailableError:
             log.warning("could not record a rejected submission: bus unavailable")
 
@@ -478,7 +482,7 @@ class JobServicer(pb_grpc.JobServiceServicer):
                            occurred_at=self.clock.time(), event_id=business_event_id(rec.job_id, "cancel"),
                            tenant=rec.spec.tenant, project=rec.spec.project, job_id=rec.job_id, actor=principal.name,
                            policy_version=gov.version if gov else "")
-        await self.bus.publish(self.bus.subjects.job("cancel", rec.spec.tenant, rec.spec.project), event)
+        await self.publisher.publish(self.subjects.job("cancel", rec.spec.tenant, rec.spec.project), event)
         self.view.apply(event)
         return pb.CancelJobResponse(job=job_to_pb(rec))
 
@@ -546,9 +550,9 @@ class AdmissionService:
         prices = prices or load_price_catalog()
         self.servicer = JobServicer(bus, clock, self.policy, self.view, limits, self.known_models,
                                     self.known_regions, self.spend, prices)
-        self.tenants = TenantServicer(self)
-        self.approval_servicer = ApprovalServicer(self)
-        self.policy_servicer = PolicyServicer(self)
+        self.tenants = TenantServicer(bus, clock, self.policy, self.spend, self.view)
+        self.approval_servicer = ApprovalServicer(bus, bus.subjects, clock, self.policy, self.approvals, self.view)
+        self.policy_servicer = PolicyServicer(bus, clock, self.policy)
         self.clock = clock
         self.server = grpc.aio.server(interceptors=[GatewayInterceptor(authenticator(self.policy))], options=[
             ("grpc.max_receive_message_length", max_message_bytes),

@@ -16,7 +16,8 @@ Two kinds of line (``usage.line``):
   when the catalog has none). ``unit_price`` is the GPU-hour (or core-hour) price when it was
   the same over the whole interval, else the effective average ``cost / hours``. Failed and
   stopped attempts are billed like finished ones and flagged (``flag``: ``failed``,
-  ``preempted``, ``reclaimed``, ``cancelled``); a finished attempt has ``flag = ''``.
+  ``preempted``, ``reclaimed``, ``cancelled``, ``cluster_lost`` -- ended by the scheduler when its cluster
+  fell silent); a finished attempt has ``flag = ''``.
   ``usage_id`` = the ending event's id.
 
 * ``transfer`` -- one per placement (``job.placed``) that moves data between regions

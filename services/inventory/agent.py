@@ -11,6 +11,12 @@ Restart: before consuming, the agent rebuilds its running set from its own histo
 time. Status events have deterministic ids (job, attempt, shard, step): reporting twice is
 harmless.
 
+Seams: the rules (:meth:`ClusterAgent.handle`, :meth:`ClusterAgent.finish_due`, the
+snapshots and heartbeats) publish through a :class:`~fedsched.ports.Publisher` and read the
+business :class:`~fedsched.clock.Clock`; the bus itself is needed only by :meth:`ClusterAgent.run`
+and :meth:`ClusterAgent.rebuild` (consumers). ``tests/unit/test_agent_cycles.py`` drives them
+on fakes.
+
 Backends implement :class:`Backend`; :class:`TraceBackend` runs jobs for the runtime recorded in
 the trace (annotation ``trace.runtime_s``) on the business clock, ending them as the trace did
 (``trace.outcome``).
@@ -28,10 +34,11 @@ from fedsched.bus import Bus, Delivery, DurableConsumer, StreamFollower
 from fedsched.clock import Clock, to_datetime
 from fedsched.dispatch import EventTable, SkippedTypes
 from fedsched.errors import DecodeError
-from fedsched.events import (Heartbeat, InventorySnapshot, JobPlaced, JobStatus, JobStop, NodeInventory,
+from fedsched.events import (Heartbeat, InventorySnapshot, JobPlaced, JobStatus, JobStop, NodeInventory, Subjects,
                              business_event_id, make_event)
 from fedsched.events import Envelope, EventType
-from fedsched.jobs import JobSpec
+from fedsched.jobs import AttemptState, JobSpec
+from fedsched.ports import Publisher
 from services.inventory.trace import ClusterDef
 
 log = logging.getLogger(__name__)
@@ -76,7 +83,7 @@ class RunningJob:
     placed: JobPlaced
     started_at: float
     ends_at: float | None
-    outcome: str
+    outcome: AttemptState
     trace_headers: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -92,9 +99,10 @@ class Backend(Protocol):
         ...
 
     def plan(self, spec: JobSpec, started_at: float, *, attempt: int = 1, resume_from_s: float = 0.0
-             ) -> tuple[float | None, str]:
+             ) -> tuple[float | None, AttemptState]:
         """When a job attempt started at ``started_at`` will end (None = until stopped) and how
-        (``succeeded`` or ``failed``); ``resume_from_s`` of work is already done."""
+        (:attr:`AttemptState.SUCCEEDED` or :attr:`AttemptState.FAILED`); ``resume_from_s`` of
+        work is already done."""
         ...
 
 
@@ -124,12 +132,12 @@ class TraceBackend:
         return list(self._nodes)
 
     def plan(self, spec: JobSpec, started_at: float, *, attempt: int = 1, resume_from_s: float = 0.0
-             ) -> tuple[float | None, str]:
+             ) -> tuple[float | None, AttemptState]:
         ann = spec.annotations
         runtime = _seconds(ann.get("trace.runtime_s"), spec.estimated_duration_s)
         if attempt <= int(_seconds(ann.get("trace.fail_attempts"), 0) or 0):
-            return started_at + (_seconds(ann.get("trace.fail_after_s"), 0.0) or 0.0), "failed"
-        outcome = "failed" if ann.get("trace.outcome") == "failed" else "succeeded"
+            return started_at + (_seconds(ann.get("trace.fail_after_s"), 0.0) or 0.0), AttemptState.FAILED
+        outcome = AttemptState.FAILED if ann.get("trace.outcome") == "failed" else AttemptState.SUCCEEDED
         if runtime is None:
             return None, outcome
         return started_at + max(0.0, runtime - resume_from_s), outcome
@@ -149,8 +157,11 @@ class ClusterAgent:
     """The agent of one cluster.
 
     Args:
-        bus: NATS connection.
+        bus: NATS connection; needed only by :meth:`run` / :meth:`rebuild` (None for an agent
+            driven by hand through :meth:`handle` and :meth:`finish_due`).
         clock: business clock.
+        publisher: where its events go (default: ``bus``).
+        subjects: subject names (default: ``bus.subjects``).
         cluster: which cluster (names, fabric, residency tags).
         backend: how work runs.
         heartbeat_interval_s: wall seconds between heartbeats.
@@ -160,9 +171,14 @@ class ClusterAgent:
         tick_s: wall seconds between checks for jobs that ended.
     """
 
-    def __init__(self, bus: Bus, clock: Clock, cluster: ClusterDef, backend: Backend, *,
+    def __init__(self, bus: Bus | None, clock: Clock, cluster: ClusterDef, backend: Backend, *,
+                 publisher: Publisher | None = None, subjects: Subjects | None = None,
                  heartbeat_interval_s: float = 1.0, snapshot_every: int = 10, tick_s: float = 0.01) -> None:
+        if bus is None and (publisher is None or subjects is None):
+            raise ValueError("an agent without a bus needs a publisher and subjects")
         self.bus = bus
+        self.publisher: Publisher = publisher if publisher is not None else bus
+        self.subjects: Subjects = subjects if subjects is not None else bus.subjects
         self.clock = clock
         self.cluster = cluster
         self.backend = backend
@@ -194,8 +210,8 @@ class ClusterAgent:
         """Rebuild, then consume placements, heartbeat and end jobs until :meth:`stop`."""
         await self.rebuild()
         self._consumer = DurableConsumer(
-            self.bus, "EVENTS", self.durable, [self.bus.subjects.placements(self.cluster.region, self.cluster.name)],
-            self._handle, batch=64, max_wait_s=0.2)
+            self.bus, "EVENTS", self.durable, [self.subjects.placements(self.cluster.region, self.cluster.name)],
+            self.handle, batch=64, max_wait_s=0.2)
         await self.publish_snapshot()
         if self.holding:
             self._consumer.stop()
@@ -260,8 +276,8 @@ class ClusterAgent:
         # to exactly these (see deploy/nats/accounts.conf)
         followers = [StreamFollower(self.bus, "EVENTS", fold, name=f"{self.durable}-rebuild-{kind}", filter_subjects=[subject],
                                     fixed_name=True)
-                     for kind, subject in (("p", self.bus.subjects.placements(self.cluster.region, self.cluster.name)),
-                                           ("s", self.bus.subjects.status(self.cluster.region, self.cluster.name)))]
+                     for kind, subject in (("p", self.subjects.placements(self.cluster.region, self.cluster.name)),
+                                           ("s", self.subjects.status(self.cluster.region, self.cluster.name)))]
         tasks = [asyncio.create_task(f.run()) for f in followers]
         for f in followers:
             await f.caught_up.wait()
@@ -286,7 +302,12 @@ class ClusterAgent:
 
     # ------------------------------------------------------------------ placements
 
-    async def _handle(self, deliveries: list[Delivery]) -> None:
+    async def handle(self, deliveries: list[Delivery]) -> None:
+        """Handle placements and stop orders for this cluster (the durable consumer's handler).
+
+        Raises:
+            DecodeError: an event type the agent does not handle (dead-lettered).
+        """
         for d in deliveries:
             env = d.envelope
             # continue the job's trace: status events carry this span's context
@@ -404,7 +425,7 @@ class ClusterAgent:
         # placement's trace context is carried over explicitly
         current = telemetry.current_trace_id()
         tp = {} if current else {k: v for k, v in (headers or {}).items() if k in ("traceparent", "tracestate")}
-        await self.bus.publish(self.bus.subjects.status(self.cluster.region, self.cluster.name), event, headers=tp)
+        await self.publisher.publish(self.subjects.status(self.cluster.region, self.cluster.name), event, headers=tp)
 
     # ------------------------------------------------------------------ time
 
@@ -422,9 +443,10 @@ class ClusterAgent:
             self.running.pop(job.key, None)
             self._allocate(job.placed, -1)
             self.done.add(job.key)
-            type_ = EventType.JOB_FAILED if job.outcome == "failed" else EventType.JOB_FINISHED
+            failed = job.outcome == AttemptState.FAILED
+            type_ = EventType.JOB_FAILED if failed else EventType.JOB_FINISHED
             await self._status(type_, job.ref, job.placed, job.ends_at, started_at=job.started_at,
-                               reason="exited with failure (trace outcome)" if job.outcome == "failed" else "",
+                               reason="exited with failure (trace outcome)" if failed else "",
                                headers=job.trace_headers)
         return len(due)
 
@@ -459,7 +481,7 @@ class ClusterAgent:
         event = make_event(EventType.INVENTORY_SNAPSHOT, self.snapshot(), producer=self.producer, occurred_at=self.clock.time(),
                            region=self.cluster.region, zone=self.cluster.zone, cluster=self.cluster.name,
                            actor=self.producer)
-        await self.bus.publish(self.bus.subjects.inventory(self.cluster.region, self.cluster.name), event)
+        await self.publisher.publish(self.subjects.inventory(self.cluster.region, self.cluster.name), event)
 
     async def publish_heartbeat(self) -> None:
         """Publish a heartbeat with totals."""
@@ -470,7 +492,7 @@ class ClusterAgent:
         event = make_event(EventType.INVENTORY_HEARTBEAT, payload, producer=self.producer, occurred_at=self.clock.time(),
                            region=self.cluster.region, zone=self.cluster.zone, cluster=self.cluster.name,
                            actor=self.producer)
-        await self.bus.publish(self.bus.subjects.heartbeat(self.cluster.region, self.cluster.name), event)
+        await self.publisher.publish(self.subjects.heartbeat(self.cluster.region, self.cluster.name), event)
 
 
 #: The agent's consumer of its placements subject: placements and stop orders. Another known

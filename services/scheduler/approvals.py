@@ -50,6 +50,7 @@ from services.scheduler.core import ClusterEvaluation, Decisions, Pending, Place
 from services.scheduler.core.filters import Quota
 from services.scheduler.core.quota import QuotaBook
 from services.scheduler.core.reasons import STATIC_REASONS, Reason, Verdict, fail
+from services.scheduler.states import ACTIVE, ShardState
 
 log = logging.getLogger(__name__)
 
@@ -289,7 +290,7 @@ class Governor:
             if pa is None or pa.expires_at > now:
                 continue
             entry = jobs.get(job_id)
-            if entry is None or entry.state == "done":
+            if entry is None or entry.state == ShardState.DONE:
                 st.pending = None
                 continue
             if pa.expiry_sent_at is not None and now - pa.expiry_sent_at < RESEND_EXPIRY_S:
@@ -361,7 +362,7 @@ class Governor:
             return 0.0
         ends = []
         for j in jobs.values():
-            if j.placed is None or j.region != home or j.state not in ("placed", "running"):
+            if j.placed is None or j.region != home or j.state not in ACTIVE:
                 continue
             if allowed and j.placed.card_model not in allowed:
                 continue

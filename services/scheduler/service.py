@@ -5,8 +5,12 @@ first sequence (submissions, its own placements and stop orders, agents' status)
 inventory of every cluster. Then it follows both streams and runs a cycle whenever something
 changed (and at least once a second, for staleness, aging and reclamation):
 
-1. reclaim placements that never started (timeout) or sit on a stale cluster, and carry out
-   cancellations;
+1. judge every cluster's freshness (age of its newest heartbeat or inventory, from the time
+   JetStream stored it -- so a restarted scheduler sees a silent cluster as silent), move every
+   placement off a stale cluster (placed or running: ``job.stop`` with reason ``cluster_lost``,
+   and for a started attempt a ``job.stopped`` on the cluster's behalf ending it at the time it
+   was declared lost), reclaim placements never started within ``reclaim_after_s``, and carry out
+   cancellations -- every cycle, whether or not anything is queued;
 2. build the :class:`~services.scheduler.core.View` -- inventory capacity minus the allocations
    of placed and running work, that work with its estimated ends, heartbeat ages, tenant usage
    -- and the queue (one entry per waiting shard);
@@ -22,6 +26,13 @@ so the write-through state and the rebuilt state agree.
 
 A status endpoint (core NATS request/reply on ``<p>.svc.scheduler.status``) reports the applied
 stream sequence and queue sizes; the replay driver uses it to detect quiescence.
+
+Seams: the rules take a :class:`~fedsched.ports.Publisher` (the bus live), a business
+:class:`~fedsched.clock.Clock` (event times, ``view.now``) and a liveness clock (wall seconds:
+heartbeat age, reclamation timers); the bus itself is only needed by :meth:`SchedulerService.run`
+(followers, status endpoint). Tests feed deliveries to :meth:`SchedulerService.handle_event` /
+:meth:`SchedulerService.handle_inventory` and call :meth:`SchedulerService.cycle` against fakes
+(``tests/unit/test_scheduler_cycles.py``).
 """
 
 from __future__ import annotations
@@ -35,15 +46,16 @@ from dataclasses import dataclass, field, replace
 
 from fedsched import telemetry
 from fedsched.bus import Bus, Delivery, StreamFollower
-from fedsched.clock import Clock, to_datetime
+from fedsched.clock import Clock, SystemClock, to_datetime
 from fedsched.dispatch import EventTable, SkippedTypes
-from fedsched.events import (Envelope, InventorySnapshot, JobPending, JobPlaced, JobStatus, JobStop, JobSubmitted,
-                             WorkerBinding, business_event_id, make_event)
-from fedsched.events import EventType
+from fedsched.events import (Envelope, EventType, InventorySnapshot, JobPending, JobPlaced, JobStatus, JobStop, JobSubmitted,
+                             Subjects, WorkerBinding, business_event_id, make_event)
 from fedsched.jobs import JobSpec
 from fedsched.policystore import PolicyFollower, PolicyHolder
+from fedsched.ports import Publisher
 from fedsched.pricing import PriceCatalog
 from services.scheduler.approvals import Governor
+from services.scheduler.states import ACTIVE, Outcome, ShardState, StopReason
 from services.scheduler.core import (ClusterEvaluation, ClusterIndex, ClusterState, NodeState, Pending, Placement,
                                      Policy, QueuedJob, RunningWork, Usage, View, decide)
 from services.scheduler.core.explain import pending_counterfactual, placement_counterfactual
@@ -51,21 +63,21 @@ from services.scheduler.core.explain import pending_counterfactual, placement_co
 log = logging.getLogger(__name__)
 tracer = telemetry.tracer("fedsched.scheduler")
 
-ACTIVE = ("placed", "running")
-
 
 @dataclass
 class ShardEntry:
     """One schedulable unit of a job (a whole job is shard 0 of 1).
 
     Attributes:
-        state: ``queued``, ``placed``, ``running``, ``stopping`` (evicted or reclaimed, stop
-            order sent, resources already given up) or ``done``.
+        state: see :class:`ShardState`.
         attempt: number of the latest placement (0 = never placed).
         failures: failed attempts so far (retry budget: ``spec.retry_limit``).
         avoid: clusters where an attempt failed (failover prefers others).
         placed: the current placement (allocated while placed/running).
-        placed_mono: wall-clock (monotonic) time of the placement, for reclamation.
+        attempt_placed: the placement of the latest attempt, kept after its resources are given
+            up (what a ``job.stopped`` for it carries: card model, fabric).
+        placed_wall: liveness-clock (wall) seconds when the placement was published (JetStream
+            time when read back from the stream), for reclamation.
         started_at: business time the current attempt started.
         progress_s: checkpointed work from earlier attempts (s).
         pending_reason: the last published pending summary.
@@ -74,20 +86,21 @@ class ShardEntry:
     """
 
     index: int
-    state: str = "queued"
+    state: ShardState = ShardState.QUEUED
     attempt: int = 0
     failures: int = 0
     avoid: set[str] = field(default_factory=set)
     cluster: str = ""
     region: str = ""
     placed: JobPlaced | None = None
-    placed_mono: float = 0.0
+    attempt_placed: JobPlaced | None = None
+    placed_wall: float = 0.0
     started_at: float | None = None
     progress_s: float = 0.0
     pending_reason: str = ""
     unplaceable: bool = False
     stop_sent: bool = False
-    outcome: str = ""
+    outcome: Outcome = Outcome.NONE
     view_cache: tuple | None = field(default=None, repr=False, compare=False)
 
 
@@ -108,19 +121,19 @@ class JobEntry:
     @property
     def done(self) -> bool:
         """Every shard is done."""
-        return all(s.state == "done" for s in self.shards)
+        return all(s.state == ShardState.DONE for s in self.shards)
 
     # -- the job as one attempt, for the governor (services/scheduler/approvals.py) --
 
     @property
-    def state(self) -> str:
+    def state(self) -> ShardState:
         """``done`` when every shard is; else the most advanced shard state."""
         if self.done:
-            return "done"
-        for state in ("running", "placed", "stopping", "queued"):
+            return ShardState.DONE
+        for state in (ShardState.RUNNING, ShardState.PLACED, ShardState.STOPPING, ShardState.QUEUED):
             if any(s.state == state for s in self.shards):
                 return state
-        return "queued"
+        return ShardState.QUEUED
 
     @property
     def attempt(self) -> int:
@@ -155,13 +168,14 @@ class ActiveShard:
 
 @dataclass
 class ClusterInfo:
-    """Latest inventory of one cluster and when we last heard from it (monotonic seconds)."""
+    """Latest inventory of one cluster and when it last produced a heartbeat or inventory
+    (``seen_at``: liveness-clock seconds, the JetStream time of that message)."""
 
     name: str
     region: str
     zone: str
     snapshot: InventorySnapshot
-    seen_mono: float
+    seen_at: float
     # node name -> [gpu milli per device], cpu milli, memory MiB allocated by placements
     alloc: dict[str, list] = field(default_factory=dict)
     cached: ClusterState | None = None
@@ -176,22 +190,36 @@ class SchedulerService:
     """The scheduler.
 
     Args:
-        bus: NATS connection.
-        clock: business clock.
+        bus: NATS connection; needed only by :meth:`run` (None for a service driven by hand
+            through :meth:`handle_event` / :meth:`handle_inventory` / :meth:`cycle`).
+        clock: business clock (event times, the view's ``now``).
         policy: the scheduling policy (see :func:`~services.scheduler.core.build_policy`).
         prices: price catalog (cluster prices in the view).
-        stale_after_s: wall seconds after which a silent cluster is excluded and its unstarted
-            placements are reclaimed.
+        publisher: where events go (default: ``bus``).
+        subjects: subject names (default: ``bus.subjects``).
+        liveness: wall clock for heartbeat ages and reclamation timers, comparable with the
+            JetStream timestamps of the messages (default :class:`~fedsched.clock.SystemClock`).
+        stale_after_s: wall seconds after which a silent cluster is excluded and its placements
+            (placed or running) are moved.
         interval_s: minimum wall seconds between cycles.
         reclaim_after_s: wall seconds a placement may stay unstarted before it is reclaimed.
         cross_region_mode: tenant -> ``allowed`` / ``approval`` / ``forbidden`` (default allowed).
+
+    Raises:
+        ValueError: no bus and no publisher or subjects.
     """
 
-    def __init__(self, bus: Bus, clock: Clock, policy: Policy, prices: PriceCatalog, *,
+    def __init__(self, bus: Bus | None, clock: Clock, policy: Policy, prices: PriceCatalog, *,
+                 publisher: Publisher | None = None, subjects: Subjects | None = None, liveness: Clock | None = None,
                  stale_after_s: float = 10.0, interval_s: float = 0.02, reclaim_after_s: float = 30.0,
                  cross_region_mode: dict[str, str] | None = None) -> None:
+        if bus is None and (publisher is None or subjects is None):
+            raise ValueError("a scheduler without a bus needs a publisher and subjects")
         self.bus = bus
+        self.publisher: Publisher = publisher if publisher is not None else bus
+        self.subjects: Subjects = subjects if subjects is not None else bus.subjects
         self.clock = clock
+        self.liveness: Clock = liveness if liveness is not None else SystemClock()
         self.policy = policy
         self.prices = prices
         self.stale_after_s = stale_after_s
@@ -201,13 +229,13 @@ class SchedulerService:
         # governance (quotas, cross-region modes, approvals): services/scheduler/approvals.py
         self.base_policy = policy
         self.policy_holder = PolicyHolder()
-        self.governor = Governor(self.policy_holder, bus.subjects, prices)
-        self._policy_follower = PolicyFollower(bus, self.policy_holder, name="scheduler-policy")
+        self.governor = Governor(self.policy_holder, self.subjects, prices)
         self.jobs: dict[str, JobEntry] = {}
         self.clusters: dict[str, ClusterInfo] = {}
-        self.counts = {"queued": 0, "placed": 0, "running": 0, "stopping": 0, "done": 0}
+        self.counts = {state: 0 for state in ShardState}
         self.queued: dict[tuple[str, int], tuple[JobEntry, ShardEntry]] = {}
         self.active: dict[tuple[str, int], tuple[JobEntry, ShardEntry]] = {}
+        self.stopping: dict[tuple[str, int], tuple[JobEntry, ShardEntry]] = {}
         self.cancelling: dict[str, JobEntry] = {}
         self.applied_seq = 0
         self.cycles = 0
@@ -217,20 +245,35 @@ class SchedulerService:
         self.on_cycle: list = []  # callables run after every cycle (e.g. a replay driver's wake-up)
         self._dirty = asyncio.Event()
         self._stop = asyncio.Event()
-        # The whole stream (not just jobs/status/placements): applied_seq then tells anyone
-        # comparing it with the stream's last sequence whether the scheduler has seen everything.
-        self._events = StreamFollower(bus, "EVENTS", self._apply_event, name="scheduler-events")
-        self._inventory = StreamFollower(bus, "INVENTORY", self._apply_inventory, name="scheduler-inventory",
-                                         last_per_subject=True)
         self._status_sub = None
         self._stale: set[str] = set()
         # events of types this build does not know (a newer producer), skipped per follower
         self.skipped = {name: SkippedTypes(name) for name in ("scheduler-events", "scheduler-inventory")}
+        self._heard: dict[str, float] = {}  # cluster -> newest heartbeat time seen before its first inventory
+
+    # ------------------------------------------------------------------ inputs
+
+    def handle_event(self, d: Delivery) -> None:
+        """Fold one delivery of the events stream (what the follower calls, in stream order)."""
+        self._apply_event(d)
+
+    def handle_inventory(self, d: Delivery) -> None:
+        """Fold one delivery of the inventory stream (snapshots, heartbeats)."""
+        self._apply_inventory(d)
 
     # ------------------------------------------------------------------ lifecycle
 
     async def run(self) -> None:
         """Rebuild from the bus, then schedule until :meth:`stop`."""
+        bus = self.bus
+        if bus is None:
+            raise ValueError("run() needs a bus")
+        # The whole stream (not just jobs/status/placements): applied_seq then tells anyone
+        # comparing it with the stream's last sequence whether the scheduler has seen everything.
+        self._events = StreamFollower(bus, "EVENTS", self.handle_event, name="scheduler-events")
+        self._inventory = StreamFollower(bus, "INVENTORY", self.handle_inventory, name="scheduler-inventory",
+                                         last_per_subject=True)
+        self._policy_follower = PolicyFollower(bus, self.policy_holder, name="scheduler-policy")
         tasks = [asyncio.create_task(self._events.run(), name="scheduler-events"),
                  asyncio.create_task(self._inventory.run(), name="scheduler-inventory"),
                  asyncio.create_task(self._policy_follower.run(), name="scheduler-policy")]
@@ -244,7 +287,7 @@ class SchedulerService:
             self._dirty.set()
             while not self._stop.is_set():
                 try:
-                    await asyncio.wait_for(self._dirty.wait(), timeout=1.0)
+                    await asyncio.wait_for(self._dirty.wait(), timeout=self.next_wake_s())
                 except asyncio.TimeoutError:
                     pass  # periodic cycle: staleness, aging, reclamation
                 if self._stop.is_set():
@@ -273,6 +316,20 @@ class SchedulerService:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
 
+    def next_wake_s(self) -> float:
+        """Wall seconds until the next cycle is due without any new event: when the freshest
+        silent cluster turns stale or the oldest unstarted placement is due for reclamation,
+        at most 1 s (aging, approval expiry), at least ``interval_s``."""
+        now = self.liveness.time()
+        due = 1.0
+        for info in self.clusters.values():
+            if info.name not in self._stale:
+                due = min(due, info.seen_at + self.stale_after_s - now)
+        for _, shard in self.active.values():
+            if shard.state == ShardState.PLACED:
+                due = min(due, shard.placed_wall + self.reclaim_after_s - now)
+        return max(self.interval_s, due + 0.001)
+
     def stop(self) -> None:
         """Ask :meth:`run` to return."""
         self._stop.set()
@@ -287,20 +344,20 @@ class SchedulerService:
                 "last_cycle_ms": round(self.last_cycle_ms, 2), "unplaceable": unplaceable, "jobs": len(self.jobs),
                 "clusters": len(self.clusters), "stale": sorted(self._stale), "policy": self.policy.version,
                 "skipped_types": {name: c.as_dict() for name, c in self.skipped.items() if c.counts},
-                **self.counts}
+                **{state.value: n for state, n in self.counts.items()}}
 
     async def _on_status_request(self, msg) -> None:
         await msg.respond(json.dumps(self.status()).encode())
 
     # ------------------------------------------------------------------ shard state
 
-    def _set(self, job: JobEntry, shard: ShardEntry, state: str) -> None:
+    def _set(self, job: JobEntry, shard: ShardEntry, state: ShardState) -> None:
         """Move a shard to ``state``, keeping counts and indexes current."""
         key = (job.job_id, shard.index)
         self.counts[shard.state] -= 1
         self.counts[state] += 1
         shard.state = state
-        if state == "queued":
+        if state == ShardState.QUEUED:
             self.queued[key] = (job, shard)
         else:
             self.queued.pop(key, None)
@@ -308,7 +365,11 @@ class SchedulerService:
             self.active[key] = (job, shard)
         else:
             self.active.pop(key, None)
-        if state != "queued":
+        if state == ShardState.STOPPING:
+            self.stopping[key] = (job, shard)
+        else:
+            self.stopping.pop(key, None)
+        if state != ShardState.QUEUED:
             shard.unplaceable = False
         self._dirty.set()
 
@@ -316,9 +377,9 @@ class SchedulerService:
         if avoid:
             shard.avoid.add(avoid)
         shard.pending_reason = ""
-        self._set(job, shard, "done" if job.cancel_requested else "queued")
+        self._set(job, shard, ShardState.DONE if job.cancel_requested else ShardState.QUEUED)
         if job.cancel_requested:
-            shard.outcome = "cancelled"
+            shard.outcome = Outcome.CANCELLED
 
     # ------------------------------------------------------------------ state from events
 
@@ -346,7 +407,7 @@ class SchedulerService:
         job.shards = [ShardEntry(i) for i in range(sub.spec.shards)]
         self.jobs[env.job_id] = job
         for shard in job.shards:
-            self.counts["queued"] += 1
+            self.counts[ShardState.QUEUED] += 1
             self.queued[(job.job_id, shard.index)] = (job, shard)
         self._dirty.set()
 
@@ -366,18 +427,28 @@ class SchedulerService:
         job, shard = found
         if env.attempt <= shard.attempt:
             return  # our own write-through, or a stale duplicate
-        self._bind(job, shard, env.attempt, env.cluster, env.region, placed)
+        self._bind(job, shard, env.attempt, env.cluster, env.region, placed, self._produced_at(d))
 
     def _on_stop_order(self, env: Envelope, d: Delivery) -> None:
-        """Our own stop order, read back after a restart: the shard gave up its resources."""
+        """Our own stop order, read back after a restart: the shard gave up its resources.
+
+        A preempted attempt waits for its agent's ``job.stopped`` (stopping); a reclaimed one or
+        one on a lost cluster was requeued when the order was published, so it is requeued here
+        too (a reclaimed one avoiding the cluster that never started it).
+        """
         stop = env.payload_as(JobStop)
         found = self._shard(env, stop.shard)
         if found is None:
             return
         job, shard = found
-        if env.attempt == shard.attempt and shard.state in ACTIVE and stop.reason in ("preempted", "reclaimed"):
+        if env.attempt != shard.attempt or shard.state not in ACTIVE:
+            return
+        if stop.reason == StopReason.PREEMPTED:
             self._unbind(shard)
-            self._set(job, shard, "stopping")
+            self._set(job, shard, ShardState.STOPPING)
+        elif stop.reason in (StopReason.RECLAIMED, StopReason.CLUSTER_LOST):
+            self._unbind(shard)
+            self._requeue(job, shard, avoid=env.cluster if stop.reason == StopReason.RECLAIMED else "")
 
     def _on_status(self, env: Envelope, d: Delivery) -> None:
         status = env.payload_as(JobStatus)
@@ -385,47 +456,47 @@ class SchedulerService:
         if found is None:
             return
         job, shard = found
-        if env.attempt != shard.attempt or shard.state in ("done", "queued"):
+        if env.attempt != shard.attempt or shard.state in (ShardState.DONE, ShardState.QUEUED):
             return  # an attempt we already gave up on
         if env.type == EventType.JOB_STARTED:
-            if shard.state == "placed":
+            if shard.state == ShardState.PLACED:
                 shard.started_at = env.occurred_at.timestamp()
-                self._set(job, shard, "running")
+                self._set(job, shard, ShardState.RUNNING)
             return
         self._unbind(shard)
         if env.type == EventType.JOB_FINISHED:
-            shard.outcome = "succeeded"
-            self._set(job, shard, "done")
+            shard.outcome = Outcome.SUCCEEDED
+            self._set(job, shard, ShardState.DONE)
         elif env.type == EventType.JOB_FAILED:
             shard.failures += 1
             if shard.failures <= job.spec.retry_limit and not job.cancel_requested:
                 self._requeue(job, shard, avoid=env.cluster)
             else:
-                shard.outcome = "failed"
-                self._set(job, shard, "done")
+                shard.outcome = Outcome.FAILED
+                self._set(job, shard, ShardState.DONE)
         elif env.type == EventType.JOB_REJECTED:
             self._requeue(job, shard)
         elif env.type == EventType.JOB_STOPPED:
-            if status.reason == "cancelled" or job.cancel_requested:
-                shard.outcome = "cancelled"
-                self._set(job, shard, "done")
+            if status.reason == StopReason.CANCELLED or job.cancel_requested:
+                shard.outcome = Outcome.CANCELLED
+                self._set(job, shard, ShardState.DONE)
             else:
                 shard.progress_s = max(shard.progress_s, status.progress_s)
                 self._requeue(job, shard)
 
     def _bind(self, job: JobEntry, shard: ShardEntry, attempt: int, cluster: str, region: str,
-              placed: JobPlaced) -> None:
+              placed: JobPlaced, placed_wall: float) -> None:
         self._unbind(shard)
         shard.attempt = attempt
         shard.cluster, shard.region = cluster, region
-        shard.placed = placed
-        shard.placed_mono = time.monotonic()
+        shard.placed = shard.attempt_placed = placed
+        shard.placed_wall = placed_wall
         shard.started_at = None
         shard.stop_sent = False
         info = self.clusters.get(cluster)
         if info is not None:
             _allocate(info, placed, +1)
-        self._set(job, shard, "placed")
+        self._set(job, shard, ShardState.PLACED)
 
     def _unbind(self, shard: ShardEntry) -> None:
         if shard.placed is None:
@@ -435,42 +506,69 @@ class SchedulerService:
             _allocate(info, shard.placed, -1)
         shard.placed = None
 
+    def _produced_at(self, d: Delivery) -> float:
+        """Liveness-clock seconds at which a delivery was produced: its JetStream time, else now
+        (a delivery without metadata has just been produced)."""
+        return d.published_at if d.published_at is not None else self.liveness.time()
+
     def _apply_inventory(self, d: Delivery) -> None:
+        """Fold a heartbeat or snapshot; a cluster is as fresh as its newest message's
+        production time (so reading an old heartbeat after a restart does not revive it)."""
         env = d.envelope
         info = self.clusters.get(env.cluster)
-        now = time.monotonic()
+        at = self._produced_at(d)
         handler = INVENTORY.route(env.type, self.skipped["scheduler-inventory"])
         if handler is None:
             return
         if handler == "heartbeat":
-            if info is not None:
-                info.seen_mono = now
-                if env.cluster in self._stale:
-                    self._stale.discard(env.cluster)
-                    info.cached = None
-                    self._dirty.set()
+            if info is None:  # heard before its first inventory (stream order of two subjects)
+                self._heard[env.cluster] = max(at, self._heard.get(env.cluster, at))
+            else:
+                info.seen_at = max(info.seen_at, at)
+                self._revive(info)
             return
         snap = env.payload_as(InventorySnapshot)
         if info is None:
-            info = self.clusters[env.cluster] = ClusterInfo(env.cluster, env.region, env.zone, snap, now)
+            info = self.clusters[env.cluster] = ClusterInfo(env.cluster, env.region, env.zone, snap,
+                                                            max(at, self._heard.pop(env.cluster, at)))
             for _, shard in self.active.values():  # placements made before this inventory arrived
                 if shard.placed is not None and shard.cluster == env.cluster:
                     _allocate(info, shard.placed, +1)
             self._dirty.set()
         else:
             changed = _capacity_key(info.snapshot) != _capacity_key(snap)
-            info.snapshot, info.seen_mono = snap, now
+            info.snapshot, info.seen_at = snap, max(info.seen_at, at)
             if changed:
                 info.cached = None
                 info.index = None  # nodes or health changed: rebuild everything
                 self._dirty.set()
-        self._stale.discard(env.cluster)
+        self._revive(info)
+
+    def _revive(self, info: ClusterInfo) -> None:
+        """A stale cluster heard from again within the limit is schedulable again."""
+        if info.name in self._stale and self.liveness.time() - info.seen_at <= self.stale_after_s:
+            self._stale.discard(info.name)
+            info.cached = None
+            self._dirty.set()
+
+    def _judge_staleness(self, now: float) -> None:
+        """Mark clusters silent for more than ``stale_after_s`` at liveness time ``now`` stale
+        (and fresh ones not); run at the start of every cycle."""
+        for info in self.clusters.values():
+            age = now - info.seen_at
+            if age > self.stale_after_s:
+                if info.name not in self._stale:
+                    self._stale.add(info.name)
+                    log.warning("scheduler: cluster %s is stale (%.1fs since its last heartbeat)", info.name, age)
+            elif info.name in self._stale:
+                self._stale.discard(info.name)
+                info.cached = None
 
     # ------------------------------------------------------------------ the cycle
 
     def view(self) -> View:
-        """The current resource view (immutable)."""
-        now_mono = time.monotonic()
+        """The current resource view (immutable); heartbeat ages on the liveness clock."""
+        now_live = self.liveness.time()
         now = self.clock.time()
         for info in self.clusters.values():  # node positions must be current before bindings map to them
             if info.cached is None:
@@ -494,10 +592,7 @@ class SchedulerService:
         usage = {tenant: Usage(*h) for tenant, h in held.items()}
         clusters = []
         for info in sorted(self.clusters.values(), key=lambda c: c.name):
-            age = now_mono - info.seen_mono
-            if age > self.stale_after_s and info.name not in self._stale:
-                self._stale.add(info.name)
-                log.warning("scheduler: cluster %s is stale (%.1fs since last heartbeat)", info.name, age)
+            age = now_live - info.seen_at
             if info.cached is None:
                 info.cached = _cluster_state(info, self.prices)
             clusters.append(replace(info.cached, heartbeat_age_s=age, running=tuple(running.get(info.name, ()))))
@@ -540,13 +635,15 @@ class SchedulerService:
 
     async def cycle(self) -> None:
         """One scheduling cycle (see the module docstring)."""
-        t0 = time.perf_counter()
+        t0 = time.perf_counter()  # cycle duration (a metric, not a rule)
         self.policy = self.governor.effective_policy(self.base_policy)  # governance: weights, quota filter
-        await self._reclaim()                                                        # 1
+        now_live = self.liveness.time()
+        self._judge_staleness(now_live)                                              # 1
+        await self._reclaim(now_live)
         await self._cancellations()
         expired = self.governor.expiries(self.jobs, self.clock.time())  # governance: approval timeouts
         if expired:
-            await self.bus.publish_many(expired)
+            await self.publisher.publish_many(expired)
         queue = self.queue()
         if not queue or not self.clusters:
             return
@@ -570,9 +667,9 @@ class SchedulerService:
             if pend.reason != shard.pending_reason:
                 pendings.append((shard, pend.reason, self._pending_event(view, pend, decisions.policy_version)))
         stop_items = [(v, item) for v, p in stops
-                      if (item := self._stop_event(self.jobs[v.job_id], self.jobs[v.job_id].shards[v.shard], "preempted",
-                                                   for_job=p.job.job_id)) is not None]
-        results = await self.bus.publish_many([item for _, item in stop_items] +
+                      if (item := self._stop_event(self.jobs[v.job_id], self.jobs[v.job_id].shards[v.shard],
+                                                   StopReason.PREEMPTED, for_job=p.job.job_id)) is not None]
+        results = await self.publisher.publish_many([item for _, item in stop_items] +
                                               [(s, e, h) for _, s, e, h in places] +
                                               [(s, e, h) for _, _, (s, e, h) in pendings] + requests)
         if requests:  # governance: the jobs whose approval request was acknowledged now wait
@@ -584,11 +681,12 @@ class SchedulerService:
             if ok and shard.attempt == victim.attempt and shard.state in ACTIVE:
                 shard.stop_sent = True
                 self._unbind(shard)
-                self._set(job, shard, "stopping")
+                self._set(job, shard, ShardState.STOPPING)
         for (p, _, env, _), ok in zip(places, rest[:len(places)]):
             if ok:
                 job = self.jobs[p.job.job_id]
-                self._bind(job, job.shards[p.job.shard], p.job.attempt, p.cluster, p.region, env.payload_as(JobPlaced))
+                self._bind(job, job.shards[p.job.shard], p.job.attempt, p.cluster, p.region, env.payload_as(JobPlaced),
+                           now_live)
         for (shard, reason, _), ok in zip(pendings, rest[len(places):]):
             if ok:
                 shard.pending_reason = reason
@@ -597,43 +695,92 @@ class SchedulerService:
 
     # ------------------------------------------------------------------ reclamation, cancellation
 
-    async def _reclaim(self) -> None:
-        """Take back placements never started within ``reclaim_after_s`` or on a stale cluster."""
-        now_mono = time.monotonic()
-        items, shards = [], []
-        for job, shard in list(self.active.values()):
-            if shard.state != "placed":
-                continue
-            stale = shard.cluster in self._stale
-            if not stale and now_mono - shard.placed_mono <= self.reclaim_after_s:
-                continue
-            item = self._stop_event(job, shard, "reclaimed")
-            if item is not None:
-                items.append(item)
-                shards.append((job, shard, stale))
-        if not items:
+    async def _reclaim(self, now_live: float) -> None:
+        """Move placements off stale clusters and take back placements never started in time.
+
+        * On a stale cluster (see :meth:`_judge_staleness`) every attempt -- placed, running, or
+          stopping after a preemption -- is declared lost: a ``job.stop`` (reason
+          ``cluster_lost``) fences it on the agent should the cluster come back, and a
+          ``job.stopped`` on the cluster's status subject ends the attempt at the business time
+          it was declared lost (billing bills a started attempt up to then). Its event id is the
+          one the agent would give its own end of that attempt, so whichever is stored first is
+          the only one. The shard is requeued (the stale cluster is excluded by the filters
+          until it is heard from again).
+        * A placement not started within ``reclaim_after_s`` of ``placed_wall`` is reclaimed
+          (``job.stop``, reason ``reclaimed``) and requeued avoiding that cluster.
+
+        Local state changes only for what was acknowledged.
+        """
+        lost: list[tuple[JobEntry, ShardEntry, list]] = []
+        reclaimed: list[tuple[JobEntry, ShardEntry, tuple]] = []
+        for job, shard in list(self.active.values()) + list(self.stopping.values()):
+            if shard.cluster in self._stale:
+                items = []
+                if shard.state != ShardState.STOPPING:
+                    stop = self._stop_event(job, shard, StopReason.CLUSTER_LOST)
+                    if stop is None:
+                        continue
+                    items.append(stop)
+                items.append(self._lost_event(job, shard))
+                lost.append((job, shard, items))
+            elif shard.state == ShardState.PLACED and now_live - shard.placed_wall > self.reclaim_after_s:
+                item = self._stop_event(job, shard, StopReason.RECLAIMED)
+                if item is not None:
+                    reclaimed.append((job, shard, item))
+        if not lost and not reclaimed:
             return
-        for (job, shard, stale), ok in zip(shards, await self.bus.publish_many(items)):
+        results = await self.publisher.publish_many([i for _, _, items in lost for i in items] +
+                                                    [item for _, _, item in reclaimed])
+        pos = 0
+        for job, shard, items in lost:
+            ok = all(results[pos:pos + len(items)])
+            pos += len(items)
             if ok:
-                log.warning("scheduler: reclaiming %s/%d from %s (%s)", job.job_id, shard.index, shard.cluster,
-                            "cluster stale" if stale else "never started")
+                log.warning("scheduler: %s/%d attempt %d lost with cluster %s; requeued", job.job_id, shard.index,
+                            shard.attempt, shard.cluster)
+                self._unbind(shard)
+                self._requeue(job, shard)
+        for (job, shard, _), ok in zip(reclaimed, results[pos:]):
+            if ok:
+                log.warning("scheduler: reclaiming %s/%d from %s (never started)", job.job_id, shard.index,
+                            shard.cluster)
                 cluster = shard.cluster
                 self._unbind(shard)
-                self._requeue(job, shard, avoid="" if stale else cluster)
+                self._requeue(job, shard, avoid=cluster)
+
+    def _lost_event(self, job: JobEntry, shard: ShardEntry):
+        """``job.stopped`` (reason ``cluster_lost``) for an attempt on a lost cluster, published on
+        that cluster's status subject with the id its agent would give the attempt's end."""
+        placed = shard.attempt_placed
+        spec = job.spec
+        info = self.clusters.get(shard.cluster)
+        payload = JobStatus(
+            card_model=placed.card_model if placed else "", gpu_milli=spec.total_gpu_milli,
+            cpu_milli=spec.cpu_milli * spec.workers, memory_mib=spec.memory_mib * spec.workers,
+            started_at=to_datetime(shard.started_at) if shard.started_at is not None else None,
+            reason=StopReason.CLUSTER_LOST.value, shard=shard.index,
+            data_version=spec.annotations.get("data.version", ""), kind=spec.kind.value,
+            cross_region=placed.cross_region if placed else False, progress_s=shard.progress_s)
+        event = make_event(EventType.JOB_STOPPED, payload, producer="scheduler", occurred_at=self.clock.time(),
+                           event_id=business_event_id(job.job_id, shard.attempt, shard.index, "ended"),
+                           region=shard.region, zone=info.zone if info else "", cluster=shard.cluster,
+                           tenant=job.tenant, project=job.project, job_id=job.job_id, attempt=shard.attempt,
+                           actor="scheduler", policy_version=self.policy.version)
+        return self.subjects.status(shard.region, shard.cluster), event, job.headers
 
     async def _cancellations(self) -> None:
         for job in list(self.cancelling.values()):
             items = []
             for shard in job.shards:
-                if shard.state == "queued":
-                    shard.outcome = "cancelled"
-                    self._set(job, shard, "done")
+                if shard.state == ShardState.QUEUED:
+                    shard.outcome = Outcome.CANCELLED
+                    self._set(job, shard, ShardState.DONE)
                 elif shard.state in ACTIVE and not shard.stop_sent:
-                    item = self._stop_event(job, shard, "cancelled")
+                    item = self._stop_event(job, shard, StopReason.CANCELLED)
                     if item is not None:
                         items.append((shard, item))
             if items:
-                for (shard, _), ok in zip(items, await self.bus.publish_many([i for _, i in items])):
+                for (shard, _), ok in zip(items, await self.publisher.publish_many([i for _, i in items])):
                     shard.stop_sent = shard.stop_sent or ok
             if job.done and not job.cancelled_sent:
                 event = make_event(EventType.JOB_CANCELLED, JobStatus(reason="cancelled"), producer="scheduler",
@@ -641,24 +788,24 @@ class SchedulerService:
                                    tenant=job.tenant, project=job.project, job_id=job.job_id,
                                    attempt=max(s.attempt for s in job.shards), actor="scheduler",
                                    policy_version=self.policy.version)
-                await self.bus.publish(self.bus.subjects.decisions(job.tenant, job.project), event, headers=job.headers)
+                await self.publisher.publish(self.subjects.decisions(job.tenant, job.project), event, headers=job.headers)
                 job.cancelled_sent = True
                 self.cancelling.pop(job.job_id, None)
             elif job.done:
                 self.cancelling.pop(job.job_id, None)
 
-    def _stop_event(self, job: JobEntry, shard: ShardEntry, reason: str, *, for_job: str = ""):
+    def _stop_event(self, job: JobEntry, shard: ShardEntry, reason: StopReason, *, for_job: str = ""):
         info = self.clusters.get(shard.cluster)
         if not shard.cluster or not shard.region:
             return None
-        payload = JobStop(reason=reason, shard=shard.index, for_job=for_job,
+        payload = JobStop(reason=reason.value, shard=shard.index, for_job=for_job,
                           checkpoint_interval_s=self.policy.checkpoint_interval_s if job.spec.checkpointable else 0.0)
         event = make_event(EventType.JOB_STOP, payload, producer="scheduler", occurred_at=self.clock.time(),
                            event_id=business_event_id(job.job_id, shard.attempt, shard.index, "stop"),
                            region=shard.region, zone=info.zone if info else "", cluster=shard.cluster,
                            tenant=job.tenant, project=job.project, job_id=job.job_id, attempt=shard.attempt,
                            actor="scheduler", policy_version=self.policy.version)
-        return self.bus.subjects.placements(shard.region, shard.cluster), event, job.headers
+        return self.subjects.placements(shard.region, shard.cluster), event, job.headers
 
     # ------------------------------------------------------------------ events out
 
@@ -680,7 +827,7 @@ class SchedulerService:
         with tracer.start_as_current_span("scheduler.place", context=telemetry.context_from(job.headers),
                                           attributes={"job_id": job.job_id, "cluster": p.cluster}):
             headers = telemetry.inject_headers()
-        return p, self.bus.subjects.placements(p.region, p.cluster), event, headers
+        return p, self.subjects.placements(p.region, p.cluster), event, headers
 
     #: counterfactuals cost a decide() per relaxation: only for jobs that waited this long (or can
     #: never run as asked), and at most this many per cycle
@@ -706,7 +853,7 @@ class SchedulerService:
         event = make_event(EventType.JOB_PENDING, payload, producer="scheduler", occurred_at=self.clock.time(),
                            tenant=job.tenant, project=job.project, job_id=job.job_id, attempt=pend.job.attempt - 1,
                            actor="scheduler", policy_version=policy_version)
-        return self.bus.subjects.decisions(job.tenant, job.project), event, job.headers
+        return self.subjects.decisions(job.tenant, job.project), event, job.headers
 
 
 #: ``scheduler-events`` (the whole EVENTS stream): the job lifecycle. Approval requests and

@@ -1,0 +1,376 @@
+"""Shared test builders and fakes of our own interfaces (no NATS, no sleeps).
+
+* :class:`FakeClock` -- a :class:`~fedsched.clock.Clock` moved by hand.
+* :class:`FakePublisher` -- a :class:`~fedsched.ports.Publisher` that records what was published
+  and acknowledges it (or refuses the items a predicate picks, like an unavailable JetStream).
+* Event builders: :func:`spec`, :func:`submitted`, :func:`cancel_requested`, :func:`status_event`,
+  :func:`snapshot`, :func:`heartbeat`, :func:`delivery`.
+* Agent: :class:`StaticBackend` (a :class:`~services.inventory.agent.Backend` with fixed nodes
+  and runtimes), :func:`placement`, :func:`stop_order`.
+* :class:`SchedulerHarness` -- a :class:`~services.scheduler.service.SchedulerService` driven by
+  hand the way its run loop drives it: deliveries in stream order (its own publishes read back
+  too), live clusters heartbeating as the clock advances, cycles when asked, and a restart that
+  rebuilds a new service from the recorded streams (events from the start, the newest
+  inventory and heartbeat per cluster).
+
+Times are seconds since the Unix epoch; one fake clock serves as both the business clock and the
+liveness (wall) clock, and every delivery's JetStream time is the clock's time when it was made.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+from fedsched.bus import Delivery
+from fedsched.clock import to_datetime
+from fedsched.errors import UnavailableError
+from fedsched.events import (Envelope, Heartbeat, InventorySnapshot, JobCancelRequested, JobPlaced, JobStatus, JobStop,
+                             JobSubmitted, NodeInventory, Subjects, WorkerBinding, business_event_id, make_event)
+from fedsched.jobs import AttemptState, JobSpec
+from fedsched.pricing import load_price_catalog
+from services.scheduler.core import build_policy
+from services.scheduler.service import SchedulerService
+
+T4 = "nvidia-t4-16gb"
+EPOCH = 1_700_000_000.0
+
+
+class FakeClock:
+    """A clock that only moves when told (seconds since the Unix epoch)."""
+
+    def __init__(self, start: float = EPOCH) -> None:
+        self.now = start
+
+    def time(self) -> float:
+        """The current time."""
+        return self.now
+
+    def advance(self, seconds: float) -> float:
+        """Move forward by ``seconds`` (>= 0); returns the new time."""
+        assert seconds >= 0, "a clock never goes back"
+        self.now += seconds
+        return self.now
+
+
+@dataclass
+class Published:
+    """One item a fake publisher acknowledged."""
+
+    subject: str
+    event: Envelope
+    headers: dict[str, str] | None
+
+
+class FakePublisher:
+    """Records publishes; acknowledges every item unless ``refuse(subject, event)`` is true.
+
+    Attributes:
+        published: acknowledged items, in order.
+        refused: items refused (not acknowledged), in order.
+        seen_ids: event ids already acknowledged (a repeated id is acknowledged but not
+            recorded again, like JetStream's duplicate window).
+    """
+
+    def __init__(self, refuse: Callable[[str, Envelope], bool] | None = None) -> None:
+        self.published: list[Published] = []
+        self.refused: list[Published] = []
+        self.refuse = refuse
+        self.seen_ids: set[str] = set()
+
+    async def publish(self, subject: str, event: Envelope, *, headers: dict[str, str] | None = None) -> Any:
+        """Acknowledge ``event`` (or raise like the real bus after its retries)."""
+        if not self._accept(subject, event, headers):
+            raise UnavailableError(f"fake: publish to {subject} refused")
+        return True
+
+    async def publish_many(self, items: Sequence[tuple[str, Envelope, dict[str, str] | None]]) -> list[bool]:
+        """Per item, whether it was acknowledged."""
+        return [self._accept(s, e, h) for s, e, h in items]
+
+    def _accept(self, subject: str, event: Envelope, headers: dict[str, str] | None) -> bool:
+        item = Published(subject, event, headers)
+        if self.refuse is not None and self.refuse(subject, event):
+            self.refused.append(item)
+            return False
+        if event.event_id not in self.seen_ids:
+            self.seen_ids.add(event.event_id)
+            self.published.append(item)
+        return True
+
+
+# ---------------------------------------------------------------------------- event builders
+
+def spec(*, tenant: str = "search", project: str = "train", home: str = "cn-north-1", gpus: int = 1,
+         **kw: Any) -> JobSpec:
+    """A job spec with small defaults (one 1-GPU worker, 1 core, home cn-north-1)."""
+    kw.setdefault("cpu_milli", 1000)
+    return JobSpec(tenant=tenant, project=project, home_region=home, gpus_per_worker=gpus, **kw)
+
+
+def submitted(job_id: str, job: JobSpec, at: float) -> Envelope:
+    """``job.submitted`` as admission publishes it."""
+    return make_event("job.submitted", JobSubmitted(spec=job), producer="admission", occurred_at=at,
+                      event_id=business_event_id(job_id, "submitted"), tenant=job.tenant, project=job.project,
+                      job_id=job_id, actor="test")
+
+
+def cancel_requested(job_id: str, job: JobSpec, at: float) -> Envelope:
+    """``job.cancel_requested`` as admission publishes it."""
+    return make_event("job.cancel_requested", JobCancelRequested(reason="test"), producer="admission",
+                      occurred_at=at, event_id=business_event_id(job_id, "cancel"), tenant=job.tenant,
+                      project=job.project, job_id=job_id, actor="test")
+
+
+def status_event(type_: str, placed: Envelope, at: float, *, reason: str = "", started_at: float | None = None,
+                 progress_s: float = 0.0) -> Envelope:
+    """An agent's status event (``job.started``, ``job.finished``, ...) for the attempt ``placed``
+    (a ``job.placed`` envelope), with the agent's deterministic id."""
+    p = placed.payload_as(JobPlaced)
+    step = {"job.started": "started", "job.rejected": "rejected"}.get(type_, "ended")
+    payload = JobStatus(card_model=p.card_model, gpu_milli=p.spec.total_gpu_milli, reason=reason, shard=p.shard,
+                        started_at=to_datetime(started_at) if started_at is not None else None,
+                        kind=p.spec.kind.value, progress_s=progress_s)
+    return make_event(type_, payload, producer=f"agent/{placed.cluster}", occurred_at=at,
+                      event_id=business_event_id(placed.job_id, placed.attempt, p.shard, step),
+                      region=placed.region, zone=placed.zone, cluster=placed.cluster, tenant=placed.tenant,
+                      project=placed.project, job_id=placed.job_id, attempt=placed.attempt)
+
+
+def nodes(prefix: str, count: int = 1, gpus: int = 8, model: str = T4) -> tuple[NodeInventory, ...]:
+    """``count`` healthy nodes of ``gpus`` cards each."""
+    return tuple(NodeInventory(name=f"{prefix}{i}", card_model=model, gpus=gpus, gpu_memory_gib=16,
+                               gpu_free_milli=(1000,) * gpus, cpu_milli=64000, cpu_free_milli=64000,
+                               memory_mib=262144, memory_free_mib=262144) for i in range(count))
+
+
+def snapshot(cluster: str, region: str, node_list: tuple[NodeInventory, ...], at: float, sequence: int = 1) -> Envelope:
+    """``inventory.snapshot`` of a cluster."""
+    return make_event("inventory.snapshot", InventorySnapshot(nodes=node_list, sequence=sequence),
+                      producer=f"agent/{cluster}", occurred_at=at, region=region, zone=region + "a", cluster=cluster)
+
+
+def heartbeat(cluster: str, region: str, at: float, sequence: int = 1) -> Envelope:
+    """``inventory.heartbeat`` of a cluster."""
+    return make_event("inventory.heartbeat", Heartbeat(sequence=sequence), producer=f"agent/{cluster}",
+                      occurred_at=at, region=region, zone=region + "a", cluster=cluster)
+
+
+def delivery(event: Envelope, subject: str, sequence: int, published_at: float,
+             headers: dict[str, str] | None = None) -> Delivery:
+    """A delivery as a stream follower hands it over (JetStream time ``published_at``)."""
+    return Delivery(event, subject, dict(headers or {}), sequence, 1, None, published_at)
+
+
+# ---------------------------------------------------------------------------- the scheduler, by hand
+
+@dataclass
+class ClusterSpec:
+    """A cluster of the harness: name, region, nodes."""
+
+    name: str
+    region: str = "cn-north-1"
+    node_list: tuple[NodeInventory, ...] = field(default_factory=lambda: nodes("n"))
+
+
+@dataclass
+class Decision:
+    """A published decision, reduced to what cycle tables compare."""
+
+    type: str
+    job_id: str
+    attempt: int
+    cluster: str = ""
+    reason: str = ""
+
+
+class SchedulerHarness:
+    """A scheduler service on fakes, driven like its run loop (see the module docstring).
+
+    Args:
+        clusters: the federation.
+        heartbeat_s: seconds between heartbeats of a live cluster.
+        **settings: :class:`~services.scheduler.service.SchedulerService` keyword arguments
+            (``stale_after_s``, ``reclaim_after_s``, ...).
+    """
+
+    def __init__(self, clusters: Sequence[ClusterSpec], *, policy: str = "federated", heartbeat_s: float = 0.5,
+                 **settings: Any) -> None:
+        self.clock = FakeClock()
+        self.subjects = Subjects("t")
+        self.prices = load_price_catalog()
+        self.policy = build_policy(policy)
+        self.settings = {"interval_s": 0.0, **settings}
+        self.heartbeat_s = heartbeat_s
+        self.clusters = {c.name: c for c in clusters}
+        self.silent: set[str] = set()
+        self.events: list[Delivery] = []                   # the EVENTS stream, in order
+        self.inventory: dict[tuple[str, str], Delivery] = {}  # newest per (subject family, cluster)
+        self.specs: dict[str, JobSpec] = {}
+        self.placed: dict[tuple[str, int], Envelope] = {}  # (job, shard) -> its latest job.placed
+        self._seq = 0
+        self._next_beat = self.clock.time()
+        self.publisher = FakePublisher()
+        self._read = 0  # publisher items already read back into the stream
+        self.svc = self._service()
+        for c in clusters:
+            self._inventory(snapshot(c.name, c.region, c.node_list, self.clock.time()), self.subjects.inventory(c.region, c.name))
+        self._beat()
+
+    def _service(self):
+        return SchedulerService(None, self.clock, self.policy, self.prices, publisher=self.publisher,
+                                subjects=self.subjects, liveness=self.clock, **self.settings)
+
+    # -- streams
+
+    def _event(self, event: Envelope, subject: str) -> None:
+        self._seq += 1
+        d = delivery(event, subject, self._seq, self.clock.time())
+        self.events.append(d)
+        if event.type == "job.placed":
+            self.placed[(event.job_id, event.payload_as(JobPlaced).shard)] = event
+        self.svc.handle_event(d)
+
+    def _inventory(self, event: Envelope, subject: str) -> None:
+        self._seq += 1
+        d = delivery(event, subject, self._seq, self.clock.time())
+        self.inventory[(event.type, event.cluster)] = d
+        self.svc.handle_inventory(d)
+
+    def _read_back(self) -> list[Envelope]:
+        """Read the service's own new publishes back from the stream (as its follower does)."""
+        new = self.publisher.published[self._read:]
+        self._read = len(self.publisher.published)
+        for item in new:
+            self._event(item.event, item.subject)
+        return [item.event for item in new]
+
+    def _beat(self) -> None:
+        while self._next_beat <= self.clock.time():
+            for c in self.clusters.values():
+                if c.name not in self.silent:
+                    self._inventory(heartbeat(c.name, c.region, self._next_beat), self.subjects.heartbeat(c.region, c.name))
+            self._next_beat += self.heartbeat_s
+
+    # -- inputs
+
+    def submit(self, job_id: str, **kw: Any) -> None:
+        """Admission accepted a job (see :func:`spec` for the keywords)."""
+        job = spec(**kw)
+        self.specs[job_id] = job
+        self._event(submitted(job_id, job, self.clock.time()), self.subjects.job("submitted", job.tenant, job.project))
+
+    def cancel(self, job_id: str) -> None:
+        """A caller asked to cancel ``job_id``."""
+        job = self.specs[job_id]
+        self._event(cancel_requested(job_id, job, self.clock.time()), self.subjects.job("cancel", job.tenant, job.project))
+
+    def report(self, job_id: str, type_: str, *, shard: int = 0, reason: str = "", progress_s: float = 0.0) -> None:
+        """The agent of the shard's latest placement reports ``type_`` for that attempt."""
+        placed = self.placed[(job_id, shard)]
+        started = next((d.envelope.occurred_at.timestamp() for d in reversed(self.events)
+                        if d.envelope.type == "job.started" and d.envelope.job_id == job_id
+                        and d.envelope.attempt == placed.attempt), None)
+        if type_ == "job.started":
+            started = self.clock.time()
+        event = status_event(type_, placed, self.clock.time(), reason=reason, started_at=started, progress_s=progress_s)
+        self._event(event, self.subjects.status(placed.region, placed.cluster))
+
+    def silence(self, cluster: str) -> None:
+        """The cluster's agent stops heartbeating (dead or cut off)."""
+        self.silent.add(cluster)
+
+    def advance(self, seconds: float) -> None:
+        """Let ``seconds`` pass; live clusters heartbeat meanwhile (no cycle runs)."""
+        end = self.clock.time() + seconds
+        while self._next_beat <= end:
+            self.clock.now = max(self.clock.now, self._next_beat)
+            self._beat()
+        self.clock.now = end
+
+    def restart(self) -> None:
+        """A new scheduler rebuilds from the streams (events from the start, then the newest
+        inventory and heartbeat of every cluster -- deliveries keep their JetStream times)."""
+        self.svc = self._service()
+        for d in self.events:
+            self.svc.handle_event(d)
+        for d in sorted(self.inventory.values(), key=lambda d: d.stream_sequence):
+            self.svc.handle_inventory(d)
+
+    # -- cycles
+
+    async def cycle(self) -> list[Decision]:
+        """One scheduling cycle; its published decisions (``job.pending`` left out), read back
+        into the stream afterwards."""
+        await self.svc.cycle()
+        return [decision(e) for e in self._read_back() if e.type != "job.pending"]
+
+    async def run_for(self, seconds: float) -> list[tuple[float, Decision]]:
+        """Run the service's loop for ``seconds``: sleep :meth:`next_wake_s` (the periodic
+        wake-up without events), cycle, repeat. Returns (time, decision) pairs."""
+        end = self.clock.time() + seconds
+        out: list[tuple[float, Decision]] = []
+        while True:
+            wake = min(self.svc.next_wake_s(), end - self.clock.time())
+            if wake <= 0:
+                break
+            self.advance(wake)
+            out += [(self.clock.time(), d) for d in await self.cycle()]
+        return out
+
+    # -- reading the book
+
+    def shard(self, job_id: str, index: int = 0):
+        """The service's entry of one shard."""
+        return self.svc.jobs[job_id].shards[index]
+
+
+def decision(e: Envelope) -> Decision:
+    """The comparable part of a published decision event."""
+    reason = ""
+    if e.type in ("job.stop", "job.stopped", "job.cancelled"):
+        reason = e.payload.get("reason", "")
+    return Decision(e.type, e.job_id, e.attempt, e.cluster, reason)
+
+
+# ---------------------------------------------------------------------------- the agent, by hand
+
+class StaticBackend:
+    """A :class:`~services.inventory.agent.Backend` with fixed nodes; every attempt runs
+    ``runtime_s`` (None = until stopped) minus the work it resumes from, ending ``outcome``."""
+
+    def __init__(self, node_list: tuple[NodeInventory, ...], *, runtime_s: float | None = 600.0,
+                 outcome: str = "succeeded") -> None:
+        self._nodes = list(node_list)
+        self.runtime_s = runtime_s
+        self.outcome = outcome
+
+    def nodes(self) -> list[NodeInventory]:
+        return list(self._nodes)
+
+    def plan(self, spec: JobSpec, started_at: float, *, attempt: int = 1, resume_from_s: float = 0.0):
+        if self.runtime_s is None:
+            return None, AttemptState(self.outcome)
+        return started_at + max(0.0, self.runtime_s - resume_from_s), AttemptState(self.outcome)
+
+
+def placement(job_id: str, job: JobSpec, cluster: str, region: str, bindings: Sequence[tuple[str, tuple[int, ...]]], *,
+              attempt: int = 1, at: float = EPOCH, card_model: str = T4, resume_from_s: float = 0.0) -> Envelope:
+    """``job.placed`` binding worker i to ``bindings[i]`` = (node, GPU indices), whole GPUs."""
+    payload = JobPlaced(spec=job, card_model=card_model, resume_from_s=resume_from_s,
+                        bindings=tuple(WorkerBinding(worker=i, node=node, gpu_indices=devices,
+                                                     gpu_milli=job.gpu_milli, cpu_milli=job.cpu_milli,
+                                                     memory_mib=job.memory_mib)
+                                       for i, (node, devices) in enumerate(bindings)))
+    return make_event("job.placed", payload, producer="scheduler", occurred_at=at,
+                      event_id=business_event_id(job_id, attempt, 0, "placed"), region=region, zone=region + "a",
+                      cluster=cluster, tenant=job.tenant, project=job.project, job_id=job_id, attempt=attempt)
+
+
+def stop_order(placed: Envelope, reason: str, at: float, *, checkpoint_interval_s: float = 0.0) -> Envelope:
+    """The scheduler's ``job.stop`` for the attempt ``placed``."""
+    return make_event("job.stop", JobStop(reason=reason, checkpoint_interval_s=checkpoint_interval_s),
+                      producer="scheduler", occurred_at=at,
+                      event_id=business_event_id(placed.job_id, placed.attempt, 0, "stop"), region=placed.region,
+                      zone=placed.zone, cluster=placed.cluster, tenant=placed.tenant, project=placed.project,
+                      job_id=placed.job_id, attempt=placed.attempt)

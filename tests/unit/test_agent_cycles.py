@@ -1,0 +1,148 @@
+"""The region agent's rules as tables: placements and stop orders in, clock advances, status out.
+
+A real :class:`~services.inventory.agent.ClusterAgent` on a fake publisher and a fake clock
+(:mod:`tests.builders`), no NATS, no sleeps: each step hands it deliveries (as its durable
+consumer would) or lets business time pass and ends what is due (as its ticker would); the
+status events it publishes are compared as (type, job, attempt, reason).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+
+from fedsched.events import Subjects
+from services.inventory.agent import ClusterAgent
+from services.inventory.trace import ClusterDef
+from tests.builders import FakeClock, FakePublisher, StaticBackend, delivery, nodes, placement, spec, stop_order
+
+CLUSTER = ClusterDef("cn-north-1-c1", "cn-north-1", "cn-north-1a", "ethernet", "standard", ("cn",))
+SUBJECTS = Subjects("t")
+
+
+@dataclass
+class AgentCase:
+    id: str
+    steps: list
+    backend: dict = field(default_factory=dict)
+
+
+@dataclass
+class Place:
+    job: str
+    gpus: int
+    bindings: list
+    attempt: int = 1
+    resume_from_s: float = 0.0
+    kw: dict = field(default_factory=dict)
+
+
+@dataclass
+class Stop:
+    job: str
+    reason: str
+    checkpoint_interval_s: float = 0.0
+    attempt: int = 1
+
+
+@dataclass
+class Advance:
+    seconds: float
+
+
+@dataclass
+class Expect:
+    """Exactly these status events since the previous Expect: (type, job, attempt, reason)."""
+
+    events: list
+    progress_s: float | None = None  # of the last one, when given
+
+
+CASES = [
+    AgentCase("a placement that fits starts and ends on time", [
+        Place("j1", 8, [("n0", tuple(range(8)))]),
+        Expect([("job.started", "j1", 1, "")]),
+        Advance(599), Expect([]),
+        Advance(1), Expect([("job.finished", "j1", 1, "")]),
+    ]),
+    AgentCase("a redelivered placement is not started twice", [
+        Place("j1", 8, [("n0", tuple(range(8)))]),
+        Place("j1", 8, [("n0", tuple(range(8)))]),
+        Expect([("job.started", "j1", 1, "")]),
+    ]),
+    AgentCase("a placement that would over-commit a GPU is rejected, never started", [
+        Place("j1", 8, [("n0", tuple(range(8)))]),
+        Place("j2", 1, [("n0", (3,))]),
+        Expect([("job.started", "j1", 1, ""), ("job.rejected", "j2", 1, "GPU 3 of n0 has 0m free, needs 1000m")]),
+    ]),
+    AgentCase("a placement on a node the cluster does not have is rejected", [
+        Place("j1", 1, [("elsewhere", (0,))]),
+        Expect([("job.rejected", "j1", 1, "node elsewhere is not in cluster cn-north-1-c1")]),
+    ]),
+    AgentCase("a stopped job frees its GPUs for the next placement", [
+        Place("j1", 8, [("n0", tuple(range(8)))]),
+        Stop("j1", "preempted"),
+        Place("j2", 8, [("n0", tuple(range(8)))]),
+        Expect([("job.started", "j1", 1, ""), ("job.stopped", "j1", 1, "preempted"), ("job.started", "j2", 1, "")]),
+    ]),
+    AgentCase("a preempted checkpointable job reports its whole checkpoints as progress", [
+        Place("j1", 8, [("n0", tuple(range(8)))], kw=dict(checkpointable=True, preemptible=True)),
+        Advance(4200),
+        Stop("j1", "preempted", checkpoint_interval_s=1800),
+        Expect([("job.started", "j1", 1, ""), ("job.stopped", "j1", 1, "preempted")], progress_s=3600),
+    ], dict(runtime_s=7200)),
+    AgentCase("a resumed attempt runs only the rest", [
+        Place("j1", 8, [("n0", tuple(range(8)))], attempt=2, resume_from_s=3600),
+        Advance(3599), Expect([("job.started", "j1", 2, "")]),
+        Advance(1), Expect([("job.finished", "j1", 2, "")]),
+    ], dict(runtime_s=7200)),
+    AgentCase("a stop before the placement arrives means it never starts", [
+        Stop("j1", "reclaimed"),
+        Place("j1", 8, [("n0", tuple(range(8)))]),
+        Expect([]),
+    ]),
+    AgentCase("a failing attempt reports job.failed at its end", [
+        Place("j1", 1, [("n0", (0,))]),
+        Advance(600),
+        Expect([("job.started", "j1", 1, ""), ("job.failed", "j1", 1, "exited with failure (trace outcome)")]),
+    ], dict(outcome="failed")),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+async def test_agent_table(case: AgentCase) -> None:
+    clock, publisher = FakeClock(), FakePublisher()
+    agent = ClusterAgent(None, clock, CLUSTER, StaticBackend(nodes("n"), **case.backend), publisher=publisher,
+                         subjects=SUBJECTS)
+    placements: dict[tuple[str, int], object] = {}
+    seen = seq = 0
+    for step in case.steps:
+        seq += 1
+        if isinstance(step, Place):
+            job = spec(gpus=step.gpus, **step.kw)
+            env = placement(step.job, job, CLUSTER.name, CLUSTER.region, step.bindings, attempt=step.attempt,
+                            at=clock.time(), resume_from_s=step.resume_from_s)
+            placements[(step.job, step.attempt)] = env
+            await agent.handle([delivery(env, SUBJECTS.placements(CLUSTER.region, CLUSTER.name), seq, clock.time())])
+        elif isinstance(step, Stop):
+            placed = placements.get((step.job, step.attempt)) or placement(
+                step.job, spec(), CLUSTER.name, CLUSTER.region, [("n0", (0,))], attempt=step.attempt)
+            env = stop_order(placed, step.reason, clock.time(), checkpoint_interval_s=step.checkpoint_interval_s)
+            await agent.handle([delivery(env, SUBJECTS.placements(CLUSTER.region, CLUSTER.name), seq, clock.time())])
+        elif isinstance(step, Advance):
+            clock.advance(step.seconds)
+            await agent.finish_due()
+        elif isinstance(step, Expect):
+            new = publisher.published[seen:]
+            seen = len(publisher.published)
+            assert [(p.event.type, p.event.job_id, p.event.attempt, p.event.payload.get("reason", ""))
+                    for p in new] == step.events
+            assert all(p.subject == SUBJECTS.status(CLUSTER.region, CLUSTER.name) for p in new)
+            if step.progress_s is not None:
+                assert new[-1].event.payload["progress_s"] == step.progress_s
+
+
+async def test_an_agent_without_a_bus_needs_a_publisher() -> None:
+    with pytest.raises(ValueError):
+        ClusterAgent(None, FakeClock(), CLUSTER, StaticBackend(nodes("n")))

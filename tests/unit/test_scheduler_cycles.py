@@ -1,0 +1,394 @@
+"""Scheduler cycles as tables: events in, clock advances, cycles, decisions out.
+
+Each case drives a real :class:`~services.scheduler.service.SchedulerService` through
+:class:`tests.builders.SchedulerHarness` -- a fake publisher (its publishes are read back as the
+stream follower would), a fake clock, live clusters heartbeating as the clock advances -- with
+no NATS and no sleeps. A step is an input (submit, report, cancel, silence, advance, restart) or a
+cycle with the exact decisions (``job.placed``, ``job.stop``, ``job.stopped``, ``job.cancelled``;
+pending reasons left out) it must publish.
+
+Clusters: A = cn-north-1-c1 and B = cn-north-1-c2, one node of 8 T4 cards each, in the job's
+home region; on equal scores the tie goes to A, so every move to B is the rule under test.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import pytest
+
+from fedsched.events import business_event_id
+from fedsched.jobs import PriorityClass
+from fedsched.pricing import load_price_catalog
+from services.billing.usage import compute_line
+from services.scheduler.states import Outcome, ShardState
+from tests.builders import T4, ClusterSpec, Decision, SchedulerHarness, nodes
+
+A, B = "cn-north-1-c1", "cn-north-1-c2"
+TWO = (ClusterSpec(A, node_list=nodes("a")), ClusterSpec(B, node_list=nodes("b")))
+ONE = (ClusterSpec(A, node_list=nodes("a")),)
+
+
+def placed(job: str, attempt: int, cluster: str) -> Decision:
+    return Decision("job.placed", job, attempt, cluster)
+
+
+def stop(job: str, attempt: int, cluster: str, reason: str) -> Decision:
+    return Decision("job.stop", job, attempt, cluster, reason)
+
+
+def stopped(job: str, attempt: int, cluster: str, reason: str) -> Decision:
+    return Decision("job.stopped", job, attempt, cluster, reason)
+
+
+def cancelled(job: str, attempt: int) -> Decision:
+    return Decision("job.cancelled", job, attempt, "", "cancelled")
+
+
+# ---------------------------------------------------------------------------- steps
+
+@dataclass
+class Submit:
+    job: str
+    spec: dict[str, Any] = field(default_factory=dict)
+
+    async def __call__(self, h: SchedulerHarness) -> None:
+        h.submit(self.job, **self.spec)
+
+
+@dataclass
+class Report:
+    job: str
+    type: str
+    reason: str = ""
+
+    async def __call__(self, h: SchedulerHarness) -> None:
+        h.report(self.job, self.type, reason=self.reason)
+
+
+@dataclass
+class Cancel:
+    job: str
+
+    async def __call__(self, h: SchedulerHarness) -> None:
+        h.cancel(self.job)
+
+
+@dataclass
+class Silence:
+    cluster: str
+
+    async def __call__(self, h: SchedulerHarness) -> None:
+        h.silence(self.cluster)
+
+
+@dataclass
+class Advance:
+    seconds: float
+
+    async def __call__(self, h: SchedulerHarness) -> None:
+        h.advance(self.seconds)
+
+
+@dataclass
+class Restart:
+    async def __call__(self, h: SchedulerHarness) -> None:
+        h.restart()
+
+
+@dataclass
+class Cycle:
+    expect: list[Decision] = field(default_factory=list)
+
+    async def __call__(self, h: SchedulerHarness) -> None:
+        assert await h.cycle() == self.expect
+
+
+@dataclass
+class Check:
+    """An assertion on the service's book: ``check(harness)`` must be true."""
+
+    what: str
+    check: Callable[[SchedulerHarness], bool]
+
+    async def __call__(self, h: SchedulerHarness) -> None:
+        assert self.check(h), self.what
+
+
+def state(job: str, expected: ShardState, outcome: Outcome = Outcome.NONE) -> Check:
+    return Check(f"{job} is {expected} {outcome}",
+                 lambda h: (h.shard(job).state, h.shard(job).outcome) == (expected, outcome))
+
+
+@dataclass
+class Case:
+    id: str
+    clusters: tuple[ClusterSpec, ...]
+    steps: list
+    settings: dict[str, Any] = field(default_factory=dict)
+
+
+LOW = dict(gpus=8, priority=PriorityClass.LOW, preemptible=True, estimated_duration_s=7200)
+HIGH = dict(gpus=8, priority=PriorityClass.HIGH, estimated_duration_s=600)
+
+CASES = [
+    Case("failover: a failed attempt is retried on another cluster within retry_limit", TWO, [
+        Submit("j1", dict(gpus=8, retry_limit=1)),
+        Cycle([placed("j1", 1, A)]),
+        Report("j1", "job.started"),
+        Report("j1", "job.failed", "exit 1"),
+        Cycle([placed("j1", 2, B)]),  # not A again, although A scores as well and is free
+        state("j1", ShardState.PLACED),
+    ]),
+    Case("failover: a failure beyond retry_limit ends the job", TWO, [
+        Submit("j1", dict(gpus=8, retry_limit=1)),
+        Cycle([placed("j1", 1, A)]),
+        Report("j1", "job.started"),
+        Report("j1", "job.failed", "exit 1"),
+        Cycle([placed("j1", 2, B)]),
+        Report("j1", "job.started"),
+        Report("j1", "job.failed", "exit 1"),
+        Cycle([]),
+        state("j1", ShardState.DONE, Outcome.FAILED),
+    ]),
+    Case("reclaim: a placement not started within reclaim_after_s is taken back and placed again", TWO, [
+        Submit("j1", dict(gpus=8)),
+        Cycle([placed("j1", 1, A)]),
+        Advance(19.9),
+        Cycle([]),  # within reclaim_after_s: left alone
+        Advance(0.2),
+        Cycle([stop("j1", 1, A, "reclaimed"), placed("j1", 2, B)]),
+        Check("the reclaimed cluster is avoided", lambda h: h.shard("j1").avoid == {A}),
+    ], dict(reclaim_after_s=20.0)),
+    Case("reclaim: a started placement is never reclaimed", TWO, [
+        Submit("j1", dict(gpus=8)),
+        Cycle([placed("j1", 1, A)]),
+        Report("j1", "job.started"),
+        Advance(60),
+        Cycle([]),
+        state("j1", ShardState.RUNNING),
+    ], dict(reclaim_after_s=20.0)),
+    Case("cancel: a queued job ends at once", ONE, [
+        Submit("j1", dict(gpus=16)),  # fits no cluster: stays queued
+        Cycle([]),
+        Cancel("j1"),
+        Cycle([cancelled("j1", 0)]),
+        state("j1", ShardState.DONE, Outcome.CANCELLED),
+    ]),
+    Case("cancel: a running job is stopped on its agent, cancelled when it reports stopped", ONE, [
+        Submit("j1", dict(gpus=8)),
+        Cycle([placed("j1", 1, A)]),
+        Report("j1", "job.started"),
+        Cancel("j1"),
+        Cycle([stop("j1", 1, A, "cancelled")]),
+        Cycle([]),  # the stop order is not repeated while the agent stops it
+        Report("j1", "job.stopped", "cancelled"),
+        Cycle([cancelled("j1", 1)]),
+        state("j1", ShardState.DONE, Outcome.CANCELLED),
+    ]),
+    Case("preemption: a high-priority job preempts a preemptible low one", ONE, [
+        Submit("low", LOW),
+        Cycle([placed("low", 1, A)]),
+        Report("low", "job.started"),
+        Advance(1.0),
+        Submit("high", HIGH),
+        Cycle([stop("low", 1, A, "preempted"), placed("high", 1, A)]),
+        state("low", ShardState.STOPPING),
+        Report("low", "job.stopped", "preempted"),
+        Cycle([]),  # requeued; A is full until the high job ends
+        state("low", ShardState.QUEUED),
+        Check("the victim keeps no allocation", lambda h: h.shard("low").placed is None),
+    ]),
+    Case("preemption: a job that is not preemptible is never a victim", ONE, [
+        Submit("low", {**LOW, "preemptible": False}),
+        Cycle([placed("low", 1, A)]),
+        Report("low", "job.started"),
+        Submit("high", HIGH),
+        Cycle([]),
+        state("high", ShardState.QUEUED),
+    ]),
+    Case("staleness: a silent cluster is excluded from placements", TWO, [
+        Silence(A),
+        Advance(2.0),
+        Cycle([]),
+        Submit("j1", dict(gpus=8)),
+        Cycle([placed("j1", 1, B)]),
+    ], dict(stale_after_s=1.0)),
+    Case("staleness: an unstarted placement on a silent cluster moves (nothing else queued)", TWO, [
+        Submit("j1", dict(gpus=8)),
+        Cycle([placed("j1", 1, A)]),
+        Silence(A),
+        Advance(1.0),
+        Cycle([]),  # last heartbeat within the limit
+        Advance(0.6),
+        Cycle([stop("j1", 1, A, "cluster_lost"), stopped("j1", 1, A, "cluster_lost"), placed("j1", 2, B)]),
+    ], dict(stale_after_s=1.0, reclaim_after_s=20.0)),
+    Case("staleness: a running attempt on a silent cluster is declared lost and moves", TWO, [
+        Submit("j1", dict(gpus=8)),
+        Cycle([placed("j1", 1, A)]),
+        Report("j1", "job.started"),
+        Silence(A),
+        Advance(1.6),
+        Cycle([stop("j1", 1, A, "cluster_lost"), stopped("j1", 1, A, "cluster_lost"), placed("j1", 2, B)]),
+        Report("j1", "job.started"),
+        state("j1", ShardState.RUNNING),
+    ], dict(stale_after_s=1.0, reclaim_after_s=20.0)),
+    Case("staleness: a preempted victim whose cluster falls silent before it reports is ended and requeued", ONE, [
+        Submit("low", LOW),
+        Cycle([placed("low", 1, A)]),
+        Report("low", "job.started"),
+        Submit("high", HIGH),
+        Cycle([stop("low", 1, A, "preempted"), placed("high", 1, A)]),
+        Silence(A),
+        Advance(1.6),
+        Cycle([stop("high", 1, A, "cluster_lost"), stopped("high", 1, A, "cluster_lost"),
+               stopped("low", 1, A, "cluster_lost")]),
+        state("low", ShardState.QUEUED),
+        state("high", ShardState.QUEUED),
+        Check("the victim's end carries its card model (billing prices it)",
+              lambda h: [p.event.payload["card_model"] for p in h.publisher.published
+                         if p.event.type == "job.stopped" and p.event.job_id == "low"] == [T4]),
+    ], dict(stale_after_s=1.0)),
+    Case("staleness: a stale cluster heard from again takes placements again", ONE, [
+        Silence(A),
+        Advance(2.0),
+        Submit("j1", dict(gpus=8)),
+        Cycle([]),
+        Check("A is stale", lambda h: A in h.svc.status()["stale"]),
+        Check("A comes back", lambda h: h.silent.discard(A) or True),
+        Advance(0.5),
+        Cycle([placed("j1", 1, A)]),
+    ], dict(stale_after_s=1.0)),
+    Case("restart: a reclaimed shard is rebuilt placed elsewhere, still avoiding the cluster", TWO, [
+        Submit("j1", dict(gpus=8)),
+        Cycle([placed("j1", 1, A)]),
+        Advance(20.1),
+        Cycle([stop("j1", 1, A, "reclaimed"), placed("j1", 2, B)]),
+        Restart(),
+        Check("on B, attempt 2, avoiding A", lambda h: (h.shard("j1").state, h.shard("j1").attempt,
+                                                        h.shard("j1").cluster, h.shard("j1").avoid)
+              == (ShardState.PLACED, 2, B, {A})),
+        Cycle([]),
+    ], dict(reclaim_after_s=20.0)),
+    Case("restart: a preempted victim is rebuilt stopping, then requeued by its agent's report", ONE, [
+        Submit("low", LOW),
+        Cycle([placed("low", 1, A)]),
+        Report("low", "job.started"),
+        Submit("high", HIGH),
+        Cycle([stop("low", 1, A, "preempted"), placed("high", 1, A)]),
+        Restart(),
+        state("low", ShardState.STOPPING),
+        Report("low", "job.stopped", "preempted"),
+        Cycle([]),
+        state("low", ShardState.QUEUED),
+    ]),
+    Case("restart: shards moved off a lost cluster are rebuilt where they were moved", TWO, [
+        Submit("j1", dict(gpus=4)),
+        Submit("j2", dict(gpus=4)),
+        Cycle([placed("j1", 1, A), placed("j2", 1, A)]),
+        Report("j2", "job.started"),
+        Silence(A),
+        Advance(1.6),
+        Cycle([stop("j1", 1, A, "cluster_lost"), stopped("j1", 1, A, "cluster_lost"),
+               stop("j2", 1, A, "cluster_lost"), stopped("j2", 1, A, "cluster_lost"),
+               placed("j1", 2, B), placed("j2", 2, B)]),
+        Restart(),
+        Check("both on B, attempt 2, placed", lambda h: [(h.shard(j).state, h.shard(j).attempt, h.shard(j).cluster)
+                                                         for j in ("j1", "j2")] == [(ShardState.PLACED, 2, B)] * 2),
+        Cycle([]),  # nothing is placed twice after the restart
+    ], dict(stale_after_s=1.0, reclaim_after_s=20.0)),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+async def test_cycle_table(case: Case) -> None:
+    h = SchedulerHarness(case.clusters, **case.settings)
+    for step in case.steps:
+        await step(h)
+
+
+# ---------------------------------------------------------------------------- issue 13 item 3
+
+async def test_after_a_restart_a_cluster_silent_past_the_limit_gets_no_placement() -> None:
+    """Freshness limit 1 s; A silent for 2 s; a new scheduler rebuilds from the streams; an
+    8-GPU job that A's last inventory could hold goes to B, not to A."""
+    h = SchedulerHarness(TWO, stale_after_s=1.0, reclaim_after_s=20.0)
+    h.silence(A)
+    h.advance(2.0)
+    h.restart()
+    h.submit("j1", gpus=8)
+    assert await h.cycle() == [placed("j1", 1, B)]
+    assert h.svc.status()["stale"] == [A]
+
+
+async def test_after_a_restart_placements_on_a_silent_cluster_move_at_once() -> None:
+    """A job runs on A; A goes silent and the scheduler restarts 2 s later: the rebuilt
+    scheduler moves it on its first cycle (the heartbeat's age counts from when it was
+    produced, not from when the new scheduler read it)."""
+    h = SchedulerHarness(TWO, stale_after_s=1.0, reclaim_after_s=20.0)
+    h.submit("j1", gpus=8)
+    assert await h.cycle() == [placed("j1", 1, A)]
+    h.report("j1", "job.started")
+    h.silence(A)
+    h.advance(2.0)
+    h.restart()
+    assert await h.cycle() == [stop("j1", 1, A, "cluster_lost"), stopped("j1", 1, A, "cluster_lost"),
+                               placed("j1", 2, B)]
+
+
+@pytest.mark.parametrize("started", [False, True], ids=["placed", "running"])
+async def test_with_nothing_queued_a_silent_clusters_placement_moves_within_the_limit_plus_one_cycle(started) -> None:
+    """A job placed on A (started or not), A goes silent, nothing else queued: it moves about
+    the freshness limit (1 s) after A's last heartbeat -- not after reclaim_after_s (20 s) --
+    with the service's own periodic wake-up (no event arrives meanwhile)."""
+    h = SchedulerHarness(TWO, stale_after_s=1.0, reclaim_after_s=20.0)
+    h.submit("j1", gpus=8)
+    assert await h.cycle() == [placed("j1", 1, A)]
+    if started:
+        h.report("j1", "job.started")
+    last_heartbeat = max(d.published_at for (t, c), d in h.inventory.items() if c == A)
+    h.silence(A)
+    out = await h.run_for(5.0)  # well short of reclaim_after_s
+    moves = [(t, d) for t, d in out if d.job_id == "j1"]
+    assert [d for _, d in moves] == [stop("j1", 1, A, "cluster_lost"), stopped("j1", 1, A, "cluster_lost"),
+                                     placed("j1", 2, B)]
+    moved_at = moves[0][0]
+    assert 1.0 < moved_at - last_heartbeat <= 1.0 + 0.1  # the limit plus one (immediate) cycle
+
+
+async def test_a_lost_running_attempt_is_billed_up_to_when_it_was_declared_lost() -> None:
+    """The ``job.stopped`` published for a lost attempt ends it at the declaration time; billing's
+    pure core prices exactly [started, declared] (and nothing for an attempt never started)."""
+    h = SchedulerHarness(TWO, stale_after_s=1.0)
+    h.submit("j1", gpus=8)
+    await h.cycle()
+    h.report("j1", "job.started")
+    started = h.clock.time()
+    h.silence(A)
+    h.advance(1.6)
+    await h.cycle()
+    declared = h.clock.time()
+    ended = next(p.event for p in h.publisher.published if p.event.type == "job.stopped")
+    assert ended.occurred_at.timestamp() == pytest.approx(declared)
+    assert ended.event_id == business_event_id("j1", 1, 0, "ended")  # the id the agent would give it
+    line = compute_line(ended, load_price_catalog())
+    assert line is not None and line.flag == "cluster_lost"
+    assert line.gpu_seconds == pytest.approx(8 * (declared - started), abs=0.01)
+
+
+async def test_an_unacknowledged_move_is_retried_and_the_book_is_unchanged_meanwhile() -> None:
+    """JetStream acknowledges nothing for a cycle: the shard stays where it was (nothing is
+    placed twice); the next cycle publishes the move again."""
+    h = SchedulerHarness(TWO, stale_after_s=1.0)
+    h.submit("j1", gpus=8)
+    await h.cycle()
+    h.silence(A)
+    h.advance(1.6)
+    h.publisher.refuse = lambda subject, event: True
+    assert await h.cycle() == []
+    assert [p.event.type for p in h.publisher.refused] == ["job.stop", "job.stopped"]
+    assert (h.shard("j1").state, h.shard("j1").cluster) == (ShardState.PLACED, A)
+    h.publisher.refuse = None
+    assert await h.cycle() == [stop("j1", 1, A, "cluster_lost"), stopped("j1", 1, A, "cluster_lost"),
+                               placed("j1", 2, B)]
