@@ -62,7 +62,8 @@ from fedsched.policystore import PolicyFollower, PolicyHolder
 from fedsched.pricing import PriceCatalog, load_price_catalog
 from services.admission.approvalview import ApprovalView
 from services.admission.budgets import SpendBook, SpendWatcher
-from services.admission.convert import STATE_FROM_PB, STATE_TO_PB, Limits, _ts, spec_from_pb, spec_to_pb
+from services.admission.convert import (STATE_FROM_PB, STATE_TO_PB, Limits, _ts, refuse_unknown_fields, spec_from_pb,
+                                        spec_to_pb)
 from services.admission.jobview import JobRecord, JobView
 from services.admission.rules import check_budget, check_quota_can_fit, worst_case_cost
 
@@ -73,6 +74,19 @@ SERVICE_NAME = pb.DESCRIPTOR.services_by_name["JobService"].full_name
 GOVERNANCE_SERVICES = tuple(gpb.DESCRIPTOR.services_by_name[n].full_name
                             for n in ("TenantService", "ApprovalService", "PolicyService"))
 GUARDED = (SERVICE_NAME, *GOVERNANCE_SERVICES)  #: services whose every call needs a token
+
+#: Methods of the guarded services that change state. Their requests are refused
+#: (INVALID_ARGUMENT naming the field number) when they carry a field this server does not know
+#: or one with the wrong wire type (:func:`~services.admission.convert.refuse_unknown_fields`);
+#: the other methods are read-only (:data:`READ_ONLY`) and ignore unknown fields, so a newer
+#: client can still read from an older server. Every method is in exactly one of the two sets
+#: (a unit test checks the service descriptors).
+MUTATING = frozenset({"JobService/SubmitJob", "JobService/CancelJob", "TenantService/PutTenant",
+                      "TenantService/SetQuota", "TenantService/DeleteQuota", "TenantService/PutPrincipal",
+                      "ApprovalService/Approve", "ApprovalService/Reject", "PolicyService/ApplyPolicy"})
+READ_ONLY = frozenset({"JobService/GetJob", "JobService/ListJobs", "JobService/WatchJob", "JobService/ExplainJob",
+                       "TenantService/ListTenants", "TenantService/ListQuotas", "ApprovalService/ListApprovals",
+                       "PolicyService/GetPolicy", "PolicyService/DiffPolicy"})
 
 _CODES: list[tuple[type[FedError], grpc.StatusCode]] = [
     (PermissionDeniedError, grpc.StatusCode.PERMISSION_DENIED),
@@ -132,7 +146,9 @@ class GatewayInterceptor(grpc.aio.ServerInterceptor):
     """Authenticates every call of the guarded services, continues the caller's trace
     (``traceparent`` metadata) in a server span, and maps :class:`~fedsched.errors.FedError` to
     status codes (the field in trailing metadata ``fedsched-field``, a quota or budget in
-    ``fedsched-limit``). A request body that does not parse is INVALID_ARGUMENT; anything else
+    ``fedsched-limit``). A request body that does not parse, or a request of a mutating method
+    (:data:`MUTATING`) carrying an unknown field or a field with the wrong wire type, is
+    INVALID_ARGUMENT; anything else
     unexpected is logged and reported as INTERNAL without internals.
 
     Args:
@@ -165,10 +181,14 @@ class GatewayInterceptor(grpc.aio.ServerInterceptor):
             log.exception("admission %s failed", span_name)
             await context.abort(grpc.StatusCode.INTERNAL, "internal error; see the admission log")
 
+        mutating = f"{service.rsplit('.', 1)[-1]}/{method}" not in READ_ONLY  # unlisted: treated as mutating
+
         def _enter(request) -> object:
             principal = authenticate(metadata)
             if isinstance(request, _Undecodable):
                 raise ValidationError("request", f"not a valid {method} request message")
+            if mutating:
+                refuse_unknown_fields(request)
             return auth.CURRENT.set(principal)
 
         if handler.unary_unary:
