@@ -261,9 +261,12 @@ class TenantServicer(gpb_grpc.TenantServiceServicer):
         return gpb.PutTenantResponse(tenant=tenant_to_pb(new), created=old is None, policy_version=version)
 
     def _usage(self, gov: Governance) -> QuotaBook:
+        """Quota usage in force: every placed or running shard's gang (workers x GPUs per worker,
+        milli-GPUs) on its attempt's card model and region -- as the scheduler counts it."""
         running = (JobState.PLACED, JobState.RUNNING)
-        allocations = ((r.spec.tenant, r.current.card_model, r.current.region, r.spec.total_gpu_milli)
-                       for r in self.svc.view.jobs.values() if r.state in running and r.current is not None)
+        allocations = ((r.spec.tenant, s.current.card_model, s.current.region, r.spec.total_gpu_milli)
+                       for r in self.svc.view.jobs.values() if r.state in running
+                       for s in r.shards if s.state in running and s.current is not None)
         return QuotaBook.build(gov.quota_rules, allocations)
 
     async def ListQuotas(self, request: gpb.ListQuotasRequest, context) -> gpb.ListQuotasResponse:

@@ -3,13 +3,17 @@
 * :func:`check_quota_can_fit` -- refuse a job that can never fit its tenant's quota: on every
   (card model, region) the job may use, the quota covering it caps the tenant below the job's
   demand even with nothing else running (ceilings: :meth:`QuotaBook.ceiling`). A job that
-  fits some day is accepted; the scheduler holds it until usage frees.
+  fits some day is accepted; the scheduler holds it until usage frees. The demand compared is
+  one shard's gang (workers x GPUs per worker): the shards of a split job are placed and
+  admitted against the quota one by one, so a job fits when one shard does.
 * :func:`check_budget` -- refuse new jobs once the tenant's month-to-date spend has reached its
   monthly budget; and refuse a job whose worst-case cost, on top of the spend and of the worst
   case of the tenant's open (queued or running, not yet billed) jobs, would overrun it, where
-  the worst case counts the retry budget::
+  the worst case counts the retry budget and every shard::
 
-      worst = (1 + retry_limit) x GPUs x estimated hours x unit price
+      worst = (1 + retry_limit) x shards x workers x GPUs per worker x estimated hours x unit price
+
+  (each shard of a split job is a gang of its own, placed, run and billed separately);
 
   with the unit price the job's price ceiling, or else the highest list price of a card model
   it may use in a region it may use (CPU-only: cores x CPU core-hour price). A tenant with a
@@ -93,19 +97,20 @@ def worst_case_cost(spec: JobSpec, prices: PriceCatalog, known_models: Iterable[
     hours = Decimal(str(spec.estimated_duration_s)) / Decimal(3600)
     attempts = 1 + spec.retry_limit
     regions = candidate_regions(spec, known_regions)
+    shards = f"{spec.shards} shards x " if spec.shards > 1 else ""
     if spec.gpus_per_worker == 0:
         cores = Decimal(spec.cpu_milli * spec.workers) / Decimal(1000)
         unit = max((prices.cpu_core_hour_in(r) for r in regions), default=prices.cpu_core_hour)
-        cost = money(attempts * cores * hours * unit)
-        return cost, f"{attempts} attempt(s) x {cores} cores x {hours:.2f} h x {unit}/core-h"
-    gpus = Decimal(spec.total_gpu_milli) / Decimal(1000)
+        cost = money(attempts * spec.shards * cores * hours * unit)
+        return cost, f"{attempts} attempt(s) x {shards}{cores} cores x {hours:.2f} h x {unit}/core-h"
+    gpus = Decimal(spec.total_gpu_milli) / Decimal(1000)  # one shard's gang
     if spec.max_price_per_gpu_hour:
         unit = money(spec.max_price_per_gpu_hour)
     else:
         models = list(spec.card_models) or sorted(known_models)
         unit = max((prices.gpu_hour(r, m) for r in regions for m in models), default=prices.default_gpu_hour)
-    cost = money(attempts * gpus * hours * unit)
-    return cost, f"{attempts} attempt(s) x {gpus} GPU x {hours:.2f} h x {unit}/GPU-h"
+    cost = money(attempts * spec.shards * gpus * hours * unit)
+    return cost, f"{attempts} attempt(s) x {shards}{gpus} GPU x {hours:.2f} h x {unit}/GPU-h"
 
 
 def check_budget(gov: Governance, spend: SpendBook, spec: JobSpec, now: float, prices: PriceCatalog,

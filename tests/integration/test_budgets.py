@@ -127,3 +127,14 @@ async def test_a_budget_needs_an_estimate_and_open_jobs_hold_their_worst_case(ad
         with pytest.raises(grpc.aio.AioRpcError) as e:
             await pb_grpc.JobServiceStub(ch).SubmitJob(_job(estimated_duration_seconds=hours * 3600))
     assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "held by its open jobs" in e.value.details()
+
+
+async def test_a_split_jobs_worst_case_counts_every_shard(admission):
+    """One shard's worst case is 300 of the 1000 CNY: 3 shards (900) fit, 4 shards (1200) do not."""
+    price = max(load_price_catalog().gpu_hour(r, "nvidia-t4-16gb") for r in ("cn-north-1", "cn-east-1", "cn-south-1"))
+    seconds = 300 / float(price) * 3600
+    async with channel(admission.port, "carol") as ch:
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await pb_grpc.JobServiceStub(ch).SubmitJob(_job(estimated_duration_seconds=seconds, shards=4))
+    assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "4 shards x 1 GPU" in e.value.details()
+    assert await _submit(admission.port, _job(estimated_duration_seconds=seconds, shards=3)) == grpc.StatusCode.OK
