@@ -294,7 +294,7 @@ class TenantServicer(gpb_grpc.TenantServiceServicer):
         gov = self._gov()
         if gov.tenant(q.tenant) is None:
             raise ValidationError("quota.tenant", f"unknown tenant {q.tenant!r}")
-        borrow = q.borrowing_limit_gpus if q.HasField("borrowing_limit_gpus") else (None if q.cohort else 0)
+        borrow = q.borrowing_limit_gpus if q.HasField("borrowing_limit_gpus") else None  # absent: no limit (QuotaDoc)
         data = {"tenant": q.tenant, "card": q.card or WILDCARD, "region": q.region or WILDCARD,
                 "guaranteed_gpus": _finite(q.guaranteed_gpus, "quota.guaranteed_gpus"),
                 "borrowing_limit_gpus": None if borrow is None else _finite(borrow, "quota.borrowing_limit_gpus"),

@@ -208,3 +208,36 @@ async def test_list_quotas_counts_every_running_shard(bus):
     finally:
         admission.stop()
         await task
+
+
+async def test_a_quota_means_the_same_from_policy_yaml_and_from_set_quota(gov_world):
+    """``borrowing_limit_gpus`` absent: no limit with a cohort, no borrowing without one -- the same
+    effective quota whether applied as policy YAML or set through gRPC SetQuota."""
+    admission, *_ = gov_world
+    quotas = [gpb.Quota(tenant="search", card="T4", region="cn-north-1", guaranteed_gpus=2, cohort="north"),
+              gpb.Quota(tenant="ads", card="T4", region="cn-north-1", guaranteed_gpus=1)]
+
+    async def effective(s: Stubs) -> list[tuple]:
+        listed = (await s.tenants.ListQuotas(gpb.ListQuotasRequest())).quotas
+        version = (await s.policy.GetPolicy(gpb.GetPolicyRequest())).version
+        assert await until(lambda: admission.policy.version == version)
+        return sorted([(q.tenant, q.card, q.region, q.guaranteed_gpus, q.HasField("borrowing_limit_gpus")
+                        and q.borrowing_limit_gpus, q.cohort) for q in listed]
+                      + [(r.label, r.nominal_milli, r.borrowing_limit_milli, r.ceiling_milli, r.cohort)
+                         for r in admission.policy.current.quota_rules], key=str)
+
+    async with channel(admission.port, "root") as ch:
+        s = Stubs(ch)
+        await s.policy.ApplyPolicy(gpb.ApplyPolicyRequest(yaml=policy_text(
+            "quotas:\n  - {tenant: search, card: T4, region: cn-north-1, guaranteed_gpus: 2, cohort: north}\n"
+            "  - {tenant: ads, card: T4, region: cn-north-1, guaranteed_gpus: 1}\n")))
+        from_yaml = await effective(s)
+        for q in quotas:
+            await s.tenants.DeleteQuota(gpb.DeleteQuotaRequest(tenant=q.tenant, card=q.card, region=q.region))
+        assert not (await s.tenants.ListQuotas(gpb.ListQuotasRequest())).quotas
+        for q in quotas:
+            await s.tenants.SetQuota(gpb.SetQuotaRequest(quota=q))
+        from_grpc = await effective(s)
+    assert from_yaml == from_grpc
+    assert ("search/T4/cn-north-1", 2000, None, None, "north") in from_yaml  # with a cohort: no limit
+    assert ("ads/T4/cn-north-1", 1000, 0, 1000, "") in from_yaml  # without one: never borrows
