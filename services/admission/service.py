@@ -16,7 +16,10 @@ policy (a job may narrow it, never widen it), its quota (a job that could never 
 refused) and its budget (:mod:`services.admission.rules`), then gets its job id and is
 published as ``job.submitted`` stamped with the policy version. Bad input gets INVALID_ARGUMENT
 whose message starts with the offending field (also in trailing metadata ``fedsched-field``);
-quota and budget refusals get RESOURCE_EXHAUSTED naming the limit (``fedsched-limit``).
+quota and budget refusals get RESOURCE_EXHAUSTED naming the limit (``fedsched-limit``); a GPU
+job that no cluster of the agents' latest inventory could ever hold in the regions it may use
+(card model absent, gang larger than any cluster) gets FAILED_PRECONDITION with the reason.
+A queued job the scheduler finds unplaceable holds no budget while it stays so.
 Refusals are published as ``submission.rejected`` so the audit log has the submission success
 rate.
 
@@ -56,7 +59,7 @@ from fedsched.errors import (AuthError, ConflictError, FedError, NotFoundError, 
 from fedsched.events import InventorySnapshot, JobCancelRequested, JobSubmitted, SubmissionRejected, business_event_id, \
     make_event
 from fedsched.governance import Governance
-from fedsched.jobs import TERMINAL_STATES
+from fedsched.jobs import TERMINAL_STATES, JobState
 from fedsched.naming import check_name, is_name
 from fedsched.policystore import PolicyFollower, PolicyHolder
 from fedsched.pricing import PriceCatalog, load_price_catalog
@@ -65,7 +68,8 @@ from services.admission.budgets import SpendBook, SpendWatcher
 from services.admission.convert import (STATE_FROM_PB, STATE_TO_PB, Limits, _ts, refuse_unknown_fields, spec_from_pb,
                                         spec_to_pb)
 from services.admission.jobview import JobRecord, JobView
-from services.admission.rules import check_budget, check_quota_can_fit, worst_case_cost
+from services.admission.rules import (ClusterCapacity, check_budget, check_can_ever_run, check_quota_can_fit,
+                                      worst_case_cost)
 
 log = logging.getLogger(__name__)
 tracer = telemetry.tracer("fedsched.admission")
@@ -309,6 +313,17 @@ def job_to_pb(rec: JobRecord) -> pb.Job:
     return msg
 
 
+def _holds_budget(rec: JobRecord) -> bool:
+    """Whether an open job holds its worst-case cost against its tenant's budget: not while it
+    cannot run -- queued (no shard placed, running or awaiting approval) and every waiting shard
+    found unplaceable by the scheduler (no cluster could hold it even empty). Such a job holds
+    again as soon as a shard becomes placeable; it ends after the scheduler's
+    ``unschedulable_timeout_s``."""
+    if rec.state != JobState.QUEUED:
+        return True
+    return not all(s.unplaceable for s in rec.shards if s.state == JobState.QUEUED)
+
+
 class JobServicer(pb_grpc.JobServiceServicer):
     """The JobService implementation.
 
@@ -321,10 +336,13 @@ class JobServicer(pb_grpc.JobServiceServicer):
         known_models / known_regions: card models and regions agents reported (kept current).
         spend: month-to-date spend per tenant (budgets).
         prices: the price catalog (worst-case job cost for budgets).
+        clusters: cluster name -> what it could ever hold, from the agents' latest inventory
+            (kept current); a GPU job none of them could hold is refused (FAILED_PRECONDITION).
     """
 
     def __init__(self, bus: Bus, clock: Clock, policy: PolicyHolder, view: JobView, limits: Limits | None,
-                 known_models: set[str], known_regions: set[str], spend: SpendBook, prices: PriceCatalog) -> None:
+                 known_models: set[str], known_regions: set[str], spend: SpendBook, prices: PriceCatalog,
+                 clusters: dict[str, ClusterCapacity] | None = None) -> None:
         self.bus = bus
         self.clock = clock
         self.policy = policy
@@ -334,6 +352,7 @@ class JobServicer(pb_grpc.JobServiceServicer):
         self.known_regions = known_regions
         self.spend = spend
         self.prices = prices
+        self.clusters = clusters if clusters is not None else {}
         self._limits: tuple[str, Limits] | None = None
         self._worst: dict[str, Decimal] = {}  # job id -> its worst-case cost (budget holds), computed once
 
@@ -367,7 +386,7 @@ class JobServicer(pb_grpc.JobServiceServicer):
         principal = auth.current()
         try:
             return await self._submit(request, principal)
-        except (ValidationError, QuotaExceededError, PermissionDeniedError) as e:
+        except (ValidationError, QuotaExceededError, PermissionDeniedError, ConflictError) as e:
             await self._record_rejection(request, e, principal)
             raise
 
@@ -404,9 +423,10 @@ class JobServicer(pb_grpc.JobServiceServicer):
                     raise ValidationError(field, f"unknown region {r!r} (known: {', '.join(sorted(regions))})")
         spec = gov.admit_spec(spec, locality_given=raw.locality != pb.LOCALITY_UNSPECIFIED)
         check_quota_can_fit(gov, spec, self.known_models, regions)
+        check_can_ever_run(spec, self.clusters, regions)
         check_budget(gov, self.spend, spec, self.clock.time(), self.prices, self.known_models, regions,
                      open_costs=(self._worst_case(j, regions) for j in self.view.open_by_tenant.get(spec.tenant, ())
-                                 if j in self.view.jobs))  # lazy: walked only for a tenant with a budget
+                                 if j in self.view.jobs and _holds_budget(self.view.jobs[j])))  # lazy: only with a budget
         if rid:
             job_id = "j-" + hashlib.sha256(f"{spec.tenant}/{rid}".encode()).hexdigest()[:20]
         else:
@@ -561,9 +581,10 @@ class AdmissionService:
         self.spend = SpendBook()
         self.known_models: set[str] = set()
         self.known_regions: set[str] = set()
+        self.clusters: dict[str, ClusterCapacity] = {}  #: cluster -> what it could ever hold (latest inventory)
         prices = prices or load_price_catalog()
         self.servicer = JobServicer(bus, clock, self.policy, self.view, limits, self.known_models,
-                                    self.known_regions, self.spend, prices)
+                                    self.known_regions, self.spend, prices, self.clusters)
         self.tenants = TenantServicer(self)
         self.approval_servicer = ApprovalServicer(self)
         self.policy_servicer = PolicyServicer(self)
@@ -609,6 +630,8 @@ class AdmissionService:
             snap = env.payload_as(InventorySnapshot)
             self.known_models.update(n.card_model for n in snap.nodes if n.card_model)
             self.known_regions.add(env.region)
+            if env.cluster:
+                self.clusters[env.cluster] = ClusterCapacity.from_snapshot(env.region, snap)
 
     async def start(self) -> None:
         """Rebuild the read models, wait for a policy, then start serving (sets :attr:`ready`)."""
