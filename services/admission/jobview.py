@@ -204,9 +204,12 @@ class JobView:
                 }[env.type]
         elif env.type == "job.cancelled":
             rec.cancelled = True
+            why = env.payload_as(JobStatus).reason  # "cancelled", or the scheduler's own (unschedulable_timeout: ...)
             for s in rec.shards:
                 if s.state not in TERMINAL_STATES:
                     s.state = JobState.CANCELLED
+                    if why and why != "cancelled":
+                        s.reason = why
         elif not self._apply_shard(rec, env):
             return
         self._notify(rec)

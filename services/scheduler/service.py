@@ -5,8 +5,8 @@ first sequence (submissions, its own placements and stop orders, agents' status)
 inventory of every cluster. Then it follows both streams and runs a cycle whenever something
 changed (and at least once a second, for staleness, aging and reclamation):
 
-1. reclaim placements that never started (timeout) or sit on a stale cluster, and carry out
-   cancellations;
+1. reclaim placements that never started (timeout) or sit on a stale cluster, end jobs that
+   have been unplaceable for ``unschedulable_timeout_s`` (below), and carry out cancellations;
 2. build the :class:`~services.scheduler.core.View` -- inventory capacity minus the allocations
    of placed and running work, that work with its estimated ends, heartbeat ages, tenant usage
    -- and the queue (one entry per waiting shard);
@@ -16,6 +16,14 @@ changed (and at least once a second, for staleness, aging and reclamation):
    changed pending reasons with a counterfactual; message ids are (job, attempt, shard, step)
    so a retried publish is never a second placement;
 5. update local state only for what JetStream acknowledged.
+
+A job that can never run as asked on today's federation (the core's ``fits_empty`` is False for
+every waiting shard: no cluster could hold it even empty) stays queued in case capacity joins,
+but not forever: once every shard that has not ended has been unplaceable for
+``unschedulable_timeout_s`` of business time (default 24 h), the job is ended like a
+cancellation, ``job.cancelled`` whose reason starts with ``unschedulable_timeout``. A shard that
+runs is never stopped for it (a split job ends when its running shards have). The timer is
+kept in memory: after a restart it starts again.
 
 Its own events come back through the follower; applying them again is a no-op (same attempt),
 so the write-through state and the rebuilt state agree.
@@ -68,6 +76,8 @@ class ShardEntry:
         progress_s: checkpointed work from earlier attempts (s).
         pending_reason: the last published pending summary.
         unplaceable: the last decision found no cluster that could hold it even if empty.
+        unplaceable_since: business time since when it has been unplaceable without a break
+            (None = it is not).
         outcome: how a done shard ended: succeeded, failed, cancelled.
     """
 
@@ -84,6 +94,7 @@ class ShardEntry:
     progress_s: float = 0.0
     pending_reason: str = ""
     unplaceable: bool = False
+    unplaceable_since: float | None = None
     stop_sent: bool = False
     outcome: str = ""
     view_cache: tuple | None = field(default=None, repr=False, compare=False)
@@ -101,6 +112,7 @@ class JobEntry:
     headers: dict[str, str] = field(default_factory=dict)
     cancel_requested: bool = False
     cancelled_sent: bool = False
+    end_reason: str = ""  # why the scheduler itself ends it ("" = a cancellation someone asked for)
     shards: list[ShardEntry] = field(default_factory=list)
 
     @property
@@ -183,11 +195,13 @@ class SchedulerService:
         interval_s: minimum wall seconds between cycles.
         reclaim_after_s: wall seconds a placement may stay unstarted before it is reclaimed.
         cross_region_mode: tenant -> ``allowed`` / ``approval`` / ``forbidden`` (default allowed).
+        unschedulable_timeout_s: business seconds a job may stay unplaceable (no cluster could
+            hold it even empty) before it is ended with reason ``unschedulable_timeout``.
     """
 
     def __init__(self, bus: Bus, clock: Clock, policy: Policy, prices: PriceCatalog, *,
                  stale_after_s: float = 10.0, interval_s: float = 0.02, reclaim_after_s: float = 30.0,
-                 cross_region_mode: dict[str, str] | None = None) -> None:
+                 cross_region_mode: dict[str, str] | None = None, unschedulable_timeout_s: float = 86400.0) -> None:
         self.bus = bus
         self.clock = clock
         self.policy = policy
@@ -195,6 +209,7 @@ class SchedulerService:
         self.stale_after_s = stale_after_s
         self.interval_s = interval_s
         self.reclaim_after_s = reclaim_after_s
+        self.unschedulable_timeout_s = unschedulable_timeout_s
         self.cross_region_mode = cross_region_mode or {}
         # governance (quotas, cross-region modes, approvals): services/scheduler/approvals.py
         self.base_policy = policy
@@ -304,7 +319,7 @@ class SchedulerService:
         else:
             self.active.pop(key, None)
         if state != "queued":
-            shard.unplaceable = False
+            shard.unplaceable, shard.unplaceable_since = False, None
         self._dirty.set()
 
     def _requeue(self, job: JobEntry, shard: ShardEntry, *, avoid: str = "") -> None:
@@ -350,6 +365,16 @@ class SchedulerService:
         if job is None or job.done:
             return
         job.cancel_requested = True
+        self.cancelling[job.job_id] = job
+        self._dirty.set()
+
+    def _on_cancelled(self, env: Envelope, d: Delivery) -> None:
+        """Our own ``job.cancelled``, read back after a restart: the job has ended (asked for, or
+        :meth:`_expire_unschedulable`); its waiting shards must not be placed again."""
+        job = self.jobs.get(env.job_id)
+        if job is None or job.done:
+            return
+        job.cancel_requested = job.cancelled_sent = True
         self.cancelling[job.job_id] = job
         self._dirty.set()
 
@@ -537,6 +562,7 @@ class SchedulerService:
         t0 = time.perf_counter()
         self.policy = self.governor.effective_policy(self.base_policy)  # governance: weights, quota filter
         await self._reclaim()                                                        # 1
+        self._expire_unschedulable(self.clock.time())
         await self._cancellations()
         expired = self.governor.expiries(self.jobs, self.clock.time())  # governance: approval timeouts
         if expired:
@@ -558,9 +584,14 @@ class SchedulerService:
             for victim in p.victims:
                 stops.append((victim, p))
             places.append(self._placement_event(view, p, decisions.policy_version))
+        now = self.clock.time()
         for pend in decisions.pending:
             job, shard = self.jobs[pend.job.job_id], self.jobs[pend.job.job_id].shards[pend.job.shard]
             shard.unplaceable = not pend.fits_empty
+            if not shard.unplaceable:
+                shard.unplaceable_since = None
+            elif shard.unplaceable_since is None:
+                shard.unplaceable_since = now
             if pend.reason != shard.pending_reason:
                 pendings.append((shard, pend.reason, self._pending_event(view, pend, decisions.policy_version)))
         stop_items = [(v, item) for v, p in stops
@@ -615,6 +646,26 @@ class SchedulerService:
                 self._unbind(shard)
                 self._requeue(job, shard, avoid="" if stale else cluster)
 
+    def _expire_unschedulable(self, now: float) -> None:
+        """End the jobs whose every shard not yet ended has been unplaceable for at least
+        ``unschedulable_timeout_s`` (business seconds, ``now`` included): they are cancelled by
+        :meth:`_cancellations` with reason ``unschedulable_timeout``. Walks the queued shards."""
+        limit = self.unschedulable_timeout_s
+
+        def expired(s: ShardEntry) -> bool:
+            return s.state == "queued" and s.unplaceable_since is not None and now - s.unplaceable_since >= limit
+
+        for job, shard in list(self.queued.values()):
+            if job.cancel_requested or not expired(shard):
+                continue
+            if all(s.state == "done" or expired(s) for s in job.shards):
+                waited = now - min(s.unplaceable_since for s in job.shards if expired(s))
+                job.cancel_requested = True
+                job.end_reason = (f"unschedulable_timeout: no cluster could hold it as asked for {waited:.0f} s "
+                                  f"(limit {limit:.0f} s); last reason: {shard.pending_reason or 'unplaceable'}")
+                self.cancelling[job.job_id] = job
+                log.warning("scheduler: ending %s: %s", job.job_id, job.end_reason)
+
     async def _cancellations(self) -> None:
         for job in list(self.cancelling.values()):
             items = []
@@ -630,7 +681,7 @@ class SchedulerService:
                 for (shard, _), ok in zip(items, await self.bus.publish_many([i for _, i in items])):
                     shard.stop_sent = shard.stop_sent or ok
             if job.done and not job.cancelled_sent:
-                event = make_event("job.cancelled", JobStatus(reason="cancelled"), producer="scheduler",
+                event = make_event("job.cancelled", JobStatus(reason=job.end_reason or "cancelled"), producer="scheduler",
                                    occurred_at=self.clock.time(), event_id=business_event_id(job.job_id, "cancelled"),
                                    tenant=job.tenant, project=job.project, job_id=job.job_id,
                                    attempt=max(s.attempt for s in job.shards), actor="scheduler",
@@ -706,6 +757,7 @@ class SchedulerService:
 _EVENT_HANDLERS = {
     "job.submitted": SchedulerService._on_submitted,
     "job.cancel_requested": SchedulerService._on_cancel,
+    "job.cancelled": SchedulerService._on_cancelled,
     "job.placed": SchedulerService._on_placed,
     "job.stop": SchedulerService._on_stop_order,
     "job.started": SchedulerService._on_status,
