@@ -30,7 +30,7 @@ from importlib import resources
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic import ValidationError as PydanticValidationError
 
 from fedsched import naming
@@ -173,16 +173,28 @@ class TenantDoc(_Doc):
 
 class QuotaDoc(_Doc):
     """A quota: tenant x card (model, family/class alias, card class name or ``*``) x region
-    (or ``*``), ``guaranteed_gpus`` nominal, ``borrowing_limit_gpus`` above it (None = no
-    limit), and a ``cohort`` to borrow from / lend to ("" = none). GPUs may be fractional
-    (multiples of 0.001)."""
+    (or ``*``), ``guaranteed_gpus`` nominal, ``borrowing_limit_gpus`` above it, and a ``cohort``
+    to borrow from / lend to ("" = none). GPUs may be fractional (multiples of 0.001).
+
+    ``borrowing_limit_gpus`` absent (or null) means **no limit** -- as Kueue's
+    ``borrowingLimit`` -- in every entry point (policy YAML, gRPC ``SetQuota``, the CLI); 0 means
+    no borrowing. A quota without a cohort cannot borrow, so there an absent limit is stored as 0
+    (any other value is an error), and both entry points store the same quota.
+    """
 
     tenant: str
     card: str = WILDCARD
     region: str = WILDCARD
     guaranteed_gpus: float = Field(ge=0, le=1e6)
-    borrowing_limit_gpus: float | None = Field(default=0, ge=0, le=1e6)
+    borrowing_limit_gpus: float | None = Field(default=None, ge=0, le=1e6)
     cohort: str = ""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_cohort_no_borrowing(cls, data: Any) -> Any:
+        if isinstance(data, dict) and not data.get("cohort") and data.get("borrowing_limit_gpus") is None:
+            data = {**data, "borrowing_limit_gpus": 0}
+        return data
 
     @field_validator("tenant")
     @classmethod

@@ -204,7 +204,8 @@ class System:
         if "scheduler" in wants:
             self.scheduler = SchedulerService(await self._bus("scheduler"), clock, build_policy(opts.policy), prices,
                                               stale_after_s=s.stale_after_s, interval_s=s.schedule_interval_s,
-                                              reclaim_after_s=s.reclaim_after_s)
+                                              reclaim_after_s=s.reclaim_after_s,
+                                              unschedulable_timeout_s=s.unschedulable_timeout_s)
             self._spawn(self.scheduler.run(), "scheduler")
         if "admission" in wants:
             tls = TlsFiles(s.tls_cert, s.tls_key, s.tls_client_ca) if s.tls_cert else None

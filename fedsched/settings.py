@@ -47,6 +47,9 @@ class Settings(BaseSettings):
         schedule_interval_s: the scheduler's cycle period when something changed (wall seconds).
         reclaim_after_s: a placement its agent has not started after this long (wall seconds)
             is taken back and placed again elsewhere.
+        unschedulable_timeout_s: a job that no cluster could hold even empty (unplaceable) for
+            this long (business seconds; default 24 h) is ended, CANCELLED with reason
+            ``unschedulable_timeout``.
         price_catalog: optional YAML price catalog; the bundled one is used when empty.
         js_domain: JetStream domain to address (needed when services reach JetStream through
             a leaf node; "" = none).
@@ -84,6 +87,7 @@ class Settings(BaseSettings):
     stale_after_s: float = Field(default=10.0, gt=0)
     schedule_interval_s: float = Field(default=0.02, gt=0)
     reclaim_after_s: float = Field(default=30.0, gt=0)
+    unschedulable_timeout_s: float = Field(default=86400.0, gt=0)
     price_catalog: Path | None = None
     js_domain: str = ""
     inbox_prefix: str = ""

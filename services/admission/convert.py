@@ -207,3 +207,76 @@ def spec_to_pb(spec: JobSpec) -> pb.JobSpec:
     if spec.start_deadline is not None:
         msg.start_deadline.FromDatetime(spec.start_deadline)
     return msg
+
+
+# ---------------------------------------------------------------------------- unknown fields
+
+_WIRE_NAMES = {0: "varint", 1: "64-bit", 2: "length-delimited", 3: "group start", 4: "group end", 5: "32-bit"}
+
+
+def _expected_wire(fd) -> set[int]:
+    """Wire types a field of descriptor ``fd`` may arrive as (packed repeated scalars: 2 too)."""
+    t = fd.type
+    if t in (fd.TYPE_DOUBLE, fd.TYPE_FIXED64, fd.TYPE_SFIXED64):
+        wire = {1}
+    elif t in (fd.TYPE_FLOAT, fd.TYPE_FIXED32, fd.TYPE_SFIXED32):
+        wire = {5}
+    elif t in (fd.TYPE_STRING, fd.TYPE_BYTES, fd.TYPE_MESSAGE):
+        return {2}
+    elif t == fd.TYPE_GROUP:
+        return {3}
+    else:  # int32/64, uint32/64, sint32/64, bool, enum
+        wire = {0}
+    return wire | {2} if fd.is_repeated else wire
+
+
+def refuse_unknown_fields(msg, path: str = "") -> None:
+    """Raise if ``msg`` or any message inside it carries a field this server does not know.
+
+    protobuf keeps a field whose number is not in the schema, *or whose wire type does not match
+    the schema's field of that number* (e.g. JobSpec field 12, ``min_gpu_memory_gib``, sent as a
+    string), as an unknown field and leaves the known field at its default; accepting such a
+    request would silently drop what the caller asked for. The forward-compatibility rule of the
+    API (README, "API"): mutating calls refuse unknown fields, read-only calls ignore them.
+
+    Walks every set field recursively (nested messages, repeated messages, message-valued maps)
+    with ``google.protobuf.unknown_fields.UnknownFieldSet``.
+
+    Args:
+        msg: a parsed request message.
+        path: the request path of ``msg`` ("" for the request itself; ``spec``, ``datasets[2]``).
+
+    Raises:
+        ValidationError: ``field`` = the path and field number (``spec.12``; ``7`` at the top),
+            the message naming the message type, the known field of that number if any and the
+            wire types received and expected.
+    """
+    from google.protobuf.unknown_fields import UnknownFieldSet
+
+    desc = msg.DESCRIPTOR
+    for uf in UnknownFieldSet(msg):
+        number = uf.field_number
+        field = f"{path}.{number}" if path else str(number)
+        got = _WIRE_NAMES.get(uf.wire_type, str(uf.wire_type))
+        known = desc.fields_by_number.get(number)
+        if known is not None:
+            expected = " or ".join(_WIRE_NAMES[w] for w in sorted(_expected_wire(known)))
+            raise ValidationError(field, f"field {number} of {desc.full_name} ({known.name}) has the wrong wire type "
+                                         f"(got {got}, expected {expected}); the request was not applied")
+        raise ValidationError(field, f"field {number} of {desc.full_name} is unknown to this server (wire type "
+                                     f"{got}); mutating calls refuse unknown fields -- is the client built from a "
+                                     f"newer API version?")
+    for fd, value in msg.ListFields():
+        if fd.message_type is None:
+            continue
+        sub = f"{path}.{fd.name}" if path else fd.name
+        if fd.message_type.GetOptions().map_entry:
+            value_fd = fd.message_type.fields_by_name["value"]
+            if value_fd.message_type is not None:
+                for key, item in value.items():
+                    refuse_unknown_fields(item, f"{sub}[{key}]")
+        elif fd.is_repeated:
+            for i, item in enumerate(value):
+                refuse_unknown_fields(item, f"{sub}[{i}]")
+        else:
+            refuse_unknown_fields(value, sub)

@@ -301,9 +301,12 @@ class TenantServicer(gpb_grpc.TenantServiceServicer):
         return gpb.PutTenantResponse(tenant=tenant_to_pb(new), created=old is None, policy_version=version)
 
     def _usage(self, gov: Governance) -> QuotaBook:
+        """Quota usage in force: every placed or running shard's gang (workers x GPUs per worker,
+        milli-GPUs) on its attempt's card model and region -- as the scheduler counts it."""
         running = (JobState.PLACED, JobState.RUNNING)
-        allocations = ((r.spec.tenant, r.current.card_model, r.current.region, r.spec.total_gpu_milli)
-                       for r in self.view.jobs.values() if r.state in running and r.current is not None)
+        allocations = ((r.spec.tenant, s.current.card_model, s.current.region, r.spec.total_gpu_milli)
+                       for r in self.view.jobs.values() if r.state in running
+                       for s in r.shards if s.state in running and s.current is not None)
         return QuotaBook.build(gov.quota_rules, allocations)
 
     async def ListQuotas(self, request: gpb.ListQuotasRequest, context) -> gpb.ListQuotasResponse:
@@ -331,7 +334,7 @@ class TenantServicer(gpb_grpc.TenantServiceServicer):
         gov = self._gov()
         if gov.tenant(q.tenant) is None:
             raise ValidationError("quota.tenant", f"unknown tenant {q.tenant!r}")
-        borrow = q.borrowing_limit_gpus if q.HasField("borrowing_limit_gpus") else (None if q.cohort else 0)
+        borrow = q.borrowing_limit_gpus if q.HasField("borrowing_limit_gpus") else None  # absent: no limit (QuotaDoc)
         data = {"tenant": q.tenant, "card": q.card or WILDCARD, "region": q.region or WILDCARD,
                 "guaranteed_gpus": _finite(q.guaranteed_gpus, "quota.guaranteed_gpus"),
                 "borrowing_limit_gpus": None if borrow is None else _finite(borrow, "quota.borrowing_limit_gpus"),

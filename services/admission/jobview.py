@@ -217,9 +217,12 @@ class JobView:
 
     def _on_cancelled(self, rec: JobRecord, env: Envelope) -> bool:
         rec.cancelled = True
+        why = env.payload_as(JobStatus).reason  # "cancelled", or the scheduler's own (unschedulable_timeout: ...)
         for s in rec.shards:
             if s.state not in TERMINAL_STATES:
                 s.state = JobState.CANCELLED
+                if why and why != "cancelled":
+                    s.reason = why
         return True
 
     def _on_placed(self, rec: JobRecord, env: Envelope) -> bool:

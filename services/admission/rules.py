@@ -3,13 +3,17 @@
 * :func:`check_quota_can_fit` -- refuse a job that can never fit its tenant's quota: on every
   (card model, region) the job may use, the quota covering it caps the tenant below the job's
   demand even with nothing else running (ceilings: :meth:`QuotaBook.ceiling`). A job that
-  fits some day is accepted; the scheduler holds it until usage frees.
+  fits some day is accepted; the scheduler holds it until usage frees. The demand compared is
+  one shard's gang (workers x GPUs per worker): the shards of a split job are placed and
+  admitted against the quota one by one, so a job fits when one shard does.
 * :func:`check_budget` -- refuse new jobs once the tenant's month-to-date spend has reached its
   monthly budget; and refuse a job whose worst-case cost, on top of the spend and of the worst
   case of the tenant's open (queued or running, not yet billed) jobs, would overrun it, where
-  the worst case counts the retry budget::
+  the worst case counts the retry budget and every shard::
 
-      worst = (1 + retry_limit) x GPUs x estimated hours x unit price
+      worst = (1 + retry_limit) x shards x workers x GPUs per worker x estimated hours x unit price
+
+  (each shard of a split job is a gang of its own, placed, run and billed separately);
 
   with the unit price the job's price ceiling, or else the highest list price of a card model
   it may use in a region it may use (CPU-only: cores x CPU core-hour price). A tenant with a
@@ -20,14 +24,25 @@
 Both raise :class:`~fedsched.errors.QuotaExceededError` (gRPC RESOURCE_EXHAUSTED) whose
 ``limit`` names the quota (``quota.<tenant>/<card>/<region>``) or the budget
 (``budget.<tenant>``).
+
+* :func:`check_can_ever_run` -- refuse a GPU job that no cluster admission knows of (from the
+  agents' latest inventory, :class:`ClusterCapacity`) could ever hold as asked, even empty:
+  no cluster in a region the job may use has a card model it allows (with its minimum GPU
+  memory, RDMA, residency tags), or the gang (workers x GPUs per worker, per shard) is larger
+  than any such cluster. Raises :class:`~fedsched.errors.ConflictError` (gRPC
+  FAILED_PRECONDITION) with the reason. Node health and maintenance are ignored (they pass);
+  with no inventory at all nothing is refused. The scheduler's ``fits_empty`` is the same
+  judgement made later, on the inventory of the moment.
 """
 
 from __future__ import annotations
 
+from collections import Counter
+from dataclasses import dataclass
 from decimal import Decimal
-from typing import Iterable
+from typing import Iterable, Mapping
 
-from fedsched.errors import QuotaExceededError, ValidationError
+from fedsched.errors import ConflictError, QuotaExceededError, ValidationError
 from fedsched.governance import Governance
 from fedsched.jobs import JobSpec, Locality
 from fedsched.pricing import PriceCatalog, money
@@ -93,19 +108,20 @@ def worst_case_cost(spec: JobSpec, prices: PriceCatalog, known_models: Iterable[
     hours = Decimal(str(spec.estimated_duration_s)) / Decimal(3600)
     attempts = 1 + spec.retry_limit
     regions = candidate_regions(spec, known_regions)
+    shards = f"{spec.shards} shards x " if spec.shards > 1 else ""
     if spec.gpus_per_worker == 0:
         cores = Decimal(spec.cpu_milli * spec.workers) / Decimal(1000)
         unit = max((prices.cpu_core_hour_in(r) for r in regions), default=prices.cpu_core_hour)
-        cost = money(attempts * cores * hours * unit)
-        return cost, f"{attempts} attempt(s) x {cores} cores x {hours:.2f} h x {unit}/core-h"
-    gpus = Decimal(spec.total_gpu_milli) / Decimal(1000)
+        cost = money(attempts * spec.shards * cores * hours * unit)
+        return cost, f"{attempts} attempt(s) x {shards}{cores} cores x {hours:.2f} h x {unit}/core-h"
+    gpus = Decimal(spec.total_gpu_milli) / Decimal(1000)  # one shard's gang
     if spec.max_price_per_gpu_hour:
         unit = money(spec.max_price_per_gpu_hour)
     else:
         models = list(spec.card_models) or sorted(known_models)
         unit = max((prices.gpu_hour(r, m) for r in regions for m in models), default=prices.default_gpu_hour)
-    cost = money(attempts * gpus * hours * unit)
-    return cost, f"{attempts} attempt(s) x {gpus} GPU x {hours:.2f} h x {unit}/GPU-h"
+    cost = money(attempts * spec.shards * gpus * hours * unit)
+    return cost, f"{attempts} attempt(s) x {shards}{gpus} GPU x {hours:.2f} h x {unit}/GPU-h"
 
 
 def check_budget(gov: Governance, spend: SpendBook, spec: JobSpec, now: float, prices: PriceCatalog,
@@ -149,3 +165,96 @@ def check_budget(gov: Governance, spend: SpendBook, spec: JobSpec, now: float, p
             f"the job may cost up to {worst[0]} {cur} ({worst[1]}, retries included) but only {left} {cur} of "
             f"tenant {spec.tenant}'s {month} budget {budget.monthly} {cur} is left (spent {spent} {cur}{held}; "
             f"policy {gov.version})")
+
+@dataclass(frozen=True)
+class ClusterCapacity:
+    """What a cluster could ever hold, from its agent's latest inventory snapshot.
+
+    Attributes:
+        region: the cluster's region.
+        rdma: its fabric is RDMA / InfiniBand.
+        residency_tags: compliance tags it satisfies.
+        nodes: ``(card model, GPU memory GiB or None, node RDMA) -> Counter(GPUs per node ->
+            number of such nodes)``, GPU nodes only, healthy or not.
+    """
+
+    region: str
+    rdma: bool
+    residency_tags: frozenset[str]
+    nodes: Mapping[tuple[str, int | None, bool], Counter]
+
+    @classmethod
+    def from_snapshot(cls, region: str, snapshot) -> "ClusterCapacity":
+        """From an :class:`~fedsched.events.InventorySnapshot` (size: distinct node shapes)."""
+        nodes: dict[tuple[str, int | None, bool], Counter] = {}
+        for n in snapshot.nodes:
+            if n.gpus and n.card_model:
+                nodes.setdefault((n.card_model, n.gpu_memory_gib, n.rdma), Counter())[n.gpus] += 1
+        return cls(region, snapshot.interconnect in ("rdma", "infiniband"), frozenset(snapshot.residency_tags), nodes)
+
+    def workers_that_fit(self, spec: JobSpec) -> dict[str, int]:
+        """Card model -> most workers of ``spec`` this cluster could hold on it when empty
+        (whole GPUs: ``sum over nodes of floor(node GPUs / GPUs per worker)``; a fractional
+        share: ``sum over nodes of node GPUs x floor(1000 / share)``)."""
+        out: dict[str, int] = {}
+        for (model, memory, _), counts in self.nodes.items():
+            if spec.card_models and model not in spec.card_models:
+                continue
+            if spec.min_gpu_memory_gib and (memory is None or memory < spec.min_gpu_memory_gib):
+                continue
+            if spec.gpus_per_worker > 1 or spec.gpu_milli >= 1000:
+                slots = sum(k * (gpus // spec.gpus_per_worker) for gpus, k in counts.items())
+            else:
+                slots = sum(k * gpus * (1000 // spec.gpu_milli) for gpus, k in counts.items())
+            out[model] = out.get(model, 0) + slots
+        return out
+
+
+def check_can_ever_run(spec: JobSpec, clusters: Mapping[str, ClusterCapacity], known_regions: Iterable[str]) -> None:
+    """Raise if no known cluster in a region the job may use could ever hold one shard of it.
+
+    Args:
+        spec: the admitted spec (after the tenant's policy narrowed it).
+        clusters: cluster name -> its capacity (admission's inventory follower).
+        known_regions: regions known to admission (for a job without region limits).
+
+    Raises:
+        ConflictError: the reason, naming the regions and what their clusters offer.
+    """
+    if spec.gpus_per_worker == 0 or not clusters:
+        return
+    regions = set(candidate_regions(spec, known_regions))
+    where = ", ".join(sorted(regions))
+    local = {name: c for name, c in clusters.items() if c.region in regions}
+    if not local:
+        raise ConflictError(f"no cluster in the regions the job may use ({where}); it could never run as asked")
+    tags = set(spec.residency_tags)
+    local = {name: c for name, c in local.items() if tags <= c.residency_tags}
+    if not local:
+        raise ConflictError(f"no cluster in {where} carries the residency tags {', '.join(sorted(tags))}; "
+                            f"the job could never run as asked")
+    if spec.requires_rdma:
+        local = {name: c for name, c in local.items() if c.rdma}
+        if not local:
+            raise ConflictError(f"no cluster in {where} has an RDMA fabric; the job could never run as asked")
+    best: tuple[int, str, str] | None = None
+    for name, c in sorted(local.items()):
+        for model, workers in c.workers_that_fit(spec).items():
+            if workers >= spec.workers:
+                return
+            if best is None or workers > best[0]:
+                best = (workers, model, name)
+    if best is None:
+        offered = sorted({m for c in local.values() for (m, _, _) in c.nodes})
+        wanted = ", ".join(spec.card_models) if spec.card_models else "any card model"
+        memory = f" with >= {spec.min_gpu_memory_gib} GiB" if spec.min_gpu_memory_gib else ""
+        raise ConflictError(f"no cluster in {where} has {wanted}{memory} (they have: "
+                            f"{', '.join(offered) or 'no GPUs'}); the job could never run as asked")
+    share = f"{spec.gpus_per_worker} GPU" if spec.gpu_milli >= 1000 or spec.gpus_per_worker > 1 else \
+        f"{spec.gpu_milli}m GPU"
+    if best[0] == 0:
+        raise ConflictError(f"one worker needs {share} on one node, and no node of a card model the job allows in "
+                            f"{where} has that many; the job could never run as asked")
+    raise ConflictError(f"the gang of {spec.workers} workers x {share} is larger than any cluster in {where} "
+                        f"could hold (at most {best[0]} workers, on {best[1]} in {best[2]}); the job could never "
+                        f"run as asked")

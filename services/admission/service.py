@@ -16,7 +16,10 @@ policy (a job may narrow it, never widen it), its quota (a job that could never 
 refused) and its budget (:mod:`services.admission.rules`), then gets its job id and is
 published as ``job.submitted`` stamped with the policy version. Bad input gets INVALID_ARGUMENT
 whose message starts with the offending field (also in trailing metadata ``fedsched-field``);
-quota and budget refusals get RESOURCE_EXHAUSTED naming the limit (``fedsched-limit``).
+quota and budget refusals get RESOURCE_EXHAUSTED naming the limit (``fedsched-limit``); a GPU
+job that no cluster of the agents' latest inventory could ever hold in the regions it may use
+(card model absent, gang larger than any cluster) gets FAILED_PRECONDITION with the reason.
+A queued job the scheduler finds unplaceable holds no budget while it stays so.
 Refusals are published as ``submission.rejected`` so the audit log has the submission success
 rate.
 
@@ -58,16 +61,18 @@ from fedsched.events import InventorySnapshot, JobCancelRequested, JobSubmitted,
     business_event_id, make_event
 from fedsched.events import APPROVAL_OUTCOMES, Envelope, EventType
 from fedsched.governance import Governance
-from fedsched.jobs import TERMINAL_STATES
+from fedsched.jobs import TERMINAL_STATES, JobState
 from fedsched.naming import check_name, is_name
 from fedsched.policystore import PolicyFollower, PolicyHolder
 from fedsched.ports import Publisher
 from fedsched.pricing import PriceCatalog, load_price_catalog
 from services.admission.approvalview import ApprovalView
 from services.admission.budgets import SpendBook, SpendWatcher
-from services.admission.convert import STATE_FROM_PB, STATE_TO_PB, Limits, _ts, spec_from_pb, spec_to_pb
+from services.admission.convert import (STATE_FROM_PB, STATE_TO_PB, Limits, _ts, refuse_unknown_fields, spec_from_pb,
+                                        spec_to_pb)
 from services.admission.jobview import JobRecord, JobView
-from services.admission.rules import check_budget, check_quota_can_fit, worst_case_cost
+from services.admission.rules import (ClusterCapacity, check_budget, check_can_ever_run, check_quota_can_fit,
+                                      worst_case_cost)
 
 log = logging.getLogger(__name__)
 tracer = telemetry.tracer("fedsched.admission")
@@ -76,6 +81,19 @@ SERVICE_NAME = pb.DESCRIPTOR.services_by_name["JobService"].full_name
 GOVERNANCE_SERVICES = tuple(gpb.DESCRIPTOR.services_by_name[n].full_name
                             for n in ("TenantService", "ApprovalService", "PolicyService"))
 GUARDED = (SERVICE_NAME, *GOVERNANCE_SERVICES)  #: services whose every call needs a token
+
+#: Methods of the guarded services that change state. Their requests are refused
+#: (INVALID_ARGUMENT naming the field number) when they carry a field this server does not know
+#: or one with the wrong wire type (:func:`~services.admission.convert.refuse_unknown_fields`);
+#: the other methods are read-only (:data:`READ_ONLY`) and ignore unknown fields, so a newer
+#: client can still read from an older server. Every method is in exactly one of the two sets
+#: (a unit test checks the service descriptors).
+MUTATING = frozenset({"JobService/SubmitJob", "JobService/CancelJob", "TenantService/PutTenant",
+                      "TenantService/SetQuota", "TenantService/DeleteQuota", "TenantService/PutPrincipal",
+                      "ApprovalService/Approve", "ApprovalService/Reject", "PolicyService/ApplyPolicy"})
+READ_ONLY = frozenset({"JobService/GetJob", "JobService/ListJobs", "JobService/WatchJob", "JobService/ExplainJob",
+                       "TenantService/ListTenants", "TenantService/ListQuotas", "ApprovalService/ListApprovals",
+                       "PolicyService/GetPolicy", "PolicyService/DiffPolicy"})
 
 _CODES: list[tuple[type[FedError], grpc.StatusCode]] = [
     (PermissionDeniedError, grpc.StatusCode.PERMISSION_DENIED),
@@ -135,7 +153,9 @@ class GatewayInterceptor(grpc.aio.ServerInterceptor):
     """Authenticates every call of the guarded services, continues the caller's trace
     (``traceparent`` metadata) in a server span, and maps :class:`~fedsched.errors.FedError` to
     status codes (the field in trailing metadata ``fedsched-field``, a quota or budget in
-    ``fedsched-limit``). A request body that does not parse is INVALID_ARGUMENT; anything else
+    ``fedsched-limit``). A request body that does not parse, or a request of a mutating method
+    (:data:`MUTATING`) carrying an unknown field or a field with the wrong wire type, is
+    INVALID_ARGUMENT; anything else
     unexpected is logged and reported as INTERNAL without internals.
 
     Args:
@@ -168,10 +188,14 @@ class GatewayInterceptor(grpc.aio.ServerInterceptor):
             log.exception("admission %s failed", span_name)
             await context.abort(grpc.StatusCode.INTERNAL, "internal error; see the admission log")
 
+        mutating = f"{service.rsplit('.', 1)[-1]}/{method}" not in READ_ONLY  # unlisted: treated as mutating
+
         def _enter(request) -> object:
             principal = authenticate(metadata)
             if isinstance(request, _Undecodable):
                 raise ValidationError("request", f"not a valid {method} request message")
+            if mutating:
+                refuse_unknown_fields(request)
             return auth.CURRENT.set(principal)
 
         if handler.unary_unary:
@@ -292,6 +316,17 @@ def job_to_pb(rec: JobRecord) -> pb.Job:
     return msg
 
 
+def _holds_budget(rec: JobRecord) -> bool:
+    """Whether an open job holds its worst-case cost against its tenant's budget: not while it
+    cannot run -- queued (no shard placed, running or awaiting approval) and every waiting shard
+    found unplaceable by the scheduler (no cluster could hold it even empty). Such a job holds
+    again as soon as a shard becomes placeable; it ends after the scheduler's
+    ``unschedulable_timeout_s``."""
+    if rec.state != JobState.QUEUED:
+        return True
+    return not all(s.unplaceable for s in rec.shards if s.state == JobState.QUEUED)
+
+
 class JobServicer(pb_grpc.JobServiceServicer):
     """The JobService implementation.
 
@@ -305,11 +340,13 @@ class JobServicer(pb_grpc.JobServiceServicer):
         spend: month-to-date spend per tenant (budgets).
         prices: the price catalog (worst-case job cost for budgets).
         subjects: subject names (default: ``publisher.subjects``, the bus's).
+        clusters: cluster name -> what it could ever hold, from the agents' latest inventory
+            (kept current); a GPU job none of them could hold is refused (FAILED_PRECONDITION).
     """
 
     def __init__(self, publisher: Publisher, clock: Clock, policy: PolicyHolder, view: JobView, limits: Limits | None,
                  known_models: set[str], known_regions: set[str], spend: SpendBook, prices: PriceCatalog, *,
-                 subjects: Subjects | None = None) -> None:
+                 subjects: Subjects | None = None, clusters: dict[str, ClusterCapacity] | None = None) -> None:
         self.publisher = publisher
         self.subjects: Subjects = subjects if subjects is not None else publisher.subjects
         self.clock = clock
@@ -320,6 +357,7 @@ class JobServicer(pb_grpc.JobServiceServicer):
         self.known_regions = known_regions
         self.spend = spend
         self.prices = prices
+        self.clusters = clusters if clusters is not None else {}
         self._limits: tuple[str, Limits] | None = None
         self._worst: dict[str, Decimal] = {}  # job id -> its worst-case cost (budget holds), computed once
 
@@ -353,7 +391,7 @@ class JobServicer(pb_grpc.JobServiceServicer):
         principal = auth.current()
         try:
             return await self._submit(request, principal)
-        except (ValidationError, QuotaExceededError, PermissionDeniedError) as e:
+        except (ValidationError, QuotaExceededError, PermissionDeniedError, ConflictError) as e:
             await self._record_rejection(request, e, principal)
             raise
 
@@ -390,9 +428,10 @@ class JobServicer(pb_grpc.JobServiceServicer):
                     raise ValidationError(field, f"unknown region {r!r} (known: {', '.join(sorted(regions))})")
         spec = gov.admit_spec(spec, locality_given=raw.locality != pb.LOCALITY_UNSPECIFIED)
         check_quota_can_fit(gov, spec, self.known_models, regions)
+        check_can_ever_run(spec, self.clusters, regions)
         check_budget(gov, self.spend, spec, self.clock.time(), self.prices, self.known_models, regions,
                      open_costs=(self._worst_case(j, regions) for j in self.view.open_by_tenant.get(spec.tenant, ())
-                                 if j in self.view.jobs))  # lazy: walked only for a tenant with a budget
+                                 if j in self.view.jobs and _holds_budget(self.view.jobs[j])))  # lazy: only with a budget
         if rid:
             job_id = "j-" + hashlib.sha256(f"{spec.tenant}/{rid}".encode()).hexdigest()[:20]
         else:
@@ -547,9 +586,10 @@ class AdmissionService:
         self.spend = SpendBook()
         self.known_models: set[str] = set()
         self.known_regions: set[str] = set()
+        self.clusters: dict[str, ClusterCapacity] = {}  #: cluster -> what it could ever hold (latest inventory)
         prices = prices or load_price_catalog()
         self.servicer = JobServicer(bus, clock, self.policy, self.view, limits, self.known_models,
-                                    self.known_regions, self.spend, prices)
+                                    self.known_regions, self.spend, prices, clusters=self.clusters)
         self.tenants = TenantServicer(bus, clock, self.policy, self.spend, self.view)
         self.approval_servicer = ApprovalServicer(bus, bus.subjects, clock, self.policy, self.approvals, self.view)
         self.policy_servicer = PolicyServicer(bus, clock, self.policy)
@@ -608,6 +648,8 @@ class AdmissionService:
         snap = env.payload_as(InventorySnapshot)
         self.known_models.update(n.card_model for n in snap.nodes if n.card_model)
         self.known_regions.add(env.region)
+        if env.cluster:
+            self.clusters[env.cluster] = ClusterCapacity.from_snapshot(env.region, snap)
 
     async def start(self) -> None:
         """Rebuild the read models, wait for a policy, then start serving (sets :attr:`ready`)."""

@@ -10,7 +10,8 @@ changed (and at least once a second, for staleness, aging and reclamation):
    placement off a stale cluster (placed or running: ``job.stop`` with reason ``cluster_lost``,
    and for a started attempt a ``job.stopped`` on the cluster's behalf ending it at the time it
    was declared lost), reclaim placements never started within ``reclaim_after_s``, and carry out
-   cancellations -- every cycle, whether or not anything is queued;
+   cancellations, end jobs that have been unplaceable for ``unschedulable_timeout_s``
+   (below) -- every cycle, whether or not anything is queued;
 2. build the :class:`~services.scheduler.core.View` -- inventory capacity minus the allocations
    of placed and running work, that work with its estimated ends, heartbeat ages, tenant usage
    -- and the queue (one entry per waiting shard);
@@ -20,6 +21,14 @@ changed (and at least once a second, for staleness, aging and reclamation):
    changed pending reasons with a counterfactual; message ids are (job, attempt, shard, step)
    so a retried publish is never a second placement;
 5. update local state only for what JetStream acknowledged.
+
+A job that can never run as asked on today's federation (the core's ``fits_empty`` is False for
+every waiting shard: no cluster could hold it even empty) stays queued in case capacity joins,
+but not forever: once every shard that has not ended has been unplaceable for
+``unschedulable_timeout_s`` of business time (default 24 h), the job is ended like a
+cancellation, ``job.cancelled`` whose reason starts with ``unschedulable_timeout``. A shard that
+runs is never stopped for it (a split job ends when its running shards have). The timer is
+kept in memory: after a restart it starts again.
 
 Its own events come back through the follower; applying them again is a no-op (same attempt),
 so the write-through state and the rebuilt state agree.
@@ -82,6 +91,8 @@ class ShardEntry:
         progress_s: checkpointed work from earlier attempts (s).
         pending_reason: the last published pending summary.
         unplaceable: the last decision found no cluster that could hold it even if empty.
+        unplaceable_since: business time since when it has been unplaceable without a break
+            (None = it is not).
         outcome: how a done shard ended: succeeded, failed, cancelled.
     """
 
@@ -99,6 +110,7 @@ class ShardEntry:
     progress_s: float = 0.0
     pending_reason: str = ""
     unplaceable: bool = False
+    unplaceable_since: float | None = None
     stop_sent: bool = False
     outcome: Outcome = Outcome.NONE
     view_cache: tuple | None = field(default=None, repr=False, compare=False)
@@ -116,6 +128,7 @@ class JobEntry:
     headers: dict[str, str] = field(default_factory=dict)
     cancel_requested: bool = False
     cancelled_sent: bool = False
+    end_reason: str = ""  # why the scheduler itself ends it ("" = a cancellation someone asked for)
     shards: list[ShardEntry] = field(default_factory=list)
 
     @property
@@ -204,6 +217,8 @@ class SchedulerService:
         interval_s: minimum wall seconds between cycles.
         reclaim_after_s: wall seconds a placement may stay unstarted before it is reclaimed.
         cross_region_mode: tenant -> ``allowed`` / ``approval`` / ``forbidden`` (default allowed).
+        unschedulable_timeout_s: business seconds a job may stay unplaceable (no cluster could
+            hold it even empty) before it is ended with reason ``unschedulable_timeout``.
 
     Raises:
         ValueError: no bus and no publisher or subjects.
@@ -212,7 +227,7 @@ class SchedulerService:
     def __init__(self, bus: Bus | None, clock: Clock, policy: Policy, prices: PriceCatalog, *,
                  publisher: Publisher | None = None, subjects: Subjects | None = None, liveness: Clock | None = None,
                  stale_after_s: float = 10.0, interval_s: float = 0.02, reclaim_after_s: float = 30.0,
-                 cross_region_mode: dict[str, str] | None = None) -> None:
+                 cross_region_mode: dict[str, str] | None = None, unschedulable_timeout_s: float = 86400.0) -> None:
         if bus is None and (publisher is None or subjects is None):
             raise ValueError("a scheduler without a bus needs a publisher and subjects")
         self.bus = bus
@@ -225,6 +240,7 @@ class SchedulerService:
         self.stale_after_s = stale_after_s
         self.interval_s = interval_s
         self.reclaim_after_s = reclaim_after_s
+        self.unschedulable_timeout_s = unschedulable_timeout_s
         self.cross_region_mode = cross_region_mode or {}
         # governance (quotas, cross-region modes, approvals): services/scheduler/approvals.py
         self.base_policy = policy
@@ -370,7 +386,7 @@ class SchedulerService:
         else:
             self.stopping.pop(key, None)
         if state != ShardState.QUEUED:
-            shard.unplaceable = False
+            shard.unplaceable, shard.unplaceable_since = False, None
         self._dirty.set()
 
     def _requeue(self, job: JobEntry, shard: ShardEntry, *, avoid: str = "") -> None:
@@ -416,6 +432,16 @@ class SchedulerService:
         if job is None or job.done:
             return
         job.cancel_requested = True
+        self.cancelling[job.job_id] = job
+        self._dirty.set()
+
+    def _on_cancelled(self, env: Envelope, d: Delivery) -> None:
+        """Our own ``job.cancelled``, read back after a restart: the job has ended (asked for, or
+        :meth:`_expire_unschedulable`); its waiting shards must not be placed again."""
+        job = self.jobs.get(env.job_id)
+        if job is None or job.done:
+            return
+        job.cancel_requested = job.cancelled_sent = True
         self.cancelling[job.job_id] = job
         self._dirty.set()
 
@@ -640,6 +666,7 @@ class SchedulerService:
         now_live = self.liveness.time()
         self._judge_staleness(now_live)                                              # 1
         await self._reclaim(now_live)
+        self._expire_unschedulable(self.clock.time())
         await self._cancellations()
         expired = self.governor.expiries(self.jobs, self.clock.time())  # governance: approval timeouts
         if expired:
@@ -661,9 +688,14 @@ class SchedulerService:
             for victim in p.victims:
                 stops.append((victim, p))
             places.append(self._placement_event(view, p, decisions.policy_version))
+        now = self.clock.time()
         for pend in decisions.pending:
             job, shard = self.jobs[pend.job.job_id], self.jobs[pend.job.job_id].shards[pend.job.shard]
             shard.unplaceable = not pend.fits_empty
+            if not shard.unplaceable:
+                shard.unplaceable_since = None
+            elif shard.unplaceable_since is None:
+                shard.unplaceable_since = now
             if pend.reason != shard.pending_reason:
                 pendings.append((shard, pend.reason, self._pending_event(view, pend, decisions.policy_version)))
         stop_items = [(v, item) for v, p in stops
@@ -768,6 +800,26 @@ class SchedulerService:
                            actor="scheduler", policy_version=self.policy.version)
         return self.subjects.status(shard.region, shard.cluster), event, job.headers
 
+    def _expire_unschedulable(self, now: float) -> None:
+        """End the jobs whose every shard not yet ended has been unplaceable for at least
+        ``unschedulable_timeout_s`` (business seconds, ``now`` included): they are cancelled by
+        :meth:`_cancellations` with reason ``unschedulable_timeout``. Walks the queued shards."""
+        limit = self.unschedulable_timeout_s
+
+        def expired(s: ShardEntry) -> bool:
+            return s.state == ShardState.QUEUED and s.unplaceable_since is not None and now - s.unplaceable_since >= limit
+
+        for job, shard in list(self.queued.values()):
+            if job.cancel_requested or not expired(shard):
+                continue
+            if all(s.state == ShardState.DONE or expired(s) for s in job.shards):
+                waited = now - min(s.unplaceable_since for s in job.shards if expired(s))
+                job.cancel_requested = True
+                job.end_reason = (f"unschedulable_timeout: no cluster could hold it as asked for {waited:.0f} s "
+                                  f"(limit {limit:.0f} s); last reason: {shard.pending_reason or 'unplaceable'}")
+                self.cancelling[job.job_id] = job
+                log.warning("scheduler: ending %s: %s", job.job_id, job.end_reason)
+
     async def _cancellations(self) -> None:
         for job in list(self.cancelling.values()):
             items = []
@@ -783,7 +835,7 @@ class SchedulerService:
                 for (shard, _), ok in zip(items, await self.publisher.publish_many([i for _, i in items])):
                     shard.stop_sent = shard.stop_sent or ok
             if job.done and not job.cancelled_sent:
-                event = make_event(EventType.JOB_CANCELLED, JobStatus(reason="cancelled"), producer="scheduler",
+                event = make_event(EventType.JOB_CANCELLED, JobStatus(reason=job.end_reason or "cancelled"), producer="scheduler",
                                    occurred_at=self.clock.time(), event_id=business_event_id(job.job_id, "cancelled"),
                                    tenant=job.tenant, project=job.project, job_id=job.job_id,
                                    attempt=max(s.attempt for s in job.shards), actor="scheduler",
@@ -862,6 +914,7 @@ class SchedulerService:
 EVENTS: EventTable = EventTable({
     EventType.JOB_SUBMITTED: SchedulerService._on_submitted,
     EventType.JOB_CANCEL_REQUESTED: SchedulerService._on_cancel,
+    EventType.JOB_CANCELLED: SchedulerService._on_cancelled,
     EventType.JOB_PLACED: SchedulerService._on_placed,
     EventType.JOB_STOP: SchedulerService._on_stop_order,
     EventType.JOB_STARTED: SchedulerService._on_status,
@@ -870,7 +923,6 @@ EVENTS: EventTable = EventTable({
     EventType.JOB_REJECTED: SchedulerService._on_status,
     EventType.JOB_STOPPED: SchedulerService._on_status,
 }, ignores=frozenset({
-    EventType.JOB_CANCELLED,  # our own: the job was already done when we published it
     EventType.JOB_PENDING, EventType.SUBMISSION_REJECTED, EventType.USAGE_RECORDED, EventType.BUS_DEAD_LETTER,
     EventType.POLICY_APPLIED, EventType.TENANT_UPDATED, EventType.QUOTA_UPDATED, EventType.PRINCIPAL_UPDATED,
     EventType.APPROVAL_REQUESTED, EventType.APPROVAL_APPROVED, EventType.APPROVAL_REJECTED,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+import grpc
 import pytest
 
 from fedsched.api.v1 import jobs_pb2 as pb
@@ -167,16 +168,26 @@ async def test_cancel_of_a_running_job_stops_it_on_its_agent(federation):
 
 
 async def test_explain_gives_verdicts_scores_and_a_counterfactual(federation):
-    _, stub = await federation({"cn-north-1-c1": _nodes("a", "nvidia-t4-16gb", 1, 2),
+    _, stub = await federation({"cn-north-1-c1": _nodes("a", "nvidia-t4-16gb", 1, 2) + _nodes("v", "nvidia-v100-32gb",
+                                                                                             1, 8),
                                 "cn-east-1-c1": _nodes("b", "nvidia-v100-32gb", 1, 8)})
+    with pytest.raises(grpc.aio.AioRpcError) as e:  # no cluster at home has an A100: refused at submit
+        await submit(stub, card_models=["A100"], runtime=600, locality=pb.LOCALITY_MUST_LOCAL)
+    assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "could never run as asked" in e.value.details()
+    blocker = await submit(stub, card_models=["V100M32"], gpus_per_worker=8, runtime=36000,
+                           locality=pb.LOCALITY_MUST_LOCAL)
+    await wait_for(stub, blocker, {pb.JOB_STATE_RUNNING})
     waiting = await submit(stub, card_models=["V100M32"], gpus_per_worker=8, runtime=600,
                            locality=pb.LOCALITY_MUST_LOCAL)
-    await asyncio.sleep(0.5)
-    e = await stub.ExplainJob(pb.ExplainJobRequest(job_id=waiting))
-    d = e.decisions[0]
+    deadline = time.monotonic() + 10  # a job that waited 60 business seconds gets a counterfactual
+    while True:
+        d = (await stub.ExplainJob(pb.ExplainJobRequest(job_id=waiting))).decisions[0]
+        if d.counterfactual or time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.05)
     assert d.outcome == "pending" and d.policy_version.startswith("federated@")
     reasons = {c.cluster: c.reason for c in d.clusters}
-    assert reasons == {"cn-north-1-c1": "card_model_not_offered", "cn-east-1-c1": "outside_home_region"}
+    assert reasons == {"cn-north-1-c1": "insufficient_free_resources", "cn-east-1-c1": "outside_home_region"}
     assert "allowing region cn-east-1 would start it now" in d.counterfactual
     placed = await submit(stub, runtime=600)
     await wait_for(stub, placed, {pb.JOB_STATE_RUNNING, pb.JOB_STATE_SUCCEEDED})

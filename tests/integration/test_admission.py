@@ -86,9 +86,15 @@ def req(spec: pb.JobSpec | None = None, **kw) -> pb.SubmitJobRequest:
     return pb.SubmitJobRequest(spec=spec, **kw) if spec is not None else pb.SubmitJobRequest(**kw)
 
 
+def with_len(body: bytes) -> bytes:
+    """``body`` prefixed by its length (a one-byte varint: < 128 bytes)."""
+    assert len(body) < 128
+    return bytes([len(body)]) + body
+
+
 def raw_spec(body: bytes) -> bytes:
     """A SubmitJobRequest whose field 1 (spec) holds ``body`` verbatim."""
-    return b"\x0a" + bytes([len(body)]) + body
+    return b"\x0a" + with_len(body)
 
 
 IA, RE, PD, UA = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -167,7 +173,14 @@ BAD = [
     # wrong wire types and oversize
     ("truncated message", b"\x0a\x05ab", "root", IA, "request"),
     ("tenant not UTF-8", raw_spec(b"\x0a\x02\xff\xfe"), "root", IA, "request"),
-    ("tenant sent as a number", raw_spec(b"\x08\x05"), "root", IA, "spec.tenant"),
+    ("tenant sent as a number", raw_spec(b"\x08\x05"), "root", IA, "spec.1"),
+    ("min gpu memory (field 12) sent as a string",
+     raw_spec(good(min_gpu_memory_gib=0).SerializeToString() + b"\x62\x0280"), "root", IA, "spec.12"),
+    ("unknown field in the spec", raw_spec(good().SerializeToString() + b"\xb8\x3e\x01"), "root", IA, "spec.999"),
+    ("unknown field in the request", req(good()).SerializeToString() + b"\xa0\x06\x01", "root", IA, "100"),
+    ("unknown field in a dataset", raw_spec(good().SerializeToString() + b"\x9a\x01" + with_len(
+        pb.Dataset(name="d1", home_region="cn-east-1").SerializeToString() + b"\x20\x01")), "root", IA,
+     "spec.datasets[0].4"),
     ("request larger than the server accepts", req(good(name="n" * (MAX_MESSAGE + 10))), "root", RE, None),
     # widening the tenant's policy
     ("global job of a tenant that forbids cross-region", req(good(tenant="recsys", locality=pb.LOCALITY_GLOBAL)),
@@ -320,3 +333,45 @@ async def test_tokens_never_reach_the_log(admission, caplog):
     assert e.value.code() == UA and "tok-guess-123" not in e.value.details()
     text = caplog.text
     assert all(token not in text for token in TOKENS.values()) and "tok-guess-123" not in text
+
+
+def _raw_call(ch, method: str, response):
+    return ch.unary_unary(method, request_serializer=None, response_deserializer=response.FromString)
+
+
+async def test_mutating_calls_refuse_unknown_fields_and_read_only_calls_ignore_them(admission, bus):
+    from fedsched.api.v1 import governance_pb2 as gpb
+    from fedsched.policystore import read_policy
+
+    before = (await read_policy(bus)).version
+    spec = good(min_gpu_memory_gib=0).SerializeToString() + b"\x62\x0280"  # field 12 as the string "80"
+    quota = gpb.SetQuotaRequest(quota=gpb.Quota(tenant="search", card="T4", guaranteed_gpus=2)).SerializeToString()
+    refused = [  # (method, request bytes, response type, field named)
+        ("/fedsched.api.v1.JobService/SubmitJob", raw_spec(spec), pb.SubmitJobResponse, "spec.12"),
+        ("/fedsched.api.v1.TenantService/SetQuota", quota + b"\xa0\x06\x01", gpb.SetQuotaResponse, "100"),
+        # Quota field 4 (guaranteed_gpus, a double) sent as a varint: parsed, the quota would read 0 GPUs
+        ("/fedsched.api.v1.TenantService/SetQuota",
+         b"\x0a" + with_len(gpb.Quota(tenant="search", card="T4").SerializeToString() + b"\x20\x02"),
+         gpb.SetQuotaResponse, "quota.4"),
+        ("/fedsched.api.v1.TenantService/PutTenant",
+         b"\x0a" + with_len(gpb.Tenant(name="search", projects=["train"]).SerializeToString() + b"\xf8\x01\x07"),
+         gpb.PutTenantResponse, "tenant.31"),
+        ("/fedsched.api.v1.JobService/CancelJob",
+         pb.CancelJobRequest(job_id="j-" + "0" * 20).SerializeToString() + b"\xfa\x01\x01x", pb.CancelJobResponse,
+         "31"),
+    ]
+    async with channel(admission.port, "root") as ch:
+        for method, body, response, field in refused:
+            with pytest.raises(grpc.aio.AioRpcError) as e:
+                await _raw_call(ch, method, response)(body, timeout=10)
+            assert e.value.code() == IA, (method, e.value.details())
+            assert e.value.details().startswith(field + ":"), e.value.details()
+            assert dict(e.value.trailing_metadata()).get("fedsched-field") == field
+        # read-only: the unknown field is ignored and the call answers
+        listed = await _raw_call(ch, "/fedsched.api.v1.TenantService/ListQuotas", gpb.ListQuotasResponse)(
+            gpb.ListQuotasRequest(tenant="nlp").SerializeToString() + b"\xa0\x06\x01", timeout=10)
+        jobs = await _raw_call(ch, "/fedsched.api.v1.JobService/ListJobs", pb.ListJobsResponse)(
+            b"\xa0\x06\x01", timeout=10)
+    assert [q.tenant for q in listed.quotas] == ["nlp"] and jobs.total == 0
+    assert not admission.view.jobs  # nothing was submitted
+    assert (await read_policy(bus)).version == before  # nothing was changed

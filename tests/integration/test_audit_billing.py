@@ -47,7 +47,8 @@ async def test_same_event_twice_gives_one_audit_row_and_one_usage_row(bus, store
 
     async def written():
         n = store.query(f"SELECT count() FROM {store.database}.usage").scalar()
-        return n >= 1 and await audit.lag() == 0 and await billing.consumer.lag() == 0
+        # billing first: its usage.recorded is published before it acknowledges, and audit must have read it
+        return n >= 1 and await billing.consumer.lag() == 0 and await audit.lag() == 0
 
     assert await _wait(written)
     audit.stop(), billing.stop()
@@ -78,7 +79,8 @@ async def test_an_unknown_event_type_is_stored_by_audit_and_skipped_by_billing_n
 
     async def written():
         n = store.query(f"SELECT count() FROM {store.database}.usage").scalar()
-        return n >= 1 and await audit.lag() == 0 and await billing.consumer.lag() == 0
+        # billing first: its usage.recorded is published before it acknowledges, and audit must have read it
+        return n >= 1 and await billing.consumer.lag() == 0 and await audit.lag() == 0
 
     assert await _wait(written)
     audit.stop(), billing.stop()

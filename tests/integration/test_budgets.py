@@ -39,8 +39,9 @@ async def admission(bus):
 
 def _job(**kw) -> pb.SubmitJobRequest:
     kw.setdefault("estimated_duration_seconds", 60)  # a budget needs an estimate to bound the cost
-    return pb.SubmitJobRequest(spec=pb.JobSpec(tenant="vision", project="serve", gpus_per_worker=1, cpu_milli=1000,
-                                               card_models=["T4"], **kw))
+    kw.setdefault("card_models", ["T4"])
+    kw.setdefault("gpus_per_worker", 1)
+    return pb.SubmitJobRequest(spec=pb.JobSpec(tenant="vision", project="serve", cpu_milli=1000, **kw))
 
 
 async def _submit(port, request) -> grpc.StatusCode:
@@ -127,3 +128,68 @@ async def test_a_budget_needs_an_estimate_and_open_jobs_hold_their_worst_case(ad
         with pytest.raises(grpc.aio.AioRpcError) as e:
             await pb_grpc.JobServiceStub(ch).SubmitJob(_job(estimated_duration_seconds=hours * 3600))
     assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "held by its open jobs" in e.value.details()
+
+
+async def test_a_split_jobs_worst_case_counts_every_shard(admission):
+    """One shard's worst case is 300 of the 1000 CNY: 3 shards (900) fit, 4 shards (1200) do not."""
+    price = max(load_price_catalog().gpu_hour(r, "nvidia-t4-16gb") for r in ("cn-north-1", "cn-east-1", "cn-south-1"))
+    seconds = 300 / float(price) * 3600
+    async with channel(admission.port, "carol") as ch:
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await pb_grpc.JobServiceStub(ch).SubmitJob(_job(estimated_duration_seconds=seconds, shards=4))
+    assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "4 shards x 1 GPU" in e.value.details()
+    assert await _submit(admission.port, _job(estimated_duration_seconds=seconds, shards=3)) == grpc.StatusCode.OK
+
+
+async def _inventory(bus, region: str, cluster: str, card: str, gpus: int) -> None:
+    """One agent's inventory snapshot: two nodes of ``gpus`` x ``card``."""
+    from fedsched.events import InventorySnapshot, NodeInventory
+
+    snap = InventorySnapshot(nodes=tuple(NodeInventory(name=f"{cluster}-n{i}", card_model=card, gpus=gpus,
+                                                       gpu_memory_gib=16) for i in range(2)))
+    await bus.publish(bus.subjects.inventory(region, cluster), make_event(
+        "inventory.snapshot", snap, producer="agent", occurred_at=time.time(), region=region, cluster=cluster))
+
+
+async def test_a_job_no_cluster_could_ever_hold_is_refused_and_holds_no_budget(admission, bus):
+    """The issue's example: tenant vision (budget 1000 CNY) asks for a card model no cluster has.
+    Refused at submit with FAILED_PRECONDITION and the reason, so it holds nothing; later T4 jobs
+    are accepted."""
+    await _inventory(bus, "cn-south-1", "cn-south-1-c1", "nvidia-t4-16gb", 4)
+    assert await until(lambda: "cn-south-1-c1" in admission.clusters)
+    price = max(load_price_catalog().gpu_hour(r, "nvidia-t4-16gb") for r in ("cn-north-1", "cn-east-1", "cn-south-1"))
+    seconds = 600 / float(price) * 3600  # a T4 job's worst case: 600 of the 1000 CNY
+    async with channel(admission.port, "carol") as ch:
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await pb_grpc.JobServiceStub(ch).SubmitJob(_job(card_models=["A100"], estimated_duration_seconds=60))
+        assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "has nvidia-a100" in e.value.details() and "could never run as asked" in e.value.details()
+        with pytest.raises(grpc.aio.AioRpcError) as e:  # a gang larger than the cluster (2 nodes x 4 T4)
+            await pb_grpc.JobServiceStub(ch).SubmitJob(_job(workers=3, gpus_per_worker=4))
+        assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "larger than any cluster" in e.value.details()
+    assert not admission.view.jobs
+    assert await _submit(admission.port, _job(estimated_duration_seconds=seconds)) == grpc.StatusCode.OK
+
+
+async def test_a_job_that_cannot_run_now_holds_no_budget_until_it_can(admission, bus):
+    """Accepted (no inventory yet), then found unplaceable by the scheduler: its 600 CNY worst
+    case is released while it cannot run, and held again once it can."""
+    from fedsched.events import JobPending
+
+    price = max(load_price_catalog().gpu_hour(r, "nvidia-t4-16gb") for r in ("cn-north-1", "cn-east-1", "cn-south-1"))
+    seconds = 600 / float(price) * 3600
+    async with channel(admission.port, "carol") as ch:
+        first = await pb_grpc.JobServiceStub(ch).SubmitJob(_job(estimated_duration_seconds=seconds))
+    assert await _submit(admission.port, _job(estimated_duration_seconds=seconds)) == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+    async def pending(fits_empty: bool) -> None:
+        await bus.publish(bus.subjects.decisions("vision", "serve"), make_event(
+            "job.pending", JobPending(reason="card_model", fits_empty=fits_empty), producer="scheduler",
+            occurred_at=time.time(), tenant="vision", project="serve", job_id=first.job_id, actor="scheduler"))
+
+    await pending(False)  # no cluster could hold it even empty
+    assert await until(lambda: admission.view.jobs[first.job_id].unplaceable)
+    assert await _submit(admission.port, _job(estimated_duration_seconds=seconds)) == grpc.StatusCode.OK
+    await pending(True)  # capacity joined: it can run some day, and holds its worst case again
+    assert await until(lambda: not admission.view.jobs[first.job_id].unplaceable)
+    assert await _submit(admission.port, _job(estimated_duration_seconds=seconds)) == grpc.StatusCode.RESOURCE_EXHAUSTED

@@ -13,6 +13,7 @@ import grpc
 import pytest
 
 from fedsched.api.v1 import governance_pb2 as gpb
+from fedsched.api.v1 import jobs_pb2 as jpb
 from fedsched.auth import hash_token
 from fedsched.clock import SystemClock
 from fedsched.governance import Governance, bundled_policy_text, parse_policy, policy_version
@@ -166,3 +167,77 @@ async def test_a_follower_on_an_empty_bucket_reports_that_no_policy_is_stored(bu
     assert holder.version == policy_version(policy_doc())
     follower.stop()
     await task
+
+
+async def _run_shards(bus, job_id: str, spec, card: str, region: str, cluster: str) -> None:
+    """Place and start every shard of a job, as the scheduler and the cluster's agent would."""
+    from fedsched.events import JobPlaced, JobStatus, WorkerBinding, make_event
+
+    for shard in range(spec.shards):
+        bindings = tuple(WorkerBinding(worker=w, node=f"n{shard}", gpu_indices=tuple(range(spec.gpus_per_worker)),
+                                       gpu_milli=1000) for w in range(spec.workers))
+        common = dict(occurred_at=time.time(), region=region, cluster=cluster, tenant=spec.tenant,
+                      project=spec.project, job_id=job_id, attempt=1)
+        await bus.publish(bus.subjects.placements(region, cluster), make_event(
+            "job.placed", JobPlaced(spec=spec, card_model=card, bindings=bindings, shard=shard), producer="scheduler",
+            **common))
+        await bus.publish(bus.subjects.status(region, cluster), make_event(
+            "job.started", JobStatus(card_model=card, gpu_milli=spec.total_gpu_milli, shard=shard), producer="agent",
+            **common))
+
+
+async def test_list_quotas_counts_every_running_shard(bus):
+    """2 shards x 2 GPUs running on T4 in cn-north-1: 4000 milli-GPU in use, not 2000."""
+    await store_policy(bus, policy_doc("quotas: [{tenant: search, card: T4, region: cn-north-1, "
+                                       "guaranteed_gpus: 8}]\n"))
+    admission = AdmissionService(bus, SystemClock(), address="127.0.0.1:0")
+    admission.known_models.add("nvidia-t4-16gb")
+    task = asyncio.create_task(admission.run())
+    try:
+        await asyncio.wait_for(admission.ready.wait(), 20)
+        async with channel(admission.port, "root") as ch:
+            s = Stubs(ch)
+            sub = await s.jobs.SubmitJob(jpb.SubmitJobRequest(spec=jpb.JobSpec(
+                tenant="search", project="batch", kind=jpb.JOB_KIND_BATCH, shards=2, gpus_per_worker=2,
+                card_models=["T4"], home_region="cn-north-1", locality=jpb.LOCALITY_MUST_LOCAL)))
+            rec = admission.view.jobs[sub.job_id]
+            await _run_shards(bus, sub.job_id, rec.spec, "nvidia-t4-16gb", "cn-north-1", "cn-north-1-c1")
+            assert await until(lambda: all(sh.state.value == "running" for sh in rec.shards))
+            quotas = (await s.tenants.ListQuotas(gpb.ListQuotasRequest(tenant="search"))).quotas
+        assert [(q.card, q.region, q.used_milli) for q in quotas] == [("T4", "cn-north-1", 4000)]
+    finally:
+        admission.stop()
+        await task
+
+
+async def test_a_quota_means_the_same_from_policy_yaml_and_from_set_quota(gov_world):
+    """``borrowing_limit_gpus`` absent: no limit with a cohort, no borrowing without one -- the same
+    effective quota whether applied as policy YAML or set through gRPC SetQuota."""
+    admission, *_ = gov_world
+    quotas = [gpb.Quota(tenant="search", card="T4", region="cn-north-1", guaranteed_gpus=2, cohort="north"),
+              gpb.Quota(tenant="ads", card="T4", region="cn-north-1", guaranteed_gpus=1)]
+
+    async def effective(s: Stubs) -> list[tuple]:
+        listed = (await s.tenants.ListQuotas(gpb.ListQuotasRequest())).quotas
+        version = (await s.policy.GetPolicy(gpb.GetPolicyRequest())).version
+        assert await until(lambda: admission.policy.version == version)
+        return sorted([(q.tenant, q.card, q.region, q.guaranteed_gpus, q.HasField("borrowing_limit_gpus")
+                        and q.borrowing_limit_gpus, q.cohort) for q in listed]
+                      + [(r.label, r.nominal_milli, r.borrowing_limit_milli, r.ceiling_milli, r.cohort)
+                         for r in admission.policy.current.quota_rules], key=str)
+
+    async with channel(admission.port, "root") as ch:
+        s = Stubs(ch)
+        await s.policy.ApplyPolicy(gpb.ApplyPolicyRequest(yaml=policy_text(
+            "quotas:\n  - {tenant: search, card: T4, region: cn-north-1, guaranteed_gpus: 2, cohort: north}\n"
+            "  - {tenant: ads, card: T4, region: cn-north-1, guaranteed_gpus: 1}\n")))
+        from_yaml = await effective(s)
+        for q in quotas:
+            await s.tenants.DeleteQuota(gpb.DeleteQuotaRequest(tenant=q.tenant, card=q.card, region=q.region))
+        assert not (await s.tenants.ListQuotas(gpb.ListQuotasRequest())).quotas
+        for q in quotas:
+            await s.tenants.SetQuota(gpb.SetQuotaRequest(quota=q))
+        from_grpc = await effective(s)
+    assert from_yaml == from_grpc
+    assert ("search/T4/cn-north-1", 2000, None, None, "north") in from_yaml  # with a cohort: no limit
+    assert ("ads/T4/cn-north-1", 1000, 0, 1000, "") in from_yaml  # without one: never borrows

@@ -202,3 +202,26 @@ def test_yaml_aliases_and_oversize_documents_are_refused():
     assert e.value.field == "policy"
     with pytest.raises(ValidationError, match="larger than"):
         parse_policy("# " + "x" * 1_000_001)
+
+
+QUOTA_CASES = [
+    # (id, quota YAML, effective borrowing limit in milli-GPU (None = no limit), ceiling)
+    ("cohort, no borrowing limit: no limit (Kueue's borrowingLimit)",
+     "{tenant: search, card: T4, guaranteed_gpus: 2, cohort: north}", None, None),
+    ("cohort, borrowing limit 0: no borrowing", "{tenant: search, card: T4, guaranteed_gpus: 2, cohort: north, "
+                                                "borrowing_limit_gpus: 0}", 0, 2000),
+    ("cohort, borrowing limit 1.5", "{tenant: search, card: T4, guaranteed_gpus: 2, cohort: north, "
+                                    "borrowing_limit_gpus: 1.5}", 1500, 3500),
+    ("cohort, null borrowing limit: no limit", "{tenant: search, card: T4, guaranteed_gpus: 2, cohort: north, "
+                                               "borrowing_limit_gpus: null}", None, None),
+    ("no cohort: never borrows", "{tenant: search, card: T4, guaranteed_gpus: 2}", 0, 2000),
+]
+
+
+@pytest.mark.parametrize("name,quota,borrow,ceiling", QUOTA_CASES, ids=[c[0] for c in QUOTA_CASES])
+def test_an_absent_borrowing_limit_means_no_limit(name, quota, borrow, ceiling):
+    gov = Governance.of(parse_policy(TENANTS + f"quotas: [{quota}]\n"))
+    rule, = gov.quota_rules
+    assert rule.borrowing_limit_milli == borrow and rule.ceiling_milli == ceiling
+    again = Governance.of(parse_policy(to_yaml(gov.doc)))  # the stored form means the same
+    assert again.quota_rules == gov.quota_rules
