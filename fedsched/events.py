@@ -213,6 +213,7 @@ class JobStop(_Payload):
     Attributes:
         reason: cancelled, preempted (for a higher-priority job, ``for_job``) or reclaimed
             (placed but never started in time, or its cluster went stale).
+        detail: the circumstances in words (e.g. ``not started within 30 s``); "" if none.
         checkpoint_interval_s: for checkpointable work, how often it checkpoints (s): the agent
             reports the checkpointed progress so the next attempt resumes from it.
     """
@@ -221,6 +222,7 @@ class JobStop(_Payload):
     shard: int = 0
     for_job: str = ""
     checkpoint_interval_s: float = 0.0
+    detail: str = ""
 
 
 class JobPending(_Payload):

@@ -9,6 +9,23 @@ A job has one or more shards (split batch jobs have several; every other job has
 Each shard has its attempts; the job's state is derived from its shards: running if any runs,
 placed if any is placed, queued if any waits, otherwise failed if any failed, cancelled if any
 was cancelled, else succeeded.
+
+Every terminal transition records its time (the ending event's business time) and its reason:
+a job's ``ended_at`` is when its last shard ended, never its submit time, and a cancelled job
+says who cancelled it and why.
+
+An attempt's ``outcome`` follows the events that concern it::
+
+    placed -> running -> succeeded | failed | preempted | cancelled | stopped (other stop reasons)
+    placed -> rejected                     (the agent refused the placement)
+    placed | running -> reclaimed          (``job.stop`` reclaimed: ends at the order's time)
+    running -> stopping -> preempted | cancelled   (``job.stop`` sent, the agent not yet done)
+    placed | running | stopping -> cancelled       (``job.cancelled`` while it was open)
+
+A reclaim ends the attempt when the scheduler orders it (the scheduler requeues the shard at
+once and never counts the attempt again); a preemption or a cancellation ends it when the agent
+reports ``job.stopped``. Status events of an attempt that is no longer the shard's latest (a
+reclaimed placement the agent started late) update only that attempt's record.
 """
 
 from __future__ import annotations
@@ -18,13 +35,22 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fedsched.bus import Delivery
-from fedsched.events import ApprovalDecided, ApprovalRequested, Envelope, JobPending, JobPlaced, JobStatus, JobSubmitted
+from fedsched.events import (ApprovalDecided, ApprovalRequested, Envelope, JobCancelRequested, JobPending, JobPlaced,
+                             JobStatus, JobStop, JobSubmitted)
 from fedsched.jobs import TERMINAL_STATES, JobSpec, JobState
 
 
 @dataclass
 class AttemptRecord:
-    """One placement attempt (times in business seconds since the Unix epoch)."""
+    """One placement attempt (times in business seconds since the Unix epoch).
+
+    Attributes:
+        outcome: ``placed``, ``running``, ``stopping`` (a stop order is out, the agent has not
+            confirmed), or how it ended: ``succeeded``, ``failed``, ``rejected``, ``reclaimed``,
+            ``preempted``, ``cancelled``, ``stopped`` (module docstring).
+        ended_at: when it ended (None while open).
+        reason: why it ended, or why it is being stopped.
+    """
 
     attempt: int
     shard: int
@@ -68,11 +94,23 @@ class ShardRecord:
     decision: Decision | None = None
     failures: int = 0
     unplaceable: bool = False
+    ended_at: float | None = None  #: business time of its terminal transition (None while open)
 
     @property
     def current(self) -> AttemptRecord | None:
         """The latest attempt."""
         return self.attempts[-1] if self.attempts else None
+
+    def attempt(self, number: int) -> AttemptRecord | None:
+        """The attempt numbered ``number`` (None if never placed); attempts are few per shard."""
+        for a in reversed(self.attempts):
+            if a.attempt == number:
+                return a
+        return None
+
+    def end(self, state: JobState, at: float, reason: str) -> None:
+        """Terminal transition: ``state`` at business time ``at`` because of ``reason``."""
+        self.state, self.ended_at, self.reason = state, at, reason
 
 
 @dataclass
@@ -87,6 +125,7 @@ class JobRecord:
     shards: list[ShardRecord] = field(default_factory=list)
     cancelled: bool = False
     cancel_requested: bool = False
+    cancel_reason: str = ""  #: "cancelled by <principal>[: <their reason>]"
     policy_version: str = ""
     approval_id: str = ""  # the latest cross-region approval request
     version: int = 0  # increases with every change (for watchers)
@@ -109,8 +148,11 @@ class JobRecord:
     @property
     def reason(self) -> str:
         """Why it waits / how it ended (the first shard that has something to say)."""
-        if self.cancel_requested and self.state not in TERMINAL_STATES:
+        state = self.state
+        if self.cancel_requested and state not in TERMINAL_STATES:
             return "cancel requested"
+        if state == JobState.CANCELLED and self.cancel_reason:
+            return self.cancel_reason
         for s in self.shards:
             if s.reason:
                 return s.reason if len(self.shards) == 1 else f"shard {s.index}: {s.reason}"
@@ -135,16 +177,20 @@ class JobRecord:
 
     @property
     def ended_at(self) -> float | None:
-        """When the last shard ended (terminal jobs only)."""
+        """When the last shard ended: the time of the event that ended it (terminal jobs only)."""
         if self.state not in TERMINAL_STATES:
             return None
-        ends = [a.ended_at for a in self.attempts if a.ended_at is not None]
-        return max(ends) if ends else self.submitted_at
+        ends = [s.ended_at for s in self.shards if s.ended_at is not None]
+        return max(ends) if ends else None
 
     @property
     def unplaceable(self) -> bool:
         """Some waiting shard fits no cluster even if empty."""
         return any(s.unplaceable and s.state == JobState.QUEUED for s in self.shards)
+
+
+#: ``job.stopped`` reasons that name the attempt's outcome (the scheduler's stop order reasons)
+STOP_OUTCOMES = frozenset({"preempted", "reclaimed", "cancelled"})
 
 
 class JobView:
@@ -179,7 +225,11 @@ class JobView:
         if rec is None or rec.state in TERMINAL_STATES:
             return
         if env.type == "job.cancel_requested":
+            if rec.cancel_requested:
+                return
+            why = env.payload_as(JobCancelRequested).reason
             rec.cancel_requested = True
+            rec.cancel_reason = f"cancelled by {env.actor or 'unknown'}" + (f": {why}" if why else "")
         elif env.type == "approval.requested":
             req = env.payload_as(ApprovalRequested)
             waiting = [sh for sh in rec.shards if sh.state == JobState.QUEUED]
@@ -203,10 +253,16 @@ class JobView:
                     "approval.expired": "approval timed out; back in its home region's queue",
                 }[env.type]
         elif env.type == "job.cancelled":
+            t = env.occurred_at.timestamp()
+            why = rec.cancel_reason or "cancelled"
             rec.cancelled = True
-            for s in rec.shards:
-                if s.state not in TERMINAL_STATES:
-                    s.state = JobState.CANCELLED
+            for sh in rec.shards:
+                if sh.state in TERMINAL_STATES:
+                    continue
+                att = sh.current
+                if att is not None and att.ended_at is None:  # open when the job ended: ends with it
+                    att.ended_at, att.outcome, att.reason = t, "cancelled", why
+                sh.end(JobState.CANCELLED, t, why)
         elif not self._apply_shard(rec, env):
             return
         self._notify(rec)
@@ -235,36 +291,88 @@ class JobView:
                                       queue=p.queue, fits_empty=p.fits_empty, reserved_cluster=p.reserved_cluster)
             rec.policy_version = env.policy_version
             return True
+        if env.type == "job.stop":
+            return self._apply_stop_order(rec, env, t)
         if env.type not in ("job.started", "job.finished", "job.failed", "job.rejected", "job.stopped"):
             return False
         s = env.payload_as(JobStatus)
         shard = self._shard(rec, s.shard)
-        att = shard.current if shard else None
-        if att is None or att.attempt != env.attempt:
+        att = shard.attempt(env.attempt) if shard else None
+        if att is None:
             return False
+        if att.ended_at is not None and att.outcome == "reclaimed":
+            # taken back before the agent's word arrived: the agent may have run it for a while
+            if env.type == "job.started":
+                if att.started_at is not None:
+                    return False
+                att.started_at = t
+                return True
+            if att.started_at is None or att.ended_at == t:
+                return False
+            att.ended_at = t  # it ran until the agent stopped it
+            return True
+        if att.ended_at is not None:
+            return False  # redelivery
+        current = att is shard.current
         if env.type == "job.started":
-            att.started_at, att.outcome = t, "running"
-            shard.state = JobState.RUNNING
-        elif env.type == "job.finished":
-            att.ended_at, att.outcome = t, "succeeded"
-            shard.state, shard.reason = JobState.SUCCEEDED, ""
+            if att.started_at is not None:
+                return False
+            att.started_at = t
+            if att.outcome == "placed":
+                att.outcome = "running"
+            if current and shard.state == JobState.PLACED:
+                shard.state = JobState.RUNNING
+            return True
+        att.ended_at = t
+        if env.type == "job.finished":
+            att.outcome = "succeeded"
+            if current:
+                shard.end(JobState.SUCCEEDED, t, "")
         elif env.type == "job.failed":
-            att.ended_at, att.outcome, att.reason = t, "failed", s.reason
-            shard.failures += 1
-            if shard.failures <= rec.spec.retry_limit and not rec.cancel_requested:
-                shard.state, shard.reason = JobState.QUEUED, f"attempt {env.attempt} failed on {env.cluster}; retrying"
-            else:
-                shard.state, shard.reason = JobState.FAILED, s.reason
+            att.outcome, att.reason = "failed", s.reason
+            if current:
+                shard.failures += 1
+                if shard.failures <= rec.spec.retry_limit and not rec.cancel_requested:
+                    shard.state = JobState.QUEUED
+                    shard.reason = f"attempt {env.attempt} failed on {env.cluster}; retrying"
+                else:
+                    shard.end(JobState.FAILED, t, s.reason)
         elif env.type == "job.rejected":
-            att.ended_at, att.outcome, att.reason = t, "rejected", s.reason
-            shard.state, shard.reason = JobState.QUEUED, f"{env.cluster} refused the placement: {s.reason}"
+            att.outcome, att.reason = "rejected", s.reason
+            if current:
+                shard.state, shard.reason = JobState.QUEUED, f"{env.cluster} refused the placement: {s.reason}"
         else:  # stopped
-            att.ended_at, att.outcome, att.reason = t, "stopped", s.reason
-            if s.reason == "cancelled":
-                shard.state, shard.reason = JobState.CANCELLED, "cancelled"
+            if s.reason == "cancelled" or rec.cancel_requested:  # the scheduler ends the shard
+                why = rec.cancel_reason or "cancelled"
+                att.outcome, att.reason = "cancelled", why
+                if current:
+                    shard.end(JobState.CANCELLED, t, why)
             else:
-                resumed = f", resumes from {s.progress_s:.0f}s of work" if s.progress_s else ""
-                shard.state, shard.reason = JobState.QUEUED, f"{s.reason} on {env.cluster}; requeued{resumed}"
+                ordered = att.reason if att.outcome == "stopping" else ""  # e.g. "preempted for j-..."
+                att.outcome = s.reason if s.reason in STOP_OUTCOMES else "stopped"
+                att.reason = ordered or s.reason or "stopped"
+                if current:
+                    resumed = f", resumes from {s.progress_s:.0f}s of work" if s.progress_s else ""
+                    shard.state, shard.reason = JobState.QUEUED, f"{s.reason} on {env.cluster}; requeued{resumed}"
+        return True
+
+    def _apply_stop_order(self, rec: JobRecord, env: Envelope, t: float) -> bool:
+        """A scheduler's ``job.stop``: a reclaim ends the attempt now; a preemption or a
+        cancellation marks it ``stopping`` until the agent reports ``job.stopped``."""
+        stop = env.payload_as(JobStop)
+        shard = self._shard(rec, stop.shard)
+        att = shard.attempt(env.attempt) if shard else None
+        if att is None or att.ended_at is not None or att.outcome == "stopping":
+            return False
+        if stop.reason == "reclaimed":
+            why = stop.detail or "not started in time"
+            att.ended_at, att.outcome, att.reason = t, "reclaimed", why
+            if att is shard.current and shard.state in (JobState.PLACED, JobState.RUNNING):
+                shard.state = JobState.QUEUED
+                shard.reason = f"attempt {att.attempt} reclaimed from {att.cluster} ({why}); requeued"
+            return True
+        att.outcome = "stopping"
+        att.reason = f"preempted for {stop.for_job}" if stop.reason == "preempted" and stop.for_job else stop.reason
         return True
 
     @staticmethod

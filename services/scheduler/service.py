@@ -601,7 +601,8 @@ class SchedulerService:
             stale = shard.cluster in self._stale
             if not stale and now_mono - shard.placed_mono <= self.reclaim_after_s:
                 continue
-            item = self._stop_event(job, shard, "reclaimed")
+            item = self._stop_event(job, shard, "reclaimed", detail=f"cluster {shard.cluster} stale" if stale else
+                                    f"not started within {self.reclaim_after_s:g} s")
             if item is not None:
                 items.append(item)
                 shards.append((job, shard, stale))
@@ -641,11 +642,11 @@ class SchedulerService:
             elif job.done:
                 self.cancelling.pop(job.job_id, None)
 
-    def _stop_event(self, job: JobEntry, shard: ShardEntry, reason: str, *, for_job: str = ""):
+    def _stop_event(self, job: JobEntry, shard: ShardEntry, reason: str, *, for_job: str = "", detail: str = ""):
         info = self.clusters.get(shard.cluster)
         if not shard.cluster or not shard.region:
             return None
-        payload = JobStop(reason=reason, shard=shard.index, for_job=for_job,
+        payload = JobStop(reason=reason, shard=shard.index, for_job=for_job, detail=detail,
                           checkpoint_interval_s=self.policy.checkpoint_interval_s if job.spec.checkpointable else 0.0)
         event = make_event("job.stop", payload, producer="scheduler", occurred_at=self.clock.time(),
                            event_id=business_event_id(job.job_id, shard.attempt, shard.index, "stop"),
