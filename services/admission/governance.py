@@ -258,7 +258,9 @@ class TenantServicer(gpb_grpc.TenantServiceServicer):
             await self._publish("tenant.updated", "tenant", new.name, old_now, new, before, after, principal,
                                 tenant=new.name)
         version = (after or before).version
-        return gpb.PutTenantResponse(tenant=tenant_to_pb(new), created=old is None, policy_version=version)
+        return gpb.PutTenantResponse(tenant=tenant_to_pb(new), created=old is None, policy_version=version,
+                                     previous_version=before.version,
+                                     changes=diff(before.gov.doc, after.gov.doc) if after is not None else [])
 
     def _usage(self, gov: Governance) -> QuotaBook:
         running = (JobState.PLACED, JobState.RUNNING)
