@@ -20,6 +20,7 @@ import typer
 from google.protobuf.json_format import MessageToDict
 from rich.table import Table
 
+from fedsched import telemetry
 from fedsched.api.v1 import jobs_pb2 as pb
 from fedsched.api.v1 import jobs_pb2_grpc as pb_grpc
 from fedsched.client import TlsClient, call_metadata, resolve_token, sync_channel
@@ -52,12 +53,19 @@ def tls_from_env() -> TlsClient | None:
 
 
 class Api:
-    """One connection to admission with the caller's token (use as a context manager)."""
+    """One connection to admission with the caller's token (use as a context manager).
+
+    Every call of one command carries the same new root trace (``traceparent`` metadata), so
+    what the command caused -- a ``job.submitted``, a ``policy.applied`` -- is in its trace in
+    the audit log.
+    """
 
     def __init__(self, server: str, token: str = "") -> None:
         self.server = server
         self.channel = sync_channel(server, tls=tls_from_env())
-        self.metadata = call_metadata(resolve_token(token))
+        with telemetry.root_span("cli"):
+            self.trace = telemetry.inject_headers()
+        self.metadata = call_metadata(resolve_token(token)) + tuple(self.trace.items())
 
     def __enter__(self) -> "Api":
         return self

@@ -437,15 +437,16 @@ class ClusterAgent:
             residency_tags=self.cluster.residency_tags, sequence=self.sequence)
 
     async def publish_snapshot(self) -> None:
-        """Publish a full inventory snapshot."""
+        """Publish a full inventory snapshot (in a new root trace: nothing traced caused it)."""
         self.sequence += 1
         event = make_event("inventory.snapshot", self.snapshot(), producer=self.producer, occurred_at=self.clock.time(),
                            region=self.cluster.region, zone=self.cluster.zone, cluster=self.cluster.name,
                            actor=self.producer)
-        await self.bus.publish(self.bus.subjects.inventory(self.cluster.region, self.cluster.name), event)
+        with telemetry.root_span("agent.inventory.snapshot", cluster=self.cluster.name):
+            await self.bus.publish(self.bus.subjects.inventory(self.cluster.region, self.cluster.name), event)
 
     async def publish_heartbeat(self) -> None:
-        """Publish a heartbeat with totals."""
+        """Publish a heartbeat with totals (in a new root trace)."""
         self.sequence += 1
         payload = Heartbeat(sequence=self.sequence, gpus_total=sum(len(l.gpu_free) for l in self.ledger.values()),
                             gpu_milli_free=sum(sum(l.gpu_free) for l in self.ledger.values()),
@@ -453,4 +454,5 @@ class ClusterAgent:
         event = make_event("inventory.heartbeat", payload, producer=self.producer, occurred_at=self.clock.time(),
                            region=self.cluster.region, zone=self.cluster.zone, cluster=self.cluster.name,
                            actor=self.producer)
-        await self.bus.publish(self.bus.subjects.heartbeat(self.cluster.region, self.cluster.name), event)
+        with telemetry.root_span("agent.inventory.heartbeat", cluster=self.cluster.name):
+            await self.bus.publish(self.bus.subjects.heartbeat(self.cluster.region, self.cluster.name), event)
