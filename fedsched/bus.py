@@ -218,12 +218,15 @@ class Bus:
                       attempts: int = 8) -> api.PubAck:
         """Publish ``event`` on ``subject`` with ``Nats-Msg-Id`` = its event id and the trace context.
 
-        Retries (same message id, so never a duplicate) on timeouts with exponential back-off.
+        Trace context (:func:`fedsched.telemetry.event_headers`): the ``traceparent`` in
+        ``headers`` (the event's cause), else the active span's, else a new root trace -- every
+        event carries one. Retries (same message id, so never a duplicate) on timeouts with
+        exponential back-off.
 
         Raises:
             UnavailableError: JetStream did not acknowledge after ``attempts`` tries.
         """
-        hdrs = telemetry.inject_headers(headers)
+        hdrs = telemetry.event_headers(headers, f"publish {event.type}")
         hdrs["Nats-Msg-Id"] = event.event_id
         data = event.to_bytes()
         delay = 0.05
@@ -250,9 +253,10 @@ class Bus:
         """
         if not items:
             return []
-        futures = []
+        futures, sent = [], []
         for subject, event, extra in items:
-            hdrs = telemetry.inject_headers(extra)
+            hdrs = telemetry.event_headers(extra, f"publish {event.type}")
+            sent.append(telemetry.trace_headers(hdrs))  # a retry keeps the same trace
             hdrs["Nats-Msg-Id"] = event.event_id
             try:
                 futures.append(await self.js.publish_async(subject, event.to_bytes(), headers=hdrs))
@@ -260,12 +264,12 @@ class Bus:
                 futures.append(_failed(e))
         results = await asyncio.gather(*futures, return_exceptions=True)
         ok = []
-        for (subject, event, extra), result in zip(items, results):
+        for (subject, event, extra), trace_ctx, result in zip(items, sent, results):
             if not isinstance(result, BaseException):
                 ok.append(True)
                 continue
             try:
-                await self.publish(subject, event, headers=extra)
+                await self.publish(subject, event, headers={**(extra or {}), **trace_ctx})
                 ok.append(True)
             except UnavailableError:
                 ok.append(False)
@@ -290,7 +294,8 @@ class Bus:
         event = make_event(EventType.BUS_DEAD_LETTER, payload, producer=consumer, occurred_at=time.time(),
                            event_id=None)
         log.warning("dead-lettered message on %s for %s: %s", subject, consumer, reason)
-        await self.publish(self.subjects.deadletter(consumer), event)
+        # in the trace of the message it gives up on (a new one if that had none)
+        await self.publish(self.subjects.deadletter(consumer), event, headers=telemetry.trace_headers(headers))
 
 
 def redact(url: str) -> str:

@@ -275,6 +275,7 @@ class JobStop(_Payload):
             (placed but never started in time) or cluster_lost (its cluster went silent for
             longer than the freshness limit; the scheduler also ends the attempt with a
             ``job.stopped`` of the same reason).
+        detail: the circumstances in words (e.g. ``not started within 30 s``); "" if none.
         checkpoint_interval_s: for checkpointable work, how often it checkpoints (s): the agent
             reports the checkpointed progress so the next attempt resumes from it.
     """
@@ -283,6 +284,7 @@ class JobStop(_Payload):
     shard: int = 0
     for_job: str = ""
     checkpoint_interval_s: float = 0.0
+    detail: str = ""
 
 
 class JobPending(_Payload):

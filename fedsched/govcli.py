@@ -9,10 +9,12 @@ with ``--output json``.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 from typing import Optional
 
+import grpc
 import typer
 from google.protobuf.json_format import MessageToDict
 from rich.table import Table
@@ -22,7 +24,7 @@ from fedsched.api.v1 import governance_pb2_grpc as gpb_grpc
 from fedsched.auth import ROLES, hash_token, new_token
 from fedsched.clitext import Output, console, err, error_line
 from fedsched.errors import ValidationError
-from fedsched.jobcli import KINDS, LOCALITIES, OUTPUT, SERVER, TOKEN, Api
+from fedsched.jobcli import KINDS, LOCALITIES, OUTPUT, SERVER, TOKEN, Api, fail_rpc
 from fedsched.yamltext import read_text
 
 
@@ -70,6 +72,148 @@ def parse_role(text: str) -> gpb.RoleGrant:
     tenants, _, projects = rest.partition("/")
     return gpb.RoleGrant(role=role, tenants=[t for t in tenants.split(",") if t],
                          projects=[p for p in projects.split(",") if p])
+
+
+def _job_class(spec: str) -> gpb.JobClass:
+    """``NAME:MODE[:kinds=k1,k2][:tags=t1,t2]`` (``--job-class``)."""
+    parts = spec.split(":")
+    if len(parts) < 2:
+        err.print(error_line("--job-class", f"{spec!r}: NAME:MODE[:kinds=...][:tags=...]"))
+        raise typer.Exit(2)
+    jc = gpb.JobClass(name=parts[0], cross_region=_pick(parts[1], MODES, "--job-class mode"))
+    for extra in parts[2:]:
+        key, _, values = extra.partition("=")
+        items = [v for v in values.split(",") if v]
+        if key == "kinds":
+            jc.kinds.extend(_pick(k, KINDS, "--job-class kinds") for k in items)
+        elif key == "tags":
+            jc.residency_tags.extend(items)
+        else:
+            err.print(error_line("--job-class", f"{spec!r}: unknown part {key!r} (kinds=..., tags=...)"))
+            raise typer.Exit(2)
+    return jc
+
+
+@dataclass(frozen=True)
+class TenantEdit:
+    """What ``tenants put`` changes in a tenant; everything not named is kept.
+
+    Attributes:
+        home_region, cross_region, default_locality: set when given ("" / 0 = keep).
+        add_projects / remove_projects, add_regions / remove_regions: list edits; removing
+            a value the tenant does not have is an error (a typo must not pass silently).
+        job_classes: classes added, or replacing the one with the same name.
+        remove_job_classes: names of classes removed.
+        budget: monthly amount set ("" = keep); currency: its currency ("" = keep, else CNY).
+        no_budget: remove the budget.
+    """
+
+    home_region: str = ""
+    add_projects: tuple[str, ...] = ()
+    remove_projects: tuple[str, ...] = ()
+    cross_region: int = 0
+    default_locality: int = 0
+    add_regions: tuple[str, ...] = ()
+    remove_regions: tuple[str, ...] = ()
+    job_classes: tuple[gpb.JobClass, ...] = ()
+    remove_job_classes: tuple[str, ...] = ()
+    budget: str = ""
+    currency: str = ""
+    no_budget: bool = False
+
+    def check(self) -> None:
+        """Raise :class:`ValidationError` (field = the option) for contradictory options."""
+        for field, added, removed in (("project", self.add_projects, self.remove_projects),
+                                      ("region", self.add_regions, self.remove_regions),
+                                      ("job-class", [c.name for c in self.job_classes], self.remove_job_classes)):
+            both = sorted(set(added) & set(removed))
+            if both:
+                raise ValidationError(f"remove-{field}", f"{', '.join(both)} both added and removed")
+        if self.no_budget and (self.budget or self.currency):
+            raise ValidationError("no-budget", "cannot be combined with --budget or --currency")
+
+    def apply(self, current: gpb.Tenant | None, name: str) -> gpb.Tenant:
+        """The tenant after the edit (``current`` None: a new tenant named ``name``).
+
+        Raises:
+            ValidationError: a removal names something the tenant does not have, or
+                ``--currency`` without a budget to apply it to.
+        """
+        t = gpb.Tenant(name=name)
+        if current is not None:
+            t.CopyFrom(current)
+            t.ClearField("month_spend")  # output only
+        if self.home_region:
+            t.home_region = self.home_region
+        if self.cross_region:
+            t.cross_region = self.cross_region
+        if self.default_locality:
+            t.default_locality = self.default_locality
+        _edit_list(t.projects, self.add_projects, self.remove_projects, "remove-project", name)
+        _edit_list(t.regions, self.add_regions, self.remove_regions, "remove-region", name)
+        classes = {c.name: c for c in t.job_classes}
+        for n in self.remove_job_classes:
+            if classes.pop(n, None) is None:
+                raise ValidationError("remove-job-class", f"tenant {name} has no job class {n!r}")
+        for c in self.job_classes:
+            classes[c.name] = c
+        del t.job_classes[:]
+        t.job_classes.extend(classes.values())
+        if self.no_budget:
+            t.ClearField("budget")
+        elif self.budget:
+            t.budget.CopyFrom(gpb.Budget(monthly=self.budget, currency=self.currency or t.budget.currency or "CNY"))
+        elif self.currency:
+            if not t.budget.monthly:
+                raise ValidationError("currency", f"tenant {name} has no budget; give --budget too")
+            t.budget.currency = self.currency
+        return t
+
+
+def _edit_list(values, add: tuple[str, ...], remove: tuple[str, ...], flag: str, name: str) -> None:
+    kept = list(values)
+    for v in remove:
+        if v not in kept:
+            raise ValidationError(flag, f"tenant {name} has no {flag.removeprefix('remove-')} {v!r}")
+        kept.remove(v)
+    kept.extend(v for v in add if v not in kept)
+    del values[:]
+    values.extend(kept)
+
+
+def put_tenant(api: Api, name: str, edit: TenantEdit, expected_version: str = "",
+               attempts: int = 3) -> gpb.PutTenantResponse:
+    """Read the tenant, apply ``edit``, write it back at the version read (compare-and-set).
+
+    A put that fails because the policy moved on since the read (FAILED_PRECONDITION, and a
+    newer version on a second read) is made again on the new version, at most ``attempts``
+    times; with ``expected_version`` it is reported instead. Exits 1 (after printing) on any
+    other RPC error, 2 on a bad edit.
+    """
+    stub = gpb_grpc.TenantServiceStub(api.channel)
+    for attempt in range(attempts):
+        listed = api.call(stub.ListTenants, gpb.ListTenantsRequest())
+        if expected_version and listed.policy_version != expected_version:
+            err.print(error_line("FAILED_PRECONDITION:", f"the policy is at version {listed.policy_version}, not "
+                                                         f"{expected_version}; review the change against it and retry"))
+            raise typer.Exit(1)
+        current = next((t for t in listed.tenants if t.name == name), None)
+        try:
+            tenant = edit.apply(current, name)
+        except ValidationError as e:
+            err.print(error_line(f"--{e.field}:", e.reason))
+            raise typer.Exit(2) from None
+        request = gpb.PutTenantRequest(tenant=tenant, expected_version=listed.policy_version)
+        try:
+            return stub.PutTenant(request, timeout=30, metadata=api.metadata)
+        except grpc.RpcError as e:
+            if e.code() != grpc.StatusCode.FAILED_PRECONDITION or expected_version or attempt == attempts - 1:
+                fail_rpc(e)
+            now = api.call(stub.ListTenants, gpb.ListTenantsRequest()).policy_version
+            if now == listed.policy_version:
+                fail_rpc(e)  # not a concurrent change: a guard refused it
+            err.print(f"the policy changed meanwhile ({listed.policy_version} -> {now}); editing the new version")
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 def register(app: typer.Typer) -> None:
@@ -154,47 +298,56 @@ def register(app: typer.Typer) -> None:
     @tenants_app.command("put")
     def tenants_put(
         name: str = typer.Argument(...),
-        home_region: str = typer.Option("", "--home-region", help="Default home region (required for a new tenant)."),
-        project: list[str] = typer.Option(..., "--project", help="Project (repeatable; the full list)."),
+        home_region: str = typer.Option("", "--home-region", help="Home region (required for a new tenant)."),
+        project: list[str] = typer.Option([], "--project", help="Add a project (repeatable)."),
+        remove_project: list[str] = typer.Option([], "--remove-project", help="Remove a project (repeatable)."),
         cross_region: str = typer.Option("", "--cross-region", help="forbidden, approval or allowed (default: keep)."),
         default_locality: str = typer.Option("", "--default-locality", help="must_local, prefer_local or global."),
-        region: list[str] = typer.Option([], "--region", help="Only these regions (repeatable; default any)."),
+        region: list[str] = typer.Option([], "--region", help="Add a region its jobs may use (repeatable; a tenant "
+                                                              "without any may use every region)."),
+        remove_region: list[str] = typer.Option([], "--remove-region", help="Remove an allowed region (repeatable)."),
         job_class: list[str] = typer.Option([], "--job-class",
-                                            help="NAME:MODE[:kinds=k1,k2][:tags=t1,t2] (repeatable)."),
-        budget: str = typer.Option("", "--budget", help="Monthly budget (currency units)."),
-        currency: str = typer.Option("CNY", "--currency"),
+                                            help="Add or replace the class NAME: NAME:MODE[:kinds=k1,k2][:tags=t1,t2] "
+                                                 "(repeatable)."),
+        remove_job_class: list[str] = typer.Option([], "--remove-job-class", help="Remove the class NAME (repeatable)."),
+        budget: str = typer.Option("", "--budget", help="Set the monthly budget (currency units)."),
+        currency: str = typer.Option("", "--currency", help="Currency of the budget (default: keep, else CNY)."),
+        no_budget: bool = typer.Option(False, "--no-budget", help="Remove the budget."),
         expected_version: str = typer.Option("", "--expected-version", help="Refuse if the policy moved on."),
         server: str = SERVER, output: Output = OUTPUT, token: str = TOKEN,
     ):
-        """Create or update a tenant (admins)."""
-        tenant = gpb.Tenant(name=name, home_region=home_region, projects=project, regions=region,
-                            cross_region=_pick(cross_region, MODES, "--cross-region") if cross_region else 0,
-                            default_locality=_pick(default_locality, LOCALITIES, "--default-locality")
-                            if default_locality else 0)
-        for spec in job_class:
-            parts = spec.split(":")
-            if len(parts) < 2:
-                err.print(error_line("--job-class", f"{spec!r}: NAME:MODE[:kinds=...][:tags=...]"))
-                raise typer.Exit(2)
-            jc = gpb.JobClass(name=parts[0], cross_region=_pick(parts[1], MODES, "--job-class mode"))
-            for extra in parts[2:]:
-                key, _, values = extra.partition("=")
-                items = [v for v in values.split(",") if v]
-                if key == "kinds":
-                    jc.kinds.extend(_pick(k, KINDS, "--job-class kinds") for k in items)
-                elif key == "tags":
-                    jc.residency_tags.extend(items)
-            tenant.job_classes.append(jc)
-        if budget:
-            tenant.budget.CopyFrom(gpb.Budget(monthly=budget, currency=currency))
+        """Create a tenant, or change only what the options name (admins); prints what changed.
+
+        The put is a read-modify-write: the tenant is read with the policy version, changed, and
+        written back only if the policy is still at that version (a concurrent change is never
+        overwritten: the edit is made again on the new version, at most 3 times; with
+        --expected-version it is refused instead).
+        """
+        edit = TenantEdit(home_region=home_region, add_projects=tuple(project), remove_projects=tuple(remove_project),
+                          cross_region=_pick(cross_region, MODES, "--cross-region") if cross_region else 0,
+                          default_locality=_pick(default_locality, LOCALITIES, "--default-locality")
+                          if default_locality else 0,
+                          add_regions=tuple(region), remove_regions=tuple(remove_region),
+                          job_classes=tuple(_job_class(spec) for spec in job_class),
+                          remove_job_classes=tuple(remove_job_class), budget=budget, currency=currency,
+                          no_budget=no_budget)
+        try:
+            edit.check()
+        except ValidationError as e:
+            err.print(error_line(f"--{e.field}:", e.reason))
+            raise typer.Exit(2) from None
         with Api(server, token) as api:
-            resp = api.call(gpb_grpc.TenantServiceStub(api.channel).PutTenant,
-                            gpb.PutTenantRequest(tenant=tenant, expected_version=expected_version))
+            resp = put_tenant(api, name, edit, expected_version)
         if output == "json":
             _json(resp)
+            return
+        for line in resp.changes:
+            console.print(f"  {line}", highlight=False, markup=False)
+        if not resp.changes:
+            console.print(f"no change: tenant {name} already so in policy {resp.policy_version}")
         else:
             console.print(f"tenant {resp.tenant.name} {'created' if resp.created else 'updated'}; "
-                          f"policy {resp.policy_version}")
+                          f"policy {resp.previous_version} -> {resp.policy_version}")
 
     # ------------------------------------------------------------------ quotas
 

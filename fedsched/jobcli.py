@@ -20,6 +20,7 @@ import typer
 from google.protobuf.json_format import MessageToDict
 from rich.table import Table
 
+from fedsched import telemetry
 from fedsched.api.v1 import jobs_pb2 as pb
 from fedsched.api.v1 import jobs_pb2_grpc as pb_grpc
 from fedsched.client import TlsClient, call_metadata, resolve_token, sync_channel
@@ -52,12 +53,19 @@ def tls_from_env() -> TlsClient | None:
 
 
 class Api:
-    """One connection to admission with the caller's token (use as a context manager)."""
+    """One connection to admission with the caller's token (use as a context manager).
+
+    Every call of one command carries the same new root trace (``traceparent`` metadata), so
+    what the command caused -- a ``job.submitted``, a ``policy.applied`` -- is in its trace in
+    the audit log.
+    """
 
     def __init__(self, server: str, token: str = "") -> None:
         self.server = server
         self.channel = sync_channel(server, tls=tls_from_env())
-        self.metadata = call_metadata(resolve_token(token))
+        with telemetry.root_span("cli"):
+            self.trace = telemetry.inject_headers()
+        self.metadata = call_metadata(resolve_token(token)) + tuple(self.trace.items())
 
     def __enter__(self) -> "Api":
         return self
@@ -103,14 +111,14 @@ def _print_jobs(jobs, output: str) -> None:
         return
     table = Table()
     table.add_column("job", no_wrap=True, min_width=22)  # ids are copied from here: never cut them
-    for col in ("tenant/project", "state", "where", "GPUs", "submitted", "reason"):
+    for col in ("tenant/project", "state", "where", "GPUs", "submitted", "ended", "reason"):
         table.add_column(col)
     for j in jobs:
         s = j.spec
         gpus = f"{s.workers}x{s.gpus_per_worker}" if s.gpu_milli in (0, 1000) else f"{s.workers}x{s.gpu_milli}m"
         reason = ("can never run as asked: " if j.unplaceable else "") + j.reason
         table.add_row(j.job_id, f"{s.tenant}/{s.project}", _state(j.state), j.cluster or "-", gpus,
-                      _ts(j.submitted_at), reason[:100])
+                      _ts(j.submitted_at), _ts(j.ended_at), reason[:100])
     console.print(table)
 
 
@@ -201,7 +209,7 @@ def register(app: typer.Typer) -> None:
             t = Table("attempt", "cluster", "region", "card model", "placed", "started", "ended", "outcome", "reason")
             for a in j.attempts:
                 t.add_row(str(a.attempt), a.cluster, a.region, a.card_model, _ts(a.placed_at), _ts(a.started_at),
-                          _ts(a.ended_at), a.outcome, a.reason[:60])
+                          _ts(a.ended_at), a.outcome, a.reason[:100])
             console.print(t)
 
     @app.command()

@@ -7,12 +7,19 @@ log stores the trace id of each event, so a trace can be found from SQL.
 
 Spans are always recorded (so ids exist and propagate); exporting them is chosen by
 ``Settings.otel_exporter``: ``none`` (default), ``console`` or ``otlp``.
+
+Every event on the bus carries a trace (:meth:`fedsched.bus.Bus.publish`): the trace of its
+cause when the publisher names one (the ``traceparent`` of the event or call it follows from),
+else the active span's, else a new root trace (:func:`root_span`: periodic inventory snapshots,
+heartbeats, a first-start bootstrap). Without an SDK provider (a library use, a test) a root
+span still gets random valid ids, so the rule holds in every process.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Iterable, Mapping
+from contextlib import contextmanager
+from typing import Iterable, Iterator, Mapping
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -20,8 +27,13 @@ from opentelemetry.propagate import extract, inject
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
+from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 
 log = logging.getLogger(__name__)
+
+#: the W3C trace-context headers (what carries a trace from one message or call to the next)
+TRACE_HEADERS = ("traceparent", "tracestate")
+_IDS = RandomIdGenerator()
 
 _configured = False
 
@@ -87,3 +99,45 @@ def current_trace_id() -> str:
     """32-hex id of the active span's trace, or "" outside a span."""
     ctx = trace.get_current_span().get_span_context()
     return format(ctx.trace_id, "032x") if ctx.is_valid else ""
+
+
+def trace_headers(carrier: Mapping[str, str] | None) -> dict[str, str]:
+    """Only the trace context (``traceparent``, ``tracestate``) of NATS headers or metadata, to
+    hand on to the events a message causes."""
+    return {k: v for k, v in (carrier or {}).items() if k in TRACE_HEADERS}
+
+
+@contextmanager
+def root_span(name: str, **attributes: str) -> Iterator[trace.Span]:
+    """Make a new root span current: a new trace, whatever span is active (for work no traced
+    event or call caused: heartbeats, snapshots, a bootstrap).
+
+    With the SDK provider installed (:func:`setup_tracing`) it is a recorded span; without one
+    it is a non-recording span with random valid ids, so its ``traceparent`` still propagates.
+    """
+    span = trace.get_tracer("fedsched").start_span(name, context=otel_context.Context(), attributes=attributes)
+    if not span.get_span_context().is_valid:
+        span = trace.NonRecordingSpan(trace.SpanContext(_IDS.generate_trace_id(), _IDS.generate_span_id(),
+                                                        is_remote=False,
+                                                        trace_flags=trace.TraceFlags(trace.TraceFlags.SAMPLED)))
+    with trace.use_span(span, end_on_exit=True):
+        yield span
+
+
+def event_headers(extra: Mapping[str, str] | None, name: str) -> dict[str, str]:
+    """Headers for publishing an event: ``extra`` with a trace context, in this order:
+
+    1. a ``traceparent`` already in ``extra`` -- the cause the publisher names;
+    2. the active span's context;
+    3. a new root span named ``name`` (:func:`root_span`).
+
+    So every event carries a trace id (the audit log stores it).
+    """
+    headers = dict(extra or {})
+    if trace_id_of(headers):
+        return headers
+    headers = inject_headers(headers)
+    if not trace_id_of(headers):
+        with root_span(name):
+            headers = inject_headers(headers)
+    return headers

@@ -298,7 +298,9 @@ class TenantServicer(gpb_grpc.TenantServiceServicer):
             await self._publish(EventType.TENANT_UPDATED, "tenant", new.name, old_now, new, before, after, principal,
                                 tenant=new.name)
         version = (after or before).version
-        return gpb.PutTenantResponse(tenant=tenant_to_pb(new), created=old is None, policy_version=version)
+        return gpb.PutTenantResponse(tenant=tenant_to_pb(new), created=old is None, policy_version=version,
+                                     previous_version=before.version,
+                                     changes=diff(before.gov.doc, after.gov.doc) if after is not None else [])
 
     def _usage(self, gov: Governance) -> QuotaBook:
         """Quota usage in force: every placed or running shard's gang (workers x GPUs per worker,

@@ -9,6 +9,24 @@ A job has one or more shards (split batch jobs have several; every other job has
 Each shard has its attempts; the job's state is derived from its shards: running if any runs,
 placed if any is placed, queued if any waits, otherwise failed if any failed, cancelled if any
 was cancelled, else succeeded.
+
+Every terminal transition records its time (the ending event's business time) and its reason:
+a job's ``ended_at`` is when its last shard ended, never its submit time, and a cancelled job
+says who cancelled it and why.
+
+An attempt's ``outcome`` follows the events that concern it::
+
+    placed -> running -> succeeded | failed | preempted | cancelled | stopped (other stop reasons)
+    placed -> rejected                     (the agent refused the placement)
+    placed | running -> reclaimed          (``job.stop`` reclaimed: ends at the order's time)
+    running -> stopping -> preempted | cancelled   (``job.stop`` sent, the agent not yet done)
+    placed | running | stopping -> cancelled       (``job.cancelled`` while it was open)
+    placed | running -> lost               (its cluster went silent: ``job.stopped`` cluster_lost)
+
+A reclaim ends the attempt when the scheduler orders it (the scheduler requeues the shard at
+once and never counts the attempt again); a preemption or a cancellation ends it when the agent
+reports ``job.stopped``. Status events of an attempt that is no longer the shard's latest (a
+reclaimed placement the agent started late) update only that attempt's record.
 """
 
 from __future__ import annotations
@@ -19,14 +37,22 @@ from typing import Any
 
 from fedsched.bus import Delivery
 from fedsched.dispatch import EventTable, SkippedTypes
-from fedsched.events import ApprovalDecided, ApprovalRequested, Envelope, JobPending, JobPlaced, JobStatus, JobSubmitted
-from fedsched.events import EventType
+from fedsched.events import (ApprovalDecided, ApprovalRequested, Envelope, EventType, JobCancelRequested, JobPending,
+                             JobPlaced, JobStatus, JobStop, JobSubmitted)
 from fedsched.jobs import TERMINAL_STATES, JobSpec, JobState
 
 
 @dataclass
 class AttemptRecord:
-    """One placement attempt (times in business seconds since the Unix epoch)."""
+    """One placement attempt (times in business seconds since the Unix epoch).
+
+    Attributes:
+        outcome: ``placed``, ``running``, ``stopping`` (a stop order is out, the agent has not
+            confirmed), or how it ended: ``succeeded``, ``failed``, ``rejected``, ``reclaimed``,
+            ``preempted``, ``cancelled``, ``lost``, ``stopped`` (module docstring).
+        ended_at: when it ended (None while open).
+        reason: why it ended, or why it is being stopped.
+    """
 
     attempt: int
     shard: int
@@ -70,11 +96,23 @@ class ShardRecord:
     decision: Decision | None = None
     failures: int = 0
     unplaceable: bool = False
+    ended_at: float | None = None  #: business time of its terminal transition (None while open)
 
     @property
     def current(self) -> AttemptRecord | None:
         """The latest attempt."""
         return self.attempts[-1] if self.attempts else None
+
+    def attempt(self, number: int) -> AttemptRecord | None:
+        """The attempt numbered ``number`` (None if never placed); attempts are few per shard."""
+        for a in reversed(self.attempts):
+            if a.attempt == number:
+                return a
+        return None
+
+    def end(self, state: JobState, at: float, reason: str) -> None:
+        """Terminal transition: ``state`` at business time ``at`` because of ``reason``."""
+        self.state, self.ended_at, self.reason = state, at, reason
 
 
 @dataclass
@@ -89,6 +127,7 @@ class JobRecord:
     shards: list[ShardRecord] = field(default_factory=list)
     cancelled: bool = False
     cancel_requested: bool = False
+    cancel_reason: str = ""  #: "cancelled by <principal>[: <their reason>]"
     policy_version: str = ""
     approval_id: str = ""  # the latest cross-region approval request
     version: int = 0  # increases with every change (for watchers)
@@ -111,8 +150,11 @@ class JobRecord:
     @property
     def reason(self) -> str:
         """Why it waits / how it ended (the first shard that has something to say)."""
-        if self.cancel_requested and self.state not in TERMINAL_STATES:
+        state = self.state
+        if self.cancel_requested and state not in TERMINAL_STATES:
             return "cancel requested"
+        if state == JobState.CANCELLED and self.cancel_reason:
+            return self.cancel_reason
         for s in self.shards:
             if s.reason:
                 return s.reason if len(self.shards) == 1 else f"shard {s.index}: {s.reason}"
@@ -137,16 +179,20 @@ class JobRecord:
 
     @property
     def ended_at(self) -> float | None:
-        """When the last shard ended (terminal jobs only)."""
+        """When the last shard ended: the time of the event that ended it (terminal jobs only)."""
         if self.state not in TERMINAL_STATES:
             return None
-        ends = [a.ended_at for a in self.attempts if a.ended_at is not None]
-        return max(ends) if ends else self.submitted_at
+        ends = [s.ended_at for s in self.shards if s.ended_at is not None]
+        return max(ends) if ends else None
 
     @property
     def unplaceable(self) -> bool:
         """Some waiting shard fits no cluster even if empty."""
         return any(s.unplaceable and s.state == JobState.QUEUED for s in self.shards)
+
+
+#: ``job.stopped`` reasons (the scheduler's stop order reasons) -> the attempt's outcome
+STOP_OUTCOMES = {"preempted": "preempted", "reclaimed": "reclaimed", "cancelled": "cancelled", "cluster_lost": "lost"}
 
 
 class JobView:
@@ -186,7 +232,11 @@ class JobView:
     # The folds below take a job not yet ended (see _open_job) and return whether it changed.
 
     def _on_cancel_requested(self, rec: JobRecord, env: Envelope) -> bool:
+        if rec.cancel_requested:
+            return False
+        why = env.payload_as(JobCancelRequested).reason
         rec.cancel_requested = True
+        rec.cancel_reason = f"cancelled by {env.actor or 'unknown'}" + (f": {why}" if why else "")
         return True
 
     def _on_approval_requested(self, rec: JobRecord, env: Envelope) -> bool:
@@ -216,13 +266,21 @@ class JobView:
         return True
 
     def _on_cancelled(self, rec: JobRecord, env: Envelope) -> bool:
+        """The scheduler's ``job.cancelled``: the job ends now; its reason is the cancel's (who and
+        why) or the scheduler's own (e.g. ``unschedulable_timeout: ...``)."""
+        t = env.occurred_at.timestamp()
+        own = env.payload_as(JobStatus).reason
+        why = rec.cancel_reason or (own if own and own != "cancelled" else "cancelled")
+        if not rec.cancel_reason and why != "cancelled":
+            rec.cancel_reason = why
         rec.cancelled = True
-        why = env.payload_as(JobStatus).reason  # "cancelled", or the scheduler's own (unschedulable_timeout: ...)
-        for s in rec.shards:
-            if s.state not in TERMINAL_STATES:
-                s.state = JobState.CANCELLED
-                if why and why != "cancelled":
-                    s.reason = why
+        for sh in rec.shards:
+            if sh.state in TERMINAL_STATES:
+                continue
+            att = sh.current
+            if att is not None and att.ended_at is None:  # open when the job ended: ends with it
+                att.ended_at, att.outcome, att.reason = t, "cancelled", why
+            sh.end(JobState.CANCELLED, t, why)
         return True
 
     def _on_placed(self, rec: JobRecord, env: Envelope) -> bool:
@@ -251,45 +309,91 @@ class JobView:
         rec.policy_version = env.policy_version
         return True
 
-    # Status folds: the status of the shard's current attempt (see _current_attempt), at business time t.
+    def _on_stop_order(self, rec: JobRecord, env: Envelope) -> bool:
+        """A scheduler's ``job.stop``: a reclaim ends the attempt now; a preemption, a
+        cancellation or a lost cluster marks it ``stopping`` until ``job.stopped`` arrives (the
+        agent's, or for a lost cluster the scheduler's own)."""
+        t = env.occurred_at.timestamp()
+        stop = env.payload_as(JobStop)
+        shard = self._shard(rec, stop.shard)
+        att = shard.attempt(env.attempt) if shard else None
+        if att is None or att.ended_at is not None or att.outcome == "stopping":
+            return False
+        if stop.reason == "reclaimed":
+            why = stop.detail or "not started in time"
+            att.ended_at, att.outcome, att.reason = t, "reclaimed", why
+            if att is shard.current and shard.state in (JobState.PLACED, JobState.RUNNING):
+                shard.state = JobState.QUEUED
+                shard.reason = f"attempt {att.attempt} reclaimed from {att.cluster} ({why}); requeued"
+            return True
+        att.outcome = "stopping"
+        if stop.reason == "preempted" and stop.for_job:
+            att.reason = f"preempted for {stop.for_job}"
+        else:
+            att.reason = stop.reason + (f" ({stop.detail})" if stop.detail else "")
+        return True
+
+    # Status folds: the status of one attempt (see _attempt_status), at business time t;
+    # ``current`` says whether it is the shard's latest attempt (only that one moves the shard).
 
     @staticmethod
     def _on_started(rec: JobRecord, env: Envelope, s: JobStatus, shard: ShardRecord, att: AttemptRecord,
-                    t: float) -> None:
-        att.started_at, att.outcome = t, "running"
-        shard.state = JobState.RUNNING
+                    t: float, current: bool) -> bool:
+        if att.started_at is not None:
+            return False
+        att.started_at = t
+        if att.outcome == "placed":
+            att.outcome = "running"
+        if current and shard.state == JobState.PLACED:
+            shard.state = JobState.RUNNING
+        return True
 
     @staticmethod
     def _on_finished(rec: JobRecord, env: Envelope, s: JobStatus, shard: ShardRecord, att: AttemptRecord,
-                     t: float) -> None:
+                     t: float, current: bool) -> bool:
         att.ended_at, att.outcome = t, "succeeded"
-        shard.state, shard.reason = JobState.SUCCEEDED, ""
+        if current:
+            shard.end(JobState.SUCCEEDED, t, "")
+        return True
 
     @staticmethod
     def _on_failed(rec: JobRecord, env: Envelope, s: JobStatus, shard: ShardRecord, att: AttemptRecord,
-                   t: float) -> None:
+                   t: float, current: bool) -> bool:
         att.ended_at, att.outcome, att.reason = t, "failed", s.reason
-        shard.failures += 1
-        if shard.failures <= rec.spec.retry_limit and not rec.cancel_requested:
-            shard.state, shard.reason = JobState.QUEUED, f"attempt {env.attempt} failed on {env.cluster}; retrying"
-        else:
-            shard.state, shard.reason = JobState.FAILED, s.reason
+        if current:
+            shard.failures += 1
+            if shard.failures <= rec.spec.retry_limit and not rec.cancel_requested:
+                shard.state = JobState.QUEUED
+                shard.reason = f"attempt {env.attempt} failed on {env.cluster}; retrying"
+            else:
+                shard.end(JobState.FAILED, t, s.reason)
+        return True
 
     @staticmethod
     def _on_rejected(rec: JobRecord, env: Envelope, s: JobStatus, shard: ShardRecord, att: AttemptRecord,
-                     t: float) -> None:
+                     t: float, current: bool) -> bool:
         att.ended_at, att.outcome, att.reason = t, "rejected", s.reason
-        shard.state, shard.reason = JobState.QUEUED, f"{env.cluster} refused the placement: {s.reason}"
+        if current:
+            shard.state, shard.reason = JobState.QUEUED, f"{env.cluster} refused the placement: {s.reason}"
+        return True
 
     @staticmethod
     def _on_stopped(rec: JobRecord, env: Envelope, s: JobStatus, shard: ShardRecord, att: AttemptRecord,
-                    t: float) -> None:
-        att.ended_at, att.outcome, att.reason = t, "stopped", s.reason
-        if s.reason == "cancelled":
-            shard.state, shard.reason = JobState.CANCELLED, "cancelled"
-        else:
+                    t: float, current: bool) -> bool:
+        att.ended_at = t
+        if s.reason == "cancelled" or rec.cancel_requested:  # the scheduler ends the shard
+            why = rec.cancel_reason or "cancelled"
+            att.outcome, att.reason = "cancelled", why
+            if current:
+                shard.end(JobState.CANCELLED, t, why)
+            return True
+        ordered = att.reason if att.outcome == "stopping" else ""  # e.g. "preempted for j-..."
+        att.outcome = STOP_OUTCOMES.get(s.reason, "stopped")
+        att.reason = ordered or s.reason or "stopped"
+        if current:
             resumed = f", resumes from {s.progress_s:.0f}s of work" if s.progress_s else ""
             shard.state, shard.reason = JobState.QUEUED, f"{s.reason} on {env.cluster}; requeued{resumed}"
+        return True
 
     @staticmethod
     def _shard(rec: JobRecord, index: int) -> ShardRecord | None:
@@ -331,17 +435,32 @@ def _open_job(fold):
     return handler
 
 
-def _current_attempt(fold):
-    """A fold (for :func:`_open_job`) of a status event of its shard's current attempt:
-    ``fold(rec, env, status, shard, attempt, t)``; a status of another attempt changes nothing."""
+def _attempt_status(fold):
+    """A fold (for :func:`_open_job`) of a status event of one attempt of a shard:
+    ``fold(rec, env, status, shard, attempt, t, current) -> changed``. An attempt already ended
+    changes only if it was reclaimed before the agent's word arrived (the agent may have run it
+    for a while: its start and end are recorded); anything else about an ended attempt is a
+    redelivery."""
     def changed(view: JobView, rec: JobRecord, env: Envelope) -> bool:
         s = env.payload_as(JobStatus)
         shard = view._shard(rec, s.shard)
-        att = shard.current if shard else None
-        if att is None or att.attempt != env.attempt:
+        att = shard.attempt(env.attempt) if shard else None
+        if att is None:
             return False
-        fold(rec, env, s, shard, att, env.occurred_at.timestamp())
-        return True
+        t = env.occurred_at.timestamp()
+        if att.ended_at is not None and att.outcome == "reclaimed":
+            if env.type == EventType.JOB_STARTED:
+                if att.started_at is not None:
+                    return False
+                att.started_at = t
+                return True
+            if att.started_at is None or att.ended_at == t:
+                return False
+            att.ended_at = t  # it ran until the agent stopped it
+            return True
+        if att.ended_at is not None:
+            return False  # redelivery
+        return fold(rec, env, s, shard, att, t, att is shard.current)
     return changed
 
 
@@ -357,12 +476,13 @@ JOB_VIEW_EVENTS: EventTable = EventTable({
     EventType.JOB_CANCELLED: _open_job(JobView._on_cancelled),
     EventType.JOB_PLACED: _open_job(JobView._on_placed),
     EventType.JOB_PENDING: _open_job(JobView._on_pending),
-    EventType.JOB_STARTED: _open_job(_current_attempt(JobView._on_started)),
-    EventType.JOB_FINISHED: _open_job(_current_attempt(JobView._on_finished)),
-    EventType.JOB_FAILED: _open_job(_current_attempt(JobView._on_failed)),
-    EventType.JOB_REJECTED: _open_job(_current_attempt(JobView._on_rejected)),
-    EventType.JOB_STOPPED: _open_job(_current_attempt(JobView._on_stopped)),
+    EventType.JOB_STOP: _open_job(JobView._on_stop_order),
+    EventType.JOB_STARTED: _open_job(_attempt_status(JobView._on_started)),
+    EventType.JOB_FINISHED: _open_job(_attempt_status(JobView._on_finished)),
+    EventType.JOB_FAILED: _open_job(_attempt_status(JobView._on_failed)),
+    EventType.JOB_REJECTED: _open_job(_attempt_status(JobView._on_rejected)),
+    EventType.JOB_STOPPED: _open_job(_attempt_status(JobView._on_stopped)),
 }, ignores=frozenset({
-    EventType.JOB_STOP, EventType.SUBMISSION_REJECTED, EventType.POLICY_APPLIED, EventType.TENANT_UPDATED,
+    EventType.SUBMISSION_REJECTED, EventType.POLICY_APPLIED, EventType.TENANT_UPDATED,
     EventType.QUOTA_UPDATED, EventType.PRINCIPAL_UPDATED, EventType.USAGE_RECORDED,
 }))

@@ -15,7 +15,7 @@ of one batch (:meth:`BillingService.write`):
    ``usage`` and put it in the NATS KV bucket ``<p>_spend`` under ``<tenant>.<YYYY-MM>`` (a
    decimal string): recomputed, never incremented, so a redelivered batch cannot double it;
 4. publish ``usage.recorded`` per line (event id derived from the line's, so JetStream drops a
-   repeat);
+   repeat) in the trace of the event it prices (its ``traceparent`` handed on);
 5. return -- the consumer acknowledges only now.
 
 A ClickHouse or NATS outage raises :class:`~fedsched.errors.UnavailableError`: the consumer
@@ -32,6 +32,7 @@ from decimal import Decimal
 
 import nats.errors
 
+from fedsched import telemetry
 from fedsched.bus import Bus, Delivery, DurableConsumer
 from fedsched.dispatch import SkippedTypes
 from fedsched.errors import UnavailableError
@@ -108,7 +109,9 @@ class BillingService:
         async with self._lock:
             self.rows += await self.store.insert_new("usage", [ln.row() for ln in lines], USAGE_COLUMNS, "usage_id")
             await self.publish_spend({(ln.tenant, ln.month) for ln in lines})
-        await self._publish_recorded(lines)
+        # a line's usage_id is the id of the event it prices: that event's trace is the line's
+        causes = {d.envelope.event_id: telemetry.trace_headers(d.headers) for d in deliveries}
+        await self._publish_recorded(lines, causes)
 
     async def spend(self, tenant: str, month: str) -> Decimal:
         """Month-to-date spend of ``tenant`` in ``month`` (``YYYY-MM``), from ``usage``.
@@ -137,7 +140,7 @@ class BillingService:
                 self._kv = None
                 raise UnavailableError(f"cannot publish spend of {tenant} {month}: {e!r}") from e
 
-    async def _publish_recorded(self, lines: list[UsageLine]) -> None:
+    async def _publish_recorded(self, lines: list[UsageLine], causes: dict[str, dict[str, str]]) -> None:
         items = []
         for ln in lines:
             usage = UsageRecorded(gpu_seconds=ln.gpu_seconds, cost=str(ln.cost), currency=ln.currency)
@@ -146,7 +149,7 @@ class BillingService:
                                event_id=business_event_id(ln.usage_id, "usage"), region=ln.region, zone=ln.zone,
                                cluster=ln.cluster, tenant=ln.tenant, project=ln.project, job_id=ln.job_id,
                                attempt=ln.attempt, actor="billing")
-            items.append((self.bus.subjects.usage(ln.tenant), event, None))
+            items.append((self.bus.subjects.usage(ln.tenant), event, causes.get(ln.usage_id)))
         ok = await self.bus.publish_many(items)
         if not all(ok):
             raise UnavailableError("could not publish usage.recorded; will retry (rows are already idempotent)")

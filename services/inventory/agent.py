@@ -476,15 +476,16 @@ class ClusterAgent:
             residency_tags=self.cluster.residency_tags, sequence=self.sequence)
 
     async def publish_snapshot(self) -> None:
-        """Publish a full inventory snapshot."""
+        """Publish a full inventory snapshot (in a new root trace: nothing traced caused it)."""
         self.sequence += 1
         event = make_event(EventType.INVENTORY_SNAPSHOT, self.snapshot(), producer=self.producer, occurred_at=self.clock.time(),
                            region=self.cluster.region, zone=self.cluster.zone, cluster=self.cluster.name,
                            actor=self.producer)
-        await self.publisher.publish(self.subjects.inventory(self.cluster.region, self.cluster.name), event)
+        with telemetry.root_span("agent.inventory.snapshot", cluster=self.cluster.name):
+            await self.publisher.publish(self.subjects.inventory(self.cluster.region, self.cluster.name), event)
 
     async def publish_heartbeat(self) -> None:
-        """Publish a heartbeat with totals."""
+        """Publish a heartbeat with totals (in a new root trace)."""
         self.sequence += 1
         payload = Heartbeat(sequence=self.sequence, gpus_total=sum(len(l.gpu_free) for l in self.ledger.values()),
                             gpu_milli_free=sum(sum(l.gpu_free) for l in self.ledger.values()),
@@ -492,7 +493,8 @@ class ClusterAgent:
         event = make_event(EventType.INVENTORY_HEARTBEAT, payload, producer=self.producer, occurred_at=self.clock.time(),
                            region=self.cluster.region, zone=self.cluster.zone, cluster=self.cluster.name,
                            actor=self.producer)
-        await self.publisher.publish(self.subjects.heartbeat(self.cluster.region, self.cluster.name), event)
+        with telemetry.root_span("agent.inventory.heartbeat", cluster=self.cluster.name):
+            await self.publisher.publish(self.subjects.heartbeat(self.cluster.region, self.cluster.name), event)
 
 
 #: The agent's consumer of its placements subject: placements and stop orders. Another known

@@ -749,14 +749,16 @@ class SchedulerService:
             if shard.cluster in self._stale:
                 items = []
                 if shard.state != ShardState.STOPPING:
-                    stop = self._stop_event(job, shard, StopReason.CLUSTER_LOST)
+                    stop = self._stop_event(job, shard, StopReason.CLUSTER_LOST,
+                                            detail=f"cluster {shard.cluster} silent past {self.stale_after_s:g} s")
                     if stop is None:
                         continue
                     items.append(stop)
                 items.append(self._lost_event(job, shard))
                 lost.append((job, shard, items))
             elif shard.state == ShardState.PLACED and now_live - shard.placed_wall > self.reclaim_after_s:
-                item = self._stop_event(job, shard, StopReason.RECLAIMED)
+                item = self._stop_event(job, shard, StopReason.RECLAIMED,
+                                        detail=f"not started within {self.reclaim_after_s:g} s")
                 if item is not None:
                     reclaimed.append((job, shard, item))
         if not lost and not reclaimed:
@@ -846,11 +848,11 @@ class SchedulerService:
             elif job.done:
                 self.cancelling.pop(job.job_id, None)
 
-    def _stop_event(self, job: JobEntry, shard: ShardEntry, reason: StopReason, *, for_job: str = ""):
+    def _stop_event(self, job: JobEntry, shard: ShardEntry, reason: StopReason, *, for_job: str = "", detail: str = ""):
         info = self.clusters.get(shard.cluster)
         if not shard.cluster or not shard.region:
             return None
-        payload = JobStop(reason=reason.value, shard=shard.index, for_job=for_job,
+        payload = JobStop(reason=reason.value, shard=shard.index, for_job=for_job, detail=detail,
                           checkpoint_interval_s=self.policy.checkpoint_interval_s if job.spec.checkpointable else 0.0)
         event = make_event(EventType.JOB_STOP, payload, producer="scheduler", occurred_at=self.clock.time(),
                            event_id=business_event_id(job.job_id, shard.attempt, shard.index, "stop"),

@@ -105,7 +105,11 @@ async def test_a_placement_never_started_is_reclaimed_and_placed_elsewhere(feder
     job_id = await submit(stub, gpus_per_worker=2, runtime=120)  # equal scores: the tie goes to c1, the stuck one
     job = await wait_for(stub, job_id, {pb.JOB_STATE_SUCCEEDED}, timeout=40)
     assert [a.cluster for a in job.attempts] == ["cn-north-1-c1", "cn-north-1-c2"]
-    assert job.attempts[0].started_at.seconds == 0  # never started there
+    first, second = job.attempts
+    assert first.started_at.seconds == 0  # never started there
+    assert (first.outcome, first.reason) == ("reclaimed", "not started within 1 s")  # not "placed" forever
+    assert first.placed_at.ToDatetime() < first.ended_at.ToDatetime() <= second.placed_at.ToDatetime()
+    assert second.outcome == "succeeded" and job.cluster == "cn-north-1-c2"
 
 
 async def test_a_stale_cluster_is_excluded_and_its_unstarted_placements_move(federation):
@@ -134,7 +138,7 @@ async def test_preemption_evicts_checkpointable_work_which_resumes_from_its_chec
     assert "preempting" in (await stub.ExplainJob(pb.ExplainJobRequest(job_id=high))).decisions[0].summary
     done = await wait_for(stub, low, {pb.JOB_STATE_SUCCEEDED}, timeout=40)
     first, second = done.attempts
-    assert first.outcome == "stopped" and first.reason == "preempted"
+    assert first.outcome == "preempted" and first.reason == f"preempted for {high}"
     await system.drain_writers()
     db = system.settings.clickhouse_database
     progress, resume = system.sync_store.query(
@@ -164,7 +168,8 @@ async def test_cancel_of_a_running_job_stops_it_on_its_agent(federation):
     await wait_for(stub, job_id, {pb.JOB_STATE_RUNNING})
     await stub.CancelJob(pb.CancelJobRequest(job_id=job_id))
     job = await wait_for(stub, job_id, {pb.JOB_STATE_CANCELLED})
-    assert job.attempts[0].outcome == "stopped" and job.attempts[0].reason == "cancelled"
+    assert job.attempts[0].outcome == "cancelled" and job.attempts[0].reason == "cancelled by admin"
+    assert job.reason == "cancelled by admin" and job.ended_at == job.attempts[0].ended_at
 
 
 async def test_explain_gives_verdicts_scores_and_a_counterfactual(federation):

@@ -7,6 +7,11 @@ status code and the field (or limit) the error names.
 """
 
 import asyncio
+import os
+import subprocess
+import sys
+import time
+from datetime import UTC
 
 import grpc
 import pytest
@@ -18,7 +23,11 @@ from fedsched.api.v1 import jobs_pb2 as pb
 from fedsched.api.v1 import jobs_pb2_grpc as pb_grpc
 from fedsched.bus import Bus
 from fedsched.clock import SystemClock
+from fedsched.events import Envelope, EventType, InventorySnapshot, NodeInventory, make_event
+from fedsched.pricing import load_price_catalog
 from services.admission.service import AdmissionService
+from services.scheduler.core import build_policy
+from services.scheduler.service import SchedulerService
 from tests.conftest import unique
 from tests.govfixtures import TOKENS, channel, policy_doc, store_policy
 
@@ -375,3 +384,64 @@ async def test_mutating_calls_refuse_unknown_fields_and_read_only_calls_ignore_t
     assert [q.tenant for q in listed.quotas] == ["nlp"] and jobs.total == 0
     assert not admission.view.jobs  # nothing was submitted
     assert (await read_policy(bus)).version == before  # nothing was changed
+
+
+async def _cli(*args: str) -> subprocess.CompletedProcess:
+    """Run the CLI in a child process (the servers run on this test's event loop, so never block it)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("FEDSCHED_TOKEN", "FEDSCHED_DATA_DIR")}
+    env["COLUMNS"] = "250"  # wide enough that rich does not wrap the table's cells
+    return await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "fedsched.cli", *args], capture_output=True,
+                                   text=True, timeout=60, env=env)
+
+
+def _table_row(text: str, key: str) -> dict[str, str]:
+    """The first row of a rich table (as the CLI prints it) containing ``key``, by column header."""
+    lines = text.splitlines()
+    header = next(line for line in lines if line.startswith("┃"))
+    row = next(line for line in lines if line.startswith("│") and key in line)
+    return dict(zip((c.strip() for c in header.strip("┃").split("┃")), (c.strip() for c in row.strip("│").split("│"))))
+
+
+async def test_a_queued_job_cancelled_ends_at_the_cancel_with_its_reason_in_job_and_jobs(admission, bus):
+    """Issue 13 item 8: ended_at = the time of the scheduler's job.cancelled (not the submit time),
+    and the cancel's actor and reason replace the pending reason in GetJob, `job` and `jobs`."""
+    # a T4 node whose cards are all in use: the job could run here, but not now, so it stays queued
+    busy_t4 = NodeInventory(name="n0", card_model="nvidia-t4-16gb", gpus=8, gpu_memory_gib=16,
+                            gpu_free_milli=(0,) * 8, cpu_milli=64000, cpu_free_milli=64000, memory_mib=262144,
+                            memory_free_mib=262144)
+    await bus.publish(bus.subjects.inventory("cn-north-1", "cn-north-1-c1"),
+                      make_event(EventType.INVENTORY_SNAPSHOT, InventorySnapshot(nodes=(busy_t4,)), producer="test",
+                                 occurred_at=time.time(), region="cn-north-1", zone="cn-north-1a",
+                                 cluster="cn-north-1-c1"))
+    scheduler = SchedulerService(bus, SystemClock(), build_policy(), load_price_catalog(), interval_s=0.01)
+    task = asyncio.create_task(scheduler.run())
+    try:
+        async with channel(admission.port, "alice") as ch:
+            stub = pb_grpc.JobServiceStub(ch)
+            job_id = (await stub.SubmitJob(pb.SubmitJobRequest(spec=good()))).job_id  # every T4 busy: stays queued
+            deadline = asyncio.get_running_loop().time() + 10
+            while not (job := await stub.GetJob(pb.GetJobRequest(job_id=job_id))).reason:
+                assert asyncio.get_running_loop().time() < deadline, "the scheduler never gave a pending reason"
+                await asyncio.sleep(0.02)
+            assert job.state == pb.JOB_STATE_QUEUED and "cancel" not in job.reason
+            await stub.CancelJob(pb.CancelJobRequest(job_id=job_id, reason="wrong dataset"))
+            while (job := await stub.GetJob(pb.GetJobRequest(job_id=job_id))).state != pb.JOB_STATE_CANCELLED:
+                assert asyncio.get_running_loop().time() < deadline, f"not cancelled: {job.reason}"
+                await asyncio.sleep(0.02)
+        sub = await bus.js.pull_subscribe(bus.subjects.decisions("search", "train"), stream=bus.stream_name("EVENTS"))
+        cancelled = [e for e in (Envelope.from_bytes(m.data) for m in await sub.fetch(50, timeout=5))
+                     if e.type == "job.cancelled" and e.job_id == job_id]
+        assert len(cancelled) == 1
+        assert job.ended_at.ToDatetime(tzinfo=UTC) == cancelled[0].occurred_at
+        assert job.ended_at.ToDatetime() > job.submitted_at.ToDatetime()
+        assert job.reason == "cancelled by alice: wrong dataset"
+        ended = job.ended_at.ToDatetime().strftime("%Y-%m-%d %H:%M:%S")
+        server = ("--server", f"127.0.0.1:{admission.port}", "--token", TOKENS["alice"])
+        one, listed = await asyncio.gather(_cli("job", job_id, *server), _cli("jobs", "--tenant", "search", *server))
+        for out in (one, listed):
+            assert out.returncode == 0, out.stderr
+            row = _table_row(out.stdout, job_id)
+            assert (row["state"], row["ended"], row["reason"]) == ("cancelled", ended, "cancelled by alice: wrong dataset")
+    finally:
+        scheduler.stop()
+        await task

@@ -1,16 +1,31 @@
 """Audit and billing on real NATS + real chDB: one row per event, whatever is delivered twice."""
 
 import asyncio
+import json
 import time
 from datetime import UTC, datetime
 from decimal import Decimal
 
+import yaml
+
+from fedsched.api.v1 import governance_pb2 as gpb
+from fedsched.api.v1 import governance_pb2_grpc as gpb_grpc
+from fedsched.api.v1 import jobs_pb2 as pb
+from fedsched.api.v1 import jobs_pb2_grpc as pb_grpc
 from fedsched.bus import Delivery
+from fedsched.client import aio_channel
+from fedsched.clock import ClockState, ReplayClock
 from fedsched.events import Envelope, JobStatus, business_event_id, make_event
+from fedsched.jobcli import Api
 from fedsched.pricing import load_price_catalog
+from fedsched.runtime import System, SystemOptions
+from fedsched.settings import Settings
 from fedsched.store import AsyncStore
+from fedsched.telemetry import trace_id_of
 from services.audit.service import AuditService
 from services.billing.service import BillingService
+from services.inventory.trace import TraceNode
+from tests.conftest import unique
 
 START = datetime(2023, 3, 1, 12, 0, tzinfo=UTC).timestamp()
 
@@ -176,3 +191,68 @@ async def test_lag_counts_the_backlog_even_before_the_writers_first_run(bus, sto
         await bus.publish(subject, e)
     await bus.publish(bus.subjects.placements("cn-east-1", "cn-east-1-c1"), _placed())
     assert await audit.lag() == 3 and await billing.lag() == 3
+
+
+async def test_every_audited_event_has_a_trace_and_usage_recorded_is_in_its_causes(nats_server, chdb_path, tmp_path):
+    """Issue 13 item 10, on a small run of the whole system (real NATS, real chDB, a trace agent):
+    every row of ``events`` has a trace id; ``usage.recorded`` has the trace of the status event it
+    prices; ``policy.applied`` has the trace of the CLI command's call that applied it;
+    heartbeats and snapshots each start a trace of their own."""
+    settings = Settings(data_dir=tmp_path, nats_url=nats_server.url, subject_prefix=unique("tr"),
+                        clickhouse_path=chdb_path, clickhouse_database=unique("db"), grpc_address="127.0.0.1:0",
+                        heartbeat_interval_s=0.1, schedule_interval_s=0.005)
+    nodes = [TraceNode("a-0", 64000, 262144, 2, "nvidia-t4-16gb", 16)]
+    system = System(SystemOptions(settings=settings, clock=ReplayClock(ClockState(time.time(), 1.7e9, 600.0, 1)),
+                                  split={"cn-north-1-c1": nodes}, agent_tick_s=0.005))
+    await system.start()
+    try:
+        async with aio_channel(system.grpc_target, system.admin_token) as ch:
+            jobs = pb_grpc.JobServiceStub(ch)
+
+            async def submit(runtime_s: int) -> str:
+                spec = pb.JobSpec(tenant="search", project="train", gpus_per_worker=1, cpu_milli=1000,
+                                  estimated_duration_seconds=runtime_s,
+                                  annotations={"trace.runtime_s": str(runtime_s)})
+                return (await jobs.SubmitJob(pb.SubmitJobRequest(spec=spec))).job_id
+
+            async def until_state(job_id: str, states) -> None:
+                async def reached():
+                    return (await jobs.GetJob(pb.GetJobRequest(job_id=job_id))).state in states
+                assert await _wait(reached, 30), job_id
+
+            short, long = await submit(60), await submit(36000)
+            await until_state(short, {pb.JOB_STATE_SUCCEEDED})
+            await until_state(long, {pb.JOB_STATE_RUNNING})
+            await jobs.CancelJob(pb.CancelJobRequest(job_id=long))
+            await until_state(long, {pb.JOB_STATE_CANCELLED})
+        shown = yaml.safe_load((await asyncio.to_thread(_cli_call, system, "GetPolicy", gpb.GetPolicyRequest()))[1].yaml)
+        shown["approvals"] = {**(shown.get("approvals") or {}), "timeout_s": 4321}
+        cli_trace, applied = await asyncio.to_thread(_cli_call, system, "ApplyPolicy",
+                                                     gpb.ApplyPolicyRequest(yaml=yaml.safe_dump(shown)))
+        assert applied.applied
+        await asyncio.sleep(0.3)  # a few more heartbeats
+        await system.drain_writers(timeout_s=30)
+        rows = system.sync_store.query(f"SELECT event_id, type, trace_id, payload FROM "
+                                       f"{settings.clickhouse_database}.events").rows
+    finally:
+        await system.stop()
+    trace = {event_id: trace_id for event_id, _, trace_id, _ in rows}
+    types = {t for _, t, _, _ in rows}
+    assert {"job.submitted", "job.placed", "job.started", "job.finished", "job.stopped", "usage.recorded",
+            "inventory.snapshot", "inventory.heartbeat", "policy.applied"} <= types
+    assert [(t, e) for e, t, trace_id, _ in rows if not trace_id] == []  # every event has a trace
+    ended = [(e, trace_id) for e, t, trace_id, _ in rows if t in ("job.finished", "job.stopped", "job.failed")]
+    assert len(ended) == 2
+    for event_id, cause_trace in ended:  # usage.recorded's id is derived from the priced event's
+        assert trace[business_event_id(event_id, "usage")] == cause_trace
+    policy = {json.loads(p)["source"]: trace_id for _, t, trace_id, p in rows if t == "policy.applied"}
+    assert policy["apply"] == cli_trace and policy["bootstrap"] not in ("", cli_trace)
+    beats = [trace_id for _, t, trace_id, _ in rows if t == "inventory.heartbeat"]
+    assert len(beats) >= 3 and len(set(beats)) == len(beats)  # each its own root trace
+
+
+def _cli_call(system, method: str, request):
+    """A PolicyService call the way a CLI command makes it (its Api: one root trace per command)."""
+    with Api(system.grpc_target, system.admin_token) as api:
+        resp = api.call(getattr(gpb_grpc.PolicyServiceStub(api.channel), method), request)
+        return trace_id_of(api.trace), resp

@@ -26,17 +26,17 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from fedsched.api.v1 import jobs_pb2 as fedsched_dot_api_dot_v1_dot_jobs__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n fedsched/api/v1/governance.proto\x12\x0f\x66\x65\x64sched.api.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1a\x66\x65\x64sched/api/v1/jobs.proto\"\x91\x01\n\x08JobClass\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\'\n\x05kinds\x18\x02 \x03(\x0e\x32\x18.fedsched.api.v1.JobKind\x12\x16\n\x0eresidency_tags\x18\x03 \x03(\t\x12\x36\n\x0c\x63ross_region\x18\x04 \x01(\x0e\x32 .fedsched.api.v1.CrossRegionMode\"+\n\x06\x42udget\x12\x0f\n\x07monthly\x18\x01 \x01(\t\x12\x10\n\x08\x63urrency\x18\x02 \x01(\t\"\xa9\x02\n\x06Tenant\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0bhome_region\x18\x02 \x01(\t\x12\x10\n\x08projects\x18\x03 \x03(\t\x12\x36\n\x0c\x63ross_region\x18\x04 \x01(\x0e\x32 .fedsched.api.v1.CrossRegionMode\x12\x33\n\x10\x64\x65\x66\x61ult_locality\x18\x05 \x01(\x0e\x32\x19.fedsched.api.v1.Locality\x12\x0f\n\x07regions\x18\x06 \x03(\t\x12.\n\x0bjob_classes\x18\x07 \x03(\x0b\x32\x19.fedsched.api.v1.JobClass\x12\'\n\x06\x62udget\x18\x08 \x01(\x0b\x32\x17.fedsched.api.v1.Budget\x12\x13\n\x0bmonth_spend\x18\t \x01(\t\"\x14\n\x12ListTenantsRequest\"W\n\x13ListTenantsResponse\x12(\n\x07tenants\x18\x01 \x03(\x0b\x32\x17.fedsched.api.v1.Tenant\x12\x16\n\x0epolicy_version\x18\x02 \x01(\t\"U\n\x10PutTenantRequest\x12\'\n\x06tenant\x18\x01 \x01(\x0b\x32\x17.fedsched.api.v1.Tenant\x12\x18\n\x10\x65xpected_version\x18\x02 \x01(\t\"e\n\x11PutTenantResponse\x12\'\n\x06tenant\x18\x01 \x01(\x0b\x32\x17.fedsched.api.v1.Tenant\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\x12\x16\n\x0epolicy_version\x18\x03 \x01(\t\"\xae\x01\n\x05Quota\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x0c\n\x04\x63\x61rd\x18\x02 \x01(\t\x12\x0e\n\x06region\x18\x03 \x01(\t\x12\x17\n\x0fguaranteed_gpus\x18\x04 \x01(\x01\x12!\n\x14\x62orrowing_limit_gpus\x18\x05 \x01(\x01H\x00\x88\x01\x01\x12\x0e\n\x06\x63ohort\x18\x06 \x01(\t\x12\x12\n\nused_milli\x18\x07 \x01(\x04\x42\x17\n\x15_borrowing_limit_gpus\"#\n\x11ListQuotasRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\"T\n\x12ListQuotasResponse\x12&\n\x06quotas\x18\x01 \x03(\x0b\x32\x16.fedsched.api.v1.Quota\x12\x16\n\x0epolicy_version\x18\x02 \x01(\t\"R\n\x0fSetQuotaRequest\x12%\n\x05quota\x18\x01 \x01(\x0b\x32\x16.fedsched.api.v1.Quota\x12\x18\n\x10\x65xpected_version\x18\x02 \x01(\t\"b\n\x10SetQuotaResponse\x12%\n\x05quota\x18\x01 \x01(\x0b\x32\x16.fedsched.api.v1.Quota\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\x12\x16\n\x0epolicy_version\x18\x03 \x01(\t\"\\\n\x12\x44\x65leteQuotaRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x0c\n\x04\x63\x61rd\x18\x02 \x01(\t\x12\x0e\n\x06region\x18\x03 \x01(\t\x12\x18\n\x10\x65xpected_version\x18\x04 \x01(\t\"-\n\x13\x44\x65leteQuotaResponse\x12\x16\n\x0epolicy_version\x18\x01 \x01(\t\"]\n\tRoleGrant\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07tenants\x18\x02 \x03(\t\x12\x10\n\x08projects\x18\x03 \x03(\t\x12\x0e\n\x06region\x18\x04 \x01(\t\x12\x0f\n\x07\x63luster\x18\x05 \x01(\t\"}\n\x13PutPrincipalRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12)\n\x05roles\x18\x02 \x03(\x0b\x32\x1a.fedsched.api.v1.RoleGrant\x12\x13\n\x0bissue_token\x18\x03 \x01(\x08\x12\x18\n\x10\x65xpected_version\x18\x04 \x01(\t\"\\\n\x14PutPrincipalResponse\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05token\x18\x02 \x01(\t\x12\x0f\n\x07\x63reated\x18\x03 \x01(\x08\x12\x16\n\x0epolicy_version\x18\x04 \x01(\t\"\xa8\x04\n\x08\x41pproval\x12\x13\n\x0b\x61pproval_id\x18\x01 \x01(\t\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12\x0e\n\x06tenant\x18\x03 \x01(\t\x12\x0f\n\x07project\x18\x04 \x01(\t\x12-\n\x05state\x18\x05 \x01(\x0e\x32\x1e.fedsched.api.v1.ApprovalState\x12\x13\n\x0bhome_region\x18\x06 \x01(\t\x12\x17\n\x0fproposed_region\x18\x07 \x01(\t\x12\x18\n\x10proposed_cluster\x18\x08 \x01(\t\x12\x12\n\ncard_model\x18\t \x01(\t\x12\x0e\n\x06reason\x18\n \x01(\t\x12\x0c\n\x04\x63ost\x18\x0b \x01(\t\x12\x11\n\thome_cost\x18\x0c \x01(\t\x12\x10\n\x08\x63urrency\x18\r \x01(\t\x12\x18\n\x10transfer_seconds\x18\x0e \x01(\x01\x12\x30\n\x0crequested_at\x18\x0f \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nexpires_at\x18\x10 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\ndecided_at\x18\x11 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x12\n\ndecided_by\x18\x12 \x01(\t\x12\x0f\n\x07\x63omment\x18\x13 \x01(\t\x12\x16\n\x0epolicy_version\x18\x14 \x01(\t\x12\x1f\n\x17\x64\x65\x63ision_policy_version\x18\x15 \x01(\t\"i\n\x14ListApprovalsRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12.\n\x06states\x18\x02 \x03(\x0e\x32\x1e.fedsched.api.v1.ApprovalState\x12\x11\n\tpage_size\x18\x03 \x01(\r\"E\n\x15ListApprovalsResponse\x12,\n\tapprovals\x18\x01 \x03(\x0b\x32\x19.fedsched.api.v1.Approval\"=\n\x15\x44\x65\x63ideApprovalRequest\x12\x13\n\x0b\x61pproval_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63omment\x18\x02 \x01(\t\"\x12\n\x10GetPolicyRequest\"s\n\x0ePolicyDocument\x12\x0f\n\x07version\x18\x01 \x01(\t\x12\x0c\n\x04yaml\x18\x02 \x01(\t\x12\x12\n\napplied_by\x18\x03 \x01(\t\x12.\n\napplied_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"<\n\x12\x41pplyPolicyRequest\x12\x0c\n\x04yaml\x18\x01 \x01(\t\x12\x18\n\x10\x65xpected_version\x18\x02 \x01(\t\"b\n\x13\x41pplyPolicyResponse\x12\x0f\n\x07version\x18\x01 \x01(\t\x12\x18\n\x10previous_version\x18\x02 \x01(\t\x12\x0f\n\x07\x63hanges\x18\x03 \x03(\t\x12\x0f\n\x07\x61pplied\x18\x04 \x01(\x08*\x94\x01\n\x0f\x43rossRegionMode\x12!\n\x1d\x43ROSS_REGION_MODE_UNSPECIFIED\x10\x00\x12\x1f\n\x1b\x43ROSS_REGION_MODE_FORBIDDEN\x10\x01\x12\x1e\n\x1a\x43ROSS_REGION_MODE_APPROVAL\x10\x02\x12\x1d\n\x19\x43ROSS_REGION_MODE_ALLOWED\x10\x03*\xa1\x01\n\rApprovalState\x12\x1e\n\x1a\x41PPROVAL_STATE_UNSPECIFIED\x10\x00\x12\x1a\n\x16\x41PPROVAL_STATE_PENDING\x10\x01\x12\x1b\n\x17\x41PPROVAL_STATE_APPROVED\x10\x02\x12\x1b\n\x17\x41PPROVAL_STATE_REJECTED\x10\x03\x12\x1a\n\x16\x41PPROVAL_STATE_EXPIRED\x10\x04\x32\x9c\x04\n\rTenantService\x12X\n\x0bListTenants\x12#.fedsched.api.v1.ListTenantsRequest\x1a$.fedsched.api.v1.ListTenantsResponse\x12R\n\tPutTenant\x12!.fedsched.api.v1.PutTenantRequest\x1a\".fedsched.api.v1.PutTenantResponse\x12U\n\nListQuotas\x12\".fedsched.api.v1.ListQuotasRequest\x1a#.fedsched.api.v1.ListQuotasResponse\x12O\n\x08SetQuota\x12 .fedsched.api.v1.SetQuotaRequest\x1a!.fedsched.api.v1.SetQuotaResponse\x12X\n\x0b\x44\x65leteQuota\x12#.fedsched.api.v1.DeleteQuotaRequest\x1a$.fedsched.api.v1.DeleteQuotaResponse\x12[\n\x0cPutPrincipal\x12$.fedsched.api.v1.PutPrincipalRequest\x1a%.fedsched.api.v1.PutPrincipalResponse2\x8c\x02\n\x0f\x41pprovalService\x12^\n\rListApprovals\x12%.fedsched.api.v1.ListApprovalsRequest\x1a&.fedsched.api.v1.ListApprovalsResponse\x12L\n\x07\x41pprove\x12&.fedsched.api.v1.DecideApprovalRequest\x1a\x19.fedsched.api.v1.Approval\x12K\n\x06Reject\x12&.fedsched.api.v1.DecideApprovalRequest\x1a\x19.fedsched.api.v1.Approval2\x93\x02\n\rPolicyService\x12O\n\tGetPolicy\x12!.fedsched.api.v1.GetPolicyRequest\x1a\x1f.fedsched.api.v1.PolicyDocument\x12X\n\x0b\x41pplyPolicy\x12#.fedsched.api.v1.ApplyPolicyRequest\x1a$.fedsched.api.v1.ApplyPolicyResponse\x12W\n\nDiffPolicy\x12#.fedsched.api.v1.ApplyPolicyRequest\x1a$.fedsched.api.v1.ApplyPolicyResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n fedsched/api/v1/governance.proto\x12\x0f\x66\x65\x64sched.api.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1a\x66\x65\x64sched/api/v1/jobs.proto\"\x91\x01\n\x08JobClass\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\'\n\x05kinds\x18\x02 \x03(\x0e\x32\x18.fedsched.api.v1.JobKind\x12\x16\n\x0eresidency_tags\x18\x03 \x03(\t\x12\x36\n\x0c\x63ross_region\x18\x04 \x01(\x0e\x32 .fedsched.api.v1.CrossRegionMode\"+\n\x06\x42udget\x12\x0f\n\x07monthly\x18\x01 \x01(\t\x12\x10\n\x08\x63urrency\x18\x02 \x01(\t\"\xa9\x02\n\x06Tenant\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0bhome_region\x18\x02 \x01(\t\x12\x10\n\x08projects\x18\x03 \x03(\t\x12\x36\n\x0c\x63ross_region\x18\x04 \x01(\x0e\x32 .fedsched.api.v1.CrossRegionMode\x12\x33\n\x10\x64\x65\x66\x61ult_locality\x18\x05 \x01(\x0e\x32\x19.fedsched.api.v1.Locality\x12\x0f\n\x07regions\x18\x06 \x03(\t\x12.\n\x0bjob_classes\x18\x07 \x03(\x0b\x32\x19.fedsched.api.v1.JobClass\x12\'\n\x06\x62udget\x18\x08 \x01(\x0b\x32\x17.fedsched.api.v1.Budget\x12\x13\n\x0bmonth_spend\x18\t \x01(\t\"\x14\n\x12ListTenantsRequest\"W\n\x13ListTenantsResponse\x12(\n\x07tenants\x18\x01 \x03(\x0b\x32\x17.fedsched.api.v1.Tenant\x12\x16\n\x0epolicy_version\x18\x02 \x01(\t\"U\n\x10PutTenantRequest\x12\'\n\x06tenant\x18\x01 \x01(\x0b\x32\x17.fedsched.api.v1.Tenant\x12\x18\n\x10\x65xpected_version\x18\x02 \x01(\t\"\x90\x01\n\x11PutTenantResponse\x12\'\n\x06tenant\x18\x01 \x01(\x0b\x32\x17.fedsched.api.v1.Tenant\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\x12\x16\n\x0epolicy_version\x18\x03 \x01(\t\x12\x18\n\x10previous_version\x18\x04 \x01(\t\x12\x0f\n\x07\x63hanges\x18\x05 \x03(\t\"\xae\x01\n\x05Quota\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x0c\n\x04\x63\x61rd\x18\x02 \x01(\t\x12\x0e\n\x06region\x18\x03 \x01(\t\x12\x17\n\x0fguaranteed_gpus\x18\x04 \x01(\x01\x12!\n\x14\x62orrowing_limit_gpus\x18\x05 \x01(\x01H\x00\x88\x01\x01\x12\x0e\n\x06\x63ohort\x18\x06 \x01(\t\x12\x12\n\nused_milli\x18\x07 \x01(\x04\x42\x17\n\x15_borrowing_limit_gpus\"#\n\x11ListQuotasRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\"T\n\x12ListQuotasResponse\x12&\n\x06quotas\x18\x01 \x03(\x0b\x32\x16.fedsched.api.v1.Quota\x12\x16\n\x0epolicy_version\x18\x02 \x01(\t\"R\n\x0fSetQuotaRequest\x12%\n\x05quota\x18\x01 \x01(\x0b\x32\x16.fedsched.api.v1.Quota\x12\x18\n\x10\x65xpected_version\x18\x02 \x01(\t\"b\n\x10SetQuotaResponse\x12%\n\x05quota\x18\x01 \x01(\x0b\x32\x16.fedsched.api.v1.Quota\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\x12\x16\n\x0epolicy_version\x18\x03 \x01(\t\"\\\n\x12\x44\x65leteQuotaRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x0c\n\x04\x63\x61rd\x18\x02 \x01(\t\x12\x0e\n\x06region\x18\x03 \x01(\t\x12\x18\n\x10\x65xpected_version\x18\x04 \x01(\t\"-\n\x13\x44\x65leteQuotaResponse\x12\x16\n\x0epolicy_version\x18\x01 \x01(\t\"]\n\tRoleGrant\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07tenants\x18\x02 \x03(\t\x12\x10\n\x08projects\x18\x03 \x03(\t\x12\x0e\n\x06region\x18\x04 \x01(\t\x12\x0f\n\x07\x63luster\x18\x05 \x01(\t\"}\n\x13PutPrincipalRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12)\n\x05roles\x18\x02 \x03(\x0b\x32\x1a.fedsched.api.v1.RoleGrant\x12\x13\n\x0bissue_token\x18\x03 \x01(\x08\x12\x18\n\x10\x65xpected_version\x18\x04 \x01(\t\"\\\n\x14PutPrincipalResponse\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05token\x18\x02 \x01(\t\x12\x0f\n\x07\x63reated\x18\x03 \x01(\x08\x12\x16\n\x0epolicy_version\x18\x04 \x01(\t\"\xa8\x04\n\x08\x41pproval\x12\x13\n\x0b\x61pproval_id\x18\x01 \x01(\t\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12\x0e\n\x06tenant\x18\x03 \x01(\t\x12\x0f\n\x07project\x18\x04 \x01(\t\x12-\n\x05state\x18\x05 \x01(\x0e\x32\x1e.fedsched.api.v1.ApprovalState\x12\x13\n\x0bhome_region\x18\x06 \x01(\t\x12\x17\n\x0fproposed_region\x18\x07 \x01(\t\x12\x18\n\x10proposed_cluster\x18\x08 \x01(\t\x12\x12\n\ncard_model\x18\t \x01(\t\x12\x0e\n\x06reason\x18\n \x01(\t\x12\x0c\n\x04\x63ost\x18\x0b \x01(\t\x12\x11\n\thome_cost\x18\x0c \x01(\t\x12\x10\n\x08\x63urrency\x18\r \x01(\t\x12\x18\n\x10transfer_seconds\x18\x0e \x01(\x01\x12\x30\n\x0crequested_at\x18\x0f \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nexpires_at\x18\x10 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\ndecided_at\x18\x11 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x12\n\ndecided_by\x18\x12 \x01(\t\x12\x0f\n\x07\x63omment\x18\x13 \x01(\t\x12\x16\n\x0epolicy_version\x18\x14 \x01(\t\x12\x1f\n\x17\x64\x65\x63ision_policy_version\x18\x15 \x01(\t\"i\n\x14ListApprovalsRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12.\n\x06states\x18\x02 \x03(\x0e\x32\x1e.fedsched.api.v1.ApprovalState\x12\x11\n\tpage_size\x18\x03 \x01(\r\"E\n\x15ListApprovalsResponse\x12,\n\tapprovals\x18\x01 \x03(\x0b\x32\x19.fedsched.api.v1.Approval\"=\n\x15\x44\x65\x63ideApprovalRequest\x12\x13\n\x0b\x61pproval_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63omment\x18\x02 \x01(\t\"\x12\n\x10GetPolicyRequest\"s\n\x0ePolicyDocument\x12\x0f\n\x07version\x18\x01 \x01(\t\x12\x0c\n\x04yaml\x18\x02 \x01(\t\x12\x12\n\napplied_by\x18\x03 \x01(\t\x12.\n\napplied_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"<\n\x12\x41pplyPolicyRequest\x12\x0c\n\x04yaml\x18\x01 \x01(\t\x12\x18\n\x10\x65xpected_version\x18\x02 \x01(\t\"b\n\x13\x41pplyPolicyResponse\x12\x0f\n\x07version\x18\x01 \x01(\t\x12\x18\n\x10previous_version\x18\x02 \x01(\t\x12\x0f\n\x07\x63hanges\x18\x03 \x03(\t\x12\x0f\n\x07\x61pplied\x18\x04 \x01(\x08*\x94\x01\n\x0f\x43rossRegionMode\x12!\n\x1d\x43ROSS_REGION_MODE_UNSPECIFIED\x10\x00\x12\x1f\n\x1b\x43ROSS_REGION_MODE_FORBIDDEN\x10\x01\x12\x1e\n\x1a\x43ROSS_REGION_MODE_APPROVAL\x10\x02\x12\x1d\n\x19\x43ROSS_REGION_MODE_ALLOWED\x10\x03*\xa1\x01\n\rApprovalState\x12\x1e\n\x1a\x41PPROVAL_STATE_UNSPECIFIED\x10\x00\x12\x1a\n\x16\x41PPROVAL_STATE_PENDING\x10\x01\x12\x1b\n\x17\x41PPROVAL_STATE_APPROVED\x10\x02\x12\x1b\n\x17\x41PPROVAL_STATE_REJECTED\x10\x03\x12\x1a\n\x16\x41PPROVAL_STATE_EXPIRED\x10\x04\x32\x9c\x04\n\rTenantService\x12X\n\x0bListTenants\x12#.fedsched.api.v1.ListTenantsRequest\x1a$.fedsched.api.v1.ListTenantsResponse\x12R\n\tPutTenant\x12!.fedsched.api.v1.PutTenantRequest\x1a\".fedsched.api.v1.PutTenantResponse\x12U\n\nListQuotas\x12\".fedsched.api.v1.ListQuotasRequest\x1a#.fedsched.api.v1.ListQuotasResponse\x12O\n\x08SetQuota\x12 .fedsched.api.v1.SetQuotaRequest\x1a!.fedsched.api.v1.SetQuotaResponse\x12X\n\x0b\x44\x65leteQuota\x12#.fedsched.api.v1.DeleteQuotaRequest\x1a$.fedsched.api.v1.DeleteQuotaResponse\x12[\n\x0cPutPrincipal\x12$.fedsched.api.v1.PutPrincipalRequest\x1a%.fedsched.api.v1.PutPrincipalResponse2\x8c\x02\n\x0f\x41pprovalService\x12^\n\rListApprovals\x12%.fedsched.api.v1.ListApprovalsRequest\x1a&.fedsched.api.v1.ListApprovalsResponse\x12L\n\x07\x41pprove\x12&.fedsched.api.v1.DecideApprovalRequest\x1a\x19.fedsched.api.v1.Approval\x12K\n\x06Reject\x12&.fedsched.api.v1.DecideApprovalRequest\x1a\x19.fedsched.api.v1.Approval2\x93\x02\n\rPolicyService\x12O\n\tGetPolicy\x12!.fedsched.api.v1.GetPolicyRequest\x1a\x1f.fedsched.api.v1.PolicyDocument\x12X\n\x0b\x41pplyPolicy\x12#.fedsched.api.v1.ApplyPolicyRequest\x1a$.fedsched.api.v1.ApplyPolicyResponse\x12W\n\nDiffPolicy\x12#.fedsched.api.v1.ApplyPolicyRequest\x1a$.fedsched.api.v1.ApplyPolicyResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'fedsched.api.v1.governance_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_CROSSREGIONMODE']._serialized_start=2945
-  _globals['_CROSSREGIONMODE']._serialized_end=3093
-  _globals['_APPROVALSTATE']._serialized_start=3096
-  _globals['_APPROVALSTATE']._serialized_end=3257
+  _globals['_CROSSREGIONMODE']._serialized_start=2989
+  _globals['_CROSSREGIONMODE']._serialized_end=3137
+  _globals['_APPROVALSTATE']._serialized_start=3140
+  _globals['_APPROVALSTATE']._serialized_end=3301
   _globals['_JOBCLASS']._serialized_start=115
   _globals['_JOBCLASS']._serialized_end=260
   _globals['_BUDGET']._serialized_start=262
@@ -49,48 +49,48 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LISTTENANTSRESPONSE']._serialized_end=716
   _globals['_PUTTENANTREQUEST']._serialized_start=718
   _globals['_PUTTENANTREQUEST']._serialized_end=803
-  _globals['_PUTTENANTRESPONSE']._serialized_start=805
-  _globals['_PUTTENANTRESPONSE']._serialized_end=906
-  _globals['_QUOTA']._serialized_start=909
-  _globals['_QUOTA']._serialized_end=1083
-  _globals['_LISTQUOTASREQUEST']._serialized_start=1085
-  _globals['_LISTQUOTASREQUEST']._serialized_end=1120
-  _globals['_LISTQUOTASRESPONSE']._serialized_start=1122
-  _globals['_LISTQUOTASRESPONSE']._serialized_end=1206
-  _globals['_SETQUOTAREQUEST']._serialized_start=1208
-  _globals['_SETQUOTAREQUEST']._serialized_end=1290
-  _globals['_SETQUOTARESPONSE']._serialized_start=1292
-  _globals['_SETQUOTARESPONSE']._serialized_end=1390
-  _globals['_DELETEQUOTAREQUEST']._serialized_start=1392
-  _globals['_DELETEQUOTAREQUEST']._serialized_end=1484
-  _globals['_DELETEQUOTARESPONSE']._serialized_start=1486
-  _globals['_DELETEQUOTARESPONSE']._serialized_end=1531
-  _globals['_ROLEGRANT']._serialized_start=1533
-  _globals['_ROLEGRANT']._serialized_end=1626
-  _globals['_PUTPRINCIPALREQUEST']._serialized_start=1628
-  _globals['_PUTPRINCIPALREQUEST']._serialized_end=1753
-  _globals['_PUTPRINCIPALRESPONSE']._serialized_start=1755
-  _globals['_PUTPRINCIPALRESPONSE']._serialized_end=1847
-  _globals['_APPROVAL']._serialized_start=1850
-  _globals['_APPROVAL']._serialized_end=2402
-  _globals['_LISTAPPROVALSREQUEST']._serialized_start=2404
-  _globals['_LISTAPPROVALSREQUEST']._serialized_end=2509
-  _globals['_LISTAPPROVALSRESPONSE']._serialized_start=2511
-  _globals['_LISTAPPROVALSRESPONSE']._serialized_end=2580
-  _globals['_DECIDEAPPROVALREQUEST']._serialized_start=2582
-  _globals['_DECIDEAPPROVALREQUEST']._serialized_end=2643
-  _globals['_GETPOLICYREQUEST']._serialized_start=2645
-  _globals['_GETPOLICYREQUEST']._serialized_end=2663
-  _globals['_POLICYDOCUMENT']._serialized_start=2665
-  _globals['_POLICYDOCUMENT']._serialized_end=2780
-  _globals['_APPLYPOLICYREQUEST']._serialized_start=2782
-  _globals['_APPLYPOLICYREQUEST']._serialized_end=2842
-  _globals['_APPLYPOLICYRESPONSE']._serialized_start=2844
-  _globals['_APPLYPOLICYRESPONSE']._serialized_end=2942
-  _globals['_TENANTSERVICE']._serialized_start=3260
-  _globals['_TENANTSERVICE']._serialized_end=3800
-  _globals['_APPROVALSERVICE']._serialized_start=3803
-  _globals['_APPROVALSERVICE']._serialized_end=4071
-  _globals['_POLICYSERVICE']._serialized_start=4074
-  _globals['_POLICYSERVICE']._serialized_end=4349
+  _globals['_PUTTENANTRESPONSE']._serialized_start=806
+  _globals['_PUTTENANTRESPONSE']._serialized_end=950
+  _globals['_QUOTA']._serialized_start=953
+  _globals['_QUOTA']._serialized_end=1127
+  _globals['_LISTQUOTASREQUEST']._serialized_start=1129
+  _globals['_LISTQUOTASREQUEST']._serialized_end=1164
+  _globals['_LISTQUOTASRESPONSE']._serialized_start=1166
+  _globals['_LISTQUOTASRESPONSE']._serialized_end=1250
+  _globals['_SETQUOTAREQUEST']._serialized_start=1252
+  _globals['_SETQUOTAREQUEST']._serialized_end=1334
+  _globals['_SETQUOTARESPONSE']._serialized_start=1336
+  _globals['_SETQUOTARESPONSE']._serialized_end=1434
+  _globals['_DELETEQUOTAREQUEST']._serialized_start=1436
+  _globals['_DELETEQUOTAREQUEST']._serialized_end=1528
+  _globals['_DELETEQUOTARESPONSE']._serialized_start=1530
+  _globals['_DELETEQUOTARESPONSE']._serialized_end=1575
+  _globals['_ROLEGRANT']._serialized_start=1577
+  _globals['_ROLEGRANT']._serialized_end=1670
+  _globals['_PUTPRINCIPALREQUEST']._serialized_start=1672
+  _globals['_PUTPRINCIPALREQUEST']._serialized_end=1797
+  _globals['_PUTPRINCIPALRESPONSE']._serialized_start=1799
+  _globals['_PUTPRINCIPALRESPONSE']._serialized_end=1891
+  _globals['_APPROVAL']._serialized_start=1894
+  _globals['_APPROVAL']._serialized_end=2446
+  _globals['_LISTAPPROVALSREQUEST']._serialized_start=2448
+  _globals['_LISTAPPROVALSREQUEST']._serialized_end=2553
+  _globals['_LISTAPPROVALSRESPONSE']._serialized_start=2555
+  _globals['_LISTAPPROVALSRESPONSE']._serialized_end=2624
+  _globals['_DECIDEAPPROVALREQUEST']._serialized_start=2626
+  _globals['_DECIDEAPPROVALREQUEST']._serialized_end=2687
+  _globals['_GETPOLICYREQUEST']._serialized_start=2689
+  _globals['_GETPOLICYREQUEST']._serialized_end=2707
+  _globals['_POLICYDOCUMENT']._serialized_start=2709
+  _globals['_POLICYDOCUMENT']._serialized_end=2824
+  _globals['_APPLYPOLICYREQUEST']._serialized_start=2826
+  _globals['_APPLYPOLICYREQUEST']._serialized_end=2886
+  _globals['_APPLYPOLICYRESPONSE']._serialized_start=2888
+  _globals['_APPLYPOLICYRESPONSE']._serialized_end=2986
+  _globals['_TENANTSERVICE']._serialized_start=3304
+  _globals['_TENANTSERVICE']._serialized_end=3844
+  _globals['_APPROVALSERVICE']._serialized_start=3847
+  _globals['_APPROVALSERVICE']._serialized_end=4115
+  _globals['_POLICYSERVICE']._serialized_start=4118
+  _globals['_POLICYSERVICE']._serialized_end=4393
 # @@protoc_insertion_point(module_scope)

@@ -98,14 +98,18 @@ class PutTenantRequest(_message.Message):
     def __init__(self, tenant: _Optional[_Union[Tenant, _Mapping]] = ..., expected_version: _Optional[str] = ...) -> None: ...
 
 class PutTenantResponse(_message.Message):
-    __slots__ = ("tenant", "created", "policy_version")
+    __slots__ = ("tenant", "created", "policy_version", "previous_version", "changes")
     TENANT_FIELD_NUMBER: _ClassVar[int]
     CREATED_FIELD_NUMBER: _ClassVar[int]
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    PREVIOUS_VERSION_FIELD_NUMBER: _ClassVar[int]
+    CHANGES_FIELD_NUMBER: _ClassVar[int]
     tenant: Tenant
     created: bool
     policy_version: str
-    def __init__(self, tenant: _Optional[_Union[Tenant, _Mapping]] = ..., created: _Optional[bool] = ..., policy_version: _Optional[str] = ...) -> None: ...
+    previous_version: str
+    changes: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, tenant: _Optional[_Union[Tenant, _Mapping]] = ..., created: _Optional[bool] = ..., policy_version: _Optional[str] = ..., previous_version: _Optional[str] = ..., changes: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Quota(_message.Message):
     __slots__ = ("tenant", "card", "region", "guaranteed_gpus", "borrowing_limit_gpus", "cohort", "used_milli")

@@ -1,0 +1,131 @@
+"""`fedsched tenants put` against a real admission (real gRPC, real NATS): it changes only what
+its options name, removing needs an explicit option, it prints the diff as `policy diff` does,
+and a concurrent change of the policy is never overwritten (read-modify-write at the version
+read; issue 13 item 9)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+
+import grpc
+import pytest
+import typer
+
+from fedsched.api.v1 import governance_pb2 as gpb
+from fedsched.clock import SystemClock
+from fedsched.govcli import TenantEdit, put_tenant
+from fedsched.jobcli import Api
+from fedsched.policystore import read_policy
+from services.admission.service import AdmissionService
+from tests.govfixtures import TOKENS, policy_doc, store_policy
+
+
+@pytest.fixture
+async def admission(bus):
+    await store_policy(bus, policy_doc())
+    svc = AdmissionService(bus, SystemClock(), address="127.0.0.1:0")
+    task = asyncio.create_task(svc.run())
+    await asyncio.wait_for(svc.ready.wait(), 20)
+    yield svc
+    svc.stop()
+    await task
+
+
+async def _cli(admission, *args: str) -> subprocess.CompletedProcess:
+    """The CLI as root, in a child process (the server runs on this event loop: never block it)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("FEDSCHED_TOKEN", "FEDSCHED_DATA_DIR")}
+    cmd = [sys.executable, "-m", "fedsched.cli", *args, "--server", f"127.0.0.1:{admission.port}",
+           "--token", TOKENS["root"]]
+    return await asyncio.to_thread(subprocess.run, cmd, capture_output=True, text=True, timeout=60, env=env)
+
+
+async def _tenant(admission, name: str):
+    return (await read_policy(admission.bus)).gov.tenant(name)
+
+
+async def test_a_budget_alone_needs_no_project_and_keeps_everything_else(admission):
+    before = await _tenant(admission, "ads")
+    out = await _cli(admission, "tenants", "put", "ads", "--budget", "2500")
+    assert out.returncode == 0, out.stderr
+    after = await _tenant(admission, "ads")
+    assert str(after.budget.monthly) == "2500" and after.budget.currency == "CNY"
+    assert after.model_copy(update={"budget": None}) == before  # projects, job classes, mode: unchanged
+    lines = out.stdout.splitlines()
+    assert lines[0] == '  tenant ads: budget None -> {"currency":"CNY","monthly":"2500"}'
+    assert len(lines) == 2 and lines[1].startswith("tenant ads updated; policy ")
+
+
+async def test_project_adds_remove_project_removes_and_the_diff_is_printed(admission):
+    added = await _cli(admission, "tenants", "put", "search", "--project", "eval")
+    assert added.returncode == 0, added.stderr
+    assert (await _tenant(admission, "search")).projects == ("batch", "eval", "serve", "train")
+    assert '  tenant search: projects ["batch","serve","train"] -> ["batch","eval","serve","train"]' in added.stdout
+    removed = await _cli(admission, "tenants", "put", "search", "--remove-project", "batch")
+    assert removed.returncode == 0, removed.stderr
+    assert (await _tenant(admission, "search")).projects == ("eval", "serve", "train")
+    same = await _cli(admission, "tenants", "put", "search", "--project", "eval")
+    assert same.returncode == 0 and "no change" in same.stdout
+    typo = await _cli(admission, "tenants", "put", "search", "--remove-project", "evl")
+    assert typo.returncode == 2 and "tenant search has no project 'evl'" in typo.stderr
+    assert (await _tenant(admission, "search")).projects == ("eval", "serve", "train")
+
+
+async def test_a_new_tenant_is_created_with_what_is_given(admission):
+    out = await _cli(admission, "tenants", "put", "games", "--home-region", "cn-south-1", "--project", "train",
+                     "--cross-region", "approval", "--job-class", "fin:forbidden:tags=finance")
+    assert out.returncode == 0, out.stderr
+    assert "  tenant games: added" in out.stdout and "tenant games created" in out.stdout
+    games = await _tenant(admission, "games")
+    assert (games.home_region, games.projects, games.cross_region) == ("cn-south-1", ("train",), "approval")
+    dropped = await _cli(admission, "tenants", "put", "games", "--remove-job-class", "fin", "--no-budget")
+    assert dropped.returncode == 0, dropped.stderr
+    assert (await _tenant(admission, "games")).job_classes == ()
+
+
+class _ConcurrentAdmin(grpc.UnaryUnaryClientInterceptor):
+    """Before the CLI's first PutTenant reaches the server, another admin changes the same
+    tenant's cross-region mode (a real PutTenant, no expected version)."""
+
+    def __init__(self) -> None:
+        self.raced = False
+
+    def intercept_unary_unary(self, continuation, details, request):
+        if details.method.endswith("/PutTenant") and not self.raced:
+            self.raced = True
+            theirs = gpb.Tenant()
+            theirs.CopyFrom(request.tenant)
+            theirs.projects.remove("eval")  # the other admin never saw our edit
+            theirs.cross_region = gpb.CROSS_REGION_MODE_FORBIDDEN
+            continuation(details, gpb.PutTenantRequest(tenant=theirs)).result()
+        return continuation(details, request)
+
+
+def _racing_put(port: int, edit: TenantEdit, expected_version: str = ""):
+    with Api(f"127.0.0.1:{port}", TOKENS["root"]) as api:
+        racer = _ConcurrentAdmin()
+        api.channel = grpc.intercept_channel(api.channel, racer)
+        try:
+            return put_tenant(api, "search", edit, expected_version)
+        finally:
+            assert racer.raced
+
+
+async def test_a_concurrent_change_is_kept_and_the_edit_made_again_on_top_of_it(admission):
+    resp = await asyncio.to_thread(_racing_put, admission.port, TenantEdit(add_projects=("eval",)))
+    search = await _tenant(admission, "search")
+    assert search.cross_region == "forbidden"  # theirs survived
+    assert "eval" in search.projects  # ours too
+    assert resp.changes == ['tenant search: projects ["batch","serve","train"] -> ["batch","eval","serve","train"]']
+    assert resp.previous_version != resp.policy_version == (await read_policy(admission.bus)).version
+
+
+async def test_with_an_expected_version_a_concurrent_change_refuses_the_edit(admission):
+    version = (await read_policy(admission.bus)).version
+    with pytest.raises(typer.Exit) as e:
+        await asyncio.to_thread(_racing_put, admission.port, TenantEdit(add_projects=("eval",)), version)
+    assert e.value.exit_code == 1
+    search = await _tenant(admission, "search")
+    assert search.cross_region == "forbidden" and "eval" not in search.projects

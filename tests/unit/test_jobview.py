@@ -1,0 +1,166 @@
+"""Admission's job read model: every terminal transition carries the ending event's time and
+reason, and every attempt its true outcome (services/admission/jobview.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from fedsched.events import JobCancelRequested, JobPending, JobPlaced, JobStatus, JobStop, JobSubmitted, WorkerBinding, make_event
+from fedsched.jobs import JobSpec, JobState
+from services.admission.jobview import JobView
+
+T0 = 1_700_000_000.0  # submit time (business seconds)
+JOB = "j-view-1"
+
+
+def _spec(**kw) -> JobSpec:
+    return JobSpec(tenant="search", project="train", home_region="cn-north-1", gpus_per_worker=1, retry_limit=kw.pop("retry_limit", 1), **kw)
+
+
+class Events:
+    """Builders for the events of one job, as admission reads them off the bus."""
+
+    def __init__(self, spec: JobSpec | None = None) -> None:
+        self.spec = spec or _spec()
+
+    def _ev(self, type_, payload, at, **kw):
+        return make_event(type_, payload, producer="test", occurred_at=at, tenant="search", project="train",
+                          job_id=JOB, **kw)
+
+    def submitted(self, at=T0):
+        return self._ev("job.submitted", JobSubmitted(spec=self.spec, submitted_by="alice"), at, actor="alice")
+
+    def cancel_requested(self, at, who="alice", reason=""):
+        return self._ev("job.cancel_requested", JobCancelRequested(reason=reason), at, actor=who)
+
+    def cancelled(self, at, attempt=0):
+        return self._ev("job.cancelled", JobStatus(reason="cancelled"), at, attempt=attempt, actor="scheduler")
+
+    def placed(self, at, attempt, cluster="c1", shard=0):
+        return self._ev("job.placed", JobPlaced(spec=self.spec, bindings=(WorkerBinding(worker=0, node="n0"),),
+                                                shard=shard), at, attempt=attempt, cluster=cluster, region="cn-north-1")
+
+    def stop(self, at, attempt, reason, cluster="c1", **kw):
+        return self._ev("job.stop", JobStop(reason=reason, **kw), at, attempt=attempt, cluster=cluster,
+                        region="cn-north-1")
+
+    def status(self, type_, at, attempt, cluster="c1", reason=""):
+        return self._ev(type_, JobStatus(reason=reason), at, attempt=attempt, cluster=cluster, region="cn-north-1")
+
+
+def _fold(*events) -> JobView:
+    view = JobView()
+    for e in events:
+        view.apply(e)
+    return view
+
+
+def test_a_queued_job_cancelled_at_t_ended_at_t_with_who_and_why():
+    ev = Events()
+    t = T0 + 125.0
+    rec = _fold(ev.submitted(), ev.cancel_requested(T0 + 120.0, reason="wrong dataset"), ev.cancelled(t)).jobs[JOB]
+    assert rec.state == JobState.CANCELLED
+    assert rec.ended_at == t != rec.submitted_at
+    assert rec.reason == "cancelled by alice: wrong dataset"
+    assert rec.attempts == []
+
+
+def test_the_cancel_reason_replaces_the_pending_reason():
+    ev = Events()
+    view = _fold(ev.submitted())
+    pending = make_event("job.pending", JobPending(reason="quota_exceeded"), producer="scheduler",
+                         occurred_at=T0 + 1, tenant="search", project="train", job_id=JOB)
+    view.apply(pending)
+    assert view.jobs[JOB].reason == "quota_exceeded"
+    view.apply(ev.cancel_requested(T0 + 2, who="root"))
+    assert view.jobs[JOB].reason == "cancel requested" and view.jobs[JOB].ended_at is None
+    view.apply(ev.cancelled(T0 + 3))
+    assert (view.jobs[JOB].reason, view.jobs[JOB].ended_at) == ("cancelled by root", T0 + 3)
+
+
+def test_a_reclaimed_attempt_ends_at_the_order_and_the_next_attempt_is_current():
+    ev = Events()
+    view = _fold(ev.submitted(), ev.placed(T0 + 1, 1, "c1"))
+    view.apply(ev.stop(T0 + 31, 1, "reclaimed", detail="not started within 30 s"))
+    rec = view.jobs[JOB]
+    first = rec.attempts[0]
+    assert (first.outcome, first.ended_at, first.reason) == ("reclaimed", T0 + 31, "not started within 30 s")
+    assert rec.state == JobState.QUEUED and "reclaimed from c1" in rec.reason
+    view.apply(ev.placed(T0 + 32, 2, "c2"))
+    view.apply(ev.status("job.started", T0 + 33, 2, "c2"))
+    view.apply(ev.status("job.finished", T0 + 93, 2, "c2"))
+    first, second = rec.attempts
+    assert rec.current is second and (second.outcome, second.cluster) == ("succeeded", "c2")
+    assert first.outcome == "reclaimed" and first.started_at is None
+    assert rec.state == JobState.SUCCEEDED and rec.ended_at == T0 + 93
+
+
+def test_a_reclaimed_attempt_the_agent_started_late_keeps_its_outcome_and_the_new_attempt_its_state():
+    ev = Events()
+    view = _fold(ev.submitted(), ev.placed(T0 + 1, 1, "c1"), ev.stop(T0 + 31, 1, "reclaimed"),
+                 ev.placed(T0 + 32, 2, "c2"),
+                 ev.status("job.started", T0 + 32.5, 1, "c1"),  # c1 woke up and started it
+                 ev.status("job.started", T0 + 33, 2, "c2"),
+                 ev.status("job.stopped", T0 + 34, 1, "c1", reason="reclaimed"))
+    rec = view.jobs[JOB]
+    first, second = rec.attempts
+    assert (first.outcome, first.started_at, first.ended_at) == ("reclaimed", T0 + 32.5, T0 + 34)
+    assert second.outcome == "running" and rec.state == JobState.RUNNING and rec.current is second
+
+
+def test_preemption_is_stopping_until_the_agent_stops_it_then_preempted():
+    ev = Events()
+    view = _fold(ev.submitted(), ev.placed(T0 + 1, 1), ev.status("job.started", T0 + 2, 1),
+                 ev.stop(T0 + 100, 1, "preempted", for_job="j-high"))
+    att = view.jobs[JOB].attempts[0]
+    assert (att.outcome, att.ended_at, att.reason) == ("stopping", None, "preempted for j-high")
+    assert view.jobs[JOB].state == JobState.RUNNING
+    view.apply(ev.status("job.stopped", T0 + 101, 1, reason="preempted"))
+    assert (att.outcome, att.ended_at, att.reason) == ("preempted", T0 + 101, "preempted for j-high")
+    assert view.jobs[JOB].state == JobState.QUEUED and view.jobs[JOB].ended_at is None
+
+
+def test_a_running_job_cancelled_ends_when_its_agent_stopped_it():
+    ev = Events()
+    view = _fold(ev.submitted(), ev.placed(T0 + 1, 1), ev.status("job.started", T0 + 2, 1),
+                 ev.cancel_requested(T0 + 50, who="bob", reason="no longer needed"),
+                 ev.stop(T0 + 51, 1, "cancelled"), ev.status("job.stopped", T0 + 52, 1, reason="cancelled"),
+                 ev.cancelled(T0 + 53, attempt=1))
+    rec = view.jobs[JOB]
+    att = rec.attempts[0]
+    assert (att.outcome, att.ended_at, att.reason) == ("cancelled", T0 + 52, "cancelled by bob: no longer needed")
+    assert rec.state == JobState.CANCELLED and rec.reason == "cancelled by bob: no longer needed"
+    assert rec.ended_at == T0 + 52  # its last shard ended when the agent stopped it
+
+
+@pytest.mark.parametrize("last,state,ended_at,reason", [
+    ("job.finished", JobState.SUCCEEDED, T0 + 70, ""),
+    ("job.failed", JobState.FAILED, T0 + 70, "exit 1"),
+], ids=["succeeded", "failed-beyond-retries"])
+def test_every_terminal_transition_takes_its_events_time(last, state, ended_at, reason):
+    ev = Events(_spec(retry_limit=0))
+    rec = _fold(ev.submitted(), ev.placed(T0 + 1, 1), ev.status("job.started", T0 + 2, 1),
+                ev.status(last, T0 + 70, 1, reason=reason)).jobs[JOB]
+    assert (rec.state, rec.ended_at, rec.reason) == (state, ended_at, reason)
+
+
+def test_a_failed_attempt_within_the_retry_limit_requeues_and_the_job_has_no_end():
+    ev = Events(_spec(retry_limit=1))
+    rec = _fold(ev.submitted(), ev.placed(T0 + 1, 1), ev.status("job.started", T0 + 2, 1),
+                ev.status("job.failed", T0 + 9, 1, reason="oom")).jobs[JOB]
+    assert rec.state == JobState.QUEUED and rec.ended_at is None
+    assert (rec.attempts[0].outcome, rec.attempts[0].ended_at) == ("failed", T0 + 9)
+
+
+def test_refolding_the_same_events_changes_nothing():
+    ev = Events()
+    events = [ev.submitted(), ev.placed(T0 + 1, 1), ev.stop(T0 + 31, 1, "reclaimed"), ev.placed(T0 + 32, 2, "c2"),
+              ev.status("job.started", T0 + 33, 2, "c2"), ev.cancel_requested(T0 + 40),
+              ev.stop(T0 + 41, 2, "cancelled", cluster="c2"),
+              ev.status("job.stopped", T0 + 42, 2, "c2", reason="cancelled"), ev.cancelled(T0 + 43, attempt=2)]
+    once = _fold(*events).jobs[JOB]
+    twice = _fold(*events, *events).jobs[JOB]
+    assert [(a.outcome, a.ended_at, a.reason) for a in once.attempts] == \
+           [(a.outcome, a.ended_at, a.reason) for a in twice.attempts]
+    assert (once.state, once.ended_at, once.reason) == (twice.state, twice.ended_at, twice.reason)
+    assert [a.outcome for a in once.attempts] == ["reclaimed", "cancelled"]
