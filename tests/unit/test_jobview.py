@@ -120,6 +120,21 @@ def test_preemption_is_stopping_until_the_agent_stops_it_then_preempted():
     assert view.jobs[JOB].state == JobState.QUEUED and view.jobs[JOB].ended_at is None
 
 
+@pytest.mark.parametrize("started", [True, False], ids=["running", "placed"])
+def test_an_attempt_on_a_lost_cluster_is_lost_at_the_schedulers_word_and_the_job_requeued(started):
+    """The scheduler declares a silent cluster's attempts lost: job.stop + job.stopped, both
+    reason cluster_lost (services/scheduler/service.py ``_reclaim``)."""
+    ev = Events()
+    events = [ev.submitted(), ev.placed(T0 + 1, 1)] + ([ev.status("job.started", T0 + 2, 1)] if started else [])
+    view = _fold(*events, ev.stop(T0 + 40, 1, "cluster_lost", detail="cluster c1 silent past 10 s"))
+    att = view.jobs[JOB].attempts[0]
+    assert (att.outcome, att.ended_at) == ("stopping", None)
+    view.apply(ev.status("job.stopped", T0 + 40, 1, reason="cluster_lost"))
+    rec = view.jobs[JOB]
+    assert (att.outcome, att.ended_at, att.reason) == ("lost", T0 + 40, "cluster_lost (cluster c1 silent past 10 s)")
+    assert rec.state == JobState.QUEUED and "cluster_lost on c1" in rec.reason and rec.ended_at is None
+
+
 def test_a_running_job_cancelled_ends_when_its_agent_stopped_it():
     ev = Events()
     view = _fold(ev.submitted(), ev.placed(T0 + 1, 1), ev.status("job.started", T0 + 2, 1),
