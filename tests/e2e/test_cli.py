@@ -142,9 +142,13 @@ def _store_queries_are_read_only(nats_port: int, grpc: str, data_dir: Path) -> N
     assert not_admin.returncode == 1 and "not an admin" in not_admin.stderr, not_admin.stderr
     secret = _run("sql", "--nats-url", url, f"SELECT * FROM file('{data_dir / 'admin.token'}', 'LineAsString')",
                   data_dir=data_dir)
-    assert secret.returncode == 1 and "readonly" in secret.stderr.lower(), secret.stdout + secret.stderr
+    assert secret.returncode == 1 and "read-only" in secret.stderr.lower(), secret.stdout + secret.stderr
+    scalar = _run("sql", "--nats-url", url, f"SELECT file('{data_dir / 'admin.token'}')", "-o", "json",
+                  data_dir=data_dir)  # the scalar function, which readonly=1 alone lets through
+    assert scalar.returncode == 1 and "file() reads a file of the host" in scalar.stderr, scalar.stdout + scalar.stderr
+    assert (data_dir / "admin.token").read_text().strip() not in scalar.stdout + scalar.stderr
     ins = _run("sql", "--nats-url", url, "INSERT INTO fedsched.events (event_id) VALUES ('forged')", data_dir=data_dir)
-    assert ins.returncode == 1 and "readonly" in ins.stderr.lower(), ins.stderr
+    assert ins.returncode == 1 and "read-only" in ins.stderr.lower(), ins.stderr
     ddl = _run("sql", "--nats-url", url, "DROP TABLE fedsched.usage", data_dir=data_dir)
     assert ddl.returncode == 1, ddl.stdout
     sub = _run("submit", "--server", grpc, "--tenant", "search", "--project", "train", "--gpus", "1",
