@@ -22,13 +22,12 @@ major version with a :class:`~fedsched.errors.DecodeError` (the message goes to 
 from __future__ import annotations
 
 import uuid
-from datetime import datetime
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError as PydanticValidationError
 
 from fedsched import naming
-from fedsched.clock import to_datetime
+from fedsched.clock import UtcDatetime, to_datetime
 from fedsched.errors import DecodeError, ValidationError
 from fedsched.jobs import JobSpec
 
@@ -68,7 +67,7 @@ class Envelope(BaseModel):
     event_id: str = Field(pattern=r"^[0-9a-f]{32}$")
     type: str = Field(min_length=1, max_length=64)
     schema_version: int = SCHEMA_VERSION
-    occurred_at: datetime
+    occurred_at: UtcDatetime
     producer: str = Field(min_length=1, max_length=128)
     actor: str = Field(default="", max_length=128)
     region: str = ""
@@ -240,7 +239,7 @@ class JobPending(_Payload):
     shard: int = 0
     queue: str = ""
     reserved_cluster: str = ""
-    reserved_from: datetime | None = None
+    reserved_from: UtcDatetime | None = None
     counterfactual: str = ""
 
 
@@ -266,7 +265,7 @@ class JobStatus(_Payload):
     gpu_milli: int = 0
     cpu_milli: int = 0
     memory_mib: int = 0
-    started_at: datetime | None = None
+    started_at: UtcDatetime | None = None
     reason: str = ""
     exit_code: int | None = None
     shard: int = 0
@@ -418,7 +417,7 @@ class ApprovalRequested(_Payload):
     cost: str = ""
     home_cost: str = ""
     currency: str = "CNY"
-    expires_at: datetime
+    expires_at: UtcDatetime
 
 
 class ApprovalDecided(_Payload):

@@ -38,6 +38,7 @@ import socket
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from datetime import datetime
 from importlib import resources
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
@@ -335,11 +336,12 @@ class ReadLimits:
     def settings(self) -> dict[str, int | str]:
         """The ClickHouse settings, in the order to apply them (``readonly`` last).
 
-        ``allow_introspection_functions=0`` refuses the functions that read the server binary's
+        ``session_timezone=UTC`` makes time functions independent of the server's zone (see
+        :func:`_utc_session`); ``allow_introspection_functions=0`` refuses the functions that read the server binary's
         symbols; ``readonly=1`` refuses writes, DDL, settings changes and every table function
         that reaches outside the database (``file``, ``url``, ``s3``, ``executable``, ``remote``...).
         """
-        return {"max_execution_time": self.max_execution_s, "max_memory_usage": self.max_memory_bytes,
+        return {"session_timezone": "UTC", "max_execution_time": self.max_execution_s, "max_memory_usage": self.max_memory_bytes,
                 "max_result_rows": self.max_result_rows, "max_result_bytes": self.max_result_bytes,
                 "result_overflow_mode": "break", "allow_introspection_functions": 0, "readonly": 1}
 
@@ -467,7 +469,7 @@ class Store:
     def __init__(self, client: Any, database: str, *, embedded: bool, cluster: str | None = None,
                  reopen: ClientFactory | None = None, read_client: ClientFactory | None = None,
                  read_only: bool = False, location: str = "", limits: ReadLimits | None = None) -> None:
-        self.client = client
+        self.client = _utc_session(client) if limits is None and not read_only else client
         self.database = database
         self.location = location
         self.embedded = embedded
@@ -567,7 +569,8 @@ class Store:
         with self._lock:
             if self._broken and self._reopen is not None:
                 try:
-                    self.client = self._reopen()
+                    client = self._reopen()
+                    self.client = client if self.read_only else _utc_session(client)
                 except FedError:
                     raise
                 except Exception as e:  # noqa: BLE001
@@ -675,6 +678,10 @@ class Store:
                dedup_token: str = "") -> int:
         """Insert ``rows`` (in ``columns`` order) into ``database.table``; returns the row count.
 
+        Datetimes are written as the instant they are: aware ones are converted to UTC, naive
+        ones are taken to be UTC (never the process's local zone, which is what the client
+        library would assume; see :func:`_utc_rows`).
+
         Args:
             dedup_token: ``insert_deduplication_token``: the engine drops a later insert with the
                 same token into the same table (within its deduplication window).
@@ -685,6 +692,7 @@ class Store:
         """
         if not rows:
             return 0
+        rows = _utc_rows(rows)
         settings: dict[str, Any] = {}
         if dedup_token:
             settings["insert_deduplication_token"] = dedup_token
@@ -751,6 +759,29 @@ class Store:
             except Exception:  # noqa: BLE001 - closing anyway
                 pass
             self._broken = True
+
+
+def _utc_session(client: Any) -> Any:
+    """``client`` with ``session_timezone = 'UTC'``: the embedded engine's server zone is the
+    process's ``TZ``, and a server's is its own; with this, ``toDateTime('...')``, ``toStartOfDay``
+    on zone-less values and typed parameters without a zone mean UTC in every process."""
+    try:
+        client.set_client_setting("session_timezone", "UTC")
+    except Exception as e:  # noqa: BLE001 - translate
+        raise _translate(e) from e
+    return client
+
+
+def _utc_rows(rows: Sequence[Sequence[Any]]) -> Sequence[Sequence[Any]]:
+    """``rows`` with every datetime aware UTC (:func:`~fedsched.clock.as_utc`).
+
+    clickhouse-connect turns a naive datetime into an instant with the process's local zone
+    (``datetime.timestamp()``), so under ``TZ=Europe/Berlin`` a naive 00:30 UTC would be stored
+    as 22:30 the day before; an aware value is stored exactly.
+    """
+    from fedsched.clock import as_utc
+
+    return [[as_utc(v) if isinstance(v, datetime) else v for v in row] for row in rows]
 
 
 def dedup_token(table: str, keys: Iterable[tuple]) -> str:
