@@ -22,10 +22,12 @@ quota and budget refusals get RESOURCE_EXHAUSTED naming the limit (``fedsched-li
 Refusals are published as ``submission.rejected`` so the audit log has the submission success
 rate.
 
-Idempotency: with a ``request_id``, the job id and the event id are derived from
-(tenant, request_id), so concurrent retries publish the same message id (JetStream keeps one)
-and later retries find the job in the view's request index (before any other check, so a
-retry returns the same job even if the budget ran out meanwhile).
+Idempotency: with a ``request_id``, the job id and the event id are derived from the caller's
+key (principal, tenant, project, request_id: :func:`request_job_id`), so concurrent retries
+publish the same message id (JetStream keeps one) and later retries find the job in the view's
+request index (before quota and budget, so a retry returns the same job even if the budget ran
+out meanwhile). Another caller or project using the same request id gets a job of its own; the
+same key with a different spec is ALREADY_EXISTS (naming the job only to a caller who may read it).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import itertools
+import json
 import logging
 import uuid
 from dataclasses import dataclass
@@ -54,8 +57,8 @@ from fedsched.api.v1 import jobs_pb2_grpc as pb_grpc
 from fedsched.auth import Principal
 from fedsched.bus import Bus, Delivery, StreamFollower
 from fedsched.clock import Clock
-from fedsched.errors import (AuthError, ConflictError, FedError, NotFoundError, PermissionDeniedError,
-                             QuotaExceededError, UnavailableError, ValidationError)
+from fedsched.errors import (AlreadyExistsError, AuthError, ConflictError, FedError, NotFoundError,
+                             PermissionDeniedError, QuotaExceededError, UnavailableError, ValidationError)
 from fedsched.events import InventorySnapshot, JobCancelRequested, JobSubmitted, SubmissionRejected, business_event_id, \
     make_event
 from fedsched.governance import Governance
@@ -82,6 +85,7 @@ _CODES: list[tuple[type[FedError], grpc.StatusCode]] = [
     (AuthError, grpc.StatusCode.UNAUTHENTICATED),
     (ValidationError, grpc.StatusCode.INVALID_ARGUMENT),
     (NotFoundError, grpc.StatusCode.NOT_FOUND),
+    (AlreadyExistsError, grpc.StatusCode.ALREADY_EXISTS),
     (ConflictError, grpc.StatusCode.FAILED_PRECONDITION),
     (QuotaExceededError, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (UnavailableError, grpc.StatusCode.UNAVAILABLE),
@@ -250,6 +254,14 @@ def explain_to_pb(rec: JobRecord) -> pb.ExplainJobResponse:
             msg.clusters.append(v)
         out.decisions.append(msg)
     return out
+def request_job_id(principal: str, tenant: str, project: str, request_id: str) -> str:
+    """The job id of a submission with a ``request_id``: ``j-`` and 20 hex of SHA-256 over the
+    idempotency key (principal, tenant, project, request id), JSON-encoded so no two keys
+    share a text. Two callers, or two projects, using the same request id get two jobs."""
+    key = json.dumps([principal, tenant, project, request_id], ensure_ascii=True)
+    return "j-" + hashlib.sha256(key.encode()).hexdigest()[:20]
+
+
 def check_job_access(principal: Principal, rec: JobRecord, *, write: bool = False) -> None:
     """Raise unless ``principal`` may read (or, with ``write``, cancel) the job ``rec``.
 
@@ -352,7 +364,7 @@ class JobServicer(pb_grpc.JobServiceServicer):
         principal = auth.current()
         try:
             return await self._submit(request, principal)
-        except (ValidationError, QuotaExceededError, PermissionDeniedError) as e:
+        except (ValidationError, QuotaExceededError, PermissionDeniedError, AlreadyExistsError) as e:
             await self._record_rejection(request, e, principal)
             raise
 
@@ -375,10 +387,6 @@ class JobServicer(pb_grpc.JobServiceServicer):
                                                   f"(has {', '.join(sorted(tenant.projects))})")
         if not principal.can_submit(tenant.name, raw.project):
             raise PermissionDeniedError(f"{principal.name} may not submit jobs for {tenant.name}/{raw.project or '?'}")
-        if rid:
-            existing = self.view.find_request(tenant.name, rid)
-            if existing is not None:
-                return pb.SubmitJobResponse(job_id=existing.job_id, state=STATE_TO_PB[existing.state], duplicate=True)
         spec = spec_from_pb(raw, limits=limits, default_home=tenant.home_region,
                             known_models=frozenset(self.known_models))
         regions = self.known_regions | {t.home_region for t in gov.tenants.values()}
@@ -388,11 +396,12 @@ class JobServicer(pb_grpc.JobServiceServicer):
                 if r not in regions:
                     raise ValidationError(field, f"unknown region {r!r} (known: {', '.join(sorted(regions))})")
         spec = gov.admit_spec(spec, locality_given=raw.locality != pb.LOCALITY_UNSPECIFIED)
+        if rid:  # a retry gets its job back before quota and budget are checked again
+            existing = self.view.find_request(principal.name, spec.tenant, spec.project, rid)
+            if existing is not None:
+                return self._retried(existing, spec, rid, principal)
         check_quota_can_fit(gov, spec, self.known_models, regions)
-        if rid:
-            job_id = "j-" + hashlib.sha256(f"{spec.tenant}/{rid}".encode()).hexdigest()[:20]
-        else:
-            job_id = "j-" + uuid.uuid4().hex[:20]
+        job_id = request_job_id(principal.name, spec.tenant, spec.project, rid) if rid else "j-" + uuid.uuid4().hex[:20]
         hold = self._check_and_hold(gov, spec, job_id, regions)
         try:
             return await self._publish_submission(gov, spec, rid, principal, job_id)
@@ -445,9 +454,47 @@ class JobServicer(pb_grpc.JobServiceServicer):
                            event_id=business_event_id(job_id, "submitted"), tenant=spec.tenant, project=spec.project,
                            job_id=job_id, actor=principal.name, policy_version=gov.version)
         ack = await self.bus.publish(self.bus.subjects.job("submitted", spec.tenant, spec.project), event)
+        if ack.duplicate:  # the same key was published first by another call: its job is the one in the stream
+            existing = await self._await_job(job_id)
+            return self._retried(existing, spec, rid, principal)
         self.view.apply(event)
-        return pb.SubmitJobResponse(job_id=job_id, state=STATE_TO_PB[self.view.jobs[job_id].state],
-                                    duplicate=bool(ack.duplicate))
+        return pb.SubmitJobResponse(job_id=job_id, state=STATE_TO_PB[self.view.jobs[job_id].state], duplicate=False)
+
+    def _retried(self, existing: JobRecord, spec: JobSpec, rid: str, principal: Principal) -> pb.SubmitJobResponse:
+        """The answer to a submission whose idempotency key (principal, tenant, project,
+        request id) already made ``existing``: that job when the spec is the same.
+
+        Raises:
+            AlreadyExistsError: the spec differs; the message names the existing job only when
+                the caller may read it.
+        """
+        if existing.spec.model_dump(mode="json") == spec.model_dump(mode="json"):
+            return pb.SubmitJobResponse(job_id=existing.job_id, state=STATE_TO_PB[existing.state], duplicate=True)
+        try:
+            check_job_access(principal, existing)
+            which = f"job {existing.job_id}"
+        except PermissionDeniedError:
+            which = "another job"
+        raise AlreadyExistsError(f"request_id {rid!r} of {principal.name} in {spec.tenant}/{spec.project} already "
+                                 f"made {which} with a different spec; use a new request_id for a new job")
+
+    async def _await_job(self, job_id: str, timeout_s: float = 10.0) -> JobRecord:
+        """The view's record of ``job_id`` once it has one (another call published it first).
+
+        Raises:
+            UnavailableError: not there within ``timeout_s`` (the caller may retry).
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while job_id not in self.view.jobs:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise UnavailableError(f"job {job_id} was submitted by a concurrent call but is not visible yet; retry")
+            try:
+                await asyncio.wait_for(self.view.changed(job_id).wait(), remaining)
+            except asyncio.TimeoutError:
+                pass
+        return self.view.jobs[job_id]
 
     async def _record_rejection(self, request: pb.SubmitJobRequest, e: FedError, principal: Principal) -> None:
         tenant = request.spec.tenant if request.HasField("spec") else ""

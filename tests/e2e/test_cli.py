@@ -91,9 +91,14 @@ def test_up_submit_sql_ctrl_c_and_resume(tmp_path):
     try:
         again = _run("job", job_id, "--server", grpc, "-o", "json", data_dir=tmp_path)
         assert again.returncode == 0 and '"JOB_STATE_RUNNING"' in again.stdout, again.stdout
-        dup = _run("submit", "--server", grpc, "--tenant", "vision", "--project", "serve", "--gpus", "1",
-                   "--gpu-milli", "500", "--cpu-milli", "2000", "--request-id", "cli-1", data_dir=tmp_path)
-        assert job_id in dup.stdout and "duplicate" in dup.stdout
+        dup = _run("submit", "--server", grpc, "--tenant", "vision", "--project", "serve", "--kind", "inference",
+                   "--gpus", "1", "--gpu-milli", "500", "--cpu-milli", "2000", "--duration", "3600",
+                   "--request-id", "cli-1", data_dir=tmp_path)
+        assert job_id in dup.stdout and "duplicate" in dup.stdout, dup.stdout + dup.stderr
+        changed = _run("submit", "--server", grpc, "--tenant", "vision", "--project", "serve", "--gpus", "1",
+                       "--gpu-milli", "500", "--cpu-milli", "2000", "--request-id", "cli-1", data_dir=tmp_path)
+        assert changed.returncode == 1 and "ALREADY_EXISTS" in changed.stderr and job_id in changed.stderr, \
+            changed.stdout + changed.stderr
     finally:
         _stop(proc)
     offline = _run("sql", "--data-dir", str(tmp_path), "-o", "json",
