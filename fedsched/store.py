@@ -341,7 +341,8 @@ class ReadLimits:
         symbols; ``readonly=1`` refuses writes, DDL, settings changes and every table function
         that reaches outside the database (``file``, ``url``, ``s3``, ``executable``, ``remote``...).
         """
-        return {"session_timezone": "UTC", "max_execution_time": self.max_execution_s, "max_memory_usage": self.max_memory_bytes,
+        return {"session_timezone": "UTC", "max_execution_time": self.max_execution_s,
+                "max_memory_usage": self.max_memory_bytes,
                 "max_result_rows": self.max_result_rows, "max_result_bytes": self.max_result_bytes,
                 "result_overflow_mode": "break", "allow_introspection_functions": 0, "readonly": 1}
 
@@ -638,7 +639,7 @@ class Store:
             ValidationError: the SQL is invalid, or not a plain read on a read-only store, or ran
                 past a reader's time or memory limit (field ``sql``; the message says which).
         """
-        if self.limits is not None:  # the caller's settings first, ours after (readonly=1 last: nothing after it may change)
+        if self.limits is not None:  # the caller's settings first, ours after (readonly=1 last: nothing may change it)
             sql = self._checked(sql)
             ours = self.limits.settings()
             settings = {k: v for k, v in (settings or {}).items() if k not in ours} | ours
@@ -659,10 +660,12 @@ class Store:
                 self._catalog = FunctionCatalog.from_rows(rows)
             try:
                 parsed, canonical = self._call(lambda c: c.query(
-                    "SELECT parseQueryToJSON({q:String}), formatQuery({q:String})", parameters={"q": sql})).result_rows[0]
+                    "SELECT parseQueryToJSON({q:String}), formatQuery({q:String})",
+                    parameters={"q": sql})).result_rows[0]
             except ValidationError as e:
                 if "not supported by parseQueryToJSON" in e.reason:  # statements it cannot show are no plain reads
-                    m = re.search(r"AST node of type '([A-Za-z]+?)(?:Query)?(?:_[^']*)?' does not support JSON", e.reason)
+                    m = re.search(r"AST node of type '([A-Za-z]+?)(?:Query)?(?:_[^']*)?' does not support JSON",
+                                  e.reason)
                     what = m.group(1) if m else (sql.split() or ["this statement"])[0][:20].upper()
                     raise ValidationError("sql", f"ad-hoc SQL is read-only: only SELECT, SHOW TABLES and EXPLAIN (of a "
                                                  f"SELECT) may run, not {what} (read system.tables or "
@@ -812,7 +815,8 @@ def _translate(e: Exception, *, read_only: bool = False, limits: ReadLimits | No
                                       f"{limits.max_execution_s} s)")
     if code == 241 and read_only:
         return ValidationError("sql", f"the query needed more memory than an ad-hoc query may use (max_memory_usage, "
-                                      f"{limits.max_memory_bytes / 2 ** 30:g} GiB): {text.strip().splitlines()[0][:300]}")
+                                      f"{limits.max_memory_bytes / 2 ** 30:g} GiB): "
+                                      f"{text.strip().splitlines()[0][:300]}")
     if code is not None and code not in _UNAVAILABLE_CODES:
         return ValidationError("sql", text.strip().splitlines()[0][:1000])
     if m or any(s in low for s in ("connection", "timed out", "timeout", "refused", "unreachable", "closed",

@@ -426,7 +426,8 @@ class JobServicer(pb_grpc.JobServiceServicer):
         """
         holds = self._holds.get(spec.tenant, {})
         open_costs = itertools.chain(
-            (self._worst_case(j, regions) for j in self.view.open_by_tenant.get(spec.tenant, ()) if j in self.view.jobs),
+            (self._worst_case(j, regions) for j in self.view.open_by_tenant.get(spec.tenant, ())
+             if j in self.view.jobs),
             (cost for j, cost in holds.items() if j not in self.view.jobs and j != job_id))
         check_budget(gov, self.spend, spec, self.clock.time(), self.prices, self.known_models, regions,
                      open_costs=open_costs)  # lazy: walked only for a tenant with a budget

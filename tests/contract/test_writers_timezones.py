@@ -57,7 +57,7 @@ async def _publish(bus: Bus) -> int:
                              event_id=business_event_id(job, 1, 0, "started"), **routing)
         ended = make_event("job.finished", status, producer="agent/x", occurred_at=end.timestamp(),
                            event_id=business_event_id(job, 1, 0, "ended"), **routing)
-        wire = {placed.event_id: placed.to_bytes(), started.event_id: started.to_bytes(), ended.event_id: ended.to_bytes()}
+        wire = {e.event_id: e.to_bytes() for e in (placed, started, ended)}
         if job == "month-end":  # the end written with a +05:30 offset: the same instant
             wire[ended.event_id] = _wire(ended, occurred_at="2023-04-01T06:00:00+05:30")
         if job == "eu-dst-end":  # a start time without a zone: UTC, not the writer's local time

@@ -78,8 +78,8 @@ async def main(a) -> None:
 
 async def _dump(store, billing: BillingService) -> dict:
     db = store.database
-    events = store.query(f"SELECT event_id, type, occurred_at, toString(occurred_at), toUnixTimestamp64Milli(occurred_at) "
-                         f"FROM {db}.events ORDER BY event_id").rows
+    events = store.query(f"SELECT event_id, type, occurred_at, toString(occurred_at), "
+                         f"toUnixTimestamp64Milli(occurred_at) FROM {db}.events ORDER BY event_id").rows
     usage = store.query(f"SELECT usage_id, line, started_at, ended_at, toString(started_at), toString(ended_at), "
                         f"toUnixTimestamp64Milli(ended_at) - toUnixTimestamp64Milli(started_at), gpu_seconds, cost "
                         f"FROM {db}.usage ORDER BY usage_id").rows
