@@ -14,7 +14,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Protocol
+from typing import Annotated, Protocol
+
+from pydantic import AfterValidator
 
 
 class Clock(Protocol):
@@ -28,6 +30,17 @@ class Clock(Protocol):
 def to_datetime(epoch_s: float) -> datetime:
     """Aware UTC datetime of ``epoch_s`` seconds since the Unix epoch."""
     return datetime.fromtimestamp(epoch_s, tz=UTC)
+
+
+def as_utc(dt: datetime) -> datetime:
+    """``dt`` as an aware UTC datetime, the same instant whatever the process's time zone: an
+    aware value is converted (``+02:00`` -> UTC), a naive one is taken to be UTC already (our
+    wire format and columns are UTC; the local zone is never consulted)."""
+    return dt.astimezone(UTC) if dt.tzinfo is not None and dt.utcoffset() is not None else dt.replace(tzinfo=UTC)
+
+
+#: A pydantic ``datetime`` field that always holds aware UTC (see :func:`as_utc`).
+UtcDatetime = Annotated[datetime, AfterValidator(as_utc)]
 
 
 class SystemClock:

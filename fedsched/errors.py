@@ -12,6 +12,7 @@ Hierarchy::
     │   └── InvalidName          a name breaking the naming rules (`kind`, `rule`)
     ├── NotFoundError            unknown job / tenant / ...; gRPC NOT_FOUND
     ├── ConflictError            state does not allow the operation; gRPC FAILED_PRECONDITION
+    │   └── AlreadyExistsError   the key is taken by another object (a reused request id); ALREADY_EXISTS
     ├── QuotaExceededError       quota or budget can never allow it; gRPC RESOURCE_EXHAUSTED
     ├── AuthError                missing/unknown credentials; gRPC UNAUTHENTICATED
     │   └── PermissionDeniedError  known principal acting outside its rights; PERMISSION_DENIED
@@ -75,6 +76,11 @@ class NotFoundError(FedError):
 
 class ConflictError(FedError):
     """The object's state does not allow the operation (e.g. cancelling a finished job)."""
+
+
+class AlreadyExistsError(ConflictError):
+    """The key of a create request is taken by a different object (e.g. a submitter's
+    ``request_id`` reused for another job spec)."""
 
 
 class QuotaExceededError(FedError):

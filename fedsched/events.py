@@ -34,7 +34,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError as PydanticValidationError
 
 from fedsched import naming
-from fedsched.clock import to_datetime
+from fedsched.clock import UtcDatetime, to_datetime
 from fedsched.errors import DecodeError, EventTypeError, ValidationError
 from fedsched.jobs import JobSpec
 
@@ -122,7 +122,7 @@ class Envelope(BaseModel):
     event_id: str = Field(pattern=r"^[0-9a-f]{32}$")
     type: str = Field(min_length=1, max_length=64, pattern=TYPE_PATTERN)
     schema_version: int = SCHEMA_VERSION
-    occurred_at: datetime
+    occurred_at: UtcDatetime
     producer: str = Field(min_length=1, max_length=128)
     actor: str = Field(default="", max_length=128)
     region: str = ""
@@ -304,7 +304,7 @@ class JobPending(_Payload):
     shard: int = 0
     queue: str = ""
     reserved_cluster: str = ""
-    reserved_from: datetime | None = None
+    reserved_from: UtcDatetime | None = None
     counterfactual: str = ""
 
 
@@ -330,7 +330,7 @@ class JobStatus(_Payload):
     gpu_milli: int = 0
     cpu_milli: int = 0
     memory_mib: int = 0
-    started_at: datetime | None = None
+    started_at: UtcDatetime | None = None
     reason: str = ""
     exit_code: int | None = None
     shard: int = 0
@@ -482,7 +482,7 @@ class ApprovalRequested(_Payload):
     cost: str = ""
     home_cost: str = ""
     currency: str = "CNY"
-    expires_at: datetime
+    expires_at: UtcDatetime
 
 
 class ApprovalDecided(_Payload):

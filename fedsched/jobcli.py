@@ -143,7 +143,9 @@ def register(app: typer.Typer) -> None:
                                                                "the job this long; 0 = unknown: it runs until "
                                                                "cancelled)."),
         name: str = typer.Option("", "--name", help="A label for the job."),
-        request_id: str = typer.Option("", "--request-id", help="Idempotency key: resubmitting it returns the same job."),
+        request_id: str = typer.Option("", "--request-id", help="Idempotency key (yours, per tenant and project): the "
+                                                            "same spec again returns the same job; another spec is "
+                                                            "ALREADY_EXISTS."),
         server: str = SERVER,
         output: Output = OUTPUT,
         token: str = TOKEN,

@@ -11,13 +11,13 @@ memory in MiB; data sizes in bytes; durations in seconds; prices in currency uni
 
 from __future__ import annotations
 
-from datetime import datetime
 from enum import StrEnum
 from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from fedsched import naming
+from fedsched.clock import UtcDatetime
 
 
 class JobKind(StrEnum):
@@ -172,7 +172,7 @@ class JobSpec(BaseModel):
     forbidden_regions: tuple[str, ...] = ()
     residency_tags: tuple[str, ...] = ()
     datasets: tuple[Dataset, ...] = ()
-    start_deadline: datetime | None = None
+    start_deadline: UtcDatetime | None = None
     max_price_per_gpu_hour: float = Field(default=0.0, ge=0, le=1e6)
     preemptible: bool = False
     checkpointable: bool = False

@@ -29,9 +29,11 @@ def _check(query: str) -> str:
 def run_sql(query: str, *, data_dir: Path, nats_url: str = "", clickhouse_url: str = "",
             prefix: str = "fed", inbox_prefix: str = "", token: str | None = None) -> tuple[list[str], list[list], int]:
     """Columns, rows (at most :data:`~fedsched.store.MAX_QUERY_ROWS`) and the full row count of a
-    read-only query (on a handle of its own with :data:`~fedsched.store.READ_ONLY_SETTINGS`:
-    ClickHouse refuses writes, DDL and file/url access; 55 s execution limit). Through
-    ``nats_url`` the running system answers, for an admin's ``token`` only.
+    read-only query (on a handle of its own, :meth:`~fedsched.store.Store.reader`: ClickHouse's
+    parser checks it is one read statement without functions or table functions that reach the
+    host's files, programs or network; the engine refuses writes, DDL and settings changes and
+    stops it after 55 s or 1 GiB). Through ``nats_url`` the running system answers, for an
+    admin's ``token`` only.
 
     Raises:
         AuthError / PermissionDeniedError: (through NATS) no token, an unknown one, or not an admin's.

@@ -31,12 +31,14 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import logging
 import re
 import socket
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from datetime import datetime
 from importlib import resources
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
@@ -309,13 +311,141 @@ ClientFactory = Callable[[], Any]
 #: Rows an ad-hoc query returns at most (``fedsched sql``); more are cut, and the caller is told.
 MAX_QUERY_ROWS = 10_000
 
-#: Settings of every query on a :meth:`Store.reader` handle, applied in this order (``readonly``
-#: last, so it cannot be lifted): ``max_execution_time`` (s) bounds a runaway query; the result
-#: stops (``break``) past :data:`MAX_QUERY_ROWS` rows or 256 MB, so memory stays bounded;
-#: ``readonly=1`` refuses writes, DDL, settings changes and the table functions that reach
-#: outside the database (``file``, ``url``, ``executable``, ...).
-READ_ONLY_SETTINGS = {"max_execution_time": 55, "max_result_rows": MAX_QUERY_ROWS + 1,
-                      "max_result_bytes": 256 * 1024 * 1024, "result_overflow_mode": "break", "readonly": 1}
+@dataclass(frozen=True, slots=True)
+class ReadLimits:
+    """What one ad-hoc query on a :meth:`Store.reader` handle may use.
+
+    The engine enforces all of it: the handle's session gets these settings once, ``readonly=1``
+    last (after it nothing may change a setting, neither a ``SET`` nor a query's ``SETTINGS``
+    clause), and every query carries them again (a server sees them on each HTTP request).
+
+    Attributes:
+        max_execution_s: seconds after which ClickHouse stops the query (``max_execution_time``).
+        max_memory_bytes: bytes one query may allocate (``max_memory_usage``); past it the query
+            fails with MEMORY_LIMIT_EXCEEDED. Per query, so the writers' inserts in the same
+            engine are not counted against it and keep running.
+        max_result_rows / max_result_bytes: the result stops (``break``) past these, so a
+            huge answer cannot fill memory on the way out.
+    """
+
+    max_execution_s: int = 55
+    max_memory_bytes: int = 1024 ** 3
+    max_result_rows: int = MAX_QUERY_ROWS + 1
+    max_result_bytes: int = 256 * 1024 * 1024
+
+    def settings(self) -> dict[str, int | str]:
+        """The ClickHouse settings, in the order to apply them (``readonly`` last).
+
+        ``session_timezone=UTC`` makes time functions independent of the server's zone (see
+        :func:`_utc_session`); ``allow_introspection_functions=0`` refuses the functions that read the server binary's
+        symbols; ``readonly=1`` refuses writes, DDL, settings changes and every table function
+        that reaches outside the database (``file``, ``url``, ``s3``, ``executable``, ``remote``...).
+        """
+        return {"session_timezone": "UTC", "max_execution_time": self.max_execution_s,
+                "max_memory_usage": self.max_memory_bytes,
+                "max_result_rows": self.max_result_rows, "max_result_bytes": self.max_result_bytes,
+                "result_overflow_mode": "break", "allow_introspection_functions": 0, "readonly": 1}
+
+
+#: The settings of every query on a default :meth:`Store.reader` handle (see :class:`ReadLimits`).
+READ_ONLY_SETTINGS = ReadLimits().settings()
+
+#: Table functions an ad-hoc query may use: they make rows from their arguments or read this
+#: database's own tables. Every other one (``file``, ``url``, ``s3``, ``executable``, ``remote``,
+#: ``mysql``, ``python``...) reaches the host's files, programs or network.
+READ_TABLE_FUNCTIONS = ("numbers", "numbers_mt", "zeros", "zeros_mt", "generate_series", "generateSeries", "values",
+                        "null", "view", "generateRandom", "merge", "primes")
+_READ_TABLE_FUNCTIONS_LOWER = frozenset(n.lower() for n in READ_TABLE_FUNCTIONS)
+
+#: Functions an ad-hoc query may not call, with why. ``readonly`` does not stop them: ``file``
+#: (the scalar function) reads any file of the host in the embedded engine (clickhouse-local
+#: does not confine it to ``user_files_path``).
+DENIED_FUNCTIONS = {"file": "reads a file of the host", "catboostEvaluate": "loads a model file of the host",
+                    "showCertificate": "reads the server's certificate", "generateSerialID": "writes to Keeper",
+                    "getClientHTTPHeader": "reads the HTTP request"}
+
+#: ``system.functions`` categories an ad-hoc query may not call: the AI functions send data to
+#: a network service; the introspection ones read the binary's symbols or write the server log.
+DENIED_FUNCTION_CATEGORIES = {"AI": "sends data to a network AI provider",
+                              "Introspection": "reads the server's binary or writes its log"}
+
+#: The statements an ad-hoc query may be (``parseQueryToJSON`` type names).
+READ_STATEMENTS = frozenset({"SelectWithUnionQuery", "SelectIntersectExceptQuery", "ShowTablesQuery"})
+
+
+@dataclass(frozen=True, slots=True)
+class FunctionCatalog:
+    """Which function names an ad-hoc query may not use, from the engine's own ``system.functions``
+    (so aliases and case-insensitive spellings of a denied function are denied too).
+
+    Attributes:
+        denied: lower-cased spelling -> why it is refused.
+    """
+
+    denied: dict[str, str]
+
+    @classmethod
+    def from_rows(cls, functions: Iterable[tuple[str, str, str, str]]) -> "FunctionCatalog":
+        """Build from ``system.functions`` rows ``(name, alias_to, origin, categories)``."""
+        rows = list(functions)
+        reason: dict[str, str] = {}
+        for name, alias_to, origin, categories in rows:
+            if origin != "System":
+                reason[name] = f"is user-defined ({origin})"
+            elif name in DENIED_FUNCTIONS:
+                reason[name] = DENIED_FUNCTIONS[name]
+            elif categories in DENIED_FUNCTION_CATEGORIES:
+                reason[name] = DENIED_FUNCTION_CATEGORIES[categories]
+        denied = {n.lower(): why for n, why in reason.items()}
+        denied |= {k.lower(): v for k, v in DENIED_FUNCTIONS.items()}  # also where the engine lacks them
+        for name, alias_to, _origin, _categories in rows:
+            if alias_to and alias_to in reason:
+                denied[name.lower()] = reason[alias_to]
+        return cls(denied)
+
+
+def check_read_query(ast: dict, catalog: FunctionCatalog) -> None:
+    """Refuse an ad-hoc query that is not a plain read of the database (pure).
+
+    Args:
+        ast: the query as ClickHouse's parser sees it (``parseQueryToJSON``): nested dicts with
+            ``type``; functions are ``{"type": "Function", "name": ...}`` (a table function sits
+            under the key ``table_function``), ``APPLY f`` is ``{"func_name": "f"}``.
+        catalog: the denied names (:class:`FunctionCatalog`).
+
+    Raises:
+        ValidationError: (field ``sql``) a statement other than SELECT / SHOW TABLES / EXPLAIN
+            of a SELECT; ``INTO OUTFILE``; a denied function (``file``, AI, introspection,
+            user-defined); a table function outside :data:`READ_TABLE_FUNCTIONS`.
+    """
+    kind = ast.get("type", "")
+    if kind == "ExplainQuery":
+        kind = (ast.get("query") or {}).get("type", "")
+    if kind not in READ_STATEMENTS:
+        raise ValidationError("sql", f"ad-hoc SQL is read-only: only SELECT, SHOW TABLES and EXPLAIN (of a SELECT) may "
+                                     f"run, not {kind.removesuffix('Query') or 'this statement'}")
+
+    def walk(node: Any, key: str) -> None:
+        if isinstance(node, list):
+            for item in node:
+                walk(item, key)
+            return
+        if not isinstance(node, dict):
+            return
+        if node.get("out_file") is not None:
+            raise ValidationError("sql", "ad-hoc SQL is read-only: INTO OUTFILE would write a file of the host")
+        name = node.get("name") if node.get("type") == "Function" else node.get("func_name")
+        if isinstance(name, str) and name:
+            low = name.lower()
+            if key == "table_function" and low not in _READ_TABLE_FUNCTIONS_LOWER:
+                raise ValidationError("sql", f"ad-hoc SQL is read-only: the table function {name}() reaches outside "
+                                                 f"the database (allowed: {', '.join(READ_TABLE_FUNCTIONS)})")
+            if low in catalog.denied:
+                raise ValidationError("sql", f"ad-hoc SQL is read-only: the function {name}() {catalog.denied[low]}")
+        for k, v in node.items():
+            walk(v, k)
+
+    walk(ast, "")
 
 
 class Store:
@@ -332,17 +462,22 @@ class Store:
         reopen: makes a new client. After the engine became unavailable (a closed chDB handle,
             a lost server), the next call first opens a new client with it; None = keep the
             client (HTTP clients reconnect by themselves).
+        read_client: makes a client of its own for :meth:`reader` (None: no reader).
+        limits: set on a reader (see :meth:`reader`): every query is checked and runs read-only
+            within these limits. ``read_only=True`` without limits means the default ones.
     """
 
     def __init__(self, client: Any, database: str, *, embedded: bool, cluster: str | None = None,
                  reopen: ClientFactory | None = None, read_client: ClientFactory | None = None,
-                 read_only: bool = False, location: str = "") -> None:
-        self.client = client
+                 read_only: bool = False, location: str = "", limits: ReadLimits | None = None) -> None:
+        self.client = _utc_session(client) if limits is None and not read_only else client
         self.database = database
         self.location = location
         self.embedded = embedded
         self.cluster = cluster or None
-        self.read_only = read_only
+        self.limits = limits or (ReadLimits() if read_only else None)
+        self.read_only = self.limits is not None
+        self._catalog: FunctionCatalog | None = None
         self._reopen = reopen
         self._read_client = read_client
         self._broken = False
@@ -435,7 +570,8 @@ class Store:
         with self._lock:
             if self._broken and self._reopen is not None:
                 try:
-                    self.client = self._reopen()
+                    client = self._reopen()
+                    self.client = client if self.read_only else _utc_session(client)
                 except FedError:
                     raise
                 except Exception as e:  # noqa: BLE001
@@ -445,7 +581,7 @@ class Store:
             try:
                 return fn(self.client)
             except Exception as e:  # noqa: BLE001
-                err = _translate(e, read_only=self.read_only)
+                err = _translate(e, read_only=self.read_only, limits=self.limits)
                 if isinstance(err, UnavailableError):
                     self._broken = True
                 raise err from e
@@ -453,20 +589,38 @@ class Store:
     def _command(self, sql: str) -> None:
         self._call(lambda c: c.command(sql))
 
-    def reader(self) -> "Store":
+    def reader(self, limits: ReadLimits | None = None) -> "Store":
         """A read-only :class:`Store` on a client of its own, for ad-hoc (untrusted) SQL.
 
-        Every query on it runs with :data:`READ_ONLY_SETTINGS` (writes, DDL and file/url access
-        refused, 55 s execution limit, bounded results); it has its own lock, so a long query never holds up the writers, and
-        settings it applies never leak into the writers' session.
+        Every query on it is first parsed by ClickHouse (``parseQueryToJSON``) and refused unless
+        it is one read statement without ``INTO OUTFILE``, denied functions (``file`` reads host
+        files, AI functions the network...) or outside table functions (:func:`check_read_query`);
+        the engine's own formatting of that parse is what runs. The client's session is set to
+        ``limits`` (default :class:`ReadLimits`: 55 s, 1 GiB per query, bounded results) with
+        ``readonly=1`` last, so writes, DDL, settings changes and table functions reaching outside
+        are refused by the engine too. It has its own lock, so a long query never holds up the
+        writers, and its settings never leak into the writers' session.
 
         Raises:
             UnavailableError: a second handle cannot be opened.
         """
         if self._read_client is None:
             raise UnavailableError("this store cannot open a separate read handle")
-        return Store(self._read_client(), self.database, embedded=self.embedded, cluster=self.cluster,
-                     reopen=self._read_client, read_only=True, location=self.location)
+        limits = limits or ReadLimits()
+        factory = self._read_client
+
+        def locked_down():
+            client = factory()
+            try:
+                for key, value in limits.settings().items():  # readonly=1 last
+                    client.set_client_setting(key, value)
+            except Exception as e:  # noqa: BLE001
+                client.close()
+                raise UnavailableError(f"cannot make a read-only handle: {e}") from e
+            return client
+
+        return Store(locked_down(), self.database, embedded=self.embedded, cluster=self.cluster,
+                     reopen=locked_down, limits=limits, location=self.location)
 
     @property
     def identity(self) -> str:
@@ -477,19 +631,59 @@ class Store:
     def query(self, sql: str, parameters: dict[str, Any] | None = None, *, settings: dict | None = None) -> QueryResult:
         """Run a SELECT with ``{name:Type}`` parameters.
 
+        On a reader (:meth:`reader`) the query is checked first and the engine's canonical text
+        of it runs, with the reader's limits.
+
         Raises:
             UnavailableError: the engine/server cannot be reached.
-            ValidationError: the SQL is invalid, or writes on a read-only store (field ``sql``;
-                the message is ClickHouse's).
+            ValidationError: the SQL is invalid, or not a plain read on a read-only store, or ran
+                past a reader's time or memory limit (field ``sql``; the message says which).
         """
-        if self.read_only:  # the caller's settings first, ours after (readonly=1 last: nothing after it may change)
-            settings = {k: v for k, v in (settings or {}).items() if k not in READ_ONLY_SETTINGS} | READ_ONLY_SETTINGS
+        if self.limits is not None:  # the caller's settings first, ours after (readonly=1 last: nothing may change it)
+            sql = self._checked(sql)
+            ours = self.limits.settings()
+            settings = {k: v for k, v in (settings or {}).items() if k not in ours} | ours
         result = self._call(lambda c: c.query(sql, parameters=parameters or {}, settings=settings))
         return QueryResult(tuple(result.column_names), list(result.result_rows))
+
+    def _checked(self, sql: str) -> str:
+        """The engine's canonical text of ``sql`` once :func:`check_read_query` accepts its parse.
+
+        Raises:
+            ValidationError: a syntax error, several statements, a statement the parser cannot
+                show as JSON (DESCRIBE, EXISTS...), or what :func:`check_read_query` refuses.
+        """
+        with self._lock:
+            if self._catalog is None:
+                rows = self._call(lambda c: c.query(
+                    "SELECT name, alias_to, origin, toString(categories) FROM system.functions")).result_rows
+                self._catalog = FunctionCatalog.from_rows(rows)
+            try:
+                parsed, canonical = self._call(lambda c: c.query(
+                    "SELECT parseQueryToJSON({q:String}), formatQuery({q:String})",
+                    parameters={"q": sql})).result_rows[0]
+            except ValidationError as e:
+                if "not supported by parseQueryToJSON" in e.reason:  # statements it cannot show are no plain reads
+                    m = re.search(r"AST node of type '([A-Za-z]+?)(?:Query)?(?:_[^']*)?' does not support JSON",
+                                  e.reason)
+                    what = m.group(1) if m else (sql.split() or ["this statement"])[0][:20].upper()
+                    raise ValidationError("sql", f"ad-hoc SQL is read-only: only SELECT, SHOW TABLES and EXPLAIN (of a "
+                                                 f"SELECT) may run, not {what} (read system.tables or "
+                                                 f"system.columns instead)") from e
+                if "parseQueryToJSON" in e.reason and "UNKNOWN_FUNCTION" in e.reason:
+                    raise ValidationError("sql", "this ClickHouse cannot check ad-hoc SQL (it lacks parseQueryToJSON); "
+                                                 "ad-hoc SQL is refused") from e
+                raise
+        check_read_query(json.loads(parsed), self._catalog)
+        return canonical
 
     def insert(self, table: str, rows: Sequence[Sequence[Any]], columns: Sequence[str], *,
                dedup_token: str = "") -> int:
         """Insert ``rows`` (in ``columns`` order) into ``database.table``; returns the row count.
+
+        Datetimes are written as the instant they are: aware ones are converted to UTC, naive
+        ones are taken to be UTC (never the process's local zone, which is what the client
+        library would assume; see :func:`_utc_rows`).
 
         Args:
             dedup_token: ``insert_deduplication_token``: the engine drops a later insert with the
@@ -501,6 +695,7 @@ class Store:
         """
         if not rows:
             return 0
+        rows = _utc_rows(rows)
         settings: dict[str, Any] = {}
         if dedup_token:
             settings["insert_deduplication_token"] = dedup_token
@@ -569,6 +764,29 @@ class Store:
             self._broken = True
 
 
+def _utc_session(client: Any) -> Any:
+    """``client`` with ``session_timezone = 'UTC'``: the embedded engine's server zone is the
+    process's ``TZ``, and a server's is its own; with this, ``toDateTime('...')``, ``toStartOfDay``
+    on zone-less values and typed parameters without a zone mean UTC in every process."""
+    try:
+        client.set_client_setting("session_timezone", "UTC")
+    except Exception as e:  # noqa: BLE001 - translate
+        raise _translate(e) from e
+    return client
+
+
+def _utc_rows(rows: Sequence[Sequence[Any]]) -> Sequence[Sequence[Any]]:
+    """``rows`` with every datetime aware UTC (:func:`~fedsched.clock.as_utc`).
+
+    clickhouse-connect turns a naive datetime into an instant with the process's local zone
+    (``datetime.timestamp()``), so under ``TZ=Europe/Berlin`` a naive 00:30 UTC would be stored
+    as 22:30 the day before; an aware value is stored exactly.
+    """
+    from fedsched.clock import as_utc
+
+    return [[as_utc(v) if isinstance(v, datetime) else v for v in row] for row in rows]
+
+
 def dedup_token(table: str, keys: Iterable[tuple]) -> str:
     """The insert deduplication token of writing ``keys`` into ``table``: sha256 of both (hex)."""
     text = table + "\n" + "\n".join(sorted("\x1f".join(str(p) for p in k) for k in keys))
@@ -582,7 +800,7 @@ def dedup_token(table: str, keys: Iterable[tuple]) -> str:
 _UNAVAILABLE_CODES = {210, 209, 202, 203, 279, 242, 999, 241, 252, 159}
 
 
-def _translate(e: Exception, *, read_only: bool = False) -> FedError:
+def _translate(e: Exception, *, read_only: bool = False, limits: ReadLimits | None = None) -> FedError:
     """The engine's exception as a typed error: an answer from ClickHouse with an error code is
     about the query (:class:`ValidationError`, field ``sql``), unless the code says the server
     is unreachable or busy; no code and words like "connection"/"closed" mean unavailable. On a
@@ -591,9 +809,14 @@ def _translate(e: Exception, *, read_only: bool = False) -> FedError:
     low = text.lower()
     m = re.search(r"Code: (\d+)\.", text)
     code = int(m.group(1)) if m else None
+    limits = limits or ReadLimits()
     if code == 159 and read_only:
         return ValidationError("sql", f"the query ran past its time limit (max_execution_time, "
-                                      f"{READ_ONLY_SETTINGS['max_execution_time']} s)")
+                                      f"{limits.max_execution_s} s)")
+    if code == 241 and read_only:
+        return ValidationError("sql", f"the query needed more memory than an ad-hoc query may use (max_memory_usage, "
+                                      f"{limits.max_memory_bytes / 2 ** 30:g} GiB): "
+                                      f"{text.strip().splitlines()[0][:300]}")
     if code is not None and code not in _UNAVAILABLE_CODES:
         return ValidationError("sql", text.strip().splitlines()[0][:1000])
     if m or any(s in low for s in ("connection", "timed out", "timeout", "refused", "unreachable", "closed",

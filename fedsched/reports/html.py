@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import html
 import math
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any, Iterable, Sequence
 
+from fedsched.clock import as_utc
 from fedsched.reports.run import ReportResult, Window
 
 #: Series colours (Okabe-Ito, readable for colour-blind people), then a few more.
@@ -344,7 +345,7 @@ def html_page(results: Iterable[ReportResult], window: Window, *, source: str = 
               generated_at: datetime | None = None) -> str:
     """The whole page for ``results`` (from :func:`~fedsched.reports.run.run_reports`)."""
     by_name = {r.query.name: r for r in results}
-    when = (generated_at or datetime.now()).strftime("%Y-%m-%d %H:%M")
+    when = as_utc(generated_at or datetime.now(UTC)).strftime("%Y-%m-%d %H:%M UTC")
     span = f"{window.start:%Y-%m-%d %H:%M:%S} → {window.end:%Y-%m-%d %H:%M:%S} UTC"
     nav = "".join(f'<a href="#{a}">{_esc(h)}</a>' for a, h, names in SECTIONS if any(n in by_name for n in names))
     sections = []

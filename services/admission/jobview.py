@@ -200,7 +200,8 @@ class JobView:
 
     def __init__(self) -> None:
         self.jobs: dict[str, JobRecord] = {}
-        self.by_request: dict[tuple[str, str], str] = {}
+        #: (principal, tenant, project, request id) -> job id: the submitters' idempotency keys
+        self.by_request: dict[tuple[str, str, str, str], str] = {}
         self.open_by_tenant: dict[str, set[str]] = {}  #: tenant -> ids of its jobs not yet ended
         self._changed: dict[str, asyncio.Event] = {}
         self.applied_seq = 0
@@ -226,7 +227,7 @@ class JobView:
                         shards=[ShardRecord(i) for i in range(sub.spec.shards)])
         self.jobs[env.job_id] = rec
         if sub.request_id:
-            self.by_request[(sub.spec.tenant, sub.request_id)] = env.job_id
+            self.by_request[(sub.submitted_by, sub.spec.tenant, sub.spec.project, sub.request_id)] = env.job_id
         self._notify(rec)
 
     # The folds below take a job not yet ended (see _open_job) and return whether it changed.
@@ -417,9 +418,10 @@ class JobView:
             event = self._changed[job_id] = asyncio.Event()
         return event
 
-    def find_request(self, tenant: str, request_id: str) -> JobRecord | None:
-        """The job a tenant's earlier request with ``request_id`` created, if any."""
-        job_id = self.by_request.get((tenant, request_id))
+    def find_request(self, principal: str, tenant: str, project: str, request_id: str) -> JobRecord | None:
+        """The job ``principal``'s earlier request with ``request_id`` for ``tenant``/``project``
+        created, if any (the idempotency key is all four)."""
+        job_id = self.by_request.get((principal, tenant, project, request_id))
         return self.jobs.get(job_id) if job_id else None
 
 

@@ -13,8 +13,10 @@ certificates required when a client CA is given (mTLS).
 A submission is validated (known tenant and project, sane resources, canonical card models,
 names by the naming rules, limits of the policy), checked against the tenant's cross-region
 policy (a job may narrow it, never widen it), its quota (a job that could never fit is
-refused) and its budget (:mod:`services.admission.rules`), then gets its job id and is
-published as ``job.submitted`` stamped with the policy version. Bad input gets INVALID_ARGUMENT
+refused) and its budget (:mod:`services.admission.rules`; the check and the hold of the job's
+worst-case cost are one step, so concurrent submissions never hold more than the budget:
+:meth:`JobServicer._check_and_hold`), then gets its job id and is published as
+``job.submitted`` stamped with the policy version. Bad input gets INVALID_ARGUMENT
 whose message starts with the offending field (also in trailing metadata ``fedsched-field``);
 quota and budget refusals get RESOURCE_EXHAUSTED naming the limit (``fedsched-limit``); a GPU
 job that no cluster of the agents' latest inventory could ever hold in the regions it may use
@@ -23,16 +25,20 @@ A queued job the scheduler finds unplaceable holds no budget while it stays so.
 Refusals are published as ``submission.rejected`` so the audit log has the submission success
 rate.
 
-Idempotency: with a ``request_id``, the job id and the event id are derived from
-(tenant, request_id), so concurrent retries publish the same message id (JetStream keeps one)
-and later retries find the job in the view's request index (before any other check, so a
-retry returns the same job even if the budget ran out meanwhile).
+Idempotency: with a ``request_id``, the job id and the event id are derived from the caller's
+key (principal, tenant, project, request_id: :func:`request_job_id`), so concurrent retries
+publish the same message id (JetStream keeps one) and later retries find the job in the view's
+request index (before quota and budget, so a retry returns the same job even if the budget ran
+out meanwhile). Another caller or project using the same request id gets a job of its own; the
+same key with a different spec is ALREADY_EXISTS (naming the job only to a caller who may read it).
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import itertools
+import json
 import logging
 import uuid
 from dataclasses import dataclass
@@ -55,13 +61,13 @@ from fedsched.auth import Principal
 from fedsched.bus import Bus, Delivery, StreamFollower
 from fedsched.clock import Clock
 from fedsched.dispatch import EventTable, SkippedTypes
-from fedsched.errors import (AuthError, ConflictError, FedError, NotFoundError, PermissionDeniedError,
-                             QuotaExceededError, UnavailableError, ValidationError)
+from fedsched.errors import (AlreadyExistsError, AuthError, ConflictError, FedError, NotFoundError,
+                             PermissionDeniedError, QuotaExceededError, UnavailableError, ValidationError)
 from fedsched.events import InventorySnapshot, JobCancelRequested, JobSubmitted, SubmissionRejected, Subjects, \
     business_event_id, make_event
 from fedsched.events import APPROVAL_OUTCOMES, Envelope, EventType
 from fedsched.governance import Governance
-from fedsched.jobs import TERMINAL_STATES, JobState
+from fedsched.jobs import TERMINAL_STATES, JobSpec, JobState
 from fedsched.naming import check_name, is_name
 from fedsched.policystore import PolicyFollower, PolicyHolder
 from fedsched.ports import Publisher
@@ -100,6 +106,7 @@ _CODES: list[tuple[type[FedError], grpc.StatusCode]] = [
     (AuthError, grpc.StatusCode.UNAUTHENTICATED),
     (ValidationError, grpc.StatusCode.INVALID_ARGUMENT),
     (NotFoundError, grpc.StatusCode.NOT_FOUND),
+    (AlreadyExistsError, grpc.StatusCode.ALREADY_EXISTS),
     (ConflictError, grpc.StatusCode.FAILED_PRECONDITION),
     (QuotaExceededError, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (UnavailableError, grpc.StatusCode.UNAVAILABLE),
@@ -274,6 +281,14 @@ def explain_to_pb(rec: JobRecord) -> pb.ExplainJobResponse:
             msg.clusters.append(v)
         out.decisions.append(msg)
     return out
+def request_job_id(principal: str, tenant: str, project: str, request_id: str) -> str:
+    """The job id of a submission with a ``request_id``: ``j-`` and 20 hex of SHA-256 over the
+    idempotency key (principal, tenant, project, request id), JSON-encoded so no two keys
+    share a text. Two callers, or two projects, using the same request id get two jobs."""
+    key = json.dumps([principal, tenant, project, request_id], ensure_ascii=True)
+    return "j-" + hashlib.sha256(key.encode()).hexdigest()[:20]
+
+
 def check_job_access(principal: Principal, rec: JobRecord, *, write: bool = False) -> None:
     """Raise unless ``principal`` may read (or, with ``write``, cancel) the job ``rec``.
 
@@ -360,6 +375,8 @@ class JobServicer(pb_grpc.JobServiceServicer):
         self.clusters = clusters if clusters is not None else {}
         self._limits: tuple[str, Limits] | None = None
         self._worst: dict[str, Decimal] = {}  # job id -> its worst-case cost (budget holds), computed once
+        # tenant -> job id -> worst-case cost held while its job.submitted is being published (not in the view yet)
+        self._holds: dict[str, dict[str, Decimal]] = {}
 
     def gov(self) -> Governance:
         """The policy in force (the interceptor guarantees one exists)."""
@@ -391,7 +408,7 @@ class JobServicer(pb_grpc.JobServiceServicer):
         principal = auth.current()
         try:
             return await self._submit(request, principal)
-        except (ValidationError, QuotaExceededError, PermissionDeniedError, ConflictError) as e:
+        except (ValidationError, QuotaExceededError, PermissionDeniedError, ConflictError, AlreadyExistsError) as e:
             await self._record_rejection(request, e, principal)
             raise
 
@@ -414,10 +431,6 @@ class JobServicer(pb_grpc.JobServiceServicer):
                                                   f"(has {', '.join(sorted(tenant.projects))})")
         if not principal.can_submit(tenant.name, raw.project):
             raise PermissionDeniedError(f"{principal.name} may not submit jobs for {tenant.name}/{raw.project or '?'}")
-        if rid:
-            existing = self.view.find_request(tenant.name, rid)
-            if existing is not None:
-                return pb.SubmitJobResponse(job_id=existing.job_id, state=STATE_TO_PB[existing.state], duplicate=True)
         spec = spec_from_pb(raw, limits=limits, default_home=tenant.home_region,
                             known_models=frozenset(self.known_models))
         regions = self.known_regions | {t.home_region for t in gov.tenants.values()}
@@ -427,23 +440,107 @@ class JobServicer(pb_grpc.JobServiceServicer):
                 if r not in regions:
                     raise ValidationError(field, f"unknown region {r!r} (known: {', '.join(sorted(regions))})")
         spec = gov.admit_spec(spec, locality_given=raw.locality != pb.LOCALITY_UNSPECIFIED)
+        if rid:  # a retry gets its job back before quota and budget are checked again
+            existing = self.view.find_request(principal.name, spec.tenant, spec.project, rid)
+            if existing is not None:
+                return self._retried(existing, spec, rid, principal)
         check_quota_can_fit(gov, spec, self.known_models, regions)
+        job_id = request_job_id(principal.name, spec.tenant, spec.project, rid) if rid else "j-" + uuid.uuid4().hex[:20]
         check_can_ever_run(spec, self.clusters, regions)
+        hold = self._check_and_hold(gov, spec, job_id, regions)
+        try:
+            return await self._publish_submission(gov, spec, rid, principal, job_id)
+        finally:
+            self._release(spec.tenant, job_id, hold)
+
+    def _check_and_hold(self, gov: Governance, spec: JobSpec, job_id: str, regions: set[str]) -> bool:
+        """Check the tenant's budget and hold this job's worst-case cost against it, as one step.
+
+        Nothing is awaited between the check and the hold, so on the event loop no other
+        submission can pass the check on the same money (200 at once against a budget of
+        100 CNY with 4.5 CNY jobs accept exactly 22). What is held: the worst cases of the
+        tenant's open jobs in the view, plus those of submissions still being published
+        (:attr:`_holds`; a job the view already has is counted once, from the view).
+
+        Returns:
+            True if a hold was placed (the tenant has a budget); release it with :meth:`_release`.
+
+        Raises:
+            QuotaExceededError / ValidationError: see :func:`~services.admission.rules.check_budget`
+                (the message names the amount held).
+        """
+        holds = self._holds.get(spec.tenant, {})
+        open_costs = itertools.chain(
+            (self._worst_case(j, regions) for j in self.view.open_by_tenant.get(spec.tenant, ())
+             if j in self.view.jobs and _holds_budget(self.view.jobs[j])),
+            (cost for j, cost in holds.items() if j not in self.view.jobs and j != job_id))
         check_budget(gov, self.spend, spec, self.clock.time(), self.prices, self.known_models, regions,
-                     open_costs=(self._worst_case(j, regions) for j in self.view.open_by_tenant.get(spec.tenant, ())
-                                 if j in self.view.jobs and _holds_budget(self.view.jobs[j])))  # lazy: only with a budget
-        if rid:
-            job_id = "j-" + hashlib.sha256(f"{spec.tenant}/{rid}".encode()).hexdigest()[:20]
-        else:
-            job_id = "j-" + uuid.uuid4().hex[:20]
+                     open_costs=open_costs)  # lazy: walked only for a tenant with a budget
+        if gov.budget(spec.tenant) is None:
+            return False
+        worst = worst_case_cost(spec, self.prices, self.known_models, regions)
+        self._holds.setdefault(spec.tenant, {})[job_id] = worst[0] if worst else Decimal(0)
+        return True
+
+    def _release(self, tenant: str, job_id: str, held: bool) -> None:
+        """Drop a submission's hold: published (the view holds the job now) or failed."""
+        if not held:
+            return
+        holds = self._holds.get(tenant)
+        if holds is not None:
+            holds.pop(job_id, None)
+            if not holds:
+                del self._holds[tenant]
+
+    async def _publish_submission(self, gov: Governance, spec: JobSpec, rid: str, principal: Principal,
+                                  job_id: str) -> pb.SubmitJobResponse:
+        """Publish ``job.submitted`` and apply it to the view (the job then holds its budget there)."""
         event = make_event(EventType.JOB_SUBMITTED, JobSubmitted(spec=spec, request_id=rid, submitted_by=principal.name),
                            producer="admission", occurred_at=self.clock.time(),
                            event_id=business_event_id(job_id, "submitted"), tenant=spec.tenant, project=spec.project,
                            job_id=job_id, actor=principal.name, policy_version=gov.version)
         ack = await self.publisher.publish(self.subjects.job("submitted", spec.tenant, spec.project), event)
+        if ack.duplicate:  # the same key was published first by another call: its job is the one in the stream
+            existing = await self._await_job(job_id)
+            return self._retried(existing, spec, rid, principal)
         self.view.apply(event)
-        return pb.SubmitJobResponse(job_id=job_id, state=STATE_TO_PB[self.view.jobs[job_id].state],
-                                    duplicate=bool(ack.duplicate))
+        return pb.SubmitJobResponse(job_id=job_id, state=STATE_TO_PB[self.view.jobs[job_id].state], duplicate=False)
+
+    def _retried(self, existing: JobRecord, spec: JobSpec, rid: str, principal: Principal) -> pb.SubmitJobResponse:
+        """The answer to a submission whose idempotency key (principal, tenant, project,
+        request id) already made ``existing``: that job when the spec is the same.
+
+        Raises:
+            AlreadyExistsError: the spec differs; the message names the existing job only when
+                the caller may read it.
+        """
+        if existing.spec.model_dump(mode="json") == spec.model_dump(mode="json"):
+            return pb.SubmitJobResponse(job_id=existing.job_id, state=STATE_TO_PB[existing.state], duplicate=True)
+        try:
+            check_job_access(principal, existing)
+            which = f"job {existing.job_id}"
+        except PermissionDeniedError:
+            which = "another job"
+        raise AlreadyExistsError(f"request_id {rid!r} of {principal.name} in {spec.tenant}/{spec.project} already "
+                                 f"made {which} with a different spec; use a new request_id for a new job")
+
+    async def _await_job(self, job_id: str, timeout_s: float = 10.0) -> JobRecord:
+        """The view's record of ``job_id`` once it has one (another call published it first).
+
+        Raises:
+            UnavailableError: not there within ``timeout_s`` (the caller may retry).
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while job_id not in self.view.jobs:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise UnavailableError(f"job {job_id} was submitted by a concurrent call but is not visible yet; retry")
+            try:
+                await asyncio.wait_for(self.view.changed(job_id).wait(), remaining)
+            except asyncio.TimeoutError:
+                pass
+        return self.view.jobs[job_id]
 
     async def _record_rejection(self, request: pb.SubmitJobRequest, e: FedError, principal: Principal) -> None:
         tenant = request.spec.tenant if request.HasField("spec") else ""

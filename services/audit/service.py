@@ -20,6 +20,7 @@ import logging
 from datetime import datetime
 
 from fedsched.bus import Bus, Delivery, DurableConsumer
+from fedsched.clock import as_utc
 from fedsched.dispatch import EventTable
 from fedsched.events import Envelope, EventType, InventorySnapshot, JobPending, JobPlaced
 from fedsched.store import AsyncStore
@@ -35,7 +36,9 @@ INVENTORY_COLUMNS = ("event_id", "at", "region", "zone", "cluster", "card_model"
 
 
 def _naive_utc(dt: datetime) -> datetime:
-    return dt.replace(tzinfo=None) if dt.tzinfo else dt
+    """The instant ``dt`` as aware UTC (an offset is converted, never dropped; see
+    :func:`~fedsched.clock.as_utc`), as the ``DateTime64(3, 'UTC')`` columns take it."""
+    return as_utc(dt)
 
 
 def event_row(d: Delivery) -> list:

@@ -53,10 +53,10 @@ _SPEND_SQL = """
 
 
 def month_bounds(month: str) -> tuple[datetime, datetime]:
-    """[first instant, first instant of the next month) of ``YYYY-MM`` (naive UTC)."""
+    """[first instant, first instant of the next month) of ``YYYY-MM`` (aware UTC)."""
     year, mon = (int(x) for x in month.split("-"))
-    start = datetime(year, mon, 1)
-    end = datetime(year + (mon == 12), mon % 12 + 1, 1)
+    start = datetime(year, mon, 1, tzinfo=UTC)
+    end = datetime(year + (mon == 12), mon % 12 + 1, 1, tzinfo=UTC)
     return start, end
 
 
@@ -145,7 +145,7 @@ class BillingService:
         for ln in lines:
             usage = UsageRecorded(gpu_seconds=ln.gpu_seconds, cost=str(ln.cost), currency=ln.currency)
             event = make_event(EventType.USAGE_RECORDED, usage, producer="billing",
-                               occurred_at=ln.ended_at.replace(tzinfo=UTC).timestamp(),
+                               occurred_at=ln.ended_at.timestamp(),
                                event_id=business_event_id(ln.usage_id, "usage"), region=ln.region, zone=ln.zone,
                                cluster=ln.cluster, tenant=ln.tenant, project=ln.project, job_id=ln.job_id,
                                attempt=ln.attempt, actor="billing")

@@ -31,9 +31,10 @@ Money is Decimal, rounded half-even to 6 places once per line (:func:`fedsched.p
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from decimal import Decimal
 
+from fedsched.clock import as_utc
 from fedsched.dispatch import EventTable
 from fedsched.events import Envelope, EventType, JobPlaced, JobStatus
 from fedsched.pricing import PriceCatalog, money
@@ -53,7 +54,7 @@ _BYTES_PER_GB = Decimal(1_000_000_000)
 class UsageLine:
     """One priced ``usage`` row (field order = :data:`USAGE_COLUMNS`).
 
-    Times are naive UTC at millisecond precision; money is Decimal with 6 places.
+    Times are aware UTC at millisecond precision; money is Decimal with 6 places.
     """
 
     usage_id: str
@@ -92,9 +93,9 @@ class UsageLine:
 
 
 def to_ms(dt: datetime) -> datetime:
-    """``dt`` as naive UTC truncated to whole milliseconds (what a DateTime64(3) column keeps)."""
-    if dt.tzinfo is not None:
-        dt = dt.astimezone(UTC).replace(tzinfo=None)
+    """``dt`` as aware UTC truncated to whole milliseconds (what a DateTime64(3, 'UTC') column
+    keeps); a naive ``dt`` is taken to be UTC (:func:`~fedsched.clock.as_utc`), never local time."""
+    dt = as_utc(dt)
     return dt.replace(microsecond=dt.microsecond // 1000 * 1000)
 
 
@@ -148,7 +149,7 @@ def compute_line(e: Envelope, catalog: PriceCatalog) -> UsageLine | None:
     cost = Decimal(0)
     prices = set()
     for seg_start, seg_ms in price_segments(start, end, catalog):
-        at = seg_start.replace(tzinfo=UTC)
+        at = seg_start
         if s.gpu_milli > 0:
             unit = catalog.gpu_hour(e.region, s.card_model, at)
             cost += Decimal(s.gpu_milli) / 1000 * Decimal(seg_ms) / _MS_PER_HOUR * unit

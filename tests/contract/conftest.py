@@ -83,7 +83,7 @@ class Engine:
                     raise UnavailableError("embedded ClickHouse is locked (simulated outage)")
                 return clickhouse_connect.get_client(interface="chdb", path=path)
 
-            store = Store(connect(), database, embedded=True, reopen=connect)
+            store = Store(connect(), database, embedded=True, reopen=connect, read_client=connect)
             store.migrate()
         else:
             store = open_store(url=self.proxied_url, database=database)

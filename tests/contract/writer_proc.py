@@ -1,13 +1,16 @@
 """A separate process running audit + billing, for kill -9 tests.
 
     python -m tests.contract.writer_proc --nats URL --prefix P --database DB (--chdb DIR | --url URL)
-        [--crash-mid-batch] [--expect N]
+        [--crash-mid-batch] [--expect N] [--dump]
 
 ``--crash-mid-batch``: the second ``events`` insert of audit commits only half its rows, and
 billing's first ``usage`` insert commits but its spend and ``usage.recorded`` never follow; each
 then prints ``MID-BATCH <service>`` and hangs, so the test can SIGKILL the process mid-batch.
 Without it: write until the store holds ``--expect`` events and both consumers have no lag, then
-print the counts as one JSON line and exit.
+print the counts as one JSON line and exit. ``--dump`` adds a second JSON line with every
+``events`` and ``usage`` row (times as the store keeps them, UTC text and epoch ms) and the
+monthly chargeback (SQL by ``toYYYYMM(ended_at)`` and :meth:`BillingService.spend`), so a test
+can compare writers run under different ``TZ`` values.
 """
 
 from __future__ import annotations
@@ -68,7 +71,24 @@ async def main(a) -> None:
                      f"FROM {db}.usage").rows[0]
     print(json.dumps({"events": ev[0], "event_ids": ev[1], "usage": us[0], "usage_ids": us[1], "cost": str(us[2]),
                       "transfer_lines": us[3]}), flush=True)
+    if a.dump:
+        print(json.dumps(await _dump(store, billing), default=str), flush=True)
     await bus.close()
+
+
+async def _dump(store, billing: BillingService) -> dict:
+    db = store.database
+    events = store.query(f"SELECT event_id, type, occurred_at, toString(occurred_at), "
+                         f"toUnixTimestamp64Milli(occurred_at) FROM {db}.events ORDER BY event_id").rows
+    usage = store.query(f"SELECT usage_id, line, started_at, ended_at, toString(started_at), toString(ended_at), "
+                        f"toUnixTimestamp64Milli(ended_at) - toUnixTimestamp64Milli(started_at), gpu_seconds, cost "
+                        f"FROM {db}.usage ORDER BY usage_id").rows
+    months = store.query(f"SELECT tenant, toString(toYYYYMM(ended_at)), sum(cost) FROM {db}.usage "
+                         f"GROUP BY 1, 2 ORDER BY 1, 2").rows
+    spend = {f"{t}.{m[:4]}-{m[4:]}": str(await billing.spend(t, f"{m[:4]}-{m[4:]}")) for t, m, _ in months}
+    return {"events": [[*r[:2], r[2].isoformat(), *r[3:]] for r in events],
+            "usage": [[*r[:2], r[2].isoformat(), r[3].isoformat(), *r[4:]] for r in usage],
+            "months": months, "spend": spend}
 
 
 if __name__ == "__main__":
@@ -80,5 +100,6 @@ if __name__ == "__main__":
     p.add_argument("--url", default="")
     p.add_argument("--crash-mid-batch", action="store_true")
     p.add_argument("--expect", type=int, default=0)
+    p.add_argument("--dump", action="store_true")
     asyncio.run(main(p.parse_args()))
     sys.exit(0)

@@ -91,9 +91,14 @@ def test_up_submit_sql_ctrl_c_and_resume(tmp_path):
     try:
         again = _run("job", job_id, "--server", grpc, "-o", "json", data_dir=tmp_path)
         assert again.returncode == 0 and '"JOB_STATE_RUNNING"' in again.stdout, again.stdout
-        dup = _run("submit", "--server", grpc, "--tenant", "vision", "--project", "serve", "--gpus", "1",
-                   "--gpu-milli", "500", "--cpu-milli", "2000", "--request-id", "cli-1", data_dir=tmp_path)
-        assert job_id in dup.stdout and "duplicate" in dup.stdout
+        dup = _run("submit", "--server", grpc, "--tenant", "vision", "--project", "serve", "--kind", "inference",
+                   "--gpus", "1", "--gpu-milli", "500", "--cpu-milli", "2000", "--duration", "3600",
+                   "--request-id", "cli-1", data_dir=tmp_path)
+        assert job_id in dup.stdout and "duplicate" in dup.stdout, dup.stdout + dup.stderr
+        changed = _run("submit", "--server", grpc, "--tenant", "vision", "--project", "serve", "--gpus", "1",
+                       "--gpu-milli", "500", "--cpu-milli", "2000", "--request-id", "cli-1", data_dir=tmp_path)
+        assert changed.returncode == 1 and "ALREADY_EXISTS" in changed.stderr and job_id in changed.stderr, \
+            changed.stdout + changed.stderr
     finally:
         _stop(proc)
     offline = _run("sql", "--data-dir", str(tmp_path), "-o", "json",
@@ -142,9 +147,13 @@ def _store_queries_are_read_only(nats_port: int, grpc: str, data_dir: Path) -> N
     assert not_admin.returncode == 1 and "not an admin" in not_admin.stderr, not_admin.stderr
     secret = _run("sql", "--nats-url", url, f"SELECT * FROM file('{data_dir / 'admin.token'}', 'LineAsString')",
                   data_dir=data_dir)
-    assert secret.returncode == 1 and "readonly" in secret.stderr.lower(), secret.stdout + secret.stderr
+    assert secret.returncode == 1 and "read-only" in secret.stderr.lower(), secret.stdout + secret.stderr
+    scalar = _run("sql", "--nats-url", url, f"SELECT file('{data_dir / 'admin.token'}')", "-o", "json",
+                  data_dir=data_dir)  # the scalar function, which readonly=1 alone lets through
+    assert scalar.returncode == 1 and "file() reads a file of the host" in scalar.stderr, scalar.stdout + scalar.stderr
+    assert (data_dir / "admin.token").read_text().strip() not in scalar.stdout + scalar.stderr
     ins = _run("sql", "--nats-url", url, "INSERT INTO fedsched.events (event_id) VALUES ('forged')", data_dir=data_dir)
-    assert ins.returncode == 1 and "readonly" in ins.stderr.lower(), ins.stderr
+    assert ins.returncode == 1 and "read-only" in ins.stderr.lower(), ins.stderr
     ddl = _run("sql", "--nats-url", url, "DROP TABLE fedsched.usage", data_dir=data_dir)
     assert ddl.returncode == 1, ddl.stdout
     sub = _run("submit", "--server", grpc, "--tenant", "search", "--project", "train", "--gpus", "1",

@@ -193,3 +193,47 @@ async def test_a_job_that_cannot_run_now_holds_no_budget_until_it_can(admission,
     await pending(True)  # capacity joined: it can run some day, and holds its worst case again
     assert await until(lambda: not admission.view.jobs[first.job_id].unplaceable)
     assert await _submit(admission.port, _job(estimated_duration_seconds=seconds)) == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+SMALL_BUDGET_TENANTS = TENANTS.replace("{name: vision, home_region: cn-south-1, projects: [train, serve, batch]}",
+                                       "{name: vision, home_region: cn-south-1, projects: [train, serve, batch], "
+                                       "budget: {monthly: \"100\", currency: CNY}}")
+
+
+async def test_concurrent_submits_never_hold_more_than_the_budget(bus):
+    """200 submits at once, each with a worst case of 4.5 CNY, against 100 CNY: the check and the
+    hold are one step, so exactly floor(100 / 4.5) = 22 are accepted (as one at a time), and
+    every refusal says how much is held."""
+    await store_policy(bus, policy_doc(tenants=SMALL_BUDGET_TENANTS))
+    svc = AdmissionService(bus, SystemClock(), address="127.0.0.1:0", spend_poll_s=0.05)
+    svc.known_models.add("nvidia-t4-16gb")
+    task = asyncio.create_task(svc.run())
+    try:
+        await asyncio.wait_for(svc.ready.wait(), 20)
+        # 1 attempt x 1 GPU x 1 h x 4.5 CNY/GPU-h (the job's price cap bounds its worst case)
+        job = _job(estimated_duration_seconds=3600, max_price_per_gpu_hour=4.5, retry_limit=0)
+        channels = [channel(svc.port, "carol") for _ in range(4)]
+        stubs = [pb_grpc.JobServiceStub(ch) for ch in channels]
+
+        async def submit(i: int):
+            try:
+                return await stubs[i % len(stubs)].SubmitJob(job, timeout=60)
+            except grpc.aio.AioRpcError as e:
+                return e
+
+        try:
+            results = await asyncio.gather(*(submit(i) for i in range(200)))
+        finally:
+            for ch in channels:
+                await ch.close()
+        accepted = [r for r in results if isinstance(r, pb.SubmitJobResponse)]
+        refused = [r for r in results if not isinstance(r, pb.SubmitJobResponse)]
+        assert len(accepted) == 22 and len({r.job_id for r in accepted}) == 22
+        assert {r.code() for r in refused} == {grpc.StatusCode.RESOURCE_EXHAUSTED}
+        assert all(r.details().startswith("budget.vision:") and "may cost up to 4.500000 CNY" in r.details()
+                   and "99.000000 CNY held by its open jobs" in r.details() for r in refused), refused[0].details()
+        assert len(svc.view.open_by_tenant["vision"]) == 22
+        assert svc.servicer._holds == {}  # every hold was handed to the view or released
+    finally:
+        svc.stop()
+        await task

@@ -56,8 +56,8 @@ def test_events_without_an_interval_make_no_compute_line(type_, started):
 def test_interval_is_taken_at_millisecond_precision_like_the_store():
     start = T0 + timedelta(microseconds=123_999)
     line = compute_line(_status("job.finished", seconds=1.0, start=start), CATALOG)
-    assert line.started_at == datetime(2023, 3, 1, 12, 0, 0, 123_000)
-    assert line.ended_at == datetime(2023, 3, 1, 12, 0, 1, 123_000)  # 1.123999 s -> truncated
+    assert line.started_at == datetime(2023, 3, 1, 12, 0, 0, 123_000, tzinfo=UTC)
+    assert line.ended_at == datetime(2023, 3, 1, 12, 0, 1, 123_000, tzinfo=UTC)  # 1.123999 s -> truncated
     assert to_ms(start) == line.started_at
 
 
