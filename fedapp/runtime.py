@@ -37,7 +37,7 @@ from fedsched.bus import Bus
 from fedsched.clock import Clock, SystemClock
 from fedsched.errors import ConflictError, FedError, UnavailableError
 from fedsched.natsd import EmbeddedNats
-from fedsched.client import NATS_PASSWORD_FILE
+from fedapp.client import NATS_PASSWORD_FILE
 from fedsched.pricing import PriceCatalog, load_price_catalog
 from fedsched.governance import bundled_policy_text
 from fedsched.policystore import PolicyFollower, PolicyHolder, bootstrap
@@ -439,7 +439,7 @@ class System:
 def nats_password(data_dir: Path) -> str:
     """The embedded NATS password of ``data_dir`` (``data_dir/nats.password``, mode 0600; made
     at first start). Local CLI commands read it to reach the bus (see
-    :func:`fedsched.client.with_local_credentials`)."""
+    :func:`fedapp.client.with_local_credentials`)."""
     path = data_dir / NATS_PASSWORD_FILE
     try:
         text = path.read_text().strip()

@@ -37,8 +37,9 @@ from fedsched import naming
 from fedsched.auth import ANY, Grant, Principal, hash_token
 from fedsched.errors import InvalidName, ValidationError
 from fedsched.jobs import JobKind, JobSpec, Locality
+from fedsched.policynames import SCORER_NAMES
+from fedsched.quota import QuotaRule
 from fedsched.yamltext import load_yaml
-from services.scheduler.core.quota import QuotaRule
 
 Mode = Literal["forbidden", "approval", "allowed"]
 MODES: tuple[str, ...] = ("forbidden", "approval", "allowed")  #: most restrictive first
@@ -320,10 +321,8 @@ class PolicyDoc(_Doc):
 
 
 def known_scorers() -> frozenset[str]:
-    """Names of the scorers the scheduling policies use."""
-    from services.scheduler.core.policy import POLICY_NAMES, build_policy
-
-    return frozenset(sc.name for name in POLICY_NAMES for sc, _ in build_policy(name).weights)
+    """Names of the scorers the scheduling policies use (:data:`fedsched.policynames.SCORER_NAMES`)."""
+    return SCORER_NAMES
 
 
 # --------------------------------------------------------------------------- parsing
@@ -706,7 +705,7 @@ class Governance:
 
     @cached_property
     def quota_rules(self) -> tuple[QuotaRule, ...]:
-        """The quotas as rules for :class:`~services.scheduler.core.quota.QuotaBook`."""
+        """The quotas as rules for :class:`~fedsched.quota.QuotaBook`."""
         rules = []
         for q in self.doc.quotas:
             borrow = None if q.borrowing_limit_gpus is None else round(q.borrowing_limit_gpus * 1000)

@@ -30,7 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable
 
-from services.scheduler.core.reasons import PASS, Reason, Verdict, fail
+from fedsched.reasons import PASS, Reason, Verdict, fail
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,7 +12,7 @@ from fedsched.api.v1 import governance_pb2_grpc as gpb_grpc
 from fedsched.api.v1 import jobs_pb2_grpc as pb_grpc
 from fedsched.auth import hash_token
 from fedsched.bus import Bus
-from fedsched.client import aio_channel
+from fedapp.client import aio_channel
 from fedsched.governance import PolicyDoc, parse_policy
 from fedsched.policystore import StoredPolicy, read_policy, write_policy
 

@@ -1,7 +1,7 @@
 """CLI commands over the governance API: approvals, approve, reject, tenants, quota, principal,
 policy apply|show|diff, and ``token new`` (local).
 
-Like the job commands (:mod:`fedsched.jobcli`) they talk to admission at ``--server`` with the
+Like the job commands (:mod:`fedapp.cli.jobs`) they talk to admission at ``--server`` with the
 token from ``--token`` / ``FEDSCHED_TOKEN`` / ``<data_dir>/admin.token``, print tables, or JSON
 with ``--output json``.
 """
@@ -20,9 +20,9 @@ from rich.table import Table
 from fedsched.api.v1 import governance_pb2 as gpb
 from fedsched.api.v1 import governance_pb2_grpc as gpb_grpc
 from fedsched.auth import ROLES, hash_token, new_token
-from fedsched.clitext import Output, console, err, error_line
+from fedapp.cli.text import Output, console, err, error_line
 from fedsched.errors import ValidationError
-from fedsched.jobcli import KINDS, LOCALITIES, OUTPUT, SERVER, TOKEN, Api
+from fedapp.cli.jobs import KINDS, LOCALITIES, OUTPUT, SERVER, TOKEN, Api
 from fedsched.yamltext import read_text
 
 

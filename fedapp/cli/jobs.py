@@ -22,8 +22,8 @@ from rich.table import Table
 
 from fedsched.api.v1 import jobs_pb2 as pb
 from fedsched.api.v1 import jobs_pb2_grpc as pb_grpc
-from fedsched.client import TlsClient, call_metadata, resolve_token, sync_channel
-from fedsched.clitext import Output, console, err, error_line, styled
+from fedapp.client import TlsClient, call_metadata, resolve_token, sync_channel
+from fedapp.cli.text import Output, console, err, error_line, styled
 
 
 SERVER = typer.Option("127.0.0.1:50051", "--server", envvar="FEDSCHED_GRPC", help="Admission gRPC address (host:port).")

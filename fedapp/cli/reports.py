@@ -18,17 +18,17 @@ from typing import Any, Optional
 import typer
 from rich.table import Table
 
-from fedsched.sqlcli import ask_store
+from fedapp.cli.sql import ask_store
 from fedsched.errors import FedError, UnavailableError
 from fedsched.store import QueryResult
 
-from fedsched.clitext import Output, console, err, error_line, styled
+from fedapp.cli.text import Output, console, err, error_line, styled
 
 _TIME_FORMATS = ["%Y-%m-%d", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M:%S", "%Y-%m-%dT%H:%M"]
 
 
 def store_query(data_dir: Path, clickhouse_url: str, database: str):
-    """A read-only :data:`~fedsched.reports.QueryFn` on the embedded store or a server.
+    """A read-only :data:`~fedapp.reports.QueryFn` on the embedded store or a server.
 
     Raises:
         UnavailableError: no embedded store in ``data_dir``, or it is held by a running system.
@@ -46,8 +46,8 @@ def store_query(data_dir: Path, clickhouse_url: str, database: str):
 
 
 def nats_query(nats_url: str, prefix: str, token: str | None = None):
-    """A :data:`~fedsched.reports.QueryFn` asking the running system over NATS (an admin's
-    ``token``; default :func:`~fedsched.client.resolve_token`)."""
+    """A :data:`~fedapp.reports.QueryFn` asking the running system over NATS (an admin's
+    ``token``; default :func:`~fedapp.client.resolve_token`)."""
 
     def run(sql: str, params: dict[str, Any]) -> QueryResult:
         return asyncio.run(_ask(nats_url, prefix, sql, params, token))
@@ -81,7 +81,7 @@ def _revive(column: str, value: Any) -> Any:
 
 
 def _print_report(result) -> None:
-    from fedsched.reports.html import _unit_of, fmt
+    from fedapp.reports.html import _unit_of, fmt
 
     q = result.query
     if not result.rows:
@@ -138,12 +138,12 @@ def register(app: typer.Typer) -> None:
         utilisation, queues, capacity hints, chargeback, approvals -- for a time window.
 
         Every figure is SQL over the ClickHouse audit log (the saved queries in
-        fedsched/reports/queries.py, also behind the Grafana dashboard).
+        fedapp/reports/queries.py, also behind the Grafana dashboard).
         """
-        from fedsched.reports import REPORTS, data_window, run_reports
-        from fedsched.reports.grafana import dashboard_json
-        from fedsched.reports.html import html_page
-        from fedsched.reports.run import Window
+        from fedapp.reports import REPORTS, data_window, run_reports
+        from fedapp.reports.grafana import dashboard_json
+        from fedapp.reports.html import html_page
+        from fedapp.reports.run import Window
 
         if start is not None and end is not None and start >= end:
             err.print(error_line("--from", f"{start} is not before --to {end}"))

@@ -29,7 +29,7 @@ from fedsched.bus import redact
 from fedsched.errors import FedError
 
 app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False, rich_markup_mode="rich")
-from fedsched.clitext import Output, console, err, error_line, styled
+from fedapp.cli.text import Output, console, err, error_line, styled
 
 OUTPUT_HELP = "table (for people) or json (for scripts)"
 
@@ -122,7 +122,7 @@ def up(
     services start on top. A second `up` on the same data dir resumes with the state kept.
     """
     _logging(verbose)
-    from fedsched.runtime import System, SystemOptions
+    from fedapp.runtime import System, SystemOptions
 
     settings = _settings(data_dir=data_dir, nats_url=nats_url, clickhouse_url=clickhouse_url, grpc_address=grpc_address,
                          policy_file=policy_file, tls_cert=tls_cert, tls_key=tls_key, tls_client_ca=tls_client_ca)
@@ -196,9 +196,9 @@ def service(
     _logging(verbose)
     if name not in SERVICES:
         _fail(ValueError(f"unknown service {name!r}; one of {', '.join(SERVICES)}"))
-    from fedsched.runtime import System, SystemOptions
+    from fedapp.runtime import System, SystemOptions
 
-    from fedsched.client import with_local_credentials
+    from fedapp.client import with_local_credentials
 
     settings = _settings(data_dir=data_dir, nats_url=with_local_credentials(nats_url, data_dir),
                          clickhouse_url=clickhouse_url, grpc_address=grpc_address,
@@ -296,8 +296,8 @@ def replay(
     was rejected or is provably unplaceable, and prints a summary computed by SQL from ClickHouse.
     """
     _logging(verbose)
-    from fedsched.replay.driver import ReplayDriver, ReplayOptions, write_report
-    from fedsched.replay.render import print_report, progress_display
+    from fedapp.replay.driver import ReplayDriver, ReplayOptions, write_report
+    from fedapp.replay.render import print_report, progress_display
     from services.scheduler.core import POLICY_NAMES
 
     if policy not in POLICY_NAMES:
@@ -358,7 +358,7 @@ def sql(
     an admin's token. Writes, DDL and file/url table functions are refused; a query stops after
     55 s; at most 10,000 rows come back.
     """
-    from fedsched.sqlcli import run_sql
+    from fedapp.cli.sql import run_sql
 
     try:
         columns, rows, total = run_sql(query, data_dir=data_dir, nats_url=nats_url, clickhouse_url=clickhouse_url,
@@ -380,14 +380,15 @@ def sql(
 
 # --------------------------------------------------------------------------- job API
 
-from fedsched import govcli, jobcli  # noqa: E402  (registers submit/jobs/job/explain/cancel/watch, governance)
+from fedapp.cli import admin as admin_commands  # noqa: E402  (registers tenants, quotas, approvals, policy)
+from fedapp.cli import jobs as job_commands  # noqa: E402  (registers submit/jobs/job/explain/cancel/watch)
 
-jobcli.register(app)
-govcli.register(app)
+job_commands.register(app)
+admin_commands.register(app)
 
-from fedsched import reportcli  # noqa: E402  (registers report)
+from fedapp.cli import reports as report_commands  # noqa: E402  (registers report)
 
-reportcli.register(app)
+report_commands.register(app)
 
 
 def main() -> None:

@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 
 from fedsched.bus import redact
-from fedsched.client import resolve_token, with_local_credentials
+from fedapp.client import resolve_token, with_local_credentials
 from fedsched.errors import AuthError, PermissionDeniedError, UnavailableError, ValidationError
 from fedsched.store import MAX_QUERY_ROWS, open_store
 
@@ -55,7 +55,7 @@ def run_sql(query: str, *, data_dir: Path, nats_url: str = "", clickhouse_url: s
 async def ask_store(nats_url: str, prefix: str, sql: str, parameters: dict | None = None, *,
                     inbox_prefix: str = "", timeout_s: float = 65.0, token: str | None = None) -> dict:
     """Ask the running system (the process holding the store) a read-only query over NATS, as
-    the holder of ``token`` (default: :func:`~fedsched.client.resolve_token`; must be an admin's).
+    the holder of ``token`` (default: :func:`~fedapp.client.resolve_token`; must be an admin's).
 
     Returns:
         The reply body: ``columns`` and ``rows`` (JSON values).

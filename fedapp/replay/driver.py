@@ -35,14 +35,14 @@ import grpc
 from fedsched.api.v1 import jobs_pb2 as pb
 from fedsched.api.v1 import jobs_pb2_grpc as pb_grpc
 from fedsched.bus import Delivery, StreamFollower
-from fedsched.client import aio_channel, resolve_token
+from fedapp.client import aio_channel, resolve_token
 from fedsched.clock import ClockState, ReplayClock
 from fedsched.clocksync import publish_clock
 from fedsched.errors import UnavailableError
 from fedsched.events import JobPending
-from fedsched.replay.report import build_report
-from fedsched.replay.workload import TraceJob, trace_jobs
-from fedsched.runtime import System, SystemOptions
+from fedapp.replay.report import build_report
+from fedapp.replay.workload import TraceJob, trace_jobs
+from fedapp.runtime import System, SystemOptions
 from fedsched.settings import Settings
 from services.admission.convert import spec_to_pb
 from services.inventory.trace import CLUSTERS, load_nodes, load_pods, split_nodes
@@ -65,7 +65,7 @@ class ReplayOptions:
         policy: scheduling policy name.
         timeout_s: give up (and report what happened) after this many wall seconds.
         epoch: UTC instant of trace second 0.
-        load: arrival compression (see :func:`~fedsched.replay.workload.trace_jobs`).
+        load: arrival compression (see :func:`~fedapp.replay.workload.trace_jobs`).
     """
 
     nodes_csv: Path
@@ -123,7 +123,7 @@ class ReplayDriver:
         self._poke = asyncio.Event()  # something happened: check quiescence again
 
     async def run(self) -> dict:
-        """Replay and return the report (see :func:`~fedsched.replay.report.build_report`)."""
+        """Replay and return the report (see :func:`~fedapp.replay.report.build_report`)."""
         t_wall = time.monotonic()
         nodes = load_nodes(self.o.nodes_csv)
         jobs = trace_jobs(load_pods(self.o.pods_csv), self.o.limit, self.o.load)

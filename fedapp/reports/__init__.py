@@ -8,8 +8,8 @@ Public surface:
 * :func:`dashboard` -- the Grafana dashboard built from the same SQL (``grafana``).
 """
 
-from fedsched.reports.queries import BY_NAME, REPORTS, SavedQuery, render
-from fedsched.reports.run import QueryFn, ReportResult, Window, data_window, run_report, run_reports
+from fedapp.reports.queries import BY_NAME, REPORTS, SavedQuery, render
+from fedapp.reports.run import QueryFn, ReportResult, Window, data_window, run_report, run_reports
 
 __all__ = ["BY_NAME", "REPORTS", "QueryFn", "ReportResult", "SavedQuery", "Window", "data_window", "render",
            "run_report", "run_reports"]

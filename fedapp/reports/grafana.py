@@ -1,6 +1,6 @@
 """The Grafana dashboard: the saved queries as panels for the ClickHouse data source.
 
-Built from :data:`~fedsched.reports.queries.REPORTS` rendered for Grafana (macros
+Built from :data:`~fedapp.reports.queries.REPORTS` rendered for Grafana (macros
 ``$__fromTime_ms``, ``$__toTime_ms``, ``$__interval_s`` of the grafana-clickhouse-datasource
 plugin, and a ``${database}`` dashboard variable), so the dashboard and ``fedsched report`` run
 the same SQL. ``deploy/grafana/fedsched-dashboard.json`` is this module's output
@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from fedsched.reports.queries import REPORTS, SavedQuery, render
+from fedapp.reports.queries import REPORTS, SavedQuery, render
 
 PLUGIN = "grafana-clickhouse-datasource"
 DATASOURCE = {"type": PLUGIN, "uid": "${datasource}"}

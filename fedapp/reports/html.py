@@ -16,7 +16,7 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any, Iterable, Sequence
 
-from fedsched.reports.run import ReportResult, Window
+from fedapp.reports.run import ReportResult, Window
 
 #: Series colours (Okabe-Ito, readable for colour-blind people), then a few more.
 PALETTE = ("#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#F0E442", "#000000",
@@ -342,7 +342,7 @@ SECTIONS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
 
 def html_page(results: Iterable[ReportResult], window: Window, *, source: str = "",
               generated_at: datetime | None = None) -> str:
-    """The whole page for ``results`` (from :func:`~fedsched.reports.run.run_reports`)."""
+    """The whole page for ``results`` (from :func:`~fedapp.reports.run.run_reports`)."""
     by_name = {r.query.name: r for r in results}
     when = (generated_at or datetime.now()).strftime("%Y-%m-%d %H:%M")
     span = f"{window.start:%Y-%m-%d %H:%M:%S} → {window.end:%Y-%m-%d %H:%M:%S} UTC"

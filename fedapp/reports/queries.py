@@ -390,7 +390,7 @@ def render(query: SavedQuery, *, database: str, target: Target = "clickhouse") -
     """The query's SQL for ``target``.
 
     ``clickhouse``: the window and bucket are query parameters ``{from:DateTime64(3, 'UTC')}``,
-    ``{to:...}``, ``{bucket:UInt32}`` (pass them with :func:`fedsched.reports.run`).
+    ``{to:...}``, ``{bucket:UInt32}`` (pass them with :func:`fedapp.reports.run`).
     ``grafana``: the ClickHouse data source's macros and the dashboard's ``${database}``.
     """
     if target == "grafana":

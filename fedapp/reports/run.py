@@ -2,7 +2,7 @@
 
 A report run needs only ``query(sql, parameters) -> QueryResult`` (:data:`QueryFn`): a
 :class:`~fedsched.store.Store` (embedded or server) or the running system's query service over
-NATS (see :mod:`fedsched.reportcli`). The window defaults to the extent of the audit log.
+NATS (see :mod:`fedapp.cli.reports`). The window defaults to the extent of the audit log.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Callable, Iterable
 
-from fedsched.reports.queries import BY_NAME, REPORTS, SavedQuery, render
+from fedapp.reports.queries import BY_NAME, REPORTS, SavedQuery, render
 from fedsched.store import QueryResult
 
 #: The one I/O seam: run ``sql`` with ``{name:Type}`` parameters.

@@ -35,13 +35,13 @@ from fedsched.governance import (WILDCARD, Governance, GrantDoc, PolicyDoc, Prin
 from fedsched.jobs import JobState, Locality
 from fedsched.naming import check_name
 from fedsched.policystore import StoredPolicy, announce, read_policy, write_policy
+from fedsched.quota import QuotaBook
 from services.admission.approvalview import ApprovalRecord
 from services.admission.budgets import month_of
 from services.admission.convert import KIND_FROM_PB, KIND_TO_PB, LOCALITY_FROM_PB, LOCALITY_TO_PB, _ts
-from services.scheduler.core.quota import QuotaBook
 
 if TYPE_CHECKING:
-    from services.admission.service import AdmissionService
+    from services.admission.context import AdmissionContext
 
 MODE_FROM_PB = {gpb.CROSS_REGION_MODE_FORBIDDEN: "forbidden", gpb.CROSS_REGION_MODE_APPROVAL: "approval",
                 gpb.CROSS_REGION_MODE_ALLOWED: "allowed"}
@@ -73,7 +73,7 @@ def _finite(value: float, field: str) -> float:
 class PolicyEditor:
     """Read-modify-write of the stored policy with compare-and-set (see the module docstring)."""
 
-    def __init__(self, svc: "AdmissionService") -> None:
+    def __init__(self, svc: "AdmissionContext") -> None:
         self.svc = svc
 
     async def change(self, mutate: Callable[[PolicyDoc], PolicyDoc], *, actor: Principal,
@@ -213,7 +213,7 @@ def approval_to_pb(r: ApprovalRecord) -> gpb.Approval:
 class TenantServicer(gpb_grpc.TenantServiceServicer):
     """Tenants, quotas and principals (writes: admins; reads: a tenant's submitters/approvers)."""
 
-    def __init__(self, svc: "AdmissionService") -> None:
+    def __init__(self, svc: "AdmissionContext") -> None:
         self.svc = svc
         self.editor = PolicyEditor(svc)
 
@@ -365,7 +365,7 @@ class TenantServicer(gpb_grpc.TenantServiceServicer):
 class ApprovalServicer(gpb_grpc.ApprovalServiceServicer):
     """Cross-region approval requests (approvers of the job's tenant, admins)."""
 
-    def __init__(self, svc: "AdmissionService") -> None:
+    def __init__(self, svc: "AdmissionContext") -> None:
         self.svc = svc
 
     async def ListApprovals(self, request: gpb.ListApprovalsRequest, context) -> gpb.ListApprovalsResponse:
@@ -436,7 +436,7 @@ class ApprovalServicer(gpb_grpc.ApprovalServiceServicer):
 class PolicyServicer(gpb_grpc.PolicyServiceServicer):
     """The whole policy document (admins)."""
 
-    def __init__(self, svc: "AdmissionService") -> None:
+    def __init__(self, svc: "AdmissionContext") -> None:
         self.svc = svc
         self.editor = PolicyEditor(svc)
 

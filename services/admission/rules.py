@@ -31,8 +31,8 @@ from fedsched.errors import QuotaExceededError, ValidationError
 from fedsched.governance import Governance
 from fedsched.jobs import JobSpec, Locality
 from fedsched.pricing import PriceCatalog, money
+from fedsched.quota import QuotaBook
 from services.admission.budgets import SpendBook, month_of
-from services.scheduler.core.quota import QuotaBook
 
 
 def candidate_regions(spec: JobSpec, known_regions: Iterable[str]) -> list[str]:

@@ -63,6 +63,7 @@ from fedsched.pricing import PriceCatalog, load_price_catalog
 from services.admission.approvalview import ApprovalView
 from services.admission.budgets import SpendBook, SpendWatcher
 from services.admission.convert import STATE_FROM_PB, STATE_TO_PB, Limits, _ts, spec_from_pb, spec_to_pb
+from services.admission.governance import ApprovalServicer, PolicyServicer, TenantServicer
 from services.admission.jobview import JobRecord, JobView
 from services.admission.rules import check_budget, check_quota_can_fit, worst_case_cost
 
@@ -530,8 +531,6 @@ class AdmissionService:
     def __init__(self, bus: Bus, clock: Clock, *, address: str = "127.0.0.1:50051", limits: Limits | None = None,
                  max_message_bytes: int = 4 * 1024 * 1024, prices: PriceCatalog | None = None,
                  tls: TlsFiles | None = None, spend_poll_s: float = 5.0) -> None:
-        from services.admission.governance import ApprovalServicer, PolicyServicer, TenantServicer
-
         self.bus = bus
         self.address = address
         self.tls = tls

@@ -44,10 +44,10 @@ from fedsched.jobs import Locality
 from fedsched.policystore import PolicyHolder
 from fedsched.pricing import PriceCatalog, money
 from fedsched.clock import to_datetime
+from fedsched.quota import QuotaBook
+from fedsched.reasons import STATIC_REASONS, Reason, Verdict, fail
 from services.scheduler.core import ClusterEvaluation, Decisions, Pending, Placement, Policy, QueuedJob, View
 from services.scheduler.core.filters import Quota
-from services.scheduler.core.quota import QuotaBook
-from services.scheduler.core.reasons import STATIC_REASONS, Reason, Verdict, fail
 
 log = logging.getLogger(__name__)
 

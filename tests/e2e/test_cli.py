@@ -15,7 +15,7 @@ from fedsched.natsd import free_port
 
 pytestmark = pytest.mark.e2e
 
-FEDSCHED = [sys.executable, "-m", "fedsched.cli"]
+FEDSCHED = [sys.executable, "-m", "fedapp.cli"]
 
 
 def _up(data_dir: Path, grpc: str, nats_port: int) -> subprocess.Popen:

@@ -22,7 +22,7 @@ import pytest
 from fedsched.api.v1 import governance_pb2 as gpb
 from fedsched.api.v1 import jobs_pb2 as pb
 from fedsched.clock import ClockState, ReplayClock
-from fedsched.runtime import System, SystemOptions
+from fedapp.runtime import System, SystemOptions
 from fedsched.settings import Settings
 from tests.conftest import DATA, unique
 from tests.govfixtures import TENANTS, Stubs, channel, policy_text

@@ -4,7 +4,7 @@ store is refused (both would get half of the log)."""
 import pytest
 
 from fedsched.errors import ConflictError
-from fedsched.runtime import System, SystemOptions
+from fedapp.runtime import System, SystemOptions
 from fedsched.settings import Settings
 from tests.conftest import unique
 

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from fedsched.replay.driver import ReplayDriver, ReplayOptions
+from fedapp.replay.driver import ReplayDriver, ReplayOptions
 from fedsched.settings import Settings
 from tests.conftest import unique
 

@@ -20,7 +20,7 @@ from fedsched.api.v1 import jobs_pb2 as pb
 from fedsched.bus import Bus
 from fedsched.clock import SystemClock, to_datetime
 from fedsched.events import ApprovalRequested, JobPlaced, WorkerBinding, business_event_id, make_event
-from fedsched.client import aio_channel
+from fedapp.client import aio_channel
 from fedsched.governance import to_yaml
 from services.admission.service import AdmissionService
 from tests.conftest import unique

@@ -14,7 +14,7 @@ from fedsched.api.v1 import jobs_pb2 as pb
 from fedsched.api.v1 import jobs_pb2_grpc as pb_grpc
 from fedsched.bus import Bus
 from fedsched.clock import SystemClock
-from fedsched.client import aio_channel
+from fedapp.client import aio_channel
 from services.admission.service import AdmissionService
 from tests.conftest import unique
 from tests.govfixtures import TOKENS, channel, policy_doc, store_policy

@@ -13,7 +13,7 @@ import pytest
 
 from fedsched.api.v1 import governance_pb2 as gpb
 from fedsched.api.v1 import governance_pb2_grpc as gpb_grpc
-from fedsched.client import TlsClient, aio_channel
+from fedapp.client import TlsClient, aio_channel
 from fedsched.clock import SystemClock
 from services.admission.service import AdmissionService, TlsFiles
 from tests.govfixtures import TOKENS, policy_doc, store_policy

@@ -7,9 +7,9 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from fedsched.cli import app
+from fedapp.cli import app
 
-FEDSCHED = [sys.executable, "-m", "fedsched.cli"]
+FEDSCHED = [sys.executable, "-m", "fedapp.cli"]
 
 
 def _paths(group, prefix: tuple[str, ...] = ()):

@@ -6,9 +6,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from fedsched.cli import app
-from fedsched.reports import REPORTS
-from fedsched.reports.grafana import PLUGIN, dashboard, dashboard_json
+from fedapp.cli import app
+from fedapp.reports import REPORTS
+from fedapp.reports.grafana import PLUGIN, dashboard, dashboard_json
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 

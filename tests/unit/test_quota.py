@@ -7,9 +7,9 @@ from dataclasses import replace
 import pytest
 
 from fedsched.jobs import JobSpec
+from fedsched.quota import QuotaBook, QuotaRule
 from services.scheduler.core import ClusterState, NodeState, QueuedJob, Reason, View, build_policy, decide
 from services.scheduler.core.filters import Quota
-from services.scheduler.core.quota import QuotaBook, QuotaRule
 
 A100, T4 = "nvidia-a100-80gb", "nvidia-t4-16gb"
 NORTH, EAST = "cn-north-1", "cn-east-1"

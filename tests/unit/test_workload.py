@@ -3,7 +3,7 @@
 from collections import Counter
 
 from fedsched.jobs import JobKind, Locality, PriorityClass
-from fedsched.replay.workload import REGIONS, overlay, trace_jobs
+from fedapp.replay.workload import REGIONS, overlay, trace_jobs
 from services.inventory.trace import load_pods
 
 
@@ -48,7 +48,7 @@ def test_load_compresses_arrivals_not_runtimes(trace_pods):
 
 def test_any_pod_name_becomes_a_valid_distinct_job_label():
     from fedsched import naming
-    from fedsched.replay.workload import _label
+    from fedapp.replay.workload import _label
 
     names = ["openb-pod-0001", "P_Upper_Name", "p-upper-name", "Ünïcode pod", "123abc", "x" * 80, "-", "a--b"]
     labels = [_label(n) for n in names]
