@@ -39,7 +39,7 @@ from fedsched.errors import ConflictError, FedError, UnavailableError
 from fedsched.natsd import EmbeddedNats
 from fedapp.client import NATS_PASSWORD_FILE
 from fedsched.pricing import PriceCatalog, load_price_catalog
-from fedsched.governance import bundled_policy_text
+from fedsched.tenancy import bundled_policy_text
 from fedsched.policystore import PolicyFollower, PolicyHolder, bootstrap
 from fedsched.settings import Settings
 from fedsched.yamltext import read_text

@@ -1,7 +1,7 @@
 """Names of the scheduling policies and of their scorers.
 
 The scheduler's core (``services/scheduler/core/policy.py``) implements them; the policy
-document (:mod:`fedsched.governance`, ``scheduling.weights``) and the CLI only need the names,
+document (:mod:`fedsched.tenancy`, ``scheduling.weights``) and the CLI only need the names,
 so the names live here, below both (a unit test checks they match the core's tables).
 """
 

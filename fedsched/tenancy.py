@@ -1,4 +1,4 @@
-"""The versioned governance policy: tenants, projects, principals, quotas, budgets,
+"""The tenancy policy, versioned: tenants, projects, principals, quotas, budgets,
 cross-region modes, approval timeout, scheduling weights and admission limits.
 
 One YAML document (format: ``deploy/policy/example.yaml``; the bundled default that matches the

@@ -1,7 +1,8 @@
-"""The governance gRPC services of admission: TenantService, ApprovalService, PolicyService.
+"""The administrative gRPC services of admission: TenantService, ApprovalService, PolicyService
+(``proto/fedsched/api/v1/governance.proto``).
 
 Tenants, quotas and principals are parts of the one versioned policy document
-(:mod:`fedsched.governance`): every change made here reads the stored policy, applies the
+(:mod:`fedsched.tenancy`): every change made here reads the stored policy, applies the
 change, validates the whole document, stores it as a new version with a compare-and-set on the
 KV revision (:class:`PolicyEditor`), and publishes an event naming the caller, the old and the
 new value and the new version (``tenant.updated``, ``quota.updated``, ``principal.updated``,
@@ -29,7 +30,7 @@ from fedsched.api.v1 import jobs_pb2 as pb
 from fedsched.auth import ROLES, Principal, hash_token, new_token
 from fedsched.errors import ConflictError, NotFoundError, PermissionDeniedError, ValidationError
 from fedsched.events import ApprovalDecided, GovernanceChanged, approval_outcome_id, business_event_id, make_event
-from fedsched.governance import (WILDCARD, Governance, GrantDoc, PolicyDoc, PrincipalDoc, QuotaDoc, TenantDoc,
+from fedsched.tenancy import (WILDCARD, Governance, GrantDoc, PolicyDoc, PrincipalDoc, QuotaDoc, TenantDoc,
                                  canonical, carry_bootstrap, check_grant, diff, parse_entry, parse_policy,
                                  parse_policy_data, policy_version, public_view, resolve_card, to_yaml, with_principal)
 from fedsched.jobs import JobState, Locality

@@ -1,7 +1,7 @@
 """What the tenant, approval and policy servicers use of the admission service.
 
 :class:`~services.admission.service.AdmissionService` satisfies :class:`AdmissionContext`; the
-servicers (:mod:`services.admission.governance`) are typed against this protocol instead of
+servicers (:mod:`services.admission.admin_servicers`) are typed against this protocol instead of
 the service class, so the service module can import the servicers without an import cycle.
 """
 
@@ -11,7 +11,7 @@ from typing import Protocol
 
 from fedsched.bus import Bus
 from fedsched.clock import Clock
-from fedsched.governance import Governance
+from fedsched.tenancy import Governance
 from fedsched.policystore import PolicyHolder
 from services.admission.approvalview import ApprovalView
 from services.admission.budgets import SpendBook

@@ -28,7 +28,7 @@ from decimal import Decimal
 from typing import Iterable
 
 from fedsched.errors import QuotaExceededError, ValidationError
-from fedsched.governance import Governance
+from fedsched.tenancy import Governance
 from fedsched.jobs import JobSpec, Locality
 from fedsched.pricing import PriceCatalog, money
 from fedsched.quota import QuotaBook

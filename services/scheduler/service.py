@@ -41,7 +41,7 @@ from fedsched.events import (Envelope, InventorySnapshot, JobPending, JobPlaced,
 from fedsched.jobs import JobSpec
 from fedsched.policystore import PolicyFollower, PolicyHolder
 from fedsched.pricing import PriceCatalog
-from services.scheduler.approvals import Governor
+from services.scheduler.approvals import TenancyGate
 from services.scheduler.core import (ClusterEvaluation, ClusterIndex, ClusterState, NodeState, Pending, Placement,
                                      Policy, QueuedJob, RunningWork, Usage, View, decide)
 from services.scheduler.core.explain import pending_counterfactual, placement_counterfactual
@@ -199,7 +199,7 @@ class SchedulerService:
         # governance (quotas, cross-region modes, approvals): services/scheduler/approvals.py
         self.base_policy = policy
         self.policy_holder = PolicyHolder()
-        self.governor = Governor(self.policy_holder, bus.subjects, prices)
+        self.governor = TenancyGate(self.policy_holder, bus.subjects, prices)
         self._policy_follower = PolicyFollower(bus, self.policy_holder, name="scheduler-policy")
         self.jobs: dict[str, JobEntry] = {}
         self.clusters: dict[str, ClusterInfo] = {}

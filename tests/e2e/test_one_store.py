@@ -6,7 +6,7 @@ import pytest
 from fedsched.errors import ConflictError
 from fedapp.runtime import System, SystemOptions
 from fedsched.settings import Settings
-from tests.conftest import unique
+from tests.builders import unique
 
 pytestmark = pytest.mark.e2e
 

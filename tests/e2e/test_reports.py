@@ -30,7 +30,7 @@ from fedsched.settings import Settings
 from fedsched.store import AsyncStore, open_store
 from services.audit.service import EVENT_COLUMNS, AuditService
 from services.billing.service import BillingService
-from tests.conftest import DATA, unique
+from tests.builders import DATA, unique
 
 pytestmark = pytest.mark.e2e
 

@@ -10,7 +10,7 @@ from fedapp.client import aio_channel
 from fedsched.clock import ClockState, ReplayClock
 from fedapp.runtime import System, SystemOptions
 from fedsched.settings import Settings
-from tests.conftest import DATA, unique
+from tests.builders import DATA, unique
 
 pytestmark = pytest.mark.e2e
 

@@ -18,7 +18,7 @@ from fedsched.clock import ClockState, ReplayClock
 from fedapp.runtime import System, SystemOptions
 from fedsched.settings import Settings
 from services.inventory.trace import TraceNode
-from tests.conftest import unique
+from tests.builders import unique
 
 pytestmark = pytest.mark.e2e
 

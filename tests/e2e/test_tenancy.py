@@ -24,8 +24,7 @@ from fedsched.api.v1 import jobs_pb2 as pb
 from fedsched.clock import ClockState, ReplayClock
 from fedapp.runtime import System, SystemOptions
 from fedsched.settings import Settings
-from tests.conftest import DATA, unique
-from tests.govfixtures import TENANTS, Stubs, channel, policy_text
+from tests.builders import DATA, TENANTS, Stubs, channel, policy_text, unique
 
 pytestmark = pytest.mark.e2e
 

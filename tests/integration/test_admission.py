@@ -19,8 +19,7 @@ from fedsched.api.v1 import jobs_pb2_grpc as pb_grpc
 from fedsched.bus import Bus
 from fedsched.clock import SystemClock
 from services.admission.service import AdmissionService
-from tests.conftest import unique
-from tests.govfixtures import TOKENS, channel, policy_doc, store_policy
+from tests.builders import TOKENS, channel, policy_doc, store_policy, unique
 
 QUOTAS = """
 quotas:

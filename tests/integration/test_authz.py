@@ -21,10 +21,9 @@ from fedsched.bus import Bus
 from fedsched.clock import SystemClock, to_datetime
 from fedsched.events import ApprovalRequested, JobPlaced, WorkerBinding, business_event_id, make_event
 from fedapp.client import aio_channel
-from fedsched.governance import to_yaml
+from fedsched.tenancy import to_yaml
 from services.admission.service import AdmissionService
-from tests.conftest import unique
-from tests.govfixtures import Stubs, channel, policy_doc, store_policy
+from tests.builders import Stubs, channel, policy_doc, store_policy, unique
 
 ROLES = ("none", "bad-token", "alice", "carol", "bob", "agent1", "root")
 #: who they are: no token; a token nobody holds; submitter of search; submitter of other tenants;

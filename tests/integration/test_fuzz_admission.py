@@ -16,8 +16,7 @@ from fedsched.bus import Bus
 from fedsched.clock import SystemClock
 from fedapp.client import aio_channel
 from services.admission.service import AdmissionService
-from tests.conftest import unique
-from tests.govfixtures import TOKENS, channel, policy_doc, store_policy
+from tests.builders import TOKENS, channel, policy_doc, store_policy, unique
 
 BAD_CODES = (grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL)
 U32, U64 = 2**32 - 1, 2**64 - 1

@@ -16,7 +16,7 @@ from fedsched.api.v1 import governance_pb2_grpc as gpb_grpc
 from fedapp.client import TlsClient, aio_channel
 from fedsched.clock import SystemClock
 from services.admission.service import AdmissionService, TlsFiles
-from tests.govfixtures import TOKENS, policy_doc, store_policy
+from tests.builders import TOKENS, policy_doc, store_policy
 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
 

@@ -10,7 +10,7 @@ from fedapp.cli import app
 from fedapp.reports import REPORTS
 from fedapp.reports.grafana import PLUGIN, dashboard, dashboard_json
 
-DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+DEPLOY = Path(__file__).resolve().parents[3] / "deploy"
 
 
 @pytest.mark.parametrize("args,name", [([], "schema.sql"), (["--cluster", "fedsched"], "schema-cluster.sql")],

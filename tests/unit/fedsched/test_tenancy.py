@@ -10,13 +10,13 @@ import pytest
 
 from fedsched.auth import Grant, Principal, bearer_token, hash_token, new_token
 from fedsched.errors import AuthError, ValidationError
-from fedsched.governance import (Governance, canonical, carry_bootstrap, diff, parse_policy, policy_version, to_yaml,
+from fedsched.tenancy import (Governance, canonical, carry_bootstrap, diff, parse_policy, policy_version, to_yaml,
                                  with_principal)
-from fedsched.governance import GrantDoc, PrincipalDoc
+from fedsched.tenancy import GrantDoc, PrincipalDoc
 from fedsched.jobs import JobKind, JobSpec, Locality
-from tests.govfixtures import TENANTS, policy_text
+from tests.builders import TENANTS, policy_text
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 H = "a" * 64
 
 # (id, YAML, field the error names)

@@ -5,15 +5,15 @@ from __future__ import annotations
 
 from fedsched.clock import to_datetime
 from fedsched.events import ApprovalDecided, Subjects, approval_outcome_id, make_event
-from fedsched.governance import Governance
+from fedsched.tenancy import Governance
 from fedsched.jobs import Dataset, JobSpec, Locality
 from fedsched.policystore import PolicyHolder
 from fedsched.pricing import load_price_catalog
 from fedsched.events import JobPlaced, WorkerBinding
-from services.scheduler.approvals import Governor
+from services.scheduler.approvals import TenancyGate
 from services.scheduler.core import ClusterState, NodeState, QueuedJob, View, build_policy, decide
 from services.scheduler.service import JobEntry, ShardEntry
-from tests.govfixtures import policy_text
+from tests.builders import policy_text
 
 T4 = "nvidia-t4-16gb"
 NOW = 1.7e9
@@ -44,8 +44,8 @@ def _entry(job_id: str, tenant: str = "ads", *, gpus: int = 1, hours: float = 2.
     return entry
 
 
-def _governor(extra: str = "") -> Governor:
-    return Governor(PolicyHolder.fixed(Governance.parse(policy_text(extra))), Subjects("fed"), load_price_catalog())
+def _governor(extra: str = "") -> TenancyGate:
+    return TenancyGate(PolicyHolder.fixed(Governance.parse(policy_text(extra))), Subjects("fed"), load_price_catalog())
 
 
 def _queued(entry: JobEntry) -> QueuedJob:

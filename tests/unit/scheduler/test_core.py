@@ -6,40 +6,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fedsched.jobs import Dataset, JobKind, JobSpec, Locality, PriorityClass
-from services.scheduler.core import (ClusterState, NodeState, QueuedJob, Reason, View, build_policy, decide,
-                                     order_queue)
-
-T4, V100, G2 = "nvidia-t4-16gb", "nvidia-v100-32gb", "alibaba-g2"
-MEM = {T4: 16, V100: 32, G2: None}
-
-
-# ---------------------------------------------------------------- builders
-
-def node(name: str, model: str = T4, gpus: int = 2, free: tuple[int, ...] | None = None, cpu: int = 64000,
-         mem: int = 262144, healthy: bool = True) -> NodeState:
-    return NodeState(name, model, MEM.get(model), free if free is not None else (1000,) * gpus, cpu, mem, cpu, mem,
-                     healthy)
-
-
-def cluster(name: str, region: str = "cn-north-1", nodes: tuple[NodeState, ...] = (), *, age: float = 0.0,
-            tags: frozenset[str] = frozenset(), fabric: str = "ethernet", prices: dict | None = None,
-            maintenance: bool = False) -> ClusterState:
-    return ClusterState(name, region, region + "a", nodes, heartbeat_age_s=age, residency_tags=tags,
-                        interconnect=fabric, prices=prices or {T4: 6.0, V100: 20.0, G2: 14.0}, maintenance=maintenance)
-
-
-def job(job_id: str = "j1", *, gpus: int = 1, milli: int = 1000, workers: int = 1, models: tuple[str, ...] = (),
-        home: str = "cn-north-1", priority: PriorityClass = PriorityClass.NORMAL, at: float = 0.0, **kw) -> QueuedJob:
-    spec = JobSpec(tenant="search", project="train", home_region=home, gpus_per_worker=gpus,
-                   gpu_milli=milli if gpus else 0, workers=workers, card_models=models, priority=priority,
-                   cpu_milli=kw.pop("cpu", 1000), **kw)
-    return QueuedJob(job_id, 1, spec, at)
-
-
-def view(*clusters: ClusterState, stale: float = 10.0) -> View:
-    return View(tuple(clusters), now=1000.0, stale_after_s=stale)
-
+from fedsched.jobs import Dataset, JobKind, Locality, PriorityClass
+from services.scheduler.core import Reason, build_policy, decide, order_queue
+from tests.builders import G2, T4, V100, cluster, job, node, view
 
 FED = build_policy("federated")
 

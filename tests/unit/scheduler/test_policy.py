@@ -17,7 +17,7 @@ from services.scheduler.core.fit import WorkingCluster
 from services.scheduler.core.preempt import estimated_start, find_victims, lost_work
 from services.scheduler.core.queues import FairOrder, effective_priority, queue_of
 from services.scheduler.core.scorers import node_fragmentation
-from tests.unit.test_scheduler_core import T4, V100, cluster, job, node, view
+from tests.builders import T4, V100, cluster, job, node, view
 
 FED = build_policy("federated")
 NOW = 1000.0

@@ -3,7 +3,7 @@ the ones the scheduling core implements."""
 
 from __future__ import annotations
 
-from fedsched.governance import known_scorers
+from fedsched.tenancy import known_scorers
 from fedsched.policynames import POLICY_NAMES, SCORER_NAMES
 from services.scheduler.core import build_policy
 from services.scheduler.core.policy import _TABLE, SCORERS
