@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import time
 import uuid
 from pathlib import Path
@@ -92,14 +93,30 @@ class Stubs:
         self.policy = gpb_grpc.PolicyServiceStub(ch)
 
 
-async def until(pred, timeout: float = 10.0) -> bool:
-    """Poll ``pred()`` every 20 ms until it is true (True) or ``timeout`` seconds pass (False)."""
+async def until(pred, timeout: float = 10.0, interval: float = 0.02) -> bool:
+    """Poll ``pred()`` (a plain or an async predicate) every ``interval`` seconds until it is true
+    (True) or ``timeout`` seconds pass (False); it is always tried at least once."""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    while True:
+        ok = pred()
+        if inspect.isawaitable(ok):
+            ok = await ok
+        if ok:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        await asyncio.sleep(interval)
+
+
+def until_sync(pred, timeout: float = 10.0, interval: float = 0.1) -> bool:
+    """:func:`until` for synchronous tests (e.g. ones driving the CLI in subprocesses)."""
+    deadline = time.monotonic() + timeout
+    while True:
         if pred():
             return True
-        await asyncio.sleep(0.02)
-    return False
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(interval)
 
 
 # --------------------------------------------------------------------------- names and data

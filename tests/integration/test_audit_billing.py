@@ -11,6 +11,7 @@ from fedsched.pricing import load_price_catalog
 from fedsched.store import AsyncStore
 from services.audit.service import AuditService
 from services.billing.service import BillingService
+from tests.builders import until
 
 START = datetime(2023, 3, 1, 12, 0, tzinfo=UTC).timestamp()
 
@@ -22,15 +23,6 @@ def _status(type_, job="j-1", attempt=1, at=START, started=START, gpu_milli=2000
                       producer="agent/cn-east-1-c1", occurred_at=at,
                       event_id=business_event_id(job, attempt, 0, step), region="cn-east-1", zone="cn-east-1a",
                       cluster="cn-east-1-c1", tenant="nlp", project="train", job_id=job, attempt=attempt)
-
-
-async def _wait(pred, timeout=15.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if await pred():
-            return True
-        await asyncio.sleep(0.05)
-    return False
 
 
 async def test_same_event_twice_gives_one_audit_row_and_one_usage_row(bus, store):
@@ -49,7 +41,7 @@ async def test_same_event_twice_gives_one_audit_row_and_one_usage_row(bus, store
         n = store.query(f"SELECT count() FROM {store.database}.usage").scalar()
         return n >= 1 and await audit.lag() == 0 and await billing.consumer.lag() == 0
 
-    assert await _wait(written)
+    assert await until(written, timeout=15, interval=0.05)
     audit.stop(), billing.stop()
     await asyncio.gather(*tasks)
     db = store.database
@@ -117,7 +109,7 @@ async def test_transfer_is_its_own_line_billed_once_and_spend_is_recomputed_not_
         n = store.query(f"SELECT count() FROM {db}.usage").scalar()
         return n >= 2 and await billing.lag() == 0
 
-    assert await _wait(billed)
+    assert await until(billed, timeout=15, interval=0.05)
     billing.stop()
     await task
     rows = store.query(f"SELECT line, usage_id, transfer_bytes, cost FROM {db}.usage ORDER BY line").rows
