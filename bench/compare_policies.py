@@ -33,7 +33,7 @@ from importlib import resources
 from pathlib import Path
 
 from fedsched.pricing import load_price_catalog
-from fedsched.replay.driver import ReplayDriver, ReplayOptions
+from fedapp.replay.driver import ReplayDriver, ReplayOptions
 from fedsched.settings import Settings
 from fedsched.store import open_store
 from services.inventory.trace import CLUSTERS

@@ -26,7 +26,7 @@ import time
 from importlib import resources
 from pathlib import Path
 
-from fedsched.replay.workload import overlay
+from fedapp.replay.workload import overlay
 from services.inventory.trace import load_nodes, load_pods
 from services.scheduler.core import ClusterState, NodeState, QueuedJob, View, build_policy, decide
 from fedsched.pricing import load_price_catalog

@@ -37,7 +37,7 @@ from fedsched.api.v1 import governance_pb2 as gpb  # noqa: E402
 from fedsched.api.v1 import governance_pb2_grpc as gpb_grpc  # noqa: E402
 from fedsched.api.v1 import jobs_pb2 as pb  # noqa: E402
 from fedsched.api.v1 import jobs_pb2_grpc as pb_grpc  # noqa: E402
-from fedsched.client import aio_channel  # noqa: E402
+from fedapp.client import aio_channel  # noqa: E402
 from fedsched.natsd import EmbeddedNats, free_port  # noqa: E402
 from fedsched.auth import TOKEN_FILE, read_token_file  # noqa: E402
 
@@ -106,7 +106,7 @@ async def main(args: argparse.Namespace) -> None:
     port = free_port()
     target = f"127.0.0.1:{port}"
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = subprocess.Popen([sys.executable, "-m", "fedsched.cli", "service", "admission", "--nats-url", nats.url,
+    proc = subprocess.Popen([sys.executable, "-m", "fedapp.cli", "service", "admission", "--nats-url", nats.url,
                              "--data-dir", str(work), "--grpc-address", target],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
     try:

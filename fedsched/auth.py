@@ -2,7 +2,7 @@
 
 Every gRPC call carries ``authorization: Bearer <token>`` in its metadata. Tokens are random
 (:func:`new_token`, 256 bits) and stored only as their SHA-256 (:func:`hash_token`) in the
-versioned policy (:mod:`fedsched.governance`); a token is never logged, never put in an event
+versioned policy (:mod:`fedsched.tenancy`); a token is never logged, never put in an event
 and never returned except once, when it is issued. Because tokens are high-entropy random
 strings, one SHA-256 is enough (no password stretching needed); lookup is by hash.
 

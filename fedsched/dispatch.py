@@ -2,7 +2,7 @@
 
 Every consumer of bus events declares one :class:`EventTable`: the :class:`~fedsched.events.EventType`
 members it handles (type -> handler) and those it receives but ignores on purpose. Together they
-are the types the consumer *knows*; ``tests/unit/test_event_dispatch.py`` checks per consumer that
+are the types the consumer *knows*; ``tests/unit/fedsched/test_event_dispatch.py`` checks per consumer that
 the types it must know (e.g. every terminal job status, :data:`~fedsched.events.TERMINAL_STATUSES`)
 are covered, so a new event type cannot be forgotten silently.
 

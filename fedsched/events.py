@@ -533,7 +533,7 @@ PAYLOADS: dict[EventType, type[_Payload]] = {
 #: A terminal status ends a job attempt (finished, failed, rejected by the agent, stopped) or, for
 #: ``job.cancelled``, a job cancelled before it was placed. Every consumer that follows attempts
 #: (job view, agent, billing, scheduler, replay) must handle or knowingly ignore each of them;
-#: ``tests/unit/test_event_dispatch.py`` checks their tables.
+#: ``tests/unit/fedsched/test_event_dispatch.py`` checks their tables.
 TERMINAL_STATUSES: frozenset[EventType] = frozenset({
     EventType.JOB_FINISHED, EventType.JOB_FAILED, EventType.JOB_REJECTED, EventType.JOB_STOPPED,
     EventType.JOB_CANCELLED,

@@ -1,7 +1,7 @@
 """Distributing the governance policy over NATS KV (bucket ``<prefix>_policy``, key ``current``).
 
 The value is JSON: ``{"version", "applied_by", "applied_at", "doc"}`` with ``doc`` in canonical
-form (:func:`fedsched.governance.canonical`). Writers replace it with a compare-and-set on the
+form (:func:`fedsched.tenancy.canonical`). Writers replace it with a compare-and-set on the
 KV revision (:func:`write_policy`), so two concurrent changes never overwrite each other
 silently; the bucket keeps the last 64 revisions.
 
@@ -31,7 +31,7 @@ from fedsched.auth import hash_token, new_token, read_token_file, write_token_fi
 from fedsched.bus import Bus
 from fedsched.errors import ConflictError, UnavailableError, ValidationError
 from fedsched.events import EventType, PolicyApplied, business_event_id, make_event
-from fedsched.governance import (Governance, GrantDoc, PolicyDoc, PrincipalDoc, canonical, diff, parse_policy,
+from fedsched.tenancy import (Governance, GrantDoc, PolicyDoc, PrincipalDoc, canonical, diff, parse_policy,
                                  parse_policy_data, with_principal)
 
 log = logging.getLogger(__name__)

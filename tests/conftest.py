@@ -9,7 +9,6 @@ allows one data path per process) -> ``store`` (per test, its own database).
 from __future__ import annotations
 
 import os
-import uuid
 from pathlib import Path
 
 import pytest
@@ -17,14 +16,7 @@ import pytest
 from fedsched.bus import Bus
 from fedsched.natsd import EmbeddedNats
 from fedsched.store import open_store
-
-DATA = Path(__file__).resolve().parent.parent / "fedsched" / "data" / "alibaba-gpu-2023"
-
-
-def unique(prefix: str = "t") -> str:
-    """A fresh lower-case token, e.g. for subject prefixes and database names."""
-    return f"{prefix}{uuid.uuid4().hex[:10]}"
-
+from tests.builders import DATA, unique
 
 @pytest.fixture(scope="session")
 def nats_server(tmp_path_factory):

@@ -25,7 +25,7 @@ import nats.js.errors
 
 from fedsched.bus import Bus
 from fedsched.events import Envelope, EventType, UsageRecorded
-from fedsched.governance import decimal_or_none
+from fedsched.tenancy import decimal_or_none
 
 log = logging.getLogger(__name__)
 

@@ -43,11 +43,11 @@ from decimal import Decimal
 from typing import Iterable, Mapping
 
 from fedsched.errors import ConflictError, QuotaExceededError, ValidationError
-from fedsched.governance import Governance
+from fedsched.tenancy import Governance
 from fedsched.jobs import JobSpec, Locality
 from fedsched.pricing import PriceCatalog, money
+from fedsched.quota import QuotaBook
 from services.admission.budgets import SpendBook, month_of
-from services.scheduler.core.quota import QuotaBook
 
 
 def candidate_regions(spec: JobSpec, known_regions: Iterable[str]) -> list[str]:

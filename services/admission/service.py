@@ -1,11 +1,11 @@
 """The admission service: the governed gRPC front door.
 
 It serves ``fedsched.api.v1.JobService`` and the governance services (``TenantService``,
-``ApprovalService``, ``PolicyService``: :mod:`services.admission.governance`) on one port.
+``ApprovalService``, ``PolicyService``: :mod:`services.admission.admin_servicers`) on one port.
 
 Every call of those services is authenticated by :class:`GatewayInterceptor`: the bearer token
 in the ``authorization`` metadata is hashed and looked up in the governance policy in force
-(:mod:`fedsched.governance`); a missing or unknown token is UNAUTHENTICATED, and each handler
+(:mod:`fedsched.tenancy`); a missing or unknown token is UNAUTHENTICATED, and each handler
 checks the caller's roles (:mod:`fedsched.auth`), refusing with PERMISSION_DENIED. Tokens are
 never logged. Health and reflection stay open (no token). Optional TLS, with client
 certificates required when a client CA is given (mTLS).
@@ -66,12 +66,13 @@ from fedsched.errors import (AlreadyExistsError, AuthError, ConflictError, FedEr
 from fedsched.events import InventorySnapshot, JobCancelRequested, JobSubmitted, SubmissionRejected, Subjects, \
     business_event_id, make_event
 from fedsched.events import APPROVAL_OUTCOMES, Envelope, EventType
-from fedsched.governance import Governance
+from fedsched.tenancy import Governance
 from fedsched.jobs import TERMINAL_STATES, JobSpec, JobState
 from fedsched.naming import check_name, is_name
 from fedsched.policystore import PolicyFollower, PolicyHolder
 from fedsched.ports import Publisher
 from fedsched.pricing import PriceCatalog, load_price_catalog
+from services.admission.admin_servicers import ApprovalServicer, PolicyServicer, TenantServicer
 from services.admission.approvalview import ApprovalView
 from services.admission.budgets import SpendBook, SpendWatcher
 from services.admission.convert import (STATE_FROM_PB, STATE_TO_PB, Limits, _ts, refuse_unknown_fields, spec_from_pb,
@@ -672,8 +673,6 @@ class AdmissionService:
     def __init__(self, bus: Bus, clock: Clock, *, address: str = "127.0.0.1:50051", limits: Limits | None = None,
                  max_message_bytes: int = 4 * 1024 * 1024, prices: PriceCatalog | None = None,
                  tls: TlsFiles | None = None, spend_poll_s: float = 5.0) -> None:
-        from services.admission.governance import ApprovalServicer, PolicyServicer, TenantServicer
-
         self.bus = bus
         self.address = address
         self.tls = tls

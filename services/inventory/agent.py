@@ -14,7 +14,7 @@ harmless.
 Seams: the rules (:meth:`ClusterAgent.handle`, :meth:`ClusterAgent.finish_due`, the
 snapshots and heartbeats) publish through a :class:`~fedsched.ports.Publisher` and read the
 business :class:`~fedsched.clock.Clock`; the bus itself is needed only by :meth:`ClusterAgent.run`
-and :meth:`ClusterAgent.rebuild` (consumers). ``tests/unit/test_agent_cycles.py`` drives them
+and :meth:`ClusterAgent.rebuild` (consumers). ``tests/unit/inventory/test_agent_cycles.py`` drives them
 on fakes.
 
 Backends implement :class:`Backend`; :class:`TraceBackend` runs jobs for the runtime recorded in

@@ -1,30 +1,30 @@
-"""Governance inside the scheduler: quotas, cross-region modes and the approval workflow.
+"""The tenancy gate of the scheduler: quotas, cross-region modes and the approval workflow.
 
-The scheduler service consults one :class:`Governor` around the pure ``decide`` call; the
-governor reads the governance policy in force (:class:`~fedsched.policystore.PolicyHolder`) and
+The scheduler service consults one :class:`TenancyGate` around the pure ``decide`` call; the
+gate reads the tenancy policy in force (:class:`~fedsched.policystore.PolicyHolder`) and
 the approval events on the bus, and never does I/O itself (it returns events for the service to
 publish). Its parts of the cycle:
 
-1. :meth:`Governor.effective_policy` -- the running policy with the policy's scorer weights and,
+1. :meth:`TenancyGate.effective_policy` -- the running policy with the policy's scorer weights and,
    when quotas exist, the :class:`~services.scheduler.core.filters.Quota` filter; its version is
    ``<name>@<digest of filters and weights>/<governance version>``, so every decision event
    records both the scheduling rules and the governance policy it used;
-2. :meth:`Governor.narrow` -- the queue as the policy allows it: jobs awaiting approval are
+2. :meth:`TenancyGate.narrow` -- the queue as the policy allows it: jobs awaiting approval are
    held back; jobs whose cross-region mode is ``forbidden`` (by the policy in force) or whose
    request was rejected or timed out are narrowed to ``must_local``; jobs whose tenant has
    quotas are narrowed to the card models that still have quota room somewhere;
-3. :meth:`Governor.quota_book` -- quota rules plus the usage of every placed or running job,
+3. :meth:`TenancyGate.quota_book` -- quota rules plus the usage of every placed or running job,
    the view's ``quota`` (the Quota filter reads it);
-4. :meth:`Governor.gate` -- the cycle's placements admitted in decision order against a copy of
+4. :meth:`TenancyGate.gate` -- the cycle's placements admitted in decision order against a copy of
    the quota book (several jobs placed in one cycle never exceed a quota together); a
    cross-region placement whose mode is ``approval`` (and whose region is not yet approved)
    becomes an ``approval.requested`` event instead, and the job waits;
-5. :meth:`Governor.expiries` -- ``approval.expired`` for requests past their deadline: the job
+5. :meth:`TenancyGate.expiries` -- ``approval.expired`` for requests past their deadline: the job
    falls back to its home queue.
 
 Approval outcomes (approved / rejected / expired) share one event id per approval
 (:func:`~fedsched.events.approval_outcome_id`), so whichever is published first is the only
-one; the governor folds outcomes from the stream, first one wins.
+one; the gate folds outcomes from the stream, first one wins.
 """
 
 from __future__ import annotations
@@ -41,15 +41,15 @@ from fedsched.dispatch import EventTable
 from fedsched.events import (APPROVAL_OUTCOMES, ApprovalDecided, ApprovalRequested, Envelope, Subjects,
                              approval_outcome_id, business_event_id, make_event)
 from fedsched.events import TERMINAL_STATUSES, EventType
-from fedsched.governance import Governance
+from fedsched.tenancy import Governance
 from fedsched.jobs import Locality
 from fedsched.policystore import PolicyHolder
 from fedsched.pricing import PriceCatalog, money
 from fedsched.clock import to_datetime
+from fedsched.quota import QuotaBook
+from fedsched.reasons import STATIC_REASONS, Reason, Verdict, fail
 from services.scheduler.core import ClusterEvaluation, Decisions, Pending, Placement, Policy, QueuedJob, View
 from services.scheduler.core.filters import Quota
-from services.scheduler.core.quota import QuotaBook
-from services.scheduler.core.reasons import STATIC_REASONS, Reason, Verdict, fail
 from services.scheduler.states import ACTIVE, ShardState
 
 log = logging.getLogger(__name__)
@@ -107,11 +107,12 @@ def _duration(seconds: float) -> str:
     return f"{seconds:.0f} s"
 
 
-class Governor:
-    """Quota and approval state of the scheduler (see the module docstring).
+class TenancyGate:
+    """Applies the tenancy policy (quotas, cross-region modes, approvals) to the scheduler's queue
+    and decisions, and keeps the approval state (see the module docstring).
 
     Args:
-        holder: the governance policy in force.
+        holder: the tenancy policy in force.
         subjects: subject names (events it builds are published by the service).
         prices: the price catalog (egress price and currency for cost estimates).
     """
@@ -399,12 +400,12 @@ def _held(p: Placement, verdict: Verdict) -> Pending:
     return Pending(p.job, f"held: {verdict}", evaluations, True)
 
 
-#: What the Governor folds (it sees the scheduler's whole EVENTS stream; the scheduler's own table
+#: What the TenancyGate folds (it sees the scheduler's whole EVENTS stream; the scheduler's own table
 #: counts unknown types, so this one does not). ``job.started`` and every terminal status keep
 #: ``started`` (the business start of a running attempt) current.
 GOVERNOR_EVENTS: EventTable = EventTable({
-    EventType.JOB_STARTED: Governor._on_started,
-    **{t: Governor._on_ended for t in sorted(TERMINAL_STATUSES)},
-    EventType.APPROVAL_REQUESTED: Governor._on_requested,
-    **{t: Governor._on_outcome for t in APPROVAL_OUTCOMES},
+    EventType.JOB_STARTED: TenancyGate._on_started,
+    **{t: TenancyGate._on_ended for t in sorted(TERMINAL_STATUSES)},
+    EventType.APPROVAL_REQUESTED: TenancyGate._on_requested,
+    **{t: TenancyGate._on_outcome for t in APPROVAL_OUTCOMES},
 })

@@ -41,7 +41,7 @@ Seams: the rules take a :class:`~fedsched.ports.Publisher` (the bus live), a bus
 heartbeat age, reclamation timers); the bus itself is only needed by :meth:`SchedulerService.run`
 (followers, status endpoint). Tests feed deliveries to :meth:`SchedulerService.handle_event` /
 :meth:`SchedulerService.handle_inventory` and call :meth:`SchedulerService.cycle` against fakes
-(``tests/unit/test_scheduler_cycles.py``).
+(``tests/unit/scheduler/test_cycles.py``).
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ from fedsched.jobs import JobSpec
 from fedsched.policystore import PolicyFollower, PolicyHolder
 from fedsched.ports import Publisher
 from fedsched.pricing import PriceCatalog
-from services.scheduler.approvals import Governor
+from services.scheduler.approvals import TenancyGate
 from services.scheduler.states import ACTIVE, Outcome, ShardState, StopReason
 from services.scheduler.core import (ClusterEvaluation, ClusterIndex, ClusterState, NodeState, Pending, Placement,
                                      Policy, QueuedJob, RunningWork, Usage, View, decide)
@@ -245,7 +245,7 @@ class SchedulerService:
         # governance (quotas, cross-region modes, approvals): services/scheduler/approvals.py
         self.base_policy = policy
         self.policy_holder = PolicyHolder()
-        self.governor = Governor(self.policy_holder, self.subjects, prices)
+        self.governor = TenancyGate(self.policy_holder, self.subjects, prices)
         self.jobs: dict[str, JobEntry] = {}
         self.clusters: dict[str, ClusterInfo] = {}
         self.counts = {state: 0 for state in ShardState}
@@ -911,7 +911,7 @@ class SchedulerService:
 
 
 #: ``scheduler-events`` (the whole EVENTS stream): the job lifecycle. Approval requests and
-#: outcomes, ``job.started`` and the terminal statuses are folded by the Governor as well
+#: outcomes, ``job.started`` and the terminal statuses are folded by the TenancyGate as well
 #: (``services/scheduler/approvals.py``); policy versions are read by the PolicyFollower.
 EVENTS: EventTable = EventTable({
     EventType.JOB_SUBMITTED: SchedulerService._on_submitted,

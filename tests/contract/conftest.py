@@ -26,7 +26,7 @@ import pytest
 
 from fedsched.errors import UnavailableError
 from fedsched.store import Store, open_store
-from tests.conftest import unique
+from tests.builders import unique
 from tests.contract.proxy import TcpProxy
 
 

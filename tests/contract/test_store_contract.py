@@ -8,8 +8,8 @@ from decimal import Decimal
 import pytest
 
 from fedsched.errors import UnavailableError
-from fedsched.reports import REPORTS, data_window, run_reports
-from fedsched.reports.grafana import dashboard, grafana_macros
+from fedapp.reports import REPORTS, data_window, run_reports
+from fedapp.reports.grafana import dashboard, grafana_macros
 from fedsched.store import SchemaError, dedup_token, load_migrations
 
 T0 = datetime(2023, 3, 1, 12, 0)

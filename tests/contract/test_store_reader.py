@@ -12,8 +12,8 @@ import pytest
 from fedsched.bus import Delivery
 from fedsched.errors import ValidationError
 from fedsched.events import Envelope
-from fedsched.reports import REPORTS, data_window, run_reports
-from fedsched.reports.grafana import dashboard, grafana_macros
+from fedapp.reports import REPORTS, data_window, run_reports
+from fedapp.reports.grafana import dashboard, grafana_macros
 from fedsched.store import ReadLimits
 from services.audit.service import EVENT_COLUMNS, event_row
 

@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 
 from fedsched.natsd import free_port
+from tests.builders import until_sync
 
 pytestmark = pytest.mark.e2e
 
-FEDSCHED = [sys.executable, "-m", "fedsched.cli"]
+FEDSCHED = [sys.executable, "-m", "fedapp.cli"]
 
 
 def _up(data_dir: Path, grpc: str, nats_port: int) -> subprocess.Popen:
@@ -73,9 +74,16 @@ def test_up_submit_sql_ctrl_c_and_resume(tmp_path):
         bad = _run("submit", "--server", grpc, "--tenant", "vision", "--project", "serve", "--gpu-milli", "5000",
                    "--token", token_file.read_text().strip())
         assert bad.returncode == 1 and "INVALID_ARGUMENT" in bad.stderr and "spec.gpu_milli" in bad.stderr
-        time.sleep(1.0)  # let audit write
-        q = _run("sql", "--nats-url", f"nats://127.0.0.1:{nats_port}", "-o", "json",
-                 "SELECT count() AS n FROM fedsched.events WHERE job_id = '" + job_id + "'", data_dir=tmp_path)
+        runs = []
+
+        def audited() -> bool:  # the audit writer has stored the job's events
+            runs.append(_run("sql", "--nats-url", f"nats://127.0.0.1:{nats_port}", "-o", "json",
+                             "SELECT count() AS n FROM fedsched.events WHERE job_id = '" + job_id + "'",
+                             data_dir=tmp_path))
+            return runs[-1].returncode != 0 or json.loads(runs[-1].stdout)[0]["n"] > 0
+
+        assert until_sync(audited, timeout=20, interval=0.2)
+        q = runs[-1]
         assert q.returncode == 0, q.stderr
         assert '"n"' in q.stdout
         locked = _run("sql", "--data-dir", str(tmp_path), "SELECT 1")
@@ -160,15 +168,14 @@ def _store_queries_are_read_only(nats_port: int, grpc: str, data_dir: Path) -> N
                "--duration", "60", "-o", "json", data_dir=data_dir)
     assert sub.returncode == 0, sub.stderr
     later = json.loads(sub.stdout)["job_id"]
-    deadline = time.monotonic() + 30
-    n = 0
-    while time.monotonic() < deadline and n == 0:
+
+    def written() -> bool:
         q = _run("sql", "--nats-url", url, "-o", "json",
                  f"SELECT count() AS n FROM fedsched.events WHERE job_id = '{later}'", data_dir=data_dir)
         assert q.returncode == 0, q.stderr
-        n = json.loads(q.stdout)[0]["n"]
-        time.sleep(0.5)
-    assert n > 0  # the writer's handle is not read-only
+        return json.loads(q.stdout)[0]["n"] > 0
+
+    assert until_sync(written, timeout=30, interval=0.5)  # the writer's handle is not read-only
     many = _run("sql", "--nats-url", url, "SELECT number FROM system.numbers LIMIT 10005", "-o", "json",
                 data_dir=data_dir)
     assert many.returncode == 0 and len(json.loads(many.stdout)) == 10000

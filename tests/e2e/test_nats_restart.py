@@ -9,12 +9,12 @@ import pytest
 
 from fedsched.api.v1 import jobs_pb2 as pb
 from fedsched.api.v1 import jobs_pb2_grpc as pb_grpc
-from fedsched.client import aio_channel
+from fedapp.client import aio_channel
 from fedsched.clock import ClockState, ReplayClock
-from fedsched.runtime import System, SystemOptions
+from fedapp.runtime import System, SystemOptions
 from fedsched.settings import Settings
 from services.inventory.trace import TraceNode
-from tests.conftest import unique
+from tests.builders import unique
 
 pytestmark = pytest.mark.e2e
 

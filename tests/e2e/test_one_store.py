@@ -4,9 +4,9 @@ store is refused (both would get half of the log)."""
 import pytest
 
 from fedsched.errors import ConflictError
-from fedsched.runtime import System, SystemOptions
+from fedapp.runtime import System, SystemOptions
 from fedsched.settings import Settings
-from tests.conftest import unique
+from tests.builders import unique
 
 pytestmark = pytest.mark.e2e
 

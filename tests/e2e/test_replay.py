@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from fedsched.replay.driver import ReplayDriver, ReplayOptions
+from fedapp.replay.driver import ReplayDriver, ReplayOptions
 from fedsched.settings import Settings
-from tests.conftest import unique
+from tests.builders import unique
 
 pytestmark = pytest.mark.e2e
 
@@ -26,13 +26,13 @@ async def replayed(nats_server, chdb_path, trace_nodes_m, trace_pods_m, tmp_path
 
 @pytest.fixture(scope="module")
 def trace_nodes_m():
-    from tests.conftest import DATA
+    from tests.builders import DATA
     return DATA / "openb_node_list_gpu_node.csv"
 
 
 @pytest.fixture(scope="module")
 def trace_pods_m():
-    from tests.conftest import DATA
+    from tests.builders import DATA
     return DATA / "openb_pod_list_gpuspec33.csv"
 
 

@@ -22,15 +22,15 @@ from fedsched.bus import Bus
 from fedsched.events import JobPlaced, WorkerBinding, business_event_id, make_event
 from fedsched.jobs import Dataset, JobSpec
 from fedsched.pricing import load_price_catalog, money
-from fedsched.replay.driver import ReplayDriver, ReplayOptions
-from fedsched.reports import REPORTS, data_window, run_reports
-from fedsched.reports.grafana import dashboard, grafana_macros
-from fedsched.reports.html import html_page
+from fedapp.replay.driver import ReplayDriver, ReplayOptions
+from fedapp.reports import REPORTS, data_window, run_reports
+from fedapp.reports.grafana import dashboard, grafana_macros
+from fedapp.reports.html import html_page
 from fedsched.settings import Settings
 from fedsched.store import AsyncStore, open_store
 from services.audit.service import EVENT_COLUMNS, AuditService
 from services.billing.service import BillingService
-from tests.conftest import DATA, unique
+from tests.builders import DATA, unique
 
 pytestmark = pytest.mark.e2e
 
@@ -487,7 +487,7 @@ async def test_grafana_panels_run_the_same_sql_with_the_same_results(replayed):
 
 
 async def test_fedsched_report_prints_tables_and_writes_html_and_json(replayed, chdb_path, tmp_path):
-    from fedsched.cli import app
+    from fedapp.cli import app
 
     store, _, results, _ = replayed
     page = tmp_path / "report.html"

@@ -6,11 +6,11 @@ import pytest
 
 from fedsched.api.v1 import jobs_pb2 as pb
 from fedsched.api.v1 import jobs_pb2_grpc as pb_grpc
-from fedsched.client import aio_channel
+from fedapp.client import aio_channel
 from fedsched.clock import ClockState, ReplayClock
-from fedsched.runtime import System, SystemOptions
+from fedapp.runtime import System, SystemOptions
 from fedsched.settings import Settings
-from tests.conftest import DATA, unique
+from tests.builders import DATA, unique
 
 pytestmark = pytest.mark.e2e
 

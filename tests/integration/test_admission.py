@@ -28,8 +28,7 @@ from fedsched.pricing import load_price_catalog
 from services.admission.service import AdmissionService
 from services.scheduler.core import build_policy
 from services.scheduler.service import SchedulerService
-from tests.conftest import unique
-from tests.govfixtures import TOKENS, channel, policy_doc, store_policy
+from tests.builders import TOKENS, channel, policy_doc, store_policy, unique
 
 QUOTAS = """
 quotas:
@@ -390,7 +389,7 @@ async def _cli(*args: str) -> subprocess.CompletedProcess:
     """Run the CLI in a child process (the servers run on this test's event loop, so never block it)."""
     env = {k: v for k, v in os.environ.items() if k not in ("FEDSCHED_TOKEN", "FEDSCHED_DATA_DIR")}
     env["COLUMNS"] = "250"  # wide enough that rich does not wrap the table's cells
-    return await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "fedsched.cli", *args], capture_output=True,
+    return await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "fedapp.cli", *args], capture_output=True,
                                    text=True, timeout=60, env=env)
 
 

@@ -13,19 +13,19 @@ from fedsched.api.v1 import governance_pb2_grpc as gpb_grpc
 from fedsched.api.v1 import jobs_pb2 as pb
 from fedsched.api.v1 import jobs_pb2_grpc as pb_grpc
 from fedsched.bus import Delivery
-from fedsched.client import aio_channel
+from fedapp.client import aio_channel
 from fedsched.clock import ClockState, ReplayClock
 from fedsched.events import Envelope, JobStatus, business_event_id, make_event
-from fedsched.jobcli import Api
+from fedapp.cli.jobs import Api
 from fedsched.pricing import load_price_catalog
-from fedsched.runtime import System, SystemOptions
+from fedapp.runtime import System, SystemOptions
 from fedsched.settings import Settings
 from fedsched.store import AsyncStore
 from fedsched.telemetry import trace_id_of
 from services.audit.service import AuditService
 from services.billing.service import BillingService
 from services.inventory.trace import TraceNode
-from tests.conftest import unique
+from tests.builders import unique, until
 
 START = datetime(2023, 3, 1, 12, 0, tzinfo=UTC).timestamp()
 
@@ -37,15 +37,6 @@ def _status(type_, job="j-1", attempt=1, at=START, started=START, gpu_milli=2000
                       producer="agent/cn-east-1-c1", occurred_at=at,
                       event_id=business_event_id(job, attempt, 0, step), region="cn-east-1", zone="cn-east-1a",
                       cluster="cn-east-1-c1", tenant="nlp", project="train", job_id=job, attempt=attempt)
-
-
-async def _wait(pred, timeout=15.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if await pred():
-            return True
-        await asyncio.sleep(0.05)
-    return False
 
 
 async def test_same_event_twice_gives_one_audit_row_and_one_usage_row(bus, store):
@@ -65,7 +56,7 @@ async def test_same_event_twice_gives_one_audit_row_and_one_usage_row(bus, store
         # billing first: its usage.recorded is published before it acknowledges, and audit must have read it
         return n >= 1 and await billing.consumer.lag() == 0 and await audit.lag() == 0
 
-    assert await _wait(written)
+    assert await until(written, timeout=15, interval=0.05)
     audit.stop(), billing.stop()
     await asyncio.gather(*tasks)
     db = store.database
@@ -97,7 +88,7 @@ async def test_an_unknown_event_type_is_stored_by_audit_and_skipped_by_billing_n
         # billing first: its usage.recorded is published before it acknowledges, and audit must have read it
         return n >= 1 and await billing.consumer.lag() == 0 and await audit.lag() == 0
 
-    assert await _wait(written)
+    assert await until(written, timeout=15, interval=0.05)
     audit.stop(), billing.stop()
     await asyncio.gather(*tasks)
     db = store.database
@@ -167,7 +158,7 @@ async def test_transfer_is_its_own_line_billed_once_and_spend_is_recomputed_not_
         n = store.query(f"SELECT count() FROM {db}.usage").scalar()
         return n >= 2 and await billing.lag() == 0
 
-    assert await _wait(billed)
+    assert await until(billed, timeout=15, interval=0.05)
     billing.stop()
     await task
     rows = store.query(f"SELECT line, usage_id, transfer_bytes, cost FROM {db}.usage ORDER BY line").rows
@@ -218,7 +209,7 @@ async def test_every_audited_event_has_a_trace_and_usage_recorded_is_in_its_caus
             async def until_state(job_id: str, states) -> None:
                 async def reached():
                     return (await jobs.GetJob(pb.GetJobRequest(job_id=job_id))).state in states
-                assert await _wait(reached, 30), job_id
+                assert await until(reached, timeout=30, interval=0.05), job_id
 
             short, long = await submit(60), await submit(36000)
             await until_state(short, {pb.JOB_STATE_SUCCEEDED})

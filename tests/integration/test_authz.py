@@ -20,11 +20,10 @@ from fedsched.api.v1 import jobs_pb2 as pb
 from fedsched.bus import Bus
 from fedsched.clock import SystemClock, to_datetime
 from fedsched.events import ApprovalRequested, JobPlaced, WorkerBinding, business_event_id, make_event
-from fedsched.client import aio_channel
-from fedsched.governance import to_yaml
+from fedapp.client import aio_channel
+from fedsched.tenancy import to_yaml
 from services.admission.service import AdmissionService
-from tests.conftest import unique
-from tests.govfixtures import Stubs, channel, policy_doc, store_policy
+from tests.builders import Stubs, channel, policy_doc, store_policy, unique
 
 ROLES = ("none", "bad-token", "alice", "carol", "bob", "agent1", "root")
 #: who they are: no token; a token nobody holds; submitter of search; submitter of other tenants;

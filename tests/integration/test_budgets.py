@@ -18,7 +18,7 @@ from fedsched.events import UsageRecorded, make_event
 from fedsched.pricing import load_price_catalog
 from services.admission.budgets import month_of
 from services.admission.service import AdmissionService
-from tests.govfixtures import TENANTS, channel, policy_doc, store_policy, until
+from tests.builders import TENANTS, channel, policy_doc, store_policy, until
 
 BUDGET_TENANTS = TENANTS.replace("{name: vision, home_region: cn-south-1, projects: [train, serve, batch]}",
                                  "{name: vision, home_region: cn-south-1, projects: [train, serve, batch], "

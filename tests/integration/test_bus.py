@@ -175,7 +175,7 @@ async def test_the_scheduler_skips_an_unknown_event_type_and_reports_it_on_its_s
 async def test_admission_skips_an_unknown_event_type_and_reports_it(bus):
     from fedsched.clock import SystemClock
     from services.admission.service import AdmissionService
-    from tests.govfixtures import policy_doc, store_policy
+    from tests.builders import policy_doc, store_policy
 
     await store_policy(bus, policy_doc())
     subject = bus.subjects.status("cn-north-1", "cn-north-1-c1")

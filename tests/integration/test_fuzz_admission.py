@@ -14,10 +14,9 @@ from fedsched.api.v1 import jobs_pb2 as pb
 from fedsched.api.v1 import jobs_pb2_grpc as pb_grpc
 from fedsched.bus import Bus
 from fedsched.clock import SystemClock
-from fedsched.client import aio_channel
+from fedapp.client import aio_channel
 from services.admission.service import AdmissionService
-from tests.conftest import unique
-from tests.govfixtures import TOKENS, channel, policy_doc, store_policy
+from tests.builders import TOKENS, channel, policy_doc, store_policy, unique
 
 BAD_CODES = (grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL)
 U32, U64 = 2**32 - 1, 2**64 - 1

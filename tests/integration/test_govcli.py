@@ -16,11 +16,11 @@ import typer
 
 from fedsched.api.v1 import governance_pb2 as gpb
 from fedsched.clock import SystemClock
-from fedsched.govcli import TenantEdit, put_tenant
-from fedsched.jobcli import Api
+from fedapp.cli.admin import TenantEdit, put_tenant
+from fedapp.cli.jobs import Api
 from fedsched.policystore import read_policy
 from services.admission.service import AdmissionService
-from tests.govfixtures import TOKENS, policy_doc, store_policy
+from tests.builders import TOKENS, policy_doc, store_policy
 
 
 @pytest.fixture
@@ -37,7 +37,7 @@ async def admission(bus):
 async def _cli(admission, *args: str) -> subprocess.CompletedProcess:
     """The CLI as root, in a child process (the server runs on this event loop: never block it)."""
     env = {k: v for k, v in os.environ.items() if k not in ("FEDSCHED_TOKEN", "FEDSCHED_DATA_DIR")}
-    cmd = [sys.executable, "-m", "fedsched.cli", *args, "--server", f"127.0.0.1:{admission.port}",
+    cmd = [sys.executable, "-m", "fedapp.cli", *args, "--server", f"127.0.0.1:{admission.port}",
            "--token", TOKENS["root"]]
     return await asyncio.to_thread(subprocess.run, cmd, capture_output=True, text=True, timeout=60, env=env)
 

@@ -11,11 +11,11 @@ import pytest
 
 from fedsched.api.v1 import jobs_pb2 as pb
 from fedsched.api.v1 import jobs_pb2_grpc as pb_grpc
-from fedsched.client import aio_channel
+from fedapp.client import aio_channel
 from fedsched.clock import SystemClock
 from fedsched.auth import hash_token
 from services.admission.service import AdmissionService
-from tests.govfixtures import channel, policy_doc, store_policy
+from tests.builders import channel, policy_doc, store_policy
 
 #: extra principals (appended to the fixtures' ``principals:`` list): a submitter of search/serve
 #: only, next to dave (search/train only) and alice (all of search)

@@ -16,12 +16,12 @@ from fedsched.api.v1 import governance_pb2 as gpb
 from fedsched.api.v1 import jobs_pb2 as jpb
 from fedsched.auth import hash_token
 from fedsched.clock import SystemClock
-from fedsched.governance import Governance, bundled_policy_text, parse_policy, policy_version
+from fedsched.tenancy import Governance, bundled_policy_text, parse_policy, policy_version
 from fedsched.policystore import PolicyFollower, PolicyHolder, bootstrap, read_policy
 from fedsched.store import AsyncStore
 from services.admission.service import AdmissionService
 from services.audit.service import AuditService
-from tests.govfixtures import TOKENS, Stubs, channel, policy_doc, policy_text, principals_yaml, store_policy, until
+from tests.builders import TOKENS, Stubs, channel, policy_doc, policy_text, principals_yaml, store_policy, until
 
 
 @pytest.fixture

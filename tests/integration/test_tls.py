@@ -13,10 +13,10 @@ import pytest
 
 from fedsched.api.v1 import governance_pb2 as gpb
 from fedsched.api.v1 import governance_pb2_grpc as gpb_grpc
-from fedsched.client import TlsClient, aio_channel
+from fedapp.client import TlsClient, aio_channel
 from fedsched.clock import SystemClock
 from services.admission.service import AdmissionService, TlsFiles
-from tests.govfixtures import TOKENS, policy_doc, store_policy
+from tests.builders import TOKENS, policy_doc, store_policy
 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
 

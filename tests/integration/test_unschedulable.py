@@ -15,7 +15,7 @@ from fedsched.pricing import load_price_catalog
 from services.admission.jobview import JobView
 from services.scheduler.core import build_policy
 from services.scheduler.service import SchedulerService
-from tests.govfixtures import policy_doc, store_policy, until
+from tests.builders import policy_doc, store_policy, until
 
 DAY = 86400.0
 

@@ -5,10 +5,10 @@ No I/O, no clock, no globals. Filters and scorers are small plugins (:mod:`.filt
 preemption and wait estimates in :mod:`.preempt`; counterfactual explanations in :mod:`.explain`.
 """
 
+from fedsched.reasons import Reason, Verdict
 from services.scheduler.core.decide import (ClusterEvaluation, Decisions, NodeBinding, Pending, Placement, Reservation,
                                             decide, order_queue)
 from services.scheduler.core.policy import POLICY_NAMES, Policy, build_policy
-from services.scheduler.core.reasons import Reason, Verdict
 from services.scheduler.core.snapshot import (WHOLE, ClusterIndex, ClusterState, NodeState, QueuedJob, RunningWork,
                                               Usage, View)
 

@@ -29,12 +29,12 @@ from dataclasses import dataclass, replace
 from typing import Iterable, Sequence
 
 from fedsched.jobs import Locality
+from fedsched.reasons import PASS, STATIC_REASONS, Reason, Verdict, fail, summarise_counts
 from services.scheduler.core.filters import Context, candidate_models
 from services.scheduler.core.fit import Fit, WorkingCluster
 from services.scheduler.core.policy import Policy
 from services.scheduler.core.preempt import Eviction, estimated_start, find_victims
 from services.scheduler.core.queues import FairOrder, queue_of
-from services.scheduler.core.reasons import PASS, STATIC_REASONS, Reason, Verdict, fail, summarise_counts
 from services.scheduler.core.scorers import (cost_per_unit_hour, estimated_cost, set_cost_reference, transfer_bytes,
                                              transfer_seconds)
 from services.scheduler.core.snapshot import WHOLE, ClusterIndex, ClusterState, QueuedJob, RunningWork, View

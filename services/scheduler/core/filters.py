@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from services.scheduler.core.reasons import PASS, Reason, Verdict, fail
+from fedsched.reasons import PASS, Reason, Verdict, fail
 from services.scheduler.core.snapshot import ClusterState, QueuedJob, View
 from fedsched.jobs import Locality
 

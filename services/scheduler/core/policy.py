@@ -28,6 +28,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any, Mapping
 
 from fedsched.errors import ValidationError
+from fedsched.policynames import POLICY_NAMES
 from services.scheduler.core import filters as f
 from services.scheduler.core import scorers as s
 
@@ -98,7 +99,6 @@ def _versioned(policy: Policy) -> Policy:
     return replace(policy, version=f"{policy.name}@{digest}")
 
 
-POLICY_NAMES = ("federated", "local-only", "least-loaded", "cheapest", "random")
 
 SCORERS = {"home": s.HomeRegion, "start": s.StartTime, "cost": s.Cost, "fragmentation": s.Fragmentation,
            "packing": s.Packing, "headroom": s.Headroom, "random": s.Random}

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Mapping
 from fedsched.jobs import JobSpec
 
 if TYPE_CHECKING:
-    from services.scheduler.core.quota import QuotaBook
+    from fedsched.quota import QuotaBook
 
 WHOLE = 1000  #: milli-GPUs in one card
 
@@ -199,7 +199,7 @@ class View:
         stale_after_s: inventories older than this (heartbeat age) are excluded.
         tenant_usage: what each tenant holds now (for dominant-resource fair share).
         quota: tenants' quota rules with the usage in force (a
-            :class:`~services.scheduler.core.quota.QuotaBook`; None = no quotas). Read-only here.
+            :class:`~fedsched.quota.QuotaBook`; None = no quotas). Read-only here.
     """
 
     clusters: tuple[ClusterState, ...]

@@ -1,0 +1,188 @@
+"""``fedsched report``: the saved reports as tables, one HTML page, JSON, or the Grafana dashboard.
+
+Where the data comes from, as for ``fedsched sql``: the server at ``--clickhouse-url``; the
+running system over ``--nats-url`` (the process holding the embedded store answers
+``<prefix>.svc.store.query``); else the embedded store in ``--data-dir``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import json
+from datetime import datetime
+from decimal import Decimal
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+from rich.table import Table
+
+from fedapp.cli.sql import ask_store
+from fedsched.errors import FedError, UnavailableError
+from fedsched.store import QueryResult
+
+from fedapp.cli.text import Output, console, err, error_line, styled
+
+_TIME_FORMATS = ["%Y-%m-%d", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M:%S", "%Y-%m-%dT%H:%M"]
+
+
+def store_query(data_dir: Path, clickhouse_url: str, database: str):
+    """A read-only :data:`~fedapp.reports.QueryFn` on the embedded store or a server.
+
+    Raises:
+        UnavailableError: no embedded store in ``data_dir``, or it is held by a running system.
+    """
+    from fedsched.settings import Settings
+    from fedsched.store import open_store_from
+
+    if not clickhouse_url and not (Path(data_dir) / "clickhouse").exists():
+        raise UnavailableError(f"no embedded store in {data_dir}/clickhouse; run `fedsched up --data-dir {data_dir}` "
+                               f"or pass --clickhouse-url / --nats-url")
+    # credentials and TLS for a server come from FEDSCHED_CLICKHOUSE_* like the services'
+    settings = Settings(data_dir=Path(data_dir), clickhouse_url=clickhouse_url, clickhouse_database=database)
+    reader = open_store_from(settings, migrate=False).reader()
+    return lambda sql, params: reader.query(sql, params)
+
+
+def nats_query(nats_url: str, prefix: str, token: str | None = None):
+    """A :data:`~fedapp.reports.QueryFn` asking the running system over NATS (an admin's
+    ``token``; default :func:`~fedapp.client.resolve_token`)."""
+
+    def run(sql: str, params: dict[str, Any]) -> QueryResult:
+        return asyncio.run(_ask(nats_url, prefix, sql, params, token))
+
+    return run
+
+
+async def _ask(nats_url: str, prefix: str, sql: str, params: dict[str, Any], token: str | None) -> QueryResult:
+    wire = {k: (v.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] if isinstance(v, datetime) else v) for k, v in params.items()}
+    body = await ask_store(nats_url, prefix, sql, wire, inbox_prefix=os.environ.get("FEDSCHED_INBOX_PREFIX", ""),
+                           token=token)
+    columns = tuple(body["columns"])
+    rows = [tuple(_revive(c, v) for c, v in zip(columns, r)) for r in body["rows"]]
+    return QueryResult(columns, rows)
+
+
+def _revive(column: str, value: Any) -> Any:
+    """JSON gave strings for times and money: make them datetimes and Decimals again."""
+    if isinstance(value, str):
+        if column in ("time", "at"):
+            try:
+                return datetime.fromisoformat(value).replace(tzinfo=None)
+            except ValueError:
+                return value
+        if column.endswith("cost"):
+            try:
+                return Decimal(value)
+            except ArithmeticError:
+                return value
+    return value
+
+
+def _print_report(result) -> None:
+    from fedapp.reports.html import _unit_of, fmt
+
+    q = result.query
+    if not result.rows:
+        console.print(styled((q.title, "bold"), ": no rows in this window"))
+        return
+    if q.is_timeseries:  # hundreds of buckets: per series, the figures a person looks for
+        table = Table(q.series, "buckets", f"mean {q.y[0]}", f"peak {q.y[0]}", "peak at", title=q.title,
+                      caption="full series: --html or -o json")
+        by: dict[str, list] = {}
+        for r in result.dicts():
+            by.setdefault(str(r[q.series]), []).append((r[q.x], r[q.y[0]]))
+        unit = _unit_of(q.y[0], q.unit)
+        for name, points in sorted(by.items()):
+            values = [float(v or 0) for _, v in points]
+            at, peak = max(points, key=lambda p: float(p[1] or 0))
+            table.add_row(name, str(len(points)), fmt(sum(values) / len(values), unit), fmt(peak, unit), fmt(at))
+        console.print(table)
+        return
+    table = Table(*result.columns, title=q.title)
+    for row in result.rows:
+        table.add_row(*(fmt(v, _unit_of(c)) for c, v in zip(result.columns, row)))
+    console.print(table)
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``report`` to ``app``."""
+
+    @app.command()
+    def report(
+        start: Optional[datetime] = typer.Option(None, "--from", formats=_TIME_FORMATS,
+                                                 help="Window start (UTC); default: the first event."),
+        end: Optional[datetime] = typer.Option(None, "--to", formats=_TIME_FORMATS,
+                                               help="Window end (UTC, exclusive); default: just after the last event."),
+        html: Optional[Path] = typer.Option(None, "--html", help="Also write one self-contained HTML page with charts."),
+        only: list[str] = typer.Option([], "--only", help="Only this report (repeatable); see --list."),
+        bucket: Optional[int] = typer.Option(None, "--bucket", min=1,
+                                             help="Time-series bucket in seconds (default: window / 120)."),
+        output: Output = typer.Option(Output.table, "--output", "-o", help="table (for people) or json (for scripts)"),
+        data_dir: Path = typer.Option(Path(".fedsched"), "--data-dir", envvar="FEDSCHED_DATA_DIR"),
+        nats_url: str = typer.Option("", "--nats-url", envvar="FEDSCHED_NATS_URL",
+                                     help="Ask the running system over this NATS instead of opening the store."),
+        clickhouse_url: str = typer.Option("", "--clickhouse-url", envvar="FEDSCHED_CLICKHOUSE_URL"),
+        database: str = typer.Option("fedsched", "--database", envvar="FEDSCHED_CLICKHOUSE_DATABASE"),
+        prefix: str = typer.Option("fed", "--prefix", envvar="FEDSCHED_SUBJECT_PREFIX",
+                                   help="Subject prefix of the running system (with --nats-url)."),
+        token: str = typer.Option("", "--token", envvar="FEDSCHED_TOKEN", show_default=False,
+                                  help="With --nats-url: an admin's token (default: <FEDSCHED_DATA_DIR or "
+                                       ".fedsched>/admin.token)."),
+        list_reports: bool = typer.Option(False, "--list", help="List the reports and exit."),
+        grafana_dashboard: Optional[Path] = typer.Option(None, "--grafana-dashboard",
+                                                         help="Write the Grafana dashboard JSON (same SQL) and exit."),
+    ):
+        """Print the federation's reports -- waits, cross-region work, transfers, failures,
+        utilisation, queues, capacity hints, chargeback, approvals -- for a time window.
+
+        Every figure is SQL over the ClickHouse audit log (the saved queries in
+        fedapp/reports/queries.py, also behind the Grafana dashboard).
+        """
+        from fedapp.reports import REPORTS, data_window, run_reports
+        from fedapp.reports.grafana import dashboard_json
+        from fedapp.reports.html import html_page
+        from fedapp.reports.run import Window
+
+        if start is not None and end is not None and start >= end:
+            err.print(error_line("--from", f"{start} is not before --to {end}"))
+            raise typer.Exit(2)
+        if list_reports:
+            for q in REPORTS:
+                console.print(styled((q.name, "bold"), f": {q.description}"), highlight=False)
+            return
+        if grafana_dashboard is not None:
+            grafana_dashboard.write_text(dashboard_json(), "utf-8")
+            console.print(f"Grafana dashboard written to {grafana_dashboard}")
+            return
+        try:
+            if nats_url:
+                query, source = nats_query(nats_url, prefix, token or None), f"running system at {nats_url}"
+            else:
+                query = store_query(data_dir, clickhouse_url, database)
+                source = clickhouse_url.split("@")[-1] if clickhouse_url else f"chDB {data_dir}/clickhouse"
+            window = data_window(query, database, start=start, end=end)
+            if bucket:
+                window = Window(window.start, window.end, bucket)
+            results = run_reports(query, database, window, only or None)
+        except KeyError as e:
+            err.print(error_line("error:", f"unknown report {e}; `fedsched report --list` shows them"))
+            raise typer.Exit(2) from None
+        except FedError as e:
+            err.print(error_line("error:", e))
+            raise typer.Exit(1) from None
+        if output == "json":
+            body = {"window": {"from": window.start.isoformat(), "to": window.end.isoformat(),
+                               "bucket_s": window.bucket_s},
+                    "reports": {r.query.name: {"columns": list(r.columns), "rows": [list(x) for x in r.rows]}
+                                for r in results}}
+            console.print_json(json.dumps(body, default=str))
+        else:
+            console.print(f"window {window.start:%Y-%m-%d %H:%M:%S} -> {window.end:%Y-%m-%d %H:%M:%S} UTC, "
+                          f"buckets of {window.bucket_s} s, from {source}", highlight=False)
+            for r in results:
+                _print_report(r)
+        if html is not None:
+            html.write_text(html_page(results, window, source=source), "utf-8")
+            (err if output == "json" else console).print(f"HTML report written to {html}")

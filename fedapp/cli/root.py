@@ -1,0 +1,415 @@
+"""The ``fedsched`` command line.
+
+Run the federation (``up``), replay a trace through it (``replay``), query its event log
+(``sql``, ``report``), use the job API (``submit``, ``jobs``, ``job``, ``explain``, ``cancel``,
+``watch``) and the governance API (``approvals``, ``approve``, ``reject``, ``tenants``, ``quota``,
+``principal``, ``policy apply|show|diff``; ``token new``). Every setting also reads
+``FEDSCHED_<NAME>`` from the environment; API commands send ``--token`` / ``FEDSCHED_TOKEN`` or
+the embedded system's ``<data_dir>/admin.token``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import shutil
+import signal
+import sys
+import tempfile
+from importlib import resources
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+from fedsched.bus import redact
+from fedsched.errors import FedError
+
+app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False, rich_markup_mode="rich")
+from fedapp.cli.text import Output, console, err, error_line, styled
+
+OUTPUT_HELP = "table (for people) or json (for scripts)"
+
+
+def _bundled(name: str) -> Path:
+    return Path(str(resources.files("fedsched.data").joinpath("alibaba-gpu-2023", name)))
+
+
+def _settings(**overrides):
+    from fedsched.settings import Settings
+
+    clean = {k: v for k, v in overrides.items() if v not in (None, "")}
+    data_dir = clean.get("data_dir")
+    if data_dir is not None and Path(data_dir).exists() and not Path(data_dir).is_dir():
+        err.print(error_line("invalid setting:", f"--data-dir {data_dir} exists and is not a directory"))
+        raise typer.Exit(2)
+    try:
+        return Settings(**clean)
+    except Exception as e:  # pydantic ValidationError: show it plainly
+        err.print(error_line("invalid setting:", e))
+        raise typer.Exit(2) from e
+
+
+def _logging(verbose: bool) -> None:
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def _fail(e: Exception) -> None:
+    err.print(error_line("error:", e))
+    raise typer.Exit(1)
+
+
+# --------------------------------------------------------------------------- up
+
+
+async def _start_unless_stopped(system, stop: asyncio.Event) -> bool:
+    """Start ``system``; Ctrl-C / SIGTERM (``stop``) during the start abandons it.
+
+    Returns:
+        True when the system runs; False when a signal came first (the system is stopped again).
+
+    Raises:
+        Whatever the start raised (the system is stopped first).
+    """
+    start = asyncio.create_task(system.start())
+    signalled = asyncio.create_task(stop.wait())
+    await asyncio.wait({start, signalled}, return_when=asyncio.FIRST_COMPLETED)
+    if not start.done():
+        start.cancel()
+        await asyncio.gather(start, return_exceptions=True)
+        await system.stop()
+        return False
+    signalled.cancel()
+    try:
+        start.result()
+    except BaseException:
+        await system.stop()
+        raise
+    return True
+
+
+@app.command()
+def up(
+    data_dir: Path = typer.Option(Path(".fedsched"), "--data-dir", envvar="FEDSCHED_DATA_DIR",
+                                  help="Where the embedded NATS and ClickHouse keep their data (kept across runs)."),
+    nats_url: str = typer.Option("", "--nats-url", envvar="FEDSCHED_NATS_URL",
+                                 help="Use this NATS (nats://host:4222) instead of starting one."),
+    clickhouse_url: str = typer.Option("", "--clickhouse-url", envvar="FEDSCHED_CLICKHOUSE_URL",
+                                       help="Use this ClickHouse server (http://user:pw@host:8123) instead of chDB."),
+    grpc_address: str = typer.Option("127.0.0.1:50051", "--grpc-address", envvar="FEDSCHED_GRPC_ADDRESS",
+                                     help="Where admission serves gRPC."),
+    nodes: Optional[Path] = typer.Option(None, "--nodes", help="Trace node list for the embedded trace agents "
+                                         "(default: the bundled openb nodes)."),
+    no_agents: bool = typer.Option(False, "--no-agents", help="Run no agents here (they run beside their clusters)."),
+    policy: str = typer.Option("federated", "--policy", help="Scheduling policy."),
+    policy_file: Optional[Path] = typer.Option(None, "--policy-file", envvar="FEDSCHED_POLICY_FILE",
+                                               help="Governance policy to store at first start (default: the bundled "
+                                                    "one); later: `fedsched policy apply`."),
+    tls_cert: Optional[Path] = typer.Option(None, "--tls-cert", envvar="FEDSCHED_TLS_CERT",
+                                            help="Serve gRPC over TLS with this PEM certificate (with --tls-key)."),
+    tls_key: Optional[Path] = typer.Option(None, "--tls-key", envvar="FEDSCHED_TLS_KEY", help="PEM private key."),
+    tls_client_ca: Optional[Path] = typer.Option(None, "--tls-client-ca", envvar="FEDSCHED_TLS_CLIENT_CA",
+                                                 help="Require client certificates signed by this CA (mTLS)."),
+    verbose: bool = typer.Option(False, "--verbose", "-v"),
+):
+    """Run the whole federation in the foreground until Ctrl-C.
+
+    NATS (JetStream) and ClickHouse run embedded on --data-dir unless URLs are given; the five
+    services start on top. A second `up` on the same data dir resumes with the state kept.
+    """
+    _logging(verbose)
+    from fedapp.runtime import System, SystemOptions
+
+    settings = _settings(data_dir=data_dir, nats_url=nats_url, clickhouse_url=clickhouse_url, grpc_address=grpc_address,
+                         policy_file=policy_file, tls_cert=tls_cert, tls_key=tls_key, tls_client_ca=tls_client_ca)
+    nodes_csv = None if no_agents else (nodes or _bundled("openb_node_list_gpu_node.csv"))
+
+    async def main() -> None:
+        system = System(SystemOptions(settings=settings, policy=policy, nodes_csv=nodes_csv))
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        if not await _start_unless_stopped(system, stop):
+            console.print("stopped while starting")
+            return
+        console.print(styled(("fedsched is up", "green"), f": gRPC {system.grpc_target}, NATS "
+                                                               f"{system.nats.url if system.nats else redact(system.nats_url)}, "
+                      f"ClickHouse {'chDB ' + str(Path(settings.data_dir) / 'clickhouse') if settings.embedded_clickhouse else redact(settings.clickhouse_url)}"))
+        console.print(f"  {len(system.agents)} trace agent(s), policy {system.scheduler.policy.version}, "
+                      f"{len(system.admission.view.jobs)} job(s) known. Ctrl-C stops.")
+        token_note = (f"admin token in {settings.admin_token_path} (the CLI reads it; FEDSCHED_DATA_DIR="
+                      f"{settings.data_dir})" if system.admin_token else
+                      "no admin token in this data dir: pass --token / FEDSCHED_TOKEN")
+        console.print(f"  policy {system.admission.policy.version}; {token_note}")
+        console.print(f"  try: FEDSCHED_GRPC={system.grpc_target} fedsched submit --tenant search --project train "
+                      f"--gpus 1 --duration 600")
+        failed = asyncio.create_task(system.failed.wait())
+        await asyncio.wait({asyncio.create_task(stop.wait()), failed}, return_when=asyncio.FIRST_COMPLETED)
+        if system.failed.is_set():
+            err.print(error_line("error:", f"a service crashed ({system.failure!r}); stopping everything (state is "
+                                           f"kept: `fedsched up` again resumes; -v shows the logs)"))
+        console.print("stopping ...")
+        await system.stop()
+        console.print("stopped; state kept in " + str(settings.data_dir))
+        if system.failed.is_set():
+            raise typer.Exit(1)
+
+    try:
+        asyncio.run(main())
+    except FedError as e:
+        _fail(e)
+
+
+# --------------------------------------------------------------------------- one service
+
+
+SERVICES = ("admission", "scheduler", "audit", "billing", "agents")
+
+
+@app.command()
+def service(
+    name: str = typer.Argument(..., help="admission, scheduler, audit, billing or agents"),
+    nats_url: str = typer.Option(..., "--nats-url", envvar="FEDSCHED_NATS_URL", help="The federation's NATS."),
+    clickhouse_url: str = typer.Option("", "--clickhouse-url", envvar="FEDSCHED_CLICKHOUSE_URL",
+                                       help="ClickHouse server (audit, billing); empty = chDB in --data-dir."),
+    data_dir: Path = typer.Option(Path(".fedsched"), "--data-dir", envvar="FEDSCHED_DATA_DIR"),
+    grpc_address: str = typer.Option("0.0.0.0:50051", "--grpc-address", envvar="FEDSCHED_GRPC_ADDRESS"),
+    nodes: Optional[Path] = typer.Option(None, "--nodes", help="agents: trace node list (default: bundled openb)."),
+    cluster: list[str] = typer.Option([], "--cluster", help="agents: run only this cluster's agent (repeatable)."),
+    policy: str = typer.Option("federated", "--policy", help="scheduler: policy name."),
+    policy_file: Optional[Path] = typer.Option(None, "--policy-file", envvar="FEDSCHED_POLICY_FILE",
+                                               help="Governance policy to store if NATS holds none yet."),
+    tls_cert: Optional[Path] = typer.Option(None, "--tls-cert", envvar="FEDSCHED_TLS_CERT",
+                                            help="admission: serve gRPC over TLS (with --tls-key)."),
+    tls_key: Optional[Path] = typer.Option(None, "--tls-key", envvar="FEDSCHED_TLS_KEY"),
+    tls_client_ca: Optional[Path] = typer.Option(None, "--tls-client-ca", envvar="FEDSCHED_TLS_CLIENT_CA",
+                                                 help="admission: require client certificates (mTLS)."),
+    verbose: bool = typer.Option(False, "--verbose", "-v"),
+):
+    """Run one service against an existing NATS (the distributed deployment: one process per
+    service, e.g. one container each in deploy/compose)."""
+    _logging(verbose)
+    if name not in SERVICES:
+        _fail(ValueError(f"unknown service {name!r}; one of {', '.join(SERVICES)}"))
+    from fedapp.runtime import System, SystemOptions
+
+    from fedapp.client import with_local_credentials
+
+    settings = _settings(data_dir=data_dir, nats_url=with_local_credentials(nats_url, data_dir),
+                         clickhouse_url=clickhouse_url, grpc_address=grpc_address,
+                         policy_file=policy_file, tls_cert=tls_cert, tls_key=tls_key, tls_client_ca=tls_client_ca)
+    options = SystemOptions(settings=settings, policy=policy, services=(name,), clusters=tuple(cluster),
+                            nodes_csv=(nodes or _bundled("openb_node_list_gpu_node.csv")) if name == "agents" else None)
+
+    async def main() -> None:
+        system = System(options)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        if not await _start_unless_stopped(system, stop):
+            return
+        try:
+            console.print(f"fedsched {name} running on {redact(system.nats_url)}" +
+                          (f", gRPC {system.grpc_target}" if name == "admission" else ""))
+            waiter = asyncio.create_task(system.failed.wait())
+            await asyncio.wait({asyncio.create_task(stop.wait()), waiter}, return_when=asyncio.FIRST_COMPLETED)
+            if system.failed.is_set():
+                raise typer.Exit(1)
+        finally:
+            await system.stop()
+
+    try:
+        asyncio.run(main())
+    except FedError as e:
+        _fail(e)
+
+
+# --------------------------------------------------------------------------- schema
+
+
+@app.command()
+def schema(
+    cluster: str = typer.Option("", "--cluster", help="Render the replicated variant for this ClickHouse cluster."),
+    database: str = typer.Option("fedsched", "--database"),
+    out: Optional[Path] = typer.Option(None, "--out", help="Write here instead of printing."),
+):
+    """Print the ClickHouse DDL (all migrations), single-node or ON CLUSTER."""
+    from fedsched.store import check_identifier, load_migrations, render_sql
+
+    try:
+        check_identifier("--database", database)
+        if cluster:
+            check_identifier("--cluster", cluster)
+    except FedError as e:
+        _fail(e)
+    parts = [f"CREATE DATABASE IF NOT EXISTS {database}{' ON CLUSTER ' + cluster if cluster else ''};"]
+    for m in load_migrations():
+        parts.append(f"-- migration {m.version:04d}_{m.name}")
+        parts.extend(s + ";" for s in render_sql(m.sql, database, cluster=cluster or None))
+    text = "\n\n".join(parts) + "\n"
+    if out:
+        out.write_text(text)
+    else:
+        console.print(text, markup=False, highlight=False)
+
+
+# --------------------------------------------------------------------------- replay
+
+
+@app.command()
+def replay(
+    nodes: Optional[Path] = typer.Option(None, "--nodes", exists=True, dir_okay=False,
+                                         help="Trace node list (openb format). Default: the bundled openb GPU nodes."),
+    pods: Optional[Path] = typer.Option(None, "--pods", exists=True, dir_okay=False,
+                                        help="Trace pod list (openb format). Default: the bundled gpuspec33 pods."),
+    limit: Optional[int] = typer.Option(None, "--limit", min=1, help="Replay only the first N pods."),
+    load: float = typer.Option(1.0, "--load", min=0.001,
+                               help="Arrival compression: submit times / LOAD, runtimes unchanged (1 = as recorded; "
+                                    "the openb timeline alone keeps under 70 of 6212 GPUs busy)."),
+    speed: float = typer.Option(100.0, "--speed", min=0.001,
+                                help="Trace seconds per wall second while the system is busy (idle time is skipped)."),
+    policy: str = typer.Option("federated", "--policy",
+                               help="federated, local-only, least-loaded, cheapest or random."),
+    data_dir: Optional[Path] = typer.Option(None, "--data-dir",
+                                            help="Fresh or empty directory for this replay's NATS and ClickHouse data "
+                                                 "(default: a new temporary directory, removed afterwards)."),
+    report_json: Optional[Path] = typer.Option(None, "--report-json", help="Also write the report as JSON here."),
+    nats_url: str = typer.Option("", "--nats-url", envvar="FEDSCHED_NATS_URL"),
+    clickhouse_url: str = typer.Option("", "--clickhouse-url", envvar="FEDSCHED_CLICKHOUSE_URL"),
+    timeout: float = typer.Option(3600.0, "--timeout", min=1.0,
+                                  help="Give up after this many wall seconds: the report covers what happened, "
+                                       "and the exit code is 2."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress (a bar on a terminal, else a line every "
+                                                              "10 s)."),
+    verbose: bool = typer.Option(False, "--verbose", "-v"),
+):
+    """Replay a GPU cluster trace through the whole federation and print the outcome.
+
+    Brings up the embedded system, splits the trace's nodes into 3 regions x 2 clusters, submits
+    every pod as a job through the gRPC API at its creation time, waits until each job finished,
+    was rejected or is provably unplaceable, and prints a summary computed by SQL from ClickHouse.
+    """
+    _logging(verbose)
+    from fedapp.replay.driver import ReplayDriver, ReplayOptions, write_report
+    from fedapp.replay.render import print_report, progress_display
+    from services.scheduler.core import POLICY_NAMES
+
+    if policy not in POLICY_NAMES:
+        _fail(ValueError(f"unknown policy {policy!r}; one of {', '.join(POLICY_NAMES)}"))
+    cleanup = None
+    if data_dir is None:
+        cleanup = tempfile.mkdtemp(prefix="fedsched-replay-")
+        data_dir = Path(cleanup)
+    elif data_dir.exists() and any(data_dir.iterdir()):
+        _fail(ValueError(f"--data-dir {data_dir} is not empty; a replay needs a fresh directory"))
+    settings = _settings(data_dir=data_dir, nats_url=nats_url, clickhouse_url=clickhouse_url,
+                         grpc_address="127.0.0.1:0", heartbeat_interval_s=0.5,
+                         subject_prefix=os.environ.get("FEDSCHED_SUBJECT_PREFIX", "fed"), schedule_interval_s=0.002)
+    options = ReplayOptions(nodes_csv=nodes or _bundled("openb_node_list_gpu_node.csv"),
+                            pods_csv=pods or _bundled("openb_pod_list_gpuspec33.csv"), settings=settings, limit=limit,
+                            speed=speed, policy=policy, timeout_s=timeout, load=load)
+    try:
+        with progress_display(console, enabled=console.is_terminal, quiet=quiet) as update:
+            report = asyncio.run(ReplayDriver(options, on_progress=update).run())
+    except FedError as e:
+        _fail(e)
+    finally:
+        if cleanup:
+            shutil.rmtree(cleanup, ignore_errors=True)
+    print_report(console, report)
+    if report_json:
+        try:
+            write_report(report, report_json)
+        except OSError as e:
+            _fail(OSError(f"cannot write the report to {report_json}: {e.strerror or e}"))
+        console.print(f"report written to {report_json}")
+    if report.get("timed_out"):
+        err.print(error_line("timeout:", f"stopped after {timeout:g} s with jobs still open; the figures cover "
+                                         f"only what happened (raise --timeout or --speed)"))
+        raise typer.Exit(2)
+
+
+# --------------------------------------------------------------------------- sql
+
+
+@app.command()
+def sql(
+    query: str = typer.Argument(..., help="A SELECT against database `fedsched` (tables: events, usage, decisions, "
+                                          "inventory)."),
+    data_dir: Path = typer.Option(Path(".fedsched"), "--data-dir", envvar="FEDSCHED_DATA_DIR"),
+    nats_url: str = typer.Option("", "--nats-url", envvar="FEDSCHED_NATS_URL",
+                                 help="Ask the running system over this NATS instead of opening the store."),
+    clickhouse_url: str = typer.Option("", "--clickhouse-url", envvar="FEDSCHED_CLICKHOUSE_URL"),
+    output: Output = typer.Option(Output.table, "--output", "-o", help=OUTPUT_HELP),
+    token: str = typer.Option("", "--token", envvar="FEDSCHED_TOKEN", show_default=False,
+                              help="With --nats-url: an admin's token (default: <FEDSCHED_DATA_DIR or "
+                                   ".fedsched>/admin.token)."),
+):
+    """Run a read-only SQL query against the federation's ClickHouse store.
+
+    Opens the embedded store in --data-dir, or the server at --clickhouse-url. If a running
+    `fedsched up` holds the embedded store, pass --nats-url (printed by `up`) to ask it, with
+    an admin's token. Writes, DDL and file/url table functions are refused; a query stops after
+    55 s; at most 10,000 rows come back.
+    """
+    from fedapp.cli.sql import run_sql
+
+    try:
+        columns, rows, total = run_sql(query, data_dir=data_dir, nats_url=nats_url, clickhouse_url=clickhouse_url,
+                                prefix=os.environ.get("FEDSCHED_SUBJECT_PREFIX", "fed"),
+                                inbox_prefix=os.environ.get("FEDSCHED_INBOX_PREFIX", ""), token=token or None)
+    except FedError as e:
+        _fail(e)
+    if total > len(rows):
+        err.print(styled(("warning:", "yellow"), f" the answer has more than {len(rows)} rows; only the first "
+                         f"{len(rows)} are shown (add LIMIT/OFFSET or aggregate)"))
+    if output == "json":
+        console.print_json(json.dumps([dict(zip(columns, r)) for r in rows], default=str))
+        return
+    table = Table(*columns)
+    for r in rows:
+        table.add_row(*("" if v is None else str(v) for v in r))
+    console.print(table)
+
+
+# --------------------------------------------------------------------------- job API
+
+from fedapp.cli import admin as admin_commands  # noqa: E402  (registers tenants, quotas, approvals, policy)
+from fedapp.cli import jobs as job_commands  # noqa: E402  (registers submit/jobs/job/explain/cancel/watch)
+
+job_commands.register(app)
+admin_commands.register(app)
+
+from fedapp.cli import reports as report_commands  # noqa: E402  (registers report)
+
+report_commands.register(app)
+
+
+def main() -> None:
+    """Entry point of the ``fedsched`` script."""
+    try:
+        app()
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except (FedError, OSError, UnicodeError) as e:  # the commands' own handlers missed it: still no traceback
+        err.print(error_line("error:", _describe(e)))
+        sys.exit(1)
+
+
+def _describe(e: BaseException) -> str:
+    """A one-line account of an error for people (file errors name the file)."""
+    if isinstance(e, OSError) and e.filename:
+        return f"{e.strerror or type(e).__name__}: {e.filename}"
+    if isinstance(e, UnicodeDecodeError):
+        return f"a file is not UTF-8 text ({e.reason} at byte {e.start})"
+    return str(e) or type(e).__name__
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,499 @@
+"""Bringing the whole federation up: embedded by default, external servers when configured.
+
+:class:`System` starts, in order: NATS (a ``nats-server`` child process on
+``data_dir/nats`` unless ``nats_url`` is set), the ClickHouse store (chDB on
+``data_dir/clickhouse`` unless ``clickhouse_url`` is set; migrations applied), the streams,
+then the services -- audit, billing, scheduler, one agent per cluster, admission (gRPC) -- each
+on its own NATS connection, as they would be in separate processes. :meth:`System.stop` stops
+them in reverse order; a later start on the same data dir resumes from the streams.
+
+Governance: when admission starts and NATS KV holds no policy yet, the default policy
+(``policy_text`` / ``settings.policy_file`` / the bundled one) is stored with a bootstrap admin
+whose token goes to ``<data_dir>/admin.token`` (mode 0600; see
+:func:`fedsched.policystore.bootstrap`); the CLI reads that file when no token is given. Other
+services follow whatever policy is stored.
+
+The process that holds the chDB store also answers read-only SQL on
+``<p>.svc.store.query`` so ``fedsched sql`` works while the system runs (chDB allows one
+process per data dir).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import decimal
+import fcntl
+import json
+import logging
+import os
+import socket
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fedsched import telemetry
+from fedsched.bus import Bus
+from fedsched.clock import Clock, SystemClock
+from fedsched.errors import ConflictError, FedError, UnavailableError
+from fedsched.natsd import EmbeddedNats
+from fedapp.client import NATS_PASSWORD_FILE
+from fedsched.pricing import PriceCatalog, load_price_catalog
+from fedsched.tenancy import bundled_policy_text
+from fedsched.policystore import PolicyFollower, PolicyHolder, bootstrap
+from fedsched.settings import Settings
+from fedsched.yamltext import read_text
+from fedsched.store import MAX_QUERY_ROWS, AsyncStore, Store, open_store_from
+from services.admission.convert import Limits
+from services.admission.service import AdmissionService, TlsFiles
+from services.audit.service import AuditService
+from services.billing.service import BillingService
+from services.inventory.agent import ClusterAgent, TraceBackend
+from services.inventory.trace import CLUSTERS, load_nodes, split_nodes
+from services.scheduler.core import build_policy
+from services.scheduler.service import SchedulerService
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class SystemOptions:
+    """What to run.
+
+    Attributes:
+        settings: runtime settings.
+        clock: business clock shared by the services (a replay passes its compressed clock).
+        policy: scheduling policy name.
+        nodes_csv: trace node list for the embedded trace agents; None = run no agents
+            (agents then run beside their clusters: ``fedsched agent``).
+        services: which services to run (default all).
+        agent_tick_s: how often agents check for jobs that ended (wall seconds).
+    """
+
+    settings: Settings
+    clock: Clock = field(default_factory=SystemClock)
+    policy: str = "federated"
+    nodes_csv: Path | None = None
+    services: tuple[str, ...] = ("audit", "billing", "scheduler", "agents", "admission")
+    agent_tick_s: float = 0.01
+    clusters: tuple[str, ...] = ()  # run only these clusters' agents (default: every cluster of the split)
+    split: dict | None = None  # cluster name -> trace nodes, instead of splitting nodes_csv (tests, drills)
+    policy_text: str | None = None  # governance policy stored at first start (default: settings.policy_file / bundled)
+    prices: PriceCatalog | None = None
+    limits: Limits | None = None
+
+
+class System:
+    """The running federation (see the module docstring).
+
+    Attributes (after :meth:`start`): ``nats_url``, ``grpc_target``, ``store``, ``scheduler``,
+    ``admission``, ``audit``, ``billing``, ``agents``, ``admin_token`` (the bootstrap admin's
+    token if this data dir holds it: written to ``<data_dir>/admin.token`` at first start).
+    """
+
+    def __init__(self, options: SystemOptions) -> None:
+        self.options = options
+        self.settings = options.settings
+        self.nats: EmbeddedNats | None = None
+        self.nats_url = self.settings.nats_url
+        self.store: AsyncStore | None = None
+        self.sync_store: Store | None = None
+        self._read_store: Store | None = None
+        self._query_policy: PolicyHolder | None = None
+        self._followers: list[PolicyFollower] = []
+        self._reader_lock = threading.Lock()
+        self.buses: list[Bus] = []
+        self.tasks: list[asyncio.Task] = []
+        self.scheduler: SchedulerService | None = None
+        self.admission: AdmissionService | None = None
+        self.audit: AuditService | None = None
+        self.billing: BillingService | None = None
+        self.agents: list[ClusterAgent] = []
+        self.control: Bus | None = None
+        self._query_sub = None
+        self.failed = asyncio.Event()
+        self.failure: BaseException | None = None
+        self.admin_token: str | None = None
+        self.nats_restarts = 0
+        self._nats_watchdog: asyncio.Task | None = None
+        self._dir_lock = None
+
+    def _spawn(self, coro, name: str) -> None:
+        task = asyncio.create_task(coro, name=name)
+        task.add_done_callback(self._on_task_done)
+        self.tasks.append(task)
+
+    def _on_task_done(self, task: asyncio.Task) -> None:
+        if task.cancelled() or task.exception() is None:
+            return
+        self.failure = task.exception()
+        log.error("service %s crashed: %r", task.get_name(), task.exception(), exc_info=task.exception())
+        self.failed.set()
+
+    @property
+    def grpc_target(self) -> str:
+        """``host:port`` of the admission gRPC server."""
+        host = self.settings.grpc_address.rsplit(":", 1)[0]
+        return f"{host}:{self.admission.port}" if self.admission else self.settings.grpc_address
+
+    async def _bus(self, name: str) -> Bus:
+        s = self.settings
+        bus = await Bus.connect(self.nats_url, s.subject_prefix, name=name, duplicate_window_s=s.duplicate_window_s,
+                                max_age_s=s.stream_max_age_s, js_domain=s.js_domain, inbox_prefix=s.inbox_prefix,
+                                replicas=s.stream_replicas)
+        self.buses.append(bus)
+        return bus
+
+    async def start(self) -> None:
+        """Start everything; returns when admission serves.
+
+        Raises:
+            UnavailableError: NATS or ClickHouse cannot be started/reached.
+            SchemaError: the store's schema is newer than this binary.
+        """
+        s = self.settings
+        opts = self.options
+        telemetry.setup_tracing(s.otel_exporter)
+        wants = set(opts.services)
+        if s.embedded_nats or (s.embedded_clickhouse and wants & {"audit", "billing"}):
+            self._lock_data_dir(Path(s.data_dir))
+        if s.embedded_nats:
+            self.nats = EmbeddedNats(Path(s.data_dir) / "nats", port=s.nats_port or _remembered_port(Path(s.data_dir)),
+                                     password=nats_password(Path(s.data_dir)))
+            self.nats.spawn()  # from the loop's thread: the child dies with this process
+            await asyncio.to_thread(self.nats.wait_ready)
+            self.nats_url = self.nats.client_url
+            self._nats_watchdog = asyncio.create_task(self._watch_nats(), name="nats-watchdog")
+        self.control = await self._bus("control")
+        if set(opts.services) != {"agents"}:
+            # agents (beside their clusters, confined by NATS permissions) never create or change
+            # streams: they wait for the central services to have made them
+            await self.control.ensure_streams()
+        if "admission" in wants:  # the front door stores the first policy (and keeps the admin token)
+            policy_text = opts.policy_text or (read_text(Path(s.policy_file), "policy_file") if s.policy_file
+                                               else bundled_policy_text())
+            self.admin_token = await bootstrap(self.control, policy_text, s.admin_token_path, now=opts.clock.time())
+        if wants & {"audit", "billing"}:
+            self.sync_store = await asyncio.to_thread(open_store_from, s)
+            self.store = AsyncStore(self.sync_store)
+            await self._check_one_store_per_bus()
+            self._query_policy = PolicyHolder()  # store queries are for admins: their tokens come from the policy
+            follower = PolicyFollower(self.control, self._query_policy, name="store-query-policy")
+            self._followers.append(follower)
+            self._spawn(follower.run(), "store-query-policy")
+            self._query_sub = await self.control.nc.subscribe(f"{s.subject_prefix}.svc.store.query", cb=self._on_query)
+        prices = opts.prices or load_price_catalog(s.price_catalog)
+        clock = opts.clock
+        if "audit" in wants:
+            self.audit = AuditService(await self._bus("audit"), self.store)
+            self._spawn(self.audit.run(), "audit")
+        if "billing" in wants:
+            self.billing = BillingService(await self._bus("billing"), self.store, prices)
+            self._spawn(self.billing.run(), "billing")
+        if "agents" in wants and (opts.nodes_csv is not None or opts.split is not None):
+            split = opts.split if opts.split is not None else split_nodes(load_nodes(opts.nodes_csv))
+            for cluster in CLUSTERS:
+                nodes = split.get(cluster.name, [])
+                if not nodes or (opts.clusters and cluster.name not in opts.clusters):
+                    continue
+                agent = ClusterAgent(await self._bus(f"agent-{cluster.name}"), clock, cluster,
+                                     TraceBackend(nodes, rdma=cluster.interconnect in ("rdma", "infiniband")),
+                                     heartbeat_interval_s=s.heartbeat_interval_s, tick_s=opts.agent_tick_s)
+                self.agents.append(agent)
+                self._spawn(agent.run(), f"agent-{cluster.name}")
+        if "scheduler" in wants:
+            self.scheduler = SchedulerService(await self._bus("scheduler"), clock, build_policy(opts.policy), prices,
+                                              stale_after_s=s.stale_after_s, interval_s=s.schedule_interval_s,
+                                              reclaim_after_s=s.reclaim_after_s,
+                                              unschedulable_timeout_s=s.unschedulable_timeout_s)
+            self._spawn(self.scheduler.run(), "scheduler")
+        if "admission" in wants:
+            tls = TlsFiles(s.tls_cert, s.tls_key, s.tls_client_ca) if s.tls_cert else None
+            self.admission = AdmissionService(await self._bus("admission"), clock, address=s.grpc_address,
+                                              limits=opts.limits, prices=prices, tls=tls,
+                                              max_message_bytes=s.grpc_max_request_bytes)
+            self._spawn(self.admission.run(), "admission")
+            task = self.tasks[-1]
+            ready = asyncio.create_task(self.admission.ready.wait())
+            await asyncio.wait({task, ready}, return_when=asyncio.FIRST_COMPLETED)
+            if task.done():
+                ready.cancel()
+                task.result()  # raises the startup error
+
+    def _lock_data_dir(self, data_dir: Path) -> None:
+        """Hold an exclusive lock on ``data_dir/.lock`` while this system runs.
+
+        Two processes on one data dir would run two nats-servers on one JetStream store (and
+        fight over the chDB files); the second one fails here, saying which process holds it.
+
+        Raises:
+            UnavailableError: another process holds the lock.
+        """
+        data_dir.mkdir(parents=True, exist_ok=True)
+        f = open(data_dir / ".lock", "a+")  # noqa: SIM115 - held open while running
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            f.seek(0)
+            holder = f.read().strip() or "?"
+            f.close()
+            raise UnavailableError(f"data dir {data_dir} is in use by another fedsched process (pid {holder}); "
+                                   f"stop it, or pass another --data-dir") from None
+        f.seek(0)
+        f.truncate()
+        f.write(str(os.getpid()))
+        f.flush()
+        self._dir_lock = f
+
+    async def _watch_nats(self, interval_s: float = 1.0) -> None:
+        """Restart the embedded nats-server if it dies (same port, same store): every client
+        reconnects by itself, and JetStream resumes from the store."""
+        while True:
+            await asyncio.sleep(interval_s)
+            if self.nats is None or self.nats.running:
+                continue
+            log.error("the embedded nats-server exited; restarting it on port %d", self.nats.port)
+            try:
+                self.nats.spawn()
+                await asyncio.to_thread(self.nats.wait_ready)
+                self.nats_restarts += 1
+                log.warning("the embedded nats-server is back (restart %d)", self.nats_restarts)
+            except Exception as e:  # noqa: BLE001 - keep trying
+                log.error("cannot restart the embedded nats-server: %s", e)
+                await asyncio.sleep(5 * interval_s)
+
+    async def stop(self) -> None:
+        """Stop the services, then the store and NATS (idempotent)."""
+        for follower in self._followers:
+            follower.stop()
+        if self._nats_watchdog is not None:
+            self._nats_watchdog.cancel()
+            await asyncio.gather(self._nats_watchdog, return_exceptions=True)
+            self._nats_watchdog = None
+        for svc in (self.admission, self.scheduler, *self.agents, self.billing, self.audit):
+            if svc is not None:
+                svc.stop()
+        if self.tasks:
+            done, pending = await asyncio.wait(self.tasks, timeout=10)
+            for t in pending:
+                t.cancel()
+            await asyncio.gather(*self.tasks, return_exceptions=True)
+            for t in done:
+                if not t.cancelled() and t.exception() is not None:
+                    log.warning("%s ended with %r", t.get_name(), t.exception())
+        self.tasks = []
+        if self._query_sub is not None:
+            try:
+                await self._query_sub.unsubscribe()
+            except Exception:  # noqa: BLE001
+                pass
+            self._query_sub = None
+        for bus in reversed(self.buses):
+            try:
+                await asyncio.wait_for(bus.close(), timeout=5)
+            except Exception:  # noqa: BLE001
+                pass
+        self.buses = []
+        if self.store is not None:
+            self.store.close()
+            self.store = None
+        if self._read_store is not None:
+            self._read_store.close()
+            self._read_store = None
+        if self.nats is not None:
+            await asyncio.to_thread(self.nats.stop)
+            self.nats = None
+        if self._dir_lock is not None:
+            self._dir_lock.close()  # releases the flock
+            self._dir_lock = None
+
+    async def __aenter__(self) -> "System":
+        try:
+            await self.start()
+        except BaseException:
+            await self.stop()
+            raise
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    # ------------------------------------------------------------------ helpers
+
+    async def stop_producers(self) -> None:
+        """Stop every service that publishes on its own (agents, scheduler, admission) but keep
+        audit and billing writing: afterwards the event log stops growing once they drain."""
+        producers = [*self.agents, self.scheduler, self.admission]
+        for svc in producers:
+            if svc is not None:
+                svc.stop()
+        names = {f"agent-{a.cluster.name}" for a in self.agents} | {"scheduler", "admission"}
+        tasks = [t for t in self.tasks if t.get_name() in names]
+        if tasks:
+            await asyncio.wait(tasks, timeout=10)
+
+    async def stream_messages(self) -> int:
+        """Messages in all the federation's streams (what the audit log must hold)."""
+        total = 0
+        for suffix in ("EVENTS", "INVENTORY", "DLQ"):
+            info = await self.control.js.stream_info(self.control.stream_name(suffix))
+            total += int(info.state.messages)
+        return total
+
+    async def stream_last_seq(self, suffix: str = "EVENTS") -> int:
+        """Last sequence of a stream."""
+        info = await self.control.js.stream_info(self.control.stream_name(suffix))
+        return int(info.state.last_seq)
+
+    async def drain_writers(self, timeout_s: float = 120.0) -> None:
+        """Wait until audit and billing have written everything published so far.
+
+        Raises:
+            UnavailableError: not drained within ``timeout_s``.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while True:
+            lag = 0
+            # billing first: it publishes usage.recorded before it acknowledges, so once its lag is
+            # 0 those events are on the bus, and audit's lag (read after) counts them
+            if self.billing:
+                lag += await self.billing.lag()
+            if self.audit:
+                lag += await self.audit.lag()
+            if lag == 0:
+                return
+            if loop.time() > deadline:
+                raise UnavailableError(f"audit/billing still {lag} events behind after {timeout_s:.0f}s")
+            await asyncio.sleep(0.1)
+
+    async def _check_one_store_per_bus(self) -> None:
+        """Refuse to write the audit log into a second store on this bus.
+
+        Audit and billing consume durable consumers shared by name; two processes writing to two
+        different stores would split the log between them (each event in one store only). The
+        process holding a store answers pings on ``<p>.svc.store.query`` with its store's
+        identity: another identity answering means another store is already fed from this bus.
+
+        Raises:
+            ConflictError: a different store is being written from this bus.
+        """
+        import nats.errors
+
+        subject = f"{self.settings.subject_prefix}.svc.store.query"
+        try:
+            reply = await self.control.nc.request(subject, json.dumps({"ping": True}).encode(), timeout=2)
+        except (nats.errors.NoRespondersError, nats.errors.TimeoutError):
+            return
+        other = json.loads(reply.data or b"{}").get("store")
+        if other and other != self.sync_store.identity:
+            raise ConflictError(f"another fedsched already writes the audit log of this NATS (subject prefix "
+                                f"{self.settings.subject_prefix!r}) into a different store ({other}); both would get "
+                                f"half of the events. Use that system (fedsched sql/report --nats-url), give this "
+                                f"one its own NATS or FEDSCHED_SUBJECT_PREFIX, or point it at the same ClickHouse")
+
+    async def _on_query(self, msg) -> None:
+        """Answer ``<p>.svc.store.query`` (``{"sql", "parameters", "token"}``) on the read-only
+        handle, for an admin's token only (the store holds every tenant's data).
+
+        The reply is ``{"columns", "rows", "truncated", "total_rows"}`` or ``{"error", "code"}``
+        (``unauthenticated``, ``permission_denied``, ``invalid``, ``unavailable``); rows are cut
+        to :data:`~fedsched.store.MAX_QUERY_ROWS` and to what fits in one NATS message.
+        """
+        try:
+            req = json.loads(msg.data or b"{}")
+            if req.get("ping"):  # which store answers here (see _check_one_store_per_bus)
+                await msg.respond(json.dumps({"store": self.sync_store.identity}).encode())
+                return
+            principal = self._query_principal(str(req.get("token") or ""))
+            if principal is None:
+                body = {"code": "unauthenticated", "error": "store queries need an admin's token (--token, "
+                                                            "FEDSCHED_TOKEN, or FEDSCHED_DATA_DIR holding admin.token)"}
+            elif not principal.is_admin:
+                body = {"code": "permission_denied", "error": f"{principal.name} is not an admin; store queries read "
+                                                              f"every tenant's data"}
+            else:
+                sql = str(req.get("sql", ""))
+                result = await asyncio.get_running_loop().run_in_executor(
+                    None, lambda: self._reader().query(sql, req.get("parameters") or {}))
+                body = {"columns": list(result.columns), "rows": [list(r) for r in result.rows[:MAX_QUERY_ROWS]],
+                        "truncated": len(result.rows) > MAX_QUERY_ROWS, "total_rows": len(result.rows)}
+        except FedError as e:
+            body = {"code": "unavailable" if isinstance(e, UnavailableError) else "invalid", "error": e.message}
+        except Exception as e:  # noqa: BLE001 - report, never crash the responder
+            body = {"code": "invalid", "error": f"{type(e).__name__}: {e}"}
+        await msg.respond(_fit_reply(body, self.control.nc.max_payload))
+
+    def _query_principal(self, token: str):
+        """The principal holding ``token`` under the policy in force (None: unknown or no policy)."""
+        gov = self._query_policy.current if self._query_policy is not None else None
+        return gov.authenticate(token) if gov is not None and token else None
+
+    def _reader(self) -> Store:
+        """The read-only store handle for queries from outside (opened at first use)."""
+        with self._reader_lock:
+            if self._read_store is None:
+                self._read_store = self.sync_store.reader()
+            return self._read_store
+
+
+def nats_password(data_dir: Path) -> str:
+    """The embedded NATS password of ``data_dir`` (``data_dir/nats.password``, mode 0600; made
+    at first start). Local CLI commands read it to reach the bus (see
+    :func:`fedapp.client.with_local_credentials`)."""
+    path = data_dir / NATS_PASSWORD_FILE
+    try:
+        text = path.read_text().strip()
+        if text:
+            return text
+    except OSError:
+        pass
+    import secrets
+
+    data_dir.mkdir(parents=True, exist_ok=True)
+    password = secrets.token_urlsafe(24)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(password)
+    return password
+
+
+def _remembered_port(data_dir: Path) -> int:
+    """The embedded NATS port this data dir used last time if it is free now, else a new free
+    one; remembered in ``data_dir/nats/port`` so `fedsched up` keeps its URL across restarts."""
+    from fedsched.natsd import free_port
+
+    record = data_dir / "nats" / "port"
+    try:
+        port = int(record.read_text().strip())
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", port))
+    except (OSError, ValueError):
+        port = free_port()
+    record.parent.mkdir(parents=True, exist_ok=True)
+    record.write_text(str(port))
+    return port
+
+
+def _fit_reply(body: dict, max_bytes: int) -> bytes:
+    """``body`` as JSON within ``max_bytes`` (the NATS max payload): rows are halved until it
+    fits, and ``truncated`` says so."""
+    data = json.dumps(body, default=_json_default).encode()
+    rows = body.get("rows")
+    while len(data) > max_bytes - 1024 and rows:
+        rows = rows[:len(rows) // 2]
+        body = {**body, "rows": rows, "truncated": True}
+        data = json.dumps(body, default=_json_default).encode()
+    if len(data) > max_bytes - 1024:
+        data = json.dumps({"code": "invalid", "error": "the answer is too large for one message"}).encode()
+    return data
+
+
+def _json_default(value):
+    if isinstance(value, (dt.datetime, dt.date)):
+        return value.isoformat()
+    if isinstance(value, decimal.Decimal):
+        return str(value)
+    if isinstance(value, (bytes, bytearray)):
+        return value.decode("utf-8", errors="replace")
+    return str(value)

@@ -1,0 +1,1 @@
+"""Unit tests of the composition layer (fedapp: CLI, replay workload, generated deploy files)."""

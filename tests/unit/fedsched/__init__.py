@@ -1,0 +1,1 @@
+"""Unit tests of the fedsched library (one test module per library module)."""

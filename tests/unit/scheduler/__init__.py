@@ -1,0 +1,1 @@
+"""Unit tests of services/scheduler (the pure core and the tenancy gate)."""
