@@ -404,12 +404,13 @@ def _table_row(text: str, key: str) -> dict[str, str]:
 async def test_a_queued_job_cancelled_ends_at_the_cancel_with_its_reason_in_job_and_jobs(admission, bus):
     """Issue 13 item 8: ended_at = the time of the scheduler's job.cancelled (not the submit time),
     and the cancel's actor and reason replace the pending reason in GetJob, `job` and `jobs`."""
-    # a T4 node whose cards are all in use: the job could run here, but not now, so it stays queued
-    busy_t4 = NodeInventory(name="n0", card_model="nvidia-t4-16gb", gpus=8, gpu_memory_gib=16,
-                            gpu_free_milli=(0,) * 8, cpu_milli=64000, cpu_free_milli=64000, memory_mib=262144,
-                            memory_free_mib=262144)
+    # a T4 node that is down: the job could run on this cluster some day (admission accepts it),
+    # but the scheduler cannot place it now, so it stays queued with a reason
+    down_t4 = NodeInventory(name="n0", card_model="nvidia-t4-16gb", gpus=8, gpu_memory_gib=16,
+                            gpu_free_milli=(1000,) * 8, cpu_milli=64000, cpu_free_milli=64000, memory_mib=262144,
+                            memory_free_mib=262144, healthy=False)
     await bus.publish(bus.subjects.inventory("cn-north-1", "cn-north-1-c1"),
-                      make_event(EventType.INVENTORY_SNAPSHOT, InventorySnapshot(nodes=(busy_t4,)), producer="test",
+                      make_event(EventType.INVENTORY_SNAPSHOT, InventorySnapshot(nodes=(down_t4,)), producer="test",
                                  occurred_at=time.time(), region="cn-north-1", zone="cn-north-1a",
                                  cluster="cn-north-1-c1"))
     scheduler = SchedulerService(bus, SystemClock(), build_policy(), load_price_catalog(), interval_s=0.01)
@@ -417,7 +418,7 @@ async def test_a_queued_job_cancelled_ends_at_the_cancel_with_its_reason_in_job_
     try:
         async with channel(admission.port, "alice") as ch:
             stub = pb_grpc.JobServiceStub(ch)
-            job_id = (await stub.SubmitJob(pb.SubmitJobRequest(spec=good()))).job_id  # every T4 busy: stays queued
+            job_id = (await stub.SubmitJob(pb.SubmitJobRequest(spec=good()))).job_id  # its node is down: stays queued
             deadline = asyncio.get_running_loop().time() + 10
             while not (job := await stub.GetJob(pb.GetJobRequest(job_id=job_id))).reason:
                 assert asyncio.get_running_loop().time() < deadline, "the scheduler never gave a pending reason"
