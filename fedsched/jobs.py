@@ -79,14 +79,35 @@ TERMINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCE
 
 class AttemptState(StrEnum):
     """States of one attempt (one placement of a job or shard on a cluster), str-valued as
-    attempt records and the API have always carried them."""
+    attempt records, the API's ``Attempt.outcome`` and the CLI have always carried them.
+
+    Open: ``placed``, ``running``, ``stopping``. Ended: the rest. The transitions admission's job
+    view follows are in ``services/admission/jobview.py``; an agent's trace outcome is
+    ``succeeded`` or ``failed``.
+    """
 
     PLACED = "placed"        # the scheduler published the placement
     RUNNING = "running"      # its agent started it
+    STOPPING = "stopping"    # a stop order is out (preemption, cancellation), the agent has not confirmed
     SUCCEEDED = "succeeded"  # ended well (``job.finished``)
     FAILED = "failed"        # ended in failure (``job.failed``)
     REJECTED = "rejected"    # its agent refused the placement (``job.rejected``)
-    STOPPED = "stopped"      # stopped on order: cancelled, preempted, reclaimed, cluster lost
+    RECLAIMED = "reclaimed"  # placed, never started in time: the scheduler took the placement back
+    PREEMPTED = "preempted"  # stopped for a higher-priority job
+    CANCELLED = "cancelled"  # stopped because its job was cancelled
+    LOST = "lost"            # its cluster went silent (``job.stopped`` cluster_lost)
+    STOPPED = "stopped"      # stopped for another reason
+
+
+class StopReason(StrEnum):
+    """Why the scheduler stops an attempt (``JobStop.reason``; also ``JobStatus.reason`` of the
+    ``job.stopped`` an agent reports for it, or the scheduler publishes for an attempt on a lost
+    cluster). Shared by the scheduler (producer) and the job view and agents (consumers)."""
+
+    CANCELLED = "cancelled"
+    PREEMPTED = "preempted"        # for a higher-priority job
+    RECLAIMED = "reclaimed"        # placed, never started within ``reclaim_after_s``
+    CLUSTER_LOST = "cluster_lost"  # its cluster went silent for longer than ``stale_after_s``
 
 
 class Dataset(BaseModel):

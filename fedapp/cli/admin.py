@@ -216,296 +216,323 @@ def put_tenant(api: Api, name: str, edit: TenantEdit, expected_version: str = ""
     raise AssertionError("unreachable")  # pragma: no cover
 
 
+# ------------------------------------------------------------------ approvals
+
+
+def approvals(
+    tenant: str = typer.Option("", "--tenant", help="Only this tenant's requests."),
+    state: list[str] = typer.Option([], "--state", help="pending, approved, rejected, expired (repeatable; "
+                                                          "default all)."),
+    limit: int = typer.Option(100, "--limit", min=1, max=1000),
+    server: str = SERVER, output: Output = OUTPUT, token: str = TOKEN,
+):
+    """List cross-region approval requests (approvers: of their tenants)."""
+    states = [_pick(s, APPROVAL_STATES, "--state") for s in state]
+    with Api(server, token) as api:
+        resp = api.call(gpb_grpc.ApprovalServiceStub(api.channel).ListApprovals,
+                        gpb.ListApprovalsRequest(tenant=tenant, states=states, page_size=limit))
+    if output == "json":
+        _json(resp)
+        return
+    t = Table("approval", "job", "tenant/project", "state", "proposed", "cost", "expires", "decided by", "reason")
+    for a in resp.approvals:
+        t.add_row(a.approval_id, a.job_id, f"{a.tenant}/{a.project}",
+                  _name(gpb.ApprovalState, a.state, "APPROVAL_STATE_"),
+                  f"{a.proposed_cluster} ({a.proposed_region})", f"{a.cost} {a.currency}" if a.cost else "-",
+                  _ts(a.expires_at), a.decided_by or "-", a.reason[:90])
+    console.print(t)
+
+
+def _decide(approval_id: str, comment: str, server: str, output: str, token: str, approve: bool) -> None:
+    """Approve (``approve`` true) or reject one approval request and print the decision."""
+    with Api(server, token) as api:
+        stub = gpb_grpc.ApprovalServiceStub(api.channel)
+        a = api.call(stub.Approve if approve else stub.Reject,
+                     gpb.DecideApprovalRequest(approval_id=approval_id, comment=comment))
+    if output == "json":
+        _json(a)
+    else:
+        console.print(f"{a.approval_id} {_name(gpb.ApprovalState, a.state, 'APPROVAL_STATE_')} by {a.decided_by}: "
+                      f"job {a.job_id} -> {a.proposed_cluster} ({a.proposed_region})")
+
+
+def approve(approval_id: str = typer.Argument(...), comment: str = typer.Option("", "--comment"),
+            server: str = SERVER, output: Output = OUTPUT, token: str = TOKEN):
+    """Approve a cross-region request: the job may run in the proposed region."""
+    _decide(approval_id, comment, server, output, token, True)
+
+
+def reject(approval_id: str = typer.Argument(...), comment: str = typer.Option("", "--comment"),
+           server: str = SERVER, output: Output = OUTPUT, token: str = TOKEN):
+    """Reject a cross-region request: the job stays in its home region."""
+    _decide(approval_id, comment, server, output, token, False)
+
+
+# ------------------------------------------------------------------ tenants
+
+
+def tenants(ctx: typer.Context, server: str = SERVER, output: Output = OUTPUT, token: str = TOKEN):
+    """List tenants (with their month-to-date spend)."""
+    if ctx.invoked_subcommand:
+        return
+    with Api(server, token) as api:
+        resp = api.call(gpb_grpc.TenantServiceStub(api.channel).ListTenants, gpb.ListTenantsRequest())
+    if output == "json":
+        _json(resp)
+        return
+    t = Table("tenant", "home", "projects", "cross-region", "job classes", "regions", "budget", "spend (month)",
+              title=f"policy {resp.policy_version}")
+    for x in resp.tenants:
+        classes = ", ".join(f"{c.name}:{_name(gpb.CrossRegionMode, c.cross_region, 'CROSS_REGION_MODE_')}"
+                            for c in x.job_classes)
+        t.add_row(x.name, x.home_region, ",".join(x.projects),
+                  _name(gpb.CrossRegionMode, x.cross_region, "CROSS_REGION_MODE_"), classes or "-",
+                  ",".join(x.regions) or "any",
+                  f"{x.budget.monthly} {x.budget.currency}" if x.budget.monthly else "-", x.month_spend or "0")
+    console.print(t)
+
+
+def tenants_put(
+    name: str = typer.Argument(...),
+    home_region: str = typer.Option("", "--home-region", help="Home region (required for a new tenant)."),
+    project: list[str] = typer.Option([], "--project", help="Add a project (repeatable)."),
+    remove_project: list[str] = typer.Option([], "--remove-project", help="Remove a project (repeatable)."),
+    cross_region: str = typer.Option("", "--cross-region", help="forbidden, approval or allowed (default: keep)."),
+    default_locality: str = typer.Option("", "--default-locality", help="must_local, prefer_local or global."),
+    region: list[str] = typer.Option([], "--region", help="Add a region its jobs may use (repeatable; a tenant "
+                                                          "without any may use every region)."),
+    remove_region: list[str] = typer.Option([], "--remove-region", help="Remove an allowed region (repeatable)."),
+    job_class: list[str] = typer.Option([], "--job-class",
+                                        help="Add or replace the class NAME: NAME:MODE[:kinds=k1,k2][:tags=t1,t2] "
+                                             "(repeatable)."),
+    remove_job_class: list[str] = typer.Option([], "--remove-job-class", help="Remove the class NAME (repeatable)."),
+    budget: str = typer.Option("", "--budget", help="Set the monthly budget (currency units)."),
+    currency: str = typer.Option("", "--currency", help="Currency of the budget (default: keep, else CNY)."),
+    no_budget: bool = typer.Option(False, "--no-budget", help="Remove the budget."),
+    expected_version: str = typer.Option("", "--expected-version", help="Refuse if the policy moved on."),
+    server: str = SERVER, output: Output = OUTPUT, token: str = TOKEN,
+):
+    """Create a tenant, or change only what the options name (admins); prints what changed.
+
+    The put is a read-modify-write: the tenant is read with the policy version, changed, and
+    written back only if the policy is still at that version (a concurrent change is never
+    overwritten: the edit is made again on the new version, at most 3 times; with
+    --expected-version it is refused instead).
+    """
+    edit = TenantEdit(home_region=home_region, add_projects=tuple(project), remove_projects=tuple(remove_project),
+                      cross_region=_pick(cross_region, MODES, "--cross-region") if cross_region else 0,
+                      default_locality=_pick(default_locality, LOCALITIES, "--default-locality")
+                      if default_locality else 0,
+                      add_regions=tuple(region), remove_regions=tuple(remove_region),
+                      job_classes=tuple(_job_class(spec) for spec in job_class),
+                      remove_job_classes=tuple(remove_job_class), budget=budget, currency=currency,
+                      no_budget=no_budget)
+    try:
+        edit.check()
+    except ValidationError as e:
+        err.print(error_line(f"--{e.field}:", e.reason))
+        raise typer.Exit(2) from None
+    with Api(server, token) as api:
+        resp = put_tenant(api, name, edit, expected_version)
+    if output == "json":
+        _json(resp)
+        return
+    for line in resp.changes:
+        console.print(f"  {line}", highlight=False, markup=False)
+    if not resp.changes:
+        console.print(f"no change: tenant {name} already so in policy {resp.policy_version}")
+    else:
+        console.print(f"tenant {resp.tenant.name} {'created' if resp.created else 'updated'}; "
+                      f"policy {resp.previous_version} -> {resp.policy_version}")
+
+
+# ------------------------------------------------------------------ quotas
+
+
+def quota(ctx: typer.Context, tenant: str = typer.Option("", "--tenant"), server: str = SERVER,
+          output: Output = OUTPUT, token: str = TOKEN):
+    """Show quotas (guaranteed, borrowing limit, cohort, in use)."""
+    if ctx.invoked_subcommand:
+        return
+    with Api(server, token) as api:
+        resp = api.call(gpb_grpc.TenantServiceStub(api.channel).ListQuotas, gpb.ListQuotasRequest(tenant=tenant))
+    if output == "json":
+        _json(resp)
+        return
+    t = Table("tenant", "card", "region", "guaranteed GPUs", "borrowing limit", "cohort", "in use GPUs",
+              title=f"policy {resp.policy_version}")
+    for q in resp.quotas:
+        borrow = f"{q.borrowing_limit_gpus:g}" if q.HasField("borrowing_limit_gpus") else "unlimited"
+        t.add_row(q.tenant, q.card, q.region, f"{q.guaranteed_gpus:g}", borrow, q.cohort or "-",
+                  f"{q.used_milli / 1000:g}")
+    console.print(t)
+
+
+def quota_set(
+    tenant: str = typer.Argument(...),
+    card: str = typer.Option("*", "--card", help="Card model, alias, card class or *."),
+    region: str = typer.Option("*", "--region", help="Region or *."),
+    guaranteed: float = typer.Option(..., "--guaranteed", help="Guaranteed (nominal) GPUs."),
+    borrowing_limit: Optional[float] = typer.Option(None, "--borrowing-limit",
+                                                    help="GPUs above nominal from the cohort (default: none "
+                                                         "without a cohort, unlimited with one)."),
+    cohort: str = typer.Option("", "--cohort"),
+    expected_version: str = typer.Option("", "--expected-version"),
+    server: str = SERVER, output: Output = OUTPUT, token: str = TOKEN,
+):
+    """Create or replace a quota (admins)."""
+    q = gpb.Quota(tenant=tenant, card=card, region=region, guaranteed_gpus=guaranteed, cohort=cohort)
+    if borrowing_limit is not None:
+        q.borrowing_limit_gpus = borrowing_limit
+    with Api(server, token) as api:
+        resp = api.call(gpb_grpc.TenantServiceStub(api.channel).SetQuota,
+                        gpb.SetQuotaRequest(quota=q, expected_version=expected_version))
+    if output == "json":
+        _json(resp)
+    else:
+        console.print(f"quota {tenant}/{card}/{region} {'created' if resp.created else 'updated'}; "
+                      f"policy {resp.policy_version}")
+
+
+def quota_delete(tenant: str = typer.Argument(...), card: str = typer.Option("*", "--card"),
+                 region: str = typer.Option("*", "--region"),
+                 expected_version: str = typer.Option("", "--expected-version"),
+                 server: str = SERVER, output: Output = OUTPUT, token: str = TOKEN):
+    """Delete a quota (admins)."""
+    with Api(server, token) as api:
+        resp = api.call(gpb_grpc.TenantServiceStub(api.channel).DeleteQuota,
+                        gpb.DeleteQuotaRequest(tenant=tenant, card=card, region=region,
+                                               expected_version=expected_version))
+    if output == "json":
+        _json(resp)
+    else:
+        console.print(f"quota {tenant}/{card}/{region} deleted; policy {resp.policy_version}")
+
+
+# ------------------------------------------------------------------ principals and tokens
+
+
+def principal_put(
+    name: str = typer.Argument(...),
+    role: list[str] = typer.Option(..., "--role", help="admin | submitter:T1,T2\\[/P1,P2] | approver:T1,T2 | "
+                                                       "agent:REGION/CLUSTER (repeatable)."),
+    new_token_: bool = typer.Option(False, "--new-token", help="Issue a fresh token (always for a new principal)."),
+    expected_version: str = typer.Option("", "--expected-version"),
+    server: str = SERVER, output: Output = OUTPUT, token: str = TOKEN,
+):
+    """Create or update a principal; a new token is printed once (only its hash is stored)."""
+    request = gpb.PutPrincipalRequest(name=name, roles=[parse_role(r) for r in role], issue_token=new_token_,
+                                      expected_version=expected_version)
+    with Api(server, token) as api:
+        resp = api.call(gpb_grpc.TenantServiceStub(api.channel).PutPrincipal, request)
+    if output == "json":
+        _json(resp)
+        return
+    console.print(f"principal {resp.name} {'created' if resp.created else 'updated'}; policy {resp.policy_version}")
+    if resp.token:
+        console.print(f"token (shown once; give it to {resp.name}): {resp.token}", highlight=False)
+
+
+def token_new(output: Output = OUTPUT):
+    """Print a fresh random token and its sha256 (put the hash in a policy file's principals)."""
+    tok = new_token()
+    if output == "json":
+        console.print_json(json.dumps({"token": tok, "token_sha256": hash_token(tok)}))
+    else:
+        console.print(f"token:        {tok}\ntoken_sha256: {hash_token(tok)}", highlight=False)
+
+
+# ------------------------------------------------------------------ policy
+
+
+def _read(path: Path) -> str:
+    """The policy file's text; exits 2 (after printing) when it cannot be read."""
+    try:
+        return read_text(path, "policy")
+    except ValidationError as e:
+        err.print(error_line("error:", e.reason))
+        raise typer.Exit(2) from None
+
+
+def _changes(resp: gpb.ApplyPolicyResponse, output: str, verb: str) -> None:
+    """Print what ``policy apply`` / ``policy diff`` changed (``verb`` ends the summary line)."""
+    if output == "json":
+        _json(resp)
+        return
+    if not resp.changes:
+        console.print(f"no change: policy {resp.previous_version} already in force")
+        return
+    for line in resp.changes:
+        console.print(f"  {line}", highlight=False, markup=False)
+    console.print(f"policy {resp.previous_version} -> {resp.version} {verb}")
+
+
+def policy_apply(file: Path = typer.Argument(..., help="Policy YAML (format: deploy/policy/example.yaml)."),
+                 expected_version: str = typer.Option("", "--expected-version",
+                                                      help="Refuse if the policy in force is not this version."),
+                 server: str = SERVER, output: Output = OUTPUT, token: str = TOKEN):
+    """Validate FILE and make it the policy in force (every service follows it)."""
+    with Api(server, token) as api:
+        resp = api.call(gpb_grpc.PolicyServiceStub(api.channel).ApplyPolicy,
+                        gpb.ApplyPolicyRequest(yaml=_read(file), expected_version=expected_version))
+    _changes(resp, output, "applied" if resp.applied else "")
+
+
+def policy_diff(file: Path = typer.Argument(...), server: str = SERVER, output: Output = OUTPUT,
+                token: str = TOKEN):
+    """Show what applying FILE would change (nothing is applied)."""
+    with Api(server, token) as api:
+        resp = api.call(gpb_grpc.PolicyServiceStub(api.channel).DiffPolicy,
+                        gpb.ApplyPolicyRequest(yaml=_read(file)))
+    _changes(resp, output, "(would be; not applied)")
+
+
+def policy_show(server: str = SERVER, output: PolicyOutput = typer.Option(PolicyOutput.yaml, "--output", "-o",
+                                                                         help="yaml or json"),
+                token: str = TOKEN):
+    """Print the policy in force (canonical YAML with its version)."""
+    with Api(server, token) as api:
+        doc = api.call(gpb_grpc.PolicyServiceStub(api.channel).GetPolicy, gpb.GetPolicyRequest())
+    if output == "json":
+        _json(doc)
+        return
+    console.print(f"# policy {doc.version}, applied by {doc.applied_by or '?'} at {_ts(doc.applied_at)}",
+                  highlight=False, markup=False)
+    console.print(doc.yaml, highlight=False, markup=False)
+
+
+# ------------------------------------------------------------------ registration
+
+
 def register(app: typer.Typer) -> None:
-    """Add the governance commands to ``app``."""
-
-    # ------------------------------------------------------------------ approvals
-
-    @app.command()
-    def approvals(
-        tenant: str = typer.Option("", "--tenant", help="Only this tenant's requests."),
-        state: list[str] = typer.Option([], "--state", help="pending, approved, rejected, expired (repeatable; "
-                                                              "default all)."),
-        limit: int = typer.Option(100, "--limit", min=1, max=1000),
-        server: str = SERVER, output: Output = OUTPUT, token: str = TOKEN,
-    ):
-        """List cross-region approval requests (approvers: of their tenants)."""
-        states = [_pick(s, APPROVAL_STATES, "--state") for s in state]
-        with Api(server, token) as api:
-            resp = api.call(gpb_grpc.ApprovalServiceStub(api.channel).ListApprovals,
-                            gpb.ListApprovalsRequest(tenant=tenant, states=states, page_size=limit))
-        if output == "json":
-            _json(resp)
-            return
-        t = Table("approval", "job", "tenant/project", "state", "proposed", "cost", "expires", "decided by", "reason")
-        for a in resp.approvals:
-            t.add_row(a.approval_id, a.job_id, f"{a.tenant}/{a.project}",
-                      _name(gpb.ApprovalState, a.state, "APPROVAL_STATE_"),
-                      f"{a.proposed_cluster} ({a.proposed_region})", f"{a.cost} {a.currency}" if a.cost else "-",
-                      _ts(a.expires_at), a.decided_by or "-", a.reason[:90])
-        console.print(t)
-
-    def _decide(approval_id: str, comment: str, server: str, output: str, token: str, approve: bool) -> None:
-        with Api(server, token) as api:
-            stub = gpb_grpc.ApprovalServiceStub(api.channel)
-            a = api.call(stub.Approve if approve else stub.Reject,
-                         gpb.DecideApprovalRequest(approval_id=approval_id, comment=comment))
-        if output == "json":
-            _json(a)
-        else:
-            console.print(f"{a.approval_id} {_name(gpb.ApprovalState, a.state, 'APPROVAL_STATE_')} by {a.decided_by}: "
-                          f"job {a.job_id} -> {a.proposed_cluster} ({a.proposed_region})")
-
-    @app.command()
-    def approve(approval_id: str = typer.Argument(...), comment: str = typer.Option("", "--comment"),
-                server: str = SERVER, output: Output = OUTPUT, token: str = TOKEN):
-        """Approve a cross-region request: the job may run in the proposed region."""
-        _decide(approval_id, comment, server, output, token, True)
-
-    @app.command()
-    def reject(approval_id: str = typer.Argument(...), comment: str = typer.Option("", "--comment"),
-               server: str = SERVER, output: Output = OUTPUT, token: str = TOKEN):
-        """Reject a cross-region request: the job stays in its home region."""
-        _decide(approval_id, comment, server, output, token, False)
-
-    # ------------------------------------------------------------------ tenants
+    """Add the governance commands to ``app`` (in this order in ``fedsched --help``)."""
+    app.command("approvals")(approvals)
+    app.command("approve")(approve)
+    app.command("reject")(reject)
 
     tenants_app = typer.Typer(help="List tenants; `tenants put` creates or updates one (admins).",
                               invoke_without_command=True, no_args_is_help=False)
+    tenants_app.callback()(tenants)
+    tenants_app.command("put")(tenants_put)
     app.add_typer(tenants_app, name="tenants")
-
-    @tenants_app.callback()
-    def tenants(ctx: typer.Context, server: str = SERVER, output: Output = OUTPUT, token: str = TOKEN):
-        """List tenants (with their month-to-date spend)."""
-        if ctx.invoked_subcommand:
-            return
-        with Api(server, token) as api:
-            resp = api.call(gpb_grpc.TenantServiceStub(api.channel).ListTenants, gpb.ListTenantsRequest())
-        if output == "json":
-            _json(resp)
-            return
-        t = Table("tenant", "home", "projects", "cross-region", "job classes", "regions", "budget", "spend (month)",
-                  title=f"policy {resp.policy_version}")
-        for x in resp.tenants:
-            classes = ", ".join(f"{c.name}:{_name(gpb.CrossRegionMode, c.cross_region, 'CROSS_REGION_MODE_')}"
-                                for c in x.job_classes)
-            t.add_row(x.name, x.home_region, ",".join(x.projects),
-                      _name(gpb.CrossRegionMode, x.cross_region, "CROSS_REGION_MODE_"), classes or "-",
-                      ",".join(x.regions) or "any",
-                      f"{x.budget.monthly} {x.budget.currency}" if x.budget.monthly else "-", x.month_spend or "0")
-        console.print(t)
-
-    @tenants_app.command("put")
-    def tenants_put(
-        name: str = typer.Argument(...),
-        home_region: str = typer.Option("", "--home-region", help="Home region (required for a new tenant)."),
-        project: list[str] = typer.Option([], "--project", help="Add a project (repeatable)."),
-        remove_project: list[str] = typer.Option([], "--remove-project", help="Remove a project (repeatable)."),
-        cross_region: str = typer.Option("", "--cross-region", help="forbidden, approval or allowed (default: keep)."),
-        default_locality: str = typer.Option("", "--default-locality", help="must_local, prefer_local or global."),
-        region: list[str] = typer.Option([], "--region", help="Add a region its jobs may use (repeatable; a tenant "
-                                                              "without any may use every region)."),
-        remove_region: list[str] = typer.Option([], "--remove-region", help="Remove an allowed region (repeatable)."),
-        job_class: list[str] = typer.Option([], "--job-class",
-                                            help="Add or replace the class NAME: NAME:MODE[:kinds=k1,k2][:tags=t1,t2] "
-                                                 "(repeatable)."),
-        remove_job_class: list[str] = typer.Option([], "--remove-job-class", help="Remove the class NAME (repeatable)."),
-        budget: str = typer.Option("", "--budget", help="Set the monthly budget (currency units)."),
-        currency: str = typer.Option("", "--currency", help="Currency of the budget (default: keep, else CNY)."),
-        no_budget: bool = typer.Option(False, "--no-budget", help="Remove the budget."),
-        expected_version: str = typer.Option("", "--expected-version", help="Refuse if the policy moved on."),
-        server: str = SERVER, output: Output = OUTPUT, token: str = TOKEN,
-    ):
-        """Create a tenant, or change only what the options name (admins); prints what changed.
-
-        The put is a read-modify-write: the tenant is read with the policy version, changed, and
-        written back only if the policy is still at that version (a concurrent change is never
-        overwritten: the edit is made again on the new version, at most 3 times; with
-        --expected-version it is refused instead).
-        """
-        edit = TenantEdit(home_region=home_region, add_projects=tuple(project), remove_projects=tuple(remove_project),
-                          cross_region=_pick(cross_region, MODES, "--cross-region") if cross_region else 0,
-                          default_locality=_pick(default_locality, LOCALITIES, "--default-locality")
-                          if default_locality else 0,
-                          add_regions=tuple(region), remove_regions=tuple(remove_region),
-                          job_classes=tuple(_job_class(spec) for spec in job_class),
-                          remove_job_classes=tuple(remove_job_class), budget=budget, currency=currency,
-                          no_budget=no_budget)
-        try:
-            edit.check()
-        except ValidationError as e:
-            err.print(error_line(f"--{e.field}:", e.reason))
-            raise typer.Exit(2) from None
-        with Api(server, token) as api:
-            resp = put_tenant(api, name, edit, expected_version)
-        if output == "json":
-            _json(resp)
-            return
-        for line in resp.changes:
-            console.print(f"  {line}", highlight=False, markup=False)
-        if not resp.changes:
-            console.print(f"no change: tenant {name} already so in policy {resp.policy_version}")
-        else:
-            console.print(f"tenant {resp.tenant.name} {'created' if resp.created else 'updated'}; "
-                          f"policy {resp.previous_version} -> {resp.policy_version}")
-
-    # ------------------------------------------------------------------ quotas
 
     quota_app = typer.Typer(help="Show quotas with their usage; `quota set` / `quota delete` change them (admins).",
                             invoke_without_command=True, no_args_is_help=False)
+    quota_app.callback()(quota)
+    quota_app.command("set")(quota_set)
+    quota_app.command("delete")(quota_delete)
     app.add_typer(quota_app, name="quota")
 
-    @quota_app.callback()
-    def quota(ctx: typer.Context, tenant: str = typer.Option("", "--tenant"), server: str = SERVER,
-              output: Output = OUTPUT, token: str = TOKEN):
-        """Show quotas (guaranteed, borrowing limit, cohort, in use)."""
-        if ctx.invoked_subcommand:
-            return
-        with Api(server, token) as api:
-            resp = api.call(gpb_grpc.TenantServiceStub(api.channel).ListQuotas, gpb.ListQuotasRequest(tenant=tenant))
-        if output == "json":
-            _json(resp)
-            return
-        t = Table("tenant", "card", "region", "guaranteed GPUs", "borrowing limit", "cohort", "in use GPUs",
-                  title=f"policy {resp.policy_version}")
-        for q in resp.quotas:
-            borrow = f"{q.borrowing_limit_gpus:g}" if q.HasField("borrowing_limit_gpus") else "unlimited"
-            t.add_row(q.tenant, q.card, q.region, f"{q.guaranteed_gpus:g}", borrow, q.cohort or "-",
-                      f"{q.used_milli / 1000:g}")
-        console.print(t)
-
-    @quota_app.command("set")
-    def quota_set(
-        tenant: str = typer.Argument(...),
-        card: str = typer.Option("*", "--card", help="Card model, alias, card class or *."),
-        region: str = typer.Option("*", "--region", help="Region or *."),
-        guaranteed: float = typer.Option(..., "--guaranteed", help="Guaranteed (nominal) GPUs."),
-        borrowing_limit: Optional[float] = typer.Option(None, "--borrowing-limit",
-                                                        help="GPUs above nominal from the cohort (default: none "
-                                                             "without a cohort, unlimited with one)."),
-        cohort: str = typer.Option("", "--cohort"),
-        expected_version: str = typer.Option("", "--expected-version"),
-        server: str = SERVER, output: Output = OUTPUT, token: str = TOKEN,
-    ):
-        """Create or replace a quota (admins)."""
-        q = gpb.Quota(tenant=tenant, card=card, region=region, guaranteed_gpus=guaranteed, cohort=cohort)
-        if borrowing_limit is not None:
-            q.borrowing_limit_gpus = borrowing_limit
-        with Api(server, token) as api:
-            resp = api.call(gpb_grpc.TenantServiceStub(api.channel).SetQuota,
-                            gpb.SetQuotaRequest(quota=q, expected_version=expected_version))
-        if output == "json":
-            _json(resp)
-        else:
-            console.print(f"quota {tenant}/{card}/{region} {'created' if resp.created else 'updated'}; "
-                          f"policy {resp.policy_version}")
-
-    @quota_app.command("delete")
-    def quota_delete(tenant: str = typer.Argument(...), card: str = typer.Option("*", "--card"),
-                     region: str = typer.Option("*", "--region"),
-                     expected_version: str = typer.Option("", "--expected-version"),
-                     server: str = SERVER, output: Output = OUTPUT, token: str = TOKEN):
-        """Delete a quota (admins)."""
-        with Api(server, token) as api:
-            resp = api.call(gpb_grpc.TenantServiceStub(api.channel).DeleteQuota,
-                            gpb.DeleteQuotaRequest(tenant=tenant, card=card, region=region,
-                                                   expected_version=expected_version))
-        if output == "json":
-            _json(resp)
-        else:
-            console.print(f"quota {tenant}/{card}/{region} deleted; policy {resp.policy_version}")
-
-    # ------------------------------------------------------------------ principals and tokens
-
     principal_app = typer.Typer(help="Principals (callers) and their roles (admins).", no_args_is_help=True)
+    principal_app.command("put")(principal_put)
     app.add_typer(principal_app, name="principal")
 
-    @principal_app.command("put")
-    def principal_put(
-        name: str = typer.Argument(...),
-        role: list[str] = typer.Option(..., "--role", help="admin | submitter:T1,T2\\[/P1,P2] | approver:T1,T2 | "
-                                                           "agent:REGION/CLUSTER (repeatable)."),
-        new_token_: bool = typer.Option(False, "--new-token", help="Issue a fresh token (always for a new principal)."),
-        expected_version: str = typer.Option("", "--expected-version"),
-        server: str = SERVER, output: Output = OUTPUT, token: str = TOKEN,
-    ):
-        """Create or update a principal; a new token is printed once (only its hash is stored)."""
-        request = gpb.PutPrincipalRequest(name=name, roles=[parse_role(r) for r in role], issue_token=new_token_,
-                                          expected_version=expected_version)
-        with Api(server, token) as api:
-            resp = api.call(gpb_grpc.TenantServiceStub(api.channel).PutPrincipal, request)
-        if output == "json":
-            _json(resp)
-            return
-        console.print(f"principal {resp.name} {'created' if resp.created else 'updated'}; policy {resp.policy_version}")
-        if resp.token:
-            console.print(f"token (shown once; give it to {resp.name}): {resp.token}", highlight=False)
-
     token_app = typer.Typer(help="Tokens, locally (no server).", no_args_is_help=True)
+    token_app.command("new")(token_new)
     app.add_typer(token_app, name="token")
 
-    @token_app.command("new")
-    def token_new(output: Output = OUTPUT):
-        """Print a fresh random token and its sha256 (put the hash in a policy file's principals)."""
-        tok = new_token()
-        if output == "json":
-            console.print_json(json.dumps({"token": tok, "token_sha256": hash_token(tok)}))
-        else:
-            console.print(f"token:        {tok}\ntoken_sha256: {hash_token(tok)}", highlight=False)
-
-    # ------------------------------------------------------------------ policy
-
     policy_app = typer.Typer(help="The versioned governance policy (admins).", no_args_is_help=True)
+    policy_app.command("apply")(policy_apply)
+    policy_app.command("diff")(policy_diff)
+    policy_app.command("show")(policy_show)
     app.add_typer(policy_app, name="policy")
-
-    def _read(path: Path) -> str:
-        try:
-            return read_text(path, "policy")
-        except ValidationError as e:
-            err.print(error_line("error:", e.reason))
-            raise typer.Exit(2) from None
-
-    def _changes(resp: gpb.ApplyPolicyResponse, output: str, verb: str) -> None:
-        if output == "json":
-            _json(resp)
-            return
-        if not resp.changes:
-            console.print(f"no change: policy {resp.previous_version} already in force")
-            return
-        for line in resp.changes:
-            console.print(f"  {line}", highlight=False, markup=False)
-        console.print(f"policy {resp.previous_version} -> {resp.version} {verb}")
-
-    @policy_app.command("apply")
-    def policy_apply(file: Path = typer.Argument(..., help="Policy YAML (format: deploy/policy/example.yaml)."),
-                     expected_version: str = typer.Option("", "--expected-version",
-                                                          help="Refuse if the policy in force is not this version."),
-                     server: str = SERVER, output: Output = OUTPUT, token: str = TOKEN):
-        """Validate FILE and make it the policy in force (every service follows it)."""
-        with Api(server, token) as api:
-            resp = api.call(gpb_grpc.PolicyServiceStub(api.channel).ApplyPolicy,
-                            gpb.ApplyPolicyRequest(yaml=_read(file), expected_version=expected_version))
-        _changes(resp, output, "applied" if resp.applied else "")
-
-    @policy_app.command("diff")
-    def policy_diff(file: Path = typer.Argument(...), server: str = SERVER, output: Output = OUTPUT,
-                    token: str = TOKEN):
-        """Show what applying FILE would change (nothing is applied)."""
-        with Api(server, token) as api:
-            resp = api.call(gpb_grpc.PolicyServiceStub(api.channel).DiffPolicy,
-                            gpb.ApplyPolicyRequest(yaml=_read(file)))
-        _changes(resp, output, "(would be; not applied)")
-
-    @policy_app.command("show")
-    def policy_show(server: str = SERVER, output: PolicyOutput = typer.Option(PolicyOutput.yaml, "--output", "-o",
-                                                                             help="yaml or json"),
-                    token: str = TOKEN):
-        """Print the policy in force (canonical YAML with its version)."""
-        with Api(server, token) as api:
-            doc = api.call(gpb_grpc.PolicyServiceStub(api.channel).GetPolicy, gpb.GetPolicyRequest())
-        if output == "json":
-            _json(doc)
-            return
-        console.print(f"# policy {doc.version}, applied by {doc.applied_by or '?'} at {_ts(doc.applied_at)}",
-                      highlight=False, markup=False)
-        console.print(doc.yaml, highlight=False, markup=False)

@@ -122,144 +122,150 @@ def _print_jobs(jobs, output: str) -> None:
     console.print(table)
 
 
+def submit(
+    tenant: str = typer.Option(..., "--tenant", help="Tenant (see `fedsched tenants`)."),
+    project: str = typer.Option(..., "--project", help="Project of the tenant."),
+    kind: str = typer.Option("batch", "--kind", help=", ".join(KINDS)),
+    workers: int = typer.Option(1, "--workers", min=1, max=U32, help="Gang size (all workers start together in one cluster)."),
+    gpus: int = typer.Option(1, "--gpus", min=0, max=U32, help="Whole GPUs per worker (0 = CPU-only)."),
+    gpu_milli: Optional[int] = typer.Option(None, "--gpu-milli", min=0, max=U32, help="Share of one GPU, 1-1000 (with --gpus 1)."),
+    cpu_milli: int = typer.Option(0, "--cpu-milli", min=0, max=U64, help="CPU per worker, milli-cores."),
+    memory_mib: int = typer.Option(0, "--memory-mib", min=0, max=U64, help="Memory per worker, MiB."),
+    card_model: list[str] = typer.Option([], "--card-model", help="Allowed card model (repeatable; aliases ok)."),
+    home_region: str = typer.Option("", "--home-region", help="Default: the tenant's home region."),
+    locality: str = typer.Option("global", "--locality", help=", ".join(LOCALITIES)),
+    priority: str = typer.Option("normal", "--priority", help=", ".join(PRIORITIES)),
+    duration: float = typer.Option(0.0, "--duration", min=0.0, help="Your runtime estimate, seconds (trace agents run "
+                                                           "the job this long; 0 = unknown: it runs until "
+                                                           "cancelled)."),
+    name: str = typer.Option("", "--name", help="A label for the job."),
+    request_id: str = typer.Option("", "--request-id", help="Idempotency key (yours, per tenant and project): the "
+                                                        "same spec again returns the same job; another spec is "
+                                                        "ALREADY_EXISTS."),
+    server: str = SERVER,
+    output: Output = OUTPUT,
+    token: str = TOKEN,
+):
+    """Submit a job."""
+    for value, table, flag in ((kind, KINDS, "--kind"), (priority, PRIORITIES, "--priority"),
+                               (locality, LOCALITIES, "--locality")):
+        if value not in table:
+            err.print(error_line(flag, f"must be one of {', '.join(table)}"))
+            raise typer.Exit(2)
+    spec = pb.JobSpec(tenant=tenant, project=project, name=name, kind=KINDS[kind], priority=PRIORITIES[priority],
+                      workers=workers, gpus_per_worker=gpus, cpu_milli=cpu_milli, memory_mib=memory_mib,
+                      card_models=card_model, home_region=home_region, locality=LOCALITIES[locality],
+                      estimated_duration_seconds=duration)
+    if gpu_milli is not None:
+        spec.gpu_milli = gpu_milli
+    if duration:
+        spec.annotations["trace.runtime_s"] = str(duration)
+    with Api(server, token) as api:
+        resp = api.call(pb_grpc.JobServiceStub(api.channel).SubmitJob,
+                        pb.SubmitJobRequest(spec=spec, request_id=request_id))
+    if output == "json":
+        console.print_json(json.dumps(MessageToDict(resp, preserving_proto_field_name=True)))
+    else:
+        console.print(f"{resp.job_id} {_state(resp.state)}{' (duplicate request)' if resp.duplicate else ''}")
+
+
+def jobs(
+    tenant: str = typer.Option("", "--tenant"),
+    project: str = typer.Option("", "--project"),
+    state: list[str] = typer.Option([], "--state", help="Filter by state (repeatable): queued, placed, running, "
+                                                          "succeeded, failed, cancelled, awaiting_approval."),
+    limit: int = typer.Option(100, "--limit", min=1, max=1000),
+    server: str = SERVER,
+    output: Output = OUTPUT,
+    token: str = TOKEN,
+):
+    """List jobs (oldest first)."""
+    states = []
+    for s in state:
+        name = "JOB_STATE_" + s.upper()
+        if name not in pb.JobState.keys():
+            err.print(error_line("--state", f"{s!r} is not a state"))
+            raise typer.Exit(2)
+        states.append(pb.JobState.Value(name))
+    with Api(server, token) as api:
+        resp = api.call(pb_grpc.JobServiceStub(api.channel).ListJobs,
+                        pb.ListJobsRequest(tenant=tenant, project=project, states=states, page_size=limit))
+    _print_jobs(resp.jobs, output)
+    if output != "json" and resp.next_page_token:
+        console.print(f"{len(resp.jobs)} of {resp.total} shown")
+
+
+def job(job_id: str = typer.Argument(...), server: str = SERVER, output: Output = OUTPUT, token: str = TOKEN):
+    """Show one job with its attempts."""
+    with Api(server, token) as api:
+        j = api.call(pb_grpc.JobServiceStub(api.channel).GetJob, pb.GetJobRequest(job_id=job_id))
+    if output == "json":
+        console.print_json(json.dumps(MessageToDict(j, preserving_proto_field_name=True)))
+        return
+    _print_jobs([j], output)
+    if j.attempts:
+        t = Table("attempt", "cluster", "region", "card model", "placed", "started", "ended", "outcome", "reason")
+        for a in j.attempts:
+            t.add_row(str(a.attempt), a.cluster, a.region, a.card_model, _ts(a.placed_at), _ts(a.started_at),
+                      _ts(a.ended_at), a.outcome, a.reason[:100])
+        console.print(t)
+
+
+def explain(job_id: str = typer.Argument(...), server: str = SERVER, output: Output = OUTPUT, token: str = TOKEN):
+    """Why a job went where it went, or why it waits: every cluster's verdict and scores."""
+    with Api(server, token) as api:
+        resp = api.call(pb_grpc.JobServiceStub(api.channel).ExplainJob, pb.ExplainJobRequest(job_id=job_id))
+    if output == "json":  # every field, false ones too (fits_empty: false = can never run as asked)
+        console.print_json(json.dumps(MessageToDict(resp, preserving_proto_field_name=True,
+                                                    always_print_fields_with_no_presence=True)))
+        return
+    console.print(styled((resp.job_id, "bold"), f" {_state(resp.state)}"))
+    for d in resp.decisions:
+        head = f"shard {d.shard}: " if len(resp.decisions) > 1 else ""
+        console.print(styled(head, (d.outcome, "bold"), f" {d.cluster or ''} {('(' + d.region + ')') if d.region else ''}"
+                             f" queue {d.queue or '-'} policy {d.policy_version or '-'}"))
+        console.print(f"  {d.summary}", highlight=False)
+        if d.outcome == "pending" and not d.fits_empty:
+            console.print(styled("  ", ("can never run as asked:", "red"),
+                                 " no cluster could hold it even if it were empty; waiting will not help "
+                                 "(ask for fewer GPUs per worker, other card models or regions, or cancel it)"))
+        if d.counterfactual:
+            console.print(styled("  ", ("what if:", "italic"), f" {d.counterfactual}"), highlight=False)
+        t = Table("cluster", "region", "verdict", "detail / scores", "total")
+        for c in sorted(d.clusters, key=lambda c: (not c.passed, -(c.total if c.HasField("total") else 0))):
+            detail = ", ".join(f"{k} {v:.2f}" for k, v in sorted(c.scores.items())) if c.passed else c.detail
+            t.add_row(c.cluster, c.region, "fits" if c.passed else c.reason, detail[:100],
+                      f"{c.total:.3f}" if c.HasField("total") else "")
+        console.print(t)
+
+
+def cancel(job_id: str = typer.Argument(...), reason: str = typer.Option("", "--reason"), server: str = SERVER,
+           output: Output = OUTPUT, token: str = TOKEN):
+    """Cancel a job (queued jobs end at once; running ones are stopped by their agent)."""
+    with Api(server, token) as api:
+        resp = api.call(pb_grpc.JobServiceStub(api.channel).CancelJob,
+                        pb.CancelJobRequest(job_id=job_id, reason=reason))
+    _print_jobs([resp.job], output)
+
+
+def watch(job_id: str = typer.Argument(...), server: str = SERVER, output: Output = OUTPUT, token: str = TOKEN):
+    """Follow a job's state until it ends."""
+    with Api(server, token) as api:
+        try:
+            for j in api.stream(pb_grpc.JobServiceStub(api.channel).WatchJob, pb.WatchJobRequest(job_id=job_id)):
+                if output == "json":
+                    console.print_json(json.dumps(MessageToDict(j, preserving_proto_field_name=True)))
+                else:
+                    console.print(f"{j.job_id} {_state(j.state)} {j.cluster or ''} {j.reason}")
+        except grpc.RpcError as e:
+            fail_rpc(e)
+
+
 def register(app: typer.Typer) -> None:
-    """Add the job commands to ``app``."""
-
-    @app.command()
-    def submit(
-        tenant: str = typer.Option(..., "--tenant", help="Tenant (see `fedsched tenants`)."),
-        project: str = typer.Option(..., "--project", help="Project of the tenant."),
-        kind: str = typer.Option("batch", "--kind", help=", ".join(KINDS)),
-        workers: int = typer.Option(1, "--workers", min=1, max=U32, help="Gang size (all workers start together in one cluster)."),
-        gpus: int = typer.Option(1, "--gpus", min=0, max=U32, help="Whole GPUs per worker (0 = CPU-only)."),
-        gpu_milli: Optional[int] = typer.Option(None, "--gpu-milli", min=0, max=U32, help="Share of one GPU, 1-1000 (with --gpus 1)."),
-        cpu_milli: int = typer.Option(0, "--cpu-milli", min=0, max=U64, help="CPU per worker, milli-cores."),
-        memory_mib: int = typer.Option(0, "--memory-mib", min=0, max=U64, help="Memory per worker, MiB."),
-        card_model: list[str] = typer.Option([], "--card-model", help="Allowed card model (repeatable; aliases ok)."),
-        home_region: str = typer.Option("", "--home-region", help="Default: the tenant's home region."),
-        locality: str = typer.Option("global", "--locality", help=", ".join(LOCALITIES)),
-        priority: str = typer.Option("normal", "--priority", help=", ".join(PRIORITIES)),
-        duration: float = typer.Option(0.0, "--duration", min=0.0, help="Your runtime estimate, seconds (trace agents run "
-                                                               "the job this long; 0 = unknown: it runs until "
-                                                               "cancelled)."),
-        name: str = typer.Option("", "--name", help="A label for the job."),
-        request_id: str = typer.Option("", "--request-id", help="Idempotency key (yours, per tenant and project): the "
-                                                            "same spec again returns the same job; another spec is "
-                                                            "ALREADY_EXISTS."),
-        server: str = SERVER,
-        output: Output = OUTPUT,
-        token: str = TOKEN,
-    ):
-        """Submit a job."""
-        for value, table, flag in ((kind, KINDS, "--kind"), (priority, PRIORITIES, "--priority"),
-                                   (locality, LOCALITIES, "--locality")):
-            if value not in table:
-                err.print(error_line(flag, f"must be one of {', '.join(table)}"))
-                raise typer.Exit(2)
-        spec = pb.JobSpec(tenant=tenant, project=project, name=name, kind=KINDS[kind], priority=PRIORITIES[priority],
-                          workers=workers, gpus_per_worker=gpus, cpu_milli=cpu_milli, memory_mib=memory_mib,
-                          card_models=card_model, home_region=home_region, locality=LOCALITIES[locality],
-                          estimated_duration_seconds=duration)
-        if gpu_milli is not None:
-            spec.gpu_milli = gpu_milli
-        if duration:
-            spec.annotations["trace.runtime_s"] = str(duration)
-        with Api(server, token) as api:
-            resp = api.call(pb_grpc.JobServiceStub(api.channel).SubmitJob,
-                            pb.SubmitJobRequest(spec=spec, request_id=request_id))
-        if output == "json":
-            console.print_json(json.dumps(MessageToDict(resp, preserving_proto_field_name=True)))
-        else:
-            console.print(f"{resp.job_id} {_state(resp.state)}{' (duplicate request)' if resp.duplicate else ''}")
-
-    @app.command()
-    def jobs(
-        tenant: str = typer.Option("", "--tenant"),
-        project: str = typer.Option("", "--project"),
-        state: list[str] = typer.Option([], "--state", help="Filter by state (repeatable): queued, placed, running, "
-                                                              "succeeded, failed, cancelled, awaiting_approval."),
-        limit: int = typer.Option(100, "--limit", min=1, max=1000),
-        server: str = SERVER,
-        output: Output = OUTPUT,
-        token: str = TOKEN,
-    ):
-        """List jobs (oldest first)."""
-        states = []
-        for s in state:
-            name = "JOB_STATE_" + s.upper()
-            if name not in pb.JobState.keys():
-                err.print(error_line("--state", f"{s!r} is not a state"))
-                raise typer.Exit(2)
-            states.append(pb.JobState.Value(name))
-        with Api(server, token) as api:
-            resp = api.call(pb_grpc.JobServiceStub(api.channel).ListJobs,
-                            pb.ListJobsRequest(tenant=tenant, project=project, states=states, page_size=limit))
-        _print_jobs(resp.jobs, output)
-        if output != "json" and resp.next_page_token:
-            console.print(f"{len(resp.jobs)} of {resp.total} shown")
-
-    @app.command()
-    def job(job_id: str = typer.Argument(...), server: str = SERVER, output: Output = OUTPUT, token: str = TOKEN):
-        """Show one job with its attempts."""
-        with Api(server, token) as api:
-            j = api.call(pb_grpc.JobServiceStub(api.channel).GetJob, pb.GetJobRequest(job_id=job_id))
-        if output == "json":
-            console.print_json(json.dumps(MessageToDict(j, preserving_proto_field_name=True)))
-            return
-        _print_jobs([j], output)
-        if j.attempts:
-            t = Table("attempt", "cluster", "region", "card model", "placed", "started", "ended", "outcome", "reason")
-            for a in j.attempts:
-                t.add_row(str(a.attempt), a.cluster, a.region, a.card_model, _ts(a.placed_at), _ts(a.started_at),
-                          _ts(a.ended_at), a.outcome, a.reason[:100])
-            console.print(t)
-
-    @app.command()
-    def explain(job_id: str = typer.Argument(...), server: str = SERVER, output: Output = OUTPUT, token: str = TOKEN):
-        """Why a job went where it went, or why it waits: every cluster's verdict and scores."""
-        with Api(server, token) as api:
-            resp = api.call(pb_grpc.JobServiceStub(api.channel).ExplainJob, pb.ExplainJobRequest(job_id=job_id))
-        if output == "json":  # every field, false ones too (fits_empty: false = can never run as asked)
-            console.print_json(json.dumps(MessageToDict(resp, preserving_proto_field_name=True,
-                                                        always_print_fields_with_no_presence=True)))
-            return
-        console.print(styled((resp.job_id, "bold"), f" {_state(resp.state)}"))
-        for d in resp.decisions:
-            head = f"shard {d.shard}: " if len(resp.decisions) > 1 else ""
-            console.print(styled(head, (d.outcome, "bold"), f" {d.cluster or ''} {('(' + d.region + ')') if d.region else ''}"
-                                 f" queue {d.queue or '-'} policy {d.policy_version or '-'}"))
-            console.print(f"  {d.summary}", highlight=False)
-            if d.outcome == "pending" and not d.fits_empty:
-                console.print(styled("  ", ("can never run as asked:", "red"),
-                                     " no cluster could hold it even if it were empty; waiting will not help "
-                                     "(ask for fewer GPUs per worker, other card models or regions, or cancel it)"))
-            if d.counterfactual:
-                console.print(styled("  ", ("what if:", "italic"), f" {d.counterfactual}"), highlight=False)
-            t = Table("cluster", "region", "verdict", "detail / scores", "total")
-            for c in sorted(d.clusters, key=lambda c: (not c.passed, -(c.total if c.HasField("total") else 0))):
-                detail = ", ".join(f"{k} {v:.2f}" for k, v in sorted(c.scores.items())) if c.passed else c.detail
-                t.add_row(c.cluster, c.region, "fits" if c.passed else c.reason, detail[:100],
-                          f"{c.total:.3f}" if c.HasField("total") else "")
-            console.print(t)
-
-    @app.command()
-    def cancel(job_id: str = typer.Argument(...), reason: str = typer.Option("", "--reason"), server: str = SERVER,
-               output: Output = OUTPUT, token: str = TOKEN):
-        """Cancel a job (queued jobs end at once; running ones are stopped by their agent)."""
-        with Api(server, token) as api:
-            resp = api.call(pb_grpc.JobServiceStub(api.channel).CancelJob,
-                            pb.CancelJobRequest(job_id=job_id, reason=reason))
-        _print_jobs([resp.job], output)
-
-    @app.command()
-    def watch(job_id: str = typer.Argument(...), server: str = SERVER, output: Output = OUTPUT, token: str = TOKEN):
-        """Follow a job's state until it ends."""
-        with Api(server, token) as api:
-            try:
-                for j in api.stream(pb_grpc.JobServiceStub(api.channel).WatchJob, pb.WatchJobRequest(job_id=job_id)):
-                    if output == "json":
-                        console.print_json(json.dumps(MessageToDict(j, preserving_proto_field_name=True)))
-                    else:
-                        console.print(f"{j.job_id} {_state(j.state)} {j.cluster or ''} {j.reason}")
-            except grpc.RpcError as e:
-                fail_rpc(e)
+    """Add the job commands to ``app`` (in this order in ``fedsched --help``)."""
+    app.command("submit")(submit)
+    app.command("jobs")(jobs)
+    app.command("job")(job)
+    app.command("explain")(explain)
+    app.command("cancel")(cancel)
+    app.command("watch")(watch)

@@ -77,9 +77,25 @@ def _enum(value: int, table: dict, field: str, default=None):
     raise ValidationError(field, f"unknown enum value {value}")
 
 
+@dataclass(frozen=True)
+class _Gang:
+    """The validated gang shape: ``workers`` x ``gpus_per_worker`` whole GPUs (``gpu_milli`` of one
+    card when fractional, 0 for CPU-only), in ``shards`` independent gangs."""
+
+    workers: int
+    gpus_per_worker: int
+    gpu_milli: int
+    shards: int
+
+
 def spec_from_pb(msg: pb.JobSpec, *, limits: Limits, default_home: str | None,
                  known_models: frozenset[str] | None = None) -> JobSpec:
     """Validate a wire :class:`JobSpec` into the domain model.
+
+    The sections are checked in this order, the first problem raised: gang and resources
+    (:func:`_gang`), placement (:func:`_card_models`, :func:`_home_region`), the start deadline,
+    the datasets, the enums (kind, priority, locality), price and duration, and last the
+    domain model's own rules (names, cross-field rules).
 
     Args:
         msg: the request's spec.
@@ -90,7 +106,45 @@ def spec_from_pb(msg: pb.JobSpec, *, limits: Limits, default_home: str | None,
     Raises:
         ValidationError: the first problem found, ``field`` = ``spec.<path>``.
     """
-    catalog = naming.default_catalog()
+    gang = _gang(msg, limits)
+    models = _card_models(msg, known_models)
+    home = _home_region(msg, default_home)
+    deadline = _start_deadline(msg)
+    datasets = _datasets(msg)
+    kind = _enum(msg.kind, KIND_FROM_PB, "spec.kind")
+    priority = _enum(msg.priority, PRIORITY_FROM_PB, "spec.priority")
+    locality = _enum(msg.locality, LOCALITY_FROM_PB, "spec.locality", default=Locality.GLOBAL)
+    price = _finite(msg.max_price_per_gpu_hour, "spec.max_price_per_gpu_hour", hi=1e6)
+    duration = _finite(msg.estimated_duration_seconds, "spec.estimated_duration_seconds", hi=limits.max_duration_s)
+    try:
+        return JobSpec(
+            tenant=msg.tenant, project=msg.project, name=msg.name, kind=kind, priority=priority,
+            workers=gang.workers, gpus_per_worker=gang.gpus_per_worker, gpu_milli=gang.gpu_milli,
+            cpu_milli=msg.cpu_milli, memory_mib=msg.memory_mib,
+            card_models=models, min_gpu_memory_gib=msg.min_gpu_memory_gib, requires_rdma=msg.requires_rdma,
+            home_region=home, locality=locality,
+            allowed_regions=tuple(msg.allowed_regions), forbidden_regions=tuple(msg.forbidden_regions),
+            residency_tags=tuple(msg.residency_tags), datasets=datasets, start_deadline=deadline,
+            max_price_per_gpu_hour=price, preemptible=msg.preemptible, checkpointable=msg.checkpointable,
+            estimated_duration_s=duration or None,
+            retry_limit=msg.retry_limit, shards=gang.shards, annotations=dict(msg.annotations),
+        )
+    except InvalidName as e:
+        raise ValidationError(f"spec.{e.field}", e.reason) from e
+    except PydanticValidationError as e:
+        raise _from_pydantic(e, "spec") from e
+
+
+def _gang(msg: pb.JobSpec, limits: Limits) -> _Gang:
+    """The gang and per-worker resources, within ``limits`` (also the request's dataset count).
+
+    Unset ``workers`` / ``gpus_per_worker`` / ``shards`` are 1; unset ``gpu_milli`` is a whole
+    card (1000) for a GPU worker, 0 for a CPU-only one (``gpus_per_worker`` = 0).
+
+    Raises:
+        ValidationError: ``spec.workers``, ``spec.gpus_per_worker``, ``spec.gpu_milli``,
+            ``spec.cpu_milli``, ``spec.memory_mib``, ``spec.datasets`` or ``spec.shards``.
+    """
     workers = msg.workers if msg.HasField("workers") else 1
     gpus = msg.gpus_per_worker if msg.HasField("gpus_per_worker") else 1
     milli = msg.gpu_milli if msg.HasField("gpu_milli") else (1000 if gpus else 0)
@@ -111,11 +165,21 @@ def spec_from_pb(msg: pb.JobSpec, *, limits: Limits, default_home: str | None,
         raise ValidationError("spec.memory_mib", f"must be <= {limits.max_memory_mib}")
     if not gpus and not msg.cpu_milli:
         raise ValidationError("spec.cpu_milli", "a CPU-only job must ask for CPU (cpu_milli > 0)")
-    if len(msg.datasets) > limits.max_datasets:
+    if len(msg.datasets) > limits.max_datasets:  # before any dataset is looked at
         raise ValidationError("spec.datasets", f"at most {limits.max_datasets} datasets")
     if not 1 <= shards <= 1024:
         raise ValidationError("spec.shards", "must be 1..1024")
+    return _Gang(workers=workers, gpus_per_worker=gpus, gpu_milli=milli if gpus else 0, shards=shards)
 
+
+def _card_models(msg: pb.JobSpec, known_models: frozenset[str] | None) -> tuple[str, ...]:
+    """The canonical card models asked for: catalog names and aliases (an alias or card class
+    may name several), or models agents reported (``known_models``) that the catalog lacks.
+
+    Raises:
+        ValidationError: ``spec.card_models[i]``, the first name neither knows.
+    """
+    catalog = naming.default_catalog()
     models: list[str] = []
     for i, raw in enumerate(msg.card_models):
         field = f"spec.card_models[{i}]"
@@ -129,18 +193,41 @@ def spec_from_pb(msg: pb.JobSpec, *, limits: Limits, default_home: str | None,
                 models.append(raw)
             else:
                 raise
+    return tuple(models)
 
+
+def _home_region(msg: pb.JobSpec, default_home: str | None) -> str:
+    """``home_region``, else the tenant's (``default_home``).
+
+    Raises:
+        ValidationError: ``spec.home_region`` when neither is set.
+    """
     home = msg.home_region or default_home or ""
     if not home:
         raise ValidationError("spec.home_region", "required (the tenant has no default home region)")
+    return home
 
-    deadline = None
-    if msg.HasField("start_deadline"):
-        try:
-            deadline = msg.start_deadline.ToDatetime(tzinfo=UTC)
-        except (ValueError, OverflowError) as e:
-            raise ValidationError("spec.start_deadline", f"not a valid timestamp: {e}") from e
 
+def _start_deadline(msg: pb.JobSpec) -> datetime | None:
+    """``start_deadline`` as an aware UTC datetime (None when unset).
+
+    Raises:
+        ValidationError: ``spec.start_deadline`` out of the datetime range.
+    """
+    if not msg.HasField("start_deadline"):
+        return None
+    try:
+        return msg.start_deadline.ToDatetime(tzinfo=UTC)
+    except (ValueError, OverflowError) as e:
+        raise ValidationError("spec.start_deadline", f"not a valid timestamp: {e}") from e
+
+
+def _datasets(msg: pb.JobSpec) -> tuple[Dataset, ...]:
+    """The datasets (their count is checked by :func:`_gang`).
+
+    Raises:
+        ValidationError: ``spec.datasets[i].<field>`` for the first bad dataset.
+    """
     datasets = []
     for i, d in enumerate(msg.datasets):
         try:
@@ -149,29 +236,7 @@ def spec_from_pb(msg: pb.JobSpec, *, limits: Limits, default_home: str | None,
             raise ValidationError(f"spec.datasets[{i}].{e.field.split('.')[-1]}", e.reason) from e
         except PydanticValidationError as e:
             raise _from_pydantic(e, f"spec.datasets[{i}]") from e
-
-    try:
-        return JobSpec(
-            tenant=msg.tenant, project=msg.project, name=msg.name,
-            kind=_enum(msg.kind, KIND_FROM_PB, "spec.kind"),
-            priority=_enum(msg.priority, PRIORITY_FROM_PB, "spec.priority"),
-            workers=workers, gpus_per_worker=gpus, gpu_milli=milli if gpus else 0,
-            cpu_milli=msg.cpu_milli, memory_mib=msg.memory_mib,
-            card_models=tuple(models), min_gpu_memory_gib=msg.min_gpu_memory_gib, requires_rdma=msg.requires_rdma,
-            home_region=home,
-            locality=_enum(msg.locality, LOCALITY_FROM_PB, "spec.locality", default=Locality.GLOBAL),
-            allowed_regions=tuple(msg.allowed_regions), forbidden_regions=tuple(msg.forbidden_regions),
-            residency_tags=tuple(msg.residency_tags), datasets=tuple(datasets), start_deadline=deadline,
-            max_price_per_gpu_hour=_finite(msg.max_price_per_gpu_hour, "spec.max_price_per_gpu_hour", hi=1e6),
-            preemptible=msg.preemptible, checkpointable=msg.checkpointable,
-            estimated_duration_s=(_finite(msg.estimated_duration_seconds, "spec.estimated_duration_seconds",
-                                          hi=limits.max_duration_s) or None),
-            retry_limit=msg.retry_limit, shards=shards, annotations=dict(msg.annotations),
-        )
-    except InvalidName as e:
-        raise ValidationError(f"spec.{e.field}", e.reason) from e
-    except PydanticValidationError as e:
-        raise _from_pydantic(e, "spec") from e
+    return tuple(datasets)
 
 
 def _from_pydantic(e: PydanticValidationError, prefix: str) -> ValidationError:

@@ -39,7 +39,7 @@ from fedsched.bus import Delivery
 from fedsched.dispatch import EventTable, SkippedTypes
 from fedsched.events import (ApprovalDecided, ApprovalRequested, Envelope, EventType, JobCancelRequested, JobPending,
                              JobPlaced, JobStatus, JobStop, JobSubmitted)
-from fedsched.jobs import TERMINAL_STATES, JobSpec, JobState
+from fedsched.jobs import TERMINAL_STATES, AttemptState, JobSpec, JobState, StopReason
 
 
 @dataclass
@@ -47,9 +47,10 @@ class AttemptRecord:
     """One placement attempt (times in business seconds since the Unix epoch).
 
     Attributes:
-        outcome: ``placed``, ``running``, ``stopping`` (a stop order is out, the agent has not
-            confirmed), or how it ended: ``succeeded``, ``failed``, ``rejected``, ``reclaimed``,
-            ``preempted``, ``cancelled``, ``lost``, ``stopped`` (module docstring).
+        outcome: an :class:`~fedsched.jobs.AttemptState`: ``placed``, ``running``, ``stopping``
+            (a stop order is out, the agent has not confirmed), or how it ended: ``succeeded``,
+            ``failed``, ``rejected``, ``reclaimed``, ``preempted``, ``cancelled``, ``lost``,
+            ``stopped`` (module docstring).
         ended_at: when it ended (None while open).
         reason: why it ended, or why it is being stopped.
     """
@@ -62,7 +63,7 @@ class AttemptRecord:
     placed_at: float | None = None
     started_at: float | None = None
     ended_at: float | None = None
-    outcome: str = "placed"
+    outcome: AttemptState = AttemptState.PLACED
     reason: str = ""
     cross_region: bool = False
     explanation: str = ""
@@ -192,7 +193,10 @@ class JobRecord:
 
 
 #: ``job.stopped`` reasons (the scheduler's stop order reasons) -> the attempt's outcome
-STOP_OUTCOMES = {"preempted": "preempted", "reclaimed": "reclaimed", "cancelled": "cancelled", "cluster_lost": "lost"}
+STOP_OUTCOMES: dict[str, AttemptState] = {
+    StopReason.PREEMPTED: AttemptState.PREEMPTED, StopReason.RECLAIMED: AttemptState.RECLAIMED,
+    StopReason.CANCELLED: AttemptState.CANCELLED, StopReason.CLUSTER_LOST: AttemptState.LOST,
+}
 
 
 class JobView:
@@ -280,7 +284,7 @@ class JobView:
                 continue
             att = sh.current
             if att is not None and att.ended_at is None:  # open when the job ended: ends with it
-                att.ended_at, att.outcome, att.reason = t, "cancelled", why
+                att.ended_at, att.outcome, att.reason = t, AttemptState.CANCELLED, why
             sh.end(JobState.CANCELLED, t, why)
         return True
 
@@ -318,17 +322,17 @@ class JobView:
         stop = env.payload_as(JobStop)
         shard = self._shard(rec, stop.shard)
         att = shard.attempt(env.attempt) if shard else None
-        if att is None or att.ended_at is not None or att.outcome == "stopping":
+        if att is None or att.ended_at is not None or att.outcome == AttemptState.STOPPING:
             return False
-        if stop.reason == "reclaimed":
+        if stop.reason == StopReason.RECLAIMED:
             why = stop.detail or "not started in time"
-            att.ended_at, att.outcome, att.reason = t, "reclaimed", why
+            att.ended_at, att.outcome, att.reason = t, AttemptState.RECLAIMED, why
             if att is shard.current and shard.state in (JobState.PLACED, JobState.RUNNING):
                 shard.state = JobState.QUEUED
                 shard.reason = f"attempt {att.attempt} reclaimed from {att.cluster} ({why}); requeued"
             return True
-        att.outcome = "stopping"
-        if stop.reason == "preempted" and stop.for_job:
+        att.outcome = AttemptState.STOPPING
+        if stop.reason == StopReason.PREEMPTED and stop.for_job:
             att.reason = f"preempted for {stop.for_job}"
         else:
             att.reason = stop.reason + (f" ({stop.detail})" if stop.detail else "")
@@ -343,8 +347,8 @@ class JobView:
         if att.started_at is not None:
             return False
         att.started_at = t
-        if att.outcome == "placed":
-            att.outcome = "running"
+        if att.outcome == AttemptState.PLACED:
+            att.outcome = AttemptState.RUNNING
         if current and shard.state == JobState.PLACED:
             shard.state = JobState.RUNNING
         return True
@@ -352,7 +356,7 @@ class JobView:
     @staticmethod
     def _on_finished(rec: JobRecord, env: Envelope, s: JobStatus, shard: ShardRecord, att: AttemptRecord,
                      t: float, current: bool) -> bool:
-        att.ended_at, att.outcome = t, "succeeded"
+        att.ended_at, att.outcome = t, AttemptState.SUCCEEDED
         if current:
             shard.end(JobState.SUCCEEDED, t, "")
         return True
@@ -360,7 +364,7 @@ class JobView:
     @staticmethod
     def _on_failed(rec: JobRecord, env: Envelope, s: JobStatus, shard: ShardRecord, att: AttemptRecord,
                    t: float, current: bool) -> bool:
-        att.ended_at, att.outcome, att.reason = t, "failed", s.reason
+        att.ended_at, att.outcome, att.reason = t, AttemptState.FAILED, s.reason
         if current:
             shard.failures += 1
             if shard.failures <= rec.spec.retry_limit and not rec.cancel_requested:
@@ -373,7 +377,7 @@ class JobView:
     @staticmethod
     def _on_rejected(rec: JobRecord, env: Envelope, s: JobStatus, shard: ShardRecord, att: AttemptRecord,
                      t: float, current: bool) -> bool:
-        att.ended_at, att.outcome, att.reason = t, "rejected", s.reason
+        att.ended_at, att.outcome, att.reason = t, AttemptState.REJECTED, s.reason
         if current:
             shard.state, shard.reason = JobState.QUEUED, f"{env.cluster} refused the placement: {s.reason}"
         return True
@@ -382,14 +386,14 @@ class JobView:
     def _on_stopped(rec: JobRecord, env: Envelope, s: JobStatus, shard: ShardRecord, att: AttemptRecord,
                     t: float, current: bool) -> bool:
         att.ended_at = t
-        if s.reason == "cancelled" or rec.cancel_requested:  # the scheduler ends the shard
+        if s.reason == StopReason.CANCELLED or rec.cancel_requested:  # the scheduler ends the shard
             why = rec.cancel_reason or "cancelled"
-            att.outcome, att.reason = "cancelled", why
+            att.outcome, att.reason = AttemptState.CANCELLED, why
             if current:
                 shard.end(JobState.CANCELLED, t, why)
             return True
-        ordered = att.reason if att.outcome == "stopping" else ""  # e.g. "preempted for j-..."
-        att.outcome = STOP_OUTCOMES.get(s.reason, "stopped")
+        ordered = att.reason if att.outcome == AttemptState.STOPPING else ""  # e.g. "preempted for j-..."
+        att.outcome = STOP_OUTCOMES.get(s.reason, AttemptState.STOPPED)
         att.reason = ordered or s.reason or "stopped"
         if current:
             resumed = f", resumes from {s.progress_s:.0f}s of work" if s.progress_s else ""
@@ -450,7 +454,7 @@ def _attempt_status(fold):
         if att is None:
             return False
         t = env.occurred_at.timestamp()
-        if att.ended_at is not None and att.outcome == "reclaimed":
+        if att.ended_at is not None and att.outcome == AttemptState.RECLAIMED:
             if env.type == EventType.JOB_STARTED:
                 if att.started_at is not None:
                     return False

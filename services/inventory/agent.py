@@ -137,7 +137,7 @@ class TraceBackend:
         runtime = _seconds(ann.get("trace.runtime_s"), spec.estimated_duration_s)
         if attempt <= int(_seconds(ann.get("trace.fail_attempts"), 0) or 0):
             return started_at + (_seconds(ann.get("trace.fail_after_s"), 0.0) or 0.0), AttemptState.FAILED
-        outcome = AttemptState.FAILED if ann.get("trace.outcome") == "failed" else AttemptState.SUCCEEDED
+        outcome = AttemptState.FAILED if ann.get("trace.outcome") == AttemptState.FAILED else AttemptState.SUCCEEDED
         if runtime is None:
             return None, outcome
         return started_at + max(0.0, runtime - resume_from_s), outcome

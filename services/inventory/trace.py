@@ -33,6 +33,7 @@ from typing import Iterable
 
 from fedsched import naming
 from fedsched.errors import ValidationError
+from fedsched.jobs import AttemptState
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +111,7 @@ class TracePod:
     scheduled_time: int | None
     deletion_time: int
     runtime_s: int
-    outcome: str
+    outcome: AttemptState
 
 
 def _read_rows(path: Path | str | io.TextIOBase, required: Iterable[str], what: str) -> tuple[list[dict], list[str]]:
@@ -260,7 +261,7 @@ def load_pods(path: Path | str) -> list[TracePod]:
             gpu_milli=min(1000, max(1, p["gpu_milli"])) if p["num_gpu"] else 0, gpu_spec=p["spec"],
             qos=p["row"].get("qos", "") or "BE", phase=phase, creation_time=p["creation"], scheduled_time=scheduled,
             deletion_time=deletion, runtime_s=max(0, deletion - start),
-            outcome="failed" if phase == "Failed" else "succeeded",
+            outcome=AttemptState.FAILED if phase == "Failed" else AttemptState.SUCCEEDED,
         ))
     pods.sort(key=lambda p: (p.creation_time, p.name))
     return pods

@@ -476,39 +476,40 @@ class SchedulerService:
             self._unbind(shard)
             self._requeue(job, shard, avoid=env.cluster if stop.reason == StopReason.RECLAIMED else "")
 
-    def _on_status(self, env: Envelope, d: Delivery) -> None:
-        status = env.payload_as(JobStatus)
-        found = self._shard(env, status.shard)
-        if found is None:
-            return
-        job, shard = found
-        if env.attempt != shard.attempt or shard.state in (ShardState.DONE, ShardState.QUEUED):
-            return  # an attempt we already gave up on
-        if env.type == EventType.JOB_STARTED:
-            if shard.state == ShardState.PLACED:
-                shard.started_at = env.occurred_at.timestamp()
-                self._set(job, shard, ShardState.RUNNING)
-            return
-        self._unbind(shard)
-        if env.type == EventType.JOB_FINISHED:
-            shard.outcome = Outcome.SUCCEEDED
+    # Status folds: a status of the shard's current attempt (see _attempt_status); the ending
+    # ones run after the attempt's resources were given back (_unbind).
+
+    def _on_started(self, job: JobEntry, shard: ShardEntry, env: Envelope, status: JobStatus) -> None:
+        if shard.state == ShardState.PLACED:
+            shard.started_at = env.occurred_at.timestamp()
+            self._set(job, shard, ShardState.RUNNING)
+
+    def _on_finished(self, job: JobEntry, shard: ShardEntry, env: Envelope, status: JobStatus) -> None:
+        shard.outcome = Outcome.SUCCEEDED
+        self._set(job, shard, ShardState.DONE)
+
+    def _on_failed(self, job: JobEntry, shard: ShardEntry, env: Envelope, status: JobStatus) -> None:
+        """Retried elsewhere (avoiding this cluster) while the job has retries left and is not
+        being cancelled; else the shard ends failed."""
+        shard.failures += 1
+        if shard.failures <= job.spec.retry_limit and not job.cancel_requested:
+            self._requeue(job, shard, avoid=env.cluster)
+        else:
+            shard.outcome = Outcome.FAILED
             self._set(job, shard, ShardState.DONE)
-        elif env.type == EventType.JOB_FAILED:
-            shard.failures += 1
-            if shard.failures <= job.spec.retry_limit and not job.cancel_requested:
-                self._requeue(job, shard, avoid=env.cluster)
-            else:
-                shard.outcome = Outcome.FAILED
-                self._set(job, shard, ShardState.DONE)
-        elif env.type == EventType.JOB_REJECTED:
+
+    def _on_rejected(self, job: JobEntry, shard: ShardEntry, env: Envelope, status: JobStatus) -> None:
+        self._requeue(job, shard)
+
+    def _on_stopped(self, job: JobEntry, shard: ShardEntry, env: Envelope, status: JobStatus) -> None:
+        """Cancelled: the shard ends. Otherwise (preempted, reclaimed, cluster lost) it is
+        requeued, resuming from the progress the agent reported."""
+        if status.reason == StopReason.CANCELLED or job.cancel_requested:
+            shard.outcome = Outcome.CANCELLED
+            self._set(job, shard, ShardState.DONE)
+        else:
+            shard.progress_s = max(shard.progress_s, status.progress_s)
             self._requeue(job, shard)
-        elif env.type == EventType.JOB_STOPPED:
-            if status.reason == StopReason.CANCELLED or job.cancel_requested:
-                shard.outcome = Outcome.CANCELLED
-                self._set(job, shard, ShardState.DONE)
-            else:
-                shard.progress_s = max(shard.progress_s, status.progress_s)
-                self._requeue(job, shard)
 
     def _bind(self, job: JobEntry, shard: ShardEntry, attempt: int, cluster: str, region: str,
               placed: JobPlaced, placed_wall: float) -> None:
@@ -910,6 +911,25 @@ class SchedulerService:
         return self.subjects.decisions(job.tenant, job.project), event, job.headers
 
 
+def _attempt_status(fold, *, ends: bool):
+    """A ``scheduler-events`` handler of a status event (``job.started`` or a terminal status)
+    of one attempt: ``fold(svc, job, shard, env, status)`` runs only when the event is about the
+    shard's current attempt and the shard still has it (not done, not requeued: an attempt we
+    already gave up on is ignored). With ``ends`` the attempt's resources are released first."""
+    def handler(svc: SchedulerService, env: Envelope, d: Delivery) -> None:
+        status = env.payload_as(JobStatus)
+        found = svc._shard(env, status.shard)
+        if found is None:
+            return
+        job, shard = found
+        if env.attempt != shard.attempt or shard.state in (ShardState.DONE, ShardState.QUEUED):
+            return  # an attempt we already gave up on
+        if ends:
+            svc._unbind(shard)
+        fold(svc, job, shard, env, status)
+    return handler
+
+
 #: ``scheduler-events`` (the whole EVENTS stream): the job lifecycle. Approval requests and
 #: outcomes, ``job.started`` and the terminal statuses are folded by the TenancyGate as well
 #: (``services/scheduler/approvals.py``); policy versions are read by the PolicyFollower.
@@ -919,11 +939,11 @@ EVENTS: EventTable = EventTable({
     EventType.JOB_CANCELLED: SchedulerService._on_cancelled,
     EventType.JOB_PLACED: SchedulerService._on_placed,
     EventType.JOB_STOP: SchedulerService._on_stop_order,
-    EventType.JOB_STARTED: SchedulerService._on_status,
-    EventType.JOB_FINISHED: SchedulerService._on_status,
-    EventType.JOB_FAILED: SchedulerService._on_status,
-    EventType.JOB_REJECTED: SchedulerService._on_status,
-    EventType.JOB_STOPPED: SchedulerService._on_status,
+    EventType.JOB_STARTED: _attempt_status(SchedulerService._on_started, ends=False),
+    EventType.JOB_FINISHED: _attempt_status(SchedulerService._on_finished, ends=True),
+    EventType.JOB_FAILED: _attempt_status(SchedulerService._on_failed, ends=True),
+    EventType.JOB_REJECTED: _attempt_status(SchedulerService._on_rejected, ends=True),
+    EventType.JOB_STOPPED: _attempt_status(SchedulerService._on_stopped, ends=True),
 }, ignores=frozenset({
     EventType.JOB_PENDING, EventType.SUBMISSION_REJECTED, EventType.USAGE_RECORDED, EventType.BUS_DEAD_LETTER,
     EventType.POLICY_APPLIED, EventType.TENANT_UPDATED, EventType.QUOTA_UPDATED, EventType.PRINCIPAL_UPDATED,

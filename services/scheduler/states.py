@@ -1,4 +1,5 @@
-"""The scheduler's states of a shard and its attempts, and the reasons it stops an attempt.
+"""The scheduler's states of a shard and its attempts, and the reasons it stops an attempt
+(:class:`StopReason`, defined in :mod:`fedsched.jobs` because admission's job view reads it too).
 
 str-valued enums: the values are what logs, the status endpoint and events have always carried.
 """
@@ -6,6 +7,8 @@ str-valued enums: the values are what logs, the status endpoint and events have 
 from __future__ import annotations
 
 from enum import StrEnum
+
+from fedsched.jobs import StopReason  # noqa: F401 - re-exported: the scheduler's stop reasons are shared
 
 
 class ShardState(StrEnum):
@@ -25,16 +28,6 @@ class Outcome(StrEnum):
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     CANCELLED = "cancelled"
-
-
-class StopReason(StrEnum):
-    """Why the scheduler stops an attempt (``JobStop.reason``; also ``JobStatus.reason`` of the
-    ``job.stopped`` it publishes for an attempt on a lost cluster)."""
-
-    CANCELLED = "cancelled"
-    PREEMPTED = "preempted"        # for a higher-priority job
-    RECLAIMED = "reclaimed"        # placed, never started within ``reclaim_after_s``
-    CLUSTER_LOST = "cluster_lost"  # its cluster went silent for longer than ``stale_after_s``
 
 
 #: States in which a shard holds resources on a cluster (an attempt is placed or running).

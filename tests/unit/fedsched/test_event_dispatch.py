@@ -6,7 +6,7 @@ from enum import StrEnum
 import pytest
 
 from fedsched.dispatch import EventTable, SkippedTypes
-from fedsched.events import (APPROVAL_OUTCOMES, TERMINAL_STATUSES, Envelope, EventType, JobStatus,
+from fedsched.events import (APPROVAL_OUTCOMES, JOB_STATUSES, TERMINAL_STATUSES, Envelope, EventType, JobStatus,
                              JobSubmitted, make_event)
 from fedsched.jobs import JobSpec
 from fedapp.replay.driver import REPLAY_EVENTS
@@ -56,6 +56,15 @@ FOLLOW_ATTEMPTS = ("scheduler-events", "scheduler-governor", "admission-job-view
 def test_every_consumer_handles_or_ignores_the_types_it_must(consumer):
     table, must = required(TERMINAL_STATUSES)[consumer]
     assert table.uncovered(must) == frozenset(), f"{consumer} has no handler for {sorted(table.uncovered(must))}"
+
+
+@pytest.mark.parametrize("consumer", ["scheduler-events", "admission-job-view"])
+def test_every_attempt_status_has_its_own_handler_in_the_scheduler_and_the_job_view(consumer):
+    """Handled, not merely ignored: each status moves the shard (the scheduler's table replaced
+    an if/elif chain over these types)."""
+    table, _ = required(TERMINAL_STATUSES)[consumer]
+    assert JOB_STATUSES - set(table.handlers) == set()
+    assert len({id(table.handlers[t]) for t in JOB_STATUSES}) == len(JOB_STATUSES)
 
 
 class _Newer(StrEnum):
