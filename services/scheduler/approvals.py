@@ -119,7 +119,7 @@ class Governor:
         self.prices = prices
         self.state: dict[str, JobApprovals] = {}
         self.started: dict[str, float] = {}  # job -> business start of its running attempt
-        self._policies: dict[tuple[int, str], Policy] = {}
+        self._policies: dict[tuple[Policy, str], Policy] = {}
 
     # ------------------------------------------------------------------ folding events
 
@@ -171,7 +171,7 @@ class Governor:
         gov = self.holder.current
         if gov is None:
             return base
-        key = (id(base), gov.version)
+        key = (base, gov.version)  # the policy itself (equal fields = same result), never its id
         policy = self._policies.get(key)
         if policy is None:
             weights = tuple((sc, gov.weights.get(sc.name, w)) for sc, w in base.weights)
