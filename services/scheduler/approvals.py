@@ -16,7 +16,8 @@ publish). Its parts of the cycle:
 3. :meth:`Governor.quota_book` -- quota rules plus the usage of every placed or running job,
    the view's ``quota`` (the Quota filter reads it);
 4. :meth:`Governor.gate` -- the cycle's placements admitted in decision order against a copy of
-   the quota book (several jobs placed in one cycle never exceed a quota together); a
+   the quota book (several jobs placed in one cycle never exceed a quota together; a
+   preemption's victims give their usage back first); a
    cross-region placement whose mode is ``approval`` (and whose region is not yet approved)
    becomes an ``approval.requested`` event instead, and the job waits;
 5. :meth:`Governor.expiries` -- ``approval.expired`` for requests past their deadline: the job
@@ -245,17 +246,24 @@ class Governor:
             spec = entry.spec
             milli = placement_milli(p.bindings)
             if book is not None:
+                # a preemption gives its victims' quota back (the rules of core.preempt: a job
+                # blocked by its tenant's quota evicts that tenant's lower-priority work)
+                for v in p.victims:
+                    book.add(v.tenant, v.card_model, p.region, -v.gpu_milli)
                 verdict = book.check(spec.tenant, p.card_model, p.region, milli)
                 if not verdict.passed:
+                    _restore(book, p)
                     pending.append(_held(p, verdict))
                     continue
             if p.cross_region:
                 mode, source = gov.mode_for(spec)
                 st = self.state.get(p.job.job_id)
                 if mode == "forbidden" or (st is not None and st.home_only):
+                    _restore(book, p)
                     pending.append(_held(p, fail(Reason.NOT_HOME, f"{source}: cross-region not allowed")))
                     continue
                 if mode == "approval" and (st is None or p.region not in st.granted):
+                    _restore(book, p)
                     items.append(self._request(p, entry, gov, view, jobs, now, source))
                     continue
             if book is not None:
@@ -381,6 +389,13 @@ def _home_summary(p: Placement, home: str) -> str:
         code = e.verdict.reason.value if e.verdict.reason else "excluded"
         codes[code] = codes.get(code, 0) + 1
     return ", ".join(f"{c} ({n} cluster{'s' if n != 1 else ''})" for c, n in codes.items())
+
+
+def _restore(book: QuotaBook | None, p: Placement) -> None:
+    """Count the victims of a placement that is not admitted again (they keep running)."""
+    if book is not None:
+        for v in p.victims:
+            book.add(v.tenant, v.card_model, p.region, v.gpu_milli)
 
 
 def _held(p: Placement, verdict: Verdict) -> Pending:

@@ -155,9 +155,13 @@ def federation(draw):
 
 def policies():
     base = st.sampled_from(("federated", "federated", "cheapest", "least-loaded", "local-only", "random"))
-    return st.builds(lambda name, quota, scored: with_quota(build_policy(name, max_scored_fits=scored)) if quota
-                     else build_policy(name, max_scored_fits=scored),
-                     base, st.booleans(), st.sampled_from((0, 1, 4)))
+    def build(name, quota, scored, reclaim, borrow, reservations):
+        # reservations=0: no reservation is ever made, so pending verdicts are memoised from the start
+        policy = build_policy(name, max_scored_fits=scored, reclaim_within_cohort=reclaim, borrow_within_cohort=borrow,
+                              reservations=reservations)
+        return with_quota(policy) if quota else policy
+    return st.builds(build, base, st.booleans(), st.sampled_from((0, 1, 4)),
+                     st.sampled_from(("any", "lower_priority", "never")), st.booleans(), st.sampled_from((8, 0)))
 
 
 def normalised(d: Decisions) -> tuple:
@@ -190,3 +194,20 @@ def normalised(d: Decisions) -> tuple:
 def test_decide_with_and_without_caches_decides_the_same(case, policy):
     view, queue = case
     assert normalised(decide(view, queue, policy)) == normalised(decide(view, queue, policy, cache=False))
+
+
+@pytest.mark.parametrize("cache", [True, False], ids=["cached", "uncached"])
+def test_a_pending_verdict_is_not_shared_between_tenants_the_preemption_rules_tell_apart(cache):
+    """With quotas the preemption rules read the tenant: ``ads`` (no quota) may not evict work
+    within ``search``'s guarantee, ``search`` may evict its own lower-priority work. The same
+    request from both, ads first: search's must still preempt (the pending memo keys the
+    tenant), also when the policy has no quota filter to tell them apart."""
+    book = QuotaBook.build([QuotaRule("search", None, None, 8000, 0, "", "search/*/*")], [("search", T4, NORTH, 8000)])
+    low = RunningWork("low", 1, 0, "search", 10, True, False, NOW - 600, math.inf, T4,
+                      ((0, tuple(range(8)), 1000, 1000, 0),))
+    view = View((_cluster("north-1", NORTH, 8, (low,)),), NOW, quota=book)
+    jobs = [_job("ads-8", "ads", 8, NOW - 100, priority=PriorityClass.HIGH),
+            _job("search-8", "search", 8, NOW - 99, priority=PriorityClass.HIGH)]
+    d = decide(view, jobs, build_policy("federated", reservations=0), cache=cache)
+    assert [(p.job.job_id, [v.job_id for v in p.victims]) for p in d.placements] == [("search-8", ["low"])]
+    assert [p.job.job_id for p in d.pending] == ["ads-8"]

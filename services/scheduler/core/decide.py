@@ -13,8 +13,9 @@ One call (numbered as in the code):
 3. score the fits (weighted plugins) and take the best (ties: cluster name); a
    ``prefer_local`` job whose home region is full waits for it when its estimated home start
    is near enough, else it goes abroad;
-4. a job that fits nowhere may preempt cheaper, preemptible, lower-priority work
-   (:mod:`.preempt`), or -- if the policy backfills -- reserve the cluster where it would start
+4. a job that fits nowhere -- for want of capacity or of its tenant's quota -- may preempt the
+   cheapest work the preemption rules allow (:mod:`.preempt`: Kueue's withinClusterQueue,
+   reclaimWithinCohort, borrowWithinCohort), or -- if the policy backfills -- reserve the cluster where it would start
    earliest; later jobs only backfill into a reserved cluster when they are estimated to end
    before the reservation starts;
 5. what still cannot go stays pending with every cluster's verdict, the summary, and whether it
@@ -51,7 +52,7 @@ from fedsched.jobs import Locality
 from services.scheduler.core.filters import Context, candidate_models, key_function
 from services.scheduler.core.fit import Fit, WorkingCluster
 from services.scheduler.core.policy import Policy
-from services.scheduler.core.preempt import Eviction, estimated_start, find_victims
+from services.scheduler.core.preempt import Eviction, estimated_start, find_victims, quota_victims
 from services.scheduler.core.queues import FairOrder, queue_of
 from services.scheduler.core.reasons import PASS, STATIC_REASONS, Reason, Verdict, fail, summarise_counts
 from services.scheduler.core.scorers import (cost_per_unit_hour, estimated_cost, set_cost_reference, transfer_bytes,
@@ -408,6 +409,16 @@ class _Cycle:
             w = self.work[cluster.name] = WorkingCluster(cluster)
         return w
 
+    def passes_but_quota(self, job: QueuedJob, skey: tuple, cluster: ClusterState) -> bool:
+        """Every filter but the quota one passes (evictions of the tenant's own work may give
+        the quota back)."""
+        key = (skey, cluster.name, "but quota")
+        ok = self.static.get(key) if self.caching else None
+        if ok is None:
+            ok = self.static[key] = all(flt.check(job, cluster, self.ctx).passed for flt in self.policy.filters
+                                        if flt.name != "quota")
+        return ok
+
     def static_verdict(self, job: QueuedJob, skey: tuple, cluster: ClusterState) -> Verdict:
         key = (skey, cluster.name)
         v = self.static.get(key) if self.caching else None
@@ -524,7 +535,8 @@ def decide(view: View, queue: Iterable[QueuedJob], policy: Policy, *, cache: boo
             order.placed(job)
             continue
 
-        if policy.preemption and job.spec.priority_value >= policy.preempt_min_priority:   # 4
+        if policy.preemption and (job.spec.priority_value >= policy.preempt_min_priority  # 4
+                                  or (view.quota is not None and policy.reclaim_within_cohort != "never")):
             eviction = _preempt(job, cy, static_ok, skey)
             if eviction is not None:
                 cluster = cy.by_name[eviction.cluster]
@@ -692,17 +704,33 @@ def _home_start(job: QueuedJob, cy: _Cycle, static_ok: list[ClusterState]) -> fl
 
 
 def _preempt(job: QueuedJob, cy: _Cycle, static_ok: list[ClusterState], skey: tuple) -> Eviction | None:
+    """The cheapest eviction over ``static_ok`` by the preemption rules (:mod:`.preempt`):
+    without quotas, lower-priority preemptible work; with quotas, rules (a), (b), (c) and (0),
+    also on clusters where only the job's quota -- which evictions of its tenant's work give
+    back -- blocks it."""
     best = None
     prio = job.spec.priority_value
+    book = cy.view.quota
+    policy = cy.policy
     for cluster in static_ok:
-        if cy.lowest_victim.get(cluster.name, prio) >= prio:
-            continue  # nothing preemptible of lower priority runs there
-        if cy.static_verdict(job, skey, cluster).passed is False:
+        if book is None:
+            if cy.lowest_victim.get(cluster.name, prio) >= prio:
+                continue  # nothing preemptible of lower priority runs there
+        elif cluster.name not in cy.lowest_victim:
+            continue  # nothing preemptible runs there
+        verdict = cy.static_verdict(job, skey, cluster)
+        if not verdict.passed and not (verdict.reason == Reason.QUOTA and cy.passes_but_quota(job, skey, cluster)):
             continue
         if cluster.name in job.avoid_clusters or cluster.name in cy.reservations:
             continue
-        ev = find_victims(job.spec, cy.models(job, cluster), cluster, cy.wc(cluster), cy.view.now,
-                          cy.policy.checkpoint_interval_s, cy.victims | cy.placed_keys, cy.timeline(cluster))
+        if book is None:
+            ev = find_victims(job.spec, cy.models(job, cluster), cluster, cy.wc(cluster), cy.view.now,
+                              policy.checkpoint_interval_s, cy.victims | cy.placed_keys, cy.timeline(cluster))
+        else:
+            ev = quota_victims(job.spec, cy.models(job, cluster), cluster, cy.wc(cluster), cy.view.now,
+                               policy.checkpoint_interval_s, cy.victims | cy.placed_keys, cy.timeline(cluster), book,
+                               by_priority=prio >= policy.preempt_min_priority,
+                               reclaim=policy.reclaim_within_cohort, borrow=policy.borrow_within_cohort)
         if ev is not None and (best is None or (ev.cost, len(ev.victims), ev.cluster) < (best.cost, len(best.victims),
                                                                                           best.cluster)):
             best = ev
