@@ -282,6 +282,12 @@ class _Cycle:
         self.model_cache: dict[tuple, list[str]] = {}
         self.pending_memo: dict[tuple, tuple] = {}
         self.fits_empty_cache: dict[tuple, bool] = {}
+        # preemption under quotas: per-cluster summaries of evictable work, tenants' cohorts,
+        # the rules covering each running work (all pure functions of the view)
+        self.evict_summary: dict[str, tuple] = {}
+        self.cohorts: dict[str, set[str]] = {}
+        self.covers: dict[int, tuple[int, ...]] = {}
+        self.pools: dict[tuple, object] = {}
 
     def timeline(self, cluster: ClusterState) -> list[RunningWork]:
         """Work holding the cluster's resources now, this cycle's evictions and placements applied."""
@@ -408,6 +414,45 @@ class _Cycle:
         if w is None:
             w = self.work[cluster.name] = WorkingCluster(cluster)
         return w
+
+    def may_evict_there(self, job: QueuedJob, cluster: ClusterState, by_priority: bool) -> bool:
+        """A quick necessary condition for :func:`~.preempt.quota_victims` on ``cluster``: some
+        preemptible work there that a rule of :mod:`.preempt` could let this job evict (judged on
+        the cycle's starting work and quota usage: the cycle only removes candidates)."""
+        book = self.view.quota
+        summary = self.evict_summary.get(cluster.name)
+        if summary is None:
+            own: dict[str, int] = {}
+            uncovered = math.inf
+            borrowing: dict[str, int] = {}  # cohort -> lowest priority of its borrowing work here
+            for w in cluster.running:
+                if not w.preemptible:
+                    continue
+                own[w.tenant] = min(own.get(w.tenant, w.priority), w.priority)
+                rules = book.covering(w.tenant, w.card_model, cluster.region) if w.card_model else ()
+                if not rules:
+                    uncovered = min(uncovered, w.priority)
+                for i in rules:
+                    r = book.rules[i]
+                    if r.cohort and book.used.get(i, 0) > r.nominal_milli:
+                        borrowing[r.cohort] = min(borrowing.get(r.cohort, w.priority), w.priority)
+            summary = self.evict_summary[cluster.name] = (own, uncovered, borrowing)
+        own, uncovered, borrowing = summary
+        spec, policy = job.spec, self.policy
+        prio = spec.priority_value
+        if by_priority and (own.get(spec.tenant, prio) < prio or uncovered < prio):
+            return True
+        cohorts = self.cohorts.get(spec.tenant)
+        if cohorts is None:
+            cohorts = self.cohorts[spec.tenant] = {r.cohort for r in book.rules if r.tenant == spec.tenant and r.cohort}
+        for c in cohorts:
+            low = borrowing.get(c)
+            if low is None:
+                continue
+            if policy.reclaim_within_cohort == "any" or (low < prio and (
+                    policy.reclaim_within_cohort == "lower_priority" or (by_priority and policy.borrow_within_cohort))):
+                return True
+        return False
 
     def passes_but_quota(self, job: QueuedJob, skey: tuple, cluster: ClusterState) -> bool:
         """Every filter but the quota one passes (evictions of the tenant's own work may give
@@ -716,8 +761,8 @@ def _preempt(job: QueuedJob, cy: _Cycle, static_ok: list[ClusterState], skey: tu
         if book is None:
             if cy.lowest_victim.get(cluster.name, prio) >= prio:
                 continue  # nothing preemptible of lower priority runs there
-        elif cluster.name not in cy.lowest_victim:
-            continue  # nothing preemptible runs there
+        elif not cy.may_evict_there(job, cluster, prio >= policy.preempt_min_priority):
+            continue  # no work there any rule lets this job evict
         verdict = cy.static_verdict(job, skey, cluster)
         if not verdict.passed and not (verdict.reason == Reason.QUOTA and cy.passes_but_quota(job, skey, cluster)):
             continue
@@ -727,10 +772,16 @@ def _preempt(job: QueuedJob, cy: _Cycle, static_ok: list[ClusterState], skey: tu
             ev = find_victims(job.spec, cy.models(job, cluster), cluster, cy.wc(cluster), cy.view.now,
                               policy.checkpoint_interval_s, cy.victims | cy.placed_keys, cy.timeline(cluster))
         else:
-            ev = quota_victims(job.spec, cy.models(job, cluster), cluster, cy.wc(cluster), cy.view.now,
-                               policy.checkpoint_interval_s, cy.victims | cy.placed_keys, cy.timeline(cluster), book,
-                               by_priority=prio >= policy.preempt_min_priority,
-                               reclaim=policy.reclaim_within_cohort, borrow=policy.borrow_within_cohort)
+            models = cy.models(job, cluster)
+            by_priority = prio >= policy.preempt_min_priority
+            # the plan reads the cluster's work and allocation (its version, the epoch of
+            # evictions), the tenant, priority, card models and the whole request
+            ev = cy.cached("evict", cluster, (cy.epoch, job.spec.tenant, prio, by_priority, _full_shape(job, models)),
+                           lambda: quota_victims(
+                               job.spec, models, cluster, cy.wc(cluster), cy.view.now, policy.checkpoint_interval_s,
+                               cy.victims | cy.placed_keys, cy.timeline(cluster), book, by_priority=by_priority,
+                               reclaim=policy.reclaim_within_cohort, borrow=policy.borrow_within_cohort,
+                               covers=cy.covers, pools=cy.pools, epoch=cy.epoch))
         if ev is not None and (best is None or (ev.cost, len(ev.victims), ev.cluster) < (best.cost, len(best.victims),
                                                                                           best.cluster)):
             best = ev

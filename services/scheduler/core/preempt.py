@@ -146,7 +146,8 @@ Admit = Callable[[Fit, list[RunningWork]], bool]  #: (fit, victims) -> may the j
 def find_victims(spec: JobSpec, models: list[str], cluster: ClusterState, work: WorkingCluster, now: float,
                  checkpoint_interval_s: float, taken: set[tuple[str, int, int]],
                  timeline: list[RunningWork] | None = None, *, allow: Allow | None = None,
-                 admit: Admit | None = None) -> Eviction | None:
+                 admit: Admit | None = None, feasible: Callable[[list[RunningWork]], bool] | None = None,
+                 pool: list[RunningWork] | None = None) -> Eviction | None:
     """The cheapest minimal eviction that lets ``spec`` fit on ``cluster``, or None.
 
     Args:
@@ -160,14 +161,22 @@ def find_victims(spec: JobSpec, models: list[str], cluster: ClusterState, work: 
         timeline: the work holding ``work``'s resources (default ``cluster.running``).
         allow: which preemptible work may be evicted, given the victims chosen so far (default:
             strictly lower priority than ``spec``); see :func:`quota_victims`. It must stay true
-            when other victims are given back.
+            when other victims are given back, and hold with no victims whenever it holds with
+            some (the candidates are what it allows with none).
         admit: whether the job may run with a fit once these victims go (default: yes).
+        feasible: a necessary condition on all the candidates together (e.g. that evicting them
+            all would make room in the quota); False ends the search early.
+        pool: the work ``allow`` admits with no victims, if the caller has it (work placed or
+            evicted this cycle must then be in ``taken``).
     """
     prio = spec.priority_value
-    candidates = [w for w in (cluster.running if timeline is None else timeline)
-                  if w.preemptible and (allow is not None or w.priority < prio)
-                  and (w.job_id, w.attempt, w.shard) not in taken]
-    if not candidates:
+    if pool is not None:
+        candidates = [w for w in pool if (w.job_id, w.attempt, w.shard) not in taken]
+    else:
+        candidates = [w for w in (cluster.running if timeline is None else timeline)
+                      if w.preemptible and (w.job_id, w.attempt, w.shard) not in taken
+                      and (w.priority < prio if allow is None else allow(w, []))]
+    if not candidates or (feasible is not None and not feasible(candidates)):
         return None
     if spec.gpus_per_worker:  # quick bound: even evicting every candidate would not free enough
         usable = {m: work.totals(m)[0] for m in models}
@@ -208,7 +217,9 @@ def find_victims(spec: JobSpec, models: list[str], cluster: ClusterState, work: 
 
 def quota_victims(spec: JobSpec, models: list[str], cluster: ClusterState, work: WorkingCluster, now: float,
                   checkpoint_interval_s: float, taken: set[tuple[str, int, int]], timeline: list[RunningWork] | None,
-                  book: "QuotaBook", *, by_priority: bool, reclaim: str, borrow: bool) -> Eviction | None:
+                  book: "QuotaBook", *, by_priority: bool, reclaim: str, borrow: bool,
+                  covers: dict[int, tuple[int, ...]] | None = None, pools: dict[tuple, object] | None = None,
+                  epoch: int = 0) -> Eviction | None:
     """The cheapest eviction on ``cluster`` the preemption rules allow (module docstring).
 
     Tried per card model (quota rules depend on it) and twice: J within its tenant's guarantee
@@ -223,12 +234,24 @@ def quota_victims(spec: JobSpec, models: list[str], cluster: ClusterState, work:
             rules a, c and 0; reclaiming (b) needs no minimum.
         reclaim: ``any`` | ``lower_priority`` | ``never`` (``Policy.reclaim_within_cohort``).
         borrow: ``Policy.borrow_within_cohort``.
+        covers: a memo ``id(work) -> indices of the rules covering it here`` the caller may keep
+            while the work objects and the book live (a cycle).
+        pools: a memo of candidate lists (work of ``cluster.running`` a rule allows before any
+            victim is chosen) per (cluster, tenant, priority, card model, pass, by_priority) for
+            the same lifetime, and of whether evicting all of them would make quota room (per
+            demand and ``epoch``); then ``taken`` must hold the work placed or evicted since.
+        epoch: bumped by the caller whenever work is evicted (the candidates change).
     """
     tenant, prio, region, demand = spec.tenant, spec.priority_value, cluster.region, spec.total_gpu_milli
     rules = book.rules
 
+    memo = covers if covers is not None else {}
+
     def covering(w: RunningWork) -> tuple[int, ...]:
-        return book.covering(w.tenant, w.card_model, region) if w.card_model and w.gpu_milli else ()
+        hit = memo.get(id(w))
+        if hit is None:
+            hit = memo[id(w)] = book.covering(w.tenant, w.card_model, region) if w.card_model else ()
+        return hit
 
     def used_after(i: int, victims: list[RunningWork]) -> int:
         return book.used.get(i, 0) - sum(v.gpu_milli for v in victims if i in covering(v))
@@ -240,6 +263,11 @@ def quota_victims(spec: JobSpec, models: list[str], cluster: ClusterState, work:
     best = None
     for model in models if spec.gpus_per_worker else [""]:
         own = book.covering(tenant, model, region) if model else ()
+        if pools is not None and all(  # every pass known to have no candidates, or no quota room
+                pools.get(pk) is not None and (not pools[pk] or pools.get((pk, demand, epoch)) is False)
+                for pk in ((cluster.name, tenant, prio, model, k, by_priority)
+                           for k in ((0, 1) if own and by_priority else (0,)))):
+            continue
         cohorts = {rules[i].cohort for i in own if rules[i].cohort}
 
         def within(victims: list[RunningWork]) -> bool:
@@ -269,12 +297,34 @@ def quota_victims(spec: JobSpec, models: list[str], cluster: ClusterState, work:
                 return True                                                            # (a)
             return borrow and bool(covering(w)) and borrowing(w, cohorts, victims)    # (c)
 
-        passes = [(allow_within, lambda fit, victims: within(victims) and quota_ok(fit, victims))]
+        def room_if_all_go(victims: list[RunningWork]) -> bool:
+            return quota_ok(Fit(model, ()), victims)
+
+        passes = [(allow_within, lambda fit, victims: within(victims) and quota_ok(fit, victims),
+                   lambda victims: within(victims) and room_if_all_go(victims))]
         if own and by_priority:
-            passes.append((allow_borrow, quota_ok))
-        for allow, admit in passes:
+            passes.append((allow_borrow, quota_ok, room_if_all_go))
+        for k, (allow, admit, feasible) in enumerate(passes):
+            pool = None
+            if pools is not None:
+                pool_key = (cluster.name, tenant, prio, model, k, by_priority)
+                pool = pools.get(pool_key)
+                if pool is None:
+                    pool = pools[pool_key] = [w for w in cluster.running if w.preemptible and allow(w, [])]
+                if not pool or pools.get((pool_key, demand, epoch)) is False:
+                    continue
+                feasible = _memoised(pools, (pool_key, demand, epoch), feasible)
             ev = find_victims(spec, [model] if model else models, cluster, work, now, checkpoint_interval_s, taken,
-                              timeline, allow=allow, admit=admit)
+                              timeline, allow=allow, admit=admit, feasible=feasible, pool=pool)
             if ev is not None and (best is None or (ev.cost, len(ev.victims)) < (best.cost, len(best.victims))):
                 best = ev
     return best
+
+
+def _memoised(memo: dict, key: tuple, test: Callable[[list[RunningWork]], bool]) -> Callable[[list[RunningWork]], bool]:
+    def once(candidates: list[RunningWork]) -> bool:
+        hit = memo.get(key)
+        if hit is None:
+            hit = memo[key] = test(candidates)
+        return hit
+    return once
