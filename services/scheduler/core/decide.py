@@ -8,16 +8,16 @@ One call (numbered as in the code):
 1. take the queue in fair order (:class:`~.queues.FairOrder`: effective priority with aging
    and the fast lane, then dominant-resource fair share between tenants);
 2. for each job, run the hard filters per cluster (first failure is the reason; results are
-   cached per filter keys, see "Caches" below), then fit the gang node by node on the clusters that pass, on the
-   cycle's private working copy, honouring reservations held by higher jobs;
+   cached, see "Caches" below), then fit the gang node by node on the clusters that pass, on
+   the cycle's private working copy, honouring reservations held by higher jobs;
 3. score the fits (weighted plugins) and take the best (ties: cluster name); a
    ``prefer_local`` job whose home region is full waits for it when its estimated home start
    is near enough, else it goes abroad;
 4. a job that fits nowhere -- for want of capacity or of its tenant's quota -- may preempt the
    cheapest work the preemption rules allow (:mod:`.preempt`: Kueue's withinClusterQueue,
-   reclaimWithinCohort, borrowWithinCohort), or -- if the policy backfills -- reserve the cluster where it would start
-   earliest; later jobs only backfill into a reserved cluster when they are estimated to end
-   before the reservation starts;
+   reclaimWithinCohort, borrowWithinCohort), or -- if the policy backfills -- reserve the
+   cluster where it would start earliest; later jobs only backfill into a reserved cluster when
+   they are estimated to end before the reservation starts;
 5. what still cannot go stays pending with every cluster's verdict, the summary, and whether it
    would fit some cluster if that cluster were empty (``fits_empty``; False = unplaceable).
 
@@ -30,11 +30,15 @@ decide the same, ``tests/unit/test_scheduler_cache.py``):
   quota rules, and the GPU demand);
 * candidate card models: allowed models, on-card memory, price ceiling, cluster;
 * the viable/misfit split: filter keys, candidate-model inputs and the GPU shape (workers, GPUs
-  per worker, share), invalidated by changes of capacity;
+  per worker, share), invalidated by changes of capacity; whole fits that failed there, per CPU
+  and memory request as well;
 * per-cluster values (misfit verdicts, score bounds, estimated starts): cluster, its allocation
   version, candidate models and the request shape each value reads (CPU and memory too for the
   estimated start, which fits the whole request);
 * "fits if empty": filter keys, candidate-model inputs and the whole request shape;
+* preemption plans under quotas: cluster, its allocation version, the eviction epoch, tenant,
+  priority, candidate models and the whole request (candidate pools and quota bounds per
+  cluster, tenant, priority, model and demand);
 * a pending job's verdicts: all of the above plus priority, estimate, clusters to avoid, the
   tenant (when quotas exist: preemption rules depend on it) and the cycle's eviction/reservation
   version. The per-cluster *codes* of shared verdicts are exact; an "insufficient" detail gives
