@@ -15,7 +15,7 @@ admits it::
 
 where ``used_C`` / ``nominal_C`` sum over the rules of the cohort ``C`` that match ``(m, g)``.
 A placement no rule covers is not limited by quota. Guaranteed quota lent to others is taken
-back by preemption, which is the scheduler's business, not this module's.
+back by preemption, by the rules in :mod:`.preempt` (reclaim within the cohort).
 
 Everything here is pure: a :class:`QuotaBook` is built from the rules and the allocations in
 force; :meth:`QuotaBook.check` returns a :class:`~.reasons.Verdict` (``Reason.QUOTA`` with a

@@ -46,12 +46,13 @@ from fedsched.clock import to_datetime
 from fedsched.errors import UnavailableError
 from fedsched.events import (Envelope, Heartbeat, InventorySnapshot, JobCancelRequested, JobPlaced, JobStatus, JobStop,
                              JobSubmitted, NodeInventory, Subjects, WorkerBinding, business_event_id, make_event)
-from fedsched.jobs import AttemptState, JobSpec, PriorityClass
-from fedsched.policystore import StoredPolicy, read_policy, write_policy
+from fedsched.jobs import AttemptState, Dataset, JobSpec, PriorityClass
+from fedsched.policystore import PolicyHolder, StoredPolicy, read_policy, write_policy
 from fedsched.pricing import load_price_catalog
-from fedsched.tenancy import PolicyDoc, parse_policy
+from fedsched.tenancy import Governance, PolicyDoc, parse_policy
 from services.scheduler.core import ClusterState, NodeState, QueuedJob, View, build_policy
-from services.scheduler.service import SchedulerService
+from services.scheduler.approvals import TenancyGate
+from services.scheduler.service import JobEntry, SchedulerService, ShardEntry
 
 
 #: principal -> (token, roles as written in the policy)
@@ -536,3 +537,34 @@ def stop_order(placed: Envelope, reason: str, at: float, *, checkpoint_interval_
                       event_id=business_event_id(placed.job_id, placed.attempt, 0, "stop"), region=placed.region,
                       zone=placed.zone, cluster=placed.cluster, tenant=placed.tenant, project=placed.project,
                       job_id=placed.job_id, attempt=placed.attempt)
+
+
+# --------------------------------------------------------------------------- the tenancy gate
+
+GATE_NOW = 1.7e9  #: business time of :func:`gate_entry` submissions (s)
+
+
+def gate_entry(job_id: str, tenant: str = "ads", *, gpus: int = 1, hours: float = 2.0, data_gb: float = 0,
+           placed_on: str = "", **kw) -> JobEntry:
+    """A scheduler job entry of one shard (T4, home cn-north-1, submitted at :data:`GATE_NOW`);
+    ``placed_on`` = a region: running there on cn-north-1-c1 node h1 (attempt 1)."""
+    datasets = (Dataset(name="d1", home_region="cn-north-1", size_bytes=int(data_gb * 1e9)),) if data_gb else ()
+    spec = JobSpec(tenant=tenant, project="train", home_region="cn-north-1", gpus_per_worker=gpus, cpu_milli=1000,
+                   card_models=(T4,), estimated_duration_s=hours * 3600, datasets=datasets, **kw)
+    entry = JobEntry(job_id, tenant, "train", spec, GATE_NOW, shards=[ShardEntry(0)])
+    if placed_on:
+        shard = entry.shards[0]
+        shard.placed = JobPlaced(spec=spec, card_model=T4, bindings=(WorkerBinding(
+            worker=0, node="h1", gpu_indices=tuple(range(gpus)), gpu_milli=1000),))
+        shard.region, shard.cluster, shard.state, shard.attempt = placed_on, "cn-north-1-c1", "running", 1
+    return entry
+
+
+def tenancy_gate(extra: str = "") -> TenancyGate:
+    """The scheduler's tenancy gate over the test policy plus ``extra`` YAML."""
+    return TenancyGate(PolicyHolder.fixed(Governance.parse(policy_text(extra))), Subjects("fed"), load_price_catalog())
+
+
+def queued_of(entry: JobEntry) -> QueuedJob:
+    """The queue entry of ``entry``'s next attempt."""
+    return QueuedJob(entry.job_id, entry.attempt + 1, entry.spec, entry.submitted_at)

@@ -16,7 +16,8 @@ publish). Its parts of the cycle:
 3. :meth:`TenancyGate.quota_book` -- quota rules plus the usage of every placed or running job,
    the view's ``quota`` (the Quota filter reads it);
 4. :meth:`TenancyGate.gate` -- the cycle's placements admitted in decision order against a copy of
-   the quota book (several jobs placed in one cycle never exceed a quota together); a
+   the quota book (several jobs placed in one cycle never exceed a quota together; a
+   preemption's victims give their usage back first); a
    cross-region placement whose mode is ``approval`` (and whose region is not yet approved)
    becomes an ``approval.requested`` event instead, and the job waits;
 5. :meth:`TenancyGate.expiries` -- ``approval.expired`` for requests past their deadline: the job
@@ -123,7 +124,7 @@ class TenancyGate:
         self.prices = prices
         self.state: dict[str, JobApprovals] = {}
         self.started: dict[str, float] = {}  # job -> business start of its running attempt
-        self._policies: dict[tuple[int, str], Policy] = {}
+        self._policies: dict[tuple[Policy, str], Policy] = {}
 
     # ------------------------------------------------------------------ folding events
 
@@ -181,7 +182,7 @@ class TenancyGate:
         gov = self.holder.current
         if gov is None:
             return base
-        key = (id(base), gov.version)
+        key = (base, gov.version)  # the policy itself (equal fields = same result), never its id
         policy = self._policies.get(key)
         if policy is None:
             weights = tuple((sc, gov.weights.get(sc.name, w)) for sc, w in base.weights)
@@ -255,17 +256,24 @@ class TenancyGate:
             spec = entry.spec
             milli = placement_milli(p.bindings)
             if book is not None:
+                # a preemption gives its victims' quota back (the rules of core.preempt: a job
+                # blocked by its tenant's quota evicts that tenant's lower-priority work)
+                for v in p.victims:
+                    book.add(v.tenant, v.card_model, p.region, -v.gpu_milli)
                 verdict = book.check(spec.tenant, p.card_model, p.region, milli)
                 if not verdict.passed:
+                    _restore(book, p)
                     pending.append(_held(p, verdict))
                     continue
             if p.cross_region:
                 mode, source = gov.mode_for(spec)
                 st = self.state.get(p.job.job_id)
                 if mode == "forbidden" or (st is not None and st.home_only):
+                    _restore(book, p)
                     pending.append(_held(p, fail(Reason.NOT_HOME, f"{source}: cross-region not allowed")))
                     continue
                 if mode == "approval" and (st is None or p.region not in st.granted):
+                    _restore(book, p)
                     items.append(self._request(p, entry, gov, view, jobs, now, source))
                     continue
             if book is not None:
@@ -391,6 +399,13 @@ def _home_summary(p: Placement, home: str) -> str:
         code = e.verdict.reason.value if e.verdict.reason else "excluded"
         codes[code] = codes.get(code, 0) + 1
     return ", ".join(f"{c} ({n} cluster{'s' if n != 1 else ''})" for c, n in codes.items())
+
+
+def _restore(book: QuotaBook | None, p: Placement) -> None:
+    """Count the victims of a placement that is not admitted again (they keep running)."""
+    if book is not None:
+        for v in p.victims:
+            book.add(v.tenant, v.card_model, p.region, v.gpu_milli)
 
 
 def _held(p: Placement, verdict: Verdict) -> Pending:

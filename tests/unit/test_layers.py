@@ -197,3 +197,15 @@ def test_the_project_has_no_import_cycle() -> None:
     if cycle:
         steps = [f"{a} (line {graph[a][b]}) -> {b}" for a, b in zip(cycle, cycle[1:])]
         pytest.fail("import cycle:\n  " + "\n  ".join(steps))
+
+
+def test_no_test_module_imports_another_test_module() -> None:
+    """Shared test code lives in ``tests/builders.py`` (functions) and ``conftest.py`` (fixtures);
+    a test module importing another couples two test files (issue 9, item 5)."""
+    tests = module_files(ROOT, ("tests",))
+    shared = {"tests", "tests.builders", "tests.conftest", "tests.contract.conftest", "tests.contract.proxy",
+              "tests.contract.writer_proc"}
+    bad = [f"{mod}:{line} imports {name}" for mod, path in tests.items()
+           for line, name in imported_names(mod, path)
+           if name.startswith("tests.") and not any(name == s or name.startswith(s + ".") for s in shared)]
+    assert not bad, "\n".join(bad)

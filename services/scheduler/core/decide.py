@@ -8,17 +8,41 @@ One call (numbered as in the code):
 1. take the queue in fair order (:class:`~.queues.FairOrder`: effective priority with aging
    and the fast lane, then dominant-resource fair share between tenants);
 2. for each job, run the hard filters per cluster (first failure is the reason; results are
-   cached per job shape), then fit the gang node by node on the clusters that pass, on the
-   cycle's private working copy, honouring reservations held by higher jobs;
+   cached, see "Caches" below), then fit the gang node by node on the clusters that pass, on
+   the cycle's private working copy, honouring reservations held by higher jobs;
 3. score the fits (weighted plugins) and take the best (ties: cluster name); a
    ``prefer_local`` job whose home region is full waits for it when its estimated home start
    is near enough, else it goes abroad;
-4. a job that fits nowhere may preempt cheaper, preemptible, lower-priority work
-   (:mod:`.preempt`), or -- if the policy backfills -- reserve the cluster where it would start
-   earliest; later jobs only backfill into a reserved cluster when they are estimated to end
-   before the reservation starts;
+4. a job that fits nowhere -- for want of capacity or of its tenant's quota -- may preempt the
+   cheapest work the preemption rules allow (:mod:`.preempt`: Kueue's withinClusterQueue,
+   reclaimWithinCohort, borrowWithinCohort), or -- if the policy backfills -- reserve the
+   cluster where it would start earliest; later jobs only backfill into a reserved cluster when
+   they are estimated to end before the reservation starts;
 5. what still cannot go stays pending with every cluster's verdict, the summary, and whether it
    would fit some cluster if that cluster were empty (``fits_empty``; False = unplaceable).
+
+Caches. Within a call many jobs share verdicts, so the cycle memoises them; every cache is keyed
+by everything its value reads (``decide(..., cache=False)`` computes everything afresh and must
+decide the same, ``tests/unit/test_scheduler_cache.py``):
+
+* filter verdicts: per cluster and everything the policy's filters read of the job (each
+  filter declares it, :mod:`.filters`; e.g. the quota filter's key holds the tenant, when it has
+  quota rules, and the GPU demand);
+* candidate card models: allowed models, on-card memory, price ceiling, cluster;
+* the viable/misfit split: filter keys, candidate-model inputs and the GPU shape (workers, GPUs
+  per worker, share), invalidated by changes of capacity; whole fits that failed there, per CPU
+  and memory request as well;
+* per-cluster values (misfit verdicts, score bounds, estimated starts): cluster, its allocation
+  version, candidate models and the request shape each value reads (CPU and memory too for the
+  estimated start, which fits the whole request);
+* "fits if empty": filter keys, candidate-model inputs and the whole request shape;
+* preemption plans under quotas: cluster, its allocation version, the eviction epoch, tenant,
+  priority, candidate models and the whole request (candidate pools and quota bounds per
+  cluster, tenant, priority, model and demand);
+* a pending job's verdicts: all of the above plus priority, estimate, clusters to avoid, the
+  tenant (when quotas exist: preemption rules depend on it) and the cycle's eviction/reservation
+  version. The per-cluster *codes* of shared verdicts are exact; an "insufficient" detail gives
+  the cluster's free capacity when that cluster was first found too small this cycle.
 """
 
 from __future__ import annotations
@@ -30,10 +54,10 @@ from typing import Iterable, Sequence
 
 from fedsched.jobs import Locality
 from fedsched.reasons import PASS, STATIC_REASONS, Reason, Verdict, fail, summarise_counts
-from services.scheduler.core.filters import Context, candidate_models
+from services.scheduler.core.filters import Context, candidate_models, key_function
 from services.scheduler.core.fit import Fit, WorkingCluster
 from services.scheduler.core.policy import Policy
-from services.scheduler.core.preempt import Eviction, estimated_start, find_victims
+from services.scheduler.core.preempt import Eviction, estimated_start, find_victims, quota_victims
 from services.scheduler.core.queues import FairOrder, queue_of
 from services.scheduler.core.scorers import (cost_per_unit_hour, estimated_cost, set_cost_reference, transfer_bytes,
                                              transfer_seconds)
@@ -142,18 +166,25 @@ def order_queue(queue: Iterable[QueuedJob], view: View | None = None, policy: Po
     return list(FairOrder(queue, view or View((), 0.0), policy or build_policy()))
 
 
-def _static_key(job: QueuedJob) -> tuple:
-    s = job.spec
-    return (s.card_models, s.min_gpu_memory_gib, s.requires_rdma, s.home_region, s.locality, s.allowed_regions,
-            s.forbidden_regions, s.residency_tags, s.max_price_per_gpu_hour, job.cross_region, s.gpus_per_worker > 0)
-
-
 _MISSING = object()
 
 
+def _models_key(job: QueuedJob) -> tuple:
+    """What :func:`~.filters.candidate_models` reads of the job."""
+    s = job.spec
+    return s.card_models, s.min_gpu_memory_gib, s.max_price_per_gpu_hour
+
+
 def _shape(job: QueuedJob, models: Sequence[str]) -> tuple:
+    """The GPU request shape with its candidate models (what GPU-only figures read)."""
     s = job.spec
     return (tuple(models), s.workers, s.gpus_per_worker, s.gpu_milli)
+
+
+def _full_shape(job: QueuedJob, models: Sequence[str]) -> tuple:
+    """The whole request shape (what a gang fit reads: GPUs, CPU and memory per worker)."""
+    s = job.spec
+    return (tuple(models), s.workers, s.gpus_per_worker, s.gpu_milli, s.cpu_milli, s.memory_mib)
 
 
 def _insufficient(job: QueuedJob, work: WorkingCluster, models: Sequence[str]) -> Verdict:
@@ -175,15 +206,17 @@ def _est_end(job: QueuedJob, now: float) -> float:
 
 
 class _Split:
-    """For one request shape: the clusters it may fit (``viable``) and the "does not fit"
-    verdicts of the others (``misfits``), kept current as the cycle allocates.
+    """For one GPU request shape: the clusters it may fit (``viable``, by
+    :meth:`~.fit.WorkingCluster.could_fit`, which reads only the GPU shape) and the "does not
+    fit" verdicts of the others (``misfits``), kept current as the cycle allocates; plus, per
+    CPU and memory request, the viable clusters where a whole fit already failed (``failed``).
 
     Within a cycle capacity only shrinks -- except when an eviction gives some back, which starts
     a new ``epoch`` -- so a misfit stays a misfit, and only viable clusters that changed since the
     last use need a new look.
     """
 
-    __slots__ = ("epoch", "log_pos", "viable", "misfits", "counts")
+    __slots__ = ("epoch", "log_pos", "viable", "misfits", "counts", "failed")
 
     def __init__(self, epoch: int, log_pos: int) -> None:
         self.epoch = epoch
@@ -191,6 +224,7 @@ class _Split:
         self.viable: dict[str, tuple] = {}
         self.misfits: list[ClusterEvaluation] = []
         self.counts: Counter = Counter()  # reasons of the misfits
+        self.failed: dict[tuple[int, int], dict[str, ClusterEvaluation]] = {}
 
     def add_misfit(self, evaluation: ClusterEvaluation) -> None:
         """Record a cluster the shape surely does not fit."""
@@ -204,16 +238,27 @@ class _Split:
             self.add_misfit(evaluation)
         return evaluation
 
+    def failed_for(self, job: QueuedJob) -> dict[str, ClusterEvaluation]:
+        """Viable clusters where a whole fit of this CPU and memory request failed (a fit reads
+        them; the shape's other requests may still fit there)."""
+        key = (job.spec.cpu_milli, job.spec.memory_mib)
+        failed = self.failed.get(key)
+        if failed is None:
+            failed = self.failed[key] = {}
+        return failed
+
 
 class _Cycle:
     """The mutable state of one decide() call (private)."""
 
-    def __init__(self, view: View, policy: Policy) -> None:
+    def __init__(self, view: View, policy: Policy, cache: bool = True) -> None:
+        self.caching = cache
         self.clusters = tuple(c if c.index is not None else replace(c, index=ClusterIndex.build(c.nodes))
                               for c in view.clusters)
         self.by_name = {c.name: c for c in self.clusters}
         prices = [p for c in self.clusters for p in c.prices.values() if p > 0]
         self.ctx = Context(view, policy.inter_region_bandwidth_bps, policy.egress_price_per_gb, max(prices, default=1.0))
+        self.filter_key = key_function(policy.filters, self.ctx)
         self.view = view
         self.policy = policy
         self.scopes = [(i, sc, w, getattr(sc, "bound_scope", "cluster")) for i, (sc, w) in enumerate(policy.weights)]
@@ -232,7 +277,6 @@ class _Cycle:
         self.cluster_version: dict[str, int] = {}  # bumped when a cluster's allocations change
         self.value_cache: dict[tuple, object] = {}
         self.splits: dict[tuple, _Split] = {}
-        self.fit_failed: dict[tuple, tuple[int, ClusterEvaluation]] = {}
         self.outscored: dict[tuple, ClusterEvaluation] = {}
         self.change_log: list[str] = []  # clusters whose allocations changed, in order
         self.epoch = 0  # bumped when capacity comes back (evictions)
@@ -242,6 +286,12 @@ class _Cycle:
         self.model_cache: dict[tuple, list[str]] = {}
         self.pending_memo: dict[tuple, tuple] = {}
         self.fits_empty_cache: dict[tuple, bool] = {}
+        # preemption under quotas: per-cluster summaries of evictable work, tenants' cohorts,
+        # the rules covering each running work (all pure functions of the view)
+        self.evict_summary: dict[str, tuple] = {}
+        self.cohorts: dict[str, set[str]] = {}
+        self.covers: dict[int, tuple[int, ...]] = {}
+        self.pools: dict[tuple, object] = {}
 
     def timeline(self, cluster: ClusterState) -> list[RunningWork]:
         """Work holding the cluster's resources now, this cycle's evictions and placements applied."""
@@ -268,11 +318,15 @@ class _Cycle:
         if victims:
             self.version += 1
 
+    def static_key(self, job: QueuedJob) -> tuple:
+        """The job's filter keys: every property of the job any filter of the policy reads."""
+        return self.filter_key(job)
+
     def eligible(self, job: QueuedJob, skey: tuple) -> tuple[list[ClusterState], list[ClusterEvaluation],
                                                              list[ClusterState]]:
         """Clusters passing the hard filters, the failed clusters' evaluations (a fresh list the
         caller may extend), and the clusters failing only for reasons that can change."""
-        cached = self.static_pass.get(skey)
+        cached = self.static_pass.get(skey) if self.caching else None
         if cached is None:
             eligible, failed, static_ok = [], [], []
             for cluster in self.clusters:
@@ -291,8 +345,8 @@ class _Cycle:
     def split(self, job: QueuedJob, skey: tuple, eligible: list[ClusterState]) -> _Split:
         """The :class:`_Split` of the job's request shape, brought up to date."""
         s = job.spec
-        key = (skey, s.workers, s.gpus_per_worker, s.gpu_milli)  # could_fit reads only the GPU shape
-        entry = self.splits.get(key)
+        key = (skey, _models_key(job), s.workers, s.gpus_per_worker, s.gpu_milli)  # could_fit: the GPU shape
+        entry = self.splits.get(key) if self.caching else None
         if entry is None or entry.epoch != self.epoch:
             entry = self.splits[key] = _Split(self.epoch, len(self.change_log))
             for cluster in eligible:
@@ -318,14 +372,16 @@ class _Cycle:
 
     def models(self, job: QueuedJob, cluster: ClusterState) -> list[str]:
         """The job's candidate card models on ``cluster`` (cached per request shape)."""
-        key = (job.spec.card_models, job.spec.min_gpu_memory_gib, job.spec.max_price_per_gpu_hour, cluster.name)
-        models = self.model_cache.get(key)
+        key = (_models_key(job), cluster.name)
+        models = self.model_cache.get(key) if self.caching else None
         if models is None:
             models = self.model_cache[key] = candidate_models(job, cluster)
         return models
 
     def cached(self, kind: str, cluster: ClusterState, key: tuple, compute):
         """Memoise ``compute()`` per (kind, cluster, key) until the cluster's state changes."""
+        if not self.caching:
+            return compute()
         full = (kind, cluster.name, self.cluster_version.get(cluster.name, 0), key)
         value = self.value_cache.get(full, _MISSING)
         if value is _MISSING:
@@ -333,12 +389,15 @@ class _Cycle:
         return value
 
     def memo_key(self, job: QueuedJob, skey: tuple) -> tuple:
-        """Everything a pending verdict depends on. Within a cycle capacity only shrinks, except
-        when an eviction gives some back or a reservation changes the rules: those bump
-        ``version``, so a memoised "fits nowhere" stays true until then."""
+        """Everything a pending verdict depends on: the filter keys, the candidate-model inputs,
+        the request shape, priority (preemption), estimate (reservations), clusters to avoid and,
+        when quotas exist, the tenant (the preemption rules read it). Within a cycle capacity
+        only shrinks, except when an eviction gives some back or a reservation changes the rules:
+        those bump ``version``, so a memoised "fits nowhere" stays true until then."""
         s = job.spec
-        return (self.version, skey, s.workers, s.gpus_per_worker, s.gpu_milli, s.cpu_milli, s.memory_mib,
-                s.priority_value, s.estimated_duration_s, job.avoid_clusters, job.progress_s)
+        tenant = s.tenant if self.view.quota is not None else None
+        return (self.version, skey, _models_key(job), s.workers, s.gpus_per_worker, s.gpu_milli, s.cpu_milli,
+                s.memory_mib, s.priority_value, s.estimated_duration_s, job.avoid_clusters, job.progress_s, tenant)
 
     def reservations_full(self) -> bool:
         """No further reservation will be made this cycle."""
@@ -348,8 +407,8 @@ class _Cycle:
     def fits_empty(self, job: QueuedJob, skey: tuple, clusters: list[ClusterState]) -> bool:
         """Would the job fit some of ``clusters`` if it were empty (cached per request shape)?"""
         s = job.spec
-        key = (skey, s.workers, s.gpus_per_worker, s.gpu_milli, s.cpu_milli, s.memory_mib)
-        cached = self.fits_empty_cache.get(key)
+        key = (skey, _models_key(job), s.workers, s.gpus_per_worker, s.gpu_milli, s.cpu_milli, s.memory_mib)
+        cached = self.fits_empty_cache.get(key) if self.caching else None
         if cached is None:
             cached = self.fits_empty_cache[key] = _fits_somewhere_empty(job, clusters, self)
         return cached
@@ -360,9 +419,58 @@ class _Cycle:
             w = self.work[cluster.name] = WorkingCluster(cluster)
         return w
 
+    def may_evict_there(self, job: QueuedJob, cluster: ClusterState, by_priority: bool) -> bool:
+        """A quick necessary condition for :func:`~.preempt.quota_victims` on ``cluster``: some
+        preemptible work there that a rule of :mod:`.preempt` could let this job evict (judged on
+        the cycle's starting work and quota usage: the cycle only removes candidates)."""
+        book = self.view.quota
+        summary = self.evict_summary.get(cluster.name)
+        if summary is None:
+            own: dict[str, int] = {}
+            uncovered = math.inf
+            borrowing: dict[str, int] = {}  # cohort -> lowest priority of its borrowing work here
+            for w in cluster.running:
+                if not w.preemptible:
+                    continue
+                own[w.tenant] = min(own.get(w.tenant, w.priority), w.priority)
+                rules = book.covering(w.tenant, w.card_model, cluster.region) if w.card_model else ()
+                if not rules:
+                    uncovered = min(uncovered, w.priority)
+                for i in rules:
+                    r = book.rules[i]
+                    if r.cohort and book.used.get(i, 0) > r.nominal_milli:
+                        borrowing[r.cohort] = min(borrowing.get(r.cohort, w.priority), w.priority)
+            summary = self.evict_summary[cluster.name] = (own, uncovered, borrowing)
+        own, uncovered, borrowing = summary
+        spec, policy = job.spec, self.policy
+        prio = spec.priority_value
+        if by_priority and (own.get(spec.tenant, prio) < prio or uncovered < prio):
+            return True
+        cohorts = self.cohorts.get(spec.tenant)
+        if cohorts is None:
+            cohorts = self.cohorts[spec.tenant] = {r.cohort for r in book.rules if r.tenant == spec.tenant and r.cohort}
+        for c in cohorts:
+            low = borrowing.get(c)
+            if low is None:
+                continue
+            if policy.reclaim_within_cohort == "any" or (low < prio and (
+                    policy.reclaim_within_cohort == "lower_priority" or (by_priority and policy.borrow_within_cohort))):
+                return True
+        return False
+
+    def passes_but_quota(self, job: QueuedJob, skey: tuple, cluster: ClusterState) -> bool:
+        """Every filter but the quota one passes (evictions of the tenant's own work may give
+        the quota back)."""
+        key = (skey, cluster.name, "but quota")
+        ok = self.static.get(key) if self.caching else None
+        if ok is None:
+            ok = self.static[key] = all(flt.check(job, cluster, self.ctx).passed for flt in self.policy.filters
+                                        if flt.name != "quota")
+        return ok
+
     def static_verdict(self, job: QueuedJob, skey: tuple, cluster: ClusterState) -> Verdict:
         key = (skey, cluster.name)
-        v = self.static.get(key)
+        v = self.static.get(key) if self.caching else None
         if v is None:
             v = PASS
             for flt in self.policy.filters:
@@ -373,45 +481,65 @@ class _Cycle:
         return v
 
 
-def decide(view: View, queue: Iterable[QueuedJob], policy: Policy) -> Decisions:
+def decide(view: View, queue: Iterable[QueuedJob], policy: Policy, *, cache: bool = True) -> Decisions:
     """Place what can be placed now; preempt or reserve for blocked jobs; explain the rest.
 
     Args:
         view: the federation snapshot.
         queue: waiting jobs (any order).
         policy: filters, scorers, weights and queueing/preemption parameters.
+        cache: share verdicts between jobs within the call (module docstring, "Caches"). False
+            computes every verdict afresh: slower, and the same decisions (the property test of
+            the caches uses it; nothing else should).
 
     Returns:
         Placements in decision order (with their victims, if any), pending jobs with reasons,
         and the reservations held.
     """
-    cy = _Cycle(view, policy)
+    cy = _Cycle(view, policy, cache)
     order = FairOrder(queue, view, policy)
     placements: list[Placement] = []
     pending: list[Pending] = []
     now = view.now
 
     for job in order:                                                               # 1
-        skey = _static_key(job)
+        skey = cy.static_key(job)
         eligible, evaluations, static_ok = cy.eligible(job, skey)                  # 2
         memo_key = cy.memo_key(job, skey)
-        memo = cy.pending_memo.get(memo_key)
+        memo = cy.pending_memo.get(memo_key) if cy.caching else None
         if memo is not None:  # same request shape, same state: the same verdicts, shared
             pending.append(Pending(job, memo[0], memo[1], memo[2], queue_of(job, policy.fast_lane_s)))
             continue
         split = cy.split(job, skey, eligible)
         evaluations.extend(split.misfits)  # clusters it surely does not fit now: shared verdicts
-        shared_len, shared_counts = len(evaluations), cy.static_counts[skey] + split.counts
+        failed = split.failed_for(job)  # and those where the same whole request did not fit
+        shared_counts = cy.static_counts[skey] + split.counts
+        for name, e in failed.items():
+            if name in split.viable:  # (else it is among the misfits now)
+                evaluations.append(e)
+                shared_counts[e.verdict.reason] += 1
+        shared_len = len(evaluations)
         candidates, avoided = [], []
         for cand in list(split.viable.values()):
             cluster = cand[0]
+            if cluster.name in failed:
+                continue
+            res = cy.reservations.get(cluster.name)
+            if res is not None and _est_end(job, now) <= res.start_at:
+                res = None  # it ends before the reservation starts: backfill
+            if (cluster.name in job.avoid_clusters or res is not None) and cand[1].fit(job.spec, cand[2]) is None:
+                # "avoided" and "reserved" only where it would fit: else the verdict is the misfit
+                # (what the split learns from other jobs, so it does not depend on the caches)
+                e = failed[cluster.name] = ClusterEvaluation(cluster.name, cluster.region,
+                                                             _insufficient(job, cand[1], cand[2]))
+                evaluations.append(e)
+                continue
             if cluster.name in job.avoid_clusters:
                 evaluations.append(ClusterEvaluation(cluster.name, cluster.region,
                                                      fail(Reason.AVOIDED, "an earlier attempt failed here")))
                 avoided.append(cand)
                 continue
-            res = cy.reservations.get(cluster.name)
-            if res is not None and _est_end(job, now) > res.start_at:
+            if res is not None:
                 evaluations.append(ClusterEvaluation(cluster.name, cluster.region, fail(
                     Reason.RESERVED, f"held for {res.job_key} from ~{(res.start_at - now) / 60:.0f} min; "
                                      f"this job is not estimated to end before")))
@@ -456,8 +584,9 @@ def decide(view: View, queue: Iterable[QueuedJob], policy: Policy) -> Decisions:
             order.placed(job)
             continue
 
-        if policy.preemption and job.spec.priority_value >= policy.preempt_min_priority:   # 4
-            eviction = _preempt(job, cy, static_ok)
+        if policy.preemption and (job.spec.priority_value >= policy.preempt_min_priority  # 4
+                                  or (view.quota is not None and policy.reclaim_within_cohort != "never")):
+            eviction = _preempt(job, cy, static_ok, skey)
             if eviction is not None:
                 cluster = cy.by_name[eviction.cluster]
                 wc = cy.wc(cluster)
@@ -477,7 +606,7 @@ def decide(view: View, queue: Iterable[QueuedJob], policy: Policy) -> Decisions:
         if (policy.backfill and len(cy.reservations) < policy.reservations and cy.reserve_tries < 4 * policy.reservations
                 and now - job.submitted_at >= policy.reserve_after_s):
             cy.reserve_tries += 1
-            reservation = _reserve(job, cy, static_ok)
+            reservation = _reserve(job, cy, static_ok, skey)
         counts = shared_counts + Counter(e.verdict.reason for e in evaluations[shared_len:] if not e.verdict.passed)
         reason = summarise_counts(counts)
         if reservation is not None:
@@ -485,7 +614,7 @@ def decide(view: View, queue: Iterable[QueuedJob], policy: Policy) -> Decisions:
                       f"(est.); {reason}")
         fits_empty = cy.fits_empty(job, skey, static_ok)
         frozen = tuple(evaluations)
-        if reservation is None and cy.reservations_full():
+        if reservation is None and cy.reservations_full() and cy.caching:
             cy.pending_memo[memo_key] = (reason, frozen, fits_empty)
         pending.append(Pending(job, reason, frozen, fits_empty, queue_of(job, policy.fast_lane_s), reservation))   # 5
 
@@ -579,7 +708,9 @@ def _branch_and_bound(job: QueuedJob, candidates: list[tuple], cy: "_Cycle", eva
                 break
             fit = wc.fit(spec, models)
             if fit is None:
-                evaluations.append(split.misfit(cluster, _insufficient(job, wc, models)))
+                e = split.failed_for(job)[cluster.name] = ClusterEvaluation(cluster.name, cluster.region,
+                                                                            _insufficient(job, wc, models))
+                evaluations.append(e)
                 continue
             values = [sc.score(job, cluster, fit, wc, cy.ctx) for sc, _ in weights]
             terms = tuple((sc.name, round(v, 4)) for (sc, _), v in zip(weights, values))
@@ -614,37 +745,59 @@ def _home_start(job: QueuedJob, cy: _Cycle, static_ok: list[ClusterState]) -> fl
         if cluster.region != job.spec.home_region:
             continue
         models = cy.models(job, cluster)
-        start = cy.cached("start", cluster, _shape(job, models), lambda: estimated_start(
+        start = cy.cached("start", cluster, _full_shape(job, models), lambda: estimated_start(
             job.spec, models, cluster, cy.wc(cluster), cy.view.now, cy.timeline(cluster)))
         if start is not None and (best is None or start < best):
             best = start
     return best
 
 
-def _preempt(job: QueuedJob, cy: _Cycle, static_ok: list[ClusterState]) -> Eviction | None:
+def _preempt(job: QueuedJob, cy: _Cycle, static_ok: list[ClusterState], skey: tuple) -> Eviction | None:
+    """The cheapest eviction over ``static_ok`` by the preemption rules (:mod:`.preempt`):
+    without quotas, lower-priority preemptible work; with quotas, rules (a), (b), (c) and (0),
+    also on clusters where only the job's quota -- which evictions of its tenant's work give
+    back -- blocks it."""
     best = None
     prio = job.spec.priority_value
+    book = cy.view.quota
+    policy = cy.policy
     for cluster in static_ok:
-        if cy.lowest_victim.get(cluster.name, prio) >= prio:
-            continue  # nothing preemptible of lower priority runs there
-        if cy.static_verdict(job, _static_key(job), cluster).passed is False:
+        if book is None:
+            if cy.lowest_victim.get(cluster.name, prio) >= prio:
+                continue  # nothing preemptible of lower priority runs there
+        elif not cy.may_evict_there(job, cluster, prio >= policy.preempt_min_priority):
+            continue  # no work there any rule lets this job evict
+        verdict = cy.static_verdict(job, skey, cluster)
+        if not verdict.passed and not (verdict.reason == Reason.QUOTA and cy.passes_but_quota(job, skey, cluster)):
             continue
         if cluster.name in job.avoid_clusters or cluster.name in cy.reservations:
             continue
-        ev = find_victims(job.spec, cy.models(job, cluster), cluster, cy.wc(cluster), cy.view.now,
-                          cy.policy.checkpoint_interval_s, cy.victims | cy.placed_keys, cy.timeline(cluster))
+        if book is None:
+            ev = find_victims(job.spec, cy.models(job, cluster), cluster, cy.wc(cluster), cy.view.now,
+                              policy.checkpoint_interval_s, cy.victims | cy.placed_keys, cy.timeline(cluster))
+        else:
+            models = cy.models(job, cluster)
+            by_priority = prio >= policy.preempt_min_priority
+            # the plan reads the cluster's work and allocation (its version, the epoch of
+            # evictions), the tenant, priority, card models and the whole request
+            ev = cy.cached("evict", cluster, (cy.epoch, job.spec.tenant, prio, by_priority, _full_shape(job, models)),
+                           lambda: quota_victims(
+                               job.spec, models, cluster, cy.wc(cluster), cy.view.now, policy.checkpoint_interval_s,
+                               cy.victims | cy.placed_keys, cy.timeline(cluster), book, by_priority=by_priority,
+                               reclaim=policy.reclaim_within_cohort, borrow=policy.borrow_within_cohort,
+                               covers=cy.covers, pools=cy.pools, epoch=cy.epoch))
         if ev is not None and (best is None or (ev.cost, len(ev.victims), ev.cluster) < (best.cost, len(best.victims),
                                                                                           best.cluster)):
             best = ev
     return best
 
 
-def _reserve(job: QueuedJob, cy: _Cycle, static_ok: list[ClusterState]) -> Reservation | None:
+def _reserve(job: QueuedJob, cy: _Cycle, static_ok: list[ClusterState], skey: tuple) -> Reservation | None:
     best: tuple[float, str] | None = None
     for cluster in static_ok:
         if cluster.name in cy.reservations or cluster.name in job.avoid_clusters:
             continue
-        if not cy.static_verdict(job, _static_key(job), cluster).passed:
+        if not cy.static_verdict(job, skey, cluster).passed:
             continue
         start = estimated_start(job.spec, candidate_models(job, cluster), cluster, cy.wc(cluster), cy.view.now,
                                 cy.timeline(cluster))

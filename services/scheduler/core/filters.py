@@ -1,14 +1,21 @@
 """Hard filters: a failed filter excludes the cluster for this job.
 
 Each filter is a small object with a ``name`` and ``check(job, cluster, ctx) -> Verdict``; it
-never raises and never mutates. The gang-capacity check needs the cycle's working allocation,
-so it lives in :mod:`.decide` (it is reported with the same :class:`~.reasons.Verdict` type).
+never raises and never mutates. It also says what of the job ``check`` reads (the cluster and
+the context are fixed for a cycle), because decide() caches a verdict per (cluster, those
+properties of every filter) and two jobs that agree on them get the same verdict: either
+``reads``, attribute paths of the :class:`~.snapshot.QueuedJob` (``"spec.card_models"``), or a
+``key(job, ctx) -> tuple`` method when that depends on the context (the quota filter: the
+tenant matters only if it has rules). A filter that declares neither is never shared between
+jobs (:func:`key_function`). The gang-capacity check needs the cycle's working allocation, so
+it lives in :mod:`.decide` (it is reported with the same :class:`~.reasons.Verdict` type).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from operator import attrgetter
+from typing import Callable, Protocol, Sequence
 
 from fedsched.reasons import PASS, Reason, Verdict, fail
 from services.scheduler.core.snapshot import ClusterState, QueuedJob, View
@@ -38,16 +45,46 @@ class Filter(Protocol):
     """A hard constraint."""
 
     name: str
+    #: attribute paths of the job :meth:`check` reads (or define ``key(job, ctx) -> tuple``)
+    reads: tuple[str, ...]
 
     def check(self, job: QueuedJob, cluster: ClusterState, ctx: Context) -> Verdict:
         """PASS, or the reason this cluster cannot take ``job``."""
         ...
 
 
+def _entry(job: QueuedJob) -> tuple:
+    return (job.job_id, job.shard, job.attempt)
+
+
+def key_function(filters: Sequence[Filter], ctx: Context) -> Callable[[QueuedJob], tuple]:
+    """``job -> tuple`` of everything ``filters`` read of a job: the ``reads`` paths of all of
+    them (one C-level getter), the ``key(job, ctx)`` of those that define one, and the queue
+    entry's identity if any filter declares neither (its verdicts are then never shared)."""
+    paths: list[str] = []
+    keyed = []
+    for flt in filters:
+        key = getattr(flt, "key", None)
+        reads = getattr(flt, "reads", None)
+        if key is not None:
+            keyed.append(key)
+        elif reads is not None:
+            paths.extend(p for p in reads if p not in paths)
+        else:
+            keyed.append(lambda job, ctx: _entry(job))
+    getter = attrgetter(*paths) if paths else (lambda job: ())
+    if len(paths) == 1:
+        getter = (lambda one: lambda job: (one(job),))(getter)
+    if not keyed:
+        return getter
+    return lambda job: (getter(job), *[key(job, ctx) for key in keyed])
+
+
 class Healthy:
     """The cluster is alive (fresh heartbeat), not in maintenance, and has healthy nodes."""
 
     name = "healthy"
+    reads = ()
 
     def check(self, job: QueuedJob, cluster: ClusterState, ctx: Context) -> Verdict:
         if cluster.heartbeat_age_s > ctx.view.stale_after_s:
@@ -59,11 +96,11 @@ class Healthy:
             return fail(Reason.UNHEALTHY, "no healthy node")
         return PASS
 
-
 class Regions:
     """Allowed / forbidden regions, and the must-stay-local locality class."""
 
     name = "regions"
+    reads = ("spec.forbidden_regions", "spec.allowed_regions", "spec.locality", "spec.home_region")
 
     def check(self, job: QueuedJob, cluster: ClusterState, ctx: Context) -> Verdict:
         spec = job.spec
@@ -75,33 +112,33 @@ class Regions:
             return fail(Reason.NOT_HOME, f"must stay in {spec.home_region}")
         return PASS
 
-
 class CrossRegionMode:
     """The tenant's cross-region mode for the job's class: ``forbidden`` keeps it at home."""
 
     name = "cross_region_mode"
+    reads = ("cross_region", "spec.home_region")
 
     def check(self, job: QueuedJob, cluster: ClusterState, ctx: Context) -> Verdict:
         if job.cross_region == "forbidden" and cluster.region != job.spec.home_region:
             return fail(Reason.NOT_HOME, f"tenant policy forbids leaving {job.spec.home_region}")
         return PASS
 
-
 class HomeOnly:
     """Every job stays in its home region (the ``local-only`` baseline policy)."""
 
     name = "home_only"
+    reads = ("spec.home_region",)
 
     def check(self, job: QueuedJob, cluster: ClusterState, ctx: Context) -> Verdict:
         if cluster.region != job.spec.home_region:
             return fail(Reason.NOT_HOME, f"policy keeps jobs in their home region {job.spec.home_region}")
         return PASS
 
-
 class Residency:
     """The cluster carries every data-residency / compliance tag the job has."""
 
     name = "residency"
+    reads = ("spec.residency_tags",)
 
     def check(self, job: QueuedJob, cluster: ClusterState, ctx: Context) -> Verdict:
         missing = set(job.spec.residency_tags) - cluster.residency_tags
@@ -109,11 +146,11 @@ class Residency:
             return fail(Reason.RESIDENCY, "cluster lacks " + ", ".join(sorted(missing)))
         return PASS
 
-
 class CardModels:
     """The cluster offers an allowed card model with enough on-card memory."""
 
     name = "card_model"
+    reads = ("spec.gpus_per_worker", "spec.card_models", "spec.min_gpu_memory_gib")
 
     def check(self, job: QueuedJob, cluster: ClusterState, ctx: Context) -> Verdict:
         spec = job.spec
@@ -128,22 +165,22 @@ class CardModels:
             return fail(Reason.CARD_MODEL, "no GPU nodes")
         return PASS
 
-
 class Interconnect:
     """Multi-node gangs that need RDMA run only where the fabric has it."""
 
     name = "interconnect"
+    reads = ("spec.requires_rdma",)
 
     def check(self, job: QueuedJob, cluster: ClusterState, ctx: Context) -> Verdict:
         if job.spec.requires_rdma and cluster.interconnect not in ("rdma", "infiniband"):
             return fail(Reason.INTERCONNECT, f"needs RDMA; cluster fabric is {cluster.interconnect}")
         return PASS
 
-
 class PriceCeiling:
     """The cheapest allowed card here is within the job's price ceiling."""
 
     name = "price"
+    reads = ("spec.max_price_per_gpu_hour", "spec.gpus_per_worker", "spec.card_models", "spec.min_gpu_memory_gib")
 
     def check(self, job: QueuedJob, cluster: ClusterState, ctx: Context) -> Verdict:
         ceiling = job.spec.max_price_per_gpu_hour
@@ -153,7 +190,6 @@ class PriceCeiling:
         if prices and min(prices) > ceiling:
             return fail(Reason.PRICE, f"cheapest card {min(prices):.2f}/GPU-h > ceiling {ceiling:.2f}")
         return PASS
-
 
 def candidate_models(job: QueuedJob, cluster: ClusterState, *, within_price: bool = True) -> list[str]:
     """Card models of ``cluster`` that ``job`` may use (allowed, memory and -- unless
@@ -199,3 +235,11 @@ class Quota:
             if first.passed:
                 first = verdict
         return first
+
+    def key(self, job: QueuedJob, ctx: Context) -> tuple:
+        """What :meth:`check` reads of the job: the tenant (only when it has rules: tenants
+        without any share one verdict, PASS), whether it wants GPUs, its GPU demand (milli-GPU)
+        and what picks its card models."""
+        s, book = job.spec, ctx.view.quota
+        tenant = s.tenant if book is not None and book.limits(s.tenant) else None
+        return tenant, s.gpus_per_worker > 0, s.total_gpu_milli, s.card_models, s.min_gpu_memory_gib

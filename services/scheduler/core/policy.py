@@ -51,8 +51,17 @@ class Policy:
             when the estimated home start comes no later than the data transfer abroad would
             (plus ``prefer_local_slack_s``), and never longer than this (s); 0 = never waits.
         prefer_local_slack_s: seconds of extra wait a ``prefer_local`` job accepts to stay home.
-        preemption: may evict preemptible lower-priority work for a blocked job.
-        preempt_min_priority: only jobs with at least this class value may preempt.
+        preemption: may evict preemptible work for a blocked job, by the rules of
+            :mod:`.preempt` (Kueue's: within the tenant's quota by priority, reclaim within the
+            cohort, borrow within the cohort).
+        preempt_min_priority: only jobs with at least this class value may preempt by priority
+            (reclaiming a tenant's guarantee needs no minimum).
+        reclaim_within_cohort: Kueue's ``reclaimWithinCohort``: a job that fits within its
+            tenant's guarantee may evict work of tenants of its cohort that borrow -- ``any``
+            (whatever the borrower's priority), ``lower_priority`` or ``never``.
+        borrow_within_cohort: Kueue's ``borrowWithinCohort`` (LowerPriority): a job that must
+            borrow may evict lower-priority work of borrowing tenants of its cohort; off, it
+            evicts only its own tenant's work (never preempts to borrow).
         checkpoint_interval_s: how much work a checkpointable victim loses at most (s).
         backfill: reserve capacity for blocked head jobs and backfill only work that ends (by
             its estimate) before the reservation starts.
@@ -79,6 +88,8 @@ class Policy:
     prefer_local_slack_s: float = 120.0
     preemption: bool = False
     preempt_min_priority: int = 50
+    reclaim_within_cohort: str = "any"
+    borrow_within_cohort: bool = False
     checkpoint_interval_s: float = 1800.0
     backfill: bool = False
     reservations: int = 8
@@ -99,6 +110,7 @@ def _versioned(policy: Policy) -> Policy:
     return replace(policy, version=f"{policy.name}@{digest}")
 
 
+RECLAIM_MODES = ("any", "lower_priority", "never")  #: values of ``Policy.reclaim_within_cohort``
 
 SCORERS = {"home": s.HomeRegion, "start": s.StartTime, "cost": s.Cost, "fragmentation": s.Fragmentation,
            "packing": s.Packing, "headroom": s.Headroom, "random": s.Random}
@@ -141,5 +153,7 @@ def build_policy(name: str = "federated", *, weights: Mapping[str, float] | None
         if key not in known:
             raise ValidationError(f"policy.{key}", f"unknown policy parameter; one of {', '.join(sorted(known))}")
     spec.update(params)
+    if spec.get("reclaim_within_cohort", "any") not in RECLAIM_MODES:
+        raise ValidationError("policy.reclaim_within_cohort", f"one of {', '.join(RECLAIM_MODES)}")
     pairs = tuple((SCORERS[k](), float(w)) for k, w in chosen.items())
     return _versioned(Policy(name, f.STANDARD_FILTERS + tuple(extra), pairs, **spec))

@@ -11,16 +11,50 @@ Both are pure and work on clones of the cycle's :class:`~.fit.WorkingCluster`.
   checkpoint), else ``gpus x elapsed`` (it restarts); placed-but-not-started work costs 0.
   Victims are taken cheapest first (checkpointable first at equal cost), then any victim not
   needed is given back (most costly first), so the set is minimal for that order.
+* :func:`quota_victims` -- the same search under the preemption rules below, when quotas
+  exist (a quota, not only capacity, may be what blocks the job).
+
+Preemption rules, in Kueue's terms (``ClusterQueue.spec.preemption``; a tenant's quota rules
+play its ClusterQueue, :attr:`~.quota.QuotaRule.cohort` the cohort; see Kueue's "Preemption"
+concept page, classic preemption). A blocked job J of tenant t and priority p, placed on card
+model m in region g, may evict running work w only if w is preemptible and was not placed or
+chosen as a victim this cycle, and one of these holds:
+
+(a) *withinClusterQueue: LowerPriority* -- w is t's own work and ``w.priority < p``. Evicting it
+    gives back the cards *and* t's quota, so a job blocked by its tenant's quota (not by
+    capacity) preempts its tenant's lower-priority work;
+(b) *reclaimWithinCohort* (``policy.reclaim_within_cohort``: ``any`` (default) | ``lower_priority``
+    | ``never``) -- J fits within t's guarantee (for every rule of t covering (m, g):
+    used + J's demand <= nominal, after J's other victims go), and w belongs to another tenant of
+    the cohort of such a rule that is *borrowing* (its rule covering w is above nominal, counting
+    the victims chosen so far): a tenant takes back the guarantee it lent. With ``any`` the
+    borrower's priority does not matter, and J needs no ``preempt_min_priority``;
+(c) *borrowWithinCohort* (``policy.borrow_within_cohort``, default off) -- J must borrow (some
+    rule of t would go above nominal): then only (a) applies, i.e. J never preempts other
+    tenants to borrow; with the switch on, also lower-priority work of borrowing tenants of the
+    cohort (Kueue's ``borrowWithinCohort.policy: LowerPriority``);
+(0) w is covered by no quota rule (CPU-only work, or a tenant without rules for (its model, g))
+    and ``w.priority < p``, and J does not borrow -- the rule of a federation without quotas,
+    where every tenant's work is of this kind.
+
+Work of another tenant that is within its guarantee, or borrows in another cohort, is never
+evicted; non-preemptible work never is; under (a), (c) and (0) neither is work of equal or
+higher priority. After the eviction the job must fit the cluster and pass its quota with the
+victims' usage given back. ``policy.preempt_min_priority`` applies to (a), (c) and (0).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
 
 from fedsched.jobs import JobSpec
 from services.scheduler.core.fit import Fit, WorkingCluster
 from services.scheduler.core.snapshot import WHOLE, ClusterState, RunningWork
+
+if TYPE_CHECKING:
+    from fedsched.quota import QuotaBook
 
 
 def lost_work(w: RunningWork, now: float, checkpoint_interval_s: float) -> float:
@@ -105,9 +139,15 @@ class Eviction:
     cost: float
 
 
+Allow = Callable[[RunningWork, list[RunningWork]], bool]  #: (work, victims so far) -> may it be evicted too?
+Admit = Callable[[Fit, list[RunningWork]], bool]  #: (fit, victims) -> may the job run so?
+
+
 def find_victims(spec: JobSpec, models: list[str], cluster: ClusterState, work: WorkingCluster, now: float,
                  checkpoint_interval_s: float, taken: set[tuple[str, int, int]],
-                 timeline: list[RunningWork] | None = None) -> Eviction | None:
+                 timeline: list[RunningWork] | None = None, *, allow: Allow | None = None,
+                 admit: Admit | None = None, feasible: Callable[[list[RunningWork]], bool] | None = None,
+                 pool: list[RunningWork] | None = None) -> Eviction | None:
     """The cheapest minimal eviction that lets ``spec`` fit on ``cluster``, or None.
 
     Args:
@@ -119,11 +159,24 @@ def find_victims(spec: JobSpec, models: list[str], cluster: ClusterState, work: 
         checkpoint_interval_s: bound of lost work for checkpointable victims.
         taken: work already chosen as victims this cycle (never counted twice).
         timeline: the work holding ``work``'s resources (default ``cluster.running``).
+        allow: which preemptible work may be evicted, given the victims chosen so far (default:
+            strictly lower priority than ``spec``); see :func:`quota_victims`. It must stay true
+            when other victims are given back, and hold with no victims whenever it holds with
+            some (the candidates are what it allows with none).
+        admit: whether the job may run with a fit once these victims go (default: yes).
+        feasible: a necessary condition on all the candidates together (e.g. that evicting them
+            all would make room in the quota); False ends the search early.
+        pool: the work ``allow`` admits with no victims, if the caller has it (work placed or
+            evicted this cycle must then be in ``taken``).
     """
     prio = spec.priority_value
-    candidates = [w for w in (cluster.running if timeline is None else timeline)
-                  if w.preemptible and w.priority < prio and (w.job_id, w.attempt, w.shard) not in taken]
-    if not candidates:
+    if pool is not None:
+        candidates = [w for w in pool if (w.job_id, w.attempt, w.shard) not in taken]
+    else:
+        candidates = [w for w in (cluster.running if timeline is None else timeline)
+                      if w.preemptible and (w.job_id, w.attempt, w.shard) not in taken
+                      and (w.priority < prio if allow is None else allow(w, []))]
+    if not candidates or (feasible is not None and not feasible(candidates)):
         return None
     if spec.gpus_per_worker:  # quick bound: even evicting every candidate would not free enough
         usable = {m: work.totals(m)[0] for m in models}
@@ -139,11 +192,14 @@ def find_victims(spec: JobSpec, models: list[str], cluster: ClusterState, work: 
     chosen: list[RunningWork] = []
     fit = None
     for w in candidates:
+        if allow is not None and not allow(w, chosen):
+            continue
         trial.release_work(w)
         chosen.append(w)
         fit = search.fit(trial, w, models)
-        if fit is not None:
+        if fit is not None and (admit is None or admit(fit, chosen)):
             break
+        fit = None
     if fit is None:
         return None
     for w in sorted(chosen, key=lambda w: -cost[id(w)]):  # give back what is not needed
@@ -154,6 +210,121 @@ def find_victims(spec: JobSpec, models: list[str], cluster: ClusterState, work: 
         for x in rest:
             check.release_work(x)
         again = check.fit(spec, models)
-        if again is not None:
+        if again is not None and (admit is None or admit(again, rest)):
             chosen, fit = rest, again
     return Eviction(cluster.name, tuple(chosen), fit, sum(cost[id(w)] for w in chosen))
+
+
+def quota_victims(spec: JobSpec, models: list[str], cluster: ClusterState, work: WorkingCluster, now: float,
+                  checkpoint_interval_s: float, taken: set[tuple[str, int, int]], timeline: list[RunningWork] | None,
+                  book: "QuotaBook", *, by_priority: bool, reclaim: str, borrow: bool,
+                  covers: dict[int, tuple[int, ...]] | None = None, pools: dict[tuple, object] | None = None,
+                  epoch: int = 0) -> Eviction | None:
+    """The cheapest eviction on ``cluster`` the preemption rules allow (module docstring).
+
+    Tried per card model (quota rules depend on it) and twice: J within its tenant's guarantee
+    (rules a, b, 0), then J borrowing (a, and c when ``borrow``); the cheapest plan wins (lost
+    GPU-seconds, then fewer victims).
+
+    Args:
+        spec, models, cluster, work, now, checkpoint_interval_s, taken, timeline: as
+            :func:`find_victims`.
+        book: quota rules and the usage in force (milli-GPUs).
+        by_priority: J may preempt by priority (its class is at least ``preempt_min_priority``):
+            rules a, c and 0; reclaiming (b) needs no minimum.
+        reclaim: ``any`` | ``lower_priority`` | ``never`` (``Policy.reclaim_within_cohort``).
+        borrow: ``Policy.borrow_within_cohort``.
+        covers: a memo ``id(work) -> indices of the rules covering it here`` the caller may keep
+            while the work objects and the book live (a cycle).
+        pools: a memo of candidate lists (work of ``cluster.running`` a rule allows before any
+            victim is chosen) per (cluster, tenant, priority, card model, pass, by_priority) for
+            the same lifetime, and of whether evicting all of them would make quota room (per
+            demand and ``epoch``); then ``taken`` must hold the work placed or evicted since.
+        epoch: bumped by the caller whenever work is evicted (the candidates change).
+    """
+    tenant, prio, region, demand = spec.tenant, spec.priority_value, cluster.region, spec.total_gpu_milli
+    rules = book.rules
+
+    memo = covers if covers is not None else {}
+
+    def covering(w: RunningWork) -> tuple[int, ...]:
+        hit = memo.get(id(w))
+        if hit is None:
+            hit = memo[id(w)] = book.covering(w.tenant, w.card_model, region) if w.card_model else ()
+        return hit
+
+    def used_after(i: int, victims: list[RunningWork]) -> int:
+        return book.used.get(i, 0) - sum(v.gpu_milli for v in victims if i in covering(v))
+
+    def borrowing(w: RunningWork, cohorts: set[str], victims: list[RunningWork]) -> bool:
+        return any(rules[i].cohort in cohorts and used_after(i, victims) > rules[i].nominal_milli
+                   for i in covering(w))
+
+    best = None
+    for model in models if spec.gpus_per_worker else [""]:
+        own = book.covering(tenant, model, region) if model else ()
+        if pools is not None and all(  # every pass known to have no candidates, or no quota room
+                pools.get(pk) is not None and (not pools[pk] or pools.get((pk, demand, epoch)) is False)
+                for pk in ((cluster.name, tenant, prio, model, k, by_priority)
+                           for k in ((0, 1) if own and by_priority else (0,)))):
+            continue
+        cohorts = {rules[i].cohort for i in own if rules[i].cohort}
+
+        def within(victims: list[RunningWork]) -> bool:
+            return all(used_after(i, victims) + demand <= rules[i].nominal_milli for i in own)
+
+        def quota_ok(fit: Fit, victims: list[RunningWork]) -> bool:
+            if not fit.card_model:
+                return True
+            trial = book.copy()
+            for v in victims:
+                trial.add(v.tenant, v.card_model, region, -v.gpu_milli)
+            return trial.room(tenant, fit.card_model, region, demand)
+
+        def allow_within(w: RunningWork, victims: list[RunningWork]) -> bool:
+            if w.tenant == tenant:
+                return by_priority and w.priority < prio                               # (a)
+            if not covering(w):
+                return by_priority and w.priority < prio                               # (0)
+            if reclaim == "never" or (reclaim == "lower_priority" and w.priority >= prio):
+                return False
+            return borrowing(w, cohorts, victims)                                      # (b)
+
+        def allow_borrow(w: RunningWork, victims: list[RunningWork]) -> bool:
+            if not by_priority or w.priority >= prio:
+                return False
+            if w.tenant == tenant:
+                return True                                                            # (a)
+            return borrow and bool(covering(w)) and borrowing(w, cohorts, victims)    # (c)
+
+        def room_if_all_go(victims: list[RunningWork]) -> bool:
+            return quota_ok(Fit(model, ()), victims)
+
+        passes = [(allow_within, lambda fit, victims: within(victims) and quota_ok(fit, victims),
+                   lambda victims: within(victims) and room_if_all_go(victims))]
+        if own and by_priority:
+            passes.append((allow_borrow, quota_ok, room_if_all_go))
+        for k, (allow, admit, feasible) in enumerate(passes):
+            pool = None
+            if pools is not None:
+                pool_key = (cluster.name, tenant, prio, model, k, by_priority)
+                pool = pools.get(pool_key)
+                if pool is None:
+                    pool = pools[pool_key] = [w for w in cluster.running if w.preemptible and allow(w, [])]
+                if not pool or pools.get((pool_key, demand, epoch)) is False:
+                    continue
+                feasible = _memoised(pools, (pool_key, demand, epoch), feasible)
+            ev = find_victims(spec, [model] if model else models, cluster, work, now, checkpoint_interval_s, taken,
+                              timeline, allow=allow, admit=admit, feasible=feasible, pool=pool)
+            if ev is not None and (best is None or (ev.cost, len(ev.victims)) < (best.cost, len(best.victims))):
+                best = ev
+    return best
+
+
+def _memoised(memo: dict, key: tuple, test: Callable[[list[RunningWork]], bool]) -> Callable[[list[RunningWork]], bool]:
+    def once(candidates: list[RunningWork]) -> bool:
+        hit = memo.get(key)
+        if hit is None:
+            hit = memo[key] = test(candidates)
+        return hit
+    return once

@@ -13,7 +13,7 @@ from fedsched.events import JobPlaced, WorkerBinding
 from services.scheduler.approvals import TenancyGate
 from services.scheduler.core import ClusterState, NodeState, QueuedJob, View, build_policy, decide
 from services.scheduler.service import JobEntry, ShardEntry
-from tests.builders import policy_text
+from tests.builders import gate_entry, policy_text, queued_of, tenancy_gate
 
 T4 = "nvidia-t4-16gb"
 NOW = 1.7e9
@@ -30,36 +30,14 @@ def _view(home_free: int = 0, quota=None) -> View:
     return View((home, away), NOW, quota=quota)
 
 
-def _entry(job_id: str, tenant: str = "ads", *, gpus: int = 1, hours: float = 2.0, data_gb: float = 0,
-           placed_on: str = "", **kw) -> JobEntry:
-    datasets = (Dataset(name="d1", home_region="cn-north-1", size_bytes=int(data_gb * 1e9)),) if data_gb else ()
-    spec = JobSpec(tenant=tenant, project="train", home_region="cn-north-1", gpus_per_worker=gpus, cpu_milli=1000,
-                   card_models=(T4,), estimated_duration_s=hours * 3600, datasets=datasets, **kw)
-    entry = JobEntry(job_id, tenant, "train", spec, NOW, shards=[ShardEntry(0)])
-    if placed_on:
-        shard = entry.shards[0]
-        shard.placed = JobPlaced(spec=spec, card_model=T4, bindings=(WorkerBinding(
-            worker=0, node="h1", gpu_indices=tuple(range(gpus)), gpu_milli=1000),))
-        shard.region, shard.cluster, shard.state, shard.attempt = placed_on, "cn-north-1-c1", "running", 1
-    return entry
-
-
-def _governor(extra: str = "") -> TenancyGate:
-    return TenancyGate(PolicyHolder.fixed(Governance.parse(policy_text(extra))), Subjects("fed"), load_price_catalog())
-
-
-def _queued(entry: JobEntry) -> QueuedJob:
-    return QueuedJob(entry.job_id, entry.attempt + 1, entry.spec, entry.submitted_at)
-
-
 def test_a_cross_region_placement_under_approval_becomes_a_request_with_reason_and_cost():
-    gov = _governor()
-    busy = _entry("j-busy", "search", gpus=8, hours=3, placed_on="cn-north-1")
-    job = _entry("j-new", data_gb=900)  # 900 GB at 1.25 GB/s: 12 min of transfer
+    gov = tenancy_gate()
+    busy = gate_entry("j-busy", "search", gpus=8, hours=3, placed_on="cn-north-1")
+    job = gate_entry("j-new", data_gb=900)  # 900 GB at 1.25 GB/s: 12 min of transfer
     jobs = {e.job_id: e for e in (busy, job)}
     gov.started["j-busy"] = NOW
     view = _view(home_free=0)
-    decisions = decide(view, gov.narrow([_queued(job)], view), gov.effective_policy(BASE))
+    decisions = decide(view, gov.narrow([queued_of(job)], view), gov.effective_policy(BASE))
     assert decisions.placements[0].region == "cn-east-1"
     kept, items = gov.gate(decisions, jobs, view, NOW)
     assert not kept.placements and len(items) == 1
@@ -75,23 +53,23 @@ def test_a_cross_region_placement_under_approval_becomes_a_request_with_reason_a
     assert event.payload["expires_at"].startswith(to_datetime(NOW + 3600).isoformat()[:19])
 
     gov.confirm(items, [True])
-    assert gov.narrow([_queued(job)], view) == []  # held back while it waits
+    assert gov.narrow([queued_of(job)], view) == []  # held back while it waits
     approval_id = req["approval_id"]
     approved = make_event("approval.approved", ApprovalDecided(approval_id=approval_id, proposed_region="cn-east-1"),
                           producer="admission", occurred_at=NOW + 5, event_id=approval_outcome_id(approval_id),
                           tenant="ads", project="train", job_id="j-new", actor="bob")
     assert gov.apply(approved)
-    decisions = decide(view, gov.narrow([_queued(job)], view), gov.effective_policy(BASE))
+    decisions = decide(view, gov.narrow([queued_of(job)], view), gov.effective_policy(BASE))
     kept, items = gov.gate(decisions, jobs, view, NOW + 6)
     assert [p.region for p in kept.placements] == ["cn-east-1"] and not items  # approved: placed cross-region
 
 
 def test_rejected_or_expired_requests_keep_the_job_home():
-    gov = _governor("approvals: {timeout_s: 60}\n")
-    job = _entry("j-1")
+    gov = tenancy_gate("approvals: {timeout_s: 60}\n")
+    job = gate_entry("j-1")
     jobs = {"j-1": job}
     view = _view(home_free=0)
-    _, items = gov.gate(decide(view, [_queued(job)], gov.effective_policy(BASE)), jobs, view, NOW)
+    _, items = gov.gate(decide(view, [queued_of(job)], gov.effective_policy(BASE)), jobs, view, NOW)
     gov.confirm(items, [True])
     assert gov.expiries(jobs, NOW + 59) == []
     (expired,) = gov.expiries(jobs, NOW + 61)
@@ -99,7 +77,7 @@ def test_rejected_or_expired_requests_keep_the_job_home():
         items[0][1].payload["approval_id"])
     assert gov.expiries(jobs, NOW + 62) == []  # not re-sent while it travels
     gov.apply(expired[1])
-    (narrowed,) = gov.narrow([_queued(job)], view)
+    (narrowed,) = gov.narrow([queued_of(job)], view)
     assert narrowed.spec.locality == Locality.MUST_LOCAL
     late = make_event("approval.approved", ApprovalDecided(approval_id=items[0][1].payload["approval_id"]),
                       producer="admission", occurred_at=NOW + 70, tenant="ads", project="train", job_id="j-1")
@@ -107,11 +85,11 @@ def test_rejected_or_expired_requests_keep_the_job_home():
 
 
 def test_forbidden_jobs_are_narrowed_home_and_allowed_ones_pass():
-    gov = _governor()
-    finance = _entry("j-f", residency_tags=("finance",))
-    search = _entry("j-s", "search")
+    gov = tenancy_gate()
+    finance = gate_entry("j-f", residency_tags=("finance",))
+    search = gate_entry("j-s", "search")
     view = _view(home_free=0)
-    narrowed = {q.job_id: q for q in gov.narrow([_queued(finance), _queued(search)], view)}
+    narrowed = {q.job_id: q for q in gov.narrow([queued_of(finance), queued_of(search)], view)}
     assert narrowed["j-f"].spec.locality == Locality.MUST_LOCAL
     assert narrowed["j-s"].spec.locality == Locality.GLOBAL
     d = decide(view, list(narrowed.values()), gov.effective_policy(BASE))
@@ -120,12 +98,12 @@ def test_forbidden_jobs_are_narrowed_home_and_allowed_ones_pass():
 
 
 def test_placements_of_one_cycle_are_admitted_in_order_against_the_quota():
-    gov = _governor("quotas: [{tenant: search, guaranteed_gpus: 2}]\n")
-    jobs = {f"j{i}": _entry(f"j{i}", "search") for i in range(3)}
+    gov = tenancy_gate("quotas: [{tenant: search, guaranteed_gpus: 2}]\n")
+    jobs = {f"j{i}": gate_entry(f"j{i}", "search") for i in range(3)}
     view = _view(home_free=8, quota=gov.quota_book(jobs.values()))
     policy = gov.effective_policy(BASE)
     assert policy.version.endswith("/" + gov.holder.version) and "quota" in [f.name for f in policy.filters]
-    d = decide(view, [_queued(e) for e in jobs.values()], policy)
+    d = decide(view, [queued_of(e) for e in jobs.values()], policy)
     assert len(d.placements) == 3  # decide alone does not see the cycle's own usage
     kept, _ = gov.gate(d, jobs, view, NOW)
     assert len(kept.placements) == 2
