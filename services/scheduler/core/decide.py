@@ -50,7 +50,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from dataclasses import dataclass, replace
-from typing import Iterable, Sequence
+from typing import Iterable, NamedTuple, Sequence
 
 from fedsched.jobs import Locality
 from fedsched.reasons import PASS, STATIC_REASONS, Reason, Verdict, fail, summarise_counts
@@ -221,7 +221,7 @@ class _Split:
     def __init__(self, epoch: int, log_pos: int) -> None:
         self.epoch = epoch
         self.log_pos = log_pos
-        self.viable: dict[str, tuple] = {}
+        self.viable: dict[str, Candidate] = {}
         self.misfits: list[ClusterEvaluation] = []
         self.counts: Counter = Counter()  # reasons of the misfits
         self.failed: dict[tuple[int, int], dict[str, ClusterEvaluation]] = {}
@@ -261,7 +261,8 @@ class _Cycle:
         self.filter_key = key_function(policy.filters, self.ctx)
         self.view = view
         self.policy = policy
-        self.scopes = [(i, sc, w, getattr(sc, "bound_scope", "cluster")) for i, (sc, w) in enumerate(policy.weights)]
+        self.scopes = [ScorerScope(i, sc, w, getattr(sc, "bound_scope", "cluster"))
+                       for i, (sc, w) in enumerate(policy.weights)]
         # cluster -> lowest priority of its preemptible work (clusters without any are absent)
         self.lowest_victim = {c.name: min(w.priority for w in c.running if w.preemptible)
                               for c in self.clusters if any(w.preemptible for w in c.running)}
@@ -365,7 +366,7 @@ class _Cycle:
         wc, models = self.wc(cluster), self.models(job, cluster)
         shape = _shape(job, models)
         if wc.could_fit(job.spec, models):
-            entry.viable[cluster.name] = (cluster, wc, models, shape)
+            entry.viable[cluster.name] = Candidate(cluster, wc, models, shape)
         else:
             entry.add_misfit(self.cached("misfit", cluster, shape, lambda: ClusterEvaluation(
                 cluster.name, cluster.region, _insufficient(job, wc, models))))
@@ -521,17 +522,17 @@ def decide(view: View, queue: Iterable[QueuedJob], policy: Policy, *, cache: boo
         shared_len = len(evaluations)
         candidates, avoided = [], []
         for cand in list(split.viable.values()):
-            cluster = cand[0]
+            cluster = cand.cluster
             if cluster.name in failed:
                 continue
             res = cy.reservations.get(cluster.name)
             if res is not None and _est_end(job, now) <= res.start_at:
                 res = None  # it ends before the reservation starts: backfill
-            if (cluster.name in job.avoid_clusters or res is not None) and cand[1].fit(job.spec, cand[2]) is None:
+            if (cluster.name in job.avoid_clusters or res is not None) and cand.work.fit(job.spec, cand.models) is None:
                 # "avoided" and "reserved" only where it would fit: else the verdict is the misfit
                 # (what the split learns from other jobs, so it does not depend on the caches)
                 e = failed[cluster.name] = ClusterEvaluation(cluster.name, cluster.region,
-                                                             _insufficient(job, cand[1], cand[2]))
+                                                             _insufficient(job, cand.work, cand.models))
                 evaluations.append(e)
                 continue
             if cluster.name in job.avoid_clusters:
@@ -549,8 +550,8 @@ def decide(view: View, queue: Iterable[QueuedJob], policy: Policy, *, cache: boo
         # a job whose tenant must ask before going abroad runs at home whenever home can take it
         # now: an approver is asked only when going abroad is the alternative to waiting
         ask_first = job.cross_region == "approval"
-        groups = ([[c for c in candidates if c[0].region == job.spec.home_region],
-                   [c for c in candidates if c[0].region != job.spec.home_region]]
+        groups = ([[c for c in candidates if c.cluster.region == job.spec.home_region],
+                   [c for c in candidates if c.cluster.region != job.spec.home_region]]
                   if home_first or ask_first else [candidates])
         best = None
         for group in groups:
@@ -558,11 +559,11 @@ def decide(view: View, queue: Iterable[QueuedJob], policy: Policy, *, cache: boo
             if best is not None:
                 break
         if best is None and avoided:  # failover found nowhere else: the failed cluster beats waiting
-            retry = [c for c in avoided if c[0].name not in cy.reservations]
+            retry = [c for c in avoided if c.cluster.name not in cy.reservations]
             best = _branch_and_bound(job, retry, cy, evaluations, split)
 
         if best is not None:
-            cluster, fit, wc, terms, total = best
+            cluster, fit, wc, terms, total = best.cluster, best.fit, best.work, best.terms, best.total
             if (home_first and cluster.region != job.spec.home_region and policy.prefer_local_max_wait_s > 0):
                 # data follows or job follows: wait for home only while that is no slower than
                 # moving the data abroad (plus a little slack), and never longer than the cap
@@ -621,104 +622,164 @@ def decide(view: View, queue: Iterable[QueuedJob], policy: Policy, *, cache: boo
     return Decisions(tuple(placements), tuple(pending), policy.version, tuple(cy.reservations.values()))
 
 
-def _branch_and_bound(job: QueuedJob, candidates: list[tuple], cy: "_Cycle", evaluations: list[ClusterEvaluation],
-                      split: "_Split"):
-    """The best-scoring fit among ``candidates`` ((cluster, work, models, shape) the job may
-    fit), fitting only those whose score bound could still beat the best found (exact, up to
-    ``policy.max_scored_fits``: the same choice as fitting and scoring all of them).
+class Candidate(NamedTuple):
+    """A cluster a job's GPU shape may fit this cycle: the cluster, its working state, the card
+    models the job may use there (cheapest first) and the request's shape key."""
 
-    Bounds come in two levels: a region's (its shared terms, the best cost term of its
-    clusters, 1 for every cluster-specific term) and a cluster's; a region that cannot beat the
-    best found is never expanded. Appends a verdict per candidate to ``evaluations``; returns
-    (cluster, fit, work, terms, total) or None.
-    """
-    if not candidates:
-        return None
-    weights = cy.policy.weights
+    cluster: ClusterState
+    work: WorkingCluster
+    models: list[str]
+    shape: tuple
+
+
+class ScorerScope(NamedTuple):
+    """A weighted scorer of the policy and how far its upper bound is shared (``bound_scope``):
+    ``const`` (every cluster), ``region``, ``region_price`` (a region and its cheapest model's
+    price), ``cluster_shape`` (a cluster and the request shape) or ``cluster``."""
+
+    index: int
+    scorer: object
+    weight: float
+    scope: str
+
+
+class Best(NamedTuple):
+    """The best fit found so far: where, the fit, the working cluster, the score terms and the
+    weighted total."""
+
+    cluster: ClusterState
+    fit: Fit
+    work: WorkingCluster
+    terms: tuple
+    total: float
+
+    def beaten_by(self, total: float, name: str) -> bool:
+        """Whether a fit scoring ``total`` on cluster ``name`` is better (ties: lower name)."""
+        return total > self.total or (total == self.total and name < self.cluster.name)
+
+
+class _Bounds:
+    """Upper bounds of a job's score terms on its candidates, each computed once per the extent
+    its scorer declares (:class:`ScorerScope`); cluster-and-shape bounds live in the cycle's
+    cache."""
+
+    def __init__(self, job: QueuedJob, cy: "_Cycle") -> None:
+        self.job, self.cy = job, cy
+        self.shared: dict[tuple, float] = {}
+
+    def part(self, s: ScorerScope, c: Candidate) -> float:
+        """The bound of scorer ``s`` on candidate ``c`` (in [0, 1])."""
+        job, cy, cluster = self.job, self.cy, c.cluster
+        if s.scope == "cluster":
+            return s.scorer.bound(job, cluster, c.work, cy.ctx, c.models)
+        if s.scope == "cluster_shape":
+            return cy.cached(("bound", s.index), cluster, c.shape,
+                             lambda: s.scorer.bound(job, cluster, c.work, cy.ctx, c.models))
+        if s.scope == "const":
+            key = (s.index,)
+        elif s.scope == "region":
+            key = (s.index, cluster.region)
+        else:  # region_price
+            cheapest = c.models[0] if c.models else ""
+            key = (s.index, cluster.region, cheapest, cluster.prices.get(cheapest))
+        value = self.shared.get(key)
+        if value is None:
+            value = self.shared[key] = s.scorer.bound(job, cluster, c.work, cy.ctx, c.models)
+        return value
+
+    def region(self, members: list[Candidate]) -> float:
+        """An upper bound of the total score on any of a region's candidates: its shared terms,
+        the best price term of its clusters, and 1 for every cluster-specific term."""
+        bound = 0.0
+        for s in self.cy.scopes:
+            if s.scope in ("cluster", "cluster_shape"):
+                bound += s.weight  # at most 1
+            elif s.scope == "region_price":
+                bound += s.weight * max(self.part(s, c) for c in members)
+            else:
+                bound += s.weight * self.part(s, members[0])
+        return bound
+
+    def ranked(self, members: list[Candidate]) -> list[tuple[float, str, Candidate]]:
+        """A region's candidates as (bound, name, candidate), best bound first (ties by name);
+        the terms shared by the whole region are computed once."""
+        scopes = self.cy.scopes
+        same = sum(s.weight * self.part(s, members[0]) for s in scopes if s.scope in ("const", "region"))
+        varying = [s for s in scopes if s.scope not in ("const", "region")]
+        out = [(round(same + sum(s.weight * self.part(s, c) for s in varying), 9), c.cluster.name, c)
+               for c in members]
+        out.sort(key=lambda r: (-r[0], r[1]))
+        return out
+
+
+def _set_cost_reference(job: QueuedJob, candidates: list[Candidate], cy: "_Cycle") -> None:
+    """The cost scale of this job's cost scores: the cheapest cost per GPU-hour among its
+    candidates (cheapest model each). Within a region the egress is the same, so cost rises with
+    the unit price: one call per region, on its lowest-priced candidate, gives the same minimum
+    as one per candidate."""
     spec = job.spec
-    shared: dict[tuple, float] = {}
-    # the cost scale: the cheapest cost per GPU-hour among these candidates (cheapest model each).
-    # Within a region the egress is the same, so that cost rises with the unit price: one call
-    # per region, on its lowest-priced candidate, gives the same minimum as one per candidate.
     lowest: dict[str, tuple[float, ClusterState, str]] = {}
-    for c, _, m, _ in candidates:
-        model = m[0] if m else ""
-        unit = c.prices.get(model, 0.0) if spec.gpus_per_worker else c.cpu_price_per_core_hour
-        held = lowest.get(c.region)
+    for c in candidates:
+        model = c.models[0] if c.models else ""
+        unit = c.cluster.prices.get(model, 0.0) if spec.gpus_per_worker else c.cluster.cpu_price_per_core_hour
+        held = lowest.get(c.cluster.region)
         if held is None or unit < held[0]:
-            lowest[c.region] = (unit, c, model)
+            lowest[c.cluster.region] = (unit, c.cluster, model)
     set_cost_reference(job, min(cost_per_unit_hour(job, c, model, cy.ctx) for _, c, model in lowest.values()),
                        cy.ctx)
 
-    def part(i: int, sc, scope: str, cluster: ClusterState, wc: WorkingCluster, models: list[str], shape) -> float:
-        if scope == "cluster":
-            return sc.bound(job, cluster, wc, cy.ctx, models)
-        if scope == "cluster_shape":
-            return cy.cached(("bound", i), cluster, shape, lambda: sc.bound(job, cluster, wc, cy.ctx, models))
-        if scope == "const":
-            key = (i,)
-        elif scope == "region":
-            key = (i, cluster.region)
-        else:  # region_price
-            cheapest = models[0] if models else ""
-            key = (i, cluster.region, cheapest, cluster.prices.get(cheapest))
-        value = shared.get(key)
-        if value is None:
-            value = shared[key] = sc.bound(job, cluster, wc, cy.ctx, models)
-        return value
 
-    by_region: dict[str, list[tuple]] = {}
-    for cand in candidates:
-        by_region.setdefault(cand[0].region, []).append(cand)
-    regions = []
-    for region, members in by_region.items():
-        rb = 0.0
-        for i, sc, w, scope in cy.scopes:
-            if scope in ("cluster", "cluster_shape"):
-                rb += w  # at most 1
-            elif scope == "region_price":
-                rb += w * max(part(i, sc, scope, c, wc, m, sh) for c, wc, m, sh in members)
-            else:
-                c, wc, m, sh = members[0]
-                rb += w * part(i, sc, scope, c, wc, m, sh)
-        regions.append((-round(rb, 9), region))
-    regions.sort()
-    best = None
+def _score(job: QueuedJob, c: Candidate, fit: Fit, cy: "_Cycle") -> tuple[tuple, float]:
+    """(terms, weighted total) of a fit: terms as (scorer name, value) rounded to 4 places."""
+    weights = cy.policy.weights
+    values = [sc.score(job, c.cluster, fit, c.work, cy.ctx) for sc, _ in weights]
+    terms = tuple((sc.name, round(v, 4)) for (sc, _), v in zip(weights, values))
+    return terms, round(sum(w * v for (_, w), v in zip(weights, values)), 4)
+
+
+def _branch_and_bound(job: QueuedJob, candidates: list[Candidate], cy: "_Cycle",
+                      evaluations: list[ClusterEvaluation], split: "_Split") -> Best | None:
+    """The best-scoring fit among ``candidates``, fitting only those whose score bound could
+    still beat the best found (exact, up to ``policy.max_scored_fits``: the same choice as
+    fitting and scoring all of them; ``tests/unit/scheduler/test_policy.py`` checks it).
+
+    Bounds come in two levels (:class:`_Bounds`): a region's and a cluster's; a region that
+    cannot beat the best found is never expanded. Appends a verdict per candidate to
+    ``evaluations``; returns the best fit or None.
+    """
+    if not candidates:
+        return None
+    _set_cost_reference(job, candidates, cy)
+    bounds = _Bounds(job, cy)
+    by_region: dict[str, list[Candidate]] = {}
+    for c in candidates:
+        by_region.setdefault(c.cluster.region, []).append(c)
+    regions = sorted((-round(bounds.region(members), 9), region) for region, members in by_region.items())
+    best: Best | None = None
     scored = 0
     limit = cy.policy.max_scored_fits
-    for r_neg, region in regions:
-        if best is not None and (best[4] > -r_neg or (limit and scored >= limit)):
-            _outscore(cy, [c[0] for c in by_region[region]], evaluations, exact=not (limit and scored >= limit))
+    for neg_bound, region in regions:
+        capped = bool(limit and scored >= limit)
+        if best is not None and (best.total > -neg_bound or capped):
+            _outscore(cy, [c.cluster for c in by_region[region]], evaluations, exact=not capped)
             continue
-        ranked = []
-        c0, wc0, m0, sh0 = by_region[region][0]
-        # terms that are the same for every cluster of the region, once; the rest per cluster
-        same = sum(w * part(i, sc, scope, c0, wc0, m0, sh0) for i, sc, w, scope in cy.scopes
-                   if scope in ("const", "region"))
-        varying = [(i, sc, w, scope) for i, sc, w, scope in cy.scopes if scope not in ("const", "region")]
-        for cluster, wc, models, shape in by_region[region]:
-            bound = same + sum(w * part(i, sc, scope, cluster, wc, models, shape) for i, sc, w, scope in varying)
-            ranked.append((-round(bound, 9), cluster.name, cluster, wc, models))
-        ranked.sort(key=lambda r: (r[0], r[1]))
-        for k, (neg, name, cluster, wc, models) in enumerate(ranked):
-            bound = -neg
-            if best is not None and ((best[4] > bound or (best[4] == bound and best[0].name < name))
-                                     or (limit and scored >= limit)):
-                _outscore(cy, [r[2] for r in ranked[k:]], evaluations, exact=not (limit and scored >= limit))
+        ranked = bounds.ranked(by_region[region])
+        for k, (bound, name, c) in enumerate(ranked):
+            capped = bool(limit and scored >= limit)
+            if best is not None and (not best.beaten_by(bound, name) or capped):
+                _outscore(cy, [r[2].cluster for r in ranked[k:]], evaluations, exact=not capped)
                 break
-            fit = wc.fit(spec, models)
+            fit = c.work.fit(job.spec, c.models)
             if fit is None:
-                e = split.failed_for(job)[cluster.name] = ClusterEvaluation(cluster.name, cluster.region,
-                                                                            _insufficient(job, wc, models))
+                e = split.failed_for(job)[name] = ClusterEvaluation(name, c.cluster.region,
+                                                                    _insufficient(job, c.work, c.models))
                 evaluations.append(e)
                 continue
-            values = [sc.score(job, cluster, fit, wc, cy.ctx) for sc, _ in weights]
-            terms = tuple((sc.name, round(v, 4)) for (sc, _), v in zip(weights, values))
-            total = round(sum(w * v for (_, w), v in zip(weights, values)), 4)
-            evaluations.append(ClusterEvaluation(name, cluster.region, PASS, terms, total))
+            terms, total = _score(job, c, fit, cy)
+            evaluations.append(ClusterEvaluation(name, c.cluster.region, PASS, terms, total))
             scored += 1
-            if best is None or total > best[4] or (total == best[4] and name < best[0].name):
-                best = (cluster, fit, wc, terms, total)
+            if best is None or best.beaten_by(total, name):
+                best = Best(c.cluster, fit, c.work, terms, total)
     return best
 
 
