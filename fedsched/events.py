@@ -27,7 +27,6 @@ a :class:`~fedsched.errors.DecodeError` like any other invalid envelope.
 from __future__ import annotations
 
 import uuid
-from datetime import datetime
 from enum import StrEnum
 from typing import Any, Literal
 

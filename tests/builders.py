@@ -28,6 +28,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import time
 import uuid
@@ -568,3 +569,27 @@ def tenancy_gate(extra: str = "") -> TenancyGate:
 def queued_of(entry: JobEntry) -> QueuedJob:
     """The queue entry of ``entry``'s next attempt."""
     return QueuedJob(entry.job_id, entry.attempt + 1, entry.spec, entry.submitted_at)
+
+
+# --------------------------------------------------------------------------- a running admission
+
+
+@contextlib.asynccontextmanager
+async def running_admission(bus: Bus, doc: PolicyDoc | str | None = None, *, models: tuple[str, ...] = (T4,),
+                            **options):
+    """Admission serving on a free loopback port over ``bus``, with ``doc`` stored as the policy
+    first (default: the test policy) and ``models`` known as if agents had reported them;
+    ``options`` go to :class:`~services.admission.service.AdmissionService`. Stops it on exit."""
+    from fedsched.clock import SystemClock
+    from services.admission.service import AdmissionService
+
+    await store_policy(bus, doc if doc is not None else policy_doc())
+    svc = AdmissionService(bus, SystemClock(), address="127.0.0.1:0", **options)
+    svc.known_models.update(models)
+    task = asyncio.create_task(svc.run())
+    try:
+        await asyncio.wait_for(svc.ready.wait(), 20)
+        yield svc
+    finally:
+        svc.stop()
+        await task

@@ -13,12 +13,10 @@ import pytest
 
 from fedsched.api.v1 import jobs_pb2 as pb
 from fedsched.api.v1 import jobs_pb2_grpc as pb_grpc
-from fedsched.clock import SystemClock
 from fedsched.events import UsageRecorded, make_event
 from fedsched.pricing import load_price_catalog
 from services.admission.budgets import month_of
-from services.admission.service import AdmissionService
-from tests.builders import TENANTS, channel, policy_doc, store_policy, until
+from tests.builders import TENANTS, channel, policy_doc, running_admission, until
 
 BUDGET_TENANTS = TENANTS.replace("{name: vision, home_region: cn-south-1, projects: [train, serve, batch]}",
                                  "{name: vision, home_region: cn-south-1, projects: [train, serve, batch], "
@@ -27,14 +25,8 @@ BUDGET_TENANTS = TENANTS.replace("{name: vision, home_region: cn-south-1, projec
 
 @pytest.fixture
 async def admission(bus):
-    await store_policy(bus, policy_doc(tenants=BUDGET_TENANTS))
-    svc = AdmissionService(bus, SystemClock(), address="127.0.0.1:0", spend_poll_s=0.05)
-    svc.known_models.add("nvidia-t4-16gb")
-    task = asyncio.create_task(svc.run())
-    await asyncio.wait_for(svc.ready.wait(), 20)
-    yield svc
-    svc.stop()
-    await task
+    async with running_admission(bus, policy_doc(tenants=BUDGET_TENANTS), spend_poll_s=0.05) as svc:
+        yield svc
 
 
 def _job(**kw) -> pb.SubmitJobRequest:
@@ -204,12 +196,7 @@ async def test_concurrent_submits_never_hold_more_than_the_budget(bus):
     """200 submits at once, each with a worst case of 4.5 CNY, against 100 CNY: the check and the
     hold are one step, so exactly floor(100 / 4.5) = 22 are accepted (as one at a time), and
     every refusal says how much is held."""
-    await store_policy(bus, policy_doc(tenants=SMALL_BUDGET_TENANTS))
-    svc = AdmissionService(bus, SystemClock(), address="127.0.0.1:0", spend_poll_s=0.05)
-    svc.known_models.add("nvidia-t4-16gb")
-    task = asyncio.create_task(svc.run())
-    try:
-        await asyncio.wait_for(svc.ready.wait(), 20)
+    async with running_admission(bus, policy_doc(tenants=SMALL_BUDGET_TENANTS), spend_poll_s=0.05) as svc:
         # 1 attempt x 1 GPU x 1 h x 4.5 CNY/GPU-h (the job's price cap bounds its worst case)
         job = _job(estimated_duration_seconds=3600, max_price_per_gpu_hour=4.5, retry_limit=0)
         channels = [channel(svc.port, "carol") for _ in range(4)]
@@ -234,6 +221,3 @@ async def test_concurrent_submits_never_hold_more_than_the_budget(bus):
                    and "99.000000 CNY held by its open jobs" in r.details() for r in refused), refused[0].details()
         assert len(svc.view.open_by_tenant["vision"]) == 22
         assert svc.servicer._holds == {}  # every hold was handed to the view or released
-    finally:
-        svc.stop()
-        await task

@@ -15,23 +15,16 @@ import pytest
 import typer
 
 from fedsched.api.v1 import governance_pb2 as gpb
-from fedsched.clock import SystemClock
 from fedapp.cli.admin import TenantEdit, put_tenant
 from fedapp.cli.jobs import Api
 from fedsched.policystore import read_policy
-from services.admission.service import AdmissionService
-from tests.builders import TOKENS, policy_doc, store_policy
+from tests.builders import TOKENS, running_admission
 
 
 @pytest.fixture
 async def admission(bus):
-    await store_policy(bus, policy_doc())
-    svc = AdmissionService(bus, SystemClock(), address="127.0.0.1:0")
-    task = asyncio.create_task(svc.run())
-    await asyncio.wait_for(svc.ready.wait(), 20)
-    yield svc
-    svc.stop()
-    await task
+    async with running_admission(bus, models=()) as svc:
+        yield svc
 
 
 async def _cli(admission, *args: str) -> subprocess.CompletedProcess:

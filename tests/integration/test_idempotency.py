@@ -12,10 +12,8 @@ import pytest
 from fedsched.api.v1 import jobs_pb2 as pb
 from fedsched.api.v1 import jobs_pb2_grpc as pb_grpc
 from fedapp.client import aio_channel
-from fedsched.clock import SystemClock
 from fedsched.auth import hash_token
-from services.admission.service import AdmissionService
-from tests.builders import channel, policy_doc, store_policy
+from tests.builders import channel, policy_doc, running_admission
 
 #: extra principals (appended to the fixtures' ``principals:`` list): a submitter of search/serve
 #: only, next to dave (search/train only) and alice (all of search)
@@ -26,14 +24,8 @@ EXTRA = f"  - {{name: erin, token_sha256: {hash_token(ERIN)}, roles: [{{role: su
 
 @pytest.fixture
 async def admission(bus):
-    await store_policy(bus, policy_doc(EXTRA))
-    svc = AdmissionService(bus, SystemClock(), address="127.0.0.1:0")
-    svc.known_models.add("nvidia-t4-16gb")
-    task = asyncio.create_task(svc.run())
-    await asyncio.wait_for(svc.ready.wait(), 20)
-    yield svc
-    svc.stop()
-    await task
+    async with running_admission(bus, policy_doc(EXTRA)) as svc:
+        yield svc
 
 
 def _open(port: int, who: str) -> grpc.aio.Channel:

@@ -4,16 +4,10 @@ approval state machine, narrowing, quota admission of a cycle's placements, effe
 from __future__ import annotations
 
 from fedsched.clock import to_datetime
-from fedsched.events import ApprovalDecided, Subjects, approval_outcome_id, make_event
-from fedsched.tenancy import Governance
-from fedsched.jobs import Dataset, JobSpec, Locality
-from fedsched.policystore import PolicyHolder
-from fedsched.pricing import load_price_catalog
-from fedsched.events import JobPlaced, WorkerBinding
-from services.scheduler.approvals import TenancyGate
-from services.scheduler.core import ClusterState, NodeState, QueuedJob, View, build_policy, decide
-from services.scheduler.service import JobEntry, ShardEntry
-from tests.builders import gate_entry, policy_text, queued_of, tenancy_gate
+from fedsched.events import ApprovalDecided, approval_outcome_id, make_event
+from fedsched.jobs import Locality
+from services.scheduler.core import ClusterState, NodeState, View, build_policy, decide
+from tests.builders import gate_entry, queued_of, tenancy_gate
 
 T4 = "nvidia-t4-16gb"
 NOW = 1.7e9
