@@ -18,7 +18,7 @@ from fedsched import naming
 from fedsched.api.v1 import jobs_pb2 as pb
 from fedsched.errors import InvalidName, ValidationError
 from fedsched.jobs import Dataset, JobKind, JobSpec, JobState, Locality, PriorityClass
-from fedsched.workload import Workload, WorkloadLimits
+from fedsched.workload import Workload
 
 KIND_FROM_PB = {pb.JOB_KIND_UNSPECIFIED: JobKind.BATCH, pb.JOB_KIND_TRAINING: JobKind.TRAINING,
                 pb.JOB_KIND_FINE_TUNE: JobKind.FINE_TUNE, pb.JOB_KIND_INFERENCE: JobKind.INFERENCE,
@@ -51,10 +51,11 @@ class Limits:
         max_request_id: longest request id (characters).
         max_duration_s: longest runtime estimate (s).
 
-    The workload's caps are fixed, in :class:`fedsched.workload.WorkloadLimits` (mirrored here
-    for reference): image reference <= 512 characters, command + args <= 256 items of <= 4096
-    bytes each, env + secret_env <= 128 variables with POSIX names and values <= 32 KiB, the
-    whole workload <= 64 KiB.
+    The workload's caps are not configurable here: they belong to the domain model
+    (:class:`fedsched.workload.WorkloadLimits`, checked by whoever builds a spec): image
+    reference <= 512 characters, command + args <= 256 items of <= 4096 bytes each, env +
+    secret_env <= 128 variables with POSIX names and values <= 32 KiB, the whole workload
+    <= 64 KiB.
     """
 
     max_workers: int = 1024
@@ -64,12 +65,6 @@ class Limits:
     max_datasets: int = 64
     max_request_id: int = 128
     max_duration_s: float = 365 * 86400.0
-    max_workload_image_chars: int = WorkloadLimits.max_image_chars
-    max_workload_argv: int = WorkloadLimits.max_argv
-    max_workload_arg_bytes: int = WorkloadLimits.max_arg_bytes
-    max_workload_env: int = WorkloadLimits.max_env
-    max_workload_env_value_bytes: int = WorkloadLimits.max_env_value_bytes
-    max_workload_bytes: int = WorkloadLimits.max_total_bytes
 
 
 def _finite(value: float, field: str, *, lo: float = 0.0, hi: float | None = None) -> float:
