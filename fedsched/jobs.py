@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from fedsched import naming
 from fedsched.clock import UtcDatetime
+from fedsched.workload import Workload
 
 
 class JobKind(StrEnum):
@@ -170,6 +171,9 @@ class JobSpec(BaseModel):
         shards: for splittable batch jobs, how many independent shards (1 = not split).
         annotations: opaque key/values for backends (the trace agent reads its runtime here);
             the scheduler never reads them.
+        workload: what each worker runs (:class:`~fedsched.workload.Workload`: image, argv, env,
+            secret references by name, workdir, checkpoint location); None for trace jobs. The
+            scheduler never reads it; real backends run it, the trace backend ignores it.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -201,6 +205,7 @@ class JobSpec(BaseModel):
     retry_limit: int = Field(default=0, ge=0, le=100)
     shards: int = Field(default=1, ge=1, le=1024)
     annotations: dict[str, str] = Field(default_factory=dict)
+    workload: Workload | None = None
 
     @field_validator("tenant")
     @classmethod

@@ -142,11 +142,25 @@ def submit(
     request_id: str = typer.Option("", "--request-id", help="Idempotency key (yours, per tenant and project): the "
                                                         "same spec again returns the same job; another spec is "
                                                         "ALREADY_EXISTS."),
+    image: str = typer.Option("", "--image", help="OCI image each worker runs (gives the job a workload; "
+                                                   "trace agents ignore it)."),
+    command: list[str] = typer.Option([], "--command", help="One argv item, no shell (repeatable: --command python "
+                                                            "--command train.py); or put the argv after `--`."),
+    env: list[str] = typer.Option([], "--env", help="K=V plain environment variable (repeatable)."),
+    secret_env: list[str] = typer.Option([], "--secret-env", help="K=secret-name/key: the variable K gets the "
+                                                                  "secret's value on the cluster (repeatable; "
+                                                                  "the reference, never the value, is sent)."),
+    workdir: str = typer.Option("", "--workdir", help="Absolute working directory of the workload."),
+    checkpoint: str = typer.Option("", "--checkpoint", help="Checkpoint URI the job resumes from (s3://..., "
+                                                            "file:///...); workers see FEDSCHED_CHECKPOINT_URI."),
+    argv: Optional[list[str]] = typer.Argument(None, metavar="[-- ARGV...]", show_default=False,
+                                               help="The workload's argv after `--` (its args if --command is "
+                                                    "given, else its command)."),
     server: str = SERVER,
     output: Output = OUTPUT,
     token: str = TOKEN,
 ):
-    """Submit a job."""
+    """Submit a job (with --image, a workload that real backends run)."""
     for value, table, flag in ((kind, KINDS, "--kind"), (priority, PRIORITIES, "--priority"),
                                (locality, LOCALITIES, "--locality")):
         if value not in table:
@@ -160,6 +174,9 @@ def submit(
         spec.gpu_milli = gpu_milli
     if duration:
         spec.annotations["trace.runtime_s"] = str(duration)
+    workload = _workload_flags(image, command, argv or [], env, secret_env, workdir, checkpoint)
+    if workload is not None:
+        spec.workload.CopyFrom(workload)
     with Api(server, token) as api:
         resp = api.call(pb_grpc.JobServiceStub(api.channel).SubmitJob,
                         pb.SubmitJobRequest(spec=spec, request_id=request_id))
@@ -167,6 +184,35 @@ def submit(
         console.print_json(json.dumps(MessageToDict(resp, preserving_proto_field_name=True)))
     else:
         console.print(f"{resp.job_id} {_state(resp.state)}{' (duplicate request)' if resp.duplicate else ''}")
+
+
+def _pairs(items: list[str], flag: str) -> dict[str, str]:
+    """``K=V`` items as a dict (exit 2 naming ``flag`` on an item without ``=`` or a repeated K)."""
+    out: dict[str, str] = {}
+    for item in items:
+        key, eq, value = item.partition("=")
+        if not eq or not key or key in out:
+            err.print(error_line(flag, f"{item.split('=')[0]!r}: want K=V, each K once"))
+            raise typer.Exit(2)
+        out[key] = value
+    return out
+
+
+def _workload_flags(image: str, command: list[str], argv: list[str], env: list[str], secret_env: list[str],
+                    workdir: str, checkpoint: str) -> pb.Workload | None:
+    """The workload the submit flags describe (None when none is given; exit 2 when flags need --image).
+
+    Admission validates it (field-named INVALID_ARGUMENT); only the flag syntax is checked here.
+    """
+    if not image:
+        if command or argv or env or secret_env or workdir or checkpoint:
+            err.print(error_line("--image", "required with --command, --env, --secret-env, --workdir, "
+                                            "--checkpoint or an argv after --"))
+            raise typer.Exit(2)
+        return None
+    cmd, args = (command, argv) if command else (argv, [])
+    return pb.Workload(image=image, command=cmd, args=args, env=_pairs(env, "--env"),
+                       secret_env=_pairs(secret_env, "--secret-env"), workdir=workdir, checkpoint_uri=checkpoint)
 
 
 def jobs(
@@ -203,12 +249,31 @@ def job(job_id: str = typer.Argument(...), server: str = SERVER, output: Output 
         console.print_json(json.dumps(MessageToDict(j, preserving_proto_field_name=True)))
         return
     _print_jobs([j], output)
+    if j.spec.HasField("workload"):
+        _print_workload(j.spec.workload)
     if j.attempts:
         t = Table("attempt", "cluster", "region", "card model", "placed", "started", "ended", "outcome", "reason")
         for a in j.attempts:
             t.add_row(str(a.attempt), a.cluster, a.region, a.card_model, _ts(a.placed_at), _ts(a.started_at),
                       _ts(a.ended_at), a.outcome, a.reason[:100])
         console.print(t)
+
+
+def _print_workload(w: pb.Workload) -> None:
+    """The workload as key/value lines; secret variables show their reference (``secret-name/key``)."""
+    t = Table("workload", "value", show_header=False)
+    t.add_row("image", w.image)
+    if w.command or w.args:
+        t.add_row("argv", json.dumps(list(w.command) + list(w.args)))
+    for k, v in sorted(w.env.items()):
+        t.add_row(f"env {k}", v[:200])
+    for k, ref in sorted(w.secret_env.items()):
+        t.add_row(f"env {k}", f"secret {ref}")
+    if w.workdir:
+        t.add_row("workdir", w.workdir)
+    if w.checkpoint_uri:
+        t.add_row("checkpoint", w.checkpoint_uri)
+    console.print(t)
 
 
 def explain(job_id: str = typer.Argument(...), server: str = SERVER, output: Output = OUTPUT, token: str = TOKEN):

@@ -18,6 +18,7 @@ from fedsched import naming
 from fedsched.api.v1 import jobs_pb2 as pb
 from fedsched.errors import InvalidName, ValidationError
 from fedsched.jobs import Dataset, JobKind, JobSpec, JobState, Locality, PriorityClass
+from fedsched.workload import Workload
 
 KIND_FROM_PB = {pb.JOB_KIND_UNSPECIFIED: JobKind.BATCH, pb.JOB_KIND_TRAINING: JobKind.TRAINING,
                 pb.JOB_KIND_FINE_TUNE: JobKind.FINE_TUNE, pb.JOB_KIND_INFERENCE: JobKind.INFERENCE,
@@ -48,6 +49,13 @@ class Limits:
         max_cpu_milli / max_memory_mib: per worker.
         max_datasets: datasets per job.
         max_request_id: longest request id (characters).
+        max_duration_s: longest runtime estimate (s).
+
+    The workload's caps are not configurable here: they belong to the domain model
+    (:class:`fedsched.workload.WorkloadLimits`, checked by whoever builds a spec): image
+    reference <= 512 characters, command + args <= 256 items of <= 4096 bytes each, env +
+    secret_env <= 128 variables with POSIX names and values <= 32 KiB, the whole workload
+    <= 64 KiB.
     """
 
     max_workers: int = 1024
@@ -94,8 +102,8 @@ def spec_from_pb(msg: pb.JobSpec, *, limits: Limits, default_home: str | None,
 
     The sections are checked in this order, the first problem raised: gang and resources
     (:func:`_gang`), placement (:func:`_card_models`, :func:`_home_region`), the start deadline,
-    the datasets, the enums (kind, priority, locality), price and duration, and last the
-    domain model's own rules (names, cross-field rules).
+    the datasets, the enums (kind, priority, locality), price and duration, the workload
+    (:func:`_workload`), and last the domain model's own rules (names, cross-field rules).
 
     Args:
         msg: the request's spec.
@@ -116,6 +124,7 @@ def spec_from_pb(msg: pb.JobSpec, *, limits: Limits, default_home: str | None,
     locality = _enum(msg.locality, LOCALITY_FROM_PB, "spec.locality", default=Locality.GLOBAL)
     price = _finite(msg.max_price_per_gpu_hour, "spec.max_price_per_gpu_hour", hi=1e6)
     duration = _finite(msg.estimated_duration_seconds, "spec.estimated_duration_seconds", hi=limits.max_duration_s)
+    workload = _workload(msg)
     try:
         return JobSpec(
             tenant=msg.tenant, project=msg.project, name=msg.name, kind=kind, priority=priority,
@@ -128,6 +137,7 @@ def spec_from_pb(msg: pb.JobSpec, *, limits: Limits, default_home: str | None,
             max_price_per_gpu_hour=price, preemptible=msg.preemptible, checkpointable=msg.checkpointable,
             estimated_duration_s=duration or None,
             retry_limit=msg.retry_limit, shards=gang.shards, annotations=dict(msg.annotations),
+            workload=workload,
         )
     except InvalidName as e:
         raise ValidationError(f"spec.{e.field}", e.reason) from e
@@ -239,6 +249,32 @@ def _datasets(msg: pb.JobSpec) -> tuple[Dataset, ...]:
     return tuple(datasets)
 
 
+def _workload(msg: pb.JobSpec) -> Workload | None:
+    """The workload (None when the request has none: a trace job).
+
+    Raises:
+        ValidationError: ``spec.workload.<path>`` (``spec.workload.image``, ``spec.workload.args[3]``,
+            ``spec.workload.env[RANK]``, ``spec.workload`` for the whole size): the first rule of
+            :class:`~fedsched.workload.Workload` broken.
+    """
+    if not msg.HasField("workload"):
+        return None
+    w = msg.workload
+    try:
+        return Workload(image=w.image, command=tuple(w.command), args=tuple(w.args), env=dict(w.env),
+                        secret_env=dict(w.secret_env), workdir=w.workdir, checkpoint_uri=w.checkpoint_uri)
+    except ValidationError as e:
+        raise ValidationError(f"spec.{e.field}", e.reason) from e
+    except PydanticValidationError as e:
+        raise _from_pydantic(e, "spec.workload") from e
+
+
+def workload_to_pb(w: Workload) -> pb.Workload:
+    """The wire form of a workload (secret references as they were given: names, never values)."""
+    return pb.Workload(image=w.image, command=list(w.command), args=list(w.args), env=w.env,
+                       secret_env=w.secret_env, workdir=w.workdir, checkpoint_uri=w.checkpoint_uri)
+
+
 def _from_pydantic(e: PydanticValidationError, prefix: str) -> ValidationError:
     err = e.errors()[0]
     loc = ".".join(str(p) for p in err.get("loc", ()) if p != "__root__")
@@ -271,6 +307,8 @@ def spec_to_pb(spec: JobSpec) -> pb.JobSpec:
     )
     if spec.start_deadline is not None:
         msg.start_deadline.FromDatetime(spec.start_deadline)
+    if spec.workload is not None:
+        msg.workload.CopyFrom(workload_to_pb(spec.workload))
     return msg
 
 

@@ -7,6 +7,7 @@ status code and the field (or limit) the error names.
 """
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -83,11 +84,16 @@ def good(**kw) -> pb.JobSpec:
             getattr(spec, k).update(v)
         elif k == "datasets":
             spec.datasets.append(v)
-        elif isinstance(v, Timestamp):
+        elif isinstance(v, (Timestamp, pb.Workload)):
             getattr(spec, k).CopyFrom(v)
         else:
             setattr(spec, k, v)
     return spec
+
+
+def wl(**kw) -> pb.Workload:
+    """A valid workload, changed by ``kw``."""
+    return pb.Workload(**({"image": "ghcr.io/acme/trainer:1.4"} | kw))
 
 
 def req(spec: pb.JobSpec | None = None, **kw) -> pb.SubmitJobRequest:
@@ -175,6 +181,45 @@ BAD = [
      "root", IA, "spec.datasets"),
     ("too many annotations", req(good(annotations={f"k{i}": "v" for i in range(65)})), "root", IA,
      "spec.annotations"),
+    # the workload: image, argv, env, secret references, paths, sizes (fedsched/workload.py)
+    ("workload without an image", req(good(workload=wl(image=""))), "root", IA, "spec.workload.image"),
+    ("image with an uppercase path", req(good(workload=wl(image="Acme/Trainer"))), "root", IA, "spec.workload.image"),
+    ("image with a shell command", req(good(workload=wl(image="ubuntu; rm -rf /"))), "root", IA,
+     "spec.workload.image"),
+    ("image reference too long", req(good(workload=wl(image="a" * 513))), "root", IA, "spec.workload.image"),
+    ("image digest too short", req(good(workload=wl(image="python@sha256:abc"))), "root", IA, "spec.workload.image"),
+    ("257 argv items", req(good(workload=wl(command=["python"], args=["x"] * 256))), "root", IA, "spec.workload.args"),
+    ("command item over 4096 bytes", req(good(workload=wl(command=["python", "x" * 4097]))), "root", IA,
+     "spec.workload.command[1]"),
+    ("args item over 4096 bytes", req(good(workload=wl(args=["a", "b", "x" * 4097]))), "root", IA,
+     "spec.workload.args[2]"),
+    ("NUL in an argument", req(good(workload=wl(args=["a\x00b"]))), "root", IA, "spec.workload.args[0]"),
+    ("129 environment variables", req(good(workload=wl(env={f"V{i}": "" for i in range(129)}))), "root", IA,
+     "spec.workload.env"),
+    ("env name starting with a digit", req(good(workload=wl(env={"1X": "v"}))), "root", IA, "spec.workload.env"),
+    ("env name with '='", req(good(workload=wl(env={"A=B": "v"}))), "root", IA, "spec.workload.env"),
+    ("env sets RANK", req(good(workload=wl(env={"RANK": "3"}))), "root", IA, "spec.workload.env[RANK]"),
+    ("env sets MASTER_ADDR", req(good(workload=wl(env={"MASTER_ADDR": "evil"}))), "root", IA,
+     "spec.workload.env[MASTER_ADDR]"),
+    ("env sets a FEDSCHED_ variable", req(good(workload=wl(env={"FEDSCHED_ATTEMPT": "9"}))), "root", IA,
+     "spec.workload.env[FEDSCHED_ATTEMPT]"),
+    ("env value over 32 KiB", req(good(workload=wl(env={"BIG": "v" * (32 * 1024 + 1)}))), "root", IA,
+     "spec.workload.env[BIG]"),
+    ("secret env sets WORLD_SIZE", req(good(workload=wl(secret_env={"WORLD_SIZE": "s/k"}))), "root", IA,
+     "spec.workload.secret_env[WORLD_SIZE]"),
+    ("secret env given a value, not a reference", req(good(workload=wl(secret_env={"DB_PASSWORD": "hunter2"}))),
+     "root", IA, "spec.workload.secret_env[DB_PASSWORD]"),
+    ("secret reference with a space", req(good(workload=wl(secret_env={"T": "db creds/password"}))), "root", IA,
+     "spec.workload.secret_env[T]"),
+    ("variable both plain and secret", req(good(workload=wl(env={"T": "x"}, secret_env={"T": "db/pw"}))), "root", IA,
+     "spec.workload.secret_env[T]"),
+    ("relative working directory", req(good(workload=wl(workdir="work"))), "root", IA, "spec.workload.workdir"),
+    ("checkpoint that is not a URI", req(good(workload=wl(checkpoint_uri="/ckpt"))), "root", IA,
+     "spec.workload.checkpoint_uri"),
+    ("workload over 64 KiB", req(good(workload=wl(env={f"V{i}": "v" * 30000 for i in range(3)}))), "root", IA,
+     "spec.workload"),
+    ("unknown field in the workload", raw_spec(good().SerializeToString() + b"\xe2\x01" + with_len(
+        wl(image="busybox").SerializeToString() + b"\x40\x01")), "root", IA, "spec.workload.8"),
     ("request id too long", req(good(), request_id="r" * 129), "root", IA, "request_id"),
     ("request id not printable", req(good(), request_id="a\x00b"), "root", IA, "request_id"),
     ("missing spec", req(), "root", IA, "spec"),
@@ -244,6 +289,45 @@ async def test_accepted_job_is_canonical_and_readable(stub):
     assert job.state == pb.JOB_STATE_QUEUED
     assert list(job.spec.card_models) == ["nvidia-t4-16gb"]
     assert job.spec.home_region == "cn-north-1"  # the tenant's default
+
+
+#: A workload with every field set (the round trip checks that no field is left out of it).
+FULL_WORKLOAD = dict(image="nvcr.io/nvidia/pytorch:24.05-py3", command=["torchrun", "train.py"],
+                     args=["--lr", "0.1", "--note", "ünïcode and spaces"], env={"EPOCHS": "3", "EMPTY": ""},
+                     secret_env={"HF_TOKEN": "hf-credentials/token"}, workdir="/workspace",
+                     checkpoint_uri="s3://ckpt/run-1")
+
+
+async def test_every_workload_field_round_trips_through_submit_and_get(stub):
+    sent = pb.Workload(**FULL_WORKLOAD)
+    assert {f.name for f, _ in sent.ListFields()} == set(pb.Workload.DESCRIPTOR.fields_by_name)
+    resp = await stub.SubmitJob(req(good(workload=sent, checkpointable=True)))
+    job = await stub.GetJob(pb.GetJobRequest(job_id=resp.job_id))
+    assert job.spec.HasField("workload") and job.spec.workload == sent
+    listed = await stub.ListJobs(pb.ListJobsRequest(tenant="search"))
+    assert next(j for j in listed.jobs if j.job_id == resp.job_id).spec.workload == sent
+    trace = await stub.SubmitJob(req(good()))  # a job without a workload has none
+    assert not (await stub.GetJob(pb.GetJobRequest(job_id=trace.job_id))).spec.HasField("workload")
+
+
+async def test_a_secret_is_named_by_reference_and_a_value_cannot_even_be_submitted(stub, bus):
+    # secret_env is the only field that names a secret, and it holds references
+    assert [f for f in pb.Workload.DESCRIPTOR.fields_by_name if "secret" in f] == ["secret_env"]
+    resp = await stub.SubmitJob(req(good(workload=wl(secret_env={"HF_TOKEN": "hf-credentials/token"}))))
+    job = await stub.GetJob(pb.GetJobRequest(job_id=resp.job_id))
+    assert dict(job.spec.workload.secret_env) == {"HF_TOKEN": "hf-credentials/token"}
+    values = ("hf_AbCdEf0123456789", "s3cr3t pass", "user:pa$$w0rd@db", "KEY=abc/def", "ghp_x/../../etc")
+    for value in values:
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await stub.SubmitJob(req(good(workload=wl(secret_env={"HF_TOKEN": value}))))
+        assert e.value.code() == IA and e.value.details().startswith("spec.workload.secret_env[HF_TOKEN]:")
+        assert value not in e.value.details()
+    # neither the accepted job's event nor the rejections' audit events carry any of them
+    sub = await bus.js.pull_subscribe(f"{bus.prefix}.>", stream=bus.stream_name("EVENTS"))
+    events = [m.data for m in await sub.fetch(100, timeout=5)]
+    rejected = [e for e in events if b"spec.workload.secret_env[HF_TOKEN]" in e]
+    assert len(rejected) == len(values) and any(b"hf-credentials/token" in e for e in events)
+    assert not any(v.encode() in e for v in values for e in events)
 
 
 async def test_same_request_id_from_20_concurrent_tasks_makes_one_job(stub, admission, bus):
@@ -445,3 +529,35 @@ async def test_a_queued_job_cancelled_ends_at_the_cancel_with_its_reason_in_job_
     finally:
         scheduler.stop()
         await task
+
+
+async def test_submit_sets_the_workload_from_flags_and_job_shows_it_with_secrets_by_reference(admission):
+    server = ("--server", f"127.0.0.1:{admission.port}", "--token", TOKENS["alice"])
+    base = ("submit", "--tenant", "search", "--project", "train", "-o", "json", *server)
+    full, tail_only, reserved, malformed = await asyncio.gather(
+        _cli(*base, "--image", "ghcr.io/acme/trainer:1.4", "--command", "python", "--command", "train.py",
+             "--env", "EPOCHS=3", "--env", "NOTE=a=b c", "--secret-env", "HF_TOKEN=hf-credentials/token",
+             "--workdir", "/workspace", "--checkpoint", "s3://ckpt/run-1", "--", "--lr", "0.1"),
+        _cli(*base, "--image", "busybox", "--", "sh", "-c", "echo $RANK"),
+        _cli(*base, "--image", "busybox", "--env", "RANK=3"),
+        _cli(*base, "--image", "busybox", "--env", "NOEQUALS"))
+    assert full.returncode == 0 and tail_only.returncode == 0, full.stderr + tail_only.stderr
+    assert reserved.returncode == 1 and "INVALID_ARGUMENT" in reserved.stderr
+    assert "spec.workload.env[RANK]" in reserved.stderr
+    assert malformed.returncode == 2 and "--env" in malformed.stderr
+    async with channel(admission.port, "alice") as ch:
+        stub = pb_grpc.JobServiceStub(ch)
+        one = await stub.GetJob(pb.GetJobRequest(job_id=json.loads(full.stdout)["job_id"]))
+        two = await stub.GetJob(pb.GetJobRequest(job_id=json.loads(tail_only.stdout)["job_id"]))
+    assert one.spec.workload == pb.Workload(
+        image="ghcr.io/acme/trainer:1.4", command=["python", "train.py"], args=["--lr", "0.1"],
+        env={"EPOCHS": "3", "NOTE": "a=b c"}, secret_env={"HF_TOKEN": "hf-credentials/token"},
+        workdir="/workspace", checkpoint_uri="s3://ckpt/run-1")
+    assert two.spec.workload == pb.Workload(image="busybox", command=["sh", "-c", "echo $RANK"])
+    shown = await _cli("job", one.job_id, *server)
+    assert shown.returncode == 0, shown.stderr
+    for text in ("ghcr.io/acme/trainer:1.4", '["python", "train.py", "--lr", "0.1"]', "EPOCHS", "/workspace",
+                 "secret hf-credentials/token", "s3://ckpt/run-1"):
+        assert text in shown.stdout, (text, shown.stdout)
+    no_image = await _cli(*base, "--env", "A=1")
+    assert no_image.returncode == 2 and "--image" in no_image.stderr

@@ -27,6 +27,14 @@ regions = st.one_of(st.sampled_from(["cn-north-1", "cn-east-1", "cn-south-1", "u
 cards = st.one_of(st.sampled_from(["T4", "A100", "V100M32", "G2", "nvidia-a100-80gb", "", "Quantum-9"]), text)
 floats = st.floats(allow_nan=True, allow_infinity=True)
 
+images = st.one_of(st.sampled_from(["busybox", "ghcr.io/acme/t:1", "Ubuntu", "", "python@sha256:abc"]), text)
+env_names = st.one_of(st.sampled_from(["RANK", "FEDSCHED_JOB_ID", "EPOCHS", "1X", "", "A=B"]), text)
+workloads = st.one_of(st.none(), st.builds(
+    pb.Workload, image=images, command=st.lists(text, max_size=4), args=st.lists(text, max_size=4),
+    env=st.dictionaries(env_names, text, max_size=4),
+    secret_env=st.dictionaries(env_names, st.one_of(st.sampled_from(["db/pw", "Db/pw", "hunter2"]), text), max_size=3),
+    workdir=st.one_of(st.just("/w"), text), checkpoint_uri=st.one_of(st.just("s3://b/c"), text)))
+
 specs = st.builds(
     pb.JobSpec,
     tenant=names, project=st.one_of(st.sampled_from(["train", "serve", "batch", ""]), text), name=text,
@@ -40,7 +48,7 @@ specs = st.builds(
                       max_size=3),
     max_price_per_gpu_hour=floats, preemptible=st.booleans(), checkpointable=st.booleans(),
     estimated_duration_seconds=floats, retry_limit=st.integers(0, U32), shards=st.integers(0, U32),
-    annotations=st.dictionaries(text, text, max_size=4),
+    annotations=st.dictionaries(text, text, max_size=4), workload=workloads,
 )
 requests = st.builds(pb.SubmitJobRequest, spec=specs, request_id=st.one_of(st.just(""), text))
 callers = st.sampled_from(["root", "alice", "carol", "bob", "agent1", None, "bogus"])

@@ -82,8 +82,40 @@ class Dataset(_message.Message):
     size_bytes: int
     def __init__(self, name: _Optional[str] = ..., home_region: _Optional[str] = ..., size_bytes: _Optional[int] = ...) -> None: ...
 
+class Workload(_message.Message):
+    __slots__ = ("image", "command", "args", "env", "secret_env", "workdir", "checkpoint_uri")
+    class EnvEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    class SecretEnvEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    IMAGE_FIELD_NUMBER: _ClassVar[int]
+    COMMAND_FIELD_NUMBER: _ClassVar[int]
+    ARGS_FIELD_NUMBER: _ClassVar[int]
+    ENV_FIELD_NUMBER: _ClassVar[int]
+    SECRET_ENV_FIELD_NUMBER: _ClassVar[int]
+    WORKDIR_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_URI_FIELD_NUMBER: _ClassVar[int]
+    image: str
+    command: _containers.RepeatedScalarFieldContainer[str]
+    args: _containers.RepeatedScalarFieldContainer[str]
+    env: _containers.ScalarMap[str, str]
+    secret_env: _containers.ScalarMap[str, str]
+    workdir: str
+    checkpoint_uri: str
+    def __init__(self, image: _Optional[str] = ..., command: _Optional[_Iterable[str]] = ..., args: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., secret_env: _Optional[_Mapping[str, str]] = ..., workdir: _Optional[str] = ..., checkpoint_uri: _Optional[str] = ...) -> None: ...
+
 class JobSpec(_message.Message):
-    __slots__ = ("tenant", "project", "name", "kind", "priority", "workers", "gpus_per_worker", "gpu_milli", "cpu_milli", "memory_mib", "card_models", "min_gpu_memory_gib", "requires_rdma", "home_region", "locality", "allowed_regions", "forbidden_regions", "residency_tags", "datasets", "start_deadline", "max_price_per_gpu_hour", "preemptible", "checkpointable", "estimated_duration_seconds", "retry_limit", "shards", "annotations")
+    __slots__ = ("tenant", "project", "name", "kind", "priority", "workers", "gpus_per_worker", "gpu_milli", "cpu_milli", "memory_mib", "card_models", "min_gpu_memory_gib", "requires_rdma", "home_region", "locality", "allowed_regions", "forbidden_regions", "residency_tags", "datasets", "start_deadline", "max_price_per_gpu_hour", "preemptible", "checkpointable", "estimated_duration_seconds", "retry_limit", "shards", "annotations", "workload")
     class AnnotationsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -118,6 +150,7 @@ class JobSpec(_message.Message):
     RETRY_LIMIT_FIELD_NUMBER: _ClassVar[int]
     SHARDS_FIELD_NUMBER: _ClassVar[int]
     ANNOTATIONS_FIELD_NUMBER: _ClassVar[int]
+    WORKLOAD_FIELD_NUMBER: _ClassVar[int]
     tenant: str
     project: str
     name: str
@@ -145,7 +178,8 @@ class JobSpec(_message.Message):
     retry_limit: int
     shards: int
     annotations: _containers.ScalarMap[str, str]
-    def __init__(self, tenant: _Optional[str] = ..., project: _Optional[str] = ..., name: _Optional[str] = ..., kind: _Optional[_Union[JobKind, str]] = ..., priority: _Optional[_Union[PriorityClass, str]] = ..., workers: _Optional[int] = ..., gpus_per_worker: _Optional[int] = ..., gpu_milli: _Optional[int] = ..., cpu_milli: _Optional[int] = ..., memory_mib: _Optional[int] = ..., card_models: _Optional[_Iterable[str]] = ..., min_gpu_memory_gib: _Optional[int] = ..., requires_rdma: _Optional[bool] = ..., home_region: _Optional[str] = ..., locality: _Optional[_Union[Locality, str]] = ..., allowed_regions: _Optional[_Iterable[str]] = ..., forbidden_regions: _Optional[_Iterable[str]] = ..., residency_tags: _Optional[_Iterable[str]] = ..., datasets: _Optional[_Iterable[_Union[Dataset, _Mapping]]] = ..., start_deadline: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., max_price_per_gpu_hour: _Optional[float] = ..., preemptible: _Optional[bool] = ..., checkpointable: _Optional[bool] = ..., estimated_duration_seconds: _Optional[float] = ..., retry_limit: _Optional[int] = ..., shards: _Optional[int] = ..., annotations: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    workload: Workload
+    def __init__(self, tenant: _Optional[str] = ..., project: _Optional[str] = ..., name: _Optional[str] = ..., kind: _Optional[_Union[JobKind, str]] = ..., priority: _Optional[_Union[PriorityClass, str]] = ..., workers: _Optional[int] = ..., gpus_per_worker: _Optional[int] = ..., gpu_milli: _Optional[int] = ..., cpu_milli: _Optional[int] = ..., memory_mib: _Optional[int] = ..., card_models: _Optional[_Iterable[str]] = ..., min_gpu_memory_gib: _Optional[int] = ..., requires_rdma: _Optional[bool] = ..., home_region: _Optional[str] = ..., locality: _Optional[_Union[Locality, str]] = ..., allowed_regions: _Optional[_Iterable[str]] = ..., forbidden_regions: _Optional[_Iterable[str]] = ..., residency_tags: _Optional[_Iterable[str]] = ..., datasets: _Optional[_Iterable[_Union[Dataset, _Mapping]]] = ..., start_deadline: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., max_price_per_gpu_hour: _Optional[float] = ..., preemptible: _Optional[bool] = ..., checkpointable: _Optional[bool] = ..., estimated_duration_seconds: _Optional[float] = ..., retry_limit: _Optional[int] = ..., shards: _Optional[int] = ..., annotations: _Optional[_Mapping[str, str]] = ..., workload: _Optional[_Union[Workload, _Mapping]] = ...) -> None: ...
 
 class Attempt(_message.Message):
     __slots__ = ("attempt", "region", "cluster", "card_model", "placed_at", "started_at", "ended_at", "outcome", "reason", "cross_region", "shard")
