@@ -107,3 +107,14 @@ def test_overlay_and_first_start_policy_use_the_regions_in_force(tmp_path, trace
     with pytest.raises(ValidationError) as e:
         check_topology_names(parse_policy(bundled_policy_text()), KnownNames.of(topo), prefix="policy.")
     assert e.value.field == "policy.tenants[0].home_region" and "regions: eu-west-1, us-east-1" in e.value.reason
+
+
+def test_the_example_topology_loads_with_its_node_lists_and_prices():
+    topo = load_topology(Path(__file__).parents[3] / "deploy" / "topology" / "example.yaml")
+    assert topo.region_names() == ("eu-west-1", "us-east-1")
+    assert topo.cluster_names() == ("eu-west-1-a", "us-east-1-a", "us-east-1-b")
+    cache: dict = {}
+    sizes = {c: len(cluster_nodes(topo, c, cache)) for c in topo.cluster_names()}
+    assert sizes["eu-west-1-a"] == 5 and sizes["us-east-1-a"] + sizes["us-east-1-b"] == 1213
+    assert topo.price_catalog().currency == "EUR"
+    assert topo.listed_bandwidth_bps() == (("eu-west-1", "us-east-1", 5e9 / 8), ("us-east-1", "eu-west-1", 5e9 / 8))
