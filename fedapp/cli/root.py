@@ -233,6 +233,13 @@ def service(
                          clickhouse_url=clickhouse_url, grpc_address=grpc_address,
                          policy_file=policy_file, tls_cert=tls_cert, tls_key=tls_key, tls_client_ca=tls_client_ca)
     topo = _topology(topology, None) if topology is not None else None
+    if topo is not None:
+        for c in cluster:  # before connecting anywhere: an unknown --cluster names the known ones
+            try:
+                topo.cluster(c)
+            except FedError as e:
+                err.print(error_line("invalid setting:", f"--cluster {c}: {e.reason}"))
+                raise typer.Exit(2) from e
     options = SystemOptions(settings=settings, policy=policy, services=(name,), clusters=tuple(cluster), topology=topo,
                             nodes_csv=(nodes or _bundled("openb_node_list_gpu_node.csv")) if name == "agents" else None)
 

@@ -118,3 +118,16 @@ def test_the_example_topology_loads_with_its_node_lists_and_prices():
     assert sizes["eu-west-1-a"] == 5 and sizes["us-east-1-a"] + sizes["us-east-1-b"] == 1213
     assert topo.price_catalog().currency == "EUR"
     assert topo.listed_bandwidth_bps() == (("eu-west-1", "us-east-1", 5e9 / 8), ("us-east-1", "eu-west-1", 5e9 / 8))
+
+
+def test_service_agents_refuses_a_cluster_outside_the_topology(tmp_path):
+    path = tmp_path / "t.yaml"
+    path.write_text("regions: [{name: eu-west-1, zones: [eu-west-1a]}]\n"
+                    "clusters: [{name: eu-a, region: eu-west-1, zone: eu-west-1a, backend: trace, "
+                    "trace: {nodes: n.csv}}]\n")
+    result = subprocess.run([*FEDSCHED, "service", "agent", "--topology", str(path), "--cluster", "cn-north-1-c1",
+                             "--nats-url", "nats://127.0.0.1:1", "--data-dir", str(tmp_path / "d")],
+                            capture_output=True, text=True, timeout=60)
+    out = " ".join(result.stderr.split())
+    assert result.returncode == 2 and "Traceback" not in out, out
+    assert "--cluster cn-north-1-c1: 'cn-north-1-c1' is not a cluster of the topology (clusters: eu-a)" in out, out
