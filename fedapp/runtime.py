@@ -217,7 +217,7 @@ class System:
                     nodes = opts.split.get(entry.name, [])
                     backend = TraceBackend(nodes, rdma=entry.rdma) if nodes else None
                 else:
-                    backend = build_backend(agents_topo, entry.name, cache)
+                    backend = build_backend(entry, agents_topo, cache)
                 if backend is None or (isinstance(backend, TraceBackend) and not backend.nodes()):
                     continue  # a trace cluster left without nodes by the split: no agent
                 cluster = cluster_def(agents_topo, entry.name)

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 from importlib import resources
 from pathlib import Path
+from typing import Callable
 
 from fedsched.errors import ValidationError
-from fedsched.topology import BUNDLED, Topology, parse_topology
+from fedsched.topology import BUNDLED, Cluster, Topology, parse_topology
 from services.inventory.trace import CLUSTERS, SPLIT_WEIGHTS, ClusterDef, TraceNode, load_nodes, pick, unit_hash
 
 
@@ -89,26 +90,41 @@ def cluster_nodes(topo: Topology, name: str, cache: dict[Path, list[TraceNode]] 
     return [n for n in nodes if pick(unit_hash(n.name), split.weights.get(n.card_model, default)) == split.index]
 
 
-def build_backend(topo: Topology, name: str, cache: dict[Path, list[TraceNode]] | None = None):
-    """The backend the agent of cluster ``name`` drives, built from its topology entry.
+def _trace_backend(entry: Cluster, topo: Topology, cache: dict[Path, list[TraceNode]] | None):
+    from services.inventory.agent import TraceBackend
+
+    return TraceBackend(cluster_nodes(topo, entry.name, cache), rdma=entry.rdma)
+
+
+#: backend name -> factory ``(cluster entry, topology, node-list cache) -> backend``. The Slurm
+#: and Kubernetes backends add ``"slurm"`` / ``"kubernetes"`` here (their settings are
+#: ``entry.slurm`` / ``entry.kubernetes``; relative paths resolve with ``topo.resolve``).
+BACKEND_FACTORIES: dict[str, Callable[[Cluster, Topology, dict | None], object]] = {"trace": _trace_backend}
+
+
+def build_backend(entry: Cluster, topo: Topology, cache: dict[Path, list[TraceNode]] | None = None):
+    """The backend the agent of cluster ``entry`` drives, built from its topology entry by
+    :data:`BACKEND_FACTORIES`.
 
     Today: ``trace`` -> :class:`~services.inventory.agent.TraceBackend` over
     :func:`cluster_nodes` (RDMA from ``trace.rdma`` or the interconnect). ``slurm`` and
     ``kubernetes`` entries are valid topology but have no backend in this build yet.
 
+    Args:
+        entry: the cluster's entry (``topo.cluster(name)``).
+        topo: the topology it belongs to (resolves relative paths).
+        cache: node lists already read (see :func:`cluster_nodes`).
+
     Raises:
         ValidationError: a backend this build cannot run (field ``clusters[i].backend``), or the
             trace node list cannot be read.
     """
-    from services.inventory.agent import TraceBackend
-
-    c = topo.cluster(name)
-    if c.backend == "trace":
-        return TraceBackend(cluster_nodes(topo, name, cache), rdma=c.rdma)
-    index = topo.cluster_names().index(name)
-    raise ValidationError(f"clusters[{index}].backend", f"backend {c.backend!r} is not available in this build "
-                                                        f"(available: trace)")
-
+    factory = BACKEND_FACTORIES.get(entry.backend)
+    if factory is None:
+        index = topo.cluster_names().index(entry.name)
+        raise ValidationError(f"clusters[{index}].backend", f"backend {entry.backend!r} is not available in this "
+                                                            f"build (available: {', '.join(BACKEND_FACTORIES)})")
+    return factory(entry, topo, cache)
 
 #: The regions of the default split, in order (the bundled policy's and the overlay's homes).
 DEFAULT_REGIONS: tuple[str, ...] = tuple(dict.fromkeys(c.region for c in CLUSTERS))

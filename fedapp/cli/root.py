@@ -302,7 +302,8 @@ def schema(
 @app.command()
 def replay(
     nodes: Optional[Path] = typer.Option(None, "--nodes", exists=True, dir_okay=False,
-                                         help="Trace node list (openb format). Default: the bundled openb GPU nodes."),
+                                         help="Trace node list (openb format), split by the default topology. Default: the "
+                                              "bundled openb GPU nodes."),
     pods: Optional[Path] = typer.Option(None, "--pods", exists=True, dir_okay=False,
                                         help="Trace pod list (openb format). Default: the bundled gpuspec33 pods."),
     limit: Optional[int] = typer.Option(None, "--limit", min=1, help="Replay only the first N pods."),
@@ -349,6 +350,8 @@ def replay(
         data_dir = Path(cleanup)
     elif data_dir.exists() and any(data_dir.iterdir()):
         _fail(ValueError(f"--data-dir {data_dir} is not empty; a replay needs a fresh directory"))
+    if topology is not None and nodes is not None:
+        _fail(ValueError("--nodes and --topology do not go together: the topology names its clusters' node lists"))
     settings = _settings(data_dir=data_dir, nats_url=nats_url, clickhouse_url=clickhouse_url,
                          grpc_address="127.0.0.1:0", heartbeat_interval_s=0.5,
                          subject_prefix=os.environ.get("FEDSCHED_SUBJECT_PREFIX", "fed"), schedule_interval_s=0.002)

@@ -70,13 +70,14 @@ def _custom(tmp_path, backend_b: str = "trace"):
 
 def test_build_backend_knows_trace_and_names_what_this_build_cannot_run(tmp_path):
     topo = _custom(tmp_path)
-    backend = build_backend(topo, "eu-a")
+    backend = build_backend(topo.cluster("eu-a"), topo)
     assert isinstance(backend, TraceBackend)
     assert [(n.name, n.gpus, n.card_model, n.rdma) for n in backend.nodes()] == [
         ("held-1", 4, "nvidia-t4-16gb", True), ("held-2", 2, "nvidia-v100-16gb", True)]
-    assert not any(n.rdma for n in build_backend(topo, "us-a").nodes())  # trace.rdma: false wins
+    assert not any(n.rdma for n in build_backend(topo.cluster("us-a"), topo).nodes())  # trace.rdma: false wins
     with pytest.raises(ValidationError) as e:
-        build_backend(_custom(tmp_path, "kubernetes"), "eu-a")
+        k8s = _custom(tmp_path, "kubernetes")
+        build_backend(k8s.cluster("eu-a"), k8s)
     assert e.value.field == "clusters[0].backend" and "available: trace" in e.value.reason
 
 
