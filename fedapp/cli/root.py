@@ -146,7 +146,7 @@ def up(
     settings = _settings(data_dir=data_dir, nats_url=nats_url, clickhouse_url=clickhouse_url, grpc_address=grpc_address,
                          policy_file=policy_file, tls_cert=tls_cert, tls_key=tls_key, tls_client_ca=tls_client_ca)
     topo = _topology(topology, nodes)
-    wanted = tuple(x for x in SystemOptions.__dataclass_fields__["services"].default if not (no_agents and x == "agents"))
+    wanted = tuple(x for x in SystemOptions(settings=settings).services if not (no_agents and x == "agents"))
 
     async def main() -> None:
         system = System(SystemOptions(settings=settings, policy=policy, topology=topo, services=wanted))
@@ -302,8 +302,8 @@ def schema(
 @app.command()
 def replay(
     nodes: Optional[Path] = typer.Option(None, "--nodes", exists=True, dir_okay=False,
-                                         help="Trace node list (openb format), split by the default topology. Default: the "
-                                              "bundled openb GPU nodes."),
+                                         help="Trace node list (openb format), split by the default topology. "
+                                              "Default: the bundled openb GPU nodes."),
     pods: Optional[Path] = typer.Option(None, "--pods", exists=True, dir_okay=False,
                                         help="Trace pod list (openb format). Default: the bundled gpuspec33 pods."),
     limit: Optional[int] = typer.Option(None, "--limit", min=1, help="Replay only the first N pods."),

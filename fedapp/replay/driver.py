@@ -1,8 +1,8 @@
 """The replay: a real trace through the whole running federation.
 
 The driver brings the system up (embedded NATS + chDB unless URLs are given), starts one trace
-agent per cluster of the topology (default: the trace split into 3 regions x 2 clusters), then submits every pod as a job through the gRPC API (as the
-bootstrap admin, whose token the system wrote to ``<data_dir>/admin.token``) at its
+agent per cluster of the topology (default: the trace split into 3 regions x 2 clusters), then
+submits every pod as a job through the gRPC API (as the bootstrap admin, whose token the system wrote to ``<data_dir>/admin.token``) at its
 creation time on the replay clock, and waits until every job has finished, been rejected, or
 is provably unplaceable. The summary is computed by SQL from ClickHouse (:mod:`.report`).
 

@@ -36,7 +36,8 @@ from fedsched.events import (ApprovalDecided, GovernanceChanged, Subjects, appro
 from fedsched.events import EventType
 from fedsched.tenancy import (WILDCARD, Governance, GrantDoc, PolicyDoc, PrincipalDoc, QuotaDoc, TenantDoc,
                                  canonical, carry_bootstrap, check_grant, check_topology_names, diff, parse_entry,
-                                 parse_policy, parse_policy_data, policy_version, public_view, resolve_card, to_yaml, with_principal)
+                                 parse_policy, parse_policy_data, policy_version, public_view, resolve_card, to_yaml,
+                                 with_principal)
 from fedsched.jobs import JobState, Locality
 from fedsched.naming import check_name
 from fedsched.policystore import PolicyHolder, StoredPolicy, announce, read_policy, write_policy

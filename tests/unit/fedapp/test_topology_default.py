@@ -47,7 +47,8 @@ def test_topology_show_round_trips_through_topology(tmp_path):
 def test_an_invalid_topology_file_is_a_message_naming_the_key(tmp_path):
     path = tmp_path / "t.yaml"
     path.write_text("regions: [{name: eu-west-1, zones: [eu-west-1a, eu-west-1b]}]\n"
-                    "clusters: [{name: a, region: eu-west-1, zone: eu-west-1z, backend: trace, trace: {nodes: n.csv}}]\n")
+                    "clusters: [{name: a, region: eu-west-1, zone: eu-west-1z, backend: trace, "
+                    "trace: {nodes: n.csv}}]\n")
     result = subprocess.run([*FEDSCHED, "topology", "show", "--topology", str(path)], capture_output=True, text=True,
                             timeout=60)
     assert result.returncode == 2 and "Traceback" not in result.stderr
