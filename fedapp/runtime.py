@@ -39,7 +39,7 @@ from fedsched.errors import ConflictError, FedError, UnavailableError
 from fedsched.natsd import EmbeddedNats
 from fedapp.client import NATS_PASSWORD_FILE
 from fedsched.pricing import PriceCatalog, load_price_catalog
-from fedsched.tenancy import bundled_policy_text
+from fedsched.tenancy import bundled_policy_text, check_topology_names, parse_policy
 from fedsched.policystore import PolicyFollower, PolicyHolder, bootstrap
 from fedsched.settings import Settings
 from fedsched.yamltext import read_text
@@ -48,8 +48,9 @@ from services.admission.convert import Limits
 from services.admission.service import AdmissionService, TlsFiles
 from services.audit.service import AuditService
 from services.billing.service import BillingService
+from fedsched.topology import KnownNames, Topology
+from fedapp.topology import build_backend, cluster_def, default_topology, policy_for_topology
 from services.inventory.agent import ClusterAgent, TraceBackend
-from services.inventory.trace import CLUSTERS, load_nodes, split_nodes
 from services.scheduler.core import build_policy
 from services.scheduler.service import SchedulerService
 
@@ -64,8 +65,14 @@ class SystemOptions:
         settings: runtime settings.
         clock: business clock shared by the services (a replay passes its compressed clock).
         policy: scheduling policy name.
-        nodes_csv: trace node list for the embedded trace agents; None = run no agents
-            (agents then run beside their clusters: ``fedsched agent``).
+        nodes_csv: trace node list for the embedded trace agents when no ``topology`` is given
+            (split by :func:`fedapp.topology.default_topology`); None and no topology = run no
+            agents (agents then run beside their clusters: ``fedsched service agents``).
+        topology: the federation in force (:mod:`fedsched.topology`): agents run for its
+            clusters (backend from :func:`fedapp.topology.build_backend`), its price catalog and
+            inter-region bandwidth reach billing, admission and the scheduler, and admission
+            checks region names against it. None = no topology given: agents (if any) use the
+            default split of ``nodes_csv`` and admission learns regions from inventories.
         services: which services to run (default all).
         agent_tick_s: how often agents check for jobs that ended (wall seconds).
     """
@@ -75,6 +82,7 @@ class SystemOptions:
     policy: str = "federated"
     nodes_csv: Path | None = None
     services: tuple[str, ...] = ("audit", "billing", "scheduler", "agents", "admission")
+    topology: Topology | None = None
     agent_tick_s: float = 0.01
     clusters: tuple[str, ...] = ()  # run only these clusters' agents (default: every cluster of the split)
     split: dict | None = None  # cluster name -> trace nodes, instead of splitting nodes_csv (tests, drills)
@@ -172,6 +180,11 @@ class System:
         if "admission" in wants:  # the front door stores the first policy (and keeps the admin token)
             policy_text = opts.policy_text or (read_text(Path(s.policy_file), "policy_file") if s.policy_file
                                                else bundled_policy_text())
+            if opts.topology is not None:
+                if not opts.policy_text and not s.policy_file:
+                    policy_text = policy_for_topology(policy_text, opts.topology)
+                # the first-start policy must name only the topology's regions and clusters
+                check_topology_names(parse_policy(policy_text), KnownNames.of(opts.topology), prefix="policy.")
             self.admin_token = await bootstrap(self.control, policy_text, s.admin_token_path, now=opts.clock.time())
         if wants & {"audit", "billing"}:
             self.sync_store = await asyncio.to_thread(open_store_from, s)
@@ -182,7 +195,9 @@ class System:
             self._followers.append(follower)
             self._spawn(follower.run(), "store-query-policy")
             self._query_sub = await self.control.nc.subscribe(f"{s.subject_prefix}.svc.store.query", cb=self._on_query)
-        prices = opts.prices or load_price_catalog(s.price_catalog)
+        topo = opts.topology
+        prices = opts.prices or (topo.price_catalog() if topo is not None and topo.prices is not None
+                                 else load_price_catalog(s.price_catalog))
         clock = opts.clock
         if "audit" in wants:
             self.audit = AuditService(await self._bus("audit"), self.store)
@@ -190,19 +205,32 @@ class System:
         if "billing" in wants:
             self.billing = BillingService(await self._bus("billing"), self.store, prices)
             self._spawn(self.billing.run(), "billing")
-        if "agents" in wants and (opts.nodes_csv is not None or opts.split is not None):
-            split = opts.split if opts.split is not None else split_nodes(load_nodes(opts.nodes_csv))
-            for cluster in CLUSTERS:
-                nodes = split.get(cluster.name, [])
-                if not nodes or (opts.clusters and cluster.name not in opts.clusters):
+        if "agents" in wants and (topo is not None or opts.nodes_csv is not None or opts.split is not None):
+            agents_topo = topo if topo is not None else default_topology(opts.nodes_csv)
+            for name in opts.clusters:  # an unknown --cluster fails here, naming the known ones
+                agents_topo.cluster(name)
+            cache: dict = {}
+            for entry in agents_topo.clusters:
+                if opts.clusters and entry.name not in opts.clusters:
                     continue
-                agent = ClusterAgent(await self._bus(f"agent-{cluster.name}"), clock, cluster,
-                                     TraceBackend(nodes, rdma=cluster.interconnect in ("rdma", "infiniband")),
+                if opts.split is not None:
+                    nodes = opts.split.get(entry.name, [])
+                    backend = TraceBackend(nodes, rdma=entry.rdma) if nodes else None
+                else:
+                    backend = build_backend(entry, agents_topo, cache)
+                if backend is None or (isinstance(backend, TraceBackend) and not backend.nodes()):
+                    continue  # a trace cluster left without nodes by the split: no agent
+                cluster = cluster_def(agents_topo, entry.name)
+                agent = ClusterAgent(await self._bus(f"agent-{cluster.name}"), clock, cluster, backend,
                                      heartbeat_interval_s=s.heartbeat_interval_s, tick_s=opts.agent_tick_s)
                 self.agents.append(agent)
                 self._spawn(agent.run(), f"agent-{cluster.name}")
         if "scheduler" in wants:
-            self.scheduler = SchedulerService(await self._bus("scheduler"), clock, build_policy(opts.policy), prices,
+            bandwidth = {} if topo is None else dict(
+                region_bandwidth_bps=topo.listed_bandwidth_bps(),
+                inter_region_bandwidth_bps=topo.default_bandwidth_gbit_s * 1e9 / 8)
+            self.scheduler = SchedulerService(await self._bus("scheduler"), clock,
+                                              build_policy(opts.policy, **bandwidth), prices,
                                               stale_after_s=s.stale_after_s, interval_s=s.schedule_interval_s,
                                               reclaim_after_s=s.reclaim_after_s,
                                               unschedulable_timeout_s=s.unschedulable_timeout_s)
@@ -211,6 +239,7 @@ class System:
             tls = TlsFiles(s.tls_cert, s.tls_key, s.tls_client_ca) if s.tls_cert else None
             self.admission = AdmissionService(await self._bus("admission"), clock, address=s.grpc_address,
                                               limits=opts.limits, prices=prices, tls=tls,
+                                              names=KnownNames.of(topo) if topo is not None else None,
                                               max_message_bytes=s.grpc_max_request_bytes)
             self._spawn(self.admission.run(), "admission")
             task = self.tasks[-1]

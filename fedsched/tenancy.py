@@ -476,6 +476,37 @@ def _check_grant(g: GrantDoc, tenants: dict[str, TenantDoc], f: str) -> None:
         raise ValidationError(f"{f}.tenants", "admin is global: no tenants, projects, region or cluster")
 
 
+def check_topology_names(doc: PolicyDoc, names: Any, prefix: str = "") -> None:
+    """Refuse a policy naming a region or cluster outside the topology in force.
+
+    Checked: ``tenants[i].home_region``, ``tenants[i].regions[j]``, ``quotas[i].region`` (but
+    ``*``), ``principals[i].roles[j].region`` / ``.cluster`` (agent grants).
+
+    Args:
+        doc: the policy.
+        names: the names in force (a :class:`fedsched.topology.KnownNames`: ``check(kind,
+            value, field)``).
+        prefix: put before every field path (``yaml.`` for a request's document).
+
+    Raises:
+        ValidationError: the first unknown name; field = its path in the document, the message
+            lists the known names.
+    """
+    for i, t in enumerate(doc.tenants):
+        names.check("region", t.home_region, f"{prefix}tenants[{i}].home_region")
+        for j, r in enumerate(t.regions):
+            names.check("region", r, f"{prefix}tenants[{i}].regions[{j}]")
+    for i, q in enumerate(doc.quotas):
+        if q.region != WILDCARD:
+            names.check("region", q.region, f"{prefix}quotas[{i}].region")
+    for i, p in enumerate(doc.principals):
+        for j, g in enumerate(p.roles):
+            if g.region:
+                names.check("region", g.region, f"{prefix}principals[{i}].roles[{j}].region")
+            if g.cluster:
+                names.check("cluster", g.cluster, f"{prefix}principals[{i}].roles[{j}].cluster")
+
+
 def _resolve_card(card: str, classes: dict[str, tuple[str, ...]], field: str) -> frozenset[str] | None:
     """Card models a quota's ``card`` means (None = any)."""
     if card == WILDCARD:

@@ -53,6 +53,23 @@ def _settings(**overrides):
         raise typer.Exit(2) from e
 
 
+TOPOLOGY_HELP = ("The federation's topology (YAML: regions, clusters, backends; see deploy/topology/example.yaml). "
+                 "Default: the bundled trace split into 3 regions x 2 clusters (`fedsched topology show`).")
+
+
+def _topology(path: Optional[Path], nodes: Optional[Path]):
+    """The topology in ``path``, else the default split of ``nodes`` (default: the bundled
+    node list); exits 2 naming the bad key when the file is invalid."""
+    from fedapp.topology import default_topology
+    from fedsched.topology import load_topology
+
+    try:
+        return load_topology(path) if path is not None else default_topology(nodes.resolve() if nodes else None)
+    except FedError as e:
+        err.print(error_line("invalid topology:", f"{path}: {e}" if path else e))
+        raise typer.Exit(2) from e
+
+
 def _logging(verbose: bool) -> None:
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -105,6 +122,8 @@ def up(
     nodes: Optional[Path] = typer.Option(None, "--nodes", help="Trace node list for the embedded trace agents "
                                          "(default: the bundled openb nodes)."),
     no_agents: bool = typer.Option(False, "--no-agents", help="Run no agents here (they run beside their clusters)."),
+    topology: Optional[Path] = typer.Option(None, "--topology", envvar="FEDSCHED_TOPOLOGY", exists=True,
+                                            dir_okay=False, help=TOPOLOGY_HELP),
     policy: str = typer.Option("federated", "--policy", help="Scheduling policy."),
     policy_file: Optional[Path] = typer.Option(None, "--policy-file", envvar="FEDSCHED_POLICY_FILE",
                                                help="Governance policy to store at first start (default: the bundled "
@@ -126,10 +145,11 @@ def up(
 
     settings = _settings(data_dir=data_dir, nats_url=nats_url, clickhouse_url=clickhouse_url, grpc_address=grpc_address,
                          policy_file=policy_file, tls_cert=tls_cert, tls_key=tls_key, tls_client_ca=tls_client_ca)
-    nodes_csv = None if no_agents else (nodes or _bundled("openb_node_list_gpu_node.csv"))
+    topo = _topology(topology, nodes)
+    wanted = tuple(x for x in SystemOptions(settings=settings).services if not (no_agents and x == "agents"))
 
     async def main() -> None:
-        system = System(SystemOptions(settings=settings, policy=policy, nodes_csv=nodes_csv))
+        system = System(SystemOptions(settings=settings, policy=policy, topology=topo, services=wanted))
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -173,7 +193,7 @@ SERVICES = ("admission", "scheduler", "audit", "billing", "agents")
 
 @app.command()
 def service(
-    name: str = typer.Argument(..., help="admission, scheduler, audit, billing or agents"),
+    name: str = typer.Argument(..., help="admission, scheduler, audit, billing or agents (agent)"),
     nats_url: str = typer.Option(..., "--nats-url", envvar="FEDSCHED_NATS_URL", help="The federation's NATS."),
     clickhouse_url: str = typer.Option("", "--clickhouse-url", envvar="FEDSCHED_CLICKHOUSE_URL",
                                        help="ClickHouse server (audit, billing); empty = chDB in --data-dir."),
@@ -181,6 +201,9 @@ def service(
     grpc_address: str = typer.Option("0.0.0.0:50051", "--grpc-address", envvar="FEDSCHED_GRPC_ADDRESS"),
     nodes: Optional[Path] = typer.Option(None, "--nodes", help="agents: trace node list (default: bundled openb)."),
     cluster: list[str] = typer.Option([], "--cluster", help="agents: run only this cluster's agent (repeatable)."),
+    topology: Optional[Path] = typer.Option(None, "--topology", envvar="FEDSCHED_TOPOLOGY", exists=True,
+                                            dir_okay=False, help=TOPOLOGY_HELP),
+
     policy: str = typer.Option("federated", "--policy", help="scheduler: policy name."),
     policy_file: Optional[Path] = typer.Option(None, "--policy-file", envvar="FEDSCHED_POLICY_FILE",
                                                help="Governance policy to store if NATS holds none yet."),
@@ -192,8 +215,14 @@ def service(
     verbose: bool = typer.Option(False, "--verbose", "-v"),
 ):
     """Run one service against an existing NATS (the distributed deployment: one process per
-    service, e.g. one container each in deploy/compose)."""
+    service, e.g. one container each in deploy/compose).
+
+    With --topology, agents run the clusters of the file (--cluster picks them) with the backend
+    each names, and admission checks every region name against the file; without it, agents
+    split --nodes by the default topology and admission learns regions from inventories.
+    """
     _logging(verbose)
+    name = "agents" if name == "agent" else name
     if name not in SERVICES:
         _fail(ValueError(f"unknown service {name!r}; one of {', '.join(SERVICES)}"))
     from fedapp.runtime import System, SystemOptions
@@ -203,7 +232,15 @@ def service(
     settings = _settings(data_dir=data_dir, nats_url=with_local_credentials(nats_url, data_dir),
                          clickhouse_url=clickhouse_url, grpc_address=grpc_address,
                          policy_file=policy_file, tls_cert=tls_cert, tls_key=tls_key, tls_client_ca=tls_client_ca)
-    options = SystemOptions(settings=settings, policy=policy, services=(name,), clusters=tuple(cluster),
+    topo = _topology(topology, None) if topology is not None else None
+    if topo is not None:
+        for c in cluster:  # before connecting anywhere: an unknown --cluster names the known ones
+            try:
+                topo.cluster(c)
+            except FedError as e:
+                err.print(error_line("invalid setting:", f"--cluster {c}: {e.reason}"))
+                raise typer.Exit(2) from e
+    options = SystemOptions(settings=settings, policy=policy, services=(name,), clusters=tuple(cluster), topology=topo,
                             nodes_csv=(nodes or _bundled("openb_node_list_gpu_node.csv")) if name == "agents" else None)
 
     async def main() -> None:
@@ -265,10 +302,14 @@ def schema(
 @app.command()
 def replay(
     nodes: Optional[Path] = typer.Option(None, "--nodes", exists=True, dir_okay=False,
-                                         help="Trace node list (openb format). Default: the bundled openb GPU nodes."),
+                                         help="Trace node list (openb format), split by the default topology. "
+                                              "Default: the bundled openb GPU nodes."),
     pods: Optional[Path] = typer.Option(None, "--pods", exists=True, dir_okay=False,
                                         help="Trace pod list (openb format). Default: the bundled gpuspec33 pods."),
     limit: Optional[int] = typer.Option(None, "--limit", min=1, help="Replay only the first N pods."),
+    topology: Optional[Path] = typer.Option(None, "--topology", envvar="FEDSCHED_TOPOLOGY", exists=True,
+                                            dir_okay=False, help=TOPOLOGY_HELP),
+
     load: float = typer.Option(1.0, "--load", min=0.001,
                                help="Arrival compression: submit times / LOAD, runtimes unchanged (1 = as recorded; "
                                     "the openb timeline alone keeps under 70 of 6212 GPUs busy)."),
@@ -291,7 +332,8 @@ def replay(
 ):
     """Replay a GPU cluster trace through the whole federation and print the outcome.
 
-    Brings up the embedded system, splits the trace's nodes into 3 regions x 2 clusters, submits
+    Brings up the embedded system on --topology (default: the trace's nodes split into 3 regions x
+    2 clusters, see `fedsched topology show`), submits
     every pod as a job through the gRPC API at its creation time, waits until each job finished,
     was rejected or is provably unplaceable, and prints a summary computed by SQL from ClickHouse.
     """
@@ -308,12 +350,15 @@ def replay(
         data_dir = Path(cleanup)
     elif data_dir.exists() and any(data_dir.iterdir()):
         _fail(ValueError(f"--data-dir {data_dir} is not empty; a replay needs a fresh directory"))
+    if topology is not None and nodes is not None:
+        _fail(ValueError("--nodes and --topology do not go together: the topology names its clusters' node lists"))
     settings = _settings(data_dir=data_dir, nats_url=nats_url, clickhouse_url=clickhouse_url,
                          grpc_address="127.0.0.1:0", heartbeat_interval_s=0.5,
                          subject_prefix=os.environ.get("FEDSCHED_SUBJECT_PREFIX", "fed"), schedule_interval_s=0.002)
     options = ReplayOptions(nodes_csv=nodes or _bundled("openb_node_list_gpu_node.csv"),
                             pods_csv=pods or _bundled("openb_pod_list_gpuspec33.csv"), settings=settings, limit=limit,
-                            speed=speed, policy=policy, timeout_s=timeout, load=load)
+                            speed=speed, policy=policy, timeout_s=timeout, load=load,
+                            topology=_topology(topology, None) if topology is not None else None)
     try:
         with progress_display(console, enabled=console.is_terminal, quiet=quiet) as update:
             report = asyncio.run(ReplayDriver(options, on_progress=update).run())
@@ -333,6 +378,30 @@ def replay(
         err.print(error_line("timeout:", f"stopped after {timeout:g} s with jobs still open; the figures cover "
                                          f"only what happened (raise --timeout or --speed)"))
         raise typer.Exit(2)
+
+
+# --------------------------------------------------------------------------- topology
+
+topology_app = typer.Typer(help="The federation's topology (regions, zones, clusters, backends).",
+                           no_args_is_help=True, add_completion=False)
+app.add_typer(topology_app, name="topology")
+
+
+@topology_app.command("show")
+def topology_show(
+    topology: Optional[Path] = typer.Option(None, "--topology", envvar="FEDSCHED_TOPOLOGY", exists=True,
+                                            dir_okay=False, help=TOPOLOGY_HELP),
+    nodes: Optional[Path] = typer.Option(None, "--nodes", help="Without --topology: the node list the default "
+                                         "topology splits (default: the bundled openb nodes)."),
+    output: str = typer.Option("yaml", "--output", "-o", help="yaml or json"),
+):
+    """Print the topology in force (validated) in a form --topology accepts back."""
+    from fedsched.topology import dump_topology
+
+    if output not in ("yaml", "json"):
+        _fail(ValueError(f"--output must be yaml or json, got {output!r}"))
+    topo = _topology(topology, nodes)
+    sys.stdout.write(dump_topology(topo, output))
 
 
 # --------------------------------------------------------------------------- sql

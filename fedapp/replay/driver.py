@@ -1,8 +1,8 @@
 """The replay: a real trace through the whole running federation.
 
 The driver brings the system up (embedded NATS + chDB unless URLs are given), starts one trace
-agent per cluster of the split, then submits every pod as a job through the gRPC API (as the
-bootstrap admin, whose token the system wrote to ``<data_dir>/admin.token``) at its
+agent per cluster of the topology (default: the trace split into 3 regions x 2 clusters), then
+submits every pod as a job through the gRPC API (as the bootstrap admin, whose token the system wrote to ``<data_dir>/admin.token``) at its
 creation time on the replay clock, and waits until every job has finished, been rejected, or
 is provably unplaceable. The summary is computed by SQL from ClickHouse (:mod:`.report`).
 
@@ -46,7 +46,10 @@ from fedapp.replay.workload import TraceJob, trace_jobs
 from fedapp.runtime import System, SystemOptions
 from fedsched.settings import Settings
 from services.admission.convert import spec_to_pb
-from services.inventory.trace import CLUSTERS, load_nodes, load_pods, split_nodes
+from fedapp.topology import cluster_nodes, default_topology, policy_for_topology
+from fedsched.tenancy import bundled_policy_text
+from fedsched.topology import Topology
+from services.inventory.trace import load_pods
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +62,12 @@ class ReplayOptions:
     """A replay's inputs.
 
     Attributes:
-        nodes_csv / pods_csv: trace files (openb format).
+        nodes_csv / pods_csv: trace files (openb format); ``nodes_csv`` is split by the
+            default topology when no ``topology`` is given.
+        topology: the federation to replay on (:mod:`fedsched.topology`; its trace clusters'
+            node lists replace ``nodes_csv``); the first-start policy is the bundled one with
+            tenants' home regions moved into it (:func:`fedapp.topology.policy_for_topology`)
+            unless ``settings.policy_file`` is set.
         settings: runtime settings (data dir, URLs, prefix).
         limit: replay only the first N pods (by creation time).
         speed: trace-seconds per wall-second between jumps.
@@ -79,6 +87,7 @@ class ReplayOptions:
     epoch: datetime = DEFAULT_EPOCH
     load: float = 1.0
     submit_concurrency: int = 64
+    topology: Topology | None = None
 
 
 @dataclass
@@ -127,23 +136,27 @@ class ReplayDriver:
     async def run(self) -> dict:
         """Replay and return the report (see :func:`~fedapp.replay.report.build_report`)."""
         t_wall = time.monotonic()
-        nodes = load_nodes(self.o.nodes_csv)
-        jobs = trace_jobs(load_pods(self.o.pods_csv), self.o.limit, self.o.load)
+        topo = self.o.topology if self.o.topology is not None else default_topology(self.o.nodes_csv)
+        cache: dict = {}
+        split = {c.name: cluster_nodes(topo, c.name, cache) for c in topo.clusters if c.backend == "trace"}
+        nodes = [n for part in split.values() for n in part]
+        jobs = trace_jobs(load_pods(self.o.pods_csv), self.o.limit, self.o.load, regions=topo.region_names())
         self.progress.total = len(jobs)
         self.progress.trace_end_s = max((j.submit_at_s + j.pod.runtime_s for j in jobs), default=0)
-        split = split_nodes(nodes)
         log.info("replay: %d jobs on %d nodes in %d clusters", len(jobs), len(nodes), sum(1 for v in split.values() if v))
         epoch = self.o.epoch.timestamp()
         self.clock = ReplayClock(ClockState(time.time(), epoch, self.o.speed, 1))
-        opts = SystemOptions(settings=self.o.settings, clock=self.clock, policy=self.o.policy,
-                             nodes_csv=self.o.nodes_csv, agent_tick_s=0.005)
+        policy_text = None
+        if self.o.topology is not None and self.o.settings.policy_file is None:
+            policy_text = policy_for_topology(bundled_policy_text(), topo)
+        opts = SystemOptions(settings=self.o.settings, clock=self.clock, policy=self.o.policy, topology=topo,
+                             split=split, policy_text=policy_text, agent_tick_s=0.005)
         self.system = System(opts)
         await self.system.start()
         self.system.scheduler.on_cycle.append(self._poke.set)
         try:
             await publish_clock(self.system.control, self.clock.state)
-            await self._wait_for_clusters(sum(1 for c in CLUSTERS if split[c.name]),
-                                          {n.card_model for n in nodes if n.card_model})
+            await self._wait_for_clusters(len(self.system.agents), {n.card_model for n in nodes if n.card_model})
             follower = StreamFollower(self.system.control, "EVENTS", self._on_event, name="replay-driver",
                                       filter_subjects=[self.system.control.subjects.all("status"),
                                                        self.system.control.subjects.all("decisions")])

@@ -10,7 +10,10 @@ field              rule
 tenant             ``u(tenant)`` against weights search .30, ads .25, nlp .20, vision .15,
                    recsys .10 (tenants of ``fedsched/catalog/policy.yaml``)
 home_region        the tenant's home region when ``u(home) < .85``, else one of the other
-                   regions of the split, by ``u(home)``
+                   regions in force, by ``u(home)``. Under a custom topology the tenant's
+                   home is its default home moved by :func:`fedapp.topology.map_region` (the
+                   i-th default region -> the topology's region ``i mod n``, file order), and
+                   "the other regions" are the topology's
 kind               ``num_gpu >= 2`` -> training; qos ``LS`` -> inference; ``Guaranteed`` /
                    ``Burstable`` -> training; ``BE`` -> batch
 project            training -> ``train``, inference -> ``serve``, others -> ``batch``
@@ -46,7 +49,8 @@ from dataclasses import dataclass
 import pydantic
 
 from fedsched.jobs import Dataset, JobKind, JobSpec, Locality, PriorityClass
-from services.inventory.trace import CLUSTERS, TracePod, pick, unit_hash
+from fedapp.topology import DEFAULT_REGIONS, map_region
+from services.inventory.trace import TracePod, pick, unit_hash
 
 TENANT_WEIGHTS: tuple[tuple[str, str, float], ...] = (
     ("search", "cn-north-1", 0.30),
@@ -56,7 +60,7 @@ TENANT_WEIGHTS: tuple[tuple[str, str, float], ...] = (
     ("recsys", "cn-east-1", 0.10),
 )
 
-REGIONS: tuple[str, ...] = tuple(dict.fromkeys(c.region for c in CLUSTERS))
+REGIONS: tuple[str, ...] = DEFAULT_REGIONS
 
 _PRIORITY = {"LS": PriorityClass.HIGH, "Guaranteed": PriorityClass.NORMAL, "Burstable": PriorityClass.NORMAL,
              "BE": PriorityClass.LOW}
@@ -88,17 +92,19 @@ def _label(name: str) -> str:
     return label
 
 
-def overlay(pod: TracePod) -> JobSpec:
-    """The job spec of ``pod`` by the module's rule."""
+def overlay(pod: TracePod, regions: tuple[str, ...] = REGIONS) -> JobSpec:
+    """The job spec of ``pod`` by the module's rule, with home regions among ``regions`` (the
+    topology's, file order; default: the default split's)."""
     name = pod.name
     label = _label(name)
     tenant_i = pick(unit_hash(name, "tenant"), [w for _, _, w in TENANT_WEIGHTS])
     tenant, tenant_home, _ = TENANT_WEIGHTS[tenant_i]
+    tenant_home = map_region(tenant_home, regions)
     u_home = unit_hash(name, "home")
-    if u_home < 0.85:
+    others = [r for r in regions if r != tenant_home]
+    if u_home < 0.85 or not others:
         home = tenant_home
     else:
-        others = [r for r in REGIONS if r != tenant_home]
         home = others[min(len(others) - 1, int((u_home - 0.85) / 0.15 * len(others)))]
     if pod.num_gpu >= 2 or pod.qos in ("Guaranteed", "Burstable"):
         kind = JobKind.TRAINING
@@ -141,7 +147,8 @@ def overlay(pod: TracePod) -> JobSpec:
         return JobSpec.model_construct(**fields)
 
 
-def trace_jobs(pods: list[TracePod], limit: int | None = None, load: float = 1.0) -> list[TraceJob]:
+def trace_jobs(pods: list[TracePod], limit: int | None = None, load: float = 1.0,
+               regions: tuple[str, ...] = REGIONS) -> list[TraceJob]:
     """The first ``limit`` pods (by creation time) as jobs.
 
     Args:
@@ -150,9 +157,10 @@ def trace_jobs(pods: list[TracePod], limit: int | None = None, load: float = 1.0
         load: arrival compression: submit times are ``(creation - first creation) / load``,
             runtimes unchanged, so ``load = 20`` offers about 20x the concurrent demand (the
             openb timeline alone peaks near 66 busy GPUs of 6212). 1 = the trace as recorded.
+        regions: the regions in force (see :func:`overlay`).
     """
     if not load > 0:
         raise ValueError("load must be > 0")
     chosen = pods[:limit] if limit else pods
     t0 = chosen[0].creation_time if chosen else 0
-    return [TraceJob(p, int((p.creation_time - t0) / load), overlay(p), f"replay-{p.name}") for p in chosen]
+    return [TraceJob(p, int((p.creation_time - t0) / load), overlay(p, regions), f"replay-{p.name}") for p in chosen]

@@ -35,8 +35,9 @@ from fedsched.events import (ApprovalDecided, GovernanceChanged, Subjects, appro
                              make_event)
 from fedsched.events import EventType
 from fedsched.tenancy import (WILDCARD, Governance, GrantDoc, PolicyDoc, PrincipalDoc, QuotaDoc, TenantDoc,
-                                 canonical, carry_bootstrap, check_grant, diff, parse_entry, parse_policy,
-                                 parse_policy_data, policy_version, public_view, resolve_card, to_yaml, with_principal)
+                                 canonical, carry_bootstrap, check_grant, check_topology_names, diff, parse_entry,
+                                 parse_policy, parse_policy_data, policy_version, public_view, resolve_card, to_yaml,
+                                 with_principal)
 from fedsched.jobs import JobState, Locality
 from fedsched.naming import check_name
 from fedsched.policystore import PolicyHolder, StoredPolicy, announce, read_policy, write_policy
@@ -96,10 +97,11 @@ class PolicyEditor:
         policy: the holder updated with what was stored.
     """
 
-    def __init__(self, store: Bus, clock: Clock, policy: PolicyHolder) -> None:
+    def __init__(self, store: Bus, clock: Clock, policy: PolicyHolder, names=None) -> None:
         self.store = store
         self.clock = clock
         self.policy = policy
+        self.names = names  #: the topology's names (fedsched.topology.KnownNames) or None: not checked
 
     async def change(self, mutate: Callable[[PolicyDoc], PolicyDoc], *, actor: Principal,
                      expected_version: str = "") -> tuple[StoredPolicy, StoredPolicy | None]:
@@ -111,7 +113,8 @@ class PolicyEditor:
         Raises:
             ConflictError: ``expected_version`` is stale, the change would leave no admin or
                 remove the caller's admin rights, or the policy kept changing meanwhile.
-            ValidationError: the changed document does not validate.
+            ValidationError: the changed document does not validate, or names a region or
+                cluster outside the topology (:func:`~fedsched.tenancy.check_topology_names`).
         """
         for attempt in range(3):
             before = await read_policy(self.store)
@@ -121,6 +124,8 @@ class PolicyEditor:
                 raise ConflictError(f"the policy is at version {before.version}, not {expected_version}; "
                                     "review the change against it and retry")
             doc = mutate(before.gov.doc)
+            if self.names is not None:
+                check_topology_names(doc, self.names)
             _guard(doc, actor)
             if policy_version(doc) == before.version:
                 self.policy.set(before)
@@ -246,17 +251,20 @@ class TenantServicer(gpb_grpc.TenantServiceServicer):
         view: the job read model (quota usage).
         publisher: where governance events go (default: ``store``).
         subjects: subject names (default: ``store.subjects``).
+        names: the topology's region/zone/cluster names (:class:`fedsched.topology.KnownNames`);
+            tenants and quotas naming others are refused (INVALID_ARGUMENT). None = not checked.
     """
 
     def __init__(self, store: Bus, clock: Clock, policy: PolicyHolder, spend: SpendBook, view: JobView, *,
-                 publisher: Publisher | None = None, subjects: Subjects | None = None) -> None:
+                 publisher: Publisher | None = None, subjects: Subjects | None = None, names=None) -> None:
+        self.names = names
         self.clock = clock
         self.policy = policy
         self.spend = spend
         self.view = view
         self.publisher = publisher if publisher is not None else store
         self.subjects = subjects if subjects is not None else store.subjects
-        self.editor = PolicyEditor(store, clock, policy)
+        self.editor = PolicyEditor(store, clock, policy, names)
 
     def _gov(self) -> Governance:
         return governance_in_force(self.policy)
@@ -290,6 +298,10 @@ class TenantServicer(gpb_grpc.TenantServiceServicer):
         gov = self._gov()
         old = gov.tenant(request.tenant.name)
         new = tenant_from_pb(request.tenant, old)
+        if self.names is not None:
+            self.names.check("region", new.home_region, "tenant.home_region")
+            for j, r in enumerate(new.regions):
+                self.names.check("region", r, f"tenant.regions[{j}]")
         entry = new.model_dump(mode="json")
         before, after = await self.editor.change(
             lambda doc: _replace(doc, "tenants", lambda t: t["name"] != new.name, entry),
@@ -343,6 +355,8 @@ class TenantServicer(gpb_grpc.TenantServiceServicer):
                 "borrowing_limit_gpus": None if borrow is None else _finite(borrow, "quota.borrowing_limit_gpus"),
                 "cohort": q.cohort}
         new = parse_entry(QuotaDoc, data, "quota")
+        if self.names is not None and new.region != WILDCARD:
+            self.names.check("region", new.region, "quota.region")
         resolve_card(new.card, gov.doc, "quota.card")
         if not new.cohort and new.borrowing_limit_gpus not in (0, None):
             raise ValidationError("quota.borrowing_limit_gpus", "borrowing needs a cohort to borrow from")
@@ -502,12 +516,16 @@ class PolicyServicer(gpb_grpc.PolicyServiceServicer):
         store: the connection holding the policy KV bucket (and announcing applied policies).
         clock: business clock (stored versions).
         policy: the governance policy in force.
+        names: the topology's names (:class:`fedsched.topology.KnownNames`): a policy naming
+            other regions or clusters is refused (INVALID_ARGUMENT, field ``yaml.<path>``).
+            None = not checked.
     """
 
-    def __init__(self, store: Bus, clock: Clock, policy: PolicyHolder) -> None:
+    def __init__(self, store: Bus, clock: Clock, policy: PolicyHolder, names=None) -> None:
         self.store = store
         self.policy = policy
-        self.editor = PolicyEditor(store, clock, policy)
+        self.names = names
+        self.editor = PolicyEditor(store, clock, policy, names)
 
     async def GetPolicy(self, request: gpb.GetPolicyRequest, context) -> gpb.PolicyDocument:
         _require_admin(auth.current())
@@ -526,9 +544,12 @@ class PolicyServicer(gpb_grpc.PolicyServiceServicer):
         if len(request.yaml) > MAX_YAML:
             raise ValidationError("yaml", f"at most {MAX_YAML} characters")
         try:
-            return parse_policy(request.yaml)
+            doc = parse_policy(request.yaml)
         except ValidationError as e:
             raise ValidationError(f"yaml.{e.field}" if e.field != "policy" else "yaml", e.reason) from e
+        if self.names is not None:
+            check_topology_names(doc, self.names, prefix="yaml.")
+        return doc
 
     async def DiffPolicy(self, request: gpb.ApplyPolicyRequest, context) -> gpb.ApplyPolicyResponse:
         principal = auth.current()

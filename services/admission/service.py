@@ -67,6 +67,7 @@ from fedsched.events import InventorySnapshot, JobCancelRequested, JobSubmitted,
     business_event_id, make_event
 from fedsched.events import APPROVAL_OUTCOMES, Envelope, EventType
 from fedsched.tenancy import Governance
+from fedsched.topology import KnownNames
 from fedsched.jobs import TERMINAL_STATES, JobSpec, JobState
 from fedsched.naming import check_name, is_name
 from fedsched.policystore import PolicyFollower, PolicyHolder
@@ -358,12 +359,17 @@ class JobServicer(pb_grpc.JobServiceServicer):
         subjects: subject names (default: ``publisher.subjects``, the bus's).
         clusters: cluster name -> what it could ever hold, from the agents' latest inventory
             (kept current); a GPU job none of them could hold is refused (FAILED_PRECONDITION).
+        names: the topology's region/zone/cluster names (:class:`fedsched.topology.KnownNames`):
+            home, allowed and forbidden regions must be among its regions. None (no topology
+            given): the regions agents reported plus the tenants' home regions.
     """
 
     def __init__(self, publisher: Publisher, clock: Clock, policy: PolicyHolder, view: JobView, limits: Limits | None,
                  known_models: set[str], known_regions: set[str], spend: SpendBook, prices: PriceCatalog, *,
-                 subjects: Subjects | None = None, clusters: dict[str, ClusterCapacity] | None = None) -> None:
+                 subjects: Subjects | None = None, clusters: dict[str, ClusterCapacity] | None = None,
+                 names: KnownNames | None = None) -> None:
         self.publisher = publisher
+        self.names = names
         self.subjects: Subjects = subjects if subjects is not None else publisher.subjects
         self.clock = clock
         self.policy = policy
@@ -434,7 +440,8 @@ class JobServicer(pb_grpc.JobServiceServicer):
             raise PermissionDeniedError(f"{principal.name} may not submit jobs for {tenant.name}/{raw.project or '?'}")
         spec = spec_from_pb(raw, limits=limits, default_home=tenant.home_region,
                             known_models=frozenset(self.known_models))
-        regions = self.known_regions | {t.home_region for t in gov.tenants.values()}
+        regions = (set(self.names.regions) if self.names is not None
+                   else self.known_regions | {t.home_region for t in gov.tenants.values()})
         for field, values in (("spec.home_region", [spec.home_region]), ("spec.allowed_regions", spec.allowed_regions),
                               ("spec.forbidden_regions", spec.forbidden_regions)):
             for r in values:
@@ -667,12 +674,15 @@ class AdmissionService:
         max_message_bytes: largest request accepted (bigger: RESOURCE_EXHAUSTED from gRPC).
         prices: price catalog (budgets' worst-case cost); default the bundled one.
         tls: serve TLS / mTLS instead of plaintext.
+        names: the topology's region/zone/cluster names (passed in by the composition layer):
+            job regions, tenants, quotas and policies are checked against them. None = no
+            topology given: job regions are checked against what agents report.
         spend_poll_s: how often to look for billing's spend KV bucket until it exists.
     """
 
     def __init__(self, bus: Bus, clock: Clock, *, address: str = "127.0.0.1:50051", limits: Limits | None = None,
                  max_message_bytes: int = 4 * 1024 * 1024, prices: PriceCatalog | None = None,
-                 tls: TlsFiles | None = None, spend_poll_s: float = 5.0) -> None:
+                 tls: TlsFiles | None = None, spend_poll_s: float = 5.0, names: KnownNames | None = None) -> None:
         self.bus = bus
         self.address = address
         self.tls = tls
@@ -685,10 +695,10 @@ class AdmissionService:
         self.clusters: dict[str, ClusterCapacity] = {}  #: cluster -> what it could ever hold (latest inventory)
         prices = prices or load_price_catalog()
         self.servicer = JobServicer(bus, clock, self.policy, self.view, limits, self.known_models,
-                                    self.known_regions, self.spend, prices, clusters=self.clusters)
-        self.tenants = TenantServicer(bus, clock, self.policy, self.spend, self.view)
+                                    self.known_regions, self.spend, prices, clusters=self.clusters, names=names)
+        self.tenants = TenantServicer(bus, clock, self.policy, self.spend, self.view, names=names)
         self.approval_servicer = ApprovalServicer(bus, bus.subjects, clock, self.policy, self.approvals, self.view)
-        self.policy_servicer = PolicyServicer(bus, clock, self.policy)
+        self.policy_servicer = PolicyServicer(bus, clock, self.policy, names)
         self.clock = clock
         self.server = grpc.aio.server(interceptors=[GatewayInterceptor(authenticator(self.policy))], options=[
             ("grpc.max_receive_message_length", max_message_bytes),

@@ -19,6 +19,9 @@ model's row in :data:`SPLIT_WEIGHTS` (models without a row use ``default``). The
 deliberately uneven -- the north region holds most of the big 8-card nodes, the east most T4s,
 the south is small and cheap -- so home regions fill at different rates and cross-region
 placement matters.
+
+This split is the *default topology* (``fedapp/topology.py``: ``default_topology``, shown by
+``fedsched topology show``); ``--topology FILE`` replaces it with the operator's federation.
 """
 
 from __future__ import annotations

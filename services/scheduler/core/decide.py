@@ -257,7 +257,9 @@ class _Cycle:
                               for c in view.clusters)
         self.by_name = {c.name: c for c in self.clusters}
         prices = [p for c in self.clusters for p in c.prices.values() if p > 0]
-        self.ctx = Context(view, policy.inter_region_bandwidth_bps, policy.egress_price_per_gb, max(prices, default=1.0))
+        pairs = {(a, b): bps for a, b, bps in policy.region_bandwidth_bps}
+        self.ctx = Context(view, policy.inter_region_bandwidth_bps, policy.egress_price_per_gb,
+                           max(prices, default=1.0), region_bandwidth_bps=pairs)
         self.filter_key = key_function(policy.filters, self.ctx)
         self.view = view
         self.policy = policy

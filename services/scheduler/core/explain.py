@@ -67,7 +67,8 @@ def placement_counterfactual(view: View, placement: Placement, policy: Policy) -
         return ""
     job = placement.job
     home = job.spec.home_region
-    ctx = Context(view, policy.inter_region_bandwidth_bps, policy.egress_price_per_gb)
+    ctx = Context(view, policy.inter_region_bandwidth_bps, policy.egress_price_per_gb,
+                  region_bandwidth_bps={(a, b): bps for a, b, bps in policy.region_bandwidth_bps})
     best: tuple[float, float] | None = None
     for cluster in view.clusters:
         if cluster.region != home or cluster.name in job.avoid_clusters:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from operator import attrgetter
-from typing import Callable, Protocol, Sequence
+from typing import Callable, Mapping, Protocol, Sequence
 
 from fedsched.reasons import PASS, Reason, Verdict, fail
 from services.scheduler.core.snapshot import ClusterState, QueuedJob, View
@@ -29,6 +29,8 @@ class Context:
     Attributes:
         view: the snapshot (``now``, staleness bound, all clusters for normalising).
         inter_region_bandwidth_bps: bytes per second between regions, for transfer time.
+        region_bandwidth_bps: (from region, to region) -> bytes per second, where the topology
+            gives the pair (else ``inter_region_bandwidth_bps``).
         egress_price_per_gb: currency units per GB moved between regions.
         max_price: the highest GPU-hour price in the view (for normalising), > 0.
         memo: a cycle's memo for pure per-(job, region) figures such as bytes to move.
@@ -38,6 +40,7 @@ class Context:
     inter_region_bandwidth_bps: float = 1.25e9
     egress_price_per_gb: float = 0.5
     max_price: float = 1.0
+    region_bandwidth_bps: Mapping[tuple[str, str], float] = field(default_factory=dict, compare=False)
     memo: dict = field(default_factory=dict, compare=False)  # per-cycle memo of pure per-job figures
 
 

@@ -41,7 +41,10 @@ class Policy:
         name: policy name (see the module table).
         filters: hard filters, applied in order (first failure is the reason).
         weights: (scorer, weight) pairs; ``total = sum(weight * score)``.
-        inter_region_bandwidth_bps: bytes/s between regions (transfer time = bytes / this).
+        inter_region_bandwidth_bps: bytes/s between regions (transfer time = bytes / this) for
+            pairs not in ``region_bandwidth_bps``.
+        region_bandwidth_bps: ``(region a, region b, bytes/s)`` per ordered region pair (from the
+            topology's ``bandwidth``; empty = ``inter_region_bandwidth_bps`` everywhere).
         egress_price_per_gb: currency units per GB moved across regions.
         fast_lane_s: jobs estimated to run at most this long (s) use the fast lane.
         fast_lane_bonus: priority points the fast lane adds.
@@ -78,6 +81,7 @@ class Policy:
     filters: tuple[f.Filter, ...]
     weights: tuple[tuple[s.Scorer, float], ...]
     inter_region_bandwidth_bps: float = 1.25e9
+    region_bandwidth_bps: tuple[tuple[str, str, float], ...] = ()
     egress_price_per_gb: float = 0.5
     fast_lane_s: float = 600.0
     fast_lane_bonus: int = 5
@@ -100,6 +104,8 @@ class Policy:
     def describe(self) -> dict[str, Any]:
         """The policy as plain data (what the version hashes)."""
         data = {x.name: getattr(self, x.name) for x in fields(self) if x.name not in ("filters", "weights", "version")}
+        if not self.region_bandwidth_bps:  # unset: the version stays what it was before the field existed
+            del data["region_bandwidth_bps"]
         data["filters"] = [x.name for x in self.filters]
         data["weights"] = {sc.name: w for sc, w in self.weights}
         return data

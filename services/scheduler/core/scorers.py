@@ -65,8 +65,18 @@ def _remote_bytes(job: QueuedJob, cluster: ClusterState, ctx: Context) -> int:
 
 
 def transfer_seconds(job: QueuedJob, cluster: ClusterState, ctx: Context) -> float:
-    """Estimated time to move the job's remote datasets: bytes / inter-region bandwidth (s)."""
-    return _remote_bytes(job, cluster, ctx) / ctx.inter_region_bandwidth_bps
+    """Estimated time to move the job's remote datasets (s): each dataset's bytes / the bandwidth
+    from its home region to the cluster's (``ctx.region_bandwidth_bps``, else
+    ``ctx.inter_region_bandwidth_bps``), summed (moved one after another)."""
+    if not ctx.region_bandwidth_bps:
+        return _remote_bytes(job, cluster, ctx) / ctx.inter_region_bandwidth_bps
+    key = ("secs", job.job_id, job.shard, cluster.region)
+    value = ctx.memo.get(key)
+    if value is None:
+        bw, default = ctx.region_bandwidth_bps, ctx.inter_region_bandwidth_bps
+        value = ctx.memo[key] = sum(d.size_bytes / bw.get((d.home_region, cluster.region), default)
+                                    for d in job.spec.datasets if d.home_region != cluster.region)
+    return value
 
 
 def egress_cost(job: QueuedJob, cluster: ClusterState, ctx: Context) -> float:
