@@ -354,6 +354,10 @@ class NodeInventory(_Payload):
     memory_free_mib: int = 0
     healthy: bool = True
     rdma: bool = False
+    #: cordoned / drained: runs what it runs, takes no new work
+    unschedulable: bool = False
+    #: taints as ``key=value:Effect`` (Kubernetes form; Slurm features/reasons mapped onto it)
+    taints: tuple[str, ...] = ()
 
 
 class InventorySnapshot(_Payload):
