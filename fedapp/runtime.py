@@ -197,7 +197,7 @@ class System:
                 if not nodes or (opts.clusters and cluster.name not in opts.clusters):
                     continue
                 agent = ClusterAgent(await self._bus(f"agent-{cluster.name}"), clock, cluster,
-                                     TraceBackend(nodes, rdma=cluster.interconnect in ("rdma", "infiniband")),
+                                     TraceBackend(nodes, clock=clock, rdma=cluster.interconnect in ("rdma", "infiniband")),
                                      heartbeat_interval_s=s.heartbeat_interval_s, tick_s=opts.agent_tick_s)
                 self.agents.append(agent)
                 self._spawn(agent.run(), f"agent-{cluster.name}")

@@ -113,7 +113,7 @@ CASES = [
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 async def test_agent_table(case: AgentCase) -> None:
     clock, publisher = FakeClock(), FakePublisher()
-    agent = ClusterAgent(None, clock, CLUSTER, StaticBackend(nodes("n"), **case.backend), publisher=publisher,
+    agent = ClusterAgent(None, clock, CLUSTER, StaticBackend(nodes("n"), clock=clock, **case.backend), publisher=publisher,
                          subjects=SUBJECTS)
     placements: dict[tuple[str, int], object] = {}
     seen = seq = 0
@@ -145,4 +145,4 @@ async def test_agent_table(case: AgentCase) -> None:
 
 async def test_an_agent_without_a_bus_needs_a_publisher() -> None:
     with pytest.raises(ValueError):
-        ClusterAgent(None, FakeClock(), CLUSTER, StaticBackend(nodes("n")))
+        ClusterAgent(None, FakeClock(), CLUSTER, StaticBackend(nodes("n"), clock=FakeClock()))
