@@ -26,6 +26,7 @@ class AgentCase:
     id: str
     steps: list
     backend: dict = field(default_factory=dict)
+    node_count: int = 1
 
 
 @dataclass
@@ -49,6 +50,13 @@ class Stop:
 @dataclass
 class Advance:
     seconds: float
+
+
+@dataclass
+class NodeDown:
+    """The drill ``ClusterAgent.set_node_health(node, False)``, then a drain (as the ticker would)."""
+
+    node: str
 
 
 @dataclass
@@ -107,13 +115,58 @@ CASES = [
         Advance(600),
         Expect([("job.started", "j1", 1, ""), ("job.failed", "j1", 1, "exited with failure (trace outcome)")]),
     ], dict(outcome="failed")),
+    # fencing by attempt
+    AgentCase("a placement of an attempt older than one already seen is refused as superseded", [
+        Place("j1", 1, [("n0", (0,))], attempt=2),
+        Place("j1", 1, [("n0", (1,))], attempt=1),
+        Expect([("job.started", "j1", 2, ""), ("job.rejected", "j1", 1, "superseded")]),
+    ]),
+    AgentCase("a newer attempt's placement stops the older attempt still running here", [
+        Place("j1", 8, [("n0", tuple(range(8)))], attempt=1),
+        Place("j1", 8, [("n0", tuple(range(8)))], attempt=2),
+        Expect([("job.started", "j1", 1, ""), ("job.stopped", "j1", 1, "superseded"), ("job.started", "j1", 2, "")]),
+        Advance(600), Expect([("job.finished", "j1", 2, "")]),
+    ]),
+    AgentCase("a stop order for attempt 2 stops attempt 1 and fences it", [
+        Place("j1", 8, [("n0", tuple(range(8)))], attempt=1),
+        Stop("j1", "cluster_lost", attempt=2),
+        Place("j1", 8, [("n0", tuple(range(8)))], attempt=1),
+        Advance(600),
+        Expect([("job.started", "j1", 1, ""), ("job.stopped", "j1", 1, "superseded")]),
+    ]),
+    AgentCase("cluster_lost for the running attempt stops it; it never reports an end", [
+        Place("j1", 1, [("n0", (0,))]),
+        Stop("j1", "cluster_lost"),
+        Advance(600),
+        Expect([("job.started", "j1", 1, ""), ("job.stopped", "j1", 1, "cluster_lost")]),
+    ]),
+    # gangs on failing nodes
+    AgentCase("a node failing under one worker fails the whole gang once, frees every worker's GPUs", [
+        Place("g", 8, [("n0", tuple(range(8))), ("n1", tuple(range(8)))], kw=dict(workers=2)),
+        NodeDown("n1"),
+        Expect([("job.started", "g", 1, ""), ("job.failed", "g", 1, "node_failed")]),
+        Place("j2", 8, [("n0", tuple(range(8)))]),
+        Advance(600),
+        Expect([("job.started", "j2", 1, ""), ("job.finished", "j2", 1, "")]),
+    ], node_count=2),
+    AgentCase("a node failing under no worker leaves the gang running", [
+        Place("g", 8, [("n0", tuple(range(8))), ("n1", tuple(range(8)))], kw=dict(workers=2)),
+        NodeDown("n2"),
+        Advance(600),
+        Expect([("job.started", "g", 1, ""), ("job.finished", "g", 1, "")]),
+    ], node_count=3),
+    AgentCase("a placement on a failed node is refused", [
+        NodeDown("n0"),
+        Place("j1", 1, [("n0", (0,))]),
+        Expect([("job.rejected", "j1", 1, "node n0 is not healthy")]),
+    ]),
 ]
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 async def test_agent_table(case: AgentCase) -> None:
     clock, publisher = FakeClock(), FakePublisher()
-    agent = ClusterAgent(None, clock, CLUSTER, StaticBackend(nodes("n"), clock=clock, **case.backend), publisher=publisher,
+    agent = ClusterAgent(None, clock, CLUSTER, StaticBackend(nodes("n", case.node_count), clock=clock, **case.backend), publisher=publisher,
                          subjects=SUBJECTS)
     placements: dict[tuple[str, int], object] = {}
     seen = seq = 0
@@ -130,6 +183,9 @@ async def test_agent_table(case: AgentCase) -> None:
                 step.job, spec(), CLUSTER.name, CLUSTER.region, [("n0", (0,))], attempt=step.attempt)
             env = stop_order(placed, step.reason, clock.time(), checkpoint_interval_s=step.checkpoint_interval_s)
             await agent.handle([delivery(env, SUBJECTS.placements(CLUSTER.region, CLUSTER.name), seq, clock.time())])
+        elif isinstance(step, NodeDown):
+            agent.set_node_health(step.node, False)
+            await agent.finish_due()
         elif isinstance(step, Advance):
             clock.advance(step.seconds)
             await agent.finish_due()
@@ -141,6 +197,13 @@ async def test_agent_table(case: AgentCase) -> None:
             assert all(p.subject == SUBJECTS.status(CLUSTER.region, CLUSTER.name) for p in new)
             if step.progress_s is not None:
                 assert new[-1].event.payload["progress_s"] == step.progress_s
+            for p in new:
+                if p.event.payload.get("reason") == "node_failed":
+                    assert p.event.payload["exit_code"] is None
+    # whatever happened, the ledger is back to what still runs: nothing is allocated twice
+    held = sum(1000 * len(b.gpu_indices) for j in agent.running.values() for b in j.placed.bindings)
+    free = sum(sum(led.gpu_free) for led in agent.ledger.values())
+    assert free + held == 1000 * 8 * case.node_count
 
 
 async def test_an_agent_without_a_bus_needs_a_publisher() -> None:
