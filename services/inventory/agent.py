@@ -60,6 +60,7 @@ from fedsched.events import (Heartbeat, InventorySnapshot, JobPlaced, JobStatus,
                              business_event_id, make_event)
 from fedsched.events import Envelope, EventType
 from fedsched.jobs import AttemptState, JobSpec
+from fedsched.logs import LogReply, LogRequest, chunks
 from fedsched.ports import Publisher
 from services.inventory.backend import (NODE_FAILED, TERMINAL_PHASES, AttemptKey, AttemptNotFound, AttemptSpec,
                                         AttemptStatus, Backend, BackendError, ObservedAttempt, Phase)
@@ -352,6 +353,7 @@ class ClusterAgent:
         self.reconciled: list[tuple[str, str]] = []
         self._stop_retry: dict[AttemptKey, str] = {}  # stops the backend could not carry out yet
         self._failed_nodes: set[str] = set()  # nodes seen failing whose gangs are not yet stopped
+        self._log_tasks: set[asyncio.Task] = set()  # log requests being answered
         self.sequence = 0
         self._changed = asyncio.Event()  # capacity or health changed: snapshot at the next beat
         self._stop = asyncio.Event()
@@ -382,6 +384,8 @@ class ClusterAgent:
         await self.publish_snapshot()
         if self.holding:
             self._consumer.stop()
+        logs_sub = await self.bus.nc.subscribe(self.subjects.logs(self.cluster.region, self.cluster.name),
+                                               cb=self._on_logs_request)
         tasks = [asyncio.create_task(self._consumer.run(), name=f"{self.durable}-consumer"),
                  asyncio.create_task(self._heartbeats(), name=f"{self.durable}-heartbeat"),
                  asyncio.create_task(self._ticker(), name=f"{self.durable}-ticker")]
@@ -389,7 +393,11 @@ class ClusterAgent:
             await self._stop.wait()
         finally:
             self._consumer.stop()
-            for t in tasks:
+            try:
+                await logs_sub.unsubscribe()
+            except Exception as e:  # noqa: BLE001 - the connection may be closing
+                log.debug("%s: logs unsubscribe: %r", self.producer, e)
+            for t in [*tasks, *self._log_tasks]:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
 
@@ -575,6 +583,63 @@ class ClusterAgent:
             tenant=labels.get("fedsched.io/tenant", ""), project=labels.get("fedsched.io/project", ""),
             job_id=key.job_id, attempt=key.attempt, actor=self.producer)
         await self.publisher.publish(self.subjects.status(self.cluster.region, self.cluster.name), event)
+
+    # ------------------------------------------------------------------ logs
+
+    #: most log requests answered at once (more are refused ``unavailable``)
+    MAX_LOG_REQUESTS = 16
+
+    async def serve_logs(self, request: LogRequest) -> AsyncIterator[LogReply]:
+        """Answer a log request: replies of at most ``request.max_chunk_bytes`` of output, the
+        last with ``eof``; an attempt that never ran here, or an unknown worker, gives one reply
+        with code ``not_found``; a backend error one with ``unavailable``."""
+        key = (request.job_id, request.attempt, request.shard)
+        if key not in self.running and key not in self.done:
+            yield LogReply(eof=True, code="not_found",
+                           error=f"attempt {request.attempt} of job {request.job_id} did not run on {self.cluster.name}")
+            return
+        lines: list[str] = []
+        try:
+            stream = self.backend.logs(AttemptKey(*key), request.worker, request.follow)
+            async for line in stream:
+                lines.append(line)
+                if sum(len(x) + 1 for x in lines) >= request.max_chunk_bytes:
+                    for chunk in chunks(lines, request.max_chunk_bytes):
+                        yield LogReply(data=chunk)
+                    lines = []
+        except AttemptNotFound as e:
+            yield LogReply(eof=True, code="not_found", error=str(e))
+            return
+        except BackendError as e:
+            yield LogReply(eof=True, code="unavailable", error=str(e))
+            return
+        for chunk in chunks(lines, request.max_chunk_bytes):
+            yield LogReply(data=chunk)
+        yield LogReply(eof=True)
+
+    async def _on_logs_request(self, msg) -> None:
+        if not msg.reply:
+            return
+        if len(self._log_tasks) >= self.MAX_LOG_REQUESTS:
+            await self.bus.nc.publish(msg.reply, LogReply(eof=True, code="unavailable",
+                                                          error="agent busy with other log requests").model_dump_json().encode())
+            return
+        task = asyncio.create_task(self._answer_logs(msg))
+        self._log_tasks.add(task)
+        task.add_done_callback(self._log_tasks.discard)
+
+    async def _answer_logs(self, msg) -> None:
+        try:
+            request = LogRequest.model_validate_json(msg.data)
+        except ValueError as e:
+            await self.bus.nc.publish(msg.reply, LogReply(eof=True, code="not_found",
+                                                          error=f"bad log request: {e}").model_dump_json().encode())
+            return
+        try:
+            async for reply in self.serve_logs(request):
+                await self.bus.nc.publish(msg.reply, reply.model_dump_json().encode())
+        except Exception as e:  # noqa: BLE001 - a log request never takes the agent down
+            log.warning("%s: log request failed: %r", self.producer, e)
 
     # ------------------------------------------------------------------ placements
 

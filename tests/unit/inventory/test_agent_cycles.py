@@ -209,3 +209,25 @@ async def test_agent_table(case: AgentCase) -> None:
 async def test_an_agent_without_a_bus_needs_a_publisher() -> None:
     with pytest.raises(ValueError):
         ClusterAgent(None, FakeClock(), CLUSTER, StaticBackend(nodes("n"), clock=FakeClock()))
+
+
+async def test_log_requests_answer_for_attempts_that_ran_here_only() -> None:
+    from fedsched.logs import LogRequest
+
+    clock, publisher = FakeClock(), FakePublisher()
+    agent = ClusterAgent(None, clock, CLUSTER, StaticBackend(nodes("n"), clock=clock), publisher=publisher,
+                         subjects=SUBJECTS)
+    env = placement("j1", spec(gpus=1), CLUSTER.name, CLUSTER.region, [("n0", (0,))], at=clock.time())
+    await agent.handle([delivery(env, SUBJECTS.placements(CLUSTER.region, CLUSTER.name), 1, clock.time())])
+
+    async def ask(**kw):
+        return [r async for r in agent.serve_logs(LogRequest(job_id="j1", attempt=1, **kw))]
+
+    ran = await ask()
+    assert [r.code for r in ran] == ["", ""] and ran[-1].eof and "no logs for trace jobs" in ran[0].data
+    assert [r.code for r in await ask(worker=1)] == ["not_found"]  # a 1-worker job
+    assert [(r.code, r.eof) for r in [r async for r in agent.serve_logs(LogRequest(job_id="j1", attempt=2))]] == [
+        ("not_found", True)]
+    clock.advance(600)
+    await agent.finish_due()  # ended: still answered
+    assert [r.code for r in await ask()] == ["", ""]
