@@ -354,6 +354,7 @@ class ClusterAgent:
         self._stop_retry: dict[AttemptKey, str] = {}  # stops the backend could not carry out yet
         self._failed_nodes: set[str] = set()  # nodes seen failing whose gangs are not yet stopped
         self._log_tasks: set[asyncio.Task] = set()  # log requests being answered
+        self._failed_nodes_seen = False  # a node failed since the last snapshot: publish one at once
         self.sequence = 0
         self._changed = asyncio.Event()  # capacity or health changed: snapshot at the next beat
         self._stop = asyncio.Event()
@@ -843,6 +844,10 @@ class ClusterAgent:
         while not self._stop.is_set():
             try:
                 await self.finish_due()
+                if self._failed_nodes_seen and not self.paused:  # tell the scheduler now, not at the next beat
+                    self._failed_nodes_seen = False
+                    self._changed.clear()
+                    await self.publish_snapshot()
             except Exception as e:  # noqa: BLE001 - an agent never crashes on a bad status; retried next tick
                 log.warning("%s: status drain failed: %r", self.producer, e)
             await asyncio.sleep(self.tick_s)
@@ -854,6 +859,7 @@ class ClusterAgent:
         ended = 0
         for node in sorted(self._failed_nodes):
             self._failed_nodes.discard(node)
+            self._failed_nodes_seen = True
             ended += await self.fail_node(node)
         for key, reason in list(self._stop_retry.items()):
             await self._backend_stop(key, reason)
@@ -917,6 +923,7 @@ class ClusterAgent:
         while not self._stop.is_set():
             if not self.paused:
                 try:
+                    await self.refresh_inventory()  # node health, drain, taints as the cluster has them
                     if beats % self.snapshot_every == 0 or self._changed.is_set():
                         self._changed.clear()
                         await self.publish_snapshot()
