@@ -355,6 +355,7 @@ class ClusterAgent:
         self._failed_nodes: set[str] = set()  # nodes seen failing whose gangs are not yet stopped
         self._log_tasks: set[asyncio.Task] = set()  # log requests being answered
         self._failed_nodes_seen = False  # a node failed since the last snapshot: publish one at once
+        self._drain_lock = asyncio.Lock()  # one drain at a time: an attempt's statuses go out in order
         self.sequence = 0
         self._changed = asyncio.Event()  # capacity or health changed: snapshot at the next beat
         self._stop = asyncio.Event()
@@ -503,16 +504,19 @@ class ClusterAgent:
         await asyncio.gather(*tasks)
         for f in followers:
             await f.delete()
-        await self.reconcile({key: (placements[key][0], placements[key][1], at) for key, at in started.items()
-                              if key in placements})
+        await self.reconcile({key: (d, placed, started.get(key)) for key, (d, placed) in placements.items()
+                              if key not in self.done})
 
-    async def reconcile(self, ledger: dict[tuple[str, int, int], tuple[Delivery, JobPlaced, float]]) -> None:
-        """Compare the ledger's started attempts (key -> (placement delivery, placement, start
-        time)) with ``backend.list_attempts()``:
+    async def reconcile(self, ledger: dict[tuple[str, int, int], tuple[Delivery, JobPlaced, float | None]]) -> None:
+        """Compare the ledger's open attempts (key -> (placement delivery, placement, start time
+        or None if no ``job.started`` was published)) with ``backend.list_attempts()``:
 
-        * an observed attempt that is live in the ledger (started, not ended, not older than the
+        * an observed attempt that is live in the ledger (placed, not ended, not older than the
           highest attempt seen for its job and shard) is adopted: it keeps running, it is reported
-          when it ends;
+          when it ends (and ``job.started`` is published if the cluster runs it and the bus did
+          not have it yet);
+        * a placed attempt that never started and the cluster does not have is left alone: its
+          placement, if not acknowledged, is redelivered, else the scheduler reclaims it;
         * an observed attempt that is not (ended on the bus, older, unknown) is stopped and a
           ``job.stopped`` published: reason ``superseded`` for an older attempt of a job whose
           newer attempt this agent has seen, else ``orphaned`` (no ``started_at``: it was not a
@@ -538,7 +542,10 @@ class ClusterAgent:
             akey = AttemptKey(*key)
             if env.attempt < self.highest.get((env.job_id, placed.shard), 0):
                 continue  # fenced: handled below as observed-but-not-live, or never runs again
-            if observed is not None and akey not in observed and self.backend.durable:
+            seen = observed is not None and akey in observed
+            if at is None and not seen:
+                continue  # never started here: redelivery or the scheduler's reclaim decides
+            if observed is not None and not seen and self.backend.durable:
                 job = RunningJob(AttemptRef.of(env), placed.shard, placed.spec, placed, at, d.headers)
                 self.done.add(key)
                 self.reconciled.append(("lost", str(akey)))
@@ -551,8 +558,13 @@ class ClusterAgent:
             self._allocate(placed, +1)
             job = RunningJob(AttemptRef.of(env), placed.shard, placed.spec, placed, at, d.headers)
             self._hold(job)
-            if observed is not None and akey in observed:
+            if seen:
                 self.reconciled.append(("adopted", str(akey)))
+                o = observed[akey]
+                if at is None and o.phase == Phase.RUNNING:
+                    job.started_at = o.started_at if o.started_at is not None else now
+                    await self._status(EventType.JOB_STARTED, job.ref, placed, job.started_at,
+                                       started_at=job.started_at, headers=d.headers)
             else:
                 self.reconciled.append(("relaunched", str(akey)))
                 try:
@@ -856,6 +868,10 @@ class ClusterAgent:
         """Report what the backend observed since the last call (``backend.ready()``), stop the
         gangs on nodes that failed, retry stops the backend could not carry out; returns how
         many attempts ended."""
+        async with self._drain_lock:
+            return await self._drain()
+
+    async def _drain(self) -> int:
         ended = 0
         for node in sorted(self._failed_nodes):
             self._failed_nodes.discard(node)

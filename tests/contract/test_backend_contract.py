@@ -199,3 +199,28 @@ async def test_reconcile_adopts_the_live_attempt_and_stops_the_orphan(backend_un
     await agent.finish_due()
     assert [(p.event.type, p.event.job_id, p.event.attempt) for p in publisher.published[2:]] == [
         ("job.finished", "live", 2)]
+
+
+async def test_reconcile_adopts_a_placed_attempt_the_bus_never_saw_start(backend_under_test):
+    """The agent launched an attempt and went down before publishing ``job.started``: after the
+    restart the cluster still runs it, so it is adopted and its start reported (once); a placed
+    attempt the cluster does not have is left to redelivery (nothing launched, nothing published)."""
+    h = backend_under_test
+    job = h.job(runtime_s=600)
+    ran = attempt_of(h, "ran", job, nodes=(h.nodes[0],))
+    await h.backend.launch(ran)
+    await h.statuses(lambda s: Phase.RUNNING in phases(s, ran.key))
+    publisher = FakePublisher()
+    agent = ClusterAgent(None, h.clock, CLUSTER, h.backend, publisher=publisher, subjects=SUBJECTS)
+    await agent.refresh_inventory()
+    ledger = {}
+    for job_id, node in (("ran", h.nodes[0]), ("never", h.nodes[1])):
+        env = placement(job_id, job, CLUSTER.name, CLUSTER.region, [(node, (0,))], card_model=h.card_model)
+        ledger[(job_id, 1, 0)] = (delivery(env, SUBJECTS.placements(CLUSTER.region, CLUSTER.name), 1, 0.0),
+                                  env.payload_as(JobPlaced), None)
+    await agent.reconcile(ledger)
+    assert agent.reconciled == [("adopted", str(ran.key))]
+    assert [(p.event.type, p.event.job_id) for p in publisher.published] == [("job.started", "ran")]
+    assert await running_keys(h) == {ran.key}
+    await agent.finish_due()
+    assert len(publisher.published) == 1  # not started twice
