@@ -231,3 +231,48 @@ async def test_log_requests_answer_for_attempts_that_ran_here_only() -> None:
     clock.advance(600)
     await agent.finish_due()  # ended: still answered
     assert [r.code for r in await ask()] == ["", ""]
+
+
+class FlakyBackend(StaticBackend):
+    """Refuses the next launches with the given errors, then behaves; stops fail likewise."""
+
+    def __init__(self, *a, launch_errors=(), stop_errors=(), **kw) -> None:
+        super().__init__(*a, **kw)
+        self.launch_errors = list(launch_errors)
+        self.stop_errors = list(stop_errors)
+
+    async def launch(self, attempt) -> None:
+        if self.launch_errors:
+            raise self.launch_errors.pop(0)
+        await super().launch(attempt)
+
+    async def stop(self, key, reason) -> None:
+        if self.stop_errors:
+            raise self.stop_errors.pop(0)
+        await super().stop(key, reason)
+
+
+async def test_backend_errors_retry_the_transient_and_report_the_permanent() -> None:
+    from fedsched.errors import UnavailableError
+    from services.inventory.backend import BackendError, BackendUnavailable
+
+    clock, publisher = FakeClock(), FakePublisher()
+    backend = FlakyBackend(nodes("n"), clock=clock, launch_errors=[BackendUnavailable("api down"),
+                                                                     BackendError("bad image", retryable=False)],
+                           stop_errors=[BackendUnavailable("api down")])
+    agent = ClusterAgent(None, clock, CLUSTER, backend, publisher=publisher, subjects=SUBJECTS)
+    sub = SUBJECTS.placements(CLUSTER.region, CLUSTER.name)
+    j1 = placement("j1", spec(gpus=8), CLUSTER.name, CLUSTER.region, [("n0", tuple(range(8)))], at=clock.time())
+    with pytest.raises(UnavailableError):  # transient: the consumer naks, the placement comes again
+        await agent.handle([delivery(j1, sub, 1, clock.time())])
+    assert not agent.running and sum(agent.ledger["n0"].gpu_free) == 8000
+    j2 = placement("j2", spec(gpus=1), CLUSTER.name, CLUSTER.region, [("n0", (0,))], at=clock.time())
+    await agent.handle([delivery(j2, sub, 2, clock.time())])  # permanent: reported, resources back
+    await agent.handle([delivery(j1, sub, 1, clock.time())])  # the redelivery starts it
+    stop = stop_order(j1, "preempted", clock.time())
+    await agent.handle([delivery(stop, sub, 3, clock.time())])  # the backend's stop fails once ...
+    assert [o.key.job_id for o in await backend.list_attempts()] == ["j1"]
+    await agent.finish_due()  # ... and is retried
+    assert await backend.list_attempts() == []
+    assert [(p.event.type, p.event.job_id, p.event.payload["reason"]) for p in publisher.published] == [
+        ("job.failed", "j2", "launch failed: bad image"), ("job.started", "j1", ""), ("job.stopped", "j1", "preempted")]
