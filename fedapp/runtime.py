@@ -215,9 +215,9 @@ class System:
                     continue
                 if opts.split is not None:
                     nodes = opts.split.get(entry.name, [])
-                    backend = TraceBackend(nodes, rdma=entry.rdma) if nodes else None
+                    backend = TraceBackend(nodes, clock=clock, rdma=entry.rdma) if nodes else None
                 else:
-                    backend = build_backend(entry, agents_topo, cache)
+                    backend = build_backend(entry, agents_topo, cache, clock=clock)
                 if backend is None or (isinstance(backend, TraceBackend) and not backend.nodes()):
                     continue  # a trace cluster left without nodes by the split: no agent
                 cluster = cluster_def(agents_topo, entry.name)

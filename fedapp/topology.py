@@ -16,6 +16,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Callable
 
+from fedsched.clock import Clock, SystemClock
 from fedsched.errors import ValidationError
 from fedsched.topology import BUNDLED, Cluster, Topology, parse_topology
 from services.inventory.trace import CLUSTERS, SPLIT_WEIGHTS, ClusterDef, TraceNode, load_nodes, pick, unit_hash
@@ -90,19 +91,20 @@ def cluster_nodes(topo: Topology, name: str, cache: dict[Path, list[TraceNode]] 
     return [n for n in nodes if pick(unit_hash(n.name), split.weights.get(n.card_model, default)) == split.index]
 
 
-def _trace_backend(entry: Cluster, topo: Topology, cache: dict[Path, list[TraceNode]] | None):
+def _trace_backend(entry: Cluster, topo: Topology, cache: dict[Path, list[TraceNode]] | None, clock: Clock):
     from services.inventory.agent import TraceBackend
 
-    return TraceBackend(cluster_nodes(topo, entry.name, cache), rdma=entry.rdma)
+    return TraceBackend(cluster_nodes(topo, entry.name, cache), clock=clock, rdma=entry.rdma)
 
 
-#: backend name -> factory ``(cluster entry, topology, node-list cache) -> backend``. The Slurm
+#: backend name -> factory ``(cluster entry, topology, node-list cache, business clock) -> backend``. The Slurm
 #: and Kubernetes backends add ``"slurm"`` / ``"kubernetes"`` here (their settings are
 #: ``entry.slurm`` / ``entry.kubernetes``; relative paths resolve with ``topo.resolve``).
-BACKEND_FACTORIES: dict[str, Callable[[Cluster, Topology, dict | None], object]] = {"trace": _trace_backend}
+BACKEND_FACTORIES: dict[str, Callable[[Cluster, Topology, dict | None, Clock], object]] = {"trace": _trace_backend}
 
 
-def build_backend(entry: Cluster, topo: Topology, cache: dict[Path, list[TraceNode]] | None = None):
+def build_backend(entry: Cluster, topo: Topology, cache: dict[Path, list[TraceNode]] | None = None, *,
+                  clock: Clock | None = None):
     """The backend the agent of cluster ``entry`` drives, built from its topology entry by
     :data:`BACKEND_FACTORIES`.
 
@@ -114,6 +116,7 @@ def build_backend(entry: Cluster, topo: Topology, cache: dict[Path, list[TraceNo
         entry: the cluster's entry (``topo.cluster(name)``).
         topo: the topology it belongs to (resolves relative paths).
         cache: node lists already read (see :func:`cluster_nodes`).
+        clock: the business clock the backend observes (default: the system clock).
 
     Raises:
         ValidationError: a backend this build cannot run (field ``clusters[i].backend``), or the
@@ -124,7 +127,7 @@ def build_backend(entry: Cluster, topo: Topology, cache: dict[Path, list[TraceNo
         index = topo.cluster_names().index(entry.name)
         raise ValidationError(f"clusters[{index}].backend", f"backend {entry.backend!r} is not available in this "
                                                             f"build (available: {', '.join(BACKEND_FACTORIES)})")
-    return factory(entry, topo, cache)
+    return factory(entry, topo, cache, clock if clock is not None else SystemClock())
 
 #: The regions of the default split, in order (the bundled policy's and the overlay's homes).
 DEFAULT_REGIONS: tuple[str, ...] = tuple(dict.fromkeys(c.region for c in CLUSTERS))

@@ -353,6 +353,10 @@ class NodeInventory(_Payload):
     memory_free_mib: int = 0
     healthy: bool = True
     rdma: bool = False
+    #: cordoned / drained: runs what it runs, takes no new work
+    unschedulable: bool = False
+    #: taints as ``key=value:Effect`` (Kubernetes form; Slurm features/reasons mapped onto it)
+    taints: tuple[str, ...] = ()
 
 
 class InventorySnapshot(_Payload):
@@ -613,6 +617,7 @@ class Subjects:
         <p>.governance.tenant.<tenant>         tenant and quota changes (admission)
         <p>.governance.approval.<t>.<p>        approval requests (scheduler), decisions
         <p>.deadletter.<consumer>              undecodable messages with the reason
+        <p>.logs.<region>.<cluster>            admission -> one agent: log requests (request/reply)
 
     Args:
         prefix: first token, validated by :class:`~fedsched.settings.Settings`.
@@ -643,6 +648,10 @@ class Subjects:
     def status(self, region: str, cluster: str) -> str:
         """Subject of job status from one cluster's agent."""
         return self._s("status", naming.check_name("region", region), naming.check_name("cluster", cluster))
+
+    def logs(self, region: str, cluster: str) -> str:
+        """Log requests for one cluster's agent (request/reply, no stream; :mod:`fedsched.logs`)."""
+        return self._s("logs", region, cluster)
 
     def inventory(self, region: str, cluster: str) -> str:
         """Subject of one cluster's inventory snapshots."""

@@ -51,6 +51,7 @@ from fedsched.jobs import AttemptState, Dataset, JobSpec, PriorityClass
 from fedsched.policystore import PolicyHolder, StoredPolicy, read_policy, write_policy
 from fedsched.pricing import load_price_catalog
 from fedsched.tenancy import Governance, PolicyDoc, parse_policy
+from services.inventory.agent import TraceBackend
 from services.scheduler.core import ClusterState, NodeState, QueuedJob, View, build_policy
 from services.scheduler.approvals import TenancyGate
 from services.scheduler.service import JobEntry, SchedulerService, ShardEntry
@@ -499,18 +500,16 @@ def decision(e: Envelope) -> Decision:
 
 # ---------------------------------------------------------------------------- the agent, by hand
 
-class StaticBackend:
-    """A :class:`~services.inventory.agent.Backend` with fixed nodes; every attempt runs
-    ``runtime_s`` (None = until stopped) minus the work it resumes from, ending ``outcome``."""
+class StaticBackend(TraceBackend):
+    """A :class:`~services.inventory.backend.Backend` (the trace backend's machinery) with fixed
+    nodes; every attempt runs ``runtime_s`` (None = until stopped) minus the work it resumes from,
+    ending ``outcome`` (exit code 1 when ``failed``)."""
 
-    def __init__(self, node_list: tuple[NodeInventory, ...], *, runtime_s: float | None = 600.0,
+    def __init__(self, node_list: tuple[NodeInventory, ...], *, clock, runtime_s: float | None = 600.0,
                  outcome: str = "succeeded") -> None:
-        self._nodes = list(node_list)
+        super().__init__(node_list, clock=clock)
         self.runtime_s = runtime_s
         self.outcome = outcome
-
-    def nodes(self) -> list[NodeInventory]:
-        return list(self._nodes)
 
     def plan(self, spec: JobSpec, started_at: float, *, attempt: int = 1, resume_from_s: float = 0.0):
         if self.runtime_s is None:

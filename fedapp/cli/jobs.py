@@ -1,4 +1,4 @@
-"""CLI commands over the gRPC job API: submit, jobs, job, cancel, watch.
+"""CLI commands over the gRPC job API: submit, jobs, job, cancel, watch, logs.
 
 Every command talks to admission at ``--server`` (``FEDSCHED_GRPC``, default
 ``127.0.0.1:50051``) as the principal whose token it sends: ``--token``, else
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Optional
 
@@ -326,6 +327,27 @@ def watch(job_id: str = typer.Argument(...), server: str = SERVER, output: Outpu
             fail_rpc(e)
 
 
+def logs(job_id: str = typer.Argument(...),
+         attempt: Optional[int] = typer.Option(None, "--attempt", min=1, help="attempt number (default: the latest)"),
+         worker: Optional[int] = typer.Option(None, "--worker", min=0, help="gang member, 0-based (default: all)"),
+         shard: int = typer.Option(0, "--shard", min=0, help="shard of a split batch job"),
+         follow: bool = typer.Option(False, "--follow", "-f", help="keep printing until the attempt ends"),
+         server: str = SERVER, token: str = TOKEN):
+    """Print a job attempt's output (its workers' logs), fetched from its cluster's agent."""
+    request = pb.GetJobLogsRequest(job_id=job_id, shard=shard, follow=follow)
+    if attempt is not None:
+        request.attempt = attempt
+    if worker is not None:
+        request.worker = worker
+    with Api(server, token) as api:
+        try:
+            for chunk in api.stream(pb_grpc.JobServiceStub(api.channel).GetJobLogs, request):
+                sys.stdout.write(chunk.data)
+                sys.stdout.flush()
+        except grpc.RpcError as e:
+            fail_rpc(e)
+
+
 def register(app: typer.Typer) -> None:
     """Add the job commands to ``app`` (in this order in ``fedsched --help``)."""
     app.command("submit")(submit)
@@ -334,3 +356,4 @@ def register(app: typer.Typer) -> None:
     app.command("explain")(explain)
     app.command("cancel")(cancel)
     app.command("watch")(watch)
+    app.command("logs")(logs)

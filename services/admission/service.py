@@ -36,6 +36,7 @@ same key with a different spec is ALREADY_EXISTS (naming the job only to a calle
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import itertools
 import json
@@ -69,6 +70,7 @@ from fedsched.events import APPROVAL_OUTCOMES, Envelope, EventType
 from fedsched.tenancy import Governance
 from fedsched.topology import KnownNames
 from fedsched.jobs import TERMINAL_STATES, JobSpec, JobState
+from fedsched.logs import LogRequest, request_logs
 from fedsched.naming import check_name, is_name
 from fedsched.policystore import PolicyFollower, PolicyHolder
 from fedsched.ports import Publisher
@@ -100,6 +102,7 @@ MUTATING = frozenset({"JobService/SubmitJob", "JobService/CancelJob", "TenantSer
                       "TenantService/SetQuota", "TenantService/DeleteQuota", "TenantService/PutPrincipal",
                       "ApprovalService/Approve", "ApprovalService/Reject", "PolicyService/ApplyPolicy"})
 READ_ONLY = frozenset({"JobService/GetJob", "JobService/ListJobs", "JobService/WatchJob", "JobService/ExplainJob",
+                       "JobService/GetJobLogs",
                        "TenantService/ListTenants", "TenantService/ListQuotas", "ApprovalService/ListApprovals",
                        "PolicyService/GetPolicy", "PolicyService/DiffPolicy"})
 
@@ -384,6 +387,9 @@ class JobServicer(pb_grpc.JobServiceServicer):
         self._worst: dict[str, Decimal] = {}  # job id -> its worst-case cost (budget holds), computed once
         # tenant -> job id -> worst-case cost held while its job.submitted is being published (not in the view yet)
         self._holds: dict[str, dict[str, Decimal]] = {}
+        #: asks an agent for logs: ``(subject, LogRequest) -> async iterator of LogReply``
+        #: (:func:`fedsched.logs.request_logs` on the bus; None: GetJobLogs is UNAVAILABLE)
+        self.request_logs = None
 
     def gov(self) -> Governance:
         """The policy in force (the interceptor guarantees one exists)."""
@@ -633,6 +639,34 @@ class JobServicer(pb_grpc.JobServiceServicer):
     async def ExplainJob(self, request: pb.ExplainJobRequest, context) -> pb.ExplainJobResponse:
         return explain_to_pb(self._get(request.job_id))
 
+    async def GetJobLogs(self, request: pb.GetJobLogsRequest, context) -> AsyncIterator[pb.LogChunk]:
+        """The output of one attempt, proxied from the agent of its cluster (authorised like
+        GetJob). Raises NotFoundError (unknown job, shard, attempt or worker) and
+        UnavailableError (no agent answer within the timeout, or its backend failed)."""
+        rec = self._get(request.job_id)
+        if request.shard >= len(rec.shards):
+            raise NotFoundError("shard", str(request.shard))
+        shard = rec.shards[request.shard]
+        att = shard.attempt(request.attempt) if request.HasField("attempt") else shard.current
+        if att is None:
+            raise NotFoundError("attempt", f"{request.job_id}/{request.attempt if request.HasField('attempt') else 1}")
+        worker = request.worker if request.HasField("worker") else None
+        if worker is not None and worker >= rec.spec.workers:
+            raise NotFoundError("worker", f"{worker} (job {rec.job_id} has workers 0..{rec.spec.workers - 1})")
+        if not att.cluster or self.request_logs is None:
+            raise UnavailableError(f"attempt {att.attempt} of job {rec.job_id} has no cluster to ask for logs")
+        ask = LogRequest(job_id=rec.job_id, attempt=att.attempt, shard=request.shard, worker=worker,
+                         follow=request.follow)
+        async for reply in self.request_logs(self.subjects.logs(att.region, att.cluster), ask):
+            if reply.code == "not_found":
+                missing = NotFoundError("attempt", f"{rec.job_id}/{att.attempt}")
+                missing.args = (reply.error or missing.args[0],)  # the agent's words say what is missing
+                raise missing
+            if reply.code:
+                raise UnavailableError(reply.error or f"the agent of {att.cluster} could not read the logs")
+            if reply.data:
+                yield pb.LogChunk(attempt=att.attempt, cluster=att.cluster, data=reply.data)
+
     async def WatchJob(self, request: pb.WatchJobRequest, context) -> AsyncIterator[pb.Job]:
         rec = self._get(request.job_id)
         seen = -1
@@ -678,11 +712,13 @@ class AdmissionService:
             job regions, tenants, quotas and policies are checked against them. None = no
             topology given: job regions are checked against what agents report.
         spend_poll_s: how often to look for billing's spend KV bucket until it exists.
+        logs_timeout_s: how long GetJobLogs waits for the agent (then UNAVAILABLE).
     """
 
     def __init__(self, bus: Bus, clock: Clock, *, address: str = "127.0.0.1:50051", limits: Limits | None = None,
                  max_message_bytes: int = 4 * 1024 * 1024, prices: PriceCatalog | None = None,
-                 tls: TlsFiles | None = None, spend_poll_s: float = 5.0, names: KnownNames | None = None) -> None:
+                 tls: TlsFiles | None = None, spend_poll_s: float = 5.0, names: KnownNames | None = None,
+                 logs_timeout_s: float = 5.0) -> None:
         self.bus = bus
         self.address = address
         self.tls = tls
@@ -696,6 +732,7 @@ class AdmissionService:
         prices = prices or load_price_catalog()
         self.servicer = JobServicer(bus, clock, self.policy, self.view, limits, self.known_models,
                                     self.known_regions, self.spend, prices, clusters=self.clusters, names=names)
+        self.servicer.request_logs = functools.partial(request_logs, bus.nc, timeout_s=logs_timeout_s)
         self.tenants = TenantServicer(bus, clock, self.policy, self.spend, self.view, names=names)
         self.approval_servicer = ApprovalServicer(bus, bus.subjects, clock, self.policy, self.approvals, self.view)
         self.policy_servicer = PolicyServicer(bus, clock, self.policy, names)

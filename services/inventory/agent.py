@@ -17,28 +17,53 @@ business :class:`~fedsched.clock.Clock`; the bus itself is needed only by :meth:
 and :meth:`ClusterAgent.rebuild` (consumers). ``tests/unit/inventory/test_agent_cycles.py`` drives them
 on fakes.
 
-Backends implement :class:`Backend`; :class:`TraceBackend` runs jobs for the runtime recorded in
-the trace (annotation ``trace.runtime_s``) on the business clock, ending them as the trace did
-(``trace.outcome``).
+Backends implement :class:`~services.inventory.backend.Backend` (the attempt lifecycle: launch,
+stop, status stream, list for reconcile, logs). The agent predicts nothing: it launches through
+the backend and reports what the backend's status stream says (``job.started`` when RUNNING,
+``job.finished`` / ``job.failed`` with exit code and reason when it ends). :class:`TraceBackend`
+is a simulated cluster on the business clock: attempts run for the runtime recorded in the trace
+(annotation ``trace.runtime_s``) and end as the trace did (``trace.outcome``).
+
+Reconcile (:meth:`ClusterAgent.rebuild`): after restoring its ledger from the bus, the agent lists
+what runs on its cluster under fedsched's labels and adopts what belongs to a live attempt (the
+ledger's, not ended, not older than the newest attempt seen), stops what does not (``job.stopped``
+reason ``orphaned`` or ``superseded``), and -- on a backend whose cluster does not outlive the agent
+(``trace``) -- relaunches live attempts with their recorded start (so they end on time); on a
+durable backend a live attempt the cluster no longer has is reported ``job.failed`` reason ``lost``.
+
+Fencing by attempt: per (job, shard) the agent keeps the highest attempt number seen in
+placements and stop orders; a placement of a lower attempt is refused (``job.rejected`` reason
+``superseded``), a placement of a higher one stops the older attempt still running here
+(``superseded``), and ``job.stop`` for attempt N stops N and anything older.
+
+Gangs: a node that fails (drill :meth:`ClusterAgent.set_node_health`, an inventory refresh showing
+it unhealthy, or the backend reporting ``node_failed``) under any worker of a running attempt stops
+the whole attempt (every worker) and reports ``job.failed`` reason ``node_failed`` with no exit
+code; the scheduler requeues the gang as one unit within its retry limit.
 """
 
 from __future__ import annotations
 
 import asyncio
+import heapq
 import logging
+from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import AsyncIterator
 
 from fedsched import telemetry
 from fedsched.bus import Bus, Delivery, DurableConsumer, StreamFollower
 from fedsched.clock import Clock, to_datetime
 from fedsched.dispatch import EventTable, SkippedTypes
-from fedsched.errors import DecodeError
+from fedsched.errors import DecodeError, UnavailableError
 from fedsched.events import (Heartbeat, InventorySnapshot, JobPlaced, JobStatus, JobStop, NodeInventory, Subjects,
                              business_event_id, make_event)
 from fedsched.events import Envelope, EventType
 from fedsched.jobs import AttemptState, JobSpec
+from fedsched.logs import LogReply, LogRequest, chunks
 from fedsched.ports import Publisher
+from services.inventory.backend import (NODE_FAILED, TERMINAL_PHASES, AttemptKey, AttemptNotFound, AttemptSpec,
+                                        AttemptStatus, Backend, BackendError, ObservedAttempt, Phase)
 from services.inventory.trace import ClusterDef
 
 log = logging.getLogger(__name__)
@@ -75,64 +100,193 @@ class AttemptRef:
 
 @dataclass
 class RunningJob:
-    """A job attempt this agent runs."""
+    """A job attempt this agent launched and has not seen end (its resources are held in the
+    ledger). ``started_at`` is the business time the backend reported it RUNNING (None before)."""
 
     ref: AttemptRef
     shard: int
     spec: JobSpec
     placed: JobPlaced
-    started_at: float
-    ends_at: float | None
-    outcome: AttemptState
+    started_at: float | None
     trace_headers: dict[str, str] = field(default_factory=dict)
 
     @property
     def key(self) -> tuple[str, int, int]:
         return (self.ref.job_id, self.ref.attempt, self.shard)
 
+    @property
+    def attempt_key(self) -> AttemptKey:
+        return AttemptKey(self.ref.job_id, self.ref.attempt, self.shard)
 
-class Backend(Protocol):
-    """How an agent runs work on its cluster."""
+    def attempt_spec(self) -> AttemptSpec:
+        """What the backend launches (the placement's bindings, the spec with its workload)."""
+        return AttemptSpec(self.attempt_key, self.ref.tenant, self.ref.project, self.spec, self.placed.card_model,
+                           self.placed.bindings, self.placed.resume_from_s, self.started_at)
 
-    def nodes(self) -> list[NodeInventory]:
-        """The cluster's nodes with capacity (free fields are filled in by the agent)."""
-        ...
 
-    def plan(self, spec: JobSpec, started_at: float, *, attempt: int = 1, resume_from_s: float = 0.0
-             ) -> tuple[float | None, AttemptState]:
-        """When a job attempt started at ``started_at`` will end (None = until stopped) and how
-        (:attr:`AttemptState.SUCCEEDED` or :attr:`AttemptState.FAILED`); ``resume_from_s`` of
-        work is already done."""
-        ...
+@dataclass
+class _TraceAttempt:
+    spec: AttemptSpec
+    started_at: float
+    ends_at: float | None
+    outcome: AttemptState
+    nodes: tuple[str, ...]
+
+
+TRACE_FAILURE = "exited with failure (trace outcome)"  #: message of a trace attempt that fails
+TRACE_NO_LOGS = "trace backend: job {key} runs no workload, so there are no logs for trace jobs"
 
 
 class TraceBackend:
-    """Nodes from a trace node list; jobs run for their recorded runtime on the business clock.
+    """A simulated cluster: nodes from a trace node list; attempts run for their recorded runtime
+    on the business clock. Implements :class:`~services.inventory.backend.Backend`.
 
     Annotations it reads (the scheduler never does): ``trace.runtime_s`` (how long the job
     runs; default its estimate), ``trace.outcome`` (``failed`` ends every attempt in failure,
-    as the trace's Failed pods did), and for failure drills ``trace.fail_attempts`` (the first N
-    attempts fail after ``trace.fail_after_s`` seconds, default 0). A resumed attempt runs only
-    the rest: runtime - ``resume_from_s``.
+    as the trace's Failed pods did; exit code 1), and for failure drills ``trace.fail_attempts``
+    (the first N attempts fail after ``trace.fail_after_s`` seconds, default 0). A resumed
+    attempt runs only the rest: runtime - ``resume_from_s``. The workload is accepted and ignored.
+
+    Running attempts sit in a heap by end time: :meth:`ready` pops those due (no scan of all
+    running attempts per tick). Launch reports PENDING and RUNNING at the launch time (or at
+    ``AttemptSpec.started_at`` for a relaunch after an agent restart: ``durable`` is False, the
+    simulated cluster lives in the agent's process).
 
     Args:
         nodes: the cluster's nodes (from :func:`~services.inventory.trace.split_nodes`).
+        clock: the business clock (the cluster observes ends on it).
         rdma: whether nodes sit on an RDMA fabric.
+        poll_s: wall seconds between checks for due ends in :meth:`events`.
     """
 
-    def __init__(self, nodes, *, rdma: bool = False) -> None:
-        self._nodes = [
-            NodeInventory(name=n.name.lower(), card_model=n.card_model, gpus=n.gpus, gpu_memory_gib=n.gpu_memory_gib,
-                          gpu_free_milli=(WHOLE,) * n.gpus, cpu_milli=n.cpu_milli, cpu_free_milli=n.cpu_milli,
-                          memory_mib=n.memory_mib, memory_free_mib=n.memory_mib, healthy=True, rdma=rdma)
-            for n in nodes
-        ]
+    kind = "trace"
+    durable = False
+    #: ended attempts remembered (for logs and idempotent launch), oldest forgotten first
+    REMEMBER_ENDED = 4096
+
+    def __init__(self, nodes, *, clock: Clock, rdma: bool = False, poll_s: float = 0.01) -> None:
+        self.clock = clock
+        self.poll_s = poll_s
+        self._nodes: dict[str, NodeInventory] = {}
+        for n in nodes:
+            inv = n if isinstance(n, NodeInventory) else NodeInventory(
+                name=n.name.lower(), card_model=n.card_model, gpus=n.gpus, gpu_memory_gib=n.gpu_memory_gib,
+                gpu_free_milli=(WHOLE,) * n.gpus, cpu_milli=n.cpu_milli, cpu_free_milli=n.cpu_milli,
+                memory_mib=n.memory_mib, memory_free_mib=n.memory_mib, healthy=True, rdma=rdma)
+            self._nodes[inv.name] = inv
+        self._live: dict[AttemptKey, _TraceAttempt] = {}
+        self._ended: OrderedDict[AttemptKey, int] = OrderedDict()  # key -> workers
+        self._on_node: dict[str, set[AttemptKey]] = {}
+        self._heap: list[tuple[float, int, AttemptKey]] = []
+        self._seq = 0
+        self._queue: list[AttemptStatus] = []
+        self._wake = asyncio.Event()
+
+    # -- the Backend protocol
+
+    async def inventory(self) -> list[NodeInventory]:
+        return list(self._nodes.values())
 
     def nodes(self) -> list[NodeInventory]:
-        return list(self._nodes)
+        """The nodes now, without waiting (the trace cluster is in memory)."""
+        return list(self._nodes.values())
+
+    async def launch(self, attempt: AttemptSpec) -> None:
+        key = attempt.key
+        if key in self._live or key in self._ended:
+            return  # already on the cluster (or ran there): adopt, never a second copy
+        for b in attempt.bindings:
+            if b.node not in self._nodes:
+                raise BackendError(f"node {b.node} is not in this cluster", retryable=False)
+        started = attempt.started_at if attempt.started_at is not None else self.clock.time()
+        ends_at, outcome = self.plan(attempt.spec, started, attempt=key.attempt, resume_from_s=attempt.resume_from_s)
+        nodes = tuple(b.node for b in attempt.bindings)
+        self._live[key] = _TraceAttempt(attempt, started, ends_at, outcome, nodes)
+        for n in set(nodes):
+            self._on_node.setdefault(n, set()).add(key)
+        self._queue.append(AttemptStatus(key, Phase.PENDING, started))
+        self._queue.append(AttemptStatus(key, Phase.RUNNING, started))
+        if ends_at is not None:
+            self._seq += 1
+            heapq.heappush(self._heap, (ends_at, self._seq, key))
+        self._wake.set()
+
+    async def stop(self, key: AttemptKey, reason: str) -> None:
+        if key in self._live:
+            self._end(key)  # every worker at once; its heap entry is skipped when popped
+
+    async def list_attempts(self) -> list[ObservedAttempt]:
+        return [ObservedAttempt(k, Phase.RUNNING, a.started_at, a.nodes, a.spec.labels()) for k, a in self._live.items()]
+
+    def ready(self) -> list[AttemptStatus]:
+        out, self._queue = self._queue, []
+        now = self.clock.time()
+        while self._heap and self._heap[0][0] <= now:
+            ends_at, _, key = heapq.heappop(self._heap)
+            att = self._live.get(key)
+            if att is None or att.ends_at != ends_at:
+                continue  # stopped or failed before its end
+            self._end(key)
+            if att.outcome == AttemptState.FAILED:
+                out.append(AttemptStatus(key, Phase.FAILED, ends_at, exit_code=1, reason="exit_code",
+                                         message=TRACE_FAILURE))
+            else:
+                out.append(AttemptStatus(key, Phase.SUCCEEDED, ends_at, exit_code=0))
+        return out
+
+    async def events(self) -> AsyncIterator[AttemptStatus]:
+        while True:
+            for status in self.ready():
+                yield status
+            self._wake.clear()
+            try:
+                await asyncio.wait_for(self._wake.wait(), self.poll_s)
+            except asyncio.TimeoutError:
+                pass
+
+    async def logs(self, key: AttemptKey, worker: int | None = None, follow: bool = False) -> AsyncIterator[str]:
+        workers = len(self._live[key].spec.bindings) if key in self._live else self._ended.get(key)
+        if workers is None:
+            raise AttemptNotFound(f"attempt {key} is not on this cluster")
+        if worker is not None and not 0 <= worker < max(workers, 1):
+            raise AttemptNotFound(f"attempt {key} has no worker {worker} (workers 0..{workers - 1})")
+        yield TRACE_NO_LOGS.format(key=key)
+
+    # -- drills and the trace's rules
+
+    def set_node_health(self, node: str, healthy: bool) -> None:
+        """Drill: the node fails (or recovers). Every attempt with a worker on a failed node is
+        stopped whole and reported FAILED reason ``node_failed`` (no exit code) at the time now.
+
+        Raises:
+            KeyError: no such node.
+        """
+        self._nodes[node] = self._nodes[node].model_copy(update={"healthy": healthy})
+        if healthy:
+            return
+        now = self.clock.time()
+        for key in sorted(self._on_node.get(node, ())):
+            att = self._live[key]
+            worker = att.nodes.index(node)
+            self._end(key)
+            self._queue.append(AttemptStatus(key, Phase.FAILED, now, reason=NODE_FAILED, worker=worker, node=node,
+                                             message=f"node {node} of worker {worker} failed"))
+        self._wake.set()
+
+    def _end(self, key: AttemptKey) -> None:
+        att = self._live.pop(key)
+        for n in set(att.nodes):
+            on = self._on_node.get(n)
+            if on is not None:
+                on.discard(key)
+        self._ended[key] = len(att.spec.bindings)
+        while len(self._ended) > self.REMEMBER_ENDED:
+            self._ended.popitem(last=False)
 
     def plan(self, spec: JobSpec, started_at: float, *, attempt: int = 1, resume_from_s: float = 0.0
              ) -> tuple[float | None, AttemptState]:
+        """When an attempt started at ``started_at`` ends by the trace (None = until stopped) and
+        how (:attr:`AttemptState.SUCCEEDED` or :attr:`AttemptState.FAILED`)."""
         ann = spec.annotations
         runtime = _seconds(ann.get("trace.runtime_s"), spec.estimated_duration_s)
         if attempt <= int(_seconds(ann.get("trace.fail_attempts"), 0) or 0):
@@ -163,12 +317,13 @@ class ClusterAgent:
         publisher: where its events go (default: ``bus``).
         subjects: subject names (default: ``bus.subjects``).
         cluster: which cluster (names, fabric, residency tags).
-        backend: how work runs.
+        backend: how work runs (:class:`~services.inventory.backend.Backend`).
         heartbeat_interval_s: wall seconds between heartbeats.
         snapshot_every: a full inventory snapshot every this many heartbeats, and at once when
             capacity or health changes (allocations are not capacity: the scheduler tracks its own
             placements; snapshots carry free resources for reconciliation and the capacity log).
-        tick_s: wall seconds between checks for jobs that ended.
+        tick_s: wall seconds between drains of the backend's status changes (and retries of
+            stops the backend could not carry out).
     """
 
     def __init__(self, bus: Bus | None, clock: Clock, cluster: ClusterDef, backend: Backend, *,
@@ -186,10 +341,21 @@ class ClusterAgent:
         self.snapshot_every = snapshot_every
         self.tick_s = tick_s
         self.producer = f"agent/{cluster.name}"
-        self.ledger: dict[str, NodeLedger] = {
-            n.name: NodeLedger(n, list(n.gpu_free_milli), n.cpu_milli, n.memory_mib) for n in backend.nodes()}
+        #: node -> allocations; filled from ``backend.inventory()`` (:meth:`refresh_inventory`)
+        self.ledger: dict[str, NodeLedger] = {}
         self.running: dict[tuple[str, int, int], RunningJob] = {}
         self.done: set[tuple[str, int, int]] = set()
+        #: fencing: (job, shard) -> the highest attempt seen in placements and stop orders
+        self.highest: dict[tuple[str, int], int] = {}
+        #: (job, shard) -> key of the attempt running here (at most one after fencing)
+        self._live: dict[tuple[str, int], tuple[str, int, int]] = {}
+        #: reconcile actions of the last :meth:`rebuild`: (action, "job/attempt/shard")
+        self.reconciled: list[tuple[str, str]] = []
+        self._stop_retry: dict[AttemptKey, str] = {}  # stops the backend could not carry out yet
+        self._failed_nodes: set[str] = set()  # nodes seen failing whose gangs are not yet stopped
+        self._log_tasks: set[asyncio.Task] = set()  # log requests being answered
+        self._failed_nodes_seen = False  # a node failed since the last snapshot: publish one at once
+        self._drain_lock = asyncio.Lock()  # one drain at a time: an attempt's statuses go out in order
         self.sequence = 0
         self._changed = asyncio.Event()  # capacity or health changed: snapshot at the next beat
         self._stop = asyncio.Event()
@@ -198,6 +364,9 @@ class ClusterAgent:
         self.holding = False  # failure drills: a holding agent takes no placements
         #: events of types this build does not know (a newer scheduler), skipped, not dead-lettered
         self.skipped = SkippedTypes(f"agent-{cluster.name}")
+        sync_nodes = getattr(backend, "nodes", None)  # in-memory backends: the ledger at once
+        if callable(sync_nodes):
+            self._merge_inventory(sync_nodes())
 
     @property
     def durable(self) -> str:
@@ -207,7 +376,9 @@ class ClusterAgent:
     # ------------------------------------------------------------------ lifecycle
 
     async def run(self) -> None:
-        """Rebuild, then consume placements, heartbeat and end jobs until :meth:`stop`."""
+        """Rebuild and reconcile, then consume placements, heartbeat and report the backend's
+        status changes until :meth:`stop`."""
+        await self.refresh_inventory()
         await self.rebuild()
         self._consumer = DurableConsumer(
             self.bus, "EVENTS", self.durable, [self.subjects.placements(self.cluster.region, self.cluster.name)],
@@ -215,6 +386,8 @@ class ClusterAgent:
         await self.publish_snapshot()
         if self.holding:
             self._consumer.stop()
+        logs_sub = await self.bus.nc.subscribe(self.subjects.logs(self.cluster.region, self.cluster.name),
+                                               cb=self._on_logs_request)
         tasks = [asyncio.create_task(self._consumer.run(), name=f"{self.durable}-consumer"),
                  asyncio.create_task(self._heartbeats(), name=f"{self.durable}-heartbeat"),
                  asyncio.create_task(self._ticker(), name=f"{self.durable}-ticker")]
@@ -222,7 +395,11 @@ class ClusterAgent:
             await self._stop.wait()
         finally:
             self._consumer.stop()
-            for t in tasks:
+            try:
+                await logs_sub.unsubscribe()
+            except Exception as e:  # noqa: BLE001 - the connection may be closing
+                log.debug("%s: logs unsubscribe: %r", self.producer, e)
+            for t in [*tasks, *self._log_tasks]:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
 
@@ -230,7 +407,32 @@ class ClusterAgent:
         """Ask :meth:`run` to return."""
         self._stop.set()
 
-    # ------------------------------------------------------------------ drills
+    # ------------------------------------------------------------------ inventory and drills
+
+    async def refresh_inventory(self) -> None:
+        """Read ``backend.inventory()`` into the ledger: new nodes are added, capacity, health,
+        drain and taints updated (allocations kept). A node that turned unhealthy has its gangs
+        stopped at the next :meth:`finish_due`. A backend error is logged (retried next time)."""
+        try:
+            nodes = await self.backend.inventory()
+        except BackendError as e:
+            log.warning("%s: inventory not read: %s", self.producer, e)
+            return
+        self._merge_inventory(nodes)
+
+    def _merge_inventory(self, nodes: list[NodeInventory]) -> None:
+        for n in nodes:
+            led = self.ledger.get(n.name)
+            if led is None:
+                self.ledger[n.name] = NodeLedger(n, list(n.gpu_free_milli) or [WHOLE] * n.gpus, n.cpu_milli,
+                                                 n.memory_mib)
+                continue
+            if (led.inv.healthy, led.inv.unschedulable, led.inv.taints) != (n.healthy, n.unschedulable, n.taints):
+                self._changed.set()
+                if led.inv.healthy and not n.healthy:
+                    self._failed_nodes.add(n.name)
+            led.inv = led.inv.model_copy(update={"healthy": n.healthy, "unschedulable": n.unschedulable,
+                                                 "taints": n.taints})
 
     def hold_placements(self) -> None:
         """Drill: stop taking placements (they stay on the bus, unacknowledged) -- a cluster
@@ -240,19 +442,36 @@ class ClusterAgent:
             self._consumer.stop()
 
     def set_node_health(self, node: str, healthy: bool) -> None:
-        """Drill: mark a node (un)healthy; the next heartbeat carries a fresh snapshot."""
+        """Drill: mark a node (un)healthy, on the backend too where it simulates nodes (trace).
+        A failed node's gangs are stopped whole and reported ``job.failed`` reason
+        ``node_failed`` at the next :meth:`finish_due`; the next heartbeat carries a fresh
+        snapshot.
+
+        Raises:
+            KeyError: no such node.
+        """
         ledger = self.ledger[node]
+        if ledger.inv.healthy and not healthy:
+            self._failed_nodes.add(node)
         ledger.inv = ledger.inv.model_copy(update={"healthy": healthy})
+        drill = getattr(self.backend, "set_node_health", None)
+        if callable(drill):
+            drill(node, healthy)
         self._changed.set()
 
     async def rebuild(self) -> None:
-        """Restore the running set from this cluster's placements and status on the bus."""
+        """Restore the ledger from this cluster's placements and status on the bus, then
+        reconcile it with what the backend runs (:meth:`reconcile`)."""
         placements: dict[tuple[str, int, int], tuple[Delivery, JobPlaced]] = {}
         started: dict[tuple[str, int, int], float] = {}
 
         def on_placed(d: Delivery, env: Envelope) -> None:
             p = env.payload_as(JobPlaced)
             placements[(env.job_id, env.attempt, p.shard)] = (d, p)
+            self._see_attempt(env.job_id, p.shard, env.attempt)
+
+        def on_stop(d: Delivery, env: Envelope) -> None:
+            self._see_attempt(env.job_id, env.payload_as(JobStop).shard, env.attempt)
 
         def on_started(d: Delivery, env: Envelope) -> None:
             s = env.payload_as(JobStatus)
@@ -262,7 +481,7 @@ class ClusterAgent:
             s = env.payload_as(JobStatus)
             self.done.add((env.job_id, env.attempt, s.shard))
 
-        folds = {"placed": on_placed, "started": on_started, "ended": on_ended}
+        folds = {"placed": on_placed, "stop": on_stop, "started": on_started, "ended": on_ended}
 
         def fold(d: Delivery) -> None:
             env = d.envelope
@@ -285,20 +504,155 @@ class ClusterAgent:
         await asyncio.gather(*tasks)
         for f in followers:
             await f.delete()
-        for key, at in started.items():
-            if key in self.done or key not in placements:
-                continue
-            d, placed = placements[key]
+        await self.reconcile({key: (d, placed, started.get(key)) for key, (d, placed) in placements.items()
+                              if key not in self.done})
+
+    async def reconcile(self, ledger: dict[tuple[str, int, int], tuple[Delivery, JobPlaced, float | None]]) -> None:
+        """Compare the ledger's open attempts (key -> (placement delivery, placement, start time
+        or None if no ``job.started`` was published)) with ``backend.list_attempts()``:
+
+        * an observed attempt that is live in the ledger (placed, not ended, not older than the
+          highest attempt seen for its job and shard) is adopted: it keeps running, it is reported
+          when it ends (and ``job.started`` is published if the cluster runs it and the bus did
+          not have it yet);
+        * a placed attempt that never started and the cluster does not have is left alone: its
+          placement, if not acknowledged, is redelivered, else the scheduler reclaims it;
+        * an observed attempt that is not (ended on the bus, older, unknown) is stopped and a
+          ``job.stopped`` published: reason ``superseded`` for an older attempt of a job whose
+          newer attempt this agent has seen, else ``orphaned`` (no ``started_at``: it was not a
+          current attempt, nothing more is billed);
+        * a live ledger attempt the cluster does not have: relaunched with its recorded start on a
+          backend that does not outlive the agent (``durable`` False: trace), else reported
+          ``job.failed`` reason ``lost``.
+
+        Every action is recorded in :attr:`reconciled` and logged. A backend that cannot be listed
+        (BackendError) leaves the ledger as rebuilt (retryable errors are logged, not raised).
+        """
+        self.reconciled = []
+        try:
+            observed = {o.key: o for o in await self.backend.list_attempts()}
+        except BackendError as e:
+            log.error("%s: cannot list the cluster's attempts, not reconciled: %s", self.producer, e)
+            observed = None
+        now = self.clock.time()
+        for key, (d, placed, at) in ledger.items():
             env = d.envelope
+            if key in self.done:
+                continue
+            akey = AttemptKey(*key)
+            if env.attempt < self.highest.get((env.job_id, placed.shard), 0):
+                continue  # fenced: handled below as observed-but-not-live, or never runs again
+            seen = observed is not None and akey in observed
+            if at is None and not seen:
+                continue  # never started here: redelivery or the scheduler's reclaim decides
+            if observed is not None and not seen and self.backend.durable:
+                job = RunningJob(AttemptRef.of(env), placed.shard, placed.spec, placed, at, d.headers)
+                self.done.add(key)
+                self.reconciled.append(("lost", str(akey)))
+                await self._status(EventType.JOB_FAILED, job.ref, placed, now, started_at=at, reason="lost",
+                                   headers=d.headers)
+                continue
             if not self._fits(placed):
                 log.error("%s: rebuilt job %s does not fit the ledger; skipping", self.producer, key)
                 continue
             self._allocate(placed, +1)
-            ends_at, outcome = self.backend.plan(placed.spec, at, attempt=env.attempt, resume_from_s=placed.resume_from_s)
-            self.running[key] = RunningJob(AttemptRef.of(env), placed.shard, placed.spec, placed, at, ends_at, outcome,
-                                           d.headers)
-        if self.running:
-            log.info("%s: resumed %d running job(s)", self.producer, len(self.running))
+            job = RunningJob(AttemptRef.of(env), placed.shard, placed.spec, placed, at, d.headers)
+            self._hold(job)
+            if seen:
+                self.reconciled.append(("adopted", str(akey)))
+                o = observed[akey]
+                if at is None and o.phase == Phase.RUNNING:
+                    job.started_at = o.started_at if o.started_at is not None else now
+                    await self._status(EventType.JOB_STARTED, job.ref, placed, job.started_at,
+                                       started_at=job.started_at, headers=d.headers)
+            else:
+                self.reconciled.append(("relaunched", str(akey)))
+                try:
+                    await self.backend.launch(job.attempt_spec())
+                except BackendError as e:
+                    log.error("%s: relaunch of %s failed: %s", self.producer, akey, e)
+        for akey, o in (observed or {}).items():
+            key = (akey.job_id, akey.attempt, akey.shard)
+            if key in self.running:
+                continue
+            older = akey.attempt < self.highest.get((akey.job_id, akey.shard), 0)
+            reason = "superseded" if older else "orphaned"
+            self.reconciled.append((reason, str(akey)))
+            await self._backend_stop(akey, reason)
+            self.done.add(key)
+            await self._orphan_status(akey, o, reason, now)
+        if self.reconciled:
+            log.info("%s: reconciled: %s", self.producer, ", ".join(f"{a} {k}" for a, k in self.reconciled))
+
+    async def _orphan_status(self, key: AttemptKey, observed: ObservedAttempt, reason: str, at: float) -> None:
+        """``job.stopped`` for an attempt found on the cluster that no live attempt owns (id step
+        ``reconciled``: distinct from the attempt's own end, which may already be stored)."""
+        labels = observed.labels
+        payload = JobStatus(reason=reason, shard=key.shard)
+        event = make_event(
+            EventType.JOB_STOPPED, payload, producer=self.producer, occurred_at=at,
+            event_id=business_event_id(key.job_id, key.attempt, key.shard, "reconciled"),
+            region=self.cluster.region, zone=self.cluster.zone, cluster=self.cluster.name,
+            tenant=labels.get("fedsched.io/tenant", ""), project=labels.get("fedsched.io/project", ""),
+            job_id=key.job_id, attempt=key.attempt, actor=self.producer)
+        await self.publisher.publish(self.subjects.status(self.cluster.region, self.cluster.name), event)
+
+    # ------------------------------------------------------------------ logs
+
+    #: most log requests answered at once (more are refused ``unavailable``)
+    MAX_LOG_REQUESTS = 16
+
+    async def serve_logs(self, request: LogRequest) -> AsyncIterator[LogReply]:
+        """Answer a log request: replies of at most ``request.max_chunk_bytes`` of output, the
+        last with ``eof``; an attempt that never ran here, or an unknown worker, gives one reply
+        with code ``not_found``; a backend error one with ``unavailable``."""
+        key = (request.job_id, request.attempt, request.shard)
+        if key not in self.running and key not in self.done:
+            yield LogReply(eof=True, code="not_found",
+                           error=f"attempt {request.attempt} of job {request.job_id} did not run on {self.cluster.name}")
+            return
+        lines: list[str] = []
+        try:
+            stream = self.backend.logs(AttemptKey(*key), request.worker, request.follow)
+            async for line in stream:
+                lines.append(line)
+                if sum(len(x) + 1 for x in lines) >= request.max_chunk_bytes:
+                    for chunk in chunks(lines, request.max_chunk_bytes):
+                        yield LogReply(data=chunk)
+                    lines = []
+        except AttemptNotFound as e:
+            yield LogReply(eof=True, code="not_found", error=str(e))
+            return
+        except BackendError as e:
+            yield LogReply(eof=True, code="unavailable", error=str(e))
+            return
+        for chunk in chunks(lines, request.max_chunk_bytes):
+            yield LogReply(data=chunk)
+        yield LogReply(eof=True)
+
+    async def _on_logs_request(self, msg) -> None:
+        if not msg.reply:
+            return
+        if len(self._log_tasks) >= self.MAX_LOG_REQUESTS:
+            await self.bus.nc.publish(msg.reply, LogReply(eof=True, code="unavailable",
+                                                          error="agent busy with other log requests").model_dump_json().encode())
+            return
+        task = asyncio.create_task(self._answer_logs(msg))
+        self._log_tasks.add(task)
+        task.add_done_callback(self._log_tasks.discard)
+
+    async def _answer_logs(self, msg) -> None:
+        try:
+            request = LogRequest.model_validate_json(msg.data)
+        except ValueError as e:
+            await self.bus.nc.publish(msg.reply, LogReply(eof=True, code="not_found",
+                                                          error=f"bad log request: {e}").model_dump_json().encode())
+            return
+        try:
+            async for reply in self.serve_logs(request):
+                await self.bus.nc.publish(msg.reply, reply.model_dump_json().encode())
+        except Exception as e:  # noqa: BLE001 - a log request never takes the agent down
+            log.warning("%s: log request failed: %r", self.producer, e)
 
     # ------------------------------------------------------------------ placements
 
@@ -307,6 +661,7 @@ class ClusterAgent:
 
         Raises:
             DecodeError: an event type the agent does not handle (dead-lettered).
+            UnavailableError: the backend could not be reached (retryable): the batch is retried.
         """
         for d in deliveries:
             env = d.envelope
@@ -325,39 +680,104 @@ class ClusterAgent:
     async def _handle_stop(self, d: Delivery) -> None:
         await self._on_stop(d, d.envelope.payload_as(JobStop))
 
+    def _see_attempt(self, job_id: str, shard: int, attempt: int) -> int:
+        """Record ``attempt`` for fencing; returns the highest attempt seen before it."""
+        before = self.highest.get((job_id, shard), 0)
+        if attempt > before:
+            self.highest[(job_id, shard)] = attempt
+        return before
+
+    def _hold(self, job: RunningJob) -> None:
+        self.running[job.key] = job
+        self._live[(job.ref.job_id, job.shard)] = job.key
+
+    def _release(self, key: tuple[str, int, int]) -> RunningJob | None:
+        """Drop ``key`` from the running set (resources back, marked done); the job or None."""
+        job = self.running.pop(key, None)
+        self.done.add(key)
+        if job is None:
+            return None
+        if self._live.get((job.ref.job_id, job.shard)) == key:
+            del self._live[(job.ref.job_id, job.shard)]
+        self._allocate(job.placed, -1)
+        return job
+
     async def _on_placed(self, d: Delivery, placed: JobPlaced) -> None:
         env = d.envelope
         key = (env.job_id, env.attempt, placed.shard)
         if key in self.running or key in self.done:
             return  # redelivery: already handled
-        problem = self._check(placed)
         now = self.clock.time()
+        before = self._see_attempt(env.job_id, placed.shard, env.attempt)
+        if env.attempt < before:  # fencing: a newer attempt of this job was already seen here
+            self.done.add(key)
+            await self._status(EventType.JOB_REJECTED, AttemptRef.of(env), placed, now, reason="superseded",
+                               headers=d.headers)
+            return
+        older = self._live.get((env.job_id, placed.shard))
+        if older is not None and older != key:
+            await self._stop_running(older, "superseded", now, headers=d.headers)
+        problem = self._check(placed)
         if problem:
             self.done.add(key)
             await self._status(EventType.JOB_REJECTED, AttemptRef.of(env), placed, now, reason=problem, headers=d.headers)
             return
         self._allocate(placed, +1)
-        ends_at, outcome = self.backend.plan(placed.spec, now, attempt=env.attempt, resume_from_s=placed.resume_from_s)
-        job = RunningJob(AttemptRef.of(env), placed.shard, placed.spec, placed, now, ends_at, outcome, d.headers)
-        self.running[key] = job
-        await self._status(EventType.JOB_STARTED, job.ref, placed, now, started_at=now, headers=d.headers)
+        job = RunningJob(AttemptRef.of(env), placed.shard, placed.spec, placed, None, d.headers)
+        self._hold(job)
+        try:
+            await self.backend.launch(job.attempt_spec())
+        except BackendError as e:
+            self.running.pop(key, None)
+            self._live.pop((env.job_id, placed.shard), None)
+            self._allocate(placed, -1)
+            if e.retryable:
+                raise UnavailableError(f"backend: {e}") from e  # the placement is redelivered
+            self.done.add(key)
+            await self._status(EventType.JOB_FAILED, job.ref, placed, now, reason=f"launch failed: {e}",
+                               headers=d.headers)
+            return
+        await self.finish_due()  # what the cluster observed at launch (trace: running at once)
 
     async def _on_stop(self, d: Delivery, stop: JobStop) -> None:
+        """Stop attempt N and anything older of the same job and shard running here (fencing)."""
         env = d.envelope
         key = (env.job_id, env.attempt, stop.shard)
-        job = self.running.pop(key, None)
-        if job is None:
+        self._see_attempt(env.job_id, stop.shard, env.attempt)
+        live = self._live.get((env.job_id, stop.shard))
+        now = self.clock.time()
+        if live is not None and live != key and live[1] < env.attempt:
+            await self._stop_running(live, "superseded", now, headers=d.headers)
+        if key not in self.running:
             self.done.add(key)  # stop before start (or after end): nothing runs
             return
-        self._allocate(job.placed, -1)
-        self.done.add(key)
-        now = self.clock.time()
+        job = self.running[key]
         progress = job.placed.resume_from_s
-        if stop.checkpoint_interval_s > 0 and job.spec.checkpointable:  # resumes from its last checkpoint
-            done_here = max(0.0, now - job.started_at)
+        if stop.checkpoint_interval_s > 0 and job.spec.checkpointable and job.started_at is not None:
+            done_here = max(0.0, now - job.started_at)  # resumes from its last checkpoint
             progress += done_here // stop.checkpoint_interval_s * stop.checkpoint_interval_s
-        await self._status(EventType.JOB_STOPPED, job.ref, job.placed, now, started_at=job.started_at, reason=stop.reason,
-                           headers=d.headers, progress_s=progress)
+        await self._stop_running(key, stop.reason, now, headers=d.headers, progress_s=progress)
+
+    async def _stop_running(self, key: tuple[str, int, int], reason: str, at: float, *,
+                            headers: dict[str, str] | None = None, progress_s: float | None = None) -> None:
+        """Stop a running attempt on the backend (every worker) and report ``job.stopped``."""
+        job = self._release(key)
+        if job is None:
+            return
+        await self._backend_stop(job.attempt_key, reason)
+        await self._status(EventType.JOB_STOPPED, job.ref, job.placed, at, started_at=job.started_at, reason=reason,
+                           headers=headers if headers is not None else job.trace_headers,
+                           progress_s=job.placed.resume_from_s if progress_s is None else progress_s)
+
+    async def _backend_stop(self, key: AttemptKey, reason: str) -> None:
+        try:
+            await self.backend.stop(key, reason)
+            self._stop_retry.pop(key, None)
+        except BackendError as e:
+            log.warning("%s: stop of %s failed (%s): %s", self.producer, key,
+                        "will retry" if e.retryable else "giving up", e)
+            if e.retryable:
+                self._stop_retry[key] = reason
 
     def _check(self, placed: JobPlaced) -> str:
         """"" if the placement fits the ledger, else why not."""
@@ -373,6 +793,8 @@ class ClusterAgent:
                 return f"node {b.node} is not in cluster {self.cluster.name}"
             if not node.inv.healthy:
                 return f"node {b.node} is not healthy"
+            if node.inv.unschedulable:
+                return f"node {b.node} is drained"
             if spec.gpus_per_worker and node.inv.card_model not in (placed.card_model,):
                 return f"node {b.node} has {node.inv.card_model}, placement says {placed.card_model}"
             if len(b.gpu_indices) != spec.gpus_per_worker:
@@ -406,14 +828,15 @@ class ClusterAgent:
             node.mem_free -= sign * b.memory_mib
 
     async def _status(self, type_: EventType, ref: AttemptRef, placed: JobPlaced, at: float, *, started_at: float | None = None,
-                      reason: str = "", headers: dict[str, str] | None = None, progress_s: float = 0.0) -> None:
+                      reason: str = "", headers: dict[str, str] | None = None, progress_s: float = 0.0,
+                      exit_code: int | None = None) -> None:
         spec = placed.spec
         step = {EventType.JOB_STARTED: "started", EventType.JOB_REJECTED: "rejected"}.get(type_, "ended")
         payload = JobStatus(
             card_model=placed.card_model, gpu_milli=spec.total_gpu_milli, cpu_milli=spec.cpu_milli * spec.workers,
             memory_mib=spec.memory_mib * spec.workers, started_at=to_datetime(started_at) if started_at else None,
             reason=reason, shard=placed.shard, data_version=spec.annotations.get("data.version", ""),
-            kind=spec.kind.value, cross_region=placed.cross_region, progress_s=progress_s,
+            kind=spec.kind.value, cross_region=placed.cross_region, progress_s=progress_s, exit_code=exit_code,
         )
         event = make_event(
             type_, payload, producer=self.producer, occurred_at=at,
@@ -431,30 +854,92 @@ class ClusterAgent:
 
     async def _ticker(self) -> None:
         while not self._stop.is_set():
-            await self.finish_due()
+            try:
+                await self.finish_due()
+                if self._failed_nodes_seen and not self.paused:  # tell the scheduler now, not at the next beat
+                    self._failed_nodes_seen = False
+                    self._changed.clear()
+                    await self.publish_snapshot()
+            except Exception as e:  # noqa: BLE001 - an agent never crashes on a bad status; retried next tick
+                log.warning("%s: status drain failed: %r", self.producer, e)
             await asyncio.sleep(self.tick_s)
 
     async def finish_due(self) -> int:
-        """End every running job whose end time has come; returns how many ended."""
+        """Report what the backend observed since the last call (``backend.ready()``), stop the
+        gangs on nodes that failed, retry stops the backend could not carry out; returns how
+        many attempts ended."""
+        async with self._drain_lock:
+            return await self._drain()
+
+    async def _drain(self) -> int:
+        ended = 0
+        for node in sorted(self._failed_nodes):
+            self._failed_nodes.discard(node)
+            self._failed_nodes_seen = True
+            ended += await self.fail_node(node)
+        for key, reason in list(self._stop_retry.items()):
+            await self._backend_stop(key, reason)
+        for status in self.backend.ready():
+            ended += await self.on_status(status)
+        return ended
+
+    async def fail_node(self, node: str) -> int:
+        """Stop, whole, every running attempt with a worker on ``node`` and report each
+        ``job.failed`` reason ``node_failed`` (no exit code); returns how many."""
         now = self.clock.time()
-        due = sorted((j for j in self.running.values() if j.ends_at is not None and j.ends_at <= now),
-                     key=lambda j: j.ends_at)
-        for job in due:
-            self.running.pop(job.key, None)
-            self._allocate(job.placed, -1)
-            self.done.add(job.key)
-            failed = job.outcome == AttemptState.FAILED
-            type_ = EventType.JOB_FAILED if failed else EventType.JOB_FINISHED
-            await self._status(type_, job.ref, job.placed, job.ends_at, started_at=job.started_at,
-                               reason="exited with failure (trace outcome)" if failed else "",
-                               headers=job.trace_headers)
-        return len(due)
+        hit = [k for k, j in self.running.items() if any(b.node == node for b in j.placed.bindings)]
+        for key in hit:
+            job = self._release(key)
+            await self._backend_stop(job.attempt_key, NODE_FAILED)
+            await self._status(EventType.JOB_FAILED, job.ref, job.placed, now, started_at=job.started_at,
+                               reason=NODE_FAILED, headers=job.trace_headers)
+        return len(hit)
+
+    async def on_status(self, status: AttemptStatus) -> int:
+        """Report one status change from the backend; 1 if it ended a running attempt, else 0.
+
+        Only the attempts this agent runs are reported (an ended, stopped, fenced or unknown
+        attempt's status is dropped: reconcile deals with what runs unowned). RUNNING ->
+        ``job.started`` (once); SUCCEEDED -> ``job.finished``; FAILED -> ``job.failed`` with the
+        exit code and reason (``node_failed`` stops the whole gang first); LOST -> ``job.failed``
+        reason ``lost``. Event times are the cluster's (``status.at``).
+        """
+        key = (status.key.job_id, status.key.attempt, status.key.shard)
+        job = self.running.get(key)
+        if job is None:
+            return 0
+        if status.phase == Phase.PENDING:
+            return 0
+        if status.phase == Phase.RUNNING:
+            if job.started_at is None:
+                job.started_at = status.at
+                await self._status(EventType.JOB_STARTED, job.ref, job.placed, status.at, started_at=status.at,
+                                   headers=job.trace_headers)
+            return 0
+        if status.phase not in TERMINAL_PHASES:
+            return 0
+        self._release(key)
+        if status.phase == Phase.SUCCEEDED:
+            await self._status(EventType.JOB_FINISHED, job.ref, job.placed, status.at, started_at=job.started_at,
+                               headers=job.trace_headers, exit_code=status.exit_code)
+            return 1
+        if status.reason == NODE_FAILED:
+            await self._backend_stop(status.key, NODE_FAILED)  # the whole gang, whatever the backend did
+            reason = NODE_FAILED
+        elif status.phase == Phase.LOST:
+            reason = "lost"
+        else:
+            reason = status.message or status.reason or f"exited with code {status.exit_code}"
+        await self._status(EventType.JOB_FAILED, job.ref, job.placed, status.at, started_at=job.started_at,
+                           reason=reason, headers=job.trace_headers, exit_code=status.exit_code)
+        return 1
 
     async def _heartbeats(self) -> None:
         beats = 0
         while not self._stop.is_set():
             if not self.paused:
                 try:
+                    await self.refresh_inventory()  # node health, drain, taints as the cluster has them
                     if beats % self.snapshot_every == 0 or self._changed.is_set():
                         self._changed.clear()
                         await self.publish_snapshot()
@@ -509,9 +994,10 @@ PLACEMENT_EVENTS: EventTable = EventTable({
 #: a job that never held resources here (it is published on the decisions subject).
 REBUILD_EVENTS: EventTable = EventTable({
     EventType.JOB_PLACED: "placed",
+    EventType.JOB_STOP: "stop",
     EventType.JOB_STARTED: "started",
     EventType.JOB_FINISHED: "ended",
     EventType.JOB_FAILED: "ended",
     EventType.JOB_STOPPED: "ended",
     EventType.JOB_REJECTED: "ended",
-}, ignores=frozenset({EventType.JOB_STOP, EventType.JOB_CANCELLED}))
+}, ignores=frozenset({EventType.JOB_CANCELLED}))

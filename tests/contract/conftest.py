@@ -128,3 +128,94 @@ def engine(request, chdb_path):
     eng = Engine("server", url=url, proxy=proxy)
     yield eng
     proxy.close()
+
+
+# ---------------------------------------------------------------------------- execution backends
+#
+# ``backend_under_test`` runs tests/contract/test_backend_contract.py on every execution backend
+# (services/inventory/backend.py). Here: ``trace`` on a FakeClock-driven business clock. The Slurm
+# and Kubernetes issues add a harness class and a param below; a harness whose cluster is not
+# reachable skips with the reason (as ``engine`` does for ClickHouse servers).
+
+
+class BackendHarness:
+    """How the contract suite drives one backend.
+
+    Attributes:
+        backend: the :class:`~services.inventory.backend.Backend` under test.
+        clock: the business clock an agent on that cluster uses (``time()`` in POSIX s).
+        nodes: names of (at least two) healthy GPU nodes of one card model on its cluster.
+        card_model: their canonical card model.
+        gpus_per_node: whole GPUs each of them has.
+    """
+
+    backend = None
+    clock = None
+    nodes: tuple[str, ...] = ()
+    card_model: str = ""
+    gpus_per_node: int = 0
+
+    def job(self, *, runtime_s: float, exit_code: int = 0, workers: int = 1):
+        """A JobSpec whose workload runs ``runtime_s`` seconds and exits ``exit_code`` (trace:
+        annotations; a real backend: a workload command such as ``sleep N; exit C``)."""
+        raise NotImplementedError
+
+    async def advance(self, seconds: float) -> None:
+        """Let ``seconds`` of the cluster's time pass (trace: the business clock; real: sleep)."""
+        raise NotImplementedError
+
+    def fail_node(self, node: str) -> None:
+        """Make ``node`` fail (trace: drill; a real cluster: NotReady/DOWN by the harness's means)."""
+        raise NotImplementedError
+
+    async def statuses(self, until, *, timeout_s: float = 10.0) -> list:
+        """Drain ``backend.ready()`` until ``until(collected)`` holds or ``timeout_s`` wall
+        seconds pass; returns what was collected (the caller asserts on it)."""
+        import asyncio
+        import time
+
+        got: list = []
+        deadline = time.monotonic() + timeout_s
+        while True:
+            got.extend(self.backend.ready())
+            if until(got) or time.monotonic() > deadline:
+                return got
+            await asyncio.sleep(0.01)
+
+
+class TraceHarness(BackendHarness):
+    """The trace backend on a FakeClock: time passes only in :meth:`advance`."""
+
+    def __init__(self) -> None:
+        from services.inventory.agent import TraceBackend
+        from tests.builders import T4, FakeClock, nodes
+
+        self.clock = FakeClock()
+        self.card_model = T4
+        self.gpus_per_node = 8
+        node_list = nodes("n", 3, gpus=self.gpus_per_node, model=T4)
+        self.nodes = tuple(n.name for n in node_list)
+        self.backend = TraceBackend(node_list, clock=self.clock)
+
+    def job(self, *, runtime_s: float, exit_code: int = 0, workers: int = 1):
+        from tests.builders import spec
+
+        ann = {"trace.runtime_s": str(runtime_s)}
+        if exit_code:
+            ann["trace.outcome"] = "failed"
+        return spec(gpus=1, workers=workers, annotations=ann)
+
+    async def advance(self, seconds: float) -> None:
+        self.clock.advance(seconds)
+
+    def fail_node(self, node: str) -> None:
+        self.backend.set_node_health(node, False)
+
+
+BACKEND_HARNESSES = {"trace": TraceHarness}
+
+
+@pytest.fixture(params=sorted(BACKEND_HARNESSES))
+def backend_under_test(request) -> BackendHarness:
+    """One harness per execution backend (see :class:`BackendHarness`)."""
+    return BACKEND_HARNESSES[request.param]()

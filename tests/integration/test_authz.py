@@ -37,6 +37,7 @@ MATRIX: dict[str, tuple[str, ...]] = {
     "JobService.ListJobs":           (U, U, A, D, A, D, A),
     "JobService.WatchJob":           (U, U, A, D, A, A, A),
     "JobService.ExplainJob":         (U, U, A, D, A, A, A),
+    "JobService.GetJobLogs":         (U, U, A, D, A, A, A),  # like GetJob (then UNAVAILABLE: no agent here)
     "JobService.CancelJob":          (U, U, A, D, D, D, A),
     "TenantService.ListTenants":     (U, U, A, A, A, D, A),
     "TenantService.ListQuotas":      (U, U, A, D, A, D, A),
@@ -122,6 +123,7 @@ def _call(s: Stubs, rpc: str, w: World):
         "JobService.ListJobs": lambda: s.jobs.ListJobs(pb.ListJobsRequest(tenant="search")),
         "JobService.WatchJob": lambda: _first(s.jobs.WatchJob(pb.WatchJobRequest(job_id=w.job_id))),
         "JobService.ExplainJob": lambda: s.jobs.ExplainJob(pb.ExplainJobRequest(job_id=w.job_id)),
+        "JobService.GetJobLogs": lambda: _first(s.jobs.GetJobLogs(pb.GetJobLogsRequest(job_id=w.job_id))),
         "JobService.CancelJob": lambda: s.jobs.CancelJob(pb.CancelJobRequest(job_id=w.job_id)),
         "TenantService.ListTenants": lambda: s.tenants.ListTenants(gpb.ListTenantsRequest()),
         "TenantService.ListQuotas": lambda: s.tenants.ListQuotas(gpb.ListQuotasRequest(tenant="search")),

@@ -373,3 +373,27 @@ class ExplainJobResponse(_message.Message):
     state: JobState
     decisions: _containers.RepeatedCompositeFieldContainer[ShardDecision]
     def __init__(self, job_id: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., decisions: _Optional[_Iterable[_Union[ShardDecision, _Mapping]]] = ...) -> None: ...
+
+class GetJobLogsRequest(_message.Message):
+    __slots__ = ("job_id", "attempt", "worker", "follow", "shard")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    WORKER_FIELD_NUMBER: _ClassVar[int]
+    FOLLOW_FIELD_NUMBER: _ClassVar[int]
+    SHARD_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    attempt: int
+    worker: int
+    follow: bool
+    shard: int
+    def __init__(self, job_id: _Optional[str] = ..., attempt: _Optional[int] = ..., worker: _Optional[int] = ..., follow: _Optional[bool] = ..., shard: _Optional[int] = ...) -> None: ...
+
+class LogChunk(_message.Message):
+    __slots__ = ("attempt", "cluster", "data")
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    attempt: int
+    cluster: str
+    data: str
+    def __init__(self, attempt: _Optional[int] = ..., cluster: _Optional[str] = ..., data: _Optional[str] = ...) -> None: ...

@@ -64,6 +64,11 @@ class JobServiceStub:
                 request_serializer=fedsched_dot_api_dot_v1_dot_jobs__pb2.ExplainJobRequest.SerializeToString,
                 response_deserializer=fedsched_dot_api_dot_v1_dot_jobs__pb2.ExplainJobResponse.FromString,
                 _registered_method=True)
+        self.GetJobLogs = channel.unary_stream(
+                '/fedsched.api.v1.JobService/GetJobLogs',
+                request_serializer=fedsched_dot_api_dot_v1_dot_jobs__pb2.GetJobLogsRequest.SerializeToString,
+                response_deserializer=fedsched_dot_api_dot_v1_dot_jobs__pb2.LogChunk.FromString,
+                _registered_method=True)
 
 
 class JobServiceServicer:
@@ -108,6 +113,15 @@ class JobServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetJobLogs(self, request, context):
+        """The output of one attempt of a job (its workers' logs), from the agent of the attempt's
+        cluster. Authorised like GetJob. NOT_FOUND: unknown job, attempt or worker; UNAVAILABLE: the
+        agent did not answer in time. Trace jobs answer with one line saying they have no logs.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_JobServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -140,6 +154,11 @@ def add_JobServiceServicer_to_server(servicer, server):
                     servicer.ExplainJob,
                     request_deserializer=fedsched_dot_api_dot_v1_dot_jobs__pb2.ExplainJobRequest.FromString,
                     response_serializer=fedsched_dot_api_dot_v1_dot_jobs__pb2.ExplainJobResponse.SerializeToString,
+            ),
+            'GetJobLogs': grpc.unary_stream_rpc_method_handler(
+                    servicer.GetJobLogs,
+                    request_deserializer=fedsched_dot_api_dot_v1_dot_jobs__pb2.GetJobLogsRequest.FromString,
+                    response_serializer=fedsched_dot_api_dot_v1_dot_jobs__pb2.LogChunk.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -304,6 +323,33 @@ class JobService:
             '/fedsched.api.v1.JobService/ExplainJob',
             fedsched_dot_api_dot_v1_dot_jobs__pb2.ExplainJobRequest.SerializeToString,
             fedsched_dot_api_dot_v1_dot_jobs__pb2.ExplainJobResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetJobLogs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/fedsched.api.v1.JobService/GetJobLogs',
+            fedsched_dot_api_dot_v1_dot_jobs__pb2.GetJobLogsRequest.SerializeToString,
+            fedsched_dot_api_dot_v1_dot_jobs__pb2.LogChunk.FromString,
             options,
             channel_credentials,
             insecure,

@@ -26,6 +26,7 @@ class AgentCase:
     id: str
     steps: list
     backend: dict = field(default_factory=dict)
+    node_count: int = 1
 
 
 @dataclass
@@ -49,6 +50,13 @@ class Stop:
 @dataclass
 class Advance:
     seconds: float
+
+
+@dataclass
+class NodeDown:
+    """The drill ``ClusterAgent.set_node_health(node, False)``, then a drain (as the ticker would)."""
+
+    node: str
 
 
 @dataclass
@@ -107,13 +115,58 @@ CASES = [
         Advance(600),
         Expect([("job.started", "j1", 1, ""), ("job.failed", "j1", 1, "exited with failure (trace outcome)")]),
     ], dict(outcome="failed")),
+    # fencing by attempt
+    AgentCase("a placement of an attempt older than one already seen is refused as superseded", [
+        Place("j1", 1, [("n0", (0,))], attempt=2),
+        Place("j1", 1, [("n0", (1,))], attempt=1),
+        Expect([("job.started", "j1", 2, ""), ("job.rejected", "j1", 1, "superseded")]),
+    ]),
+    AgentCase("a newer attempt's placement stops the older attempt still running here", [
+        Place("j1", 8, [("n0", tuple(range(8)))], attempt=1),
+        Place("j1", 8, [("n0", tuple(range(8)))], attempt=2),
+        Expect([("job.started", "j1", 1, ""), ("job.stopped", "j1", 1, "superseded"), ("job.started", "j1", 2, "")]),
+        Advance(600), Expect([("job.finished", "j1", 2, "")]),
+    ]),
+    AgentCase("a stop order for attempt 2 stops attempt 1 and fences it", [
+        Place("j1", 8, [("n0", tuple(range(8)))], attempt=1),
+        Stop("j1", "cluster_lost", attempt=2),
+        Place("j1", 8, [("n0", tuple(range(8)))], attempt=1),
+        Advance(600),
+        Expect([("job.started", "j1", 1, ""), ("job.stopped", "j1", 1, "superseded")]),
+    ]),
+    AgentCase("cluster_lost for the running attempt stops it; it never reports an end", [
+        Place("j1", 1, [("n0", (0,))]),
+        Stop("j1", "cluster_lost"),
+        Advance(600),
+        Expect([("job.started", "j1", 1, ""), ("job.stopped", "j1", 1, "cluster_lost")]),
+    ]),
+    # gangs on failing nodes
+    AgentCase("a node failing under one worker fails the whole gang once, frees every worker's GPUs", [
+        Place("g", 8, [("n0", tuple(range(8))), ("n1", tuple(range(8)))], kw=dict(workers=2)),
+        NodeDown("n1"),
+        Expect([("job.started", "g", 1, ""), ("job.failed", "g", 1, "node_failed")]),
+        Place("j2", 8, [("n0", tuple(range(8)))]),
+        Advance(600),
+        Expect([("job.started", "j2", 1, ""), ("job.finished", "j2", 1, "")]),
+    ], node_count=2),
+    AgentCase("a node failing under no worker leaves the gang running", [
+        Place("g", 8, [("n0", tuple(range(8))), ("n1", tuple(range(8)))], kw=dict(workers=2)),
+        NodeDown("n2"),
+        Advance(600),
+        Expect([("job.started", "g", 1, ""), ("job.finished", "g", 1, "")]),
+    ], node_count=3),
+    AgentCase("a placement on a failed node is refused", [
+        NodeDown("n0"),
+        Place("j1", 1, [("n0", (0,))]),
+        Expect([("job.rejected", "j1", 1, "node n0 is not healthy")]),
+    ]),
 ]
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 async def test_agent_table(case: AgentCase) -> None:
     clock, publisher = FakeClock(), FakePublisher()
-    agent = ClusterAgent(None, clock, CLUSTER, StaticBackend(nodes("n"), **case.backend), publisher=publisher,
+    agent = ClusterAgent(None, clock, CLUSTER, StaticBackend(nodes("n", case.node_count), clock=clock, **case.backend), publisher=publisher,
                          subjects=SUBJECTS)
     placements: dict[tuple[str, int], object] = {}
     seen = seq = 0
@@ -130,6 +183,9 @@ async def test_agent_table(case: AgentCase) -> None:
                 step.job, spec(), CLUSTER.name, CLUSTER.region, [("n0", (0,))], attempt=step.attempt)
             env = stop_order(placed, step.reason, clock.time(), checkpoint_interval_s=step.checkpoint_interval_s)
             await agent.handle([delivery(env, SUBJECTS.placements(CLUSTER.region, CLUSTER.name), seq, clock.time())])
+        elif isinstance(step, NodeDown):
+            agent.set_node_health(step.node, False)
+            await agent.finish_due()
         elif isinstance(step, Advance):
             clock.advance(step.seconds)
             await agent.finish_due()
@@ -141,8 +197,82 @@ async def test_agent_table(case: AgentCase) -> None:
             assert all(p.subject == SUBJECTS.status(CLUSTER.region, CLUSTER.name) for p in new)
             if step.progress_s is not None:
                 assert new[-1].event.payload["progress_s"] == step.progress_s
+            for p in new:
+                if p.event.payload.get("reason") == "node_failed":
+                    assert p.event.payload["exit_code"] is None
+    # whatever happened, the ledger is back to what still runs: nothing is allocated twice
+    held = sum(1000 * len(b.gpu_indices) for j in agent.running.values() for b in j.placed.bindings)
+    free = sum(sum(led.gpu_free) for led in agent.ledger.values())
+    assert free + held == 1000 * 8 * case.node_count
 
 
 async def test_an_agent_without_a_bus_needs_a_publisher() -> None:
     with pytest.raises(ValueError):
-        ClusterAgent(None, FakeClock(), CLUSTER, StaticBackend(nodes("n")))
+        ClusterAgent(None, FakeClock(), CLUSTER, StaticBackend(nodes("n"), clock=FakeClock()))
+
+
+async def test_log_requests_answer_for_attempts_that_ran_here_only() -> None:
+    from fedsched.logs import LogRequest
+
+    clock, publisher = FakeClock(), FakePublisher()
+    agent = ClusterAgent(None, clock, CLUSTER, StaticBackend(nodes("n"), clock=clock), publisher=publisher,
+                         subjects=SUBJECTS)
+    env = placement("j1", spec(gpus=1), CLUSTER.name, CLUSTER.region, [("n0", (0,))], at=clock.time())
+    await agent.handle([delivery(env, SUBJECTS.placements(CLUSTER.region, CLUSTER.name), 1, clock.time())])
+
+    async def ask(**kw):
+        return [r async for r in agent.serve_logs(LogRequest(job_id="j1", attempt=1, **kw))]
+
+    ran = await ask()
+    assert [r.code for r in ran] == ["", ""] and ran[-1].eof and "no logs for trace jobs" in ran[0].data
+    assert [r.code for r in await ask(worker=1)] == ["not_found"]  # a 1-worker job
+    assert [(r.code, r.eof) for r in [r async for r in agent.serve_logs(LogRequest(job_id="j1", attempt=2))]] == [
+        ("not_found", True)]
+    clock.advance(600)
+    await agent.finish_due()  # ended: still answered
+    assert [r.code for r in await ask()] == ["", ""]
+
+
+class FlakyBackend(StaticBackend):
+    """Refuses the next launches with the given errors, then behaves; stops fail likewise."""
+
+    def __init__(self, *a, launch_errors=(), stop_errors=(), **kw) -> None:
+        super().__init__(*a, **kw)
+        self.launch_errors = list(launch_errors)
+        self.stop_errors = list(stop_errors)
+
+    async def launch(self, attempt) -> None:
+        if self.launch_errors:
+            raise self.launch_errors.pop(0)
+        await super().launch(attempt)
+
+    async def stop(self, key, reason) -> None:
+        if self.stop_errors:
+            raise self.stop_errors.pop(0)
+        await super().stop(key, reason)
+
+
+async def test_backend_errors_retry_the_transient_and_report_the_permanent() -> None:
+    from fedsched.errors import UnavailableError
+    from services.inventory.backend import BackendError, BackendUnavailable
+
+    clock, publisher = FakeClock(), FakePublisher()
+    backend = FlakyBackend(nodes("n"), clock=clock, launch_errors=[BackendUnavailable("api down"),
+                                                                     BackendError("bad image", retryable=False)],
+                           stop_errors=[BackendUnavailable("api down")])
+    agent = ClusterAgent(None, clock, CLUSTER, backend, publisher=publisher, subjects=SUBJECTS)
+    sub = SUBJECTS.placements(CLUSTER.region, CLUSTER.name)
+    j1 = placement("j1", spec(gpus=8), CLUSTER.name, CLUSTER.region, [("n0", tuple(range(8)))], at=clock.time())
+    with pytest.raises(UnavailableError):  # transient: the consumer naks, the placement comes again
+        await agent.handle([delivery(j1, sub, 1, clock.time())])
+    assert not agent.running and sum(agent.ledger["n0"].gpu_free) == 8000
+    j2 = placement("j2", spec(gpus=1), CLUSTER.name, CLUSTER.region, [("n0", (0,))], at=clock.time())
+    await agent.handle([delivery(j2, sub, 2, clock.time())])  # permanent: reported, resources back
+    await agent.handle([delivery(j1, sub, 1, clock.time())])  # the redelivery starts it
+    stop = stop_order(j1, "preempted", clock.time())
+    await agent.handle([delivery(stop, sub, 3, clock.time())])  # the backend's stop fails once ...
+    assert [o.key.job_id for o in await backend.list_attempts()] == ["j1"]
+    await agent.finish_due()  # ... and is retried
+    assert await backend.list_attempts() == []
+    assert [(p.event.type, p.event.job_id, p.event.payload["reason"]) for p in publisher.published] == [
+        ("job.failed", "j2", "launch failed: bad image"), ("job.started", "j1", ""), ("job.stopped", "j1", "preempted")]

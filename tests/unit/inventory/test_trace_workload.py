@@ -4,10 +4,11 @@ from fedsched.jobs import JobSpec
 from fedsched.workload import Workload
 from services.inventory.agent import TraceBackend
 from services.inventory.trace import load_nodes
+from tests.builders import FakeClock
 
 
 def test_the_trace_backend_plans_a_job_with_a_workload_exactly_as_without(trace_nodes):
-    backend = TraceBackend(load_nodes(trace_nodes)[:2])
+    backend = TraceBackend(load_nodes(trace_nodes)[:2], clock=FakeClock(1000.0))
     plain = JobSpec(tenant="search", project="train", home_region="cn-east-1", estimated_duration_s=300,
                     annotations={"trace.runtime_s": "120"})
     with_workload = plain.model_copy(update={"workload": Workload(

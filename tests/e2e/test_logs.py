@@ -1,0 +1,99 @@
+"""``JobService.GetJobLogs`` end to end: admission proxies the request over NATS to the agent of
+the attempt's cluster (real NATS, real agents on the trace backend, a compressed clock)."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+
+import grpc
+import pytest
+
+from fedapp.client import aio_channel
+from fedapp.runtime import System, SystemOptions
+from fedsched.api.v1 import jobs_pb2 as pb
+from fedsched.api.v1 import jobs_pb2_grpc as pb_grpc
+from fedsched.clock import ClockState, ReplayClock
+from fedsched.logs import request_logs
+from fedsched.settings import Settings
+from services.inventory.trace import TraceNode
+from tests.builders import unique
+
+pytestmark = pytest.mark.e2e
+
+CLUSTER = "cn-north-1-c1"
+
+
+@pytest.fixture
+async def running_job(nats_server, chdb_path, tmp_path):
+    """A one-cluster federation with a 2-worker job running on it: (system, stub, job id)."""
+    settings = Settings(data_dir=tmp_path, nats_url=nats_server.url, subject_prefix=unique("f"),
+                        clickhouse_path=chdb_path, clickhouse_database=unique("db"), grpc_address="127.0.0.1:0",
+                        heartbeat_interval_s=0.2, schedule_interval_s=0.005)
+    clock = ReplayClock(ClockState(time.time(), 1.7e9, 600.0, 1))
+    split = {CLUSTER: [TraceNode(f"a-{i}", 64000, 262144, 2, "nvidia-t4-16gb", 16) for i in range(2)]}
+    system = System(SystemOptions(settings=settings, clock=clock, split=split, agent_tick_s=0.005))
+    await system.start()
+    channel = aio_channel(system.grpc_target, system.admin_token)
+    try:
+        stub = pb_grpc.JobServiceStub(channel)
+        while not system.scheduler.clusters:
+            await asyncio.sleep(0.05)
+        spec = pb.JobSpec(tenant="search", project="train", kind=pb.JOB_KIND_BATCH, gpus_per_worker=2, workers=2,
+                          cpu_milli=1000, estimated_duration_seconds=36000, annotations={"trace.runtime_s": "36000"})
+        job_id = (await stub.SubmitJob(pb.SubmitJobRequest(spec=spec))).job_id
+        deadline = time.monotonic() + 30
+        while (await stub.GetJob(pb.GetJobRequest(job_id=job_id))).state != pb.JOB_STATE_RUNNING:
+            assert time.monotonic() < deadline, "the job never ran"
+            await asyncio.sleep(0.05)
+        yield system, stub, job_id
+    finally:
+        await channel.close()
+        await system.stop()
+
+
+async def _logs(stub, **kw) -> list[pb.LogChunk]:
+    return [c async for c in stub.GetJobLogs(pb.GetJobLogsRequest(**kw))]
+
+
+async def test_logs_of_a_trace_job_say_there_are_none(running_job):
+    _, stub, job_id = running_job
+    for kw in ({}, {"attempt": 1}, {"attempt": 1, "worker": 1}):
+        got = await _logs(stub, job_id=job_id, **kw)
+        assert [(c.attempt, c.cluster) for c in got] == [(1, CLUSTER)]
+        assert got[0].data.endswith("\n") and got[0].data.count("\n") == 1
+        assert "no logs for trace jobs" in got[0].data
+
+
+@pytest.mark.parametrize("kw, missing", [
+    (dict(job_id="j-00000000000000000000"), "job"),
+    (dict(attempt=2), "attempt"),
+    (dict(worker=2), "worker"),
+    (dict(shard=1), "shard"),
+])
+async def test_unknown_job_attempt_worker_or_shard_is_not_found(running_job, kw, missing):
+    _, stub, job_id = running_job
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await _logs(stub, **{"job_id": job_id, **kw})
+    assert e.value.code() == grpc.StatusCode.NOT_FOUND
+    assert missing in e.value.details()
+
+
+async def test_an_agent_that_does_not_answer_is_unavailable(running_job):
+    system, stub, job_id = running_job
+    agent = system.agents[0]
+    agent.stop()  # the agent process is gone: nobody listens on its logs subject
+    deadline = time.monotonic() + 10
+    while True:
+        system.admission.servicer.request_logs = functools.partial(request_logs, system.admission.bus.nc,
+                                                                  timeout_s=0.5)
+        started = time.monotonic()
+        try:
+            await _logs(stub, job_id=job_id)
+        except grpc.aio.AioRpcError as e:
+            assert e.code() == grpc.StatusCode.UNAVAILABLE, e.details()
+            assert time.monotonic() - started < 5
+            return
+        assert time.monotonic() < deadline, "the stopped agent kept answering"
+        await asyncio.sleep(0.1)
