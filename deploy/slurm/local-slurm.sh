@@ -200,10 +200,11 @@ stop_pidfile() {  # stop_pidfile FILE NAME
 
 do_stop() {
   [ -d "$DIR" ] || { echo "local-slurm: nothing in $DIR"; return 0; }
-  # slurmd first (it kills its job steps), then the controller, then munge.
+  # slurmd first (it kills its job steps), then the controller and munge together (~2 s each).
   stop_pidfile "$DIR/slurmd.pid" slurmd
-  stop_pidfile "$DIR/slurmctld.pid" slurmctld
-  stop_pidfile "$DIR/munged.pid" munged
+  stop_pidfile "$DIR/slurmctld.pid" slurmctld &
+  stop_pidfile "$DIR/munged.pid" munged &
+  wait
   echo "local-slurm: stopped ($DIR)"
 }
 
