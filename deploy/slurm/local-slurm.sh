@@ -30,10 +30,19 @@
 #   FEDSCHED_SLURM_PARTITION  partition name (default gpu)
 #   FEDSCHED_SLURM_MIN_JOB_AGE seconds slurmctld keeps a finished job (default 600)
 #   FEDSCHED_SLURM_TIMEOUT    seconds to wait for the node to be idle (default 60)
+#   FEDSCHED_SLURM_SCHED_PARAMS SchedulerParameters (default: schedule on every event, no
+#                             batching delay, look at 1000 jobs; 200 trivial jobs complete at
+#                             ~7/s on 2 cores with Slurm's defaults, ~25/s with these)
 set -euo pipefail
 
 usage() { echo "usage: $0 start|stop|status|env [DIR]" >&2; exit 2; }
-die() { echo "local-slurm: $*" >&2; exit 1; }
+STARTING=0
+die() {
+  echo "local-slurm: $*" >&2
+  # a failed start leaves nothing running (logs stay in DIR for the reader)
+  if [ "$STARTING" -eq 1 ]; then STARTING=0; do_stop >/dev/null 2>&1 || true; fi
+  exit 1
+}
 
 cmd="${1:-}"; [ -n "$cmd" ] || usage
 DIR="${2:-/tmp/fedsched-slurm}"
@@ -46,6 +55,7 @@ GPUS="${FEDSCHED_SLURM_GPUS:-a100:4,t4:2}"
 PARTITION="${FEDSCHED_SLURM_PARTITION:-gpu}"
 MIN_JOB_AGE="${FEDSCHED_SLURM_MIN_JOB_AGE:-600}"
 TIMEOUT="${FEDSCHED_SLURM_TIMEOUT:-60}"
+SCHED_PARAMS="${FEDSCHED_SLURM_SCHED_PARAMS:-sched_min_interval=0,batch_sched_delay=0,default_queue_depth=1000}"
 HOST="$(hostname -s)"
 
 need() {
@@ -114,6 +124,7 @@ MinJobAge=$MIN_JOB_AGE
 MailProg=/bin/true
 DefMemPerCPU=$((MEMORY_MB / CPUS))
 MaxJobCount=100000
+SchedulerParameters=$SCHED_PARAMS
 KillWait=2
 OverTimeLimit=0
 InactiveLimit=0
@@ -157,6 +168,7 @@ node_idle() {
 
 do_start() {
   need
+  STARTING=1
   if pid_alive "$DIR/munged.pid" && pid_alive "$DIR/slurmctld.pid" && pid_alive "$DIR/slurmd.pid"; then
     wait_for "node idle" node_idle || die "daemons run but node $NODE is not idle: $(SLURM_CONF="$DIR/slurm.conf" sinfo -h -N -o '%N %T %E' 2>&1)"
     echo "local-slurm: already up in $DIR"
@@ -178,6 +190,7 @@ do_start() {
   if ! wait_for "node idle" node_idle; then
     die "node $NODE not idle after ${TIMEOUT}s: $(sinfo -h -N -o '%N %T %E' 2>&1); see $DIR/log/"
   fi
+  STARTING=0
   echo "local-slurm: up in $DIR (node $NODE, gres $GPUS, ctld port $CTLD_PORT)"
   echo "export SLURM_CONF=$DIR/slurm.conf"
 }
