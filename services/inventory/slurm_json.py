@@ -464,6 +464,19 @@ def parse_jobs(doc: Mapping[str, Any]) -> list[SlurmJob]:
     return [parse_job(j) for j in doc["jobs"]]
 
 
+def jobs_by_tag(jobs: Sequence[SlurmJob]) -> dict[AttemptTag, SlurmJob]:
+    """fedsched's jobs among ``jobs``, one per attempt tag: the newest (highest Slurm job id).
+
+    What a relaunch checks before calling sbatch: a tag already present means the attempt was
+    submitted (adopt that Slurm job, do not submit a second one). Foreign jobs are left out.
+    """
+    out: dict[AttemptTag, SlurmJob] = {}
+    for job in jobs:
+        if job.tag is not None and (job.tag not in out or job.job_id > out[job.tag].job_id):
+            out[job.tag] = job
+    return out
+
+
 _JOBCOMP_FIELD = re.compile(r"(\w+)=(\S*)")
 
 

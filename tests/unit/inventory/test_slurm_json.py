@@ -16,7 +16,7 @@ import pytest
 from fedsched.jobs import AttemptState
 from services.inventory.slurm_json import (
     AttemptTag, Gres, NodeHealth, SbatchRequest, expand_hostlist, node_health, outcome, parse_comment,
-    parse_gres, parse_job_name, parse_jobcomp_line, parse_jobs, parse_nodes, parse_sbatch_output,
+    jobs_by_tag, parse_gres, parse_job_name, parse_jobcomp_line, parse_jobs, parse_nodes, parse_sbatch_output,
     sbatch_call, split_wait_status, time_limit_minutes, utc_from_epoch,
 )
 
@@ -256,3 +256,14 @@ def test_parse_sbatch_output(text, expected):
 def test_parse_sbatch_output_without_id_raises():
     with pytest.raises(ValueError, match="no job id"):
         parse_sbatch_output("sbatch: error: whatever\n")
+
+
+def test_jobs_by_tag_keeps_the_newest_job_per_attempt_and_drops_foreign_ones():
+    jobs = parse_jobs(load("squeue_final.json"))
+    found = jobs_by_tag(jobs)
+    assert found[AttemptTag("cap-exit3", 2)].state == "FAILED" and len(found) == len(jobs)
+    older = found[AttemptTag("cap-ok", 1)]
+    newer = type(older)(**{**{f: getattr(older, f) for f in older.__slots__}, "job_id": older.job_id + 100})
+    foreign = type(older)(**{**{f: getattr(older, f) for f in older.__slots__}, "job_id": 999, "tag": None})
+    again = jobs_by_tag([newer, older, foreign])
+    assert list(again) == [AttemptTag("cap-ok", 1)] and again[AttemptTag("cap-ok", 1)].job_id == older.job_id + 100
