@@ -3,12 +3,17 @@
 Fixture chain (nats.py style): ``nats_server`` (session, free port, own data dir) -> ``bus``
 (per test, its own subject prefix so streams never collide) ; ``chdb_path`` (session: chDB
 allows one data path per process) -> ``store`` (per test, its own database).
-``FEDSCHED_CLICKHOUSE_URL`` switches ``store`` to a ClickHouse server.
+``FEDSCHED_CLICKHOUSE_URL`` switches ``store`` to a ClickHouse server. ``slurm_cluster``
+(session): a real one-host Slurm from ``deploy/slurm/local-slurm.sh`` in a tmp dir on free ports.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -53,3 +58,84 @@ def trace_nodes() -> Path:
 @pytest.fixture
 def trace_pods() -> Path:
     return DATA / "openb_pod_list_gpuspec33.csv"
+
+
+# --------------------------------------------------------------------------- a real Slurm
+
+SLURM_SCRIPT = Path(__file__).resolve().parents[1] / "deploy" / "slurm" / "local-slurm.sh"
+SLURM_BINARIES = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "sinfo", "scancel")
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass(frozen=True)
+class LocalSlurm:
+    """A running one-host Slurm (``deploy/slurm/local-slurm.sh``) owned by the test session.
+
+    Attributes:
+        dir: its state directory (``slurm.conf``, logs, ``jobcomp.log``, ``out/``).
+        env: the environment clients need (``SLURM_CONF`` plus PATH with /usr/sbin).
+        node: the one node's name; partition: its partition; gpus: ``{slurm type: count}``.
+        start_s / stop_s: how long ``start`` took (``stop_s`` is filled in the report only).
+    """
+
+    dir: Path
+    env: dict[str, str]
+    node: str
+    partition: str
+    gpus: dict[str, int]
+    start_s: float
+
+    def run(self, *argv: str, input: str | None = None, extra_env: dict[str, str] | None = None,
+            check: bool = True, timeout: float = 30.0) -> "subprocess.CompletedProcess[str]":
+        """Run a Slurm client command against this cluster; raises CalledProcessError if ``check``."""
+        env = {**self.env, **(extra_env or {})}
+        return subprocess.run(argv, env=env, input=input, capture_output=True, text=True,
+                              check=check, timeout=timeout)
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(tmp_path_factory):
+    """A real slurmctld + slurmd + munged for the session, stopped at its end.
+
+    Skips (with the exact reason) when the binaries are missing, the session is not root, or the
+    script cannot start the daemons (its stderr and the log tail are in the reason).
+    """
+    path = os.environ.get("PATH", "") + ":/usr/sbin:/sbin"
+    missing = [b for b in SLURM_BINARIES if shutil.which(b, path=path) is None]
+    if missing:
+        apt_log = Path("/tmp/fedsched-ci-apt-slurm.log")  # written by .ci/run when apt-get failed
+        why = f"; apt-get said: {apt_log.read_text().strip()[-300:]}" if apt_log.exists() else ""
+        pytest.skip(f"Slurm not installed: missing {', '.join(missing)} (apt-get install slurm-wlm munge){why}")
+    if os.geteuid() != 0:
+        pytest.skip("a local Slurm needs root (slurmd runs jobs as their user; munged key ownership)")
+    directory = tmp_path_factory.mktemp("slurm")
+    settings = {
+        "FEDSCHED_SLURM_CTLD_PORT": str(_free_port()),
+        "FEDSCHED_SLURMD_PORT": str(_free_port()),
+        "FEDSCHED_SLURM_NODE": "fsnode1",
+        "FEDSCHED_SLURM_GPUS": "a100:4,t4:2",
+        "FEDSCHED_SLURM_PARTITION": "gpu",
+    }
+    env = {**os.environ, "PATH": path, **settings}
+    t0 = time.monotonic()
+    started = subprocess.run([str(SLURM_SCRIPT), "start", str(directory)], env=env,
+                             capture_output=True, text=True, timeout=120)
+    start_s = time.monotonic() - t0
+    if started.returncode != 0:
+        subprocess.run([str(SLURM_SCRIPT), "stop", str(directory)], env=env, capture_output=True, timeout=60)
+        pytest.skip(f"local Slurm did not start: {started.stderr.strip()[-600:]}")
+    cluster = LocalSlurm(dir=directory, env={**env, "SLURM_CONF": str(directory / "slurm.conf")},
+                         node="fsnode1", partition="gpu", gpus={"a100": 4, "t4": 2}, start_s=start_s)
+    try:
+        yield cluster
+    finally:
+        t1 = time.monotonic()
+        subprocess.run([str(SLURM_SCRIPT), "stop", str(directory)], env=env, capture_output=True, timeout=60)
+        print(f"\nlocal Slurm: start {start_s:.2f}s, stop {time.monotonic() - t1:.2f}s")
