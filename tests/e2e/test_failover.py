@@ -25,7 +25,9 @@ import time
 
 import pytest
 
+from fedapp.cli.jobs import attempt_history
 from fedapp.client import aio_channel
+from fedapp.reports import data_window, run_reports
 from fedapp.runtime import System, SystemOptions
 from fedsched.api.v1 import jobs_pb2 as pb
 from fedsched.api.v1 import jobs_pb2_grpc as pb_grpc
@@ -133,6 +135,9 @@ async def test_a_silent_clusters_running_jobs_move_once_and_are_billed_once(rest
                     and m[0] > silent_at], "a placement was sent to the silent cluster"
         for job in sampler.current.values():
             assert [(a.attempt, a.cluster, a.outcome) for a in job.attempts] == [(1, A, "lost"), (2, B, "running")]
+            (story,) = attempt_history(job)  # what `fedsched explain` prints under "attempts:"
+            assert story.startswith(f"failover: attempt 1 lost on {A} at ") and story.endswith(
+                f"; moved to {B} as attempt 2 (running)"), story
 
         returned_at = time.time()
         agents[A].resume()  # A comes back still running its copies: the stop orders wait for it
@@ -160,6 +165,17 @@ async def test_a_silent_clusters_running_jobs_move_once_and_are_billed_once(rest
                 assert abs((ended - lost_at[job_id]).total_seconds()) < 0.002  # ended when declared lost
         for job_id in job_ids:
             assert by_job[job_id] == [(1, A, "cluster_lost", 1), (2, B, "", 1)]
+        # the report's failovers: attempt 1 lost on A, moved to B as attempt 2, resumed from 0 s
+        window = data_window(system.sync_store.query, db)
+        (failovers,) = run_reports(system.sync_store.query, db, window, ["failovers"])
+        got = {r["job_id"]: r for r in failovers.dicts()}
+        assert sorted(got) == sorted(job_ids)
+        for row in got.values():
+            assert (row["attempt"], row["lost_on"], row["moved_to"], row["next_attempt"], row["resume_from_s"]) \
+                == (1, A, B, 2, 0.0)
+            assert 0 <= row["move_s"] < 60 * SPEED  # business seconds: a few wall seconds at most
+        (reconciled,) = run_reports(system.sync_store.query, db, window, ["reconciliation"])
+        assert reconciled.rows == []  # every stop here was the scheduler's order
     finally:
         if sampling is not None and not sampling.done():
             sampling.cancel()
