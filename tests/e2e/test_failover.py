@@ -77,13 +77,19 @@ class Sampler:
             await asyncio.sleep(0.005)
 
 
-@pytest.mark.parametrize("restart", [False, True], ids=["steady", "scheduler-restart"])
-async def test_a_silent_clusters_running_jobs_move_once_and_are_billed_once(restart, nats_server, chdb_path,
+@pytest.mark.parametrize("case", ["steady", "scheduler-restart", "late-return"])
+async def test_a_silent_clusters_running_jobs_move_once_and_are_billed_once(case, nats_server, chdb_path,
                                                                           tmp_path) -> None:
+    """``late-return``: JetStream's duplicate window (0.5 s) is shorter than A's absence, so the
+    agent's own ``job.stopped`` of the lost attempt is stored as a second event with the same id:
+    billing, the job view and the scheduler still count the attempt once."""
+    restart = case == "scheduler-restart"
+    window = 0.5 if case == "late-return" else 120.0
     prefix, db = unique("fo"), unique("db")
     settings = Settings(data_dir=tmp_path, nats_url=nats_server.url, subject_prefix=prefix, clickhouse_path=chdb_path,
                         clickhouse_database=db, grpc_address="127.0.0.1:0", heartbeat_interval_s=BEAT_S,
-                        schedule_interval_s=0.005, stale_after_s=STALE_S, reclaim_after_s=60.0)
+                        schedule_interval_s=0.005, stale_after_s=STALE_S, reclaim_after_s=60.0,
+                        duplicate_window_s=window)
     clock = ReplayClock(ClockState(time.time(), 1.7e9, SPEED, 1))
     system = System(SystemOptions(settings=settings, clock=clock, split=_split(), agent_tick_s=0.005))
     await system.start()
@@ -133,12 +139,14 @@ async def test_a_silent_clusters_running_jobs_move_once_and_are_billed_once(rest
             assert await until(lambda: _running_on(stub, fresh, B), timeout=10)
         assert not [m for m in sent if m[1].startswith(f"{prefix}.placements") and m[2] == "job.placed"
                     and m[0] > silent_at], "a placement was sent to the silent cluster"
-        for job in sampler.current.values():
+        for job in [await stub.GetJob(pb.GetJobRequest(job_id=j)) for j in job_ids]:
             assert [(a.attempt, a.cluster, a.outcome) for a in job.attempts] == [(1, A, "lost"), (2, B, "running")]
             (story,) = attempt_history(job)  # what `fedsched explain` prints under "attempts:"
             assert story.startswith(f"failover: attempt 1 lost on {A} at ") and story.endswith(
                 f"; moved to {B} as attempt 2 (running)"), story
 
+        if case == "late-return":  # A stays away past the duplicate window
+            await asyncio.sleep(window + 0.5)
         returned_at = time.time()
         agents[A].resume()  # A comes back still running its copies: the stop orders wait for it
         assert await until(lambda: not agents[A].running, timeout=10)
@@ -165,6 +173,16 @@ async def test_a_silent_clusters_running_jobs_move_once_and_are_billed_once(rest
                 assert abs((ended - lost_at[job_id]).total_seconds()) < 0.002  # ended when declared lost
         for job_id in job_ids:
             assert by_job[job_id] == [(1, A, "cluster_lost", 1), (2, B, "", 1)]
+        # A's status subject holds 3 starts and the scheduler's 3 ends of the lost attempts, and the
+        # agent's own 3 reports of them only when they came after the duplicate window
+        status = f"{prefix}.status.cn-north-1.{A}"
+        info = await system.control.js.stream_info(system.control.stream_name("EVENTS"), subjects_filter=status)
+        assert info.state.subjects == {status: 9 if case == "late-return" else 6}
+        assert system.sync_store.query(  # the audit log keeps one row per event id
+            f"SELECT count() FROM {db}.events WHERE type = 'job.stopped' AND cluster = {{c:String}}", {"c": A}
+        ).scalar() == 3
+        for job in [await stub.GetJob(pb.GetJobRequest(job_id=j)) for j in job_ids]:
+            assert [(a.attempt, a.outcome) for a in job.attempts] == [(1, "lost"), (2, "succeeded")]
         # the report's failovers: attempt 1 lost on A, moved to B as attempt 2, resumed from 0 s
         window = data_window(system.sync_store.query, db)
         (failovers,) = run_reports(system.sync_store.query, db, window, ["failovers"])
