@@ -9,7 +9,9 @@ changed (and at least once a second, for staleness, aging and reclamation):
    JetStream stored it -- so a restarted scheduler sees a silent cluster as silent), move every
    placement off a stale cluster (placed or running: ``job.stop`` with reason ``cluster_lost``,
    and for a started attempt a ``job.stopped`` on the cluster's behalf ending it at the time it
-   was declared lost), reclaim placements never started within ``reclaim_after_s``, and carry out
+   was declared lost; retried elsewhere within the tenant's retry budget, a checkpointable job
+   resuming from its last checkpoint: :meth:`SchedulerService._after_loss`), reclaim placements
+   never started within ``reclaim_after_s``, and carry out
    cancellations, end jobs that have been unplaceable for ``unschedulable_timeout_s``
    (below) -- every cycle, whether or not anything is queued;
 2. build the :class:`~services.scheduler.core.View` -- inventory capacity minus the allocations
