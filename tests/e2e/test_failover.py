@@ -207,3 +207,53 @@ async def test_a_silent_clusters_running_jobs_move_once_and_are_billed_once(case
 async def _running_on(stub, job_id: str, cluster: str) -> bool:
     job = await stub.GetJob(pb.GetJobRequest(job_id=job_id))
     return job.state == pb.JOB_STATE_RUNNING and job.cluster == cluster
+
+
+async def test_a_dead_cluster_is_never_given_a_placement_right_after_a_scheduler_restart(nats_server, chdb_path,
+                                                                                       tmp_path) -> None:
+    """The scheduler prefers cluster P for a probe job (cancelled again); P falls silent, the
+    scheduler is stopped, and a new one starts once P is past the freshness limit: the same job
+    submitted right after the restart runs on the other cluster, and nothing is ever placed on P."""
+    prefix = unique("fo")
+    settings = Settings(data_dir=tmp_path, nats_url=nats_server.url, subject_prefix=prefix, clickhouse_path=chdb_path,
+                        clickhouse_database=unique("db"), grpc_address="127.0.0.1:0", heartbeat_interval_s=BEAT_S,
+                        schedule_interval_s=0.005, stale_after_s=STALE_S, reclaim_after_s=60.0)
+    system = System(SystemOptions(settings=settings, clock=ReplayClock(ClockState(time.time(), 1.7e9, SPEED, 1)),
+                                  split=_split(), agent_tick_s=0.005, services=("scheduler", "agents", "admission")))
+    await system.start()
+    channel = aio_channel(system.grpc_target, system.admin_token)
+    placed: list[tuple[float, str]] = []
+
+    async def on_placement(msg) -> None:
+        if json.loads(msg.data).get("type") == "job.placed":
+            placed.append((time.time(), msg.subject.rsplit(".", 1)[-1]))
+
+    sub = await system.control.nc.subscribe(f"{prefix}.placements.>", cb=on_placement)
+    try:
+        stub = pb_grpc.JobServiceStub(channel)
+        assert await until(lambda: len(system.scheduler.clusters) == 2, timeout=20)
+        probe = (await stub.SubmitJob(pb.SubmitJobRequest(spec=_spec()))).job_id
+        assert await until(lambda: _state_is(stub, probe, pb.JOB_STATE_RUNNING), timeout=10)
+        preferred = (await stub.GetJob(pb.GetJobRequest(job_id=probe))).cluster
+        other = B if preferred == A else A
+        await stub.CancelJob(pb.CancelJobRequest(job_id=probe))
+        assert await until(lambda: _state_is(stub, probe, pb.JOB_STATE_CANCELLED), timeout=10)
+        assert await until(lambda: not next(a for a in system.agents if a.cluster.name == preferred).running)
+
+        silent_at = time.time()
+        next(a for a in system.agents if a.cluster.name == preferred).go_silent()
+        await system.stop_scheduler()
+        await asyncio.sleep(STALE_S + 0.5)  # the preferred cluster is now past the limit
+        await system.start_scheduler()
+        job = (await stub.SubmitJob(pb.SubmitJobRequest(spec=_spec()))).job_id
+        assert await until(lambda: _running_on(stub, job, other), timeout=10)
+        assert system.scheduler.status()["stale"] == [preferred]
+        assert [c for t, c in placed if t > silent_at] == [other]
+    finally:
+        await sub.unsubscribe()
+        await channel.close()
+        await system.stop()
+
+
+async def _state_is(stub, job_id: str, state: int) -> bool:
+    return (await stub.GetJob(pb.GetJobRequest(job_id=job_id))).state == state
