@@ -138,3 +138,15 @@ async def test_a_checkpointable_job_resumes_from_its_last_checkpoint_others_rest
     assert [d.type for d in out].count("job.placed") == 2
     _restart(h)
     assert (h.shard("ckpt").progress_s, h.shard("plain").progress_s) == (2 * interval, 0.0)
+
+
+async def test_a_failure_retry_past_the_monthly_cap_ends_the_job_retries_exhausted() -> None:
+    h = _harness("{per_month: 0}")
+    h.submit("j1", gpus=8, retry_limit=3)
+    await h.cycle()
+    h.report("j1", "job.started")
+    h.report("j1", "job.failed", reason="exit 1")
+    out = await h.cycle()
+    assert [d.type for d in out] == ["job.cancelled"]
+    assert _ended(h, "j1")[0].startswith("retries_exhausted: attempt 1 failed; tenant search has used its 0 retries")
+    assert (h.shard("j1").state, h.shard("j1").failures) == (ShardState.DONE, 1)
