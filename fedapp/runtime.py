@@ -226,15 +226,7 @@ class System:
                 self.agents.append(agent)
                 self._spawn(agent.run(), f"agent-{cluster.name}")
         if "scheduler" in wants:
-            bandwidth = {} if topo is None else dict(
-                region_bandwidth_bps=topo.listed_bandwidth_bps(),
-                inter_region_bandwidth_bps=topo.default_bandwidth_gbit_s * 1e9 / 8)
-            self.scheduler = SchedulerService(await self._bus("scheduler"), clock,
-                                              build_policy(opts.policy, **bandwidth), prices,
-                                              stale_after_s=s.stale_after_s, interval_s=s.schedule_interval_s,
-                                              reclaim_after_s=s.reclaim_after_s,
-                                              unschedulable_timeout_s=s.unschedulable_timeout_s)
-            self._spawn(self.scheduler.run(), "scheduler")
+            await self.start_scheduler()
         if "admission" in wants:
             tls = TlsFiles(s.tls_cert, s.tls_key, s.tls_client_ca) if s.tls_cert else None
             self.admission = AdmissionService(await self._bus("admission"), clock, address=s.grpc_address,
@@ -248,6 +240,36 @@ class System:
             if task.done():
                 ready.cancel()
                 task.result()  # raises the startup error
+
+    async def start_scheduler(self) -> SchedulerService:
+        """Start a scheduler service (it rebuilds its state from the streams) on its own
+        connection; :attr:`scheduler` is the new one."""
+        s, opts = self.settings, self.options
+        topo = opts.topology
+        prices = opts.prices or (topo.price_catalog() if topo is not None and topo.prices is not None
+                                 else load_price_catalog(s.price_catalog))
+        bandwidth = {} if topo is None else dict(  # the topology's inter-region links
+            region_bandwidth_bps=topo.listed_bandwidth_bps(),
+            inter_region_bandwidth_bps=topo.default_bandwidth_gbit_s * 1e9 / 8)
+        self.scheduler = SchedulerService(await self._bus("scheduler"), opts.clock,
+                                          build_policy(opts.policy, **bandwidth), prices,
+                                          stale_after_s=s.stale_after_s, interval_s=s.schedule_interval_s,
+                                          reclaim_after_s=s.reclaim_after_s,
+                                          unschedulable_timeout_s=s.unschedulable_timeout_s)
+        self._spawn(self.scheduler.run(), "scheduler")
+        return self.scheduler
+
+    async def stop_scheduler(self, timeout_s: float = 10.0) -> None:
+        """Stop the scheduler service (drill: a scheduler restart is this, then
+        :meth:`start_scheduler`); the rest keeps running."""
+        if self.scheduler is None:
+            return
+        self.scheduler.stop()
+        tasks = [t for t in self.tasks if t.get_name() == "scheduler"]
+        if tasks:
+            await asyncio.wait(tasks, timeout=timeout_s)
+        self.tasks = [t for t in self.tasks if t not in tasks]
+        self.scheduler = None
 
     def _lock_data_dir(self, data_dir: Path) -> None:
         """Hold an exclusive lock on ``data_dir/.lock`` while this system runs.

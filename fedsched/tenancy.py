@@ -113,6 +113,38 @@ class BudgetDoc(_Doc):
         return v
 
 
+class RetryBudgetDoc(_Doc):
+    """A tenant's retry budget: how many times the federation runs its work again.
+
+    Two kinds of retry (Armada and Kueue likewise keep infrastructure failures apart from job
+    failures):
+
+    * a **job failure** (``job.failed``: the workload exited in error) is retried while the job's
+      own ``spec.retry_limit`` allows;
+    * an **infrastructure loss** (``job.stopped`` ``cluster_lost``: the federation lost the
+      cluster the attempt ran on) does *not* count against ``retry_limit`` -- the job did
+      nothing wrong -- but at most ``max_infra_retries`` times per shard, so a job that keeps
+      landing on failing clusters does not loop for ever.
+
+    Both kinds count against ``per_month``: retried attempts of the tenant's jobs started in a
+    calendar month (UTC, business time of the failure or loss). A retry past either cap ends the
+    job (``job.cancelled`` with reason ``retries_exhausted: ...``). Money: every attempt,
+    retried or lost, is billed for the interval it ran (a lost one up to when it was declared
+    lost), so retries spend the tenant's monthly budget like any other work.
+
+    Attributes:
+        max_infra_retries: infrastructure losses retried per shard (default 3).
+        per_month: retries per calendar month over all the tenant's jobs (None = no cap).
+    """
+
+    max_infra_retries: int = Field(default=3, ge=0, le=100)
+    per_month: int | None = Field(default=None, ge=0, le=10**9)
+
+
+#: The retry budget of a tenant whose policy sets none.
+DEFAULT_RETRY_BUDGET = RetryBudgetDoc()
+
+
 class TenantDoc(_Doc):
     """A tenant.
 
@@ -126,6 +158,7 @@ class TenantDoc(_Doc):
         regions: regions its jobs may use at all (empty = any).
         job_classes: narrower modes for some jobs.
         budget: monthly budget (None = none).
+        retries: retry budget (None = :data:`DEFAULT_RETRY_BUDGET`).
     """
 
     name: str
@@ -136,6 +169,7 @@ class TenantDoc(_Doc):
     regions: tuple[str, ...] = ()
     job_classes: tuple[JobClassDoc, ...] = ()
     budget: BudgetDoc | None = None
+    retries: RetryBudgetDoc | None = None
 
     @field_validator("name")
     @classmethod
@@ -743,6 +777,12 @@ class Governance:
         """The tenant's monthly budget, or None."""
         t = self.tenants.get(tenant)
         return t.budget if t else None
+
+    def retry_budget(self, tenant: str) -> RetryBudgetDoc:
+        """The tenant's retry budget (:data:`DEFAULT_RETRY_BUDGET` when its policy sets none or
+        the tenant is unknown)."""
+        t = self.tenants.get(tenant)
+        return t.retries if t is not None and t.retries is not None else DEFAULT_RETRY_BUDGET
 
     # ---- quotas
 

@@ -453,10 +453,13 @@ class SchedulerHarness:
             self._beat()
         self.clock.now = end
 
-    def restart(self) -> None:
+    def restart(self, prepare: Callable[[SchedulerService], None] | None = None) -> None:
         """A new scheduler rebuilds from the streams (events from the start, then the newest
-        inventory and heartbeat of every cluster -- deliveries keep their JetStream times)."""
+        inventory and heartbeat of every cluster -- deliveries keep their JetStream times);
+        ``prepare(service)`` runs first (e.g. the governance policy it already holds)."""
         self.svc = self._service()
+        if prepare is not None:
+            prepare(self.svc)
         for d in self.events:
             self.svc.handle_event(d)
         for d in sorted(self.inventory.values(), key=lambda d: d.stream_sequence):

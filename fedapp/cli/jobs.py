@@ -106,20 +106,63 @@ def _ts(ts) -> str:
     return ts.ToDatetime().strftime("%Y-%m-%d %H:%M:%S") if ts.seconds else ""
 
 
+#: attempt outcomes that end an attempt on the scheduler's order or the job's own course;
+#: any other ended outcome's reason (e.g. ``orphaned``, ``superseded``) is an agent's own
+#: reconciliation action
+_ORDERED_STOPS = ("cancelled", "preempted", "reclaimed", "cluster_lost")
+_OPEN = ("placed", "running", "stopping")
+
+
+def attempt_history(job: pb.Job) -> list[str]:
+    """The story of a job's attempts that did not simply run to their end, one line each, for
+    people (``fedsched explain``): lost attempts and where the shard moved (a failover), and
+    other interrupted attempts with their reason and next attempt; stops that no scheduler order
+    explains are shown as the agent's reconciliation. Empty for a job with one attempt that is
+    open or succeeded. Times are UTC as in ``fedsched job``.
+    """
+    lines = []
+    by_key = {(a.shard, a.attempt): a for a in job.attempts}
+    shards = len({a.shard for a in job.attempts}) > 1
+    for a in sorted(job.attempts, key=lambda a: (a.shard, a.attempt)):
+        if a.outcome in _OPEN or a.outcome == "succeeded":
+            continue
+        where = f"shard {a.shard} " if shards else ""
+        nxt = by_key.get((a.shard, a.attempt + 1))
+        moved = (f"; moved to {nxt.cluster} as attempt {nxt.attempt} ({nxt.outcome})" if nxt is not None
+                 else "; no later attempt")
+        at = _ts(a.ended_at) or "?"
+        if a.outcome == "lost":
+            lines.append(f"failover: {where}attempt {a.attempt} lost on {a.cluster} at {at} "
+                         f"({a.reason or 'cluster_lost'}){moved}")
+        elif a.outcome == "stopped" and a.reason.split(" ", 1)[0] not in _ORDERED_STOPS:
+            lines.append(f"reconciled: {where}attempt {a.attempt} on {a.cluster} stopped by its agent at {at} "
+                         f"({a.reason or 'no reason given'}){moved}")
+        else:
+            lines.append(f"{a.outcome}: {where}attempt {a.attempt} on {a.cluster or '-'} at {at}"
+                         f"{' (' + a.reason + ')' if a.reason else ''}{moved}")
+    return lines
+
+
+def _attempts_cell(job: pb.Job) -> str:
+    """Attempt outcomes of a job in the jobs table, e.g. ``lost, running`` (the last 4)."""
+    shown = [a.outcome for a in job.attempts[-4:]]
+    return ("..., " if len(job.attempts) > 4 else "") + ", ".join(shown) if shown else "-"
+
+
 def _print_jobs(jobs, output: str) -> None:
     if output == "json":
         console.print_json(json.dumps([MessageToDict(j, preserving_proto_field_name=True) for j in jobs]))
         return
     table = Table()
     table.add_column("job", no_wrap=True, min_width=22)  # ids are copied from here: never cut them
-    for col in ("tenant/project", "state", "where", "GPUs", "submitted", "ended", "reason"):
+    for col in ("tenant/project", "state", "where", "GPUs", "attempts", "submitted", "ended", "reason"):
         table.add_column(col)
     for j in jobs:
         s = j.spec
         gpus = f"{s.workers}x{s.gpus_per_worker}" if s.gpu_milli in (0, 1000) else f"{s.workers}x{s.gpu_milli}m"
         reason = ("can never run as asked: " if j.unplaceable else "") + j.reason
         table.add_row(j.job_id, f"{s.tenant}/{s.project}", _state(j.state), j.cluster or "-", gpus,
-                      _ts(j.submitted_at), _ts(j.ended_at), reason[:100])
+                      _attempts_cell(j), _ts(j.submitted_at), _ts(j.ended_at), reason[:100])
     console.print(table)
 
 
@@ -281,6 +324,8 @@ def explain(job_id: str = typer.Argument(...), server: str = SERVER, output: Out
     """Why a job went where it went, or why it waits: every cluster's verdict and scores."""
     with Api(server, token) as api:
         resp = api.call(pb_grpc.JobServiceStub(api.channel).ExplainJob, pb.ExplainJobRequest(job_id=job_id))
+        history = [] if output == "json" else attempt_history(
+            api.call(pb_grpc.JobServiceStub(api.channel).GetJob, pb.GetJobRequest(job_id=job_id)))
     if output == "json":  # every field, false ones too (fits_empty: false = can never run as asked)
         console.print_json(json.dumps(MessageToDict(resp, preserving_proto_field_name=True,
                                                     always_print_fields_with_no_presence=True)))
@@ -303,6 +348,10 @@ def explain(job_id: str = typer.Argument(...), server: str = SERVER, output: Out
             t.add_row(c.cluster, c.region, "fits" if c.passed else c.reason, detail[:100],
                       f"{c.total:.3f}" if c.HasField("total") else "")
         console.print(t)
+    if history:  # lost attempts and failovers, other interruptions, agents' reconciliation
+        console.print(styled(("attempts:", "bold")))
+        for line in history:
+            console.print(f"  {line}", highlight=False)
 
 
 def cancel(job_id: str = typer.Argument(...), reason: str = typer.Option("", "--reason"), server: str = SERVER,

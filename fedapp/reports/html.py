@@ -323,6 +323,9 @@ def _kpis(summary: ReportResult | None, results: dict[str, ReportResult]) -> str
              ("cross-region", fmt(ratio, "ratio")), ("GPU-hours", fmt(s.get("gpu_hours"))),
              (f"cost ({currency})", fmt(s.get("total_cost"))), (f"transfer ({currency})", fmt(s.get("transfer_cost"))),
              ("audit events", fmt(s.get("audit_events")))]
+    failovers = results.get("failovers")
+    if failovers is not None:  # attempts lost with their cluster (each moved or waiting)
+        items.append(("failovers", fmt(len(failovers.rows))))
     return '<div class="kpis">' + "".join(
         f'<div class="kpi"><div class="v">{_esc(v)}</div><div class="k">{_esc(k)}</div></div>' for k, v in items) + "</div>"
 
@@ -338,6 +341,7 @@ SECTIONS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("capacity", "Capacity and expansion hints", ("capacity_hints",)),
     ("chargeback", "Chargeback", ("chargeback",)),
     ("approvals", "Who approved what", ("approvals",)),
+    ("failovers", "Failovers and reconciliation", ("failovers", "reconciliation")),
 )
 
 

@@ -21,6 +21,15 @@ Definitions (business time; "job" = job id; "attempt" = job id x attempt x shard
   ``overhead_share = transfer time / (transfer time + run time)`` over attempts that ended.
 * **failures** -- attempts that ended in the window, per cluster:
   ``failure_rate = (failed + rejected) / (finished + failed + stopped + rejected)``.
+* **failovers** -- attempts declared lost in the window (``job.stopped`` with reason
+  ``cluster_lost``, published by the scheduler when their cluster fell silent): where and when,
+  and the shard's next placement (attempt + 1): the cluster it moved to, when, after how many
+  seconds, from how much checkpointed work it resumed; ``moved_to`` is empty while it waits.
+* **reconciliation** -- what agents did to make their cluster agree with the federation's
+  book, by reason: ``agent.*`` events, and ``job.stopped`` reported by an
+  agent with a reason other than the scheduler's orders (cancelled, preempted, reclaimed,
+  cluster_lost) -- e.g. ``orphaned`` (running under fedsched's labels with no live attempt)
+  or ``superseded`` (an attempt older than the job's current one).
 * **GPU utilisation** -- per cluster and bucket, GPU-seconds of started attempts overlapping
   the bucket (``gpu_milli / 1000`` x overlap; attempts still running count until ``{{TO}}``)
   over ``GPUs x bucket seconds``; GPUs = the cluster's latest inventory before ``{{TO}}``.
@@ -184,6 +193,54 @@ WHERE type IN ('job.finished', 'job.failed', 'job.stopped', 'job.rejected')
   AND occurred_at >= {{FROM}} AND occurred_at < {{TO}}
 GROUP BY cluster
 ORDER BY cluster""")
+
+FAILOVERS = SavedQuery(
+    name="failovers", title="Failovers",
+    description="Attempts declared lost with their cluster in the window (job.stopped cluster_lost): attempt N "
+                "lost on cluster X at T, moved to Y (its next placement), how long the move took and the work "
+                "it resumed from.",
+    sql="""
+SELECT l.at AS lost_at, l.job_id AS job_id, l.shard AS shard, l.tenant AS tenant, l.attempt AS attempt,
+       l.cluster AS lost_on, l.progress_s AS progress_s, n.cluster AS moved_to, n.attempt AS next_attempt,
+       if(n.cluster = '', NULL, n.at) AS placed_at,
+       if(n.cluster = '', NULL, dateDiff('millisecond', l.at, n.at) / 1000.0) AS move_s,
+       n.resume_from_s AS resume_from_s
+FROM (
+    SELECT job_id, attempt, JSONExtractUInt(payload, 'shard') AS shard, any(tenant) AS tenant,
+           any(cluster) AS cluster, min(occurred_at) AS at, max(JSONExtractFloat(payload, 'progress_s')) AS progress_s
+    FROM {{DB}}.events
+    WHERE type = 'job.stopped' AND JSONExtractString(payload, 'reason') = 'cluster_lost'
+      AND occurred_at >= {{FROM}} AND occurred_at < {{TO}}
+    GROUP BY job_id, attempt, shard) AS l
+LEFT JOIN (
+    SELECT job_id, attempt, JSONExtractUInt(payload, 'shard') AS shard, any(cluster) AS cluster,
+           min(occurred_at) AS at, max(JSONExtractFloat(payload, 'resume_from_s')) AS resume_from_s
+    FROM {{DB}}.events
+    WHERE type = 'job.placed' AND occurred_at >= {{FROM}}
+    GROUP BY job_id, attempt, shard) AS n
+    ON n.job_id = l.job_id AND n.shard = l.shard AND n.attempt = l.attempt + 1
+ORDER BY lost_at, job_id, shard""")
+
+#: stop reasons that carry out the scheduler's own orders (anything else an agent reports is its own action)
+_ORDERED = "('cancelled', 'preempted', 'reclaimed', 'cluster_lost')"
+
+RECONCILIATION = SavedQuery(
+    name="reconciliation", title="Reconciliation actions",
+    description="What agents did on their own to make their cluster match the federation's book, by cluster and "
+                "reason: agent.* events, and attempts an agent stopped for a reason the scheduler did "
+                "not order (e.g. orphaned, superseded).",
+    sql="""
+SELECT cluster, type, if(reason = '', '(none)', reason) AS reason, count() AS actions,
+       uniqExact(job_id) AS jobs, min(occurred_at) AS first_at, max(occurred_at) AS last_at
+FROM (
+    SELECT cluster, type, job_id, occurred_at, JSONExtractString(payload, 'reason') AS reason
+    FROM {{DB}}.events
+    WHERE occurred_at >= {{FROM}} AND occurred_at < {{TO}}
+      AND (startsWith(type, 'agent.')
+           OR (type = 'job.stopped' AND startsWith(producer, 'agent/')
+               AND JSONExtractString(payload, 'reason') NOT IN """ + _ORDERED + """))) AS a
+GROUP BY cluster, type, reason
+ORDER BY cluster, type, reason""")
 
 _ATTEMPTS = """
     attempts AS (
@@ -377,7 +434,7 @@ SELECT
 #: Every report, in the order ``fedsched report`` prints them.
 REPORTS: tuple[SavedQuery, ...] = (
     SUMMARY, _waits("region"), _waits("kind"), _waits("tenant"), CROSS_REGION, TRANSFER, FAILURES,
-    GPU_UTILISATION, QUEUE_LENGTH, CAPACITY_HINTS, CHARGEBACK, APPROVALS,
+    GPU_UTILISATION, QUEUE_LENGTH, CAPACITY_HINTS, CHARGEBACK, APPROVALS, FAILOVERS, RECONCILIATION,
 )
 
 BY_NAME = {q.name: q for q in REPORTS}

@@ -362,6 +362,8 @@ class ClusterAgent:
         self._consumer: DurableConsumer | None = None
         self.paused = False  # failure drills: a paused agent stops heartbeating
         self.holding = False  # failure drills: a holding agent takes no placements
+        self.silent = False  # failure drills: a silent agent is cut off (go_silent / resume)
+        self._spawned: list[asyncio.Task] = []  # consumers restarted by resume()
         #: events of types this build does not know (a newer scheduler), skipped, not dead-lettered
         self.skipped = SkippedTypes(f"agent-{cluster.name}")
         sync_nodes = getattr(backend, "nodes", None)  # in-memory backends: the ledger at once
@@ -399,7 +401,7 @@ class ClusterAgent:
                 await logs_sub.unsubscribe()
             except Exception as e:  # noqa: BLE001 - the connection may be closing
                 log.debug("%s: logs unsubscribe: %r", self.producer, e)
-            for t in [*tasks, *self._log_tasks]:
+            for t in [*tasks, *self._log_tasks, *self._spawned]:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
 
@@ -440,6 +442,28 @@ class ClusterAgent:
         self.holding = True
         if self._consumer is not None:
             self._consumer.stop()
+
+    def go_silent(self) -> None:
+        """Drill: the cluster is cut off from the federation -- no heartbeats, snapshots or
+        status events, no placements or stop orders taken (they wait on the bus) -- while the
+        jobs it runs keep running. Their ends are reported after :meth:`resume`."""
+        self.silent = True
+        self.paused = True
+        if self._consumer is not None:
+            self._consumer.stop()
+
+    def resume(self) -> None:
+        """Drill: the cut-off cluster is back: it heartbeats, takes the placements and stop
+        orders that waited for it (a stop order of an attempt declared lost meanwhile among
+        them) and reports what ended while it was away."""
+        self.silent = False
+        self.paused = False
+        self._changed.set()  # a snapshot at the next beat
+        if self._consumer is not None and not self.holding and not self._stop.is_set():
+            self._consumer = DurableConsumer(
+                self.bus, "EVENTS", self.durable, [self.subjects.placements(self.cluster.region, self.cluster.name)],
+                self.handle, batch=64, max_wait_s=0.2)
+            self._spawned.append(asyncio.create_task(self._consumer.run(), name=f"{self.durable}-consumer"))
 
     def set_node_health(self, node: str, healthy: bool) -> None:
         """Drill: mark a node (un)healthy, on the backend too where it simulates nodes (trace).
@@ -855,6 +879,9 @@ class ClusterAgent:
     async def _ticker(self) -> None:
         while not self._stop.is_set():
             try:
+                if self.silent:  # cut off: what ends is reported after resume()
+                    await asyncio.sleep(self.tick_s)
+                    continue
                 await self.finish_due()
                 if self._failed_nodes_seen and not self.paused:  # tell the scheduler now, not at the next beat
                     self._failed_nodes_seen = False

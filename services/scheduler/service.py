@@ -9,7 +9,9 @@ changed (and at least once a second, for staleness, aging and reclamation):
    JetStream stored it -- so a restarted scheduler sees a silent cluster as silent), move every
    placement off a stale cluster (placed or running: ``job.stop`` with reason ``cluster_lost``,
    and for a started attempt a ``job.stopped`` on the cluster's behalf ending it at the time it
-   was declared lost), reclaim placements never started within ``reclaim_after_s``, and carry out
+   was declared lost; retried elsewhere within the tenant's retry budget, a checkpointable job
+   resuming from its last checkpoint: :meth:`SchedulerService._after_loss`), reclaim placements
+   never started within ``reclaim_after_s``, and carry out
    cancellations, end jobs that have been unplaceable for ``unschedulable_timeout_s``
    (below) -- every cycle, whether or not anything is queued;
 2. build the :class:`~services.scheduler.core.View` -- inventory capacity minus the allocations
@@ -63,6 +65,7 @@ from fedsched.jobs import JobSpec
 from fedsched.policystore import PolicyFollower, PolicyHolder
 from fedsched.ports import Publisher
 from fedsched.pricing import PriceCatalog
+from fedsched.tenancy import DEFAULT_RETRY_BUDGET, RetryBudgetDoc
 from services.scheduler.approvals import TenancyGate
 from services.scheduler.states import ACTIVE, Outcome, ShardState, StopReason
 from services.scheduler.core import (ClusterEvaluation, ClusterIndex, ClusterState, NodeState, Pending, Placement,
@@ -81,6 +84,8 @@ class ShardEntry:
         state: see :class:`ShardState`.
         attempt: number of the latest placement (0 = never placed).
         failures: failed attempts so far (retry budget: ``spec.retry_limit``).
+        losses: attempts lost with their cluster so far (infrastructure losses: the tenant's
+            ``retries.max_infra_retries``, not ``spec.retry_limit``; see :meth:`SchedulerService._after_loss`).
         avoid: clusters where an attempt failed (failover prefers others).
         placed: the current placement (allocated while placed/running).
         attempt_placed: the placement of the latest attempt, kept after its resources are given
@@ -100,6 +105,7 @@ class ShardEntry:
     state: ShardState = ShardState.QUEUED
     attempt: int = 0
     failures: int = 0
+    losses: int = 0
     avoid: set[str] = field(default_factory=set)
     cluster: str = ""
     region: str = ""
@@ -266,6 +272,8 @@ class SchedulerService:
         # events of types this build does not know (a newer producer), skipped per follower
         self.skipped = {name: SkippedTypes(name) for name in ("scheduler-events", "scheduler-inventory")}
         self._heard: dict[str, float] = {}  # cluster -> newest heartbeat time seen before its first inventory
+        #: (tenant, ``YYYY-MM``) -> retried attempts (failures and losses) of that month (retry budget)
+        self.retries_used: dict[tuple[str, str], int] = {}
 
     # ------------------------------------------------------------------ inputs
 
@@ -472,9 +480,13 @@ class SchedulerService:
         if stop.reason == StopReason.PREEMPTED:
             self._unbind(shard)
             self._set(job, shard, ShardState.STOPPING)
-        elif stop.reason in (StopReason.RECLAIMED, StopReason.CLUSTER_LOST):
+        elif stop.reason == StopReason.RECLAIMED:
             self._unbind(shard)
-            self._requeue(job, shard, avoid=env.cluster if stop.reason == StopReason.RECLAIMED else "")
+            self._requeue(job, shard, avoid=env.cluster)
+        elif stop.reason == StopReason.CLUSTER_LOST:
+            self._unbind(shard)
+            at = env.occurred_at.timestamp()
+            self._after_loss(job, shard, at, _resume_point(shard, at, stop.checkpoint_interval_s))
 
     # Status folds: a status of the shard's current attempt (see _attempt_status); the ending
     # ones run after the attempt's resources were given back (_unbind).
@@ -493,10 +505,70 @@ class SchedulerService:
         being cancelled; else the shard ends failed."""
         shard.failures += 1
         if shard.failures <= job.spec.retry_limit and not job.cancel_requested:
-            self._requeue(job, shard, avoid=env.cluster)
+            at = env.occurred_at.timestamp()
+            if self._take_retry(job.tenant, at):
+                self._requeue(job, shard, avoid=env.cluster)
+            else:
+                self._end_for_retries(job, shard, self._month_cap_reason(job.tenant, at, env.attempt, "failed"))
         else:
             shard.outcome = Outcome.FAILED
             self._set(job, shard, ShardState.DONE)
+
+    # -- retry accounting (the tenant's retry budget: fedsched.tenancy.RetryBudgetDoc)
+
+    def _retry_budget(self, tenant: str) -> RetryBudgetDoc:
+        gov = self.policy_holder.current
+        return gov.retry_budget(tenant) if gov is not None else DEFAULT_RETRY_BUDGET
+
+    def _take_retry(self, tenant: str, at: float) -> bool:
+        """Count one retry of ``tenant``'s work against its month (UTC month of business time
+        ``at``); False (and nothing counted) when ``retries.per_month`` is used up."""
+        key = (tenant, to_datetime(at).strftime("%Y-%m"))
+        cap = self._retry_budget(tenant).per_month
+        used = self.retries_used.get(key, 0)
+        if cap is not None and used >= cap:
+            return False
+        self.retries_used[key] = used + 1
+        return True
+
+    def _month_cap_reason(self, tenant: str, at: float, attempt: int, how: str) -> str:
+        month = to_datetime(at).strftime("%Y-%m")
+        return (f"retries_exhausted: attempt {attempt} {how}; tenant {tenant} has used its "
+                f"{self._retry_budget(tenant).per_month} retries for {month}")
+
+    def _end_for_retries(self, job: JobEntry, shard: ShardEntry, reason: str) -> None:
+        """End the job because its retry budget is spent: like a cancellation the scheduler makes
+        (``job.cancelled`` with ``reason``; other shards still running are stopped)."""
+        if not job.cancel_requested:
+            job.cancel_requested = True
+            job.end_reason = reason
+            self.cancelling[job.job_id] = job
+            log.warning("scheduler: ending %s: %s", job.job_id, reason)
+        self._requeue(job, shard)  # done (cancelled) since the job is being ended
+
+    def _after_loss(self, job: JobEntry, shard: ShardEntry, at: float, progress_s: float) -> None:
+        """A shard's attempt was lost with its cluster at business time ``at`` (its resources
+        already given back): retry it elsewhere, resuming from ``progress_s`` (its last
+        checkpoint; 0 for a job that is not checkpointable), unless the job is being cancelled
+        or the tenant's retry budget is spent -- more than ``retries.max_infra_retries`` losses
+        of this shard, or ``retries.per_month`` used up -- in which case the job ends
+        (``retries_exhausted``). A loss does not count against ``spec.retry_limit`` (the job
+        did not fail; :class:`~fedsched.tenancy.RetryBudgetDoc`). The same on the live path
+        (:meth:`_reclaim`) and on a rebuild (:meth:`_on_stop_order`)."""
+        shard.progress_s = max(shard.progress_s, progress_s)
+        shard.losses += 1
+        limit = self._retry_budget(job.tenant).max_infra_retries
+        if job.cancel_requested:
+            self._requeue(job, shard)
+        elif shard.losses > limit:
+            self._end_for_retries(job, shard, f"retries_exhausted: attempt {shard.attempt} lost with cluster "
+                                              f"{shard.cluster}; {shard.losses} infrastructure losses, tenant "
+                                              f"{job.tenant} allows {limit} per shard")
+        elif not self._take_retry(job.tenant, at):
+            self._end_for_retries(job, shard, self._month_cap_reason(job.tenant, at, shard.attempt,
+                                                                     f"lost with cluster {shard.cluster}"))
+        else:
+            self._requeue(job, shard)
 
     def _on_rejected(self, job: JobEntry, shard: ShardEntry, env: Envelope, status: JobStatus) -> None:
         self._requeue(job, shard)
@@ -737,26 +809,32 @@ class SchedulerService:
           ``job.stopped`` on the cluster's status subject ends the attempt at the business time
           it was declared lost (billing bills a started attempt up to then). Its event id is the
           one the agent would give its own end of that attempt, so whichever is stored first is
-          the only one. The shard is requeued (the stale cluster is excluded by the filters
-          until it is heard from again).
+          the only one. The shard is retried elsewhere (:meth:`_after_loss`: within the
+          tenant's retry budget; the stale cluster is excluded by the filters until it is heard
+          from again): a checkpointable job resumes from its last checkpoint (the next
+          placement's ``resume_from_s``; the checkpoint location travels in the job's spec),
+          others restart from the work they had when the lost attempt began.
         * A placement not started within ``reclaim_after_s`` of ``placed_wall`` is reclaimed
           (``job.stop``, reason ``reclaimed``) and requeued avoiding that cluster.
 
         Local state changes only for what was acknowledged.
         """
-        lost: list[tuple[JobEntry, ShardEntry, list]] = []
+        lost: list[tuple[JobEntry, ShardEntry, list, float]] = []
         reclaimed: list[tuple[JobEntry, ShardEntry, tuple]] = []
+        at = self.clock.time()
         for job, shard in list(self.active.values()) + list(self.stopping.values()):
             if shard.cluster in self._stale:
                 items = []
+                progress = shard.progress_s
                 if shard.state != ShardState.STOPPING:
-                    stop = self._stop_event(job, shard, StopReason.CLUSTER_LOST,
+                    stop = self._stop_event(job, shard, StopReason.CLUSTER_LOST, at=at,
                                             detail=f"cluster {shard.cluster} silent past {self.stale_after_s:g} s")
                     if stop is None:
                         continue
                     items.append(stop)
-                items.append(self._lost_event(job, shard))
-                lost.append((job, shard, items))
+                    progress = _resume_point(shard, at, stop[1].payload_as(JobStop).checkpoint_interval_s)
+                items.append(self._lost_event(job, shard, at, progress))
+                lost.append((job, shard, items, progress))
             elif shard.state == ShardState.PLACED and now_live - shard.placed_wall > self.reclaim_after_s:
                 item = self._stop_event(job, shard, StopReason.RECLAIMED,
                                         detail=f"not started within {self.reclaim_after_s:g} s")
@@ -764,17 +842,17 @@ class SchedulerService:
                     reclaimed.append((job, shard, item))
         if not lost and not reclaimed:
             return
-        results = await self.publisher.publish_many([i for _, _, items in lost for i in items] +
+        results = await self.publisher.publish_many([i for _, _, items, _ in lost for i in items] +
                                                     [item for _, _, item in reclaimed])
         pos = 0
-        for job, shard, items in lost:
+        for job, shard, items, progress in lost:
             ok = all(results[pos:pos + len(items)])
             pos += len(items)
             if ok:
-                log.warning("scheduler: %s/%d attempt %d lost with cluster %s; requeued", job.job_id, shard.index,
-                            shard.attempt, shard.cluster)
+                log.warning("scheduler: %s/%d attempt %d lost with cluster %s (resumes from %.0f s)", job.job_id,
+                            shard.index, shard.attempt, shard.cluster, progress)
                 self._unbind(shard)
-                self._requeue(job, shard)
+                self._after_loss(job, shard, at, progress)
         for (job, shard, _), ok in zip(reclaimed, results[pos:]):
             if ok:
                 log.warning("scheduler: reclaiming %s/%d from %s (never started)", job.job_id, shard.index,
@@ -783,9 +861,10 @@ class SchedulerService:
                 self._unbind(shard)
                 self._requeue(job, shard, avoid=cluster)
 
-    def _lost_event(self, job: JobEntry, shard: ShardEntry):
-        """``job.stopped`` (reason ``cluster_lost``) for an attempt on a lost cluster, published on
-        that cluster's status subject with the id its agent would give the attempt's end."""
+    def _lost_event(self, job: JobEntry, shard: ShardEntry, at: float, progress_s: float):
+        """``job.stopped`` (reason ``cluster_lost``) for an attempt on a lost cluster at business
+        time ``at``, published on that cluster's status subject with the id its agent would give
+        the attempt's end; ``progress_s`` is the work the next attempt resumes from."""
         placed = shard.attempt_placed
         spec = job.spec
         info = self.clusters.get(shard.cluster)
@@ -795,8 +874,8 @@ class SchedulerService:
             started_at=to_datetime(shard.started_at) if shard.started_at is not None else None,
             reason=StopReason.CLUSTER_LOST.value, shard=shard.index,
             data_version=spec.annotations.get("data.version", ""), kind=spec.kind.value,
-            cross_region=placed.cross_region if placed else False, progress_s=shard.progress_s)
-        event = make_event(EventType.JOB_STOPPED, payload, producer="scheduler", occurred_at=self.clock.time(),
+            cross_region=placed.cross_region if placed else False, progress_s=progress_s)
+        event = make_event(EventType.JOB_STOPPED, payload, producer="scheduler", occurred_at=at,
                            event_id=business_event_id(job.job_id, shard.attempt, shard.index, "ended"),
                            region=shard.region, zone=info.zone if info else "", cluster=shard.cluster,
                            tenant=job.tenant, project=job.project, job_id=job.job_id, attempt=shard.attempt,
@@ -849,13 +928,15 @@ class SchedulerService:
             elif job.done:
                 self.cancelling.pop(job.job_id, None)
 
-    def _stop_event(self, job: JobEntry, shard: ShardEntry, reason: StopReason, *, for_job: str = "", detail: str = ""):
+    def _stop_event(self, job: JobEntry, shard: ShardEntry, reason: StopReason, *, for_job: str = "", detail: str = "",
+                    at: float | None = None):
         info = self.clusters.get(shard.cluster)
         if not shard.cluster or not shard.region:
             return None
         payload = JobStop(reason=reason.value, shard=shard.index, for_job=for_job, detail=detail,
                           checkpoint_interval_s=self.policy.checkpoint_interval_s if job.spec.checkpointable else 0.0)
-        event = make_event(EventType.JOB_STOP, payload, producer="scheduler", occurred_at=self.clock.time(),
+        event = make_event(EventType.JOB_STOP, payload, producer="scheduler",
+                           occurred_at=self.clock.time() if at is None else at,
                            event_id=business_event_id(job.job_id, shard.attempt, shard.index, "stop"),
                            region=shard.region, zone=info.zone if info else "", cluster=shard.cluster,
                            tenant=job.tenant, project=job.project, job_id=job.job_id, attempt=shard.attempt,
@@ -954,6 +1035,17 @@ EVENTS: EventTable = EventTable({
 #: ``scheduler-inventory``: which branch of ``_apply_inventory`` an inventory event takes.
 INVENTORY: EventTable = EventTable({EventType.INVENTORY_HEARTBEAT: "heartbeat",
                                     EventType.INVENTORY_SNAPSHOT: "snapshot"})
+
+
+def _resume_point(shard: ShardEntry, at: float, checkpoint_interval_s: float) -> float:
+    """Work (s) a shard's next attempt resumes from when its current attempt is lost at
+    business time ``at``: the progress it started from plus the whole checkpoint intervals
+    it ran (the agent's rule for a stopped checkpointable attempt; ``checkpoint_interval_s``
+    is 0 for a job that is not checkpointable, which restarts from what it had)."""
+    if checkpoint_interval_s <= 0 or shard.started_at is None:
+        return shard.progress_s
+    ran = max(0.0, at - shard.started_at)
+    return shard.progress_s + ran // checkpoint_interval_s * checkpoint_interval_s
 
 
 def _evaluation(e: ClusterEvaluation) -> dict:

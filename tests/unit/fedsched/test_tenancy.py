@@ -225,3 +225,19 @@ def test_an_absent_borrowing_limit_means_no_limit(name, quota, borrow, ceiling):
     assert rule.borrowing_limit_milli == borrow and rule.ceiling_milli == ceiling
     again = Governance.of(parse_policy(to_yaml(gov.doc)))  # the stored form means the same
     assert again.quota_rules == gov.quota_rules
+
+
+def test_a_tenants_retry_budget_defaults_and_is_checked() -> None:
+    gov = Governance.parse(policy_text(tenants=TENANTS.replace(
+        "{name: nlp, home_region: cn-east-1, projects: [train, serve, batch]}",
+        "{name: nlp, home_region: cn-east-1, projects: [train, serve, batch], "
+        "retries: {max_infra_retries: 1, per_month: 20}}")))
+    assert (gov.retry_budget("nlp").max_infra_retries, gov.retry_budget("nlp").per_month) == (1, 20)
+    assert (gov.retry_budget("search").max_infra_retries, gov.retry_budget("search").per_month) == (3, None)
+    assert gov.retry_budget("nobody").max_infra_retries == 3
+    for bad in ("{max_infra_retries: -1}", "{per_month: -5}", "{per_hour: 3}"):
+        with pytest.raises(ValidationError) as e:
+            parse_policy(policy_text(tenants=TENANTS.replace(
+                "{name: nlp, home_region: cn-east-1, projects: [train, serve, batch]}",
+                "{name: nlp, home_region: cn-east-1, projects: [train, serve, batch], retries: " + bad + "}")))
+        assert "retries" in e.value.field
