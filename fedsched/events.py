@@ -79,6 +79,7 @@ class EventType(StrEnum):
     APPROVAL_APPROVED = "approval.approved"
     APPROVAL_REJECTED = "approval.rejected"
     APPROVAL_EXPIRED = "approval.expired"
+    AGENT_RECONCILED = "agent.reconciled"
 
 
 def known_type(type_: str) -> EventType | None:
@@ -397,6 +398,26 @@ class UsageRecorded(_Payload):
     currency: str = "CNY"
 
 
+class AgentReconciled(_Payload):
+    """What a region agent did to one attempt when it reconciled its cluster with its ledger on
+    start (``services/inventory/agent.py`` ``ClusterAgent.reconcile``); published on the
+    cluster's status subject with the attempt's routing names.
+
+    Attributes:
+        reason: ``adopted`` (running on the cluster and live in the ledger: kept), ``relaunched``
+            (live in the ledger, gone from a backend that does not outlive the agent: started
+            again), ``lost`` (live in the ledger, gone from a durable backend: reported failed),
+            ``orphaned`` (on the cluster, no live attempt owns it: stopped) or ``superseded``
+            (an attempt older than the job's newest: stopped).
+        shard: the attempt's shard.
+        detail: the circumstances in words ("" if none).
+    """
+
+    reason: Literal["adopted", "relaunched", "lost", "orphaned", "superseded"]
+    shard: int = 0
+    detail: str = ""
+
+
 class DeadLetter(_Payload):
     """``bus.dead_letter``: a message a consumer could not decode or handle.
 
@@ -530,6 +551,7 @@ PAYLOADS: dict[EventType, type[_Payload]] = {
     EventType.APPROVAL_APPROVED: ApprovalDecided,
     EventType.APPROVAL_REJECTED: ApprovalDecided,
     EventType.APPROVAL_EXPIRED: ApprovalDecided,
+    EventType.AGENT_RECONCILED: AgentReconciled,
 }
 
 #: Job status events (payload :class:`JobStatus`): ``job.started`` and the terminal statuses.

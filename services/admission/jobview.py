@@ -491,4 +491,5 @@ JOB_VIEW_EVENTS: EventTable = EventTable({
 }, ignores=frozenset({
     EventType.SUBMISSION_REJECTED, EventType.POLICY_APPLIED, EventType.TENANT_UPDATED,
     EventType.QUOTA_UPDATED, EventType.PRINCIPAL_UPDATED, EventType.USAGE_RECORDED,
+    EventType.AGENT_RECONCILED,  # audit and the report show it; its stops come as job.stopped
 }))

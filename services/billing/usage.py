@@ -205,4 +205,5 @@ def spend_key(tenant: str, month: str) -> str:
 BILLING_EVENTS: EventTable = EventTable({
     **{t: compute_line for t in ENDINGS},
     EventType.JOB_PLACED: transfer_line,
-}, ignores=frozenset({EventType.JOB_STARTED, EventType.JOB_REJECTED, EventType.JOB_CANCELLED, EventType.JOB_STOP}))
+}, ignores=frozenset({EventType.JOB_STARTED, EventType.JOB_REJECTED, EventType.JOB_CANCELLED, EventType.JOB_STOP,
+                      EventType.AGENT_RECONCILED}))

@@ -56,7 +56,7 @@ from fedsched.bus import Bus, Delivery, DurableConsumer, StreamFollower
 from fedsched.clock import Clock, to_datetime
 from fedsched.dispatch import EventTable, SkippedTypes
 from fedsched.errors import DecodeError, UnavailableError
-from fedsched.events import (Heartbeat, InventorySnapshot, JobPlaced, JobStatus, JobStop, NodeInventory, Subjects,
+from fedsched.events import (AgentReconciled, Heartbeat, InventorySnapshot, JobPlaced, JobStatus, JobStop, NodeInventory, Subjects,
                              business_event_id, make_event)
 from fedsched.events import Envelope, EventType
 from fedsched.jobs import AttemptState, JobSpec
@@ -351,6 +351,7 @@ class ClusterAgent:
         self._live: dict[tuple[str, int], tuple[str, int, int]] = {}
         #: reconcile actions of the last :meth:`rebuild`: (action, "job/attempt/shard")
         self.reconciled: list[tuple[str, str]] = []
+        self._reconciled_keys: list[AttemptKey] = []
         self._stop_retry: dict[AttemptKey, str] = {}  # stops the backend could not carry out yet
         self._failed_nodes: set[str] = set()  # nodes seen failing whose gangs are not yet stopped
         self._log_tasks: set[asyncio.Task] = set()  # log requests being answered
@@ -553,6 +554,7 @@ class ClusterAgent:
         (BackendError) leaves the ledger as rebuilt (retryable errors are logged, not raised).
         """
         self.reconciled = []
+        self._reconciled_keys: list[AttemptKey] = []
         try:
             observed = {o.key: o for o in await self.backend.list_attempts()}
         except BackendError as e:
@@ -572,7 +574,7 @@ class ClusterAgent:
             if observed is not None and not seen and self.backend.durable:
                 job = RunningJob(AttemptRef.of(env), placed.shard, placed.spec, placed, at, d.headers)
                 self.done.add(key)
-                self.reconciled.append(("lost", str(akey)))
+                self._note("lost", akey)
                 await self._status(EventType.JOB_FAILED, job.ref, placed, now, started_at=at, reason="lost",
                                    headers=d.headers)
                 continue
@@ -583,14 +585,14 @@ class ClusterAgent:
             job = RunningJob(AttemptRef.of(env), placed.shard, placed.spec, placed, at, d.headers)
             self._hold(job)
             if seen:
-                self.reconciled.append(("adopted", str(akey)))
+                self._note("adopted", akey)
                 o = observed[akey]
                 if at is None and o.phase == Phase.RUNNING:
                     job.started_at = o.started_at if o.started_at is not None else now
                     await self._status(EventType.JOB_STARTED, job.ref, placed, job.started_at,
                                        started_at=job.started_at, headers=d.headers)
             else:
-                self.reconciled.append(("relaunched", str(akey)))
+                self._note("relaunched", akey)
                 try:
                     await self.backend.launch(job.attempt_spec())
                 except BackendError as e:
@@ -601,12 +603,45 @@ class ClusterAgent:
                 continue
             older = akey.attempt < self.highest.get((akey.job_id, akey.shard), 0)
             reason = "superseded" if older else "orphaned"
-            self.reconciled.append((reason, str(akey)))
+            self._note(reason, akey)
             await self._backend_stop(akey, reason)
             self.done.add(key)
             await self._orphan_status(akey, o, reason, now)
         if self.reconciled:
             log.info("%s: reconciled: %s", self.producer, ", ".join(f"{a} {k}" for a, k in self.reconciled))
+            await self._publish_reconciled(ledger, observed or {}, now)
+
+    def _note(self, action: str, key: AttemptKey) -> None:
+        """Record one reconcile action (:attr:`reconciled`, published by :meth:`_publish_reconciled`)."""
+        self.reconciled.append((action, str(key)))
+        self._reconciled_keys.append(key)
+
+    async def _publish_reconciled(self, ledger: dict, observed: dict, at: float) -> None:
+        """One audited ``agent.reconciled`` per action of the last :meth:`reconcile` (id: the
+        attempt, the action and the reconcile time, so a later restart's actions are new events).
+        Routing names come from the ledger's placement, else from the labels on the cluster."""
+        items = []
+        for (action, _), key in zip(self.reconciled, self._reconciled_keys):
+            job_id, attempt, shard = key.job_id, key.attempt, key.shard
+            entry = ledger.get((job_id, attempt, shard))
+            if entry is not None:
+                env = entry[0].envelope
+                tenant, project = env.tenant, env.project
+            else:
+                seen = observed.get(key)
+                labels = seen.labels if seen is not None else {}
+                tenant, project = labels.get("fedsched.io/tenant", ""), labels.get("fedsched.io/project", "")
+            event = make_event(
+                EventType.AGENT_RECONCILED, AgentReconciled(reason=action, shard=shard), producer=self.producer,
+                occurred_at=at, event_id=business_event_id(job_id, attempt, shard, "reconcile", action,
+                                                           round(at * 1000)),
+                region=self.cluster.region, zone=self.cluster.zone, cluster=self.cluster.name, tenant=tenant,
+                project=project, job_id=job_id, attempt=attempt, actor=self.producer)
+            items.append((self.subjects.status(self.cluster.region, self.cluster.name), event, None))
+        results = await self.publisher.publish_many(items)
+        if not all(results):
+            log.warning("%s: %d of %d reconcile events not acknowledged", self.producer,
+                        results.count(False), len(results))
 
     async def _orphan_status(self, key: AttemptKey, observed: ObservedAttempt, reason: str, at: float) -> None:
         """``job.stopped`` for an attempt found on the cluster that no live attempt owns (id step
@@ -1027,4 +1062,4 @@ REBUILD_EVENTS: EventTable = EventTable({
     EventType.JOB_FAILED: "ended",
     EventType.JOB_STOPPED: "ended",
     EventType.JOB_REJECTED: "ended",
-}, ignores=frozenset({EventType.JOB_CANCELLED}))
+}, ignores=frozenset({EventType.JOB_CANCELLED, EventType.AGENT_RECONCILED}))

@@ -1030,6 +1030,7 @@ EVENTS: EventTable = EventTable({
     EventType.POLICY_APPLIED, EventType.TENANT_UPDATED, EventType.QUOTA_UPDATED, EventType.PRINCIPAL_UPDATED,
     EventType.APPROVAL_REQUESTED, EventType.APPROVAL_APPROVED, EventType.APPROVAL_REJECTED,
     EventType.APPROVAL_EXPIRED,
+    EventType.AGENT_RECONCILED,  # an agent's own audit record; its stops come as job.stopped
 }))
 
 #: ``scheduler-inventory``: which branch of ``_apply_inventory`` an inventory event takes.

@@ -191,13 +191,20 @@ async def test_reconcile_adopts_the_live_attempt_and_stops_the_orphan(backend_un
     assert sorted(agent.reconciled) == sorted([("adopted", str(live.key)), ("superseded", str(stale.key)),
                                                ("orphaned", str(orphan.key))])
     assert await running_keys(h) == {live.key}
-    stopped = sorted((p.event.job_id, p.event.attempt, p.event.payload["reason"]) for p in publisher.published)
-    assert stopped == [("live", 1, "superseded"), ("orphan", 1, "orphaned")]
-    assert all(p.event.type == "job.stopped" and p.event.payload["started_at"] is None for p in publisher.published)
+    stops = [p.event for p in publisher.published if p.event.type == "job.stopped"]
+    assert sorted((e.job_id, e.attempt, e.payload["reason"]) for e in stops) == [("live", 1, "superseded"),
+                                                                                 ("orphan", 1, "orphaned")]
+    assert all(e.payload["started_at"] is None for e in stops)
+    # every action is also an audited agent.reconciled record, with the attempt's routing names
+    records = [p.event for p in publisher.published if p.event.type == "agent.reconciled"]
+    assert sorted((e.job_id, e.attempt, e.payload["reason"]) for e in records) == [
+        ("live", 1, "superseded"), ("live", 2, "adopted"), ("orphan", 1, "orphaned")]
+    assert all(e.cluster == CLUSTER.name and e.tenant == job.tenant for e in records)
+    assert len(publisher.published) == len(stops) + len(records)
     # the adopted attempt is reported when it ends, once
     await h.advance(600)
     await agent.finish_due()
-    assert [(p.event.type, p.event.job_id, p.event.attempt) for p in publisher.published[2:]] == [
+    assert [(p.event.type, p.event.job_id, p.event.attempt) for p in publisher.published[5:]] == [
         ("job.finished", "live", 2)]
 
 
@@ -220,7 +227,9 @@ async def test_reconcile_adopts_a_placed_attempt_the_bus_never_saw_start(backend
                                   env.payload_as(JobPlaced), None)
     await agent.reconcile(ledger)
     assert agent.reconciled == [("adopted", str(ran.key))]
-    assert [(p.event.type, p.event.job_id) for p in publisher.published] == [("job.started", "ran")]
+    assert [(p.event.type, p.event.job_id) for p in publisher.published] == [("job.started", "ran"),
+                                                                               ("agent.reconciled", "ran")]
+    assert publisher.published[1].event.payload["reason"] == "adopted"
     assert await running_keys(h) == {ran.key}
     await agent.finish_due()
-    assert len(publisher.published) == 1  # not started twice
+    assert len(publisher.published) == 2  # not started twice

@@ -39,8 +39,10 @@ def required(terminal: frozenset) -> dict[str, tuple[EventTable, frozenset]]:
         "admission-approval-view": (APPROVAL_VIEW_EVENTS, APPROVAL_TYPES),
         "admission-inventory": (ADMISSION_INVENTORY, INVENTORY_TYPES),
         "agent-placements": (PLACEMENT_EVENTS, frozenset({EventType.JOB_PLACED, EventType.JOB_STOP})),
-        "agent-rebuild": (REBUILD_EVENTS, attempts | {EventType.JOB_PLACED, EventType.JOB_STOP}),
-        "billing": (BILLING_EVENTS, attempts | {EventType.JOB_PLACED, EventType.JOB_STOP}),
+        # both read the status subjects, where agents also publish their reconcile records
+        "agent-rebuild": (REBUILD_EVENTS, attempts | {EventType.JOB_PLACED, EventType.JOB_STOP,
+                                                      EventType.AGENT_RECONCILED}),
+        "billing": (BILLING_EVENTS, attempts | {EventType.JOB_PLACED, EventType.JOB_STOP, EventType.AGENT_RECONCILED}),
         "audit-decisions": (DECISION_ROWS, frozenset({EventType.JOB_PLACED, EventType.JOB_PENDING})),
         "replay-driver": (REPLAY_EVENTS, attempts | {EventType.JOB_PENDING}),
     }
