@@ -303,7 +303,8 @@ class KubernetesBackend:
         backoff = 0.2
         while True:
             try:
-                resp = await list_fn(*args, _preload_content=False, _request_timeout=self.opts.request_timeout_s, **kw)
+                resp = await _checked(await list_fn(*args, _preload_content=False,
+                                                    _request_timeout=self.opts.request_timeout_s, **kw))
                 body = json.loads(await resp.read())
                 rv = body.get("metadata", {}).get("resourceVersion", "")
                 on_event("RELIST", {"items": body.get("items") or []})
@@ -312,6 +313,7 @@ class KubernetesBackend:
                     resp = await list_fn(*args, watch=True, resource_version=rv, allow_watch_bookmarks=True,
                                          timeout_seconds=self.opts.watch_timeout_s, _preload_content=False,
                                          _request_timeout=self.opts.watch_timeout_s + 30, **kw)
+                    resp = await _checked(resp)
                     try:
                         async for line in resp.content:
                             if not line.strip():
@@ -550,7 +552,7 @@ class KubernetesBackend:
         retries = self.opts.retries if retries is None else retries
         for n in range(retries + 1):
             try:
-                return await fn(*args, _request_timeout=self.opts.request_timeout_s, **kw)
+                return await _checked(await fn(*args, _request_timeout=self.opts.request_timeout_s, **kw))
             except ApiException as e:
                 err = _api_error(e, what)
             except (asyncio.TimeoutError, OSError) as e:
@@ -751,8 +753,15 @@ class KubernetesBackend:
             out.append(ObservedAttempt(key, phase, started, nodes, dict(meta.get("labels") or {})))
         return out
 
+    def _tick(self) -> None:
+        """Re-evaluate attempts whose failure depends on time passing (a worker in image-pull
+        back-off), not only on a watch event."""
+        for tr in [t for t in self._tracked.values() if t.pull_since]:
+            self._evaluate(tr.key)
+
     def ready(self) -> list[AttemptStatus]:
         """Statuses observed and not yet returned (no waiting)."""
+        self._tick()
         out, self._ready = self._ready, []
         self._wake.clear()
         return out
@@ -763,7 +772,13 @@ class KubernetesBackend:
         while True:
             while not self._ready:
                 self._wake.clear()
-                await self._wake.wait()
+                self._tick()
+                if self._ready:
+                    break
+                try:
+                    await asyncio.wait_for(self._wake.wait(), 1.0)
+                except TimeoutError:
+                    pass
             yield self._ready.pop(0)
 
     async def logs(self, key: AttemptKey, worker: int | None = None, follow: bool = False) -> AsyncIterator[str]:
@@ -802,6 +817,21 @@ class KubernetesBackend:
                 text = await self._call(f"logs {pod}", self._core.read_namespaced_pod_log, pod, self.opts.namespace)
                 for line in str(text).splitlines():
                     yield prefix + line
+
+
+async def _checked(resp):
+    """``resp`` unchanged, or ``ApiException`` for a non-2xx raw response (with
+    ``_preload_content=False`` the client returns error responses instead of raising)."""
+    status = getattr(resp, "status", None)
+    if isinstance(status, int) and not 200 <= status <= 299:
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        body = await resp.read()
+        resp.release()
+        e = ApiException(status=status, reason=getattr(resp, "reason", ""))
+        e.body = body.decode(errors="replace")
+        raise e
+    return resp
 
 
 def _api_error(e, what: str) -> BackendError:

@@ -228,14 +228,18 @@ class KubernetesHarness(BackendHarness):
         self.nodes = ("gpu-0", "gpu-1", "gpu-2")
         self.cluster = None
 
-    async def setup(self) -> None:
+    async def setup(self, extra_nodes: tuple[dict, ...] = (), **options) -> None:
+        """Start the emulated cluster (the harness's nodes + ``extra_nodes``, v1.Node dicts) and a
+        backend on it (``options``: :class:`~services.inventory.kubernetes.KubeOptions` fields)."""
         from services.inventory.kubernetes import KubeOptions, KubernetesBackend
         from tests.k8s_cluster import EmulatedCluster, gpu_node
 
-        self.cluster = EmulatedCluster(self.clock.time, [gpu_node(n, gpus=self.gpus_per_node) for n in self.nodes])
+        nodes = [gpu_node(n, gpus=self.gpus_per_node) for n in self.nodes] + list(extra_nodes)
+        self.cluster = EmulatedCluster(self.clock.time, nodes)
         await self.cluster.__aenter__()
+        options.setdefault("request_timeout_s", 2.0)
         self.backend = KubernetesBackend(KubeOptions(namespace=self.namespace, configuration=self.cluster.configuration(),
-                                                     request_timeout_s=2.0), clock=self.clock)
+                                                     **options), clock=self.clock)
 
     async def teardown(self) -> None:
         await self.backend.close()
@@ -313,4 +317,21 @@ async def backend_under_test(request):
         await h.setup()
     yield h
     if hasattr(h, "teardown"):
+        await h.teardown()
+
+
+@pytest.fixture
+async def kube():
+    """An async factory ``await kube(extra_nodes=(), **KubeOptions fields)`` -> a started
+    :class:`KubernetesHarness` (emulated cluster); every one made is torn down after the test."""
+    made: list[KubernetesHarness] = []
+
+    async def make(extra_nodes: tuple[dict, ...] = (), **options) -> KubernetesHarness:
+        h = KubernetesHarness()
+        await h.setup(extra_nodes, **options)
+        made.append(h)
+        return h
+
+    yield make
+    for h in made:
         await h.teardown()
