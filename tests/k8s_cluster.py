@@ -387,8 +387,10 @@ class FakeKubelet:
       replaced;
     * a Pending pod on a Ready node runs (``startedAt`` = the cluster clock) unless its image
       contains ``doesnotexist`` (then ``waiting: ImagePullBackOff``);
-    * a Running pod ends ``sleep N`` seconds (from its argv) after it started, with exit code
-      ``C`` from ``exit C`` (``Completed``/``Error``), or 137 ``OOMKilled`` if the argv says ``oom``;
+    * a Running pod ends ``sleep N`` seconds (from its argv; else the trace runtime the backend
+      carried as annotation ``fedsched.io/trace.runtime_s``) after it started, with exit code
+      ``C`` from ``exit C`` (``Completed``/``Error``; else 1 if ``fedsched.io/trace.outcome`` is
+      ``failed``), or 137 ``OOMKilled`` if the argv says ``oom``;
     * the Job gets ``Complete`` when every index succeeded, ``Failed`` (BackoffLimitExceeded)
       when a pod failed;
     * every pod writes two log lines.
@@ -507,11 +509,12 @@ class FakeKubelet:
         elif phase == "Running":
             started = datetime.fromisoformat(
                 status["containerStatuses"][0]["state"]["running"]["startedAt"].replace("Z", "+00:00")).timestamp()
+            ann = meta.get("annotations") or {}
             m = re.search(r"sleep (\d+(?:\.\d+)?)", argv)
-            runtime = float(m.group(1)) if m else 0.0
+            runtime = float(m.group(1)) if m else float(ann.get("fedsched.io/trace.runtime_s") or 0.0)
             if now >= started + runtime:
                 m = re.search(r"exit (\d+)", argv)
-                code = int(m.group(1)) if m else 0
+                code = int(m.group(1)) if m else int(ann.get("fedsched.io/trace.outcome") == "failed")
                 reason = "Completed" if code == 0 else "Error"
                 if "oom" in argv.split():
                     code, reason = 137, "OOMKilled"

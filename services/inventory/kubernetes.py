@@ -34,7 +34,8 @@ How an attempt runs (one :class:`~services.inventory.backend.AttemptKey` = one `
   one worker per node when its bindings name distinct nodes (an indexed Job has one pod
   template, so "worker i on node i" is "the gang on exactly these nodes");
 * requests = limits for the GPU extended resource (whole cards), CPU (milli) and memory (MiB);
-* image, ``command``, ``args``, ``workingDir``, env, ``secret_env`` as ``secretKeyRef``;
+* image, ``command``, ``args``, ``workingDir``, env, ``secret_env`` as ``secretKeyRef``; the
+  job's ``annotations`` (opaque, for backends) as pod annotations ``fedsched.io/<key>``;
 * ``priorityClassName`` through ``priority_classes``;
 * a create answered ``409 AlreadyExists`` adopts the existing Job when its labels name the same
   attempt (refused otherwise: a foreign object owns the name).
@@ -113,6 +114,7 @@ class KubeOptions:
     configuration: object | None = None
 
 
+_ANNOTATION_NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?")
 _QUANTITY = re.compile(r"^([0-9.]+)([a-zA-Z]*)$")
 _SUFFIX = {"": 1, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15,
            "Ki": 1024, "Mi": 1024 ** 2, "Gi": 1024 ** 3, "Ti": 1024 ** 4, "Pi": 1024 ** 5}
@@ -645,6 +647,9 @@ class KubernetesBackend:
             if raw:
                 match.append({"key": self.opts.card_model_label, "operator": "In", "values": raw})
         pod_spec: dict = {"restartPolicy": "Never", "subdomain": name, "containers": [container]}
+        # the job's opaque backend annotations, as pod annotations ``fedsched.io/<key>``
+        pod_ann = {NODES_ANNOTATION: ",".join(nodes)}
+        pod_ann.update({LABEL_PREFIX + k: v for k, v in sorted(spec.annotations.items()) if _ANNOTATION_NAME.fullmatch(k)})
         affinity: dict = {}
         if match:
             affinity["nodeAffinity"] = {"requiredDuringSchedulingIgnoredDuringExecution": {
@@ -662,7 +667,7 @@ class KubernetesBackend:
         job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": meta, "spec": {
             "completionMode": "Indexed", "completions": workers, "parallelism": workers, "backoffLimit": 0,
             **({"suspend": True} if self.opts.kueue_queue else {}),
-            "template": {"metadata": {"labels": dict(a.labels()), "annotations": {NODES_ANNOTATION: ",".join(nodes)}},
+            "template": {"metadata": {"labels": dict(a.labels()), "annotations": pod_ann},
                          "spec": pod_spec}}}
         svc = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "namespace": ns, "labels": a.labels()},
                "spec": {"clusterIP": "None", "publishNotReadyAddresses": True, "selector": {"job-name": name},
