@@ -392,7 +392,7 @@ class FakeKubelet:
       ``C`` from ``exit C`` (``Completed``/``Error``; else 1 if ``fedsched.io/trace.outcome`` is
       ``failed``), or 137 ``OOMKilled`` if the argv says ``oom``;
     * the Job gets ``Complete`` when every index succeeded, ``Failed`` (BackoffLimitExceeded)
-      when a pod failed;
+      when a pod failed, and then its active pods are deleted (``backoffLimit: 0``);
     * every pod writes two log lines.
 
     :meth:`sync` does one pass; :meth:`run` passes whenever the cluster changed (and every 0.1 s).
@@ -548,6 +548,14 @@ class FakeKubelet:
         if cond:
             cond["lastTransitionTime"] = rfc3339(self.clock())
             upd["conditions"] = [cond]
+        if cond and cond["type"] == "Failed":  # backoffLimit exceeded: the active pods are ended
+            for p in mine:
+                if p.get("status", {}).get("phase") in ("Running", "Pending"):
+                    try:
+                        await self.core.delete_namespaced_pod(p["metadata"]["name"], p["metadata"]["namespace"],
+                                                              _preload_content=False)
+                    except Exception:  # noqa: BLE001 - next pass
+                        pass
         if any(status.get(k) != v for k, v in upd.items()):
             try:
                 await self.batch.patch_namespaced_job_status(meta["name"], meta["namespace"], {"status": upd},

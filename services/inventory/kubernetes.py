@@ -48,8 +48,10 @@ container ``startedAt``/``finishedAt`` -- else the agent's clock):
 * SUCCEEDED when every index succeeded (or the Job is ``Complete``), exit code 0;
 * FAILED with the failing container's exit code and a reason: ``exit_code``, ``oom_killed``,
   ``evicted``, ``deadline_exceeded``, ``image_pull`` (ImagePullBackOff/ErrImagePull longer than
-  ``image_pull_limit_s``), ``node_failed`` (a pod's node NotReady; the Job is deleted so the rest
-  of the gang stops);
+  ``image_pull_limit_s``), ``node_failed`` (a pod's node NotReady). For these two the Job is
+  deleted so the rest of the gang stops; for the others the Job controller does it
+  (``backoffLimit: 0`` fails the Job at the first failed pod and ends its active pods), and the
+  Job stays for its logs;
 * LOST when the Job, or a pod of a running attempt, is deleted by someone else than fedsched.
 
 Stop deletes the Job (``propagationPolicy: Foreground``) and its Service; 404 = already gone.
@@ -241,6 +243,7 @@ class KubernetesBackend:
         self._wake = asyncio.Event()
         self._synced = {"nodes": asyncio.Event(), "pods": asyncio.Event(), "jobs": asyncio.Event()}
         self._tasks: list[asyncio.Task] = []
+        self._bg: set[asyncio.Task] = set()
         #: watch restarts by cause, for tests and metrics: ``{"gone": n, "error": n}``
         self.relists = {"gone": 0, "error": 0}
 
@@ -364,12 +367,10 @@ class KubernetesBackend:
 
     def _on_pod(self, kind: str, obj: dict) -> None:
         if kind == "RELIST":
-            before = set(self._pods)
             self._pods, self._foreign = {}, {}
             for p in obj["items"]:
                 self._store_pod(p)
-            keys = {self._key_of(p) for p in self._pods.values()} | {
-                t.key for t in self._tracked.values() if before}
+            keys = {self._key_of(p) for p in self._pods.values()} | set(self._tracked)  # deletions in the gap
         else:
             name = obj["metadata"]["name"]
             if kind == "DELETED":
@@ -473,17 +474,20 @@ class KubernetesBackend:
             term = next((c["state"]["terminated"] for c in cstats if (c.get("state") or {}).get("terminated")), None)
             if phase == "Failed" or (term and term.get("exitCode")):
                 if status.get("reason") == "Evicted":
-                    return Phase.FAILED, now, {"reason": "evicted", "message": status.get("message", ""), "worker": i,
-                                               "node": node}
+                    return Phase.FAILED, now, {"reason": "evicted", "worker": i, "node": node,
+                                               "message": f"worker {i} evicted: {status.get('message', '')}".rstrip(": ")}
                 if status.get("reason") == "DeadlineExceeded":
-                    return Phase.FAILED, now, {"reason": "deadline_exceeded", "worker": i, "node": node}
+                    return Phase.FAILED, now, {"reason": "deadline_exceeded", "worker": i, "node": node,
+                                               "message": f"worker {i} exceeded its active deadline"}
                 code = term.get("exitCode") if term else None
                 reason = "oom_killed" if term and term.get("reason") == "OOMKilled" else "exit_code"
                 if code in (None, 0) and reason == "exit_code":
                     reason = (status.get("reason") or "pod_failed").lower()
+                why = (term or {}).get("reason") or status.get("reason") or "Failed"
+                detail = (term or {}).get("message") or status.get("message") or ""
                 return Phase.FAILED, _ts((term or {}).get("finishedAt")), {
                     "exit_code": code, "reason": reason, "worker": i, "node": node,
-                    "message": (term or {}).get("message") or status.get("message") or f"worker {i} failed"}
+                    "message": f"worker {i} exited with code {code} ({why})" + (f": {detail}" if detail else "")}
             if node and node in self._nodes and not self._ready_node(node) and phase in ("Running", "Pending"):
                 return Phase.FAILED, now, {"reason": NODE_FAILED, "worker": i, "node": node,
                                            "message": f"node {node} is NotReady"}
@@ -491,8 +495,9 @@ class KubernetesBackend:
             if tr is not None and waiting and waiting.get("reason") in PULL_WAITING:
                 since = tr.pull_since.setdefault(i, now)
                 if now - since >= self.opts.image_pull_limit_s:
-                    return Phase.FAILED, now, {"reason": "image_pull", "worker": i, "node": node,
-                                               "message": waiting.get("message") or waiting.get("reason")}
+                    return Phase.FAILED, now, {"reason": "image_pull", "worker": i, "node": node, "message": (
+                        f"worker {i}: {waiting.get('reason')} for {now - since:.0f} s (limit "
+                        f"{self.opts.image_pull_limit_s:g} s): {waiting.get('message') or ''}")}
             elif tr is not None:
                 tr.pull_since.pop(i, None)
             if phase == "Succeeded":
@@ -540,9 +545,13 @@ class KubernetesBackend:
         if phase == Phase.SUCCEEDED and tr.phase == Phase.PENDING:
             self._emit(tr, Phase.RUNNING, at)  # ran and ended between two observations
         self._emit(tr, phase, at, **kw)
-        if phase == Phase.FAILED:
-            # a gang never runs partially: stop the workers that still run
-            asyncio.get_event_loop().create_task(self._delete(key, "failed: " + kw.get("reason", "")))
+        if phase == Phase.FAILED and kw.get("reason") in (NODE_FAILED, "image_pull"):
+            # a gang never runs partially. A worker that exited or was evicted fails the Job
+            # (backoffLimit 0) and the Job controller ends the others; a worker on a NotReady
+            # node or stuck pulling its image does not, so the Job is deleted here.
+            task = asyncio.get_running_loop().create_task(self._delete(key, kw["reason"]))
+            self._bg.add(task)
+            task.add_done_callback(self._bg.discard)
 
     # ------------------------------------------------------------------ API calls
 

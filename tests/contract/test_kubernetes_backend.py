@@ -257,14 +257,17 @@ async def test_eviction_and_a_failed_node_stop_the_gang(kube):
     h.cluster.server.patch("pods", NS, pod["metadata"]["name"], {"status": {
         "phase": "Failed", "reason": "Evicted", "message": "The node was low on resource: memory."}})
     end = (await until(h, a.key, Phase.FAILED))[-1]
-    assert end.reason == "evicted" and "memory" in end.message
-    await eventually(lambda: h.cluster.server.get("jobs", NS, a.name) is None)  # the rest of the gang stopped
+    assert end.reason == "evicted" and "memory" in end.message and end.worker in (0, 1)
+    gang = lambda: [p for p in h.cluster.server.items("pods") if p["metadata"]["labels"]["job-name"] == a.name  # noqa: E731
+                    and p["status"].get("phase") == "Running"]
+    await eventually(lambda: not gang())  # the Job failed (backoffLimit 0): the rest of the gang ended
     b = attempt(h, "nodefail", workers=2, attempt_no=1)
     await h.backend.launch(b)
     await until(h, b.key, Phase.RUNNING)
     h.fail_node(h.nodes[1])
     end = (await until(h, b.key, Phase.FAILED))[-1]
     assert (end.reason, end.node, end.exit_code) == (NODE_FAILED, h.nodes[1], None)
+    await eventually(lambda: h.cluster.server.get("jobs", NS, b.name) is None)  # deleted: the gang stops whole
 
 
 async def test_pods_or_jobs_deleted_outside_fedsched_are_lost(kube):
@@ -312,3 +315,43 @@ async def test_logs_follow_streams_until_the_worker_ends(kube):
     await h.advance(20)
     await asyncio.wait_for(reader, 5)
     assert lines[0] == "worker 1 of follow-a1-s0 starting" and lines[-1] == "exit 0"
+
+
+async def test_a_restarted_agent_on_a_fresh_backend_adopts_its_job_and_stops_the_others(kube):
+    """The agent process restarts: a NEW backend (empty caches) on the same cluster. The Job of the
+    live attempt is adopted and reported once when it ends; an older attempt and an unknown Job
+    are deleted and reported stopped."""
+    from fedsched.events import JobPlaced, Subjects
+    from services.inventory.agent import ClusterAgent
+    from services.inventory.kubernetes import KubernetesBackend
+    from services.inventory.trace import ClusterDef
+    from tests.builders import FakePublisher, delivery, placement
+
+    h = await kube()
+    live, stale = attempt(h, "live", attempt_no=2, runtime_s=600), attempt(h, "live", attempt_no=1, runtime_s=600)
+    orphan = attempt(h, "orphan", runtime_s=600)
+    for a in (live, stale, orphan):
+        await h.backend.launch(a)
+        await until(h, a.key, Phase.RUNNING)
+    await h.backend.close()
+    h.backend = KubernetesBackend(h.backend.opts, clock=h.clock)  # closed again by the fixture
+    cluster = ClusterDef("c1", "cn-north-1", "cn-north-1a", "ethernet", "standard", ("cn",))
+    subjects, publisher = Subjects("t"), FakePublisher()
+    agent = ClusterAgent(None, h.clock, cluster, h.backend, publisher=publisher, subjects=subjects)
+    await agent.refresh_inventory()
+    env = placement("live", live.spec, cluster.name, cluster.region, [(h.nodes[0], (0,))], attempt=2,
+                    card_model=h.card_model)
+    agent._see_attempt("live", 0, 2)
+    await agent.reconcile({("live", 2, 0): (delivery(env, subjects.placements(cluster.region, cluster.name), 1, 0.0),
+                                            env.payload_as(JobPlaced), h.clock.time())})
+    assert sorted(agent.reconciled) == sorted([("adopted", str(live.key)), ("superseded", str(stale.key)),
+                                               ("orphaned", str(orphan.key))])
+    assert h.cluster.server.get("jobs", NS, stale.name) is None and h.cluster.server.get("jobs", NS, orphan.name) is None
+    await h.advance(600)
+    deadline = time.monotonic() + 5
+    while len(publisher.published) < 3 and time.monotonic() < deadline:
+        await agent.finish_due()
+        await asyncio.sleep(0.02)
+    await agent.finish_due()
+    assert [(p.event.type, p.event.job_id, p.event.attempt) for p in publisher.published[2:]] == [
+        ("job.finished", "live", 2)]
