@@ -236,6 +236,8 @@ class KubernetesBackend:
         self._batch = None
         self._nodes: dict[str, dict] = {}
         self._pods: dict[str, dict] = {}        # our pods, by name
+        self._pods_by_key: dict[AttemptKey, set[str]] = {}  # attempt -> its pods' names
+        self._pods_by_node: dict[str, set[str]] = {}        # node -> our pods' names on it
         self._foreign: dict[str, tuple[str, int]] = {}  # other pods: name -> (node, GPUs)
         self._jobs: dict[str, dict] = {}
         self._tracked: dict[AttemptKey, _Tracked] = {}
@@ -354,27 +356,30 @@ class KubernetesBackend:
     def _on_node(self, kind: str, obj: dict) -> None:
         if kind == "RELIST":
             self._nodes = {n["metadata"]["name"]: n for n in obj["items"]}
-            failed = set(self._nodes)
-        elif kind == "DELETED":
-            self._nodes.pop(obj["metadata"]["name"], None)
-            failed = {obj["metadata"]["name"]}
+            changed = set(self._nodes)
         else:
-            self._nodes[obj["metadata"]["name"]] = obj
-            failed = {obj["metadata"]["name"]}
-        for key in {k for p in self._pods.values() if p.get("spec", {}).get("nodeName") in failed
-                    for k in [AttemptKey.from_labels(p["metadata"].get("labels") or {})] if k}:
+            name = obj["metadata"]["name"]
+            was = self._ready_node(name)
+            if kind == "DELETED":
+                self._nodes.pop(name, None)
+            else:
+                self._nodes[name] = obj
+            # status heartbeats are most node events: only a change of Ready concerns attempts
+            changed = {name} if self._ready_node(name) != was else set()
+        keys = {self._key_of(self._pods[p]) for n in changed for p in self._pods_by_node.get(n, ())}
+        for key in keys - {None}:
             self._evaluate(key)
 
     def _on_pod(self, kind: str, obj: dict) -> None:
         if kind == "RELIST":
-            self._pods, self._foreign = {}, {}
+            self._pods, self._foreign, self._pods_by_key, self._pods_by_node = {}, {}, {}, {}
             for p in obj["items"]:
                 self._store_pod(p)
             keys = {self._key_of(p) for p in self._pods.values()} | set(self._tracked)  # deletions in the gap
         else:
             name = obj["metadata"]["name"]
             if kind == "DELETED":
-                self._pods.pop(name, None)
+                self._drop_pod(name)
                 self._foreign.pop(name, None)
             else:
                 self._store_pod(obj)
@@ -384,8 +389,14 @@ class KubernetesBackend:
 
     def _store_pod(self, p: dict) -> None:
         meta = p["metadata"]
-        if self._key_of(p) is not None and meta.get("namespace", self.opts.namespace) == self.opts.namespace:
+        key = self._key_of(p)
+        if key is not None and meta.get("namespace", self.opts.namespace) == self.opts.namespace:
+            self._drop_pod(meta["name"])
             self._pods[meta["name"]] = p
+            self._pods_by_key.setdefault(key, set()).add(meta["name"])
+            node = (p.get("spec") or {}).get("nodeName")
+            if node:
+                self._pods_by_node.setdefault(node, set()).add(meta["name"])
             return
         phase = (p.get("status") or {}).get("phase")
         node = (p.get("spec") or {}).get("nodeName")
@@ -399,6 +410,17 @@ class KubernetesBackend:
                 return
         self._foreign.pop(meta["name"], None)
 
+    def _drop_pod(self, name: str) -> None:
+        p = self._pods.pop(name, None)
+        if p is None:
+            return
+        for index, k in ((self._pods_by_key, self._key_of(p)), (self._pods_by_node, (p.get("spec") or {}).get("nodeName"))):
+            names = index.get(k)
+            if names is not None:
+                names.discard(name)
+                if not names:
+                    del index[k]
+
     def _on_job(self, kind: str, obj: dict) -> None:
         if kind == "RELIST":
             self._jobs = {j["metadata"]["name"]: j for j in obj["items"]}
@@ -406,6 +428,10 @@ class KubernetesBackend:
         elif kind == "DELETED":
             self._jobs.pop(obj["metadata"]["name"], None)
             keys = {self._key_of(obj)}
+            tr = self._tracked.get(self._key_of(obj))
+            if tr is not None and (tr.stopped or tr.phase in TERMINAL_PHASES):
+                del self._tracked[tr.key]  # ended and gone: forget it (memory bounded by the cluster)
+                return
         else:
             self._jobs[obj["metadata"]["name"]] = obj
             keys = {self._key_of(obj)}
@@ -422,10 +448,9 @@ class KubernetesBackend:
     def _pods_of(self, key: AttemptKey) -> dict[int, dict]:
         """index -> the newest pod of that index of ``key``'s Job."""
         out: dict[int, dict] = {}
-        for p in self._pods.values():
+        for name in self._pods_by_key.get(key, ()):
+            p = self._pods[name]
             meta = p["metadata"]
-            if self._key_of(p) != key:
-                continue
             ann = meta.get("annotations") or {}
             lab = meta.get("labels") or {}
             idx = ann.get(INDEX_ANNOTATION, lab.get(INDEX_ANNOTATION))
@@ -510,6 +535,15 @@ class KubernetesBackend:
                            if (c.get("state") or {}).get("running")), None)
                 if st:
                     started.append(st)
+        failed = next((c for c in jstatus.get("conditions") or []
+                       if c.get("type") == "Failed" and c.get("status") == "True"), None)
+        if failed is not None:  # the Job failed and no pod says why (they are gone)
+            return Phase.FAILED, _ts(failed.get("lastTransitionTime")), {
+                "reason": (failed.get("reason") or "job_failed").lower(),
+                "message": f"Job failed: {failed.get('reason', '')} {failed.get('message', '')}".strip()}
+        if spec.get("suspend") and tr is not None and tr.phase == Phase.RUNNING:
+            return Phase.FAILED, now, {"reason": "suspended", "message": "the Job was suspended while running "
+                                                                          "(Kueue preemption or an operator)"}
         if tr is not None:
             lost = tr.seen_pods - set(pods)
             if lost and not any(c.get("type") == "Complete" and c.get("status") == "True"
@@ -706,10 +740,12 @@ class KubernetesBackend:
                 raise
             existing = await self._call(f"read Job {key.name}", self._batch.read_namespaced_job, key.name, ns,
                                         _preload_content=False)
-            labels = (json.loads(await existing.read()).get("metadata") or {}).get("labels") or {}
-            if AttemptKey.from_labels(labels) != key:
+            meta = json.loads(await existing.read()).get("metadata") or {}
+            if AttemptKey.from_labels(meta.get("labels") or {}) != key:
                 raise BackendError(f"{key}: a Job named {key.name} exists and is not this attempt's",
                                    retryable=False) from None
+            if meta.get("deletionTimestamp"):
+                raise BackendUnavailable(f"{key}: its Job is being deleted; launch again once it is gone") from None
         tr = self._tracked.get(key)
         if tr is None or tr.stopped:
             tr = self._tracked[key] = _Tracked(key)

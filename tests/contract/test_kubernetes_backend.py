@@ -355,3 +355,17 @@ async def test_a_restarted_agent_on_a_fresh_backend_adopts_its_job_and_stops_the
     await agent.finish_due()
     assert [(p.event.type, p.event.job_id, p.event.attempt) for p in publisher.published[2:]] == [
         ("job.finished", "live", 2)]
+
+
+async def test_deadline_exceeded_and_suspension_while_running_fail_the_attempt(kube):
+    h = await kube()
+    a, b = attempt(h, "deadline"), attempt(h, "kueued")
+    for x in (a, b):
+        await h.backend.launch(x)
+        await until(h, x.key, Phase.RUNNING)
+    h.cluster.server.patch("jobs", NS, a.name, {"status": {"conditions": [{
+        "type": "Failed", "status": "True", "reason": "DeadlineExceeded",
+        "message": "Job was active longer than specified deadline"}]}})
+    assert (await until(h, a.key, Phase.FAILED))[-1].reason == "deadline_exceeded"
+    h.cluster.server.patch("jobs", NS, b.name, {"spec": {"suspend": True}})  # as Kueue preempting it
+    assert (await until(h, b.key, Phase.FAILED))[-1].reason == "suspended"
