@@ -322,7 +322,7 @@ class KubernetesBackend:
                                          _request_timeout=self.opts.watch_timeout_s + 30, **kw)
                     resp = await _checked(resp)
                     try:
-                        async for line in resp.content:
+                        async for line in _lines(resp):
                             if not line.strip():
                                 continue
                             ev = json.loads(line)
@@ -859,14 +859,28 @@ class KubernetesBackend:
                 r = await self._call(f"logs {pod}", self._core.read_namespaced_pod_log, pod, self.opts.namespace,
                                      follow=True, _preload_content=False, retries=0)
                 try:
-                    async for line in r.content:
-                        yield prefix + line.decode(errors="replace").rstrip("\r\n")
+                    async for line in _lines(r):
+                        yield prefix + line.decode(errors="replace").rstrip("\r")
                 finally:
                     r.release()
             else:
                 text = await self._call(f"logs {pod}", self._core.read_namespaced_pod_log, pod, self.opts.namespace)
                 for line in str(text).splitlines():
                     yield prefix + line
+
+
+async def _lines(resp) -> AsyncIterator[bytes]:
+    """The lines of a streamed response body, without the newline, whatever their length
+    (aiohttp's ``readline`` refuses lines over twice its read buffer: 4 MiB with the client's
+    2 MiB buffer; events of large objects, e.g. Nodes with long ``status.images``, stay readable)."""
+    buf = b""
+    async for chunk in resp.content.iter_any():
+        buf += chunk
+        *lines, buf = buf.split(b"\n")
+        for line in lines:
+            yield line
+    if buf:
+        yield buf
 
 
 async def _checked(resp):

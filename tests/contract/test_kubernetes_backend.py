@@ -369,3 +369,18 @@ async def test_deadline_exceeded_and_suspension_while_running_fail_the_attempt(k
     assert (await until(h, a.key, Phase.FAILED))[-1].reason == "deadline_exceeded"
     h.cluster.server.patch("jobs", NS, b.name, {"spec": {"suspend": True}})  # as Kueue preempting it
     assert (await until(h, b.key, Phase.FAILED))[-1].reason == "suspended"
+
+
+async def test_a_node_event_near_the_object_size_limit_is_read(kube):
+    """A Node's ``status.images`` makes large watch events; one near etcd's 1.5 MiB object limit is read."""
+    h = await kube()
+    await h.backend.inventory()
+    big = gpu_node("big", gpus=4)
+    big["status"]["images"] = [{"names": [f"registry.example.com/team/image-{i:05d}@sha256:{'0' * 64}"],
+                                "sizeBytes": 10 ** 9} for i in range(12000)]
+    h.cluster.server.create("nodes", "", big)
+    deadline = time.monotonic() + 5
+    while "big" not in {n.name for n in await h.backend.inventory()}:
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.02)
+    assert h.backend.relists["error"] == 0
