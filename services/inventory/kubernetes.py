@@ -164,6 +164,7 @@ def node_inventory(node: dict, opts: KubeOptions, foreign_gpus: int = 0) -> Node
     GPUs: the first of ``opts.gpu_resources`` the node's ``allocatable`` has (whole devices);
     ``foreign_gpus`` of them are in use by pods fedsched did not place (reported as 0 free
     milli-GPU on that many devices). CPU: allocatable milli-cores; memory: allocatable MiB.
+    ``zone`` = label ``topology.kubernetes.io/zone``;
     ``healthy`` = condition Ready is True; ``unschedulable`` = ``spec.unschedulable`` or a
     pressure condition True; taints with effect NoSchedule/NoExecute as ``key=value:Effect``.
     """
@@ -197,7 +198,7 @@ def node_inventory(node: dict, opts: KubeOptions, foreign_gpus: int = 0) -> Node
         healthy=conds.get("Ready") == "True",
         rdma=_truthy(labels.get(opts.rdma_label)) if opts.rdma_label else opts.rdma_default,
         unschedulable=bool(spec.get("unschedulable")) or any(conds.get(p) == "True" for p in PRESSURES),
-        taints=taints)
+        taints=taints, zone=labels.get(ZONE_LABEL, ""))
 
 
 @dataclass

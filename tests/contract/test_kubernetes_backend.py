@@ -49,7 +49,7 @@ async def eventually(cond, timeout_s: float = 5.0) -> None:
 
 
 async def test_inventory_reads_models_zones_conditions_taints_rdma_and_other_accelerators(kube):
-    a100 = gpu_node("a100-0", gpus=8, product="NVIDIA-A100-SXM4-80GB", rdma=True)
+    a100 = gpu_node("a100-0", gpus=8, product="NVIDIA-A100-SXM4-80GB", rdma=True, zone="cn-north-1b")
     cordoned = gpu_node("cordoned", gpus=4)
     cordoned["spec"] = {"unschedulable": True, "taints": [
         {"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"},
@@ -66,6 +66,7 @@ async def test_inventory_reads_models_zones_conditions_taints_rdma_and_other_acc
     inv = {n.name: n for n in await h.backend.inventory()}
     assert (inv["a100-0"].card_model, inv["a100-0"].gpus, inv["a100-0"].rdma) == ("nvidia-a100-80gb", 8, True)
     assert (inv["a100-0"].cpu_milli, inv["a100-0"].memory_mib) == (64000, 512 * 1024)
+    assert (inv["a100-0"].zone, inv[h.nodes[0]].zone) == ("cn-north-1b", "cn-north-1a")
     assert inv["cordoned"].unschedulable and inv["cordoned"].healthy
     assert inv["cordoned"].taints == ("node.kubernetes.io/unschedulable=:NoSchedule",)  # PreferNoSchedule is not a taint that refuses
     assert inv["pressure"].unschedulable and inv["pressure"].healthy
