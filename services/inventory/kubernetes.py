@@ -20,7 +20,8 @@ re-list; a watch never ends the agent):
 
 How an attempt runs (one :class:`~services.inventory.backend.AttemptKey` = one ``batch/v1`` Job):
 
-* Job ``<job>-a<N>-s<S>`` (:attr:`AttemptKey.name`), ``completionMode: Indexed``,
+* Job ``<job>-a<N>-s<S>`` (:attr:`AttemptKey.name`; :func:`k8s_name` shortens a long one),
+  ``completionMode: Indexed``,
   ``completions = parallelism = workers``, ``backoffLimit: 0`` (retries belong to the federation),
   labels job id / attempt / shard / tenant / project (and ``kueue.x-k8s.io/queue-name`` when the
   cluster runs Kueue: then created ``suspend: true`` for Kueue to admit), annotation
@@ -80,7 +81,7 @@ from services.inventory.backend import (LABEL_PREFIX, NODE_FAILED, TERMINAL_PHAS
 
 log = logging.getLogger("fedsched.agent.kubernetes")
 
-__all__ = ["KubeOptions", "KubernetesBackend", "parse_quantity", "node_inventory"]
+__all__ = ["KubeOptions", "KubernetesBackend", "parse_quantity", "node_inventory", "k8s_name"]
 
 JOB_ID_LABEL = LABEL_PREFIX + "job-id"
 NODES_ANNOTATION = LABEL_PREFIX + "nodes"
@@ -142,6 +143,20 @@ def parse_quantity(q: str | int | float | None) -> float:
     if m is None or m.group(2) not in _SUFFIX:
         raise ValueError(f"not a Kubernetes quantity: {q!r}")
     return float(m.group(1)) * _SUFFIX[m.group(2)]
+
+
+def k8s_name(key: AttemptKey) -> str:
+    """The Job and Service name of ``key``: :attr:`AttemptKey.name` when the pods' host names
+    ``<name>-<index>`` fit a DNS label (63 characters, indices up to 4 digits), else its first
+    characters and an 8-hex digest of the whole name (deterministic: a relaunch finds the same
+    Job; reconcile reads the labels, not the name)."""
+    import hashlib
+
+    name = key.name
+    if len(name) <= 63 - 5:
+        return name
+    digest = hashlib.sha256(name.encode()).hexdigest()[:8]
+    return f"{name[:63 - 5 - 9].rstrip('-')}-{digest}"
 
 
 def _ts(value: str | None) -> float | None:
@@ -437,7 +452,7 @@ class KubernetesBackend:
             self._jobs[obj["metadata"]["name"]] = obj
             keys = {self._key_of(obj)}
         for key in keys - {None}:
-            if key not in self._tracked and key.name in self._jobs:
+            if key not in self._tracked and k8s_name(key) in self._jobs:
                 # found on the cluster (an agent restart): tracked from now on, phase as derived
                 self._tracked[key] = _Tracked(key)
             self._evaluate(key)
@@ -474,10 +489,10 @@ class KubernetesBackend:
 
     def _derive(self, key: AttemptKey, tr: _Tracked | None = None) -> tuple[Phase, float | None, dict]:
         """The phase the cluster shows for ``key`` now: (phase, at, AttemptStatus fields)."""
-        job = self._jobs.get(key.name)
+        job = self._jobs.get(k8s_name(key))
         pods = self._pods_of(key)
         if job is None:
-            return Phase.LOST, None, {"reason": "lost", "message": f"Job {key.name} deleted outside fedsched"}
+            return Phase.LOST, None, {"reason": "lost", "message": f"Job {k8s_name(key)} deleted outside fedsched"}
         spec, jstatus = job.get("spec") or {}, job.get("status") or {}
         workers = int(spec.get("completions") or 1)
         for c in jstatus.get("conditions") or []:
@@ -567,7 +582,7 @@ class KubernetesBackend:
         tr = self._tracked.get(key)
         if tr is None or tr.stopped or tr.phase in TERMINAL_PHASES:
             return
-        if key.name in self._jobs:
+        if k8s_name(key) in self._jobs:
             tr.seen_job = True
         elif not tr.seen_job:
             return  # launched, not yet seen by the watch
@@ -616,12 +631,12 @@ class KubernetesBackend:
     async def _delete(self, key: AttemptKey, reason: str) -> None:
         for fn in (self._batch.delete_namespaced_job, self._core.delete_namespaced_service):
             try:
-                await self._call(f"delete {key.name}", fn, key.name, self.opts.namespace,
+                await self._call(f"delete {k8s_name(key)}", fn, k8s_name(key), self.opts.namespace,
                                  propagation_policy="Foreground")
             except AttemptNotFound:
                 pass
             except BackendError as e:
-                log.warning("delete %s (%s): %s", key.name, reason, e)
+                log.warning("delete %s (%s): %s", k8s_name(key), reason, e)
 
     # ------------------------------------------------------------------ Backend
 
@@ -644,7 +659,7 @@ class KubernetesBackend:
         Raises:
             BackendError: not retryable -- a bound node the cluster does not have.
         """
-        spec, name, ns = a.spec, a.name, self.opts.namespace
+        spec, name, ns = a.spec, k8s_name(a.key), self.opts.namespace
         nodes = [b.node for b in sorted(a.bindings, key=lambda b: b.worker)]
         missing = [n for n in nodes if n not in self._nodes]
         if missing:
@@ -730,20 +745,20 @@ class KubernetesBackend:
         job, svc = self.manifests(attempt)
         ns, key = self.opts.namespace, attempt.key
         try:
-            await self._call(f"create Service {key.name}", self._core.create_namespaced_service, ns, svc)
+            await self._call(f"create Service {k8s_name(key)}", self._core.create_namespaced_service, ns, svc)
         except BackendError as e:
             if "HTTP 409" not in str(e):
                 raise
         try:
-            await self._call(f"create Job {key.name}", self._batch.create_namespaced_job, ns, job)
+            await self._call(f"create Job {k8s_name(key)}", self._batch.create_namespaced_job, ns, job)
         except BackendError as e:
             if "HTTP 409" not in str(e):
                 raise
-            existing = await self._call(f"read Job {key.name}", self._batch.read_namespaced_job, key.name, ns,
+            existing = await self._call(f"read Job {k8s_name(key)}", self._batch.read_namespaced_job, k8s_name(key), ns,
                                         _preload_content=False)
             meta = json.loads(await existing.read()).get("metadata") or {}
             if AttemptKey.from_labels(meta.get("labels") or {}) != key:
-                raise BackendError(f"{key}: a Job named {key.name} exists and is not this attempt's",
+                raise BackendError(f"{key}: a Job named {k8s_name(key)} exists and is not this attempt's",
                                    retryable=False) from None
             if meta.get("deletionTimestamp"):
                 raise BackendUnavailable(f"{key}: its Job is being deleted; launch again once it is gone") from None
@@ -765,7 +780,7 @@ class KubernetesBackend:
         tr.stopped = True
         for fn in (self._batch.delete_namespaced_job, self._core.delete_namespaced_service):
             try:
-                await self._call(f"delete {key.name}", fn, key.name, self.opts.namespace,
+                await self._call(f"delete {k8s_name(key)}", fn, k8s_name(key), self.opts.namespace,
                                  propagation_policy="Foreground")
             except AttemptNotFound:
                 pass
@@ -790,7 +805,7 @@ class KubernetesBackend:
             tr = self._tracked.get(key)
             if tr is not None and tr.stopped:
                 continue
-            self._jobs.setdefault(key.name, j)
+            self._jobs.setdefault(k8s_name(key), j)
             if tr is not None and tr.phase is not None:
                 phase, started = tr.phase, tr.started_at
             else:
@@ -842,7 +857,7 @@ class KubernetesBackend:
             BackendError: the API could not be read.
         """
         await self._synced_all("pods")
-        resp = await self._call(f"read Job {key.name}", self._batch.read_namespaced_job, key.name,
+        resp = await self._call(f"read Job {k8s_name(key)}", self._batch.read_namespaced_job, k8s_name(key),
                                 self.opts.namespace, _preload_content=False)
         job = json.loads(await resp.read())
         workers = int((job.get("spec") or {}).get("completions") or 1)

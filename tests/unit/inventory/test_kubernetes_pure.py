@@ -75,3 +75,14 @@ def test_deploy_agent_runs_the_kubernetes_backend_of_its_cluster():
     assert entry.kubernetes.namespace == "fedsched-jobs"
     secrets = [v["secret"]["secretName"] for v in pod["volumes"] if "secret" in v]
     assert secrets == [f"fedsched-leaf-{args['--cluster']}"]  # only this cluster's NATS credentials
+
+
+def test_long_attempt_names_are_shortened_deterministically_to_fit_pod_host_names():
+    from services.inventory.backend import AttemptKey
+    from services.inventory.kubernetes import k8s_name
+
+    assert k8s_name(AttemptKey("train", 2, 0)) == "train-a2-s0"
+    long = AttemptKey("j-" + "x" * 61, 12, 3)
+    name = k8s_name(long)
+    assert len(name) + len("-9999") <= 63 and name == k8s_name(AttemptKey("j-" + "x" * 61, 12, 3))
+    assert name != k8s_name(AttemptKey("j-" + "x" * 61, 13, 3)) and name[0].isalpha() and name[-1] != "-"
