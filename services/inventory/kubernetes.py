@@ -297,10 +297,11 @@ class KubernetesBackend:
         ]
 
     async def close(self) -> None:
-        """Stop the watches and close the client."""
-        for t in self._tasks:
+        """Stop the watches (and deletions in flight) and close the client."""
+        tasks = self._tasks + list(self._bg)
+        for t in tasks:
             t.cancel()
-        for t in self._tasks:
+        for t in tasks:
             try:
                 await t
             except (asyncio.CancelledError, Exception):  # noqa: BLE001 - shutting down
@@ -311,14 +312,21 @@ class KubernetesBackend:
             self._api = None
 
     async def _synced_all(self, *which: str) -> None:
+        """Start the watches and wait until ``which`` (default: all) were listed once.
+
+        Raises:
+            BackendUnavailable: not listed within twice the request timeout (API down, RBAC).
+        """
         await self.start()
+        which = which or tuple(self._synced)
         try:
             async with asyncio.timeout(self.opts.request_timeout_s * 2):
-                for w in which or self._synced:
+                for w in which:
                     await self._synced[w].wait()
         except TimeoutError:
-            raise BackendUnavailable(f"kubernetes: {', '.join(which)} not listed within "
-                                     f"{self.opts.request_timeout_s * 2:.0f} s") from None
+            missing = [w for w in which if not self._synced[w].is_set()]
+            raise BackendUnavailable(f"kubernetes: {', '.join(missing)} not listed within "
+                                     f"{self.opts.request_timeout_s * 2:g} s") from None
 
     async def _watch(self, what: str, list_fn, args: tuple, on_event: Callable[[str, dict], None], **kw) -> None:
         """LIST + WATCH ``what`` forever: replace the cache on every list, apply events, follow

@@ -86,3 +86,16 @@ def test_long_attempt_names_are_shortened_deterministically_to_fit_pod_host_name
     name = k8s_name(long)
     assert len(name) + len("-9999") <= 63 and name == k8s_name(AttemptKey("j-" + "x" * 61, 12, 3))
     assert name != k8s_name(AttemptKey("j-" + "x" * 61, 13, 3)) and name[0].isalpha() and name[-1] != "-"
+
+
+def test_kustomize_keeps_the_agent_role_in_the_jobs_namespace():
+    import shutil
+    import subprocess
+
+    if shutil.which("kubectl") is None:
+        pytest.skip("kubectl is not installed (kustomize renders with `kubectl kustomize`)")
+    out = subprocess.run(["kubectl", "kustomize", str(DEPLOY)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    objs = {(d["kind"], d["metadata"]["name"]): d["metadata"].get("namespace") for d in yaml.safe_load_all(out.stdout)}
+    assert objs[("Role", "fedsched-agent-jobs")] == objs[("RoleBinding", "fedsched-agent-jobs")] == "fedsched-jobs"
+    assert ("Namespace", "fedsched-jobs") in objs and objs[("Deployment", "agent-cn-north-1-c1")] == "fedsched"
