@@ -213,7 +213,7 @@ class System:
             for entry in agents_topo.clusters:
                 if opts.clusters and entry.name not in opts.clusters:
                     continue
-                if opts.split is not None:
+                if opts.split is not None and entry.backend == "trace":  # other backends read their cluster
                     nodes = opts.split.get(entry.name, [])
                     backend = TraceBackend(nodes, clock=clock, rdma=entry.rdma) if nodes else None
                 else:

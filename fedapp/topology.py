@@ -6,8 +6,8 @@
   list with ``split: {index: i, weights: SPLIT_WEIGHTS}``, so each node lands in the cluster
   :func:`~services.inventory.trace.cluster_of` gives it. ``fedsched topology show`` prints it.
 * :func:`cluster_nodes` reads a trace cluster's nodes (its part of a shared list).
-* :func:`build_backend` turns a cluster entry into the backend its agent drives; today it knows
-  ``trace``; ``slurm`` and ``kubernetes`` plug in here.
+* :func:`build_backend` turns a cluster entry into the backend its agent drives; it knows
+  ``trace`` and ``kubernetes``; ``slurm`` plugs in here.
 """
 
 from __future__ import annotations
@@ -97,10 +97,22 @@ def _trace_backend(entry: Cluster, topo: Topology, cache: dict[Path, list[TraceN
     return TraceBackend(cluster_nodes(topo, entry.name, cache), clock=clock, rdma=entry.rdma)
 
 
+def _kubernetes_backend(entry: Cluster, topo: Topology, cache: dict[Path, list[TraceNode]] | None, clock: Clock):
+    from services.inventory.kubernetes import from_settings
+    from fedsched.topology import KubernetesSettings
+
+    settings = entry.kubernetes or KubernetesSettings()
+    kubeconfig = settings.kubeconfig
+    if kubeconfig:
+        settings = settings.model_copy(update={"kubeconfig": str(topo.resolve(kubeconfig))})
+    return from_settings(settings, clock=clock, rdma_default=entry.rdma)
+
+
 #: backend name -> factory ``(cluster entry, topology, node-list cache, business clock) -> backend``. The Slurm
 #: and Kubernetes backends add ``"slurm"`` / ``"kubernetes"`` here (their settings are
 #: ``entry.slurm`` / ``entry.kubernetes``; relative paths resolve with ``topo.resolve``).
-BACKEND_FACTORIES: dict[str, Callable[[Cluster, Topology, dict | None, Clock], object]] = {"trace": _trace_backend}
+BACKEND_FACTORIES: dict[str, Callable[[Cluster, Topology, dict | None, Clock], object]] = {"trace": _trace_backend,
+                                                                                       "kubernetes": _kubernetes_backend}
 
 
 def build_backend(entry: Cluster, topo: Topology, cache: dict[Path, list[TraceNode]] | None = None, *,
@@ -109,8 +121,11 @@ def build_backend(entry: Cluster, topo: Topology, cache: dict[Path, list[TraceNo
     :data:`BACKEND_FACTORIES`.
 
     Today: ``trace`` -> :class:`~services.inventory.agent.TraceBackend` over
-    :func:`cluster_nodes` (RDMA from ``trace.rdma`` or the interconnect). ``slurm`` and
-    ``kubernetes`` entries are valid topology but have no backend in this build yet.
+    :func:`cluster_nodes` (RDMA from ``trace.rdma`` or the interconnect); ``kubernetes`` ->
+    :class:`~services.inventory.kubernetes.KubernetesBackend` from ``entry.kubernetes`` (kubeconfig
+    relative to the topology file; absent = in-cluster service account; RDMA from
+    ``rdma_label``, else the interconnect). ``slurm`` entries are valid topology but have no
+    backend in this build yet.
 
     Args:
         entry: the cluster's entry (``topo.cluster(name)``).

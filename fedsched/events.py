@@ -358,6 +358,8 @@ class NodeInventory(_Payload):
     unschedulable: bool = False
     #: taints as ``key=value:Effect`` (Kubernetes form; Slurm features/reasons mapped onto it)
     taints: tuple[str, ...] = ()
+    #: the node's zone as its cluster labels it (Kubernetes ``topology.kubernetes.io/zone``); "" = the cluster's
+    zone: str = ""
 
 
 class InventorySnapshot(_Payload):

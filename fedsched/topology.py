@@ -118,14 +118,44 @@ class SlurmSettings(BaseModel):
 
 
 class KubernetesSettings(BaseModel):
-    """``backend: kubernetes`` (filled in by the Kubernetes backend): ``kubeconfig`` file
-    (absent = in-cluster service account), its ``context`` (absent = current) and the
-    ``namespace`` workloads run in."""
+    """``backend: kubernetes``: how the agent reaches its cluster and how it maps fedsched's
+    vocabulary onto the cluster's (read by ``services/inventory/kubernetes.py``).
+
+    Attributes:
+        kubeconfig: kubeconfig file (relative to the topology file); absent = the in-cluster
+            service account (``KUBERNETES_SERVICE_HOST`` + the mounted token).
+        context: the kubeconfig context (absent = its current context).
+        namespace: where the agent creates Jobs and Services (one namespace per cluster entry).
+        gpu_resources: extended resource names counted as accelerators, first match per node
+            (``nvidia.com/gpu``, Ascend NPUs ``huawei.com/Ascend910``...).
+        card_model_label: node label holding the card model (GPU feature discovery's
+            ``nvidia.com/gpu.product``), mapped through the naming module's aliases.
+        gpu_memory_label: node label with one card's memory in MiB (GFD ``nvidia.com/gpu.memory``).
+        rdma_label: node label whose value ``true`` (any case) / ``1`` marks an RDMA-capable node
+            ("" = use the cluster's ``interconnect``).
+        priority_classes: fedsched priority class -> Kubernetes ``priorityClassName`` (unmapped:
+            none set).
+        kueue_queue: when set, the cluster runs Kueue and Jobs go to this LocalQueue (label
+            ``kueue.x-k8s.io/queue-name``), created suspended for Kueue to admit.
+        image_pull_limit_s: seconds a worker may sit in ImagePullBackOff / ErrImagePull before the
+            attempt is failed (``image_pull``).
+        master_port: rank 0's rendezvous port (``MASTER_PORT``).
+        request_timeout_s: per API request timeout (seconds); a timeout is a retryable error.
+    """
 
     model_config = _STRICT
     kubeconfig: str | None = None
     context: str | None = None
     namespace: str = Field(default="default", min_length=1, max_length=63)
+    gpu_resources: tuple[str, ...] = ("nvidia.com/gpu",)
+    card_model_label: str = "nvidia.com/gpu.product"
+    gpu_memory_label: str = "nvidia.com/gpu.memory"
+    rdma_label: str = ""
+    priority_classes: dict[str, str] = Field(default_factory=dict)
+    kueue_queue: str | None = None
+    image_pull_limit_s: float = Field(default=300.0, gt=0)
+    master_port: int = Field(default=29500, ge=1, le=65535)
+    request_timeout_s: float = Field(default=10.0, gt=0)
 
 
 class Cluster(BaseModel):

@@ -212,10 +212,126 @@ class TraceHarness(BackendHarness):
         self.backend.set_node_health(node, False)
 
 
-BACKEND_HARNESSES = {"trace": TraceHarness}
+class KubernetesHarness(BackendHarness):
+    """The ``kubernetes`` backend with the real client (``kubernetes_asyncio``) over HTTP against
+    the emulated cluster of tests/k8s_cluster.py (API server + fake kubelet/Job controller) on a
+    FakeClock: pods run and end only as :meth:`advance` moves the cluster's clock."""
+
+    namespace = "fedsched-test"
+
+    def __init__(self) -> None:
+        from tests.builders import T4, FakeClock
+
+        self.clock = FakeClock()
+        self.card_model = T4
+        self.gpus_per_node = 8
+        self.nodes = ("gpu-0", "gpu-1", "gpu-2")
+        self.cluster = None
+
+    async def setup(self, extra_nodes: tuple[dict, ...] = (), **options) -> None:
+        """Start the emulated cluster (the harness's nodes + ``extra_nodes``, v1.Node dicts) and a
+        backend on it (``options``: :class:`~services.inventory.kubernetes.KubeOptions` fields)."""
+        from services.inventory.kubernetes import KubeOptions, KubernetesBackend
+        from tests.k8s_cluster import EmulatedCluster, gpu_node
+
+        nodes = [gpu_node(n, gpus=self.gpus_per_node) for n in self.nodes] + list(extra_nodes)
+        self.cluster = EmulatedCluster(self.clock.time, nodes)
+        await self.cluster.__aenter__()
+        options.setdefault("request_timeout_s", 2.0)
+        self.backend = KubernetesBackend(KubeOptions(namespace=self.namespace, configuration=self.cluster.configuration(),
+                                                     **options), clock=self.clock)
+
+    async def teardown(self) -> None:
+        await self.backend.close()
+        await self.cluster.__aexit__(None, None, None)
+
+    def job(self, *, runtime_s: float, exit_code: int = 0, workers: int = 1):
+        from fedsched.workload import Workload
+        from tests.builders import spec
+
+        wl = Workload(image="busybox:1.36", command=("sh", "-c", f"sleep {runtime_s:g}; exit {exit_code}"))
+        return spec(gpus=1, workers=workers, workload=wl)
+
+    async def advance(self, seconds: float) -> None:
+        # the cluster catches up first (pods of Jobs just created are started at the current
+        # time, as the trace backend starts an attempt at launch), then time passes
+        await self.cluster.kubelet.sync()
+        await self.cluster.kubelet.sync()
+        self.clock.advance(seconds)
+        await self.cluster.kubelet.sync()
+
+    def fail_node(self, node: str) -> None:
+        self.cluster.set_ready(node, False)
+
+
+class RealKubernetesHarness(KubernetesHarness):
+    """The same suite on a real cluster: ``FEDSCHED_K8S_CONTEXT`` (a kubeconfig context) or
+    ``KUBECONFIG``; namespace ``FEDSCHED_K8S_NAMESPACE`` (default ``fedsched-test``, must exist and
+    the credentials must allow what deploy/k8s/region-agent.yaml grants). The cluster needs >= 3
+    Ready nodes with ``nvidia.com/gpu`` and the ``nvidia.com/gpu.product`` label; time passes for
+    real; node failure cannot be caused (that case skips)."""
+
+    async def setup(self) -> None:
+        import os
+
+        from fedsched.clock import SystemClock
+        from services.inventory.kubernetes import KubeOptions, KubernetesBackend
+
+        context = os.environ.get("FEDSCHED_K8S_CONTEXT")
+        if not context and not os.environ.get("KUBECONFIG"):
+            pytest.skip("no real Kubernetes cluster: set FEDSCHED_K8S_CONTEXT (a kubeconfig context) or KUBECONFIG")
+        self.clock = SystemClock()
+        self.namespace = os.environ.get("FEDSCHED_K8S_NAMESPACE", "fedsched-test")
+        self.backend = KubernetesBackend(KubeOptions(namespace=self.namespace, context=context), clock=self.clock)
+        inv = [n for n in await self.backend.inventory() if n.healthy and n.gpus and not n.unschedulable]
+        if len(inv) < 3:
+            await self.backend.close()
+            pytest.skip(f"the cluster has {len(inv)} Ready GPU nodes; the suite needs 3")
+        self.nodes = tuple(n.name for n in inv[:3])
+        self.card_model = inv[0].card_model
+        self.gpus_per_node = inv[0].gpus
+
+    async def teardown(self) -> None:
+        for o in await self.backend.list_attempts():
+            await self.backend.stop(o.key, "test teardown")
+        await self.backend.close()
+
+    async def advance(self, seconds: float) -> None:
+        import asyncio
+
+        await asyncio.sleep(seconds)
+
+    def fail_node(self, node: str) -> None:
+        pytest.skip("a real cluster's node cannot be failed by the test")
+
+
+BACKEND_HARNESSES = {"trace": TraceHarness, "kubernetes": KubernetesHarness, "kubernetes-real": RealKubernetesHarness}
 
 
 @pytest.fixture(params=sorted(BACKEND_HARNESSES))
-def backend_under_test(request) -> BackendHarness:
-    """One harness per execution backend (see :class:`BackendHarness`)."""
-    return BACKEND_HARNESSES[request.param]()
+async def backend_under_test(request):
+    """One harness per execution backend (see :class:`BackendHarness`); harnesses with a
+    ``setup``/``teardown`` (a cluster to start) get them awaited around the test."""
+    h = BACKEND_HARNESSES[request.param]()
+    if hasattr(h, "setup"):
+        await h.setup()
+    yield h
+    if hasattr(h, "teardown"):
+        await h.teardown()
+
+
+@pytest.fixture
+async def kube():
+    """An async factory ``await kube(extra_nodes=(), **KubeOptions fields)`` -> a started
+    :class:`KubernetesHarness` (emulated cluster); every one made is torn down after the test."""
+    made: list[KubernetesHarness] = []
+
+    async def make(extra_nodes: tuple[dict, ...] = (), **options) -> KubernetesHarness:
+        h = KubernetesHarness()
+        await h.setup(extra_nodes, **options)
+        made.append(h)
+        return h
+
+    yield make
+    for h in made:
+        await h.teardown()

@@ -59,8 +59,10 @@ def test_an_invalid_topology_file_is_a_message_naming_the_key(tmp_path):
 def _custom(tmp_path, backend_b: str = "trace"):
     (tmp_path / "held.csv").write_text("sn,cpu_milli,memory_mib,num_gpu,gpu,model\n"
                                        "held-1,32000,131072,,4,T4\nheld-2,32000,131072,,2,V100M16\n")
-    other = ({"backend": "trace", "trace": {"nodes": "held.csv"}} if backend_b == "trace"
-             else {"backend": "kubernetes", "kubernetes": {"namespace": "jobs"}})
+    other = {"trace": {"backend": "trace", "trace": {"nodes": "held.csv"}},
+             "kubernetes": {"backend": "kubernetes", "kubernetes": {"namespace": "jobs", "kubeconfig": "kube.yaml",
+                                                                    "gpu_resources": ["huawei.com/Ascend910"]}},
+             "slurm": {"backend": "slurm", "slurm": {"partition": "gpu"}}}[backend_b]
     return parse_topology({
         "regions": [{"name": "eu-west-1", "zones": ["eu-west-1a"]}, {"name": "us-east-1", "zones": ["us-east-1a"]}],
         "clusters": [{"name": "eu-a", "region": "eu-west-1", "zone": "eu-west-1a", "interconnect": "rdma", **other},
@@ -76,10 +78,14 @@ def test_build_backend_knows_trace_and_names_what_this_build_cannot_run(tmp_path
     assert [(n.name, n.gpus, n.card_model, n.rdma) for n in backend.nodes()] == [
         ("held-1", 4, "nvidia-t4-16gb", True), ("held-2", 2, "nvidia-v100-16gb", True)]
     assert not any(n.rdma for n in build_backend(topo.cluster("us-a"), topo).nodes())  # trace.rdma: false wins
+    k8s = _custom(tmp_path, "kubernetes")
+    kb = build_backend(k8s.cluster("eu-a"), k8s)
+    assert (kb.kind, kb.opts.namespace, kb.opts.kubeconfig, kb.opts.gpu_resources, kb.opts.rdma_default) == (
+        "kubernetes", "jobs", str(tmp_path / "kube.yaml"), ("huawei.com/Ascend910",), True)
     with pytest.raises(ValidationError) as e:
-        k8s = _custom(tmp_path, "kubernetes")
-        build_backend(k8s.cluster("eu-a"), k8s)
-    assert e.value.field == "clusters[0].backend" and "available: trace" in e.value.reason
+        slurm = _custom(tmp_path, "slurm")
+        build_backend(slurm.cluster("eu-a"), slurm)
+    assert e.value.field == "clusters[0].backend" and "available: trace, kubernetes" in e.value.reason
 
 
 def test_map_region_rule():
