@@ -350,12 +350,16 @@ async def test_a_restarted_agent_on_a_fresh_backend_adopts_its_job_and_stops_the
     assert h.cluster.server.get("jobs", NS, stale.name) is None and h.cluster.server.get("jobs", NS, orphan.name) is None
     await h.advance(600)
     deadline = time.monotonic() + 5
-    while len(publisher.published) < 3 and time.monotonic() < deadline:
+    ends = [p for p in publisher.published if p.event.type != "agent.reconciled"]  # stops, then the end
+    while len(ends) < 3 and time.monotonic() < deadline:
         await agent.finish_due()
         await asyncio.sleep(0.02)
+        ends = [p for p in publisher.published if p.event.type != "agent.reconciled"]
     await agent.finish_due()
-    assert [(p.event.type, p.event.job_id, p.event.attempt) for p in publisher.published[2:]] == [
-        ("job.finished", "live", 2)]
+    ends = [p for p in publisher.published if p.event.type != "agent.reconciled"]
+    assert [(p.event.type, p.event.job_id, p.event.attempt) for p in ends[2:]] == [("job.finished", "live", 2)]
+    assert sorted(p.event.payload["reason"] for p in publisher.published if p.event.type == "agent.reconciled") == [
+        "adopted", "orphaned", "superseded"]
 
 
 async def test_deadline_exceeded_and_suspension_while_running_fail_the_attempt(kube):
