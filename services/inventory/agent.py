@@ -903,10 +903,12 @@ class ClusterAgent:
             region=self.cluster.region, zone=self.cluster.zone, cluster=self.cluster.name, tenant=ref.tenant,
             project=ref.project, job_id=ref.job_id, attempt=ref.attempt, actor=self.producer,
             policy_version=ref.policy_version)
-        # inside a span (placement handling) the current context wins; for jobs ending later the
-        # placement's trace context is carried over explicitly
-        current = telemetry.current_trace_id()
-        tp = {} if current else {k: v for k, v in (headers or {}).items() if k in ("traceparent", "tracestate")}
+        # the attempt's own trace (its placement's context) always: a status drained while another
+        # job's placement is being handled must not join that job's trace; without one, the bus
+        # takes the active span's or starts a root
+        tp = {k: v for k, v in (headers or {}).items() if k in ("traceparent", "tracestate")}
+        if tp and telemetry.current_trace_id() == telemetry.trace_id_of(tp):
+            tp = telemetry.inject_headers()  # inside this attempt's own span: a child of it
         await self.publisher.publish(self.subjects.status(self.cluster.region, self.cluster.name), event, headers=tp)
 
     # ------------------------------------------------------------------ time
