@@ -636,7 +636,9 @@ class KubernetesBackend:
             await asyncio.sleep(0.1 * 2 ** n)
         raise AssertionError("unreachable")
 
-    async def _delete(self, key: AttemptKey, reason: str) -> None:
+    async def _delete(self, key: AttemptKey, reason: str, *, quiet: bool = True) -> None:
+        """Delete the attempt's Job (foreground: its pods first) and Service; one already gone
+        is fine. Other errors are logged when ``quiet``, else raised (:class:`BackendError`)."""
         for fn in (self._batch.delete_namespaced_job, self._core.delete_namespaced_service):
             try:
                 await self._call(f"delete {k8s_name(key)}", fn, k8s_name(key), self.opts.namespace,
@@ -644,6 +646,8 @@ class KubernetesBackend:
             except AttemptNotFound:
                 pass
             except BackendError as e:
+                if not quiet:
+                    raise
                 log.warning("delete %s (%s): %s", k8s_name(key), reason, e)
 
     # ------------------------------------------------------------------ Backend
@@ -786,12 +790,7 @@ class KubernetesBackend:
         await self.start()
         tr = self._tracked.setdefault(key, _Tracked(key))
         tr.stopped = True
-        for fn in (self._batch.delete_namespaced_job, self._core.delete_namespaced_service):
-            try:
-                await self._call(f"delete {k8s_name(key)}", fn, k8s_name(key), self.opts.namespace,
-                                 propagation_policy="Foreground")
-            except AttemptNotFound:
-                pass
+        await self._delete(key, reason, quiet=False)
 
     async def list_attempts(self) -> list[ObservedAttempt]:
         """Every Job under fedsched's labels in the namespace (a fresh LIST), phases from the

@@ -9,14 +9,9 @@ import time
 
 import pytest
 
-from fedapp.client import aio_channel
-from fedapp.runtime import System, SystemOptions
 from fedsched.api.v1 import jobs_pb2 as pb
-from fedsched.api.v1 import jobs_pb2_grpc as pb_grpc
-from fedsched.clock import ClockState, ReplayClock
-from fedsched.settings import Settings
 from services.inventory.trace import TraceNode
-from tests.builders import unique
+from tests.builders import embedded_federation
 
 pytestmark = pytest.mark.e2e
 
@@ -32,18 +27,8 @@ async def _wait(stub, job_id, check, what, timeout=30.0) -> pb.Job:
 
 
 async def test_a_failed_node_requeues_the_whole_gang(nats_server, chdb_path, tmp_path):
-    settings = Settings(data_dir=tmp_path, nats_url=nats_server.url, subject_prefix=unique("f"),
-                        clickhouse_path=chdb_path, clickhouse_database=unique("db"), grpc_address="127.0.0.1:0",
-                        heartbeat_interval_s=0.2, schedule_interval_s=0.005)
-    clock = ReplayClock(ClockState(time.time(), 1.7e9, 600.0, 1))
     split = {"cn-north-1-c1": [TraceNode(f"a-{i}", 64000, 262144, 2, "nvidia-t4-16gb", 16) for i in range(3)]}
-    system = System(SystemOptions(settings=settings, clock=clock, split=split, agent_tick_s=0.005))
-    await system.start()
-    channel = aio_channel(system.grpc_target, system.admin_token)
-    try:
-        stub = pb_grpc.JobServiceStub(channel)
-        while not system.scheduler.clusters:
-            await asyncio.sleep(0.05)
+    async with embedded_federation(nats_server.url, chdb_path, tmp_path, split) as (system, stub):
         spec = pb.JobSpec(tenant="search", project="train", kind=pb.JOB_KIND_TRAINING, gpus_per_worker=2, workers=2,
                           cpu_milli=1000, estimated_duration_seconds=1200, retry_limit=1,
                           annotations={"trace.runtime_s": "1200"})
@@ -65,6 +50,3 @@ async def test_a_failed_node_requeues_the_whole_gang(nats_server, chdb_path, tmp
         assert job.attempts[-1].outcome == "succeeded"
         assert {a.outcome for a in job.attempts[1:-1]} <= {"rejected"}
         assert all(victim in a.reason for a in job.attempts[1:-1])
-    finally:
-        await channel.close()
-        await system.stop()

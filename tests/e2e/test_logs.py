@@ -10,15 +10,10 @@ import time
 import grpc
 import pytest
 
-from fedapp.client import aio_channel
-from fedapp.runtime import System, SystemOptions
 from fedsched.api.v1 import jobs_pb2 as pb
-from fedsched.api.v1 import jobs_pb2_grpc as pb_grpc
-from fedsched.clock import ClockState, ReplayClock
 from fedsched.logs import request_logs
-from fedsched.settings import Settings
 from services.inventory.trace import TraceNode
-from tests.builders import unique
+from tests.builders import embedded_federation
 
 pytestmark = pytest.mark.e2e
 
@@ -28,18 +23,8 @@ CLUSTER = "cn-north-1-c1"
 @pytest.fixture
 async def running_job(nats_server, chdb_path, tmp_path):
     """A one-cluster federation with a 2-worker job running on it: (system, stub, job id)."""
-    settings = Settings(data_dir=tmp_path, nats_url=nats_server.url, subject_prefix=unique("f"),
-                        clickhouse_path=chdb_path, clickhouse_database=unique("db"), grpc_address="127.0.0.1:0",
-                        heartbeat_interval_s=0.2, schedule_interval_s=0.005)
-    clock = ReplayClock(ClockState(time.time(), 1.7e9, 600.0, 1))
     split = {CLUSTER: [TraceNode(f"a-{i}", 64000, 262144, 2, "nvidia-t4-16gb", 16) for i in range(2)]}
-    system = System(SystemOptions(settings=settings, clock=clock, split=split, agent_tick_s=0.005))
-    await system.start()
-    channel = aio_channel(system.grpc_target, system.admin_token)
-    try:
-        stub = pb_grpc.JobServiceStub(channel)
-        while not system.scheduler.clusters:
-            await asyncio.sleep(0.05)
+    async with embedded_federation(nats_server.url, chdb_path, tmp_path, split) as (system, stub):
         spec = pb.JobSpec(tenant="search", project="train", kind=pb.JOB_KIND_BATCH, gpus_per_worker=2, workers=2,
                           cpu_milli=1000, estimated_duration_seconds=36000, annotations={"trace.runtime_s": "36000"})
         job_id = (await stub.SubmitJob(pb.SubmitJobRequest(spec=spec))).job_id
@@ -48,9 +33,6 @@ async def running_job(nats_server, chdb_path, tmp_path):
             assert time.monotonic() < deadline, "the job never ran"
             await asyncio.sleep(0.05)
         yield system, stub, job_id
-    finally:
-        await channel.close()
-        await system.stop()
 
 
 async def _logs(stub, **kw) -> list[pb.LogChunk]:
