@@ -44,7 +44,7 @@ from nats.js import api
 
 from fedsched import telemetry
 from fedsched.errors import DecodeError, UnavailableError
-from fedsched.events import DeadLetter, Envelope, EventType, Subjects, make_event
+from fedsched.events import DeadLetter, Envelope, EventType, Subjects, business_event_id, make_event
 
 log = logging.getLogger(__name__)
 
@@ -291,8 +291,12 @@ class Bus:
         payload = DeadLetter(consumer=consumer, subject=subject, stream_sequence=seq, deliveries=deliveries,
                              reason=reason[:2000], data=data[:65536].decode("utf-8", errors="replace"),
                              headers={k: str(v) for k, v in (headers or {}).items()})
+        # a stream message has one dead letter per consumer, however often it is re-read (a
+        # follower rebuilding from the start after a restart): a deterministic id, so the
+        # publish dedups and audit stores it once; anything else gets a fresh id
+        event_id = business_event_id("dead_letter", consumer, subject, seq) if seq else None
         event = make_event(EventType.BUS_DEAD_LETTER, payload, producer=consumer, occurred_at=time.time(),
-                           event_id=None)
+                           event_id=event_id)
         log.warning("dead-lettered message on %s for %s: %s", subject, consumer, reason)
         # in the trace of the message it gives up on (a new one if that had none)
         await self.publish(self.subjects.deadletter(consumer), event, headers=telemetry.trace_headers(headers))

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import json
 from datetime import datetime
 from decimal import Decimal
 from pathlib import Path
@@ -22,7 +21,7 @@ from fedapp.cli.sql import ask_store
 from fedsched.errors import FedError, UnavailableError
 from fedsched.store import QueryResult
 
-from fedapp.cli.text import Output, console, err, error_line, styled
+from fedapp.cli.text import Output, console, err, error_line, strict_json, styled
 
 _TIME_FORMATS = ["%Y-%m-%d", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M:%S", "%Y-%m-%dT%H:%M"]
 
@@ -177,7 +176,7 @@ def register(app: typer.Typer) -> None:
                                "bucket_s": window.bucket_s},
                     "reports": {r.query.name: {"columns": list(r.columns), "rows": [list(x) for x in r.rows]}
                                 for r in results}}
-            console.print_json(json.dumps(body, default=str))
+            console.print_json(strict_json(body))
         else:
             console.print(f"window {window.start:%Y-%m-%d %H:%M:%S} -> {window.end:%Y-%m-%d %H:%M:%S} UTC, "
                           f"buckets of {window.bucket_s} s, from {source}", highlight=False)

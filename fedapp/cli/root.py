@@ -11,7 +11,6 @@ the embedded system's ``<data_dir>/admin.token``.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import shutil
@@ -29,7 +28,7 @@ from fedsched.bus import redact
 from fedsched.errors import FedError
 
 app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False, rich_markup_mode="rich")
-from fedapp.cli.text import Output, console, err, error_line, styled
+from fedapp.cli.text import Output, console, err, error_line, strict_json, styled
 
 OUTPUT_HELP = "table (for people) or json (for scripts)"
 
@@ -439,7 +438,7 @@ def sql(
         err.print(styled(("warning:", "yellow"), f" the answer has more than {len(rows)} rows; only the first "
                          f"{len(rows)} are shown (add LIMIT/OFFSET or aggregate)"))
     if output == "json":
-        console.print_json(json.dumps([dict(zip(columns, r)) for r in rows], default=str))
+        console.print_json(strict_json([dict(zip(columns, r)) for r in rows]))
         return
     table = Table(*columns)
     for r in rows:

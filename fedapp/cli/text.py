@@ -7,6 +7,9 @@ consoles have markup and emoji codes off and styling is explicit (:func:`styled`
 
 from __future__ import annotations
 
+import json
+import math
+
 from enum import Enum
 
 from rich.console import Console
@@ -33,3 +36,21 @@ class Output(str, Enum):
 
     table = "table"
     json = "json"
+
+
+def _finite(value):
+    """``value`` with every NaN or infinite float replaced by None, recursively (lists, tuples,
+    dicts)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
+def strict_json(value, *, indent: int | None = None) -> str:
+    """JSON that strict parsers accept: NaN and infinities (e.g. the average of no rows) become
+    ``null``, anything else JSON has no type for (datetimes, Decimals) its ``str``."""
+    return json.dumps(_finite(value), indent=indent, default=str, allow_nan=False)

@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 import heapq
-import json
 import logging
 import time
 from dataclasses import dataclass
@@ -35,6 +34,7 @@ import grpc
 from fedsched.api.v1 import jobs_pb2 as pb
 from fedsched.api.v1 import jobs_pb2_grpc as pb_grpc
 from fedsched.bus import Delivery, StreamFollower
+from fedapp.cli.text import strict_json
 from fedapp.client import aio_channel, resolve_token
 from fedsched.clock import ClockState, ReplayClock
 from fedsched.clocksync import publish_clock
@@ -100,6 +100,7 @@ class Progress:
     running: int = 0
     finished: int = 0
     failed: int = 0
+    cancelled: int = 0  #: ended by the scheduler (e.g. unschedulable_timeout) or a cancel
     unplaceable: int = 0
     trace_now_s: float = 0.0
     trace_end_s: float = 0.0
@@ -230,13 +231,22 @@ class ReplayDriver:
         heapq.heappush(self.ends, (env.occurred_at.timestamp() + track.job.pod.runtime_s, env.job_id, env.attempt))
 
     def _on_ended(self, env: Envelope, track: _JobTrack) -> None:
+        """An attempt ended: the job is done (finished, failed, cancelled -- each counted once, and
+        no longer unplaceable) or requeued by the scheduler (stopped, rejected)."""
         p = self.progress
+        if track.state == "done":
+            return  # e.g. the scheduler's job.cancelled after the last attempt ended
         if track.state == "running" and env.attempt == track.attempt:
             p.running -= 1
         if env.type in (EventType.JOB_FINISHED, EventType.JOB_FAILED, EventType.JOB_CANCELLED):
             track.state = "done"
+            if track.unplaceable:
+                track.unplaceable = False
+                p.unplaceable -= 1
             if env.type == EventType.JOB_FAILED:
                 p.failed += 1
+            elif env.type == EventType.JOB_CANCELLED:
+                p.cancelled += 1
             else:
                 p.finished += 1
         else:
@@ -270,8 +280,9 @@ class ReplayDriver:
                 self.timed_out = True
                 break
             p = self.progress
-            if i >= n and not pending_submits and p.finished + p.failed + p.rejected + p.unplaceable >= n:
-                break  # every job finished, was rejected, or is provably unplaceable
+            if (i >= n and not pending_submits
+                    and p.finished + p.failed + p.cancelled + p.rejected + p.unplaceable >= n):
+                break  # every job ended, was rejected, or is provably unplaceable
             if pending_submits or not await self._quiescent():
                 idle_since = None
                 self._poke.clear()
@@ -365,7 +376,7 @@ class ReplayDriver:
 
 def write_report(report: dict, path: Path) -> None:
     """Write the JSON report."""
-    Path(path).write_text(json.dumps(report, indent=2, sort_keys=False, default=str) + "\n", "utf-8")
+    Path(path).write_text(strict_json(report, indent=2) + "\n", "utf-8")
 
 
 #: The replay driver's table (status and decisions subjects): what moves a traced job's progress.

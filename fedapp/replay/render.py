@@ -28,7 +28,7 @@ def progress_display(console: Console, *, enabled: bool = True, quiet: bool = Fa
                 last[0] = now
                 console.print(f"trace day {p.trace_now_s / 86400:6.1f}/{p.trace_end_s / 86400:.1f}: submitted "
                               f"{p.submitted}/{p.total}, running {p.running}, finished {p.finished}, failed {p.failed}, "
-                              f"rejected {p.rejected}, unplaceable {p.unplaceable}", highlight=False)
+                              f"cancelled {p.cancelled}, rejected {p.rejected}, unplaceable {p.unplaceable}", highlight=False)
 
         yield plain
         return
@@ -38,7 +38,7 @@ def progress_display(console: Console, *, enabled: bool = True, quiet: bool = Fa
         task = bar.add_task("replay", total=None, detail="starting")
 
         def update(p) -> None:
-            done = p.finished + p.failed + p.rejected
+            done = p.finished + p.failed + p.cancelled + p.rejected
             bar.update(task, total=p.total or None, completed=done,
                        detail=f"day {p.trace_now_s / 86400:.1f}/{p.trace_end_s / 86400:.0f} | submitted {p.submitted} "
                               f"running {p.running} failed {p.failed} rejected {p.rejected} unplaceable {p.unplaceable}")

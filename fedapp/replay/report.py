@@ -41,6 +41,10 @@ def build_report(store: Store, *, policy: str, wall_seconds: float, **extra: Any
         FROM {db}.events WHERE type IN ('job.placed', 'job.started', 'job.finished', 'job.failed', 'job.cancelled',
                                         'job.stopped')""").rows[0]
     placed, started, finished, failed, cancelled = (int(x) for x in counts)
+    # jobs ended before any placement (cancelled while queued, or unschedulable_timeout): not pending
+    ended_unplaced = int(_q(store, """
+        SELECT uniqExact(job_id) FROM {db}.events WHERE type = 'job.cancelled'
+          AND job_id NOT IN (SELECT job_id FROM {db}.events WHERE type = 'job.placed')""").scalar() or 0)
     waits = _q(store, """
         WITH s AS (SELECT job_id, min(occurred_at) AS at FROM {db}.events WHERE type = 'job.submitted' GROUP BY job_id),
              r AS (SELECT job_id, min(occurred_at) AS at FROM {db}.events WHERE type = 'job.started' GROUP BY job_id)
@@ -79,7 +83,7 @@ def build_report(store: Store, *, policy: str, wall_seconds: float, **extra: Any
         FROM {db}.usage GROUP BY region ORDER BY region""").rows]
     return {
         "jobs": {"submitted": accepted + refused, "placed": placed, "started": started, "finished": finished,
-                 "failed": failed, "cancelled": cancelled, "rejected": refused, "pending": accepted - placed,
+                 "failed": failed, "cancelled": cancelled, "rejected": refused, "pending": accepted - placed - ended_unplaced,
                  "unplaceable": int(extra.get("unplaceable", 0))},
         "wait_seconds": {"count": int(waits[0] or 0), "p50": _round(waits[1]), "p95": _round(waits[2]),
                          "mean": _round(waits[3]), "max": _round(waits[4])},

@@ -191,3 +191,27 @@ async def test_admission_skips_an_unknown_event_type_and_reports_it(bus):
         svc.stop()
         await task
     assert (await bus.js.stream_info(bus.stream_name("DLQ"))).state.messages == 0
+
+
+async def test_a_bad_message_read_again_after_a_restart_is_dead_lettered_once(bus):
+    """A follower rebuilding from the stream's start (every service after a restart) meets the
+    same undecodable message again: its dead letter has the same id, so the DLQ (and audit,
+    which stores by event id) hold it once."""
+    subject = bus.subjects.status("cn-north-1", "cn-north-1-c1")
+    await bus.js.publish(subject, b"{not json")
+    await bus.publish(subject, _event(4))
+    for _ in range(2):  # the same follower name, as a restarted service has
+        seen = []
+        f = StreamFollower(bus, "EVENTS", seen.append, name="restarting", filter_subjects=[subject])
+        task = asyncio.create_task(f.run())
+        await f.caught_up.wait()
+        f.stop()
+        await task
+        assert [d.envelope.job_id for d in seen] == ["j-4"]
+    dead = []
+    f = StreamFollower(bus, "DLQ", dead.append, name="check-once")
+    task = asyncio.create_task(f.run())
+    await f.caught_up.wait()
+    f.stop()
+    await task
+    assert len(dead) == 1 and dead[0].envelope.payload["data"] == "{not json"
