@@ -38,7 +38,7 @@ def _attempt(cluster, script: str | None, *, job_id: str | None = None) -> Attem
                        (WorkerBinding(worker=0, node=cluster.node, gpu_indices=(0,), gpu_milli=1000),))
 
 
-async def _until(backend, key, phase, timeout_s: float = 20.0):
+async def _until(backend, key, phase, timeout_s: float = 60.0):
     got, deadline = [], time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         got += [s for s in backend.ready() if s.key == key]
@@ -48,15 +48,33 @@ async def _until(backend, key, phase, timeout_s: float = 20.0):
     raise AssertionError(f"{key} never reached {phase}: {got}")
 
 
+async def _node_usable(cluster) -> None:
+    """Resume the node if drained/down and wait until Slurm offers it again (and no fedsched job runs)."""
+    import json
+
+    from services.inventory.slurm_json import NodeHealth, parse_jobs, parse_nodes
+
+    live = [str(j.job_id) for j in parse_jobs(json.loads(cluster.run("squeue", "--json").stdout))
+            if j.tag is not None and not j.finished]
+    if live:
+        cluster.run("scancel", *live, check=False)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        (node,) = parse_nodes(json.loads(cluster.run("sinfo", "--json").stdout))
+        if node.health is NodeHealth.HEALTHY:
+            return
+        cluster.run("scontrol", "update", f"nodename={cluster.node}", "state=resume", check=False)
+        await asyncio.sleep(0.5)
+    raise AssertionError("the Slurm node did not come back")
+
+
 @pytest.fixture
 async def backend(slurm_cluster, tmp_path):
+    await _node_usable(slurm_cluster)
     b = _backend(slurm_cluster, tmp_path)
     yield b
     await b.close()
-    slurm_cluster.run("scontrol", "update", f"nodename={slurm_cluster.node}", "state=resume", check=False)
-    deadline = time.monotonic() + 30
-    while "idle" not in slurm_cluster.run("sinfo", "-h", "-N", "-o", "%T").stdout and time.monotonic() < deadline:
-        await asyncio.sleep(0.2)
+    await _node_usable(slurm_cluster)
 
 
 async def test_drain_makes_the_node_unschedulable_and_running_work_continues(backend, slurm_cluster):
