@@ -108,11 +108,34 @@ def _kubernetes_backend(entry: Cluster, topo: Topology, cache: dict[Path, list[T
     return from_settings(settings, clock=clock, rdma_default=entry.rdma)
 
 
+def _slurm_backend(entry: Cluster, topo: Topology, cache, clock: Clock):
+    """A :class:`~services.inventory.slurm.SlurmBackend` from ``entry.slurm`` (relative paths
+    resolve against the topology file). slurmrestd (``rest_url``) is not supported yet."""
+    from services.inventory.slurm import SlurmBackend, SlurmConfig
+
+    s = entry.slurm
+    index = topo.cluster_names().index(entry.name)
+    if s is None:
+        raise ValidationError(f"clusters[{index}].slurm", "backend slurm needs a slurm: block (partition)")
+    if s.rest_url:
+        raise ValidationError(f"clusters[{index}].slurm.rest_url", "slurmrestd is not supported by this build: "
+                                                                  "leave rest_url out to use sbatch/squeue/scancel/sinfo")
+    conf = str(topo.resolve(s.conf)) if s.conf else None
+    out = str(topo.resolve(s.output_dir)) if s.output_dir else str(Path(conf).parent / "fedsched-out" if conf
+                                                                  else Path("/tmp") / "fedsched-out")
+    return SlurmBackend(SlurmConfig(
+        partition=s.partition, output_dir=out, conf=conf, bin_dir=str(topo.resolve(s.bin_dir)) if s.bin_dir else None,
+        account=s.account, qos=s.qos, poll_s=s.poll_s, time_margin_s=s.time_margin_s,
+        time_margin_ratio=s.time_margin_ratio, jobcomp_log=str(topo.resolve(s.jobcomp_log)) if s.jobcomp_log else None,
+    ), clock=clock)
+
+
 #: backend name -> factory ``(cluster entry, topology, node-list cache, business clock) -> backend``. The Slurm
 #: and Kubernetes backends add ``"slurm"`` / ``"kubernetes"`` here (their settings are
 #: ``entry.slurm`` / ``entry.kubernetes``; relative paths resolve with ``topo.resolve``).
 BACKEND_FACTORIES: dict[str, Callable[[Cluster, Topology, dict | None, Clock], object]] = {"trace": _trace_backend,
-                                                                                       "kubernetes": _kubernetes_backend}
+                                                                                       "kubernetes": _kubernetes_backend,
+                                                                                            "slurm": _slurm_backend}
 
 
 def build_backend(entry: Cluster, topo: Topology, cache: dict[Path, list[TraceNode]] | None = None, *,
@@ -124,8 +147,8 @@ def build_backend(entry: Cluster, topo: Topology, cache: dict[Path, list[TraceNo
     :func:`cluster_nodes` (RDMA from ``trace.rdma`` or the interconnect); ``kubernetes`` ->
     :class:`~services.inventory.kubernetes.KubernetesBackend` from ``entry.kubernetes`` (kubeconfig
     relative to the topology file; absent = in-cluster service account; RDMA from
-    ``rdma_label``, else the interconnect). ``slurm`` entries are valid topology but have no
-    backend in this build yet.
+    ``rdma_label``, else the interconnect); ``slurm`` -> :class:`~services.inventory.slurm.SlurmBackend`
+    (sbatch & co.; not slurmrestd yet).
 
     Args:
         entry: the cluster's entry (``topo.cluster(name)``).

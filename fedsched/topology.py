@@ -115,6 +115,19 @@ class SlurmSettings(BaseModel):
     qos: str | None = None
     rest_url: str | None = None
     token_file: str | None = None
+    #: ``SLURM_CONF`` of the cluster (relative to the topology file; absent = the client's default)
+    conf: str | None = None
+    #: directory of sbatch/squeue/scancel/sinfo (absent = ``PATH``)
+    bin_dir: str | None = None
+    #: per-attempt output files (absent = ``<dir of conf or /tmp>/fedsched-out``)
+    output_dir: str | None = None
+    #: the ``jobcomp/filetxt`` log, read for jobs that left squeue (absent = not read)
+    jobcomp_log: str | None = None
+    #: seconds between squeue polls
+    poll_s: float = Field(default=1.0, gt=0, le=300)
+    #: ``--time`` = estimate x (1 + ratio) + margin seconds, in whole minutes
+    time_margin_s: float = Field(default=60.0, ge=0, le=7 * 86400)
+    time_margin_ratio: float = Field(default=0.0, ge=0, le=10)
 
 
 class KubernetesSettings(BaseModel):

@@ -543,7 +543,8 @@ class ClusterAgent:
         * a placed attempt that never started and the cluster does not have is left alone: its
           placement, if not acknowledged, is redelivered, else the scheduler reclaims it;
         * an observed attempt that is not (ended on the bus, older, unknown) is stopped and a
-          ``job.stopped`` published: reason ``superseded`` for an older attempt of a job whose
+          ``job.stopped`` published (an observed attempt that already ended is left alone: a
+          durable cluster such as Slurm lists its finished jobs for a while): reason ``superseded`` for an older attempt of a job whose
           newer attempt this agent has seen, else ``orphaned`` (no ``started_at``: it was not a
           current attempt, nothing more is billed);
         * a live ledger attempt the cluster does not have: relaunched with its recorded start on a
@@ -599,8 +600,8 @@ class ClusterAgent:
                     log.error("%s: relaunch of %s failed: %s", self.producer, akey, e)
         for akey, o in (observed or {}).items():
             key = (akey.job_id, akey.attempt, akey.shard)
-            if key in self.running:
-                continue
+            if key in self.running or o.phase in TERMINAL_PHASES:
+                continue  # owned, or ended on a durable cluster (nothing to stop, nothing new to report)
             older = akey.attempt < self.highest.get((akey.job_id, akey.shard), 0)
             reason = "superseded" if older else "orphaned"
             self._note(reason, akey)

@@ -285,14 +285,26 @@ class AttemptTag:
         return f"{TAG_PREFIX}-{self.job_id}-a{self.attempt}-s{self.shard}"
 
 
-_COMMENT = re.compile(rf"{TAG_PREFIX}:([a-z0-9-]+):(\d+):(\d+)")
+_COMMENT = re.compile(rf"{TAG_PREFIX}:([a-z0-9-]+):(\d+):(\d+)(?: [a-z]+=[a-z0-9-]*)*")
+_COMMENT_LABEL = re.compile(r" ([a-z]+)=([a-z0-9-]*)")
 _NAME = re.compile(rf"{TAG_PREFIX}-([a-z0-9-]+)-a(\d+)-s(\d+)")
 
 
 def parse_comment(comment: str | None) -> AttemptTag | None:
-    """``fedsched:<job>:<attempt>:<shard>`` -> tag; None for any other comment."""
+    """``fedsched:<job>:<attempt>:<shard>`` (optionally followed by `` key=value`` labels,
+    :func:`comment_labels`) -> tag; None for any other comment."""
     m = _COMMENT.fullmatch((comment or "").strip())
     return _tag(m)
+
+
+def comment_labels(comment: str | None) -> dict[str, str]:
+    """The `` key=value`` labels after the tag of a fedsched comment (``fedsched:j:1:0
+    tenant=search project=train`` -> ``{"tenant": "search", "project": "train"}``); {} for a
+    comment that is not fedsched's. Keys are lower-case words, values naming-checked names."""
+    text = (comment or "").strip()
+    if _COMMENT.fullmatch(text) is None:
+        return {}
+    return dict(_COMMENT_LABEL.findall(text))
 
 
 def parse_job_name(name: str | None) -> AttemptTag | None:
@@ -649,6 +661,10 @@ class SbatchRequest:
         env: workload environment, exported to the job by name (values never pass through
             sbatch's comma-separated ``--export`` syntax, so any value is safe).
         workdir: the job's working directory, None for sbatch's (the submitter's cwd).
+        nodelist: the nodes the job must run on (``--nodelist``), empty for any.
+        labels: extra `` key=value`` pairs appended to the ``--comment`` (keys lower-case
+            words, values names: ``tenant``, ``project``), read back by :func:`comment_labels`.
+        account / qos: ``--account`` / ``--qos``, None for the user's defaults.
     """
 
     tag: AttemptTag
@@ -666,6 +682,10 @@ class SbatchRequest:
     time_margin_s: float = 0.0
     env: Mapping[str, str] = field(default_factory=dict)
     workdir: str | None = None
+    nodelist: Sequence[str] = ()
+    labels: Mapping[str, str] = field(default_factory=dict)
+    account: str | None = None
+    qos: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -701,7 +721,7 @@ def sbatch_call(req: SbatchRequest) -> SbatchCall:
     """Build the ``sbatch`` argument list for one attempt (pure; nothing is run).
 
     The batch script runs the command once on the first node; a gang (``nodes`` x
-    ``tasks_per_node`` > 1) wraps it in ``srun --kill-on-bad-exit=1`` so every task runs it
+    ``tasks_per_node`` > 1) wraps it in ``srun --kill-on-bad-exit=1 --label`` (each output line prefixed ``<rank>: ``) so every task runs it
     (a command line in its own ``/bin/sh -c``), each reading its rank from ``SLURM_PROCID``
     and the world size from ``SLURM_NTASKS`` (``SLURM_NODEID`` = node index, ``SLURM_LOCALID``
     = rank on the node). ``--no-requeue``: a node failure ends the attempt (fedsched decides on
@@ -716,6 +736,10 @@ def sbatch_call(req: SbatchRequest) -> SbatchCall:
                          f"{req.nodes}, {req.tasks_per_node}, {req.gpus_per_node}")
     if req.cpus_per_task is not None and req.cpus_per_task < 1:
         raise ValueError(f"cpus_per_task must be >= 1, got {req.cpus_per_task}")
+    bad_labels = [k for k, v in req.labels.items()
+                  if not re.fullmatch(r"[a-z]+", k) or not re.fullmatch(r"[a-z0-9-]*", v)]
+    if bad_labels:
+        raise ValueError(f"comment labels must be lower-case words = names: {bad_labels}")
     bad = [k for k in req.env if not _ENV_NAME.fullmatch(k) or k == "PATH" or k.startswith("SLURM_")]
     if bad:
         raise ValueError(f"environment names must be identifiers other than PATH and SLURM_*: {bad}")
@@ -727,12 +751,12 @@ def sbatch_call(req: SbatchRequest) -> SbatchCall:
     if req.nodes * req.tasks_per_node > 1:
         # A command line runs in a shell per task, so $SLURM_PROCID is each task's own.
         inner = shlex.join(["/bin/sh", "-c", command]) if isinstance(req.command, str) else command
-        command = f"srun --kill-on-bad-exit=1 {inner}"
+        command = f"srun --kill-on-bad-exit=1 --label {inner}"
     out = output_path(req.output_dir, req.tag)
     argv = [
         "sbatch", "--parsable", "--no-requeue",
         f"--job-name={req.tag.job_name}",
-        f"--comment={req.tag.comment}",
+        f"--comment={req.tag.comment}" + "".join(f" {k}={v}" for k, v in sorted(req.labels.items())),
         f"--output={out}",
         f"--nodes={req.nodes}",
         f"--ntasks-per-node={req.tasks_per_node}",
@@ -750,6 +774,12 @@ def sbatch_call(req: SbatchRequest) -> SbatchCall:
         argv.append(f"--time={time_limit_minutes(req.estimate_s, req.time_margin_ratio, req.time_margin_s)}")
     if req.workdir:
         argv.append(f"--chdir={req.workdir}")
+    if req.nodelist:
+        argv.append("--nodelist=" + ",".join(dict.fromkeys(req.nodelist)))
+    if req.account:
+        argv.append(f"--account={req.account}")
+    if req.qos:
+        argv.append(f"--qos={req.qos}")
     argv.append("--export=" + ",".join(["PATH", *sorted(req.env)]))
     argv.append(f"--wrap={command}")
     return SbatchCall(argv=tuple(argv), env=dict(req.env), output_path=out)

@@ -154,6 +154,20 @@ class BackendHarness:
     nodes: tuple[str, ...] = ()
     card_model: str = ""
     gpus_per_node: int = 0
+    #: cluster seconds per second of a job's ``runtime_s`` (a real cluster runs jobs shortened)
+    time_scale: float = 1.0
+    #: seconds a real cluster's recorded run time may exceed the workload's (launching the step)
+    start_overhead_s: float = 0.0
+    #: capability -> why this backend's harness cannot offer it (the case is skipped with it)
+    cannot: dict[str, str] = {}
+
+    def require(self, capability: str) -> None:
+        """Skip the calling case, with the reason, when this harness cannot offer ``capability``."""
+        if capability in self.cannot:
+            pytest.skip(self.cannot[capability])
+
+    async def close(self) -> None:
+        """Clean up what the case left on the cluster."""
 
     def job(self, *, runtime_s: float, exit_code: int = 0, workers: int = 1):
         """A JobSpec whose workload runs ``runtime_s`` seconds and exits ``exit_code`` (trace:
@@ -305,19 +319,79 @@ class RealKubernetesHarness(KubernetesHarness):
         pytest.skip("a real cluster's node cannot be failed by the test")
 
 
-BACKEND_HARNESSES = {"trace": TraceHarness, "kubernetes": KubernetesHarness, "kubernetes-real": RealKubernetesHarness}
+class SlurmHarness(BackendHarness):
+    """:class:`~services.inventory.slurm.SlurmBackend` on the session's real one-node Slurm
+    (``slurm_cluster``). Jobs run ``sleep`` for ``runtime_s x time_scale`` wall seconds; every
+    binding names the one node (a gang = several tasks on it). A node failure cannot be shown on
+    one node without also ending the other attempts the case expects to survive: that case is
+    skipped here and covered in tests/integration/test_slurm_backend.py (``state=down`` ->
+    NODE_FAIL, ``state=drain`` -> unschedulable)."""
+
+    time_scale = 0.05
+    start_overhead_s = 3.0  # Slurm's start_time is the allocation; slurmd starts the script 1-2 s later
+    cannot = {"node_failure": "one Slurm node here (Debian slurmd has no multiple-slurmd support): failing it "
+                              "ends every attempt, not only the gang's; see test_slurm_backend.py"}
+
+    def __init__(self, cluster, out_dir) -> None:
+        from fedsched.naming import canonical_card_model
+        from fedsched.clock import SystemClock
+        from services.inventory.slurm import SlurmConfig, SlurmBackend
+
+        self.cluster = cluster
+        self.clock = SystemClock()
+        self.card_model = canonical_card_model("a100")
+        self.gpus_per_node = cluster.gpus["a100"]
+        self.nodes = (cluster.node,) * 3
+        self.backend = SlurmBackend(SlurmConfig(
+            partition=cluster.partition, output_dir=str(out_dir), conf=cluster.env["SLURM_CONF"],
+            env={"PATH": cluster.env["PATH"]}, poll_s=0.2, jobcomp_log=str(cluster.dir / "jobcomp.log")),
+            clock=self.clock)
+
+    def job(self, *, runtime_s: float, exit_code: int = 0, workers: int = 1):
+        from fedsched.workload import Workload
+        from tests.builders import spec
+
+        script = f"echo started; sleep {runtime_s * self.time_scale:.2f}; exit {exit_code}"
+        return spec(gpus=1, workers=workers, workload=Workload(image="ignored", command=("/bin/sh", "-c", script)))
+
+    async def advance(self, seconds: float) -> None:
+        import asyncio
+
+        await asyncio.sleep(seconds * self.time_scale)
+
+    async def close(self) -> None:
+        import json
+
+        from services.inventory.slurm_json import parse_jobs
+
+        await self.backend.close()
+        doc = json.loads(self.cluster.run("squeue", "--json").stdout)
+        live = [str(j.job_id) for j in parse_jobs(doc) if j.tag is not None and not j.finished]
+        if live:
+            self.cluster.run("scancel", *live, check=False)
+
+
+BACKEND_HARNESSES = {"trace": TraceHarness, "kubernetes": KubernetesHarness, "kubernetes-real": RealKubernetesHarness,
+                     "slurm": SlurmHarness}
 
 
 @pytest.fixture(params=sorted(BACKEND_HARNESSES))
-async def backend_under_test(request):
-    """One harness per execution backend (see :class:`BackendHarness`); harnesses with a
-    ``setup``/``teardown`` (a cluster to start) get them awaited around the test."""
-    h = BACKEND_HARNESSES[request.param]()
+async def backend_under_test(request, tmp_path):
+    """One harness per execution backend (see :class:`BackendHarness`): ``slurm`` needs the
+    session's ``slurm_cluster`` (skipped with its reason when Slurm cannot run here); harnesses
+    with a ``setup``/``teardown`` (a cluster to start) get them awaited around the test, the
+    others :meth:`BackendHarness.close` after it."""
+    if request.param == "slurm":
+        h = SlurmHarness(request.getfixturevalue("slurm_cluster"), tmp_path / "slurm-out")
+    else:
+        h = BACKEND_HARNESSES[request.param]()
     if hasattr(h, "setup"):
         await h.setup()
     yield h
     if hasattr(h, "teardown"):
         await h.teardown()
+    else:
+        await h.close()
 
 
 @pytest.fixture

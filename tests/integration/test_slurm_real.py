@@ -117,7 +117,7 @@ def test_output_files_hold_env_and_ranks(batch):
     ok = Path(sbatch_call(reqs["ok"]).output_path).read_text()
     assert "gpus=2 msg=a,b=c d" in ok
     gang = sorted(Path(sbatch_call(reqs["gang"]).output_path).read_text().split("\n"))
-    assert [l for l in gang if l] == ["rank=0 world=2", "rank=1 world=2"]
+    assert [l for l in gang if l] == ["0: rank=0 world=2", "1: rank=1 world=2"]  # srun --label
     assert "DUE TO TIME LIMIT" in Path(sbatch_call(reqs["timeout"]).output_path).read_text()
 
 

@@ -71,7 +71,7 @@ def _custom(tmp_path, backend_b: str = "trace"):
     }, base_dir=tmp_path)
 
 
-def test_build_backend_knows_trace_and_names_what_this_build_cannot_run(tmp_path):
+def test_build_backend_builds_each_backend_and_names_what_this_build_cannot_run(tmp_path):
     topo = _custom(tmp_path)
     backend = build_backend(topo.cluster("eu-a"), topo)
     assert isinstance(backend, TraceBackend)
@@ -82,10 +82,16 @@ def test_build_backend_knows_trace_and_names_what_this_build_cannot_run(tmp_path
     kb = build_backend(k8s.cluster("eu-a"), k8s)
     assert (kb.kind, kb.opts.namespace, kb.opts.kubeconfig, kb.opts.gpu_resources, kb.opts.rdma_default) == (
         "kubernetes", "jobs", str(tmp_path / "kube.yaml"), ("huawei.com/Ascend910",), True)
+    slurm = _custom(tmp_path, "slurm")
+    sb = build_backend(slurm.cluster("eu-a"), slurm)
+    assert sb.kind == "slurm" and sb.config.partition == "gpu"
+    # what this build cannot run is refused with the key to change
+    rest = slurm.model_copy(update={"clusters": (slurm.clusters[0].model_copy(update={
+        "slurm": slurm.clusters[0].slurm.model_copy(update={"rest_url": "https://slurmrestd:6820"})}),
+        *slurm.clusters[1:])})
     with pytest.raises(ValidationError) as e:
-        slurm = _custom(tmp_path, "slurm")
-        build_backend(slurm.cluster("eu-a"), slurm)
-    assert e.value.field == "clusters[0].backend" and "available: trace, kubernetes" in e.value.reason
+        build_backend(rest.cluster("eu-a"), rest)
+    assert e.value.field == "clusters[0].slurm.rest_url" and "not supported" in e.value.reason
 
 
 def test_map_region_rule():

@@ -15,7 +15,7 @@ import pytest
 
 from fedsched.jobs import AttemptState
 from services.inventory.slurm_json import (
-    AttemptTag, Gres, NodeHealth, SbatchRequest, expand_hostlist, node_health, outcome, parse_comment,
+    AttemptTag, Gres, comment_labels, NodeHealth, SbatchRequest, expand_hostlist, node_health, outcome, parse_comment,
     jobs_by_tag, parse_gres, parse_job_name, parse_jobcomp_line, parse_jobs, parse_nodes, parse_sbatch_output,
     sbatch_call, split_wait_status, time_limit_minutes, utc_from_epoch,
 )
@@ -232,7 +232,7 @@ def test_sbatch_call_for_a_gang_runs_the_command_in_every_task():
                         gpu_type="t4", gpus_per_node=4)
     args = dict(a.split("=", 1) for a in sbatch_call(req).argv[1:] if "=" in a)
     assert args["--nodes"] == "2" and args["--ntasks-per-node"] == "4" and args["--gres"] == "gpu:t4:4"
-    assert shlex.split(args["--wrap"]) == ["srun", "--kill-on-bad-exit=1", "/bin/sh", "-c", "echo $SLURM_PROCID"]
+    assert shlex.split(args["--wrap"]) == ["srun", "--kill-on-bad-exit=1", "--label", "/bin/sh", "-c", "echo $SLURM_PROCID"]
     assert "--time" not in args and "--partition" not in args
 
 
@@ -267,3 +267,16 @@ def test_jobs_by_tag_keeps_the_newest_job_per_attempt_and_drops_foreign_ones():
     foreign = type(older)(**{**{f: getattr(older, f) for f in older.__slots__}, "job_id": 999, "tag": None})
     again = jobs_by_tag([newer, older, foreign])
     assert list(again) == [AttemptTag("cap-ok", 1)] and again[AttemptTag("cap-ok", 1)].job_id == older.job_id + 100
+
+
+def test_comment_labels_ride_after_the_tag_and_the_tag_still_parses():
+    tag = AttemptTag("j-1", 2, 0)
+    call = sbatch_call(SbatchRequest(tag=tag, command="true", output_dir="/o", labels={"tenant": "search", "project": "p-1"},
+                                     nodelist=("n1", "n1")))
+    comment = next(a for a in call.argv if a.startswith("--comment=")).split("=", 1)[1]
+    assert parse_comment(comment) == tag
+    assert comment_labels(comment) == {"project": "p-1", "tenant": "search"}
+    assert "--nodelist=n1" in call.argv
+    assert comment_labels("someone else's comment") == {}
+    with pytest.raises(ValueError):
+        sbatch_call(SbatchRequest(tag=tag, command="true", output_dir="/o", labels={"tenant": "a b,c"}))
