@@ -583,6 +583,17 @@ class Outcome:
     exit_code: int | None = None
 
 
+#: end states that map to one outcome and reason (the rest of the rule is in :func:`outcome`)
+_ENDED_STATES: dict[str, tuple[AttemptState, str]] = {
+    "TIMEOUT": (AttemptState.FAILED, "timeout"),
+    "OUT_OF_MEMORY": (AttemptState.FAILED, "out_of_memory"),
+    "DEADLINE": (AttemptState.FAILED, "deadline"),
+    "NODE_FAIL": (AttemptState.LOST, "node_fail"),
+    "BOOT_FAIL": (AttemptState.LOST, "boot_fail"),
+    "PREEMPTED": (AttemptState.LOST, "preempted"),
+}
+
+
 def outcome(job: SlurmJob, *, stop_requested: bool = False) -> Outcome:
     """Map a Slurm job to its attempt's :class:`Outcome`.
 
@@ -615,18 +626,9 @@ def outcome(job: SlurmJob, *, stop_requested: bool = False) -> Outcome:
         if not job.started:
             return Outcome(AttemptState.FAILED, f"not_started:{job.reason}", job.exit_code)
         return Outcome(AttemptState.FAILED, "exit_code", job.exit_code)
-    if s == "TIMEOUT":
-        return Outcome(AttemptState.FAILED, "timeout", job.exit_code)
-    if s == "OUT_OF_MEMORY":
-        return Outcome(AttemptState.FAILED, "out_of_memory", job.exit_code)
-    if s == "DEADLINE":
-        return Outcome(AttemptState.FAILED, "deadline", job.exit_code)
-    if s == "NODE_FAIL":
-        return Outcome(AttemptState.LOST, "node_fail", job.exit_code)
-    if s == "BOOT_FAIL":
-        return Outcome(AttemptState.LOST, "boot_fail", job.exit_code)
-    if s == "PREEMPTED":
-        return Outcome(AttemptState.LOST, "preempted", job.exit_code)
+    ended = _ENDED_STATES.get(s)
+    if ended is not None:
+        return Outcome(ended[0], ended[1], job.exit_code)
     if s == "CANCELLED":
         if stop_requested:
             return Outcome(AttemptState.CANCELLED, "cancelled")
