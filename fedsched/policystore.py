@@ -142,6 +142,17 @@ class PolicyHolder:
         """The policy in force (None before the first one arrived)."""
         return self.stored.gov if self.stored else None
 
+    def in_force(self) -> Governance:
+        """The policy in force, for a request that needs one.
+
+        Raises:
+            UnavailableError: no policy applied yet (admission's interceptor refuses calls before).
+        """
+        gov = self.current
+        if gov is None:
+            raise UnavailableError("no governance policy applied yet")
+        return gov
+
     @property
     def version(self) -> str:
         """Its version ("" before the first)."""

@@ -30,7 +30,7 @@ from fedsched.api.v1 import jobs_pb2 as pb
 from fedsched.auth import ROLES, Principal, hash_token, new_token
 from fedsched.bus import Bus
 from fedsched.clock import Clock
-from fedsched.errors import ConflictError, NotFoundError, PermissionDeniedError, UnavailableError, ValidationError
+from fedsched.errors import ConflictError, NotFoundError, PermissionDeniedError, ValidationError
 from fedsched.events import (ApprovalDecided, GovernanceChanged, Subjects, approval_outcome_id, business_event_id,
                              make_event)
 from fedsched.events import EventType
@@ -77,15 +77,12 @@ def _finite(value: float, field: str) -> float:
 
 
 def governance_in_force(policy: PolicyHolder) -> Governance:
-    """The governance policy in force.
+    """The governance policy in force (:meth:`PolicyHolder.in_force`).
 
     Raises:
         UnavailableError: no policy applied yet (the interceptor refuses calls before one is).
     """
-    gov = policy.current
-    if gov is None:
-        raise UnavailableError("no governance policy applied yet")
-    return gov
+    return policy.in_force()
 
 
 class PolicyEditor:

@@ -392,11 +392,8 @@ class JobServicer(pb_grpc.JobServiceServicer):
         self.request_logs = None
 
     def gov(self) -> Governance:
-        """The policy in force (the interceptor guarantees one exists)."""
-        gov = self.policy.current
-        if gov is None:
-            raise UnavailableError("no governance policy applied yet")
-        return gov
+        """The policy in force (the interceptor guarantees one exists; else UnavailableError)."""
+        return self.policy.in_force()
 
     def limits(self, gov: Governance) -> Limits:
         """Admission limits: the override, else the policy's."""
