@@ -98,13 +98,16 @@ GUARDED = (SERVICE_NAME, *GOVERNANCE_SERVICES)  #: services whose every call nee
 #: the other methods are read-only (:data:`READ_ONLY`) and ignore unknown fields, so a newer
 #: client can still read from an older server. Every method is in exactly one of the two sets
 #: (a unit test checks the service descriptors).
-MUTATING = frozenset({"JobService/SubmitJob", "JobService/CancelJob", "TenantService/PutTenant",
+MUTATING = frozenset({"JobService/SubmitJob", "JobService/CancelJob", "JobService/SubmitJobs",
+                      "JobService/CancelJobs", "JobService/HoldJobs", "JobService/ReleaseJobs",
+                      "JobService/SetJobPriority", "TenantService/PutTenant",
                       "TenantService/SetQuota", "TenantService/DeleteQuota", "TenantService/PutPrincipal",
                       "ApprovalService/Approve", "ApprovalService/Reject", "PolicyService/ApplyPolicy"})
 READ_ONLY = frozenset({"JobService/GetJob", "JobService/ListJobs", "JobService/WatchJob", "JobService/ExplainJob",
                        "JobService/GetJobLogs",
                        "TenantService/ListTenants", "TenantService/ListQuotas", "ApprovalService/ListApprovals",
-                       "PolicyService/GetPolicy", "PolicyService/DiffPolicy"})
+                       "PolicyService/GetPolicy", "PolicyService/DiffPolicy", "PolicyService/ListPolicyVersions",
+                       "ClusterService/ListClusters", "SystemService/GetStatus"})
 
 _CODES: list[tuple[type[FedError], grpc.StatusCode]] = [
     (PermissionDeniedError, grpc.StatusCode.PERMISSION_DENIED),

@@ -322,3 +322,15 @@ class ApplyPolicyResponse(_message.Message):
     changes: _containers.RepeatedScalarFieldContainer[str]
     applied: bool
     def __init__(self, version: _Optional[str] = ..., previous_version: _Optional[str] = ..., changes: _Optional[_Iterable[str]] = ..., applied: _Optional[bool] = ...) -> None: ...
+
+class ListPolicyVersionsRequest(_message.Message):
+    __slots__ = ("limit",)
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    limit: int
+    def __init__(self, limit: _Optional[int] = ...) -> None: ...
+
+class ListPolicyVersionsResponse(_message.Message):
+    __slots__ = ("versions",)
+    VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    versions: _containers.RepeatedCompositeFieldContainer[PolicyDocument]
+    def __init__(self, versions: _Optional[_Iterable[_Union[PolicyDocument, _Mapping]]] = ...) -> None: ...

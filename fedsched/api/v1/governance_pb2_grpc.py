@@ -484,6 +484,11 @@ class PolicyServiceStub:
                 request_serializer=fedsched_dot_api_dot_v1_dot_governance__pb2.GetPolicyRequest.SerializeToString,
                 response_deserializer=fedsched_dot_api_dot_v1_dot_governance__pb2.PolicyDocument.FromString,
                 _registered_method=True)
+        self.ListPolicyVersions = channel.unary_unary(
+                '/fedsched.api.v1.PolicyService/ListPolicyVersions',
+                request_serializer=fedsched_dot_api_dot_v1_dot_governance__pb2.ListPolicyVersionsRequest.SerializeToString,
+                response_deserializer=fedsched_dot_api_dot_v1_dot_governance__pb2.ListPolicyVersionsResponse.FromString,
+                _registered_method=True)
         self.ApplyPolicy = channel.unary_unary(
                 '/fedsched.api.v1.PolicyService/ApplyPolicy',
                 request_serializer=fedsched_dot_api_dot_v1_dot_governance__pb2.ApplyPolicyRequest.SerializeToString,
@@ -501,6 +506,13 @@ class PolicyServiceServicer:
 
     def GetPolicy(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListPolicyVersions(self, request, context):
+        """The policy history (kept by the policy store), newest first.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -525,6 +537,11 @@ def add_PolicyServiceServicer_to_server(servicer, server):
                     servicer.GetPolicy,
                     request_deserializer=fedsched_dot_api_dot_v1_dot_governance__pb2.GetPolicyRequest.FromString,
                     response_serializer=fedsched_dot_api_dot_v1_dot_governance__pb2.PolicyDocument.SerializeToString,
+            ),
+            'ListPolicyVersions': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListPolicyVersions,
+                    request_deserializer=fedsched_dot_api_dot_v1_dot_governance__pb2.ListPolicyVersionsRequest.FromString,
+                    response_serializer=fedsched_dot_api_dot_v1_dot_governance__pb2.ListPolicyVersionsResponse.SerializeToString,
             ),
             'ApplyPolicy': grpc.unary_unary_rpc_method_handler(
                     servicer.ApplyPolicy,
@@ -564,6 +581,33 @@ class PolicyService:
             '/fedsched.api.v1.PolicyService/GetPolicy',
             fedsched_dot_api_dot_v1_dot_governance__pb2.GetPolicyRequest.SerializeToString,
             fedsched_dot_api_dot_v1_dot_governance__pb2.PolicyDocument.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListPolicyVersions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fedsched.api.v1.PolicyService/ListPolicyVersions',
+            fedsched_dot_api_dot_v1_dot_governance__pb2.ListPolicyVersionsRequest.SerializeToString,
+            fedsched_dot_api_dot_v1_dot_governance__pb2.ListPolicyVersionsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -46,6 +46,13 @@ class JobState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     JOB_STATE_SUCCEEDED: _ClassVar[JobState]
     JOB_STATE_FAILED: _ClassVar[JobState]
     JOB_STATE_CANCELLED: _ClassVar[JobState]
+    JOB_STATE_HELD: _ClassVar[JobState]
+
+class JobOrder(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    JOB_ORDER_UNSPECIFIED: _ClassVar[JobOrder]
+    JOB_ORDER_NEWEST_FIRST: _ClassVar[JobOrder]
+    JOB_ORDER_OLDEST_FIRST: _ClassVar[JobOrder]
 JOB_KIND_UNSPECIFIED: JobKind
 JOB_KIND_TRAINING: JobKind
 JOB_KIND_FINE_TUNE: JobKind
@@ -71,6 +78,10 @@ JOB_STATE_RUNNING: JobState
 JOB_STATE_SUCCEEDED: JobState
 JOB_STATE_FAILED: JobState
 JOB_STATE_CANCELLED: JobState
+JOB_STATE_HELD: JobState
+JOB_ORDER_UNSPECIFIED: JobOrder
+JOB_ORDER_NEWEST_FIRST: JobOrder
+JOB_ORDER_OLDEST_FIRST: JobOrder
 
 class Dataset(_message.Message):
     __slots__ = ("name", "home_region", "size_bytes")
@@ -246,14 +257,42 @@ class SubmitJobRequest(_message.Message):
     def __init__(self, spec: _Optional[_Union[JobSpec, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class SubmitJobResponse(_message.Message):
-    __slots__ = ("job_id", "state", "duplicate")
+    __slots__ = ("job_id", "state", "duplicate", "verdict", "what_if", "trace_id")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     DUPLICATE_FIELD_NUMBER: _ClassVar[int]
+    VERDICT_FIELD_NUMBER: _ClassVar[int]
+    WHAT_IF_FIELD_NUMBER: _ClassVar[int]
+    TRACE_ID_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     state: JobState
     duplicate: bool
-    def __init__(self, job_id: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., duplicate: _Optional[bool] = ...) -> None: ...
+    verdict: str
+    what_if: ExplainJobResponse
+    trace_id: str
+    def __init__(self, job_id: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., duplicate: _Optional[bool] = ..., verdict: _Optional[str] = ..., what_if: _Optional[_Union[ExplainJobResponse, _Mapping]] = ..., trace_id: _Optional[str] = ...) -> None: ...
+
+class SubmitJobsRequest(_message.Message):
+    __slots__ = ("items",)
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    items: _containers.RepeatedCompositeFieldContainer[SubmitJobRequest]
+    def __init__(self, items: _Optional[_Iterable[_Union[SubmitJobRequest, _Mapping]]] = ...) -> None: ...
+
+class SubmitJobsResult(_message.Message):
+    __slots__ = ("response", "code", "message")
+    RESPONSE_FIELD_NUMBER: _ClassVar[int]
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    response: SubmitJobResponse
+    code: int
+    message: str
+    def __init__(self, response: _Optional[_Union[SubmitJobResponse, _Mapping]] = ..., code: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
+
+class SubmitJobsResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[SubmitJobsResult]
+    def __init__(self, results: _Optional[_Iterable[_Union[SubmitJobsResult, _Mapping]]] = ...) -> None: ...
 
 class GetJobRequest(_message.Message):
     __slots__ = ("job_id",)
@@ -262,18 +301,36 @@ class GetJobRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ...) -> None: ...
 
 class ListJobsRequest(_message.Message):
-    __slots__ = ("tenant", "project", "states", "page_size", "page_token")
+    __slots__ = ("tenant", "project", "states", "page_size", "page_token", "tenants", "projects", "regions", "clusters", "kinds", "name_pattern", "submitted_after", "submitted_before", "order")
     TENANT_FIELD_NUMBER: _ClassVar[int]
     PROJECT_FIELD_NUMBER: _ClassVar[int]
     STATES_FIELD_NUMBER: _ClassVar[int]
     PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
     PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    TENANTS_FIELD_NUMBER: _ClassVar[int]
+    PROJECTS_FIELD_NUMBER: _ClassVar[int]
+    REGIONS_FIELD_NUMBER: _ClassVar[int]
+    CLUSTERS_FIELD_NUMBER: _ClassVar[int]
+    KINDS_FIELD_NUMBER: _ClassVar[int]
+    NAME_PATTERN_FIELD_NUMBER: _ClassVar[int]
+    SUBMITTED_AFTER_FIELD_NUMBER: _ClassVar[int]
+    SUBMITTED_BEFORE_FIELD_NUMBER: _ClassVar[int]
+    ORDER_FIELD_NUMBER: _ClassVar[int]
     tenant: str
     project: str
     states: _containers.RepeatedScalarFieldContainer[JobState]
     page_size: int
     page_token: str
-    def __init__(self, tenant: _Optional[str] = ..., project: _Optional[str] = ..., states: _Optional[_Iterable[_Union[JobState, str]]] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+    tenants: _containers.RepeatedScalarFieldContainer[str]
+    projects: _containers.RepeatedScalarFieldContainer[str]
+    regions: _containers.RepeatedScalarFieldContainer[str]
+    clusters: _containers.RepeatedScalarFieldContainer[str]
+    kinds: _containers.RepeatedScalarFieldContainer[JobKind]
+    name_pattern: str
+    submitted_after: _timestamp_pb2.Timestamp
+    submitted_before: _timestamp_pb2.Timestamp
+    order: JobOrder
+    def __init__(self, tenant: _Optional[str] = ..., project: _Optional[str] = ..., states: _Optional[_Iterable[_Union[JobState, str]]] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., tenants: _Optional[_Iterable[str]] = ..., projects: _Optional[_Iterable[str]] = ..., regions: _Optional[_Iterable[str]] = ..., clusters: _Optional[_Iterable[str]] = ..., kinds: _Optional[_Iterable[_Union[JobKind, str]]] = ..., name_pattern: _Optional[str] = ..., submitted_after: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., submitted_before: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., order: _Optional[_Union[JobOrder, str]] = ...) -> None: ...
 
 class ListJobsResponse(_message.Message):
     __slots__ = ("jobs", "next_page_token", "total")
@@ -284,6 +341,62 @@ class ListJobsResponse(_message.Message):
     next_page_token: str
     total: int
     def __init__(self, jobs: _Optional[_Iterable[_Union[Job, _Mapping]]] = ..., next_page_token: _Optional[str] = ..., total: _Optional[int] = ...) -> None: ...
+
+class JobSelector(_message.Message):
+    __slots__ = ("job_ids", "tenants", "projects", "states", "name_pattern")
+    JOB_IDS_FIELD_NUMBER: _ClassVar[int]
+    TENANTS_FIELD_NUMBER: _ClassVar[int]
+    PROJECTS_FIELD_NUMBER: _ClassVar[int]
+    STATES_FIELD_NUMBER: _ClassVar[int]
+    NAME_PATTERN_FIELD_NUMBER: _ClassVar[int]
+    job_ids: _containers.RepeatedScalarFieldContainer[str]
+    tenants: _containers.RepeatedScalarFieldContainer[str]
+    projects: _containers.RepeatedScalarFieldContainer[str]
+    states: _containers.RepeatedScalarFieldContainer[JobState]
+    name_pattern: str
+    def __init__(self, job_ids: _Optional[_Iterable[str]] = ..., tenants: _Optional[_Iterable[str]] = ..., projects: _Optional[_Iterable[str]] = ..., states: _Optional[_Iterable[_Union[JobState, str]]] = ..., name_pattern: _Optional[str] = ...) -> None: ...
+
+class BulkJobsRequest(_message.Message):
+    __slots__ = ("selector", "reason", "dry_run")
+    SELECTOR_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    DRY_RUN_FIELD_NUMBER: _ClassVar[int]
+    selector: JobSelector
+    reason: str
+    dry_run: bool
+    def __init__(self, selector: _Optional[_Union[JobSelector, _Mapping]] = ..., reason: _Optional[str] = ..., dry_run: _Optional[bool] = ...) -> None: ...
+
+class BulkJobResult(_message.Message):
+    __slots__ = ("job_id", "code", "message", "state")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    code: int
+    message: str
+    state: JobState
+    def __init__(self, job_id: _Optional[str] = ..., code: _Optional[int] = ..., message: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ...) -> None: ...
+
+class BulkJobsResponse(_message.Message):
+    __slots__ = ("matched", "succeeded", "results")
+    MATCHED_FIELD_NUMBER: _ClassVar[int]
+    SUCCEEDED_FIELD_NUMBER: _ClassVar[int]
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    matched: int
+    succeeded: int
+    results: _containers.RepeatedCompositeFieldContainer[BulkJobResult]
+    def __init__(self, matched: _Optional[int] = ..., succeeded: _Optional[int] = ..., results: _Optional[_Iterable[_Union[BulkJobResult, _Mapping]]] = ...) -> None: ...
+
+class SetJobPriorityRequest(_message.Message):
+    __slots__ = ("job_id", "priority", "reason")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    priority: PriorityClass
+    reason: str
+    def __init__(self, job_id: _Optional[str] = ..., priority: _Optional[_Union[PriorityClass, str]] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class CancelJobRequest(_message.Message):
     __slots__ = ("job_id", "reason")
@@ -373,6 +486,96 @@ class ExplainJobResponse(_message.Message):
     state: JobState
     decisions: _containers.RepeatedCompositeFieldContainer[ShardDecision]
     def __init__(self, job_id: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., decisions: _Optional[_Iterable[_Union[ShardDecision, _Mapping]]] = ...) -> None: ...
+
+class CardCapacity(_message.Message):
+    __slots__ = ("card_model", "gpus_total", "gpus_allocated", "gpus_free")
+    CARD_MODEL_FIELD_NUMBER: _ClassVar[int]
+    GPUS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    GPUS_ALLOCATED_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FREE_FIELD_NUMBER: _ClassVar[int]
+    card_model: str
+    gpus_total: int
+    gpus_allocated: int
+    gpus_free: int
+    def __init__(self, card_model: _Optional[str] = ..., gpus_total: _Optional[int] = ..., gpus_allocated: _Optional[int] = ..., gpus_free: _Optional[int] = ...) -> None: ...
+
+class ClusterSummary(_message.Message):
+    __slots__ = ("region", "zone", "cluster", "backend", "healthy", "heartbeat_age_seconds", "cards", "nodes", "nodes_schedulable", "running_jobs")
+    REGION_FIELD_NUMBER: _ClassVar[int]
+    ZONE_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_FIELD_NUMBER: _ClassVar[int]
+    BACKEND_FIELD_NUMBER: _ClassVar[int]
+    HEALTHY_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_AGE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    CARDS_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    NODES_SCHEDULABLE_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_JOBS_FIELD_NUMBER: _ClassVar[int]
+    region: str
+    zone: str
+    cluster: str
+    backend: str
+    healthy: bool
+    heartbeat_age_seconds: float
+    cards: _containers.RepeatedCompositeFieldContainer[CardCapacity]
+    nodes: int
+    nodes_schedulable: int
+    running_jobs: int
+    def __init__(self, region: _Optional[str] = ..., zone: _Optional[str] = ..., cluster: _Optional[str] = ..., backend: _Optional[str] = ..., healthy: _Optional[bool] = ..., heartbeat_age_seconds: _Optional[float] = ..., cards: _Optional[_Iterable[_Union[CardCapacity, _Mapping]]] = ..., nodes: _Optional[int] = ..., nodes_schedulable: _Optional[int] = ..., running_jobs: _Optional[int] = ...) -> None: ...
+
+class QueueSummary(_message.Message):
+    __slots__ = ("region", "kind", "queued", "oldest_wait_seconds")
+    REGION_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    QUEUED_FIELD_NUMBER: _ClassVar[int]
+    OLDEST_WAIT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    region: str
+    kind: str
+    queued: int
+    oldest_wait_seconds: float
+    def __init__(self, region: _Optional[str] = ..., kind: _Optional[str] = ..., queued: _Optional[int] = ..., oldest_wait_seconds: _Optional[float] = ...) -> None: ...
+
+class ListClustersRequest(_message.Message):
+    __slots__ = ("regions",)
+    REGIONS_FIELD_NUMBER: _ClassVar[int]
+    regions: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, regions: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ListClustersResponse(_message.Message):
+    __slots__ = ("clusters", "queues")
+    CLUSTERS_FIELD_NUMBER: _ClassVar[int]
+    QUEUES_FIELD_NUMBER: _ClassVar[int]
+    clusters: _containers.RepeatedCompositeFieldContainer[ClusterSummary]
+    queues: _containers.RepeatedCompositeFieldContainer[QueueSummary]
+    def __init__(self, clusters: _Optional[_Iterable[_Union[ClusterSummary, _Mapping]]] = ..., queues: _Optional[_Iterable[_Union[QueueSummary, _Mapping]]] = ...) -> None: ...
+
+class ServiceStatus(_message.Message):
+    __slots__ = ("name", "state", "version", "detail", "consumer_lag", "last_seen_age_seconds")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    CONSUMER_LAG_FIELD_NUMBER: _ClassVar[int]
+    LAST_SEEN_AGE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    state: str
+    version: str
+    detail: str
+    consumer_lag: int
+    last_seen_age_seconds: float
+    def __init__(self, name: _Optional[str] = ..., state: _Optional[str] = ..., version: _Optional[str] = ..., detail: _Optional[str] = ..., consumer_lag: _Optional[int] = ..., last_seen_age_seconds: _Optional[float] = ...) -> None: ...
+
+class GetStatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GetStatusResponse(_message.Message):
+    __slots__ = ("version", "services")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    SERVICES_FIELD_NUMBER: _ClassVar[int]
+    version: str
+    services: _containers.RepeatedCompositeFieldContainer[ServiceStatus]
+    def __init__(self, version: _Optional[str] = ..., services: _Optional[_Iterable[_Union[ServiceStatus, _Mapping]]] = ...) -> None: ...
 
 class GetJobLogsRequest(_message.Message):
     __slots__ = ("job_id", "attempt", "worker", "follow", "shard")

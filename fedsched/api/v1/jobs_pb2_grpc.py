@@ -54,6 +54,31 @@ class JobServiceStub:
                 request_serializer=fedsched_dot_api_dot_v1_dot_jobs__pb2.CancelJobRequest.SerializeToString,
                 response_deserializer=fedsched_dot_api_dot_v1_dot_jobs__pb2.CancelJobResponse.FromString,
                 _registered_method=True)
+        self.SubmitJobs = channel.unary_unary(
+                '/fedsched.api.v1.JobService/SubmitJobs',
+                request_serializer=fedsched_dot_api_dot_v1_dot_jobs__pb2.SubmitJobsRequest.SerializeToString,
+                response_deserializer=fedsched_dot_api_dot_v1_dot_jobs__pb2.SubmitJobsResponse.FromString,
+                _registered_method=True)
+        self.CancelJobs = channel.unary_unary(
+                '/fedsched.api.v1.JobService/CancelJobs',
+                request_serializer=fedsched_dot_api_dot_v1_dot_jobs__pb2.BulkJobsRequest.SerializeToString,
+                response_deserializer=fedsched_dot_api_dot_v1_dot_jobs__pb2.BulkJobsResponse.FromString,
+                _registered_method=True)
+        self.HoldJobs = channel.unary_unary(
+                '/fedsched.api.v1.JobService/HoldJobs',
+                request_serializer=fedsched_dot_api_dot_v1_dot_jobs__pb2.BulkJobsRequest.SerializeToString,
+                response_deserializer=fedsched_dot_api_dot_v1_dot_jobs__pb2.BulkJobsResponse.FromString,
+                _registered_method=True)
+        self.ReleaseJobs = channel.unary_unary(
+                '/fedsched.api.v1.JobService/ReleaseJobs',
+                request_serializer=fedsched_dot_api_dot_v1_dot_jobs__pb2.BulkJobsRequest.SerializeToString,
+                response_deserializer=fedsched_dot_api_dot_v1_dot_jobs__pb2.BulkJobsResponse.FromString,
+                _registered_method=True)
+        self.SetJobPriority = channel.unary_unary(
+                '/fedsched.api.v1.JobService/SetJobPriority',
+                request_serializer=fedsched_dot_api_dot_v1_dot_jobs__pb2.SetJobPriorityRequest.SerializeToString,
+                response_deserializer=fedsched_dot_api_dot_v1_dot_jobs__pb2.Job.FromString,
+                _registered_method=True)
         self.WatchJob = channel.unary_stream(
                 '/fedsched.api.v1.JobService/WatchJob',
                 request_serializer=fedsched_dot_api_dot_v1_dot_jobs__pb2.WatchJobRequest.SerializeToString,
@@ -94,6 +119,39 @@ class JobServiceServicer:
 
     def CancelJob(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SubmitJobs(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CancelJobs(self, request, context):
+        """Bulk actions by id list or selector; each job gets its own result.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def HoldJobs(self, request, context):
+        """Hold: a queued job is not considered by the scheduler until released (state HELD).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReleaseJobs(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetJobPriority(self, request, context):
+        """Change the priority class of a queued or held job (audited as job.priority_changed).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -144,6 +202,31 @@ def add_JobServiceServicer_to_server(servicer, server):
                     servicer.CancelJob,
                     request_deserializer=fedsched_dot_api_dot_v1_dot_jobs__pb2.CancelJobRequest.FromString,
                     response_serializer=fedsched_dot_api_dot_v1_dot_jobs__pb2.CancelJobResponse.SerializeToString,
+            ),
+            'SubmitJobs': grpc.unary_unary_rpc_method_handler(
+                    servicer.SubmitJobs,
+                    request_deserializer=fedsched_dot_api_dot_v1_dot_jobs__pb2.SubmitJobsRequest.FromString,
+                    response_serializer=fedsched_dot_api_dot_v1_dot_jobs__pb2.SubmitJobsResponse.SerializeToString,
+            ),
+            'CancelJobs': grpc.unary_unary_rpc_method_handler(
+                    servicer.CancelJobs,
+                    request_deserializer=fedsched_dot_api_dot_v1_dot_jobs__pb2.BulkJobsRequest.FromString,
+                    response_serializer=fedsched_dot_api_dot_v1_dot_jobs__pb2.BulkJobsResponse.SerializeToString,
+            ),
+            'HoldJobs': grpc.unary_unary_rpc_method_handler(
+                    servicer.HoldJobs,
+                    request_deserializer=fedsched_dot_api_dot_v1_dot_jobs__pb2.BulkJobsRequest.FromString,
+                    response_serializer=fedsched_dot_api_dot_v1_dot_jobs__pb2.BulkJobsResponse.SerializeToString,
+            ),
+            'ReleaseJobs': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReleaseJobs,
+                    request_deserializer=fedsched_dot_api_dot_v1_dot_jobs__pb2.BulkJobsRequest.FromString,
+                    response_serializer=fedsched_dot_api_dot_v1_dot_jobs__pb2.BulkJobsResponse.SerializeToString,
+            ),
+            'SetJobPriority': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetJobPriority,
+                    request_deserializer=fedsched_dot_api_dot_v1_dot_jobs__pb2.SetJobPriorityRequest.FromString,
+                    response_serializer=fedsched_dot_api_dot_v1_dot_jobs__pb2.Job.SerializeToString,
             ),
             'WatchJob': grpc.unary_stream_rpc_method_handler(
                     servicer.WatchJob,
@@ -280,6 +363,141 @@ class JobService:
             _registered_method=True)
 
     @staticmethod
+    def SubmitJobs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fedsched.api.v1.JobService/SubmitJobs',
+            fedsched_dot_api_dot_v1_dot_jobs__pb2.SubmitJobsRequest.SerializeToString,
+            fedsched_dot_api_dot_v1_dot_jobs__pb2.SubmitJobsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CancelJobs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fedsched.api.v1.JobService/CancelJobs',
+            fedsched_dot_api_dot_v1_dot_jobs__pb2.BulkJobsRequest.SerializeToString,
+            fedsched_dot_api_dot_v1_dot_jobs__pb2.BulkJobsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def HoldJobs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fedsched.api.v1.JobService/HoldJobs',
+            fedsched_dot_api_dot_v1_dot_jobs__pb2.BulkJobsRequest.SerializeToString,
+            fedsched_dot_api_dot_v1_dot_jobs__pb2.BulkJobsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReleaseJobs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fedsched.api.v1.JobService/ReleaseJobs',
+            fedsched_dot_api_dot_v1_dot_jobs__pb2.BulkJobsRequest.SerializeToString,
+            fedsched_dot_api_dot_v1_dot_jobs__pb2.BulkJobsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetJobPriority(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fedsched.api.v1.JobService/SetJobPriority',
+            fedsched_dot_api_dot_v1_dot_jobs__pb2.SetJobPriorityRequest.SerializeToString,
+            fedsched_dot_api_dot_v1_dot_jobs__pb2.Job.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
     def WatchJob(request,
             target,
             options=(),
@@ -350,6 +568,150 @@ class JobService:
             '/fedsched.api.v1.JobService/GetJobLogs',
             fedsched_dot_api_dot_v1_dot_jobs__pb2.GetJobLogsRequest.SerializeToString,
             fedsched_dot_api_dot_v1_dot_jobs__pb2.LogChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+
+class ClusterServiceStub:
+    """Missing associated documentation comment in .proto file."""
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.ListClusters = channel.unary_unary(
+                '/fedsched.api.v1.ClusterService/ListClusters',
+                request_serializer=fedsched_dot_api_dot_v1_dot_jobs__pb2.ListClustersRequest.SerializeToString,
+                response_deserializer=fedsched_dot_api_dot_v1_dot_jobs__pb2.ListClustersResponse.FromString,
+                _registered_method=True)
+
+
+class ClusterServiceServicer:
+    """Missing associated documentation comment in .proto file."""
+
+    def ListClusters(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_ClusterServiceServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'ListClusters': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListClusters,
+                    request_deserializer=fedsched_dot_api_dot_v1_dot_jobs__pb2.ListClustersRequest.FromString,
+                    response_serializer=fedsched_dot_api_dot_v1_dot_jobs__pb2.ListClustersResponse.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'fedsched.api.v1.ClusterService', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('fedsched.api.v1.ClusterService', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class ClusterService:
+    """Missing associated documentation comment in .proto file."""
+
+    @staticmethod
+    def ListClusters(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fedsched.api.v1.ClusterService/ListClusters',
+            fedsched_dot_api_dot_v1_dot_jobs__pb2.ListClustersRequest.SerializeToString,
+            fedsched_dot_api_dot_v1_dot_jobs__pb2.ListClustersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+
+class SystemServiceStub:
+    """Missing associated documentation comment in .proto file."""
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.GetStatus = channel.unary_unary(
+                '/fedsched.api.v1.SystemService/GetStatus',
+                request_serializer=fedsched_dot_api_dot_v1_dot_jobs__pb2.GetStatusRequest.SerializeToString,
+                response_deserializer=fedsched_dot_api_dot_v1_dot_jobs__pb2.GetStatusResponse.FromString,
+                _registered_method=True)
+
+
+class SystemServiceServicer:
+    """Missing associated documentation comment in .proto file."""
+
+    def GetStatus(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_SystemServiceServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'GetStatus': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetStatus,
+                    request_deserializer=fedsched_dot_api_dot_v1_dot_jobs__pb2.GetStatusRequest.FromString,
+                    response_serializer=fedsched_dot_api_dot_v1_dot_jobs__pb2.GetStatusResponse.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'fedsched.api.v1.SystemService', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('fedsched.api.v1.SystemService', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class SystemService:
+    """Missing associated documentation comment in .proto file."""
+
+    @staticmethod
+    def GetStatus(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fedsched.api.v1.SystemService/GetStatus',
+            fedsched_dot_api_dot_v1_dot_jobs__pb2.GetStatusRequest.SerializeToString,
+            fedsched_dot_api_dot_v1_dot_jobs__pb2.GetStatusResponse.FromString,
             options,
             channel_credentials,
             insecure,
