@@ -91,6 +91,34 @@ async def read_policy(bus: Bus) -> StoredPolicy | None:
     return _decode(entry.value, entry.revision)
 
 
+async def read_history(bus: Bus, limit: int = HISTORY) -> list[StoredPolicy]:
+    """The stored policy versions, newest first: at most ``limit`` of the last :data:`HISTORY`
+    KV revisions (the bucket keeps no more). Deleted or purged revisions and values that no
+    longer validate (written by another version of fedsched) are left out.
+
+    Raises:
+        UnavailableError: NATS did not answer.
+    """
+    kv = await _kv(bus)
+    try:
+        entries = await kv.history(KEY)
+    except nats.js.errors.NoKeysError:
+        return []
+    except (nats.errors.TimeoutError, asyncio.TimeoutError) as e:
+        raise UnavailableError(f"policy KV did not answer: {e!r}") from e
+    out: list[StoredPolicy] = []
+    for entry in reversed(entries):
+        if len(out) >= limit:
+            break
+        if not entry.value or entry.operation is not None:  # DEL / PURGE markers
+            continue
+        try:
+            out.append(_decode(entry.value, entry.revision))
+        except (ValidationError, ValueError) as e:
+            log.warning("policy revision %s does not validate; left out of the history: %s", entry.revision, e)
+    return out
+
+
 async def write_policy(bus: Bus, doc: PolicyDoc, *, actor: str, now: float, expected_revision: int) -> StoredPolicy:
     """Store ``doc`` as the policy in force if the stored revision is still ``expected_revision``
     (0 = no policy stored yet).

@@ -626,6 +626,21 @@ def _show(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":")) if isinstance(value, (dict, list)) else str(value)
 
 
+def yaml_diff(old_yaml: str, new_yaml: str, *, old_label: str = "old", new_label: str = "new",
+              context: int = 3) -> list[str]:
+    """A unified diff (:func:`difflib.unified_diff`, ``context`` lines around each change) from
+    one policy version's canonical YAML (:func:`to_yaml`, as ``PolicyService`` returns it) to
+    another's, one line per item without line ends; empty when they are the same text.
+
+    Unlike :func:`diff` this is textual: it shows whatever the YAML holds (token hashes
+    included), so it is for admins, who are the only ones to see the YAML at all.
+    """
+    import difflib
+
+    return list(difflib.unified_diff(old_yaml.splitlines(), new_yaml.splitlines(), fromfile=old_label,
+                                     tofile=new_label, n=context, lineterm=""))
+
+
 def diff(old: PolicyDoc | None, new: PolicyDoc) -> list[str]:
     """What changes from ``old`` to ``new``, one line per change (token hashes never shown)."""
     a = canonical(old) if old is not None else {"tenants": [], "quotas": [], "principals": [], "card_classes": {},

@@ -40,7 +40,7 @@ from fedsched.tenancy import (WILDCARD, Governance, GrantDoc, PolicyDoc, Princip
                                  with_principal)
 from fedsched.jobs import JobState, Locality
 from fedsched.naming import check_name
-from fedsched.policystore import PolicyHolder, StoredPolicy, announce, read_policy, write_policy
+from fedsched.policystore import PolicyHolder, StoredPolicy, announce, read_history, read_policy, write_policy
 from fedsched.ports import Publisher
 from fedsched.quota import QuotaBook
 from services.admission.approvalview import ApprovalRecord, ApprovalView
@@ -506,6 +506,15 @@ class ApprovalServicer(gpb_grpc.ApprovalServiceServicer):
 # --------------------------------------------------------------------------- PolicyService
 
 
+def _policy_document(stored: StoredPolicy) -> gpb.PolicyDocument:
+    """One stored version on the wire: version, canonical YAML, who applied it and when."""
+    msg = gpb.PolicyDocument(version=stored.version, yaml=to_yaml(stored.gov.doc), applied_by=stored.applied_by)
+    ts = _ts(stored.applied_at) if stored.applied_at else None
+    if ts is not None:
+        msg.applied_at.CopyFrom(ts)
+    return msg
+
+
 class PolicyServicer(gpb_grpc.PolicyServiceServicer):
     """The whole policy document (admins).
 
@@ -529,11 +538,25 @@ class PolicyServicer(gpb_grpc.PolicyServiceServicer):
         stored = self.policy.stored
         if stored is None:
             raise NotFoundError("policy", "current")
-        msg = gpb.PolicyDocument(version=stored.version, yaml=to_yaml(stored.gov.doc), applied_by=stored.applied_by)
-        ts = _ts(stored.applied_at) if stored.applied_at else None
-        if ts is not None:
-            msg.applied_at.CopyFrom(ts)
-        return msg
+        return _policy_document(stored)
+
+    async def ListPolicyVersions(self, request: gpb.ListPolicyVersionsRequest,
+                                 context) -> gpb.ListPolicyVersionsResponse:
+        """The stored policy versions, newest first, each with its canonical YAML (admins).
+
+        The policy store keeps the last :data:`fedsched.policystore.HISTORY` revisions of the
+        KV key, so this reads at most that many whatever ``limit`` says.
+
+        Raises:
+            PermissionDeniedError: not an admin (the YAML holds token hashes).
+            ValidationError: ``limit`` above 500.
+        """
+        _require_admin(auth.current())
+        limit = request.limit or 50
+        if limit > 500:
+            raise ValidationError("limit", "must be <= 500")
+        history = await read_history(self.store, limit)
+        return gpb.ListPolicyVersionsResponse(versions=[_policy_document(p) for p in history])
 
     def _parse(self, request: gpb.ApplyPolicyRequest) -> PolicyDoc:
         if not request.yaml.strip():

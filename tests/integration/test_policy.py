@@ -241,3 +241,33 @@ async def test_a_quota_means_the_same_from_policy_yaml_and_from_set_quota(gov_wo
     assert from_yaml == from_grpc
     assert ("search/T4/cn-north-1", 2000, None, None, "north") in from_yaml  # with a cohort: no limit
     assert ("ads/T4/cn-north-1", 1000, 0, 1000, "") in from_yaml  # without one: never borrows
+
+
+async def test_policy_versions_are_listed_newest_first_with_their_yaml_for_admins_only(gov_world):
+    from fedsched.tenancy import yaml_diff
+
+    admission, _, _, _ = gov_world
+    texts = [policy_text(f"quotas: [{{tenant: nlp, card: T4, region: cn-east-1, guaranteed_gpus: {n}}}]\n")
+             for n in (4, 6)]
+    async with channel(admission.port, "root") as ch, channel(admission.port, "alice") as other:
+        s = Stubs(ch)
+        applied = [(await s.policy.ApplyPolicy(gpb.ApplyPolicyRequest(yaml=t))).version for t in texts]
+        listed = await s.policy.ListPolicyVersions(gpb.ListPolicyVersionsRequest())
+        two = await s.policy.ListPolicyVersions(gpb.ListPolicyVersionsRequest(limit=2))
+        with pytest.raises(grpc.aio.AioRpcError) as denied:
+            await Stubs(other).policy.ListPolicyVersions(gpb.ListPolicyVersionsRequest())
+        with pytest.raises(grpc.aio.AioRpcError) as too_many:
+            await s.policy.ListPolicyVersions(gpb.ListPolicyVersionsRequest(limit=501))
+    versions = [v.version for v in listed.versions]
+    assert versions[:2] == applied[::-1] and len(versions) >= 3  # + the fixture's first policy
+    assert [v.version for v in two.versions] == applied[::-1]
+    newest, previous = listed.versions[0], listed.versions[1]
+    assert newest.applied_by == "root" and newest.applied_at.seconds > 0
+    assert "guaranteed_gpus: 6" in newest.yaml and "guaranteed_gpus: 4" in previous.yaml
+    lines = yaml_diff(previous.yaml, newest.yaml, old_label=previous.version, new_label=newest.version)
+    assert lines[0] == f"--- {previous.version}" and lines[1] == f"+++ {newest.version}"
+    assert [ln for ln in lines if ln[:1] in "+-" and ln[:3] not in ("---", "+++")] == [
+        "-  guaranteed_gpus: 4.0", "+  guaranteed_gpus: 6.0"]
+    assert yaml_diff(newest.yaml, newest.yaml) == []
+    assert denied.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert too_many.value.code() == grpc.StatusCode.INVALID_ARGUMENT
