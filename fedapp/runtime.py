@@ -475,6 +475,17 @@ class System:
             body = {"code": "invalid", "error": f"{type(e).__name__}: {e}"}
         await msg.respond(_fit_reply(body, self.control.nc.max_payload))
 
+    def read_query(self, sql: str, parameters: dict | None = None):
+        """Run a SELECT on this process's store through its read-only handle (the one
+        ``fedsched sql`` reaches over NATS), with ``{name:Type}`` parameters; blocking.
+
+        Raises:
+            UnavailableError: this system holds no store (it runs neither audit nor billing).
+        """
+        if self.sync_store is None:
+            raise UnavailableError("this process holds no ClickHouse store (audit and billing run elsewhere)")
+        return self._reader().query(sql, parameters or {})
+
     def _query_principal(self, token: str):
         """The principal holding ``token`` under the policy in force (None: unknown or no policy)."""
         gov = self._query_policy.current if self._query_policy is not None else None
