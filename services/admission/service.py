@@ -60,7 +60,7 @@ from fedsched.api.v1 import jobs_pb2 as pb
 from fedsched.api.v1 import jobs_pb2_grpc as pb_grpc
 from fedsched.auth import Principal
 from fedsched.bus import Bus, Delivery, StreamFollower
-from fedsched.clock import Clock
+from fedsched.clock import Clock, SystemClock
 from fedsched.dispatch import EventTable, SkippedTypes
 from fedsched.errors import (AlreadyExistsError, AuthError, ConflictError, FedError, NotFoundError,
                              PermissionDeniedError, QuotaExceededError, UnavailableError, ValidationError)
@@ -80,7 +80,9 @@ from services.admission.approvalview import ApprovalView
 from services.admission.budgets import SpendBook, SpendWatcher
 from services.admission.convert import (STATE_FROM_PB, STATE_TO_PB, Limits, _ts, refuse_unknown_fields, spec_from_pb,
                                         spec_to_pb)
+from services.admission.clusterview import ClusterView
 from services.admission.jobview import JobRecord, JobView
+from services.admission.ops_servicers import ClusterServicer
 from services.admission.rules import (ClusterCapacity, check_budget, check_can_ever_run, check_quota_can_fit,
                                       worst_case_cost)
 
@@ -90,7 +92,9 @@ tracer = telemetry.tracer("fedsched.admission")
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["JobService"].full_name
 GOVERNANCE_SERVICES = tuple(gpb.DESCRIPTOR.services_by_name[n].full_name
                             for n in ("TenantService", "ApprovalService", "PolicyService"))
-GUARDED = (SERVICE_NAME, *GOVERNANCE_SERVICES)  #: services whose every call needs a token
+#: read-only operator services (:mod:`services.admission.ops_servicers`): any authenticated principal
+OPS_SERVICES = tuple(pb.DESCRIPTOR.services_by_name[n].full_name for n in ("ClusterService", "SystemService"))
+GUARDED = (SERVICE_NAME, *GOVERNANCE_SERVICES, *OPS_SERVICES)  #: services whose every call needs a token
 
 #: Methods of the guarded services that change state. Their requests are refused
 #: (INVALID_ARGUMENT naming the field number) when they carry a field this server does not know
@@ -713,13 +717,19 @@ class AdmissionService:
             topology given: job regions are checked against what agents report.
         spend_poll_s: how often to look for billing's spend KV bucket until it exists.
         logs_timeout_s: how long GetJobLogs waits for the agent (then UNAVAILABLE).
+        stale_after_s: wall seconds after which a silent cluster shows unhealthy in
+            ListClusters (the scheduler's freshness limit).
+        wall: wall clock comparable with JetStream storage times (heartbeat ages; default the
+            system clock).
     """
 
     def __init__(self, bus: Bus, clock: Clock, *, address: str = "127.0.0.1:50051", limits: Limits | None = None,
                  max_message_bytes: int = 4 * 1024 * 1024, prices: PriceCatalog | None = None,
                  tls: TlsFiles | None = None, spend_poll_s: float = 5.0, names: KnownNames | None = None,
-                 logs_timeout_s: float = 5.0) -> None:
+                 logs_timeout_s: float = 5.0, stale_after_s: float = 10.0, wall: Clock | None = None) -> None:
         self.bus = bus
+        self.wall: Clock = wall if wall is not None else SystemClock()
+        self.cluster_view = ClusterView(stale_after_s=stale_after_s)
         self.address = address
         self.tls = tls
         self.policy = PolicyHolder()
@@ -746,6 +756,8 @@ class AdmissionService:
         gpb_grpc.add_TenantServiceServicer_to_server(self.tenants, self.server)
         gpb_grpc.add_ApprovalServiceServicer_to_server(self.approval_servicer, self.server)
         gpb_grpc.add_PolicyServiceServicer_to_server(self.policy_servicer, self.server)
+        self.cluster_servicer = ClusterServicer(self.cluster_view, self.view, clock, self.wall)
+        pb_grpc.add_ClusterServiceServicer_to_server(self.cluster_servicer, self.server)
         self.health = health_aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection((*GUARDED, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
@@ -757,7 +769,8 @@ class AdmissionService:
                                                        s.all("status"), s.all("governance"),
                                                        s.all("billing", "usage")])
         self._inventory = StreamFollower(bus, "INVENTORY", self._on_inventory, name="admission-inventory",
-                                         filter_subjects=[s.all("inventory")], last_per_subject=True)
+                                         filter_subjects=[s.all("inventory"), s.all("heartbeat")],
+                                         last_per_subject=True)
         self._policy_follower = PolicyFollower(bus, self.policy, name="admission-policy")
         self._spend_watcher = SpendWatcher(bus, self.spend, poll_s=spend_poll_s)
         self._stop = asyncio.Event()
@@ -786,6 +799,7 @@ class AdmissionService:
         fold = INVENTORY_EVENTS.route(d.envelope.type, self.skipped_inventory)
         if fold is not None:
             fold(self, d.envelope)
+            self.cluster_view.apply(d, self.wall.time())
 
     def _on_snapshot(self, env: Envelope) -> None:
         snap = env.payload_as(InventorySnapshot)
@@ -793,6 +807,9 @@ class AdmissionService:
         self.known_regions.add(env.region)
         if env.cluster:
             self.clusters[env.cluster] = ClusterCapacity.from_snapshot(env.region, snap)
+
+    def _on_heartbeat(self, env: Envelope) -> None:
+        """A heartbeat: only the capacity view needs it (folded by :meth:`_on_inventory`)."""
 
     async def start(self) -> None:
         """Rebuild the read models, wait for a policy, then start serving (sets :attr:`ready`)."""
@@ -860,7 +877,7 @@ ADMISSION_EVENTS: EventTable = EventTable({
     EventType.USAGE_RECORDED: AdmissionService._to_spend,
 })
 
-#: ``admission-inventory``: the snapshots tell which card models and regions exist; heartbeats
-#: are on another subject.
-INVENTORY_EVENTS: EventTable = EventTable({EventType.INVENTORY_SNAPSHOT: AdmissionService._on_snapshot},
-                                          ignores=frozenset({EventType.INVENTORY_HEARTBEAT}))
+#: ``admission-inventory``: the snapshots tell which card models and regions exist; snapshots and
+#: heartbeats both feed the capacity view (:class:`~services.admission.clusterview.ClusterView`).
+INVENTORY_EVENTS: EventTable = EventTable({EventType.INVENTORY_SNAPSHOT: AdmissionService._on_snapshot,
+                                           EventType.INVENTORY_HEARTBEAT: AdmissionService._on_heartbeat})
