@@ -114,10 +114,12 @@ def channel(port_or_target, who: str | None) -> grpc.aio.Channel:
 
 
 class Stubs:
-    """All four stubs over one channel."""
+    """Every service's stub over one channel."""
 
     def __init__(self, ch: grpc.aio.Channel) -> None:
         self.jobs = pb_grpc.JobServiceStub(ch)
+        self.clusters = pb_grpc.ClusterServiceStub(ch)
+        self.system = pb_grpc.SystemServiceStub(ch)
         self.tenants = gpb_grpc.TenantServiceStub(ch)
         self.approvals = gpb_grpc.ApprovalServiceStub(ch)
         self.policy = gpb_grpc.PolicyServiceStub(ch)

@@ -76,3 +76,145 @@ class ClusterServicer(pb_grpc.ClusterServiceServicer):
                                        gpus_free=c.free) for c in row.cards]))
         out.queues.extend(q for q in queue_rows(self.view, self.clock.time()) if not regions or q.region in regions)
         return out
+
+
+#: durable consumers whose lag ``fedsched status`` shows, per service (agents: ``agent-<cluster>``)
+DURABLES: dict[str, tuple[tuple[str, str], ...]] = {
+    "audit": (("EVENTS", "audit-events"), ("INVENTORY", "audit-inventory"), ("DLQ", "audit-dlq")),
+    "billing": (("EVENTS", "billing"), ("EVENTS", "billing-transfer")),
+}
+
+#: a durable consumer nobody has pulled from for this long (wall seconds) counts as down
+IDLE_DOWN_S = 15.0
+
+
+def _age(value, now: float) -> float | None:
+    """Seconds since ``value`` (a datetime, an RFC 3339 string or None)."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        from datetime import datetime
+        try:
+            value = datetime.fromisoformat(value.replace("Z", "+00:00")[:26] + ("+00:00" if value.endswith("Z") else ""))
+        except ValueError:
+            return None
+    try:
+        return now - value.timestamp()
+    except (AttributeError, OSError):
+        return None
+
+
+class SystemServicer(pb_grpc.SystemServiceServicer):
+    """``GetStatus``: each service's state (``ok``, ``degraded``, ``down``), version, detail and
+    lag, asked live (no cache):
+
+    * admission: itself (its version is the package version; lag: its job-view follower's
+      pending messages);
+    * scheduler: its bus status endpoint ``<prefix>.svc.scheduler.status`` (no answer within
+      ``timeout_s``: ``down``); lag = the EVENTS stream's last sequence minus the sequence it
+      has applied (it follows the whole stream);
+    * audit and billing: their durable consumers' info (``num_pending + num_ack_pending``); a
+      consumer that does not exist, or that nobody has pulled from for :data:`IDLE_DOWN_S`, is
+      ``down``; their versions are not reported ("");
+    * each agent (``agent/<region>/<cluster>``): its heartbeat age from the capacity view
+      (silent longer than the freshness limit: ``down``) and its placements consumer's lag.
+
+    Args:
+        bus: the connection (JetStream consumer and stream info, the scheduler's status request).
+        clusters: the capacity view (agents' heartbeats).
+        wall: wall clock comparable with JetStream times.
+        self_status: ``() -> (detail, lag)`` of the admission answering.
+        timeout_s: how long to wait for the scheduler and for each JetStream info request.
+    """
+
+    def __init__(self, bus, clusters: ClusterView, wall: Clock, self_status: Callable, *, timeout_s: float = 2.0) -> None:
+        self.bus = bus
+        self.clusters = clusters
+        self.wall = wall
+        self.self_status = self_status
+        self.timeout_s = timeout_s
+
+    async def GetStatus(self, request: pb.GetStatusRequest, context) -> pb.GetStatusResponse:
+        version = package_version()
+        detail, lag = await self.self_status()
+        out = pb.GetStatusResponse(version=version)
+        out.services.append(pb.ServiceStatus(name="admission", state="ok", version=version, detail=detail,
+                                             consumer_lag=lag, last_seen_age_seconds=0.0))
+        rest = await asyncio.gather(self._scheduler(), *(self._durables(n, d) for n, d in DURABLES.items()),
+                                    *(self._agent(name) for name in sorted(self.clusters.clusters)))
+        out.services.extend(rest)
+        return out
+
+    async def _scheduler(self) -> pb.ServiceStatus:
+        subject = f"{self.bus.prefix}.svc.scheduler.status"
+        try:
+            reply = await self.bus.nc.request(subject, b"", timeout=self.timeout_s)
+            st = json.loads(reply.data)
+        except Exception as e:  # noqa: BLE001 - timeout, no responders, a closed connection: all mean down
+            return pb.ServiceStatus(name="scheduler", state="down", last_seen_age_seconds=-1,
+                                    detail=f"no answer on {subject} within {self.timeout_s:g} s ({type(e).__name__})")
+        lag = 0
+        try:
+            info = await asyncio.wait_for(self.bus.js.stream_info(self.bus.stream_name("EVENTS")), self.timeout_s)
+            lag = max(0, int(info.state.last_seq) - int(st.get("applied_seq", 0)))
+        except Exception as e:  # noqa: BLE001 - the status itself is still worth showing
+            log.info("status: EVENTS stream info: %r", e)
+        stale = st.get("stale") or []
+        detail = (f"{st.get('cycles', 0)} cycles (last {st.get('last_cycle_ms', 0)} ms), queued {st.get('queued', 0)}, "
+                  f"held {st.get('held', 0)}, placed {st.get('placed', 0)}, running {st.get('running', 0)}, "
+                  f"{st.get('clusters', 0)} clusters" + (f", stale: {', '.join(stale)}" if stale else ""))
+        return pb.ServiceStatus(name="scheduler", state="degraded" if stale else "ok", version=str(st.get("version", "")),
+                                detail=detail, consumer_lag=lag, last_seen_age_seconds=0.0)
+
+    async def _consumer(self, stream: str, durable: str):
+        """(lag, seconds since last activity or None, pulling) of one durable, or None if it does not exist."""
+        import nats.js.errors
+
+        try:
+            info = await asyncio.wait_for(self.bus.js.consumer_info(self.bus.stream_name(stream), durable),
+                                          self.timeout_s)
+        except nats.js.errors.NotFoundError:
+            return None
+        now = self.wall.time()
+        ages = [a for a in (_age(getattr(info.delivered, "last_active", None), now),
+                            _age(getattr(info.ack_floor, "last_active", None), now)) if a is not None]
+        return (int(info.num_pending or 0) + int(info.num_ack_pending or 0), min(ages) if ages else None,
+                bool(info.num_waiting))
+
+    async def _durables(self, name: str, durables: tuple[tuple[str, str], ...]) -> pb.ServiceStatus:
+        lag, parts, down, seen = 0, [], [], []
+        for stream, durable in durables:
+            try:
+                got = await self._consumer(stream, durable)
+            except Exception as e:  # noqa: BLE001 - JetStream unreachable
+                down.append(f"{durable}: no consumer info ({type(e).__name__})")
+                continue
+            if got is None:
+                down.append(f"{durable}: no such durable consumer ({name} never started here)")
+                continue
+            n, idle, pulling = got
+            lag += n
+            parts.append(f"{durable} lag {n}")
+            if idle is not None:
+                seen.append(idle)
+            if not pulling and (idle is None or idle > IDLE_DOWN_S):
+                down.append(f"{durable}: nobody pulling" + (f" for {idle:.0f} s" if idle is not None else ""))
+        state = "down" if down else "ok"
+        return pb.ServiceStatus(name=name, state=state, detail="; ".join(down + parts), consumer_lag=lag,
+                                last_seen_age_seconds=min(seen) if seen else -1.0)
+
+    async def _agent(self, cluster: str) -> pb.ServiceStatus:
+        c = self.clusters.clusters[cluster]
+        seen = self.clusters.last_seen(cluster)
+        age = self.wall.time() - seen if seen >= 0 else -1.0
+        lag = 0
+        try:
+            got = await self._consumer("EVENTS", f"agent-{cluster}")
+            lag = got[0] if got is not None else 0
+        except Exception as e:  # noqa: BLE001 - the heartbeat still tells whether it lives
+            log.info("status: agent-%s consumer info: %r", cluster, e)
+        silent = age < 0 or age > self.clusters.stale_after_s
+        detail = (f"silent for {age:.1f} s (limit {self.clusters.stale_after_s:g} s)" if silent
+                  else f"heartbeat {age:.1f} s ago")
+        return pb.ServiceStatus(name=f"agent/{c.region}/{cluster}", state="down" if silent else "ok",
+                                detail=detail, consumer_lag=lag, last_seen_age_seconds=age)

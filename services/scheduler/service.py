@@ -70,6 +70,7 @@ from fedsched.events import (Envelope, EventType, InventorySnapshot, JobPending,
                              JobStop, JobSubmitted, Subjects, WorkerBinding, business_event_id, make_event)
 from fedsched.jobs import JobSpec
 from fedsched.policystore import PolicyFollower, PolicyHolder
+from fedsched.version import package_version
 from fedsched.ports import Publisher
 from fedsched.pricing import PriceCatalog
 from fedsched.tenancy import DEFAULT_RETRY_BUDGET, RetryBudgetDoc
@@ -375,6 +376,7 @@ class SchedulerService:
                 "last_cycle_ms": round(self.last_cycle_ms, 2), "unplaceable": unplaceable, "jobs": len(self.jobs),
                 "clusters": len(self.clusters), "stale": sorted(self._stale), "policy": self.policy.version,
                 "skipped_types": {name: c.as_dict() for name, c in self.skipped.items() if c.counts},
+                "version": package_version(),
                 **{state.value: n for state, n in self.counts.items()}}
 
     async def _on_status_request(self, msg) -> None:
