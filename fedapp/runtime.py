@@ -232,7 +232,8 @@ class System:
             self.admission = AdmissionService(await self._bus("admission"), clock, address=s.grpc_address,
                                               limits=opts.limits, prices=prices, tls=tls,
                                               names=KnownNames.of(topo) if topo is not None else None,
-                                              max_message_bytes=s.grpc_max_request_bytes)
+                                              max_message_bytes=s.grpc_max_request_bytes,
+                                              stale_after_s=s.stale_after_s)
             self._spawn(self.admission.run(), "admission")
             task = self.tasks[-1]
             ready = asyncio.create_task(self.admission.ready.wait())

@@ -35,7 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError as PydanticVa
 from fedsched import naming
 from fedsched.clock import UtcDatetime, to_datetime
 from fedsched.errors import DecodeError, EventTypeError, ValidationError
-from fedsched.jobs import JobSpec
+from fedsched.jobs import JobSpec, PriorityClass
 
 SCHEMA_VERSION = 1
 
@@ -80,6 +80,9 @@ class EventType(StrEnum):
     APPROVAL_REJECTED = "approval.rejected"
     APPROVAL_EXPIRED = "approval.expired"
     AGENT_RECONCILED = "agent.reconciled"
+    JOB_HELD = "job.held"
+    JOB_RELEASED = "job.released"
+    JOB_PRIORITY_CHANGED = "job.priority_changed"
 
 
 def known_type(type_: str) -> EventType | None:
@@ -201,6 +204,35 @@ class JobCancelRequested(_Payload):
     """``job.cancel_requested``: a caller asked to cancel."""
 
     reason: str = ""
+
+
+class JobHeld(_Payload):
+    """``job.held`` / ``job.released``: a caller (envelope ``actor``) held a queued job -- the
+    scheduler does not consider it until it is released -- or released it (it waits again with
+    its original submit time, so aging counts the time held). A hold that reaches the scheduler
+    after the job was placed has no effect (admission's job view and the scheduler both ignore
+    it in stream order).
+
+    Attributes:
+        reason: why (at most 500 characters, audited).
+    """
+
+    reason: str = Field(default="", max_length=500)
+
+
+class JobPriorityChanged(_Payload):
+    """``job.priority_changed``: a caller (envelope ``actor``) changed the priority class of a
+    job not yet placed (queued or held); the scheduler orders its queue by the new class from
+    its next cycle. Ignored by the scheduler and the job view when it arrives after a placement.
+
+    Attributes:
+        previous / priority: the class before and after (:class:`~fedsched.jobs.PriorityClass` values).
+        reason: why (at most 500 characters, audited).
+    """
+
+    previous: PriorityClass
+    priority: PriorityClass
+    reason: str = Field(default="", max_length=500)
 
 
 class SubmissionRejected(_Payload):
@@ -554,6 +586,9 @@ PAYLOADS: dict[EventType, type[_Payload]] = {
     EventType.APPROVAL_REJECTED: ApprovalDecided,
     EventType.APPROVAL_EXPIRED: ApprovalDecided,
     EventType.AGENT_RECONCILED: AgentReconciled,
+    EventType.JOB_HELD: JobHeld,
+    EventType.JOB_RELEASED: JobHeld,
+    EventType.JOB_PRIORITY_CHANGED: JobPriorityChanged,
 }
 
 #: Job status events (payload :class:`JobStatus`): ``job.started`` and the terminal statuses.
@@ -629,7 +664,8 @@ class Subjects:
 
     Layout (``<p>`` = prefix)::
 
-        <p>.jobs.<verb>.<tenant>.<project>     admission -> scheduler (submitted, cancel)
+        <p>.jobs.<verb>.<tenant>.<project>     admission -> scheduler (submitted, cancel, hold,
+                                               release, priority)
         <p>.admission.rejected                 refused submissions (audit)
         <p>.placements.<region>.<cluster>      scheduler -> one agent (placed, stop)
         <p>.decisions.<tenant>.<project>       scheduler's pending reasons
@@ -653,7 +689,8 @@ class Subjects:
     def _s(self, *tokens: str) -> str:
         return ".".join((self.prefix, *tokens))
 
-    def job(self, verb: Literal["submitted", "cancel"], tenant: str, project: str) -> str:
+    def job(self, verb: Literal["submitted", "cancel", "hold", "release", "priority"], tenant: str,
+            project: str) -> str:
         """Subject of a job request from admission."""
         return self._s("jobs", verb, naming.check_name("tenant", tenant), naming.check_name("project", project))
 

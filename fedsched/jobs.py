@@ -68,6 +68,7 @@ class JobState(StrEnum):
 
     QUEUED = "queued"                  # accepted, waiting for a placement
     AWAITING_APPROVAL = "awaiting_approval"
+    HELD = "held"                      # queued but held (HoldJobs): not considered until released
     PLACED = "placed"                  # placement published, agent not yet started it
     RUNNING = "running"
     SUCCEEDED = "succeeded"

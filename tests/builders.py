@@ -11,7 +11,8 @@
   * :class:`FakeClock` -- a :class:`~fedsched.clock.Clock` moved by hand.
   * :class:`FakePublisher` -- a :class:`~fedsched.ports.Publisher` that records what was published
     and acknowledges it (or refuses the items a predicate picks, like an unavailable JetStream).
-  * Event builders: :func:`spec`, :func:`submitted`, :func:`cancel_requested`, :func:`status_event`,
+  * Event builders: :func:`spec`, :func:`submitted`, :func:`cancel_requested`, :func:`job_action`
+    (hold, release, priority change), :func:`status_event`,
     :func:`snapshot`, :func:`heartbeat`, :func:`delivery`.
   * Agent: :class:`StaticBackend` (a :class:`~services.inventory.agent.Backend` with fixed nodes
     and runtimes), :func:`placement`, :func:`stop_order`.
@@ -113,10 +114,12 @@ def channel(port_or_target, who: str | None) -> grpc.aio.Channel:
 
 
 class Stubs:
-    """All four stubs over one channel."""
+    """Every service's stub over one channel."""
 
     def __init__(self, ch: grpc.aio.Channel) -> None:
         self.jobs = pb_grpc.JobServiceStub(ch)
+        self.clusters = pb_grpc.ClusterServiceStub(ch)
+        self.system = pb_grpc.SystemServiceStub(ch)
         self.tenants = gpb_grpc.TenantServiceStub(ch)
         self.approvals = gpb_grpc.ApprovalServiceStub(ch)
         self.policy = gpb_grpc.PolicyServiceStub(ch)
@@ -287,6 +290,19 @@ def cancel_requested(job_id: str, job: JobSpec, at: float) -> Envelope:
                       project=job.project, job_id=job_id, actor="test")
 
 
+def job_action(type_: str, job_id: str, job: JobSpec, at: float, *, number: int = 1, reason: str = "test",
+               priority: PriorityClass | None = None) -> Envelope:
+    """``job.held`` / ``job.released`` / ``job.priority_changed`` (to ``priority``) as admission
+    publishes them (``number``: the n-th such action on the job, for its event id)."""
+    from fedsched.events import JobHeld, JobPriorityChanged
+
+    payload = (JobPriorityChanged(previous=job.priority, priority=priority, reason=reason)
+               if type_ == "job.priority_changed" else JobHeld(reason=reason))
+    return make_event(type_, payload, producer="admission", occurred_at=at,
+                      event_id=business_event_id(job_id, type_, number), tenant=job.tenant, project=job.project,
+                      job_id=job_id, actor="test")
+
+
 def status_event(type_: str, placed: Envelope, at: float, *, reason: str = "", started_at: float | None = None,
                  progress_s: float = 0.0) -> Envelope:
     """An agent's status event (``job.started``, ``job.finished``, ...) for the attempt ``placed``
@@ -377,6 +393,7 @@ class SchedulerHarness:
         self._next_beat = self.clock.time()
         self.publisher = FakePublisher()
         self._read = 0  # publisher items already read back into the stream
+        self._actions = 0  # holds, releases, priority changes so far (their event ids)
         self.svc = self._service()
         for c in clusters:
             self._inventory(snapshot(c.name, c.region, c.node_list, self.clock.time()), self.subjects.inventory(c.region, c.name))
@@ -429,6 +446,28 @@ class SchedulerHarness:
         """A caller asked to cancel ``job_id``."""
         job = self.specs[job_id]
         self._event(cancel_requested(job_id, job, self.clock.time()), self.subjects.job("cancel", job.tenant, job.project))
+
+    def hold(self, job_id: str) -> None:
+        """A caller held ``job_id`` (``job.held``)."""
+        job = self.specs[job_id]
+        self._actions += 1
+        self._event(job_action("job.held", job_id, job, self.clock.time(), number=self._actions),
+                    self.subjects.job("hold", job.tenant, job.project))
+
+    def release(self, job_id: str) -> None:
+        """A caller released ``job_id`` (``job.released``)."""
+        job = self.specs[job_id]
+        self._actions += 1
+        self._event(job_action("job.released", job_id, job, self.clock.time(), number=self._actions),
+                    self.subjects.job("release", job.tenant, job.project))
+
+    def set_priority(self, job_id: str, priority: PriorityClass) -> None:
+        """A caller changed ``job_id``'s priority class (``job.priority_changed``)."""
+        job = self.specs[job_id]
+        self._actions += 1
+        self._event(job_action("job.priority_changed", job_id, job, self.clock.time(), number=self._actions,
+                               priority=priority), self.subjects.job("priority", job.tenant, job.project))
+        self.specs[job_id] = job.model_copy(update={"priority": priority})
 
     def report(self, job_id: str, type_: str, *, shard: int = 0, reason: str = "", progress_s: float = 0.0) -> None:
         """The agent of the shard's latest placement reports ``type_`` for that attempt."""

@@ -35,7 +35,7 @@ PRIORITY_TO_PB = {v: k for k, v in PRIORITY_FROM_PB.items() if k != pb.PRIORITY_
 STATE_TO_PB = {JobState.QUEUED: pb.JOB_STATE_QUEUED, JobState.AWAITING_APPROVAL: pb.JOB_STATE_AWAITING_APPROVAL,
                JobState.PLACED: pb.JOB_STATE_PLACED, JobState.RUNNING: pb.JOB_STATE_RUNNING,
                JobState.SUCCEEDED: pb.JOB_STATE_SUCCEEDED, JobState.FAILED: pb.JOB_STATE_FAILED,
-               JobState.CANCELLED: pb.JOB_STATE_CANCELLED}
+               JobState.CANCELLED: pb.JOB_STATE_CANCELLED, JobState.HELD: pb.JOB_STATE_HELD}
 STATE_FROM_PB = {v: k for k, v in STATE_TO_PB.items()}
 
 

@@ -10,6 +10,12 @@ Each shard has its attempts; the job's state is derived from its shards: running
 placed if any is placed, queued if any waits, otherwise failed if any failed, cancelled if any
 was cancelled, else succeeded.
 
+A queued job can be held (``job.held``): its state is ``held`` and the scheduler does not
+consider it until ``job.released``; only a job whose every open shard is queued can be held (not
+one awaiting approval: an approver decides it first), and a placement that reached the stream
+before the hold clears it (the scheduler ignored the hold too). ``job.priority_changed`` changes
+the spec's priority class of a job still queued or held.
+
 Every terminal transition records its time (the ending event's business time) and its reason:
 a job's ``ended_at`` is when its last shard ended, never its submit time, and a cancelled job
 says who cancelled it and why.
@@ -37,8 +43,8 @@ from typing import Any
 
 from fedsched.bus import Delivery
 from fedsched.dispatch import EventTable, SkippedTypes
-from fedsched.events import (ApprovalDecided, ApprovalRequested, Envelope, EventType, JobCancelRequested, JobPending,
-                             JobPlaced, JobStatus, JobStop, JobSubmitted)
+from fedsched.events import (ApprovalDecided, ApprovalRequested, Envelope, EventType, JobCancelRequested, JobHeld,
+                             JobPending, JobPlaced, JobPriorityChanged, JobStatus, JobStop, JobSubmitted)
 from fedsched.jobs import TERMINAL_STATES, AttemptState, JobSpec, JobState, StopReason
 
 
@@ -132,6 +138,10 @@ class JobRecord:
     policy_version: str = ""
     approval_id: str = ""  # the latest cross-region approval request
     version: int = 0  # increases with every change (for watchers)
+    held: bool = False  #: held (``job.held``) and not released or placed since
+    hold_reason: str = ""  #: "held by <principal>[: <their reason>]"
+    holds: int = 0  #: holds applied so far (the n-th hold and its release have their own event ids)
+    priority_changes: int = 0  #: ``job.priority_changed`` applied so far (event ids)
 
     @property
     def state(self) -> JobState:
@@ -139,6 +149,9 @@ class JobRecord:
         if self.cancelled:
             return JobState.CANCELLED
         states = [s.state for s in self.shards]
+        if self.held and not self.cancel_requested and all(s == JobState.QUEUED or s in TERMINAL_STATES
+                                                           for s in states) and JobState.QUEUED in states:
+            return JobState.HELD
         for s in (JobState.RUNNING, JobState.PLACED, JobState.AWAITING_APPROVAL, JobState.QUEUED):
             if s in states:
                 return s
@@ -156,6 +169,8 @@ class JobRecord:
             return "cancel requested"
         if state == JobState.CANCELLED and self.cancel_reason:
             return self.cancel_reason
+        if state == JobState.HELD:
+            return self.hold_reason
         for s in self.shards:
             if s.reason:
                 return s.reason if len(self.shards) == 1 else f"shard {s.index}: {s.reason}"
@@ -244,6 +259,28 @@ class JobView:
         rec.cancel_reason = f"cancelled by {env.actor or 'unknown'}" + (f": {why}" if why else "")
         return True
 
+    def _on_held(self, rec: JobRecord, env: Envelope) -> bool:
+        if rec.held or rec.cancel_requested or rec.state != JobState.QUEUED:
+            return False  # placed (or awaiting approval) before the hold reached the stream: no effect
+        why = env.payload_as(JobHeld).reason
+        rec.held, rec.holds = True, rec.holds + 1
+        rec.hold_reason = f"held by {env.actor or 'unknown'}" + (f": {why}" if why else "")
+        return True
+
+    def _on_released(self, rec: JobRecord, env: Envelope) -> bool:
+        if not rec.held:
+            return False
+        rec.held, rec.hold_reason = False, ""
+        return True
+
+    def _on_priority_changed(self, rec: JobRecord, env: Envelope) -> bool:
+        change = env.payload_as(JobPriorityChanged)
+        if rec.state not in (JobState.QUEUED, JobState.HELD) or rec.spec.priority == change.priority:
+            return False
+        rec.spec = rec.spec.model_copy(update={"priority": change.priority})
+        rec.priority_changes += 1
+        return True
+
     def _on_approval_requested(self, rec: JobRecord, env: Envelope) -> bool:
         req = env.payload_as(ApprovalRequested)
         waiting = [sh for sh in rec.shards if sh.state == JobState.QUEUED]
@@ -297,6 +334,7 @@ class JobView:
         shard.attempts.append(AttemptRecord(env.attempt, p.shard, env.region, env.cluster, p.card_model, placed_at=t,
                                             cross_region=p.cross_region, explanation=p.explanation))
         shard.state, shard.reason, shard.unplaceable = JobState.PLACED, "", False
+        rec.held, rec.hold_reason = False, ""  # placed before a hold took effect
         shard.decision = Decision("placed", t, p.explanation, p.evaluations, env.policy_version, p.counterfactual,
                                   env.cluster, env.region, p.queue)
         rec.policy_version = env.policy_version
@@ -475,6 +513,9 @@ def _attempt_status(fold):
 JOB_VIEW_EVENTS: EventTable = EventTable({
     EventType.JOB_SUBMITTED: JobView._on_submitted,
     EventType.JOB_CANCEL_REQUESTED: _open_job(JobView._on_cancel_requested),
+    EventType.JOB_HELD: _open_job(JobView._on_held),
+    EventType.JOB_RELEASED: _open_job(JobView._on_released),
+    EventType.JOB_PRIORITY_CHANGED: _open_job(JobView._on_priority_changed),
     EventType.APPROVAL_REQUESTED: _open_job(JobView._on_approval_requested),
     EventType.APPROVAL_APPROVED: _open_job(JobView._on_approval_outcome),
     EventType.APPROVAL_REJECTED: _open_job(JobView._on_approval_outcome),

@@ -36,6 +36,7 @@ same key with a different spec is ALREADY_EXISTS (naming the job only to a calle
 from __future__ import annotations
 
 import asyncio
+import fnmatch
 import functools
 import hashlib
 import itertools
@@ -60,12 +61,12 @@ from fedsched.api.v1 import jobs_pb2 as pb
 from fedsched.api.v1 import jobs_pb2_grpc as pb_grpc
 from fedsched.auth import Principal
 from fedsched.bus import Bus, Delivery, StreamFollower
-from fedsched.clock import Clock
+from fedsched.clock import Clock, SystemClock
 from fedsched.dispatch import EventTable, SkippedTypes
 from fedsched.errors import (AlreadyExistsError, AuthError, ConflictError, FedError, NotFoundError,
                              PermissionDeniedError, QuotaExceededError, UnavailableError, ValidationError)
-from fedsched.events import InventorySnapshot, JobCancelRequested, JobSubmitted, SubmissionRejected, Subjects, \
-    business_event_id, make_event
+from fedsched.events import InventorySnapshot, JobCancelRequested, JobHeld, JobPriorityChanged, JobSubmitted, \
+    SubmissionRejected, Subjects, business_event_id, make_event
 from fedsched.events import APPROVAL_OUTCOMES, Envelope, EventType
 from fedsched.tenancy import Governance
 from fedsched.topology import KnownNames
@@ -78,9 +79,11 @@ from fedsched.pricing import PriceCatalog, load_price_catalog
 from services.admission.admin_servicers import ApprovalServicer, PolicyServicer, TenantServicer
 from services.admission.approvalview import ApprovalView
 from services.admission.budgets import SpendBook, SpendWatcher
-from services.admission.convert import (STATE_FROM_PB, STATE_TO_PB, Limits, _ts, refuse_unknown_fields, spec_from_pb,
+from services.admission.convert import (PRIORITY_FROM_PB, STATE_FROM_PB, STATE_TO_PB, Limits, _ts, refuse_unknown_fields, spec_from_pb,
                                         spec_to_pb)
+from services.admission.clusterview import ClusterView
 from services.admission.jobview import JobRecord, JobView
+from services.admission.ops_servicers import ClusterServicer, SystemServicer
 from services.admission.rules import (ClusterCapacity, check_budget, check_can_ever_run, check_quota_can_fit,
                                       worst_case_cost)
 
@@ -90,7 +93,9 @@ tracer = telemetry.tracer("fedsched.admission")
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["JobService"].full_name
 GOVERNANCE_SERVICES = tuple(gpb.DESCRIPTOR.services_by_name[n].full_name
                             for n in ("TenantService", "ApprovalService", "PolicyService"))
-GUARDED = (SERVICE_NAME, *GOVERNANCE_SERVICES)  #: services whose every call needs a token
+#: read-only operator services (:mod:`services.admission.ops_servicers`): any authenticated principal
+OPS_SERVICES = tuple(pb.DESCRIPTOR.services_by_name[n].full_name for n in ("ClusterService", "SystemService"))
+GUARDED = (SERVICE_NAME, *GOVERNANCE_SERVICES, *OPS_SERVICES)  #: services whose every call needs a token
 
 #: Methods of the guarded services that change state. Their requests are refused
 #: (INVALID_ARGUMENT naming the field number) when they carry a field this server does not know
@@ -636,6 +641,200 @@ class JobServicer(pb_grpc.JobServiceServicer):
         self.view.apply(event)
         return pb.CancelJobResponse(job=job_to_pb(rec))
 
+    # ------------------------------------------------------------------ bulk actions
+
+    #: at most this many ids in one selector (a selector by filters walks the open jobs only)
+    MAX_BULK_IDS = 1000
+
+    def _select(self, principal: Principal, sel: pb.JobSelector) -> list[tuple[str, JobRecord | None, FedError | None]]:
+        """The jobs a bulk request names: ``(job_id, record or None, refusal or None)`` each.
+
+        By ids: every id, in request order (duplicates once); an id that does not exist or that
+        the caller may not read is NOT_FOUND alike (no leak), one the caller may read but not
+        write is PERMISSION_DENIED. By filters (AND across fields, OR within one; an empty
+        selector matches nothing): the open jobs (never the history) the caller may write,
+        oldest first.
+
+        Raises:
+            ValidationError: ids together with filters, too many ids, a malformed name, state or
+                pattern.
+        """
+        filters = bool(sel.tenants or sel.projects or sel.states or sel.name_pattern)
+        if sel.job_ids:
+            if filters:
+                raise ValidationError("selector", "give job ids or filters, not both")
+            if len(sel.job_ids) > self.MAX_BULK_IDS:
+                raise ValidationError("selector.job_ids", f"at most {self.MAX_BULK_IDS} ids per call")
+            out, seen = [], set()
+            for job_id in sel.job_ids:
+                if job_id in seen:
+                    continue
+                seen.add(job_id)
+                rec = self.view.jobs.get(job_id) if job_id and len(job_id) <= 64 else None
+                if rec is None or not (principal.can_read(rec.spec.tenant, rec.spec.project)
+                                       or principal.can_cancel(rec.spec.tenant, rec.spec.project)):
+                    out.append((job_id, None, NotFoundError("job", job_id)))
+                elif not principal.can_cancel(rec.spec.tenant, rec.spec.project):
+                    out.append((job_id, rec, PermissionDeniedError(
+                        f"{principal.name} may not act on jobs of {rec.spec.tenant}/{rec.spec.project}")))
+                else:
+                    out.append((job_id, rec, None))
+            return out
+        if not filters:
+            return []
+        tenants = {check_name("tenant", t, f"selector.tenants[{i}]") for i, t in enumerate(sel.tenants)}
+        projects = {check_name("project", p, f"selector.projects[{i}]") for i, p in enumerate(sel.projects)}
+        states = set()
+        for i, st in enumerate(sel.states):
+            if st not in STATE_FROM_PB:
+                raise ValidationError(f"selector.states[{i}]", f"unknown state {st}")
+            states.add(STATE_FROM_PB[st])
+        pattern = sel.name_pattern
+        if len(pattern) > 256 or not pattern.isprintable():
+            raise ValidationError("selector.name_pattern", "at most 256 printable characters (a shell-style glob)")
+        matched = []
+        for tenant, ids in self.view.open_by_tenant.items():
+            if tenants and tenant not in tenants:
+                continue
+            for job_id in ids:
+                rec = self.view.jobs.get(job_id)
+                if rec is None or (projects and rec.spec.project not in projects):
+                    continue
+                if (states and rec.state not in states) or (pattern and not fnmatch.fnmatchcase(rec.spec.name, pattern)):
+                    continue
+                if principal.can_cancel(rec.spec.tenant, rec.spec.project):
+                    matched.append(rec)
+        matched.sort(key=lambda r: (r.submitted_at, r.job_id))
+        return [(r.job_id, r, None) for r in matched]
+
+    async def _bulk(self, request: pb.BulkJobsRequest, action: str) -> pb.BulkJobsResponse:
+        """One bulk action (``cancel``, ``hold``, ``release``) over the selected jobs: per job a
+        precondition check, then one pipelined publish of every event; each job gets its result
+        (code 0, or the gRPC code of its refusal) and its state afterwards."""
+        principal = auth.current()
+        if len(request.reason) > 500:
+            raise ValidationError("reason", "at most 500 characters")
+        if not request.HasField("selector"):
+            raise ValidationError("selector", "required (job ids or filters)")
+        gov = self.policy.current
+        out = pb.BulkJobsResponse()
+        results: list[pb.BulkJobResult] = []  # filled in place, copied into the response at the end
+        todo: list[tuple[pb.BulkJobResult, JobRecord, Envelope]] = []
+        for job_id, rec, refusal in self._select(principal, request.selector):
+            result = pb.BulkJobResult(job_id=job_id)
+            if refusal is None:
+                out.matched += 1  # the caller may act on it (whether its state allows it or not)
+                try:
+                    event = self._action_event(action, rec, principal, request.reason, gov)
+                except ConflictError as e:
+                    refusal = e
+            if refusal is not None:
+                result.code, result.message = status_for(refusal).value[0], refusal.message
+                if rec is not None and not isinstance(refusal, NotFoundError):
+                    result.state = STATE_TO_PB[rec.state]
+                results.append(result)
+                continue
+            if event is None:  # nothing to do (already held)
+                result.message, result.state = f"already {rec.state.value}", STATE_TO_PB[rec.state]
+                out.succeeded += 1
+                results.append(result)
+                continue
+            if request.dry_run:
+                result.message, result.state = f"would {action}", STATE_TO_PB[rec.state]
+                out.succeeded += 1
+            else:
+                todo.append((result, rec, event))
+            results.append(result)
+        if todo:
+            items = [(self.subjects.job(_VERBS[action], rec.spec.tenant, rec.spec.project), event, None)
+                     for _, rec, event in todo]
+            acks = await self.publisher.publish_many(items)
+            for (result, rec, event), ok in zip(todo, acks):
+                if ok:
+                    self.view.apply(event)
+                    result.message = _DONE[action]
+                    out.succeeded += 1
+                else:
+                    result.code, result.message = grpc.StatusCode.UNAVAILABLE.value[0], "the bus did not take it; retry"
+                result.state = STATE_TO_PB[rec.state]
+        out.results.extend(results)
+        return out
+
+    def _action_event(self, action: str, rec: JobRecord, principal: Principal, reason: str,
+                      gov: Governance | None) -> Envelope | None:
+        """The event of ``action`` on ``rec`` (None: nothing to do).
+
+        Raises:
+            ConflictError: the job is in no state for it (ended, placed or running for a hold,
+                awaiting approval, not held for a release).
+        """
+        state = rec.state
+        if state in TERMINAL_STATES:
+            raise ConflictError(f"job {rec.job_id} is already {state.value}")
+        if action == "cancel":
+            etype, payload, key = EventType.JOB_CANCEL_REQUESTED, JobCancelRequested(reason=reason), ("cancel",)
+        elif action == "hold":
+            if state == JobState.HELD:
+                return None
+            if rec.cancel_requested:
+                raise ConflictError(f"job {rec.job_id} is being cancelled")
+            if state != JobState.QUEUED:
+                raise ConflictError(f"job {rec.job_id} is {state.value}; only a queued job can be held"
+                                    + (" (an approver decides it first)" if state == JobState.AWAITING_APPROVAL else ""))
+            etype, payload, key = EventType.JOB_HELD, JobHeld(reason=reason), ("job.held", rec.holds + 1)
+        else:
+            if state != JobState.HELD:
+                raise ConflictError(f"job {rec.job_id} is {state.value}, not held")
+            etype, payload, key = EventType.JOB_RELEASED, JobHeld(reason=reason), ("job.released", rec.holds)
+        return make_event(etype, payload, producer="admission", occurred_at=self.clock.time(),
+                          event_id=business_event_id(rec.job_id, *key), tenant=rec.spec.tenant,
+                          project=rec.spec.project, job_id=rec.job_id, actor=principal.name,
+                          policy_version=gov.version if gov else "")
+
+    async def CancelJobs(self, request: pb.BulkJobsRequest, context) -> pb.BulkJobsResponse:
+        """Cancel the selected jobs (queued and held ones end at once, running ones are stopped)."""
+        return await self._bulk(request, "cancel")
+
+    async def HoldJobs(self, request: pb.BulkJobsRequest, context) -> pb.BulkJobsResponse:
+        """Hold the selected queued jobs (state HELD: the scheduler ignores them until released).
+        A placed, running or awaiting-approval job gets FAILED_PRECONDITION; a held one stays so."""
+        return await self._bulk(request, "hold")
+
+    async def ReleaseJobs(self, request: pb.BulkJobsRequest, context) -> pb.BulkJobsResponse:
+        """Release the selected held jobs (they wait again with their original submit time)."""
+        return await self._bulk(request, "release")
+
+    async def SetJobPriority(self, request: pb.SetJobPriorityRequest, context) -> pb.Job:
+        """Change the priority class of a queued or held job (``job.priority_changed``, audited
+        with who and why). Same class: no event.
+
+        Raises:
+            ValidationError: reason over 500 characters, unknown or unspecified priority.
+            NotFoundError / PermissionDeniedError: as CancelJob.
+            ConflictError: the job is placed, running, awaiting approval or ended.
+        """
+        principal = auth.current()
+        rec = self._get(request.job_id, write=True)
+        if len(request.reason) > 500:
+            raise ValidationError("reason", "at most 500 characters")
+        if request.priority == pb.PRIORITY_CLASS_UNSPECIFIED or request.priority not in PRIORITY_FROM_PB:
+            raise ValidationError("priority", "one of critical, high, normal, low, best_effort")
+        new = PRIORITY_FROM_PB[request.priority]
+        if rec.state not in (JobState.QUEUED, JobState.HELD) or rec.cancel_requested:
+            raise ConflictError(f"job {rec.job_id} is {rec.state.value}; only a queued or held job changes priority")
+        if new == rec.spec.priority:
+            return job_to_pb(rec)
+        gov = self.policy.current
+        event = make_event(EventType.JOB_PRIORITY_CHANGED,
+                           JobPriorityChanged(previous=rec.spec.priority, priority=new, reason=request.reason),
+                           producer="admission", occurred_at=self.clock.time(),
+                           event_id=business_event_id(rec.job_id, "job.priority_changed", rec.priority_changes + 1),
+                           tenant=rec.spec.tenant, project=rec.spec.project, job_id=rec.job_id, actor=principal.name,
+                           policy_version=gov.version if gov else "")
+        await self.publisher.publish(self.subjects.job("priority", rec.spec.tenant, rec.spec.project), event)
+        self.view.apply(event)
+        return job_to_pb(rec)
+
     async def ExplainJob(self, request: pb.ExplainJobRequest, context) -> pb.ExplainJobResponse:
         return explain_to_pb(self._get(request.job_id))
 
@@ -680,6 +879,11 @@ class JobServicer(pb_grpc.JobServiceServicer):
             await changed.wait()
 
 
+#: bulk action -> the verb of its subject, and the word for a job it was done to
+_VERBS = {"cancel": "cancel", "hold": "hold", "release": "release"}
+_DONE = {"cancel": "cancel requested", "hold": "held", "release": "released"}
+
+
 @dataclass(frozen=True)
 class TlsFiles:
     """TLS for the gRPC port: server certificate and key (PEM files); with ``client_ca``,
@@ -713,13 +917,19 @@ class AdmissionService:
             topology given: job regions are checked against what agents report.
         spend_poll_s: how often to look for billing's spend KV bucket until it exists.
         logs_timeout_s: how long GetJobLogs waits for the agent (then UNAVAILABLE).
+        stale_after_s: wall seconds after which a silent cluster shows unhealthy in
+            ListClusters (the scheduler's freshness limit).
+        wall: wall clock comparable with JetStream storage times (heartbeat ages; default the
+            system clock).
     """
 
     def __init__(self, bus: Bus, clock: Clock, *, address: str = "127.0.0.1:50051", limits: Limits | None = None,
                  max_message_bytes: int = 4 * 1024 * 1024, prices: PriceCatalog | None = None,
                  tls: TlsFiles | None = None, spend_poll_s: float = 5.0, names: KnownNames | None = None,
-                 logs_timeout_s: float = 5.0) -> None:
+                 logs_timeout_s: float = 5.0, stale_after_s: float = 10.0, wall: Clock | None = None) -> None:
         self.bus = bus
+        self.wall: Clock = wall if wall is not None else SystemClock()
+        self.cluster_view = ClusterView(stale_after_s=stale_after_s)
         self.address = address
         self.tls = tls
         self.policy = PolicyHolder()
@@ -746,6 +956,10 @@ class AdmissionService:
         gpb_grpc.add_TenantServiceServicer_to_server(self.tenants, self.server)
         gpb_grpc.add_ApprovalServiceServicer_to_server(self.approval_servicer, self.server)
         gpb_grpc.add_PolicyServiceServicer_to_server(self.policy_servicer, self.server)
+        self.cluster_servicer = ClusterServicer(self.cluster_view, self.view, clock, self.wall)
+        pb_grpc.add_ClusterServiceServicer_to_server(self.cluster_servicer, self.server)
+        self.system_servicer = SystemServicer(bus, self.cluster_view, self.wall, self._own_status)
+        pb_grpc.add_SystemServiceServicer_to_server(self.system_servicer, self.server)
         self.health = health_aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection((*GUARDED, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
@@ -757,7 +971,8 @@ class AdmissionService:
                                                        s.all("status"), s.all("governance"),
                                                        s.all("billing", "usage")])
         self._inventory = StreamFollower(bus, "INVENTORY", self._on_inventory, name="admission-inventory",
-                                         filter_subjects=[s.all("inventory")], last_per_subject=True)
+                                         filter_subjects=[s.all("inventory"), s.all("heartbeat")],
+                                         last_per_subject=True)
         self._policy_follower = PolicyFollower(bus, self.policy, name="admission-policy")
         self._spend_watcher = SpendWatcher(bus, self.spend, poll_s=spend_poll_s)
         self._stop = asyncio.Event()
@@ -786,6 +1001,7 @@ class AdmissionService:
         fold = INVENTORY_EVENTS.route(d.envelope.type, self.skipped_inventory)
         if fold is not None:
             fold(self, d.envelope)
+            self.cluster_view.apply(d, self.wall.time())
 
     def _on_snapshot(self, env: Envelope) -> None:
         snap = env.payload_as(InventorySnapshot)
@@ -793,6 +1009,24 @@ class AdmissionService:
         self.known_regions.add(env.region)
         if env.cluster:
             self.clusters[env.cluster] = ClusterCapacity.from_snapshot(env.region, snap)
+
+    async def _own_status(self) -> tuple[str, int]:
+        """(detail, lag) of this admission for GetStatus: jobs known, policy, and the messages its
+        job-view follower has not read yet (from its consumer's info; 0 when unknown)."""
+        lag = 0
+        sub = self._events._sub
+        if sub is not None:
+            try:
+                info = await asyncio.wait_for(sub.consumer_info(), 2.0)
+                lag = int(info.num_pending or 0)
+            except Exception as e:  # noqa: BLE001 - a consumer being recreated: lag unknown
+                log.info("status: admission follower info: %r", e)
+        open_jobs = sum(len(ids) for ids in self.view.open_by_tenant.values())
+        return (f"{len(self.view.jobs)} jobs known ({open_jobs} open), policy {self.policy.version or '-'}, "
+                f"{len(self.cluster_view.clusters)} clusters reporting"), lag
+
+    def _on_heartbeat(self, env: Envelope) -> None:
+        """A heartbeat: only the capacity view needs it (folded by :meth:`_on_inventory`)."""
 
     async def start(self) -> None:
         """Rebuild the read models, wait for a policy, then start serving (sets :attr:`ready`)."""
@@ -860,7 +1094,7 @@ ADMISSION_EVENTS: EventTable = EventTable({
     EventType.USAGE_RECORDED: AdmissionService._to_spend,
 })
 
-#: ``admission-inventory``: the snapshots tell which card models and regions exist; heartbeats
-#: are on another subject.
-INVENTORY_EVENTS: EventTable = EventTable({EventType.INVENTORY_SNAPSHOT: AdmissionService._on_snapshot},
-                                          ignores=frozenset({EventType.INVENTORY_HEARTBEAT}))
+#: ``admission-inventory``: the snapshots tell which card models and regions exist; snapshots and
+#: heartbeats both feed the capacity view (:class:`~services.admission.clusterview.ClusterView`).
+INVENTORY_EVENTS: EventTable = EventTable({EventType.INVENTORY_SNAPSHOT: AdmissionService._on_snapshot,
+                                           EventType.INVENTORY_HEARTBEAT: AdmissionService._on_heartbeat})

@@ -32,6 +32,13 @@ cancellation, ``job.cancelled`` whose reason starts with ``unschedulable_timeout
 runs is never stopped for it (a split job ends when its running shards have). The timer is
 kept in memory: after a restart it starts again.
 
+Holds and priority: ``job.held`` takes a job whose every open shard is queued out of the queue
+(its shards are ``held``: never decided, no pending reason, not counted as queued) until
+``job.released`` puts them back with the job's original submit time (aging counts the time
+held); a hold that arrives after a placement is ignored (admission's job view does the same in
+stream order). ``job.priority_changed`` replaces the priority class of a job none of whose shards
+is placed, running or stopping; the next cycle orders the queue by it. A held job can be cancelled.
+
 Its own events come back through the follower; applying them again is a no-op (same attempt),
 so the write-through state and the rebuilt state agree.
 
@@ -59,10 +66,11 @@ from fedsched import telemetry
 from fedsched.bus import Bus, Delivery, StreamFollower
 from fedsched.clock import Clock, SystemClock, to_datetime
 from fedsched.dispatch import EventTable, SkippedTypes
-from fedsched.events import (Envelope, EventType, InventorySnapshot, JobPending, JobPlaced, JobStatus, JobStop, JobSubmitted,
-                             Subjects, WorkerBinding, business_event_id, make_event)
+from fedsched.events import (Envelope, EventType, InventorySnapshot, JobPending, JobPlaced, JobPriorityChanged, JobStatus,
+                             JobStop, JobSubmitted, Subjects, WorkerBinding, business_event_id, make_event)
 from fedsched.jobs import JobSpec
 from fedsched.policystore import PolicyFollower, PolicyHolder
+from fedsched.version import package_version
 from fedsched.ports import Publisher
 from fedsched.pricing import PriceCatalog
 from fedsched.tenancy import DEFAULT_RETRY_BUDGET, RetryBudgetDoc
@@ -368,6 +376,7 @@ class SchedulerService:
                 "last_cycle_ms": round(self.last_cycle_ms, 2), "unplaceable": unplaceable, "jobs": len(self.jobs),
                 "clusters": len(self.clusters), "stale": sorted(self._stale), "policy": self.policy.version,
                 "skipped_types": {name: c.as_dict() for name, c in self.skipped.items() if c.counts},
+                "version": package_version(),
                 **{state.value: n for state, n in self.counts.items()}}
 
     async def _on_status_request(self, msg) -> None:
@@ -442,6 +451,42 @@ class SchedulerService:
         job.cancel_requested = True
         self.cancelling[job.job_id] = job
         self._dirty.set()
+
+    def _on_held(self, env: Envelope, d: Delivery) -> None:
+        """``job.held``: every queued shard leaves the queue, if no shard is placed, running or
+        stopping and the job is not awaiting approval (else the hold came too late and has no
+        effect)."""
+        job = self.jobs.get(env.job_id)
+        if job is None or job.done or job.cancel_requested:
+            return
+        if any(s.state not in (ShardState.QUEUED, ShardState.DONE) for s in job.shards):
+            return
+        approvals = self.governor.state.get(job.job_id)
+        if approvals is not None and approvals.pending is not None:
+            return  # awaiting approval (admission's view refuses to hold it too)
+        for shard in job.shards:
+            if shard.state == ShardState.QUEUED:
+                shard.pending_reason = ""
+                self._set(job, shard, ShardState.HELD)
+
+    def _on_released(self, env: Envelope, d: Delivery) -> None:
+        """``job.released``: held shards wait again (the job keeps its submit time)."""
+        job = self.jobs.get(env.job_id)
+        if job is None:
+            return
+        for shard in job.shards:
+            if shard.state == ShardState.HELD:
+                self._set(job, shard, ShardState.QUEUED)
+
+    def _on_priority_changed(self, env: Envelope, d: Delivery) -> None:
+        """``job.priority_changed``: a job not placed anywhere takes the new class (next cycle)."""
+        job = self.jobs.get(env.job_id)
+        if job is None or job.done or any(s.state in (*ACTIVE, ShardState.STOPPING) for s in job.shards):
+            return
+        change = env.payload_as(JobPriorityChanged)
+        if job.spec.priority != change.priority:
+            job.spec = job.spec.model_copy(update={"priority": change.priority})
+            self._dirty.set()
 
     def _on_cancelled(self, env: Envelope, d: Delivery) -> None:
         """Our own ``job.cancelled``, read back after a restart: the job has ended (asked for, or
@@ -906,7 +951,7 @@ class SchedulerService:
         for job in list(self.cancelling.values()):
             items = []
             for shard in job.shards:
-                if shard.state == ShardState.QUEUED:
+                if shard.state in (ShardState.QUEUED, ShardState.HELD):
                     shard.outcome = Outcome.CANCELLED
                     self._set(job, shard, ShardState.DONE)
                 elif shard.state in ACTIVE and not shard.stop_sent:
@@ -1003,7 +1048,7 @@ def _attempt_status(fold, *, ends: bool):
         if found is None:
             return
         job, shard = found
-        if env.attempt != shard.attempt or shard.state in (ShardState.DONE, ShardState.QUEUED):
+        if env.attempt != shard.attempt or shard.state in (ShardState.DONE, ShardState.QUEUED, ShardState.HELD):
             return  # an attempt we already gave up on
         if ends:
             svc._unbind(shard)
@@ -1017,6 +1062,9 @@ def _attempt_status(fold, *, ends: bool):
 EVENTS: EventTable = EventTable({
     EventType.JOB_SUBMITTED: SchedulerService._on_submitted,
     EventType.JOB_CANCEL_REQUESTED: SchedulerService._on_cancel,
+    EventType.JOB_HELD: SchedulerService._on_held,
+    EventType.JOB_RELEASED: SchedulerService._on_released,
+    EventType.JOB_PRIORITY_CHANGED: SchedulerService._on_priority_changed,
     EventType.JOB_CANCELLED: SchedulerService._on_cancelled,
     EventType.JOB_PLACED: SchedulerService._on_placed,
     EventType.JOB_STOP: SchedulerService._on_stop_order,

@@ -15,6 +15,7 @@ class ShardState(StrEnum):
     """Where a shard is in the scheduler's book (str-valued: logs and status JSON unchanged)."""
 
     QUEUED = "queued"      # waiting for a placement
+    HELD = "held"          # held by a caller (``job.held``): not in the queue until ``job.released``
     PLACED = "placed"      # placement published, its agent has not reported a start
     RUNNING = "running"    # its agent reported ``job.started`` for the current attempt
     STOPPING = "stopping"  # preempted: stop order sent, resources already given up, awaiting ``job.stopped``

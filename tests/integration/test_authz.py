@@ -39,6 +39,15 @@ MATRIX: dict[str, tuple[str, ...]] = {
     "JobService.ExplainJob":         (U, U, A, D, A, A, A),
     "JobService.GetJobLogs":         (U, U, A, D, A, A, A),  # like GetJob (then UNAVAILABLE: no agent here)
     "JobService.CancelJob":          (U, U, A, D, D, D, A),
+    # bulk actions answer per job: a job the caller may not write is "denied" (PERMISSION_DENIED,
+    # or NOT_FOUND when it may not even see it; see _bulk)
+    "JobService.CancelJobs":         (U, U, A, D, D, D, A),
+    "JobService.HoldJobs":           (U, U, A, D, D, D, A),
+    "JobService.ReleaseJobs":        (U, U, A, D, D, D, A),
+    "JobService.SetJobPriority":     (U, U, A, D, D, D, A),
+    # capacity and service health: any authenticated principal
+    "ClusterService.ListClusters":   (U, U, A, A, A, A, A),
+    "SystemService.GetStatus":       (U, U, A, A, A, A, A),
     "TenantService.ListTenants":     (U, U, A, A, A, D, A),
     "TenantService.ListQuotas":      (U, U, A, D, A, D, A),
     "TenantService.PutTenant":       (U, U, D, D, D, D, A),
@@ -125,6 +134,13 @@ def _call(s: Stubs, rpc: str, w: World):
         "JobService.ExplainJob": lambda: s.jobs.ExplainJob(pb.ExplainJobRequest(job_id=w.job_id)),
         "JobService.GetJobLogs": lambda: _first(s.jobs.GetJobLogs(pb.GetJobLogsRequest(job_id=w.job_id))),
         "JobService.CancelJob": lambda: s.jobs.CancelJob(pb.CancelJobRequest(job_id=w.job_id)),
+        **{f"JobService.{m}": (lambda m=m: _bulk(getattr(s.jobs, m)(pb.BulkJobsRequest(
+            selector=pb.JobSelector(job_ids=[w.job_id]), dry_run=True))))
+           for m in ("CancelJobs", "HoldJobs", "ReleaseJobs")},
+        "JobService.SetJobPriority": lambda: s.jobs.SetJobPriority(pb.SetJobPriorityRequest(
+            job_id=w.job_id, priority=pb.PRIORITY_CLASS_HIGH)),
+        "ClusterService.ListClusters": lambda: s.clusters.ListClusters(pb.ListClustersRequest()),
+        "SystemService.GetStatus": lambda: s.system.GetStatus(pb.GetStatusRequest()),
         "TenantService.ListTenants": lambda: s.tenants.ListTenants(gpb.ListTenantsRequest()),
         "TenantService.ListQuotas": lambda: s.tenants.ListQuotas(gpb.ListQuotasRequest(tenant="search")),
         "TenantService.PutTenant": lambda: s.tenants.PutTenant(gpb.PutTenantRequest(tenant=gpb.Tenant(
@@ -143,6 +159,17 @@ def _call(s: Stubs, rpc: str, w: World):
         "PolicyService.ApplyPolicy": lambda: s.policy.ApplyPolicy(gpb.ApplyPolicyRequest(yaml=w.yaml)),
     }
     return calls[rpc]()
+
+
+async def _bulk(call):
+    """A bulk action's answer for one job, as an RPC outcome: its per-job PERMISSION_DENIED or
+    NOT_FOUND (a job the caller may not see) is raised as PERMISSION_DENIED."""
+    resp = await call
+    if resp.results and resp.results[0].code in (grpc.StatusCode.PERMISSION_DENIED.value[0],
+                                                 grpc.StatusCode.NOT_FOUND.value[0]):
+        raise grpc.aio.AioRpcError(grpc.StatusCode.PERMISSION_DENIED, grpc.aio.Metadata(), grpc.aio.Metadata(),
+                                   resp.results[0].message)
+    return resp
 
 
 async def _first(stream):
