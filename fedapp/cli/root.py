@@ -132,6 +132,11 @@ def up(
     tls_key: Optional[Path] = typer.Option(None, "--tls-key", envvar="FEDSCHED_TLS_KEY", help="PEM private key."),
     tls_client_ca: Optional[Path] = typer.Option(None, "--tls-client-ca", envvar="FEDSCHED_TLS_CLIENT_CA",
                                                  help="Require client certificates signed by this CA (mTLS)."),
+    web_port: int = typer.Option(8080, "--web-port", envvar="FEDSCHED_WEB_PORT", min=0, max=65535,
+                                 help="Serve the web console on this port (0 = any free port)."),
+    web_host: str = typer.Option("127.0.0.1", "--web-host", envvar="FEDSCHED_WEB_HOST",
+                                 help="Address the web console listens on."),
+    no_web: bool = typer.Option(False, "--no-web", help="Do not serve the web console."),
     verbose: bool = typer.Option(False, "--verbose", "-v"),
 ):
     """Run the whole federation in the foreground until Ctrl-C.
@@ -167,8 +172,19 @@ def up(
         console.print(f"  policy {system.admission.policy.version}; {token_note}")
         console.print(f"  try: FEDSCHED_GRPC={system.grpc_target} fedsched submit --tenant search --project train "
                       f"--gpus 1 --duration 600")
+        console_server = None
+        if not no_web:
+            from fedapp.web.serve import serve_system
+
+            try:
+                console_server = await serve_system(system, web_host, web_port)
+                console.print(f"  web console: {console_server.url} (sign in with a token, e.g. the admin token)")
+            except (OSError, FedError) as e:
+                err.print(error_line("web console not started:", f"{e} (pass --web-port, or --no-web)"))
         failed = asyncio.create_task(system.failed.wait())
         await asyncio.wait({asyncio.create_task(stop.wait()), failed}, return_when=asyncio.FIRST_COMPLETED)
+        if console_server is not None:
+            await console_server.stop()
         if system.failed.is_set():
             err.print(error_line("error:", f"a service crashed ({system.failure!r}); stopping everything (state is "
                                            f"kept: `fedsched up` again resumes; -v shows the logs)"))
@@ -454,9 +470,11 @@ from fedapp.cli import jobs as job_commands  # noqa: E402  (registers submit/job
 job_commands.register(app)
 admin_commands.register(app)
 
+from fedapp.cli import web as web_commands  # noqa: E402  (registers web)
 from fedapp.cli import reports as report_commands  # noqa: E402  (registers report)
 
 report_commands.register(app)
+web_commands.register(app)
 
 
 def main() -> None:

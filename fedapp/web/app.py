@@ -155,15 +155,28 @@ def _templates() -> jinja2.Environment:
 CONFIG_KEY = web.AppKey("config", WebConfig)
 API_KEY = web.AppKey("api", Api)
 ENV_KEY = web.AppKey("templates", jinja2.Environment)
+TOKEN_KEY = web.RequestKey("token", str)  #: the signed-in user's bearer token ("" = none)
+CSRF_KEY = web.RequestKey("csrf", str)  #: the CSRF token this request's forms carry
+FRESH_KEY = web.RequestKey("csrf_fresh", bool)  #: the CSRF nonce was made for this response
 
 
-def create_app(config: WebConfig) -> web.Application:
-    """The console's aiohttp application (its gRPC channel closes with the app)."""
+def create_app(config: WebConfig, api: Api | None = None) -> web.Application:
+    """The console's aiohttp application.
+
+    Args:
+        config: what to serve.
+        api: the API client to use (tests pass a fake of :class:`~fedapp.web.api.Api`); default:
+            one opened on ``config.api`` when the app starts and closed with it.
+    """
     app = web.Application(middlewares=[_security_headers, _session, _errors])
     app[CONFIG_KEY] = config
     app[ENV_KEY] = _templates()
 
     async def open_api(app: web.Application):
+        if api is not None:
+            app[API_KEY] = api
+            yield
+            return
         app[API_KEY] = Api(config.api)
         yield
         await app[API_KEY].close()
@@ -207,7 +220,7 @@ def render(request: web.Request, template: str, status: int = 200, **context: An
     state, the current section)."""
     env = request.app[ENV_KEY]
     body = env.get_template(template).render(
-        csrf=request.get("csrf", ""), signed_in=bool(request.get("token")), path=request.path, **context)
+        csrf=request.get(CSRF_KEY, ""), signed_in=bool(request.get(TOKEN_KEY)), path=request.path, **context)
     return web.Response(text=body, status=status, content_type="text/html", charset="utf-8")
 
 
@@ -239,9 +252,9 @@ async def _session(request: web.Request, handler) -> web.StreamResponse:
     fresh = not (16 <= len(nonce) <= 64 and nonce.isalnum())
     if fresh:
         nonce = secrets.token_hex(16)
-    request["csrf"] = _csrf_for(config.secret, nonce)
-    request["csrf_fresh"] = fresh
-    request["token"] = request.cookies.get(TOKEN_COOKIE, "")
+    request[CSRF_KEY] = _csrf_for(config.secret, nonce)
+    request[FRESH_KEY] = fresh
+    request[TOKEN_KEY] = request.cookies.get(TOKEN_COOKIE, "")
     response = await _guarded(request, handler)
     if fresh:
         response.set_cookie(CSRF_COOKIE, nonce, httponly=True, samesite="Strict", path="/",
@@ -253,11 +266,11 @@ async def _guarded(request: web.Request, handler) -> web.StreamResponse:
     """The CSRF check of a POST, then the sign-in check, then the handler."""
     if request.method == "POST":
         form = await request.post()
-        if not hmac.compare_digest(str(form.get("csrf", "")), request["csrf"]) or request["csrf_fresh"]:
+        if not hmac.compare_digest(str(form.get("csrf", "")), request[CSRF_KEY]) or request[FRESH_KEY]:
             return render(request, "error.html", status=403, title="Forbidden",
                           message="The form's CSRF token is missing or stale: reload the page and try again.")
     public = any(request.path == p or (p.endswith("/") and request.path.startswith(p)) for p in _PUBLIC)
-    if not public and not request["token"]:
+    if not public and not request[TOKEN_KEY]:
         if request.method == "GET":
             return _redirect("/login?" + urlencode({"next": request.path_qs}))
         return render(request, "error.html", status=401, title="Sign in first",
@@ -285,7 +298,7 @@ _TITLES = {400: "Invalid request", 403: "Not allowed", 404: "Not found", 409: "C
 
 
 def _api(request: web.Request) -> tuple[Api, str]:
-    return request.app[API_KEY], request["token"]
+    return request.app[API_KEY], request[TOKEN_KEY]
 
 
 # --------------------------------------------------------------------------- sign in / out

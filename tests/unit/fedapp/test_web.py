@@ -1,0 +1,212 @@
+"""The web console's handlers through aiohttp's test client, against a fake of our own API client
+(:class:`fedapp.web.api.Api`) that authorises like admission does for three users: sign-in and the
+cookie's attributes, CSRF on every POST, the API's refusals mapped to HTTP statuses, no external
+URL in any page, and the pure helpers (payload summaries, running totals, the policy diff)."""
+
+from __future__ import annotations
+
+import re
+from decimal import Decimal
+
+import grpc
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from fedapp.web import ApiConfig, ApiError, WebConfig, create_app
+from fedapp.web.app import CSRF_COOKIE, TOKEN_COOKIE
+from fedapp.web.reads import cumulative, summarize_payload
+from fedsched.api.v1 import governance_pb2 as gpb
+from fedsched.api.v1 import jobs_pb2 as pb
+from fedsched.tenancy import yaml_diff
+
+USERS = {"tok-admin": "admin", "tok-approver": "approver", "tok-submitter": "submitter"}
+APPROVAL = "ap-0123456789abcdef0123"
+
+
+class FakeApi:
+    """Answers like admission for :data:`USERS`: unknown tokens are UNAUTHENTICATED, only the
+    approver and the admin may list and decide approvals, only the admin reads policy versions."""
+
+    def __init__(self) -> None:
+        self.decisions: list[tuple[str, str, bool, str]] = []
+        self.requests: list[pb.ListJobsRequest] = []
+
+    def _who(self, token: str) -> str:
+        if token not in USERS:
+            raise ApiError(grpc.StatusCode.UNAUTHENTICATED, "unknown token")
+        return USERS[token]
+
+    async def close(self) -> None:
+        pass
+
+    async def list_tenants(self, token):
+        self._who(token)
+        return gpb.ListTenantsResponse(tenants=[gpb.Tenant(name="ads", projects=["train"])])
+
+    async def list_jobs(self, token, request):
+        self._who(token)
+        self.requests.append(request)
+        job = pb.Job(job_id="j-1", spec=pb.JobSpec(tenant="ads", project="train", name="<b>bold</b>"),
+                     state=pb.JOB_STATE_AWAITING_APPROVAL)
+        return pb.ListJobsResponse(jobs=[job], total=1)
+
+    async def get_job(self, token, job_id):
+        self._who(token)
+        raise ApiError(grpc.StatusCode.NOT_FOUND, f"job {job_id} not found")
+
+    async def explain(self, token, job_id):
+        raise AssertionError("not reached")
+
+    async def list_clusters(self, token):
+        self._who(token)
+        raise ApiError(grpc.StatusCode.UNIMPLEMENTED, "unimplemented")
+
+    async def list_approvals(self, token, states=(), page_size=200):
+        if self._who(token) == "submitter":
+            raise ApiError(grpc.StatusCode.PERMISSION_DENIED, "submitter is not an approver")
+        return gpb.ListApprovalsResponse(approvals=[gpb.Approval(
+            approval_id=APPROVAL, job_id="j-1", tenant="ads", project="train", state=gpb.APPROVAL_STATE_PENDING,
+            cost="3.6", currency="CNY")])
+
+    async def decide(self, token, approval_id, approve, comment=""):
+        who = self._who(token)
+        if who == "submitter":
+            raise ApiError(grpc.StatusCode.PERMISSION_DENIED, "submitter is not an approver of ads")
+        self.decisions.append((who, approval_id, approve, comment))
+        return gpb.Approval(approval_id=approval_id,
+                            state=gpb.APPROVAL_STATE_APPROVED if approve else gpb.APPROVAL_STATE_REJECTED)
+
+    async def policy_versions(self, token, limit=50):
+        if self._who(token) != "admin":
+            raise ApiError(grpc.StatusCode.PERMISSION_DENIED, "not an admin")
+        old = gpb.PolicyDocument(version="aaaaaaaaaaaa", yaml="quotas: []\n", applied_by="bootstrap")
+        new = gpb.PolicyDocument(version="bbbbbbbbbbbb", yaml="quotas:\n- tenant: ads\n", applied_by="root")
+        return gpb.ListPolicyVersionsResponse(versions=[new, old])
+
+
+@pytest.fixture
+async def client():
+    api = FakeApi()
+    app = create_app(WebConfig(api=ApiConfig("127.0.0.1:1")), api=api)
+    async with TestClient(TestServer(app)) as c:
+        c.fake = api
+        yield c
+
+
+async def _csrf(client, path: str = "/login") -> str:
+    page = await (await client.get(path)).text()
+    return re.search(r'name="csrf" value="([0-9a-f]{64})"', page).group(1)
+
+
+async def _sign_in(client, token: str) -> None:
+    csrf = await _csrf(client)
+    r = await client.post("/login", data={"csrf": csrf, "token": token, "next": "/jobs"}, allow_redirects=False)
+    assert r.status == 303, await r.text()
+
+
+async def test_pages_need_a_session_and_send_the_user_to_the_form(client):
+    r = await client.get("/approvals?x=1", allow_redirects=False)
+    assert r.status == 303 and r.headers["Location"] == "/login?next=%2Fapprovals%3Fx%3D1"
+    r = await client.post("/approvals/ap-x/approve", data={}, allow_redirects=False)
+    assert r.status == 403  # no CSRF cookie yet: refused before anything else
+
+
+async def test_sign_in_checks_the_token_and_keeps_it_in_an_httponly_strict_cookie(client):
+    form = await client.get("/login")
+    nonce = form.cookies[CSRF_COOKIE]
+    assert nonce["httponly"] and nonce["samesite"] == "Strict"
+    csrf = re.search(r'name="csrf" value="([0-9a-f]{64})"', await form.text()).group(1)
+    assert csrf != nonce.value  # the form carries HMAC(secret, nonce), not the cookie itself
+    bad = await client.post("/login", data={"csrf": csrf, "token": "nope", "next": "/jobs"}, allow_redirects=False)
+    assert bad.status == 401 and "did not accept this token" in await bad.text()
+    assert TOKEN_COOKIE not in bad.cookies
+    good = await client.post("/login", data={"csrf": csrf, "token": "tok-admin", "next": "//evil.example/x"},
+                             allow_redirects=False)
+    assert good.status == 303 and good.headers["Location"] == "/jobs"  # no open redirect
+    cookie = good.cookies[TOKEN_COOKIE]
+    assert cookie.value == "tok-admin" and cookie["httponly"] and cookie["samesite"] == "Strict"
+    assert cookie["path"] == "/"
+
+
+async def test_every_post_needs_the_forms_csrf_token(client):
+    await _sign_in(client, "tok-approver")
+    r = await client.post(f"/approvals/{APPROVAL}/approve", data={"csrf": "0" * 64}, allow_redirects=False)
+    assert r.status == 403 and "CSRF" in await r.text()
+    r = await client.post("/logout", data={}, allow_redirects=False)
+    assert r.status == 403
+    assert client.fake.decisions == []
+
+
+async def test_an_approver_decides_and_a_non_approver_gets_403_from_the_api(client):
+    await _sign_in(client, "tok-approver")
+    page = await (await client.get("/approvals")).text()
+    assert f'action="/approvals/{APPROVAL}/approve"' in page and "button" in page
+    csrf = re.search(r'name="csrf" value="([0-9a-f]{64})"', page).group(1)
+    r = await client.post(f"/approvals/{APPROVAL}/reject", data={"csrf": csrf, "comment": " stay home "},
+                          allow_redirects=False)
+    assert r.status == 303 and r.headers["Location"] == f"/approvals?decided={APPROVAL}&as=rejected"
+    assert client.fake.decisions == [("approver", APPROVAL, False, "stay home")]
+    await _sign_in(client, "tok-submitter")
+    page = await (await client.get("/approvals")).text()
+    assert "j-1" in page and "/approve" not in page and "<button type=\"submit\" class=\"approve\"" not in page
+    csrf = re.search(r'name="csrf" value="([0-9a-f]{64})"', page).group(1)
+    r = await client.post(f"/approvals/{APPROVAL}/approve", data={"csrf": csrf}, allow_redirects=False)
+    assert r.status == 403 and "submitter is not an approver of ads" in await r.text()
+    assert len(client.fake.decisions) == 1
+
+
+async def test_api_refusals_become_http_statuses_and_a_rejected_token_signs_out(client):
+    await _sign_in(client, "tok-submitter")
+    assert (await client.get("/jobs/j-missing")).status == 404
+    assert (await client.get("/policy")).status == 403
+    clusters = await client.get("/clusters")  # an older admission without ListClusters: a note, not an error
+    assert clusters.status == 200 and "does not serve ClusterService.ListClusters" in await clusters.text()
+    client.session.cookie_jar.update_cookies({TOKEN_COOKIE: "revoked"}, response_url=client.make_url("/"))
+    r = await client.get("/jobs", allow_redirects=False)
+    assert r.status == 401 and 'action="/login"' in await r.text()
+
+
+async def test_filters_reach_list_jobs_and_text_is_escaped(client):
+    await _sign_in(client, "tok-admin")
+    r = await client.get("/jobs?state=queued&state=held&state=bogus&tenant=ads&project=train")
+    page = await r.text()
+    request = client.fake.requests[-1]
+    assert list(request.states) == [pb.JOB_STATE_QUEUED, pb.JOB_STATE_HELD]
+    assert (request.tenant, request.project, request.order) == ("ads", "train", pb.JOB_ORDER_NEWEST_FIRST)
+    assert "&lt;b&gt;bold&lt;/b&gt;" in page and "<b>bold</b>" not in page
+    fragment = await (await client.get("/jobs?fragment=1")).text()
+    assert "<html" not in fragment and 'data-job-id="j-1"' in fragment
+
+
+async def test_pages_name_no_external_url_and_forbid_framing(client):
+    await _sign_in(client, "tok-admin")
+    for path in ("/jobs", "/queues", "/clusters", "/approvals", "/policy", "/reports", "/login"):
+        r = await client.get(path)
+        page = await r.text()
+        assert r.status == 200, path
+        urls = re.findall(r'(?:src|href|action)="([^"]*)"', page)
+        assert urls and all(u.startswith("/") and not u.startswith("//") for u in urls), (path, urls)
+        assert "default-src 'self'" in r.headers["Content-Security-Policy"]
+        assert r.headers["X-Frame-Options"] == "DENY"
+    for asset in ("/static/console.css", "/static/console.js", "/static/favicon.svg"):
+        body = await (await client.get(asset)).text()
+        assert "http://" not in body.replace("http://www.w3.org/2000/svg", "") and "https://" not in body
+
+
+async def test_the_policy_page_shows_the_unified_diff_of_the_newest_version():
+    lines = yaml_diff("quotas: []\n", "quotas:\n- tenant: ads\n", old_label="a", new_label="b")
+    assert lines == ["--- a", "+++ b", "@@ -1 +1,2 @@", "-quotas: []", "+quotas:", "+- tenant: ads"]
+
+
+async def test_policy_page_renders_added_and_removed_lines(client):
+    await _sign_in(client, "tok-admin")
+    page = await (await client.get("/policy")).text()
+    assert '<span class="del">-quotas: []</span>' in page and '<span class="add">+- tenant: ads</span>' in page
+
+
+def test_payload_summaries_and_running_totals():
+    assert summarize_payload('{"spec": {"a": 1}, "cluster": "c1", "reason": "", "gpu_milli": 500}') == \
+        "cluster=c1, gpu_milli=500"
+    assert summarize_payload("not json") == "not json"
+    assert len(summarize_payload('{"x": "' + "y" * 500 + '"}')) <= 160
+    assert cumulative([Decimal("0.10"), Decimal("0"), Decimal("0.25")]) == pytest.approx([0.10, 0.10, 0.35])
