@@ -46,6 +46,7 @@ from fedapp.web.api import Api, ApiConfig, ApiError
 from fedapp.web.reads import Reads, cumulative
 from fedsched.api.v1 import governance_pb2 as gpb
 from fedsched.api.v1 import jobs_pb2 as pb
+from fedsched.errors import FedError
 from fedsched.tenancy import yaml_diff
 
 #: Cookie holding the bearer token (HttpOnly, SameSite=Strict, Path=/).
@@ -57,6 +58,10 @@ PAGE_SIZE = 50
 #: Job states a filter can name, in the API's order (same spelling as the CLI: lower case).
 STATES = tuple(pb.JobState.Name(v).removeprefix("JOB_STATE_").lower()
                for v in pb.JobState.values() if v != pb.JOB_STATE_UNSPECIFIED)
+
+#: Approvals asked for per state group (the API's page maximum).
+MAX_APPROVALS = 1000
+DECIDED = (gpb.APPROVAL_STATE_APPROVED, gpb.APPROVAL_STATE_REJECTED, gpb.APPROVAL_STATE_EXPIRED)
 
 _PUBLIC = ("/login", "/healthz", "/static/", "/favicon.ico")
 
@@ -385,14 +390,18 @@ async def job_page(request: web.Request) -> web.Response:
     job = await api.get_job(token, job_id)
     explain = await api.explain(token, job_id)
     reads = request.app[CONFIG_KEY].reads
-    events, event_total, cost, total_cost, currency = [], 0, [], Decimal(0), ""
+    events, event_total, cost, total_cost, currency, unreadable = [], 0, [], Decimal(0), "", ""
     if reads is not None:
-        events, event_total = await reads.job_events(job.job_id)
-        cost = await reads.job_cost(job.job_id)
+        try:
+            events, event_total = await reads.job_events(job.job_id)
+            cost = await reads.job_cost(job.job_id)
+        except (FedError, OSError) as e:  # the page still shows what the API said
+            unreadable = f"ClickHouse did not answer: {e}"
         total_cost = sum((c.cost for c in cost), Decimal(0))
         currency = next((c.currency for c in cost if c.currency), "")
     return render(request, "job.html", job=job, explain=explain, reads=reads is not None, events=events,
-                  event_total=event_total, cost=cost, total_cost=total_cost, currency=currency)
+                  event_total=event_total, cost=cost, total_cost=total_cost, currency=currency,
+                  unreadable=unreadable)
 
 
 # --------------------------------------------------------------------------- capacity
@@ -438,12 +447,12 @@ async def approvals_page(request: web.Request) -> web.Response:
     """Approvers: pending requests with Approve/Reject and the recent decisions. Others (the API
     refuses them ListApprovals): their jobs awaiting approval, without buttons."""
     api, token = _api(request)
-    pending, decided, awaiting, approver = [], [], [], True
+    pending, decided, awaiting, approver, capped = [], [], [], True, 0
     try:
-        listed = (await api.list_approvals(token, page_size=1000)).approvals
-        pending = [a for a in listed if a.state == gpb.APPROVAL_STATE_PENDING]
-        decided = sorted((a for a in listed if a.state != gpb.APPROVAL_STATE_PENDING),
-                         key=lambda a: (a.decided_at.seconds, a.decided_at.nanos), reverse=True)[:50]
+        pending = list((await api.list_approvals(token, [gpb.APPROVAL_STATE_PENDING], MAX_APPROVALS)).approvals)
+        listed = (await api.list_approvals(token, DECIDED, MAX_APPROVALS)).approvals
+        capped = MAX_APPROVALS if len(listed) >= MAX_APPROVALS else 0  # listed oldest first: newer ones were cut
+        decided = sorted(listed, key=lambda a: (a.decided_at.seconds, a.decided_at.nanos), reverse=True)[:50]
     except ApiError as e:
         if e.code != grpc.StatusCode.PERMISSION_DENIED:
             raise
@@ -457,7 +466,7 @@ async def approvals_page(request: web.Request) -> web.Response:
     q = request.query
     flash = (f"{q['decided']} {q.get('as', '')}" if q.get("decided") else "")
     return render(request, "approvals.html", pending=pending, decided=decided, awaiting=awaiting,
-                  approver=approver, flash=flash)
+                  approver=approver, flash=flash, capped=capped)
 
 
 async def decide(request: web.Request) -> web.Response:
@@ -499,14 +508,18 @@ async def _charts_context(request: web.Request) -> dict[str, Any]:
     api, token = _api(request)
     reads = request.app[CONFIG_KEY].reads
     if reads is None:
-        return dict(reads=False, charts=Markup(""), totals=[], currency="", bucket_s=0, tenants=[])
+        return dict(reads=False, charts=Markup(""), totals=[], currency="", bucket_s=0, tenants=[], unreadable="")
     try:
         tenants = [t.name for t in (await api.list_tenants(token)).tenants]
     except ApiError as e:
         if e.code != grpc.StatusCode.PERMISSION_DENIED:
             raise
         tenants = []
-    usage = await reads.usage_by_tenant(tenants)
+    try:
+        usage = await reads.usage_by_tenant(tenants)
+    except (FedError, OSError) as e:
+        return dict(reads=True, charts=Markup(""), totals=[], currency="", bucket_s=0, tenants=tenants,
+                    unreadable=f"ClickHouse did not answer: {e}")
     unit = usage.currency
     charts = Markup(
         line_chart("gpu_hours_by_tenant", "GPU-hours per tenant, cumulative", usage.times,
@@ -514,7 +527,8 @@ async def _charts_context(request: web.Request) -> dict[str, Any]:
         + line_chart("cost_by_tenant", f"Cost per tenant, cumulative ({unit or 'currency'})", usage.times,
                      {t: cumulative(v) for t, v in usage.cost.items()}))
     totals = sorted(usage.totals.items(), key=lambda kv: (-kv[1][1], kv[0]))
-    return dict(reads=True, charts=charts, totals=totals, currency=unit, bucket_s=usage.bucket_s, tenants=tenants)
+    return dict(reads=True, charts=charts, totals=totals, currency=unit, bucket_s=usage.bucket_s, tenants=tenants,
+                unreadable="")
 
 
 async def reports_page(request: web.Request) -> web.Response:

@@ -21,6 +21,7 @@ import os
 import re
 import shutil
 import time
+from decimal import Decimal
 from pathlib import Path
 
 import pytest
@@ -172,8 +173,12 @@ async def test_every_page_loads_without_console_errors_or_foreign_requests(conso
     await w.page.goto(server.url + "/reports")
     chart = w.page.locator("figure[data-chart=gpu_hours_by_tenant]")
     assert int(await chart.get_attribute("data-points")) > 0
-    tenants = {await r.get_attribute("data-tenant") for r in await w.page.locator("table.totals tbody tr").all()}
-    assert tenants >= {"search", "nlp"}
+    shown = {await r.get_attribute("data-tenant"): (await r.locator("td").all_inner_texts())[2]
+             for r in await w.page.locator("table.totals tbody tr").all()}
+    billed = system.read_query(f"SELECT tenant, toString(sum(cost)) FROM {system.settings.clickhouse_database}.usage "
+                               f"GROUP BY tenant").rows
+    assert shown == {t: f"{Decimal(c).quantize(Decimal('0.01')):,}" for t, c in billed}  # to the cent, as billed
+    assert set(shown) >= {"search", "nlp"}
     await w.page.locator("#report-charts[data-refreshed]").wait_for(state="attached", timeout=10_000)
     assert await w.page.locator("figure[data-chart=cost_by_tenant]").count() == 1
     # policy versions with a diff view: a change applied through the API shows as -/+ lines

@@ -12,11 +12,12 @@ import grpc
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from fedapp.web import ApiConfig, ApiError, WebConfig, create_app
+from fedapp.web import ApiConfig, ApiError, Reads, WebConfig, create_app
 from fedapp.web.app import CSRF_COOKIE, TOKEN_COOKIE
 from fedapp.web.reads import cumulative, summarize_payload
 from fedsched.api.v1 import governance_pb2 as gpb
 from fedsched.api.v1 import jobs_pb2 as pb
+from fedsched.errors import UnavailableError
 from fedsched.tenancy import yaml_diff
 
 USERS = {"tok-admin": "admin", "tok-approver": "approver", "tok-submitter": "submitter"}
@@ -52,10 +53,12 @@ class FakeApi:
 
     async def get_job(self, token, job_id):
         self._who(token)
-        raise ApiError(grpc.StatusCode.NOT_FOUND, f"job {job_id} not found")
+        if job_id != "j-1":
+            raise ApiError(grpc.StatusCode.NOT_FOUND, f"job {job_id} not found")
+        return pb.Job(job_id="j-1", spec=pb.JobSpec(tenant="ads", project="train"), state=pb.JOB_STATE_QUEUED)
 
     async def explain(self, token, job_id):
-        raise AssertionError("not reached")
+        return pb.ExplainJobResponse(job_id=job_id)
 
     async def list_clusters(self, token):
         self._who(token)
@@ -64,9 +67,11 @@ class FakeApi:
     async def list_approvals(self, token, states=(), page_size=200):
         if self._who(token) == "submitter":
             raise ApiError(grpc.StatusCode.PERMISSION_DENIED, "submitter is not an approver")
-        return gpb.ListApprovalsResponse(approvals=[gpb.Approval(
-            approval_id=APPROVAL, job_id="j-1", tenant="ads", project="train", state=gpb.APPROVAL_STATE_PENDING,
-            cost="3.6", currency="CNY")])
+        approvals = [gpb.Approval(approval_id=APPROVAL, job_id="j-1", tenant="ads", project="train",
+                                  state=gpb.APPROVAL_STATE_PENDING, cost="3.6", currency="CNY"),
+                     gpb.Approval(approval_id="ap-ffffffffffffffffffff", job_id="j-0", tenant="ads", project="train",
+                                  state=gpb.APPROVAL_STATE_EXPIRED, decided_by="scheduler")]
+        return gpb.ListApprovalsResponse(approvals=[a for a in approvals if not states or a.state in states])
 
     async def decide(self, token, approval_id, approve, comment=""):
         who = self._who(token)
@@ -84,10 +89,15 @@ class FakeApi:
         return gpb.ListPolicyVersionsResponse(versions=[new, old])
 
 
+def _down(sql, params):
+    raise UnavailableError("store query service did not answer")
+
+
 @pytest.fixture
-async def client():
+async def client(request):
     api = FakeApi()
-    app = create_app(WebConfig(api=ApiConfig("127.0.0.1:1")), api=api)
+    reads = Reads(_down, "fedsched") if getattr(request, "param", "") == "store down" else None
+    app = create_app(WebConfig(api=ApiConfig("127.0.0.1:1"), reads=reads), api=api)
     async with TestClient(TestServer(app)) as c:
         c.fake = api
         yield c
@@ -141,6 +151,8 @@ async def test_an_approver_decides_and_a_non_approver_gets_403_from_the_api(clie
     await _sign_in(client, "tok-approver")
     page = await (await client.get("/approvals")).text()
     assert f'action="/approvals/{APPROVAL}/approve"' in page and "button" in page
+    assert 'action="/approvals/ap-ffffffffffffffffffff/approve"' not in page  # decided: no buttons
+    assert '<tr data-approval-id="ap-ffffffffffffffffffff">' in page
     csrf = re.search(r'name="csrf" value="([0-9a-f]{64})"', page).group(1)
     r = await client.post(f"/approvals/{APPROVAL}/reject", data={"csrf": csrf, "comment": " stay home "},
                           allow_redirects=False)
@@ -202,6 +214,21 @@ async def test_policy_page_renders_added_and_removed_lines(client):
     await _sign_in(client, "tok-admin")
     page = await (await client.get("/policy")).text()
     assert '<span class="del">-quotas: []</span>' in page and '<span class="add">+- tenant: ads</span>' in page
+
+
+@pytest.mark.parametrize("client", ["store down"], indirect=True)
+async def test_a_store_that_does_not_answer_leaves_the_pages_up_saying_so(client):
+    await _sign_in(client, "tok-admin")
+    job = await client.get("/jobs/j-1")
+    assert job.status == 200 and "ClickHouse did not answer: store query service did not answer" in await job.text()
+    charts = await client.get("/reports/charts")
+    assert charts.status == 200 and "ClickHouse did not answer" in await charts.text()
+
+
+async def test_without_a_store_the_sections_say_they_are_not_connected(client):
+    await _sign_in(client, "tok-admin")
+    page = await (await client.get("/jobs/j-1")).text()
+    assert "audit log is not connected" in page and "Billing data is not connected" in page
 
 
 def test_payload_summaries_and_running_totals():
