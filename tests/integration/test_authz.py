@@ -58,6 +58,7 @@ MATRIX: dict[str, tuple[str, ...]] = {
     "ApprovalService.Approve":       (U, U, D, D, A, D, A),
     "ApprovalService.Reject":        (U, U, D, D, A, D, A),
     "PolicyService.GetPolicy":       (U, U, D, D, D, D, A),
+    "PolicyService.ListPolicyVersions": (U, U, D, D, D, D, A),
     "PolicyService.DiffPolicy":      (U, U, D, D, D, D, A),
     "PolicyService.ApplyPolicy":     (U, U, D, D, D, D, A),
 }
@@ -155,6 +156,7 @@ def _call(s: Stubs, rpc: str, w: World):
         "ApprovalService.Approve": lambda: s.approvals.Approve(gpb.DecideApprovalRequest(approval_id=w.approval_id)),
         "ApprovalService.Reject": lambda: s.approvals.Reject(gpb.DecideApprovalRequest(approval_id=w.approval_id)),
         "PolicyService.GetPolicy": lambda: s.policy.GetPolicy(gpb.GetPolicyRequest()),
+        "PolicyService.ListPolicyVersions": lambda: s.policy.ListPolicyVersions(gpb.ListPolicyVersionsRequest()),
         "PolicyService.DiffPolicy": lambda: s.policy.DiffPolicy(gpb.ApplyPolicyRequest(yaml=w.yaml)),
         "PolicyService.ApplyPolicy": lambda: s.policy.ApplyPolicy(gpb.ApplyPolicyRequest(yaml=w.yaml)),
     }
