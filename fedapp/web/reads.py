@@ -29,6 +29,10 @@ SUMMARY_SKIP = frozenset({"spec"})
 #: Buckets a usage chart aims at over its window.
 CHART_POINTS = 60
 
+#: The longest window a usage chart covers (ending at the newest usage line), so a refresh reads
+#: a bounded slice of the table however long the federation has run.
+CHART_SPAN = timedelta(days=7)
+
 
 @dataclass(frozen=True, slots=True)
 class JobEvent:
@@ -123,12 +127,14 @@ class Reads:
                          _money(r[7]), str(r[8])) for r in rows]
 
     async def usage_by_tenant(self, tenants: Sequence[str], *, start: datetime | None = None,
-                              end: datetime | None = None, points: int = CHART_POINTS) -> UsageSeries:
+                              end: datetime | None = None, points: int = CHART_POINTS,
+                              span: timedelta = CHART_SPAN) -> UsageSeries:
         """GPU-hours and cost of the usage lines of ``tenants`` by the bucket their interval ended
         in (lines land when an attempt ends, so a running job shows once it stops).
 
-        The window is [``start``, ``end``) where given, else the extent of those lines; the bucket
-        is ``ceil(span / points)`` seconds (:func:`fedapp.reports.run.bucket_for`).
+        The window is [``start``, ``end``) where given, else the extent of those lines cut to the
+        last ``span`` before the newest one; the bucket is ``ceil(window / points)`` seconds
+        (:func:`fedapp.reports.run.bucket_for`).
         """
         db = self.database
         names = sorted(set(tenants))
@@ -141,8 +147,8 @@ class Reads:
             first, last = _time_or_none(first), _time_or_none(last)
             if first is None or last is None:
                 return UsageSeries([], {}, {}, {}, "", 1)
-            start = start if start is not None else first
             end = end if end is not None else last + timedelta(milliseconds=1)
+            start = start if start is not None else max(first, naive_utc(end) - span)
         start, end = naive_utc(start), naive_utc(end)
         bucket = bucket_for(start, end, points)
         rows = (await self._run(
