@@ -1,7 +1,7 @@
 """The ``fedsched`` command line.
 
-Run the federation (``up``), replay a trace through it (``replay``), query its event log
-(``sql``, ``report``), use the job API (``submit``, ``jobs``, ``job``, ``explain``, ``cancel``,
+Run the federation (``up``, with the web console; ``web`` serves the console alone), replay a
+trace through it (``replay``), query its event log (``sql``, ``report``), use the job API (``submit``, ``jobs``, ``job``, ``explain``, ``cancel``,
 ``watch``) and the governance API (``approvals``, ``approve``, ``reject``, ``tenants``, ``quota``,
 ``principal``, ``policy apply|show|diff``; ``token new``). Every setting also reads
 ``FEDSCHED_<NAME>`` from the environment; API commands send ``--token`` / ``FEDSCHED_TOKEN`` or
@@ -142,7 +142,8 @@ def up(
     """Run the whole federation in the foreground until Ctrl-C.
 
     NATS (JetStream) and ClickHouse run embedded on --data-dir unless URLs are given; the five
-    services start on top. A second `up` on the same data dir resumes with the state kept.
+    services start on top, and the web console on --web-port (its URL is printed; sign in with a
+    token). A second `up` on the same data dir resumes with the state kept.
     """
     _logging(verbose)
     from fedapp.runtime import System, SystemOptions
