@@ -69,7 +69,7 @@ class ClusterServicer(pb_grpc.ClusterServiceServicer):
         out = pb.ListClustersResponse()
         for row in self.clusters.rows(self.wall.time(), regions):
             out.clusters.append(pb.ClusterSummary(
-                region=row.region, zone=row.zone, cluster=row.cluster, healthy=row.healthy,
+                region=row.region, zone=row.zone, cluster=row.cluster, backend=row.backend, healthy=row.healthy,
                 heartbeat_age_seconds=row.heartbeat_age_s, nodes=row.nodes, nodes_schedulable=row.nodes_schedulable,
                 running_jobs=row.running_jobs,
                 cards=[pb.CardCapacity(card_model=c.card_model, gpus_total=c.total, gpus_allocated=c.allocated,
