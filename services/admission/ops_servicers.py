@@ -89,19 +89,9 @@ IDLE_DOWN_S = 15.0
 
 
 def _age(value, now: float) -> float | None:
-    """Seconds since ``value`` (a datetime, an RFC 3339 string or None)."""
-    if value is None:
-        return None
-    if isinstance(value, str):
-        from datetime import datetime
-        try:
-            value = datetime.fromisoformat(value.replace("Z", "+00:00")[:26] + ("+00:00" if value.endswith("Z") else ""))
-        except ValueError:
-            return None
-    try:
-        return now - value.timestamp()
-    except (AttributeError, OSError):
-        return None
+    """Wall seconds from ``value`` (a timezone-aware datetime, as nats-py parses JetStream's
+    ``last_active``; None = never) to ``now``."""
+    return None if value is None else now - value.timestamp()
 
 
 class SystemServicer(pb_grpc.SystemServiceServicer):
