@@ -34,6 +34,31 @@ async def cli(system, *args: str, timeout: float = 60) -> tuple[int, str, str]:
     return proc.returncode, out.decode(), err.decode()
 
 
+async def on_a_terminal(system, answer: str, *args: str) -> tuple[int, str]:
+    """Run the CLI with a pseudo-terminal as stdin and stdout, typing ``answer``: (exit code, output)."""
+    import pty
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FEDSCHED_")}
+    env.update(FEDSCHED_GRPC_ADDRESS=system.grpc_target, FEDSCHED_TOKEN=system.admin_token)
+    controller, terminal = pty.openpty()
+    proc = await asyncio.create_subprocess_exec(*FEDSCHED, *args, stdin=terminal, stdout=terminal,
+                                                stderr=terminal, env=env)
+    os.close(terminal)
+    os.write(controller, answer.encode())
+    code = await asyncio.wait_for(proc.wait(), 60)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(controller, 65536)
+        except OSError:  # the terminal closed: all read
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(controller)
+    return code, b"".join(chunks).decode(errors="replace")
+
+
 def job(name: str, runtime_s: float, **annotations: str) -> pb.SubmitJobRequest:
     """A 1-GPU job running ``runtime_s`` business seconds on the trace agents (600x wall time)."""
     return pb.SubmitJobRequest(spec=pb.JobSpec(
@@ -95,8 +120,15 @@ async def test_bulk_actions_ask_unless_yes_and_report_each_job(fed):
     assert code == 0 and ids[0] in out
     code, out, err = await cli(system, "hold", ids[0], ids[1])  # already held: fine, one line each
     assert code == 0 and out.count("already held") == 2
-    code, out, _ = await cli(system, "release", "--state", "held", "--tenant", "search", "--yes")
-    assert code == 0 and out.splitlines()[-1] == "3 of 3 done"
+    code, out, _ = await cli(system, "cancel", ids[2])  # a held job can be cancelled
+    assert code == 0 and f"{ids[2]} cancel requested" in out
+    assert (await cli(system, "watch", ids[2]))[0] == CANCELLED
+
+    # on a terminal the selector asks first, with the count of jobs it would act on
+    answer_no = await on_a_terminal(system, "n\n", "release", "--state", "held", "--tenant", "search")
+    assert answer_no[0] == 1 and "Release 2 jobs? [y/N]" in answer_no[1] and "nothing done" in answer_no[1]
+    answer_yes = await on_a_terminal(system, "y\n", "release", "--state", "held", "--tenant", "search")
+    assert answer_yes[0] == 0 and "2 of 2 done" in answer_yes[1]
     code, out, err = await cli(system, "release", ids[0])  # not held any more: that job fails, exit 1
     assert code == 1 and "FAILED_PRECONDITION" in err
     code, _, err = await cli(system, "cancel")
