@@ -56,13 +56,16 @@ def with_local_credentials(url: str, data_dir: Path | str | None = None) -> str:
 
 
 def resolve_token(explicit: str | None = None, data_dir: Path | str | None = None) -> str | None:
-    """The bearer token: ``explicit``, else ``$FEDSCHED_TOKEN``, else the token file in
-    ``data_dir`` (default ``$FEDSCHED_DATA_DIR`` or ``.fedsched``); None if there is none."""
+    """The bearer token: ``explicit``, else ``$FEDSCHED_TOKEN``, else ``$FEDSCHED_ADMIN_TOKEN_FILE``
+    (unless ``data_dir`` is given), else the token file in ``data_dir`` (default
+    ``$FEDSCHED_DATA_DIR`` or ``.fedsched``); None if there is none."""
     if explicit:
         return explicit.strip()
     env = os.environ.get("FEDSCHED_TOKEN", "").strip()
     if env:
         return env
+    if data_dir is None and os.environ.get("FEDSCHED_ADMIN_TOKEN_FILE"):  # where a deployment keeps it
+        return read_token_file(Path(os.environ["FEDSCHED_ADMIN_TOKEN_FILE"]))
     base = Path(data_dir or os.environ.get("FEDSCHED_DATA_DIR") or ".fedsched")
     return read_token_file(base / TOKEN_FILE)
 

@@ -404,6 +404,8 @@ class InventorySnapshot(_Payload):
         residency_tags: compliance tags the cluster satisfies.
         maintenance: drained for maintenance (no new placements).
         sequence: increases with every snapshot from this agent.
+        backend: how the agent runs work there (``trace``, ``kubernetes``, ``slurm``; "" from
+            older agents).
     """
 
     nodes: tuple[NodeInventory, ...]
@@ -413,6 +415,7 @@ class InventorySnapshot(_Payload):
     residency_tags: tuple[str, ...] = ()
     maintenance: bool = False
     sequence: int = 0
+    backend: str = ""
 
 
 class Heartbeat(_Payload):

@@ -271,9 +271,10 @@ async def bootstrap(bus: Bus, default_text: str, token_path: Path, *, now: float
 
     If the bucket already holds a policy, nothing changes and the token in ``token_path`` (if
     any) is returned. Otherwise ``default_text`` is validated, an admin principal
-    (``admin``, or ``bootstrap-admin`` if the document already has an ``admin``) with a fresh
-    token is added, the policy is stored (create-only: of several starting processes exactly
-    one wins) and the token is written to ``token_path`` (mode 0600).
+    (``admin``, or ``bootstrap-admin`` if the document already has an ``admin``) is added with
+    the token ``token_path`` already holds (a deployment's pre-made secret, e.g. a Kubernetes
+    Secret mounted read-only) or else a fresh one, which is written to ``token_path`` (mode
+    0600); the policy is stored create-only (of several starting processes exactly one wins).
 
     Returns:
         The admin token this data dir holds, or None if it holds none.
@@ -285,7 +286,11 @@ async def bootstrap(bus: Bus, default_text: str, token_path: Path, *, now: float
     if await read_policy(bus) is not None:
         return read_token_file(token_path)
     doc = parse_policy(default_text)
-    token = new_token()
+    given = read_token_file(token_path)
+    if given is not None and (len(given) < 16 or not all(33 <= ord(ch) < 127 for ch in given)):
+        raise ValidationError("admin_token_file", f"{token_path} must hold one token: at least 16 printable ASCII "
+                                                  f"characters, no spaces (e.g. from `fedsched token new`)")
+    token = given or new_token()
     name = "bootstrap-admin" if any(p.name == "admin" for p in doc.principals) else "admin"
     doc = with_principal(doc, PrincipalDoc(name=name, token_sha256=hash_token(token),
                                            roles=(GrantDoc(role="admin"),), bootstrap=True))
@@ -293,7 +298,8 @@ async def bootstrap(bus: Bus, default_text: str, token_path: Path, *, now: float
         stored = await write_policy(bus, doc, actor="bootstrap", now=now, expected_revision=0)
     except ConflictError:
         return read_token_file(token_path)  # another process bootstrapped first
-    write_token_file(token_path, token)
+    if given is None:
+        write_token_file(token_path, token)
     await announce(bus, stored, previous_version="", changes=diff(None, doc), source="bootstrap", producer="bootstrap")
     log.info("bootstrap: stored the default policy; admin token written to %s", token_path)
     return token

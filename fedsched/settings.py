@@ -62,6 +62,10 @@ class Settings(BaseSettings):
         grpc_max_request_bytes: largest gRPC request admission accepts (RESOURCE_EXHAUSTED above).
         tls_cert / tls_key: PEM server certificate and key: serve gRPC over TLS.
         tls_client_ca: PEM CA bundle: require client certificates signed by it (mTLS).
+        admin_token_file: where the bootstrap admin token is kept (default
+            ``data_dir/admin.token``). At first start admission uses the token already in this
+            file if there is one (e.g. a mounted Kubernetes Secret), else it makes one and writes
+            it there; deployments put the file on a volume that survives restarts.
     """
 
     model_config = SettingsConfigDict(env_prefix="FEDSCHED_", extra="ignore")
@@ -97,6 +101,7 @@ class Settings(BaseSettings):
     tls_cert: Path | None = None
     tls_key: Path | None = None
     tls_client_ca: Path | None = None
+    admin_token_file: Path | None = None
 
     @field_validator("subject_prefix")
     @classmethod
@@ -137,8 +142,9 @@ class Settings(BaseSettings):
 
     @property
     def admin_token_path(self) -> Path:
-        """Where the embedded system keeps its bootstrap admin token (mode 0600)."""
-        return Path(self.data_dir) / "admin.token"
+        """Where the system keeps its bootstrap admin token (mode 0600): ``admin_token_file``,
+        else ``data_dir/admin.token``."""
+        return Path(self.admin_token_file) if self.admin_token_file else Path(self.data_dir) / "admin.token"
 
     @property
     def embedded_nats(self) -> bool:

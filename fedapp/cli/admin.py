@@ -22,7 +22,7 @@ from rich.table import Table
 from fedsched.api.v1 import governance_pb2 as gpb
 from fedsched.api.v1 import governance_pb2_grpc as gpb_grpc
 from fedsched.auth import ROLES, hash_token, new_token
-from fedapp.cli.text import Output, console, err, error_line
+from fedapp.cli.text import Output, console, err, error_line, money
 from fedsched.errors import ValidationError
 from fedapp.cli.jobs import KINDS, LOCALITIES, OUTPUT, SERVER, TOKEN, Api, fail_rpc
 from fedsched.yamltext import read_text
@@ -238,7 +238,7 @@ def approvals(
     for a in resp.approvals:
         t.add_row(a.approval_id, a.job_id, f"{a.tenant}/{a.project}",
                   _name(gpb.ApprovalState, a.state, "APPROVAL_STATE_"),
-                  f"{a.proposed_cluster} ({a.proposed_region})", f"{a.cost} {a.currency}" if a.cost else "-",
+                  f"{a.proposed_cluster} ({a.proposed_region})", money(a.cost, a.currency),
                   _ts(a.expires_at), a.decided_by or "-", a.reason[:90])
     console.print(t)
 
@@ -288,7 +288,7 @@ def tenants(ctx: typer.Context, server: str = SERVER, output: Output = OUTPUT, t
         t.add_row(x.name, x.home_region, ",".join(x.projects),
                   _name(gpb.CrossRegionMode, x.cross_region, "CROSS_REGION_MODE_"), classes or "-",
                   ",".join(x.regions) or "any",
-                  f"{x.budget.monthly} {x.budget.currency}" if x.budget.monthly else "-", x.month_spend or "0")
+                  money(x.budget.monthly, x.budget.currency), money(x.month_spend or "0", x.budget.currency))
     console.print(t)
 
 
@@ -414,7 +414,7 @@ def quota_delete(tenant: str = typer.Argument(...), card: str = typer.Option("*"
 
 def principal_put(
     name: str = typer.Argument(...),
-    role: list[str] = typer.Option(..., "--role", help="admin | submitter:T1,T2\\[/P1,P2] | approver:T1,T2 | "
+    role: list[str] = typer.Option(..., "--role", help="admin | submitter:T1,T2[/P1,P2] | approver:T1,T2 | "
                                                        "agent:REGION/CLUSTER (repeatable)."),
     new_token_: bool = typer.Option(False, "--new-token", help="Issue a fresh token (always for a new principal)."),
     expected_version: str = typer.Option("", "--expected-version"),

@@ -1,6 +1,7 @@
 """CLI commands over the gRPC job API: submit, jobs, job, cancel, watch, logs.
 
-Every command talks to admission at ``--server`` (``FEDSCHED_GRPC``, default
+Every command talks to admission at ``--server`` (``FEDSCHED_GRPC_ADDRESS``, the variable the
+server listens on too; the old ``FEDSCHED_GRPC`` still works with a warning; default
 ``127.0.0.1:50051``) as the principal whose token it sends: ``--token``, else
 ``FEDSCHED_TOKEN``, else the embedded system's bootstrap admin token in
 ``<FEDSCHED_DATA_DIR or .fedsched>/admin.token``. TLS: ``FEDSCHED_TLS_CA`` (the CA that signed
@@ -24,11 +25,37 @@ from rich.table import Table
 from fedsched import telemetry
 from fedsched.api.v1 import jobs_pb2 as pb
 from fedsched.api.v1 import jobs_pb2_grpc as pb_grpc
+from fedsched.tenancy import LimitsDoc
 from fedapp.client import TlsClient, call_metadata, resolve_token, sync_channel
 from fedapp.cli.text import Output, console, err, error_line, styled
 
 
-SERVER = typer.Option("127.0.0.1:50051", "--server", envvar="FEDSCHED_GRPC", help="Admission gRPC address (host:port).")
+#: The one environment variable naming admission's gRPC address, on both sides: ``fedsched up`` /
+#: ``service admission`` listen on it (``--grpc-address``), every API command connects to it.
+GRPC_ENV = "FEDSCHED_GRPC_ADDRESS"
+#: The client's old name for it: still read, with a deprecation warning (:func:`server_address`).
+GRPC_ENV_DEPRECATED = "FEDSCHED_GRPC"
+DEFAULT_SERVER = "127.0.0.1:50051"
+
+
+def server_address(value: str | None) -> str:
+    """``--server`` resolved: the flag, else ``FEDSCHED_GRPC_ADDRESS``, else the deprecated
+    ``FEDSCHED_GRPC`` (with a warning on stderr), else ``127.0.0.1:50051``. A listen address
+    on all interfaces (``0.0.0.0:P``, what a server's FEDSCHED_GRPC_ADDRESS often says) is
+    reached on loopback."""
+    if not value:
+        value = os.environ.get(GRPC_ENV, "")
+    if not value and os.environ.get(GRPC_ENV_DEPRECATED):
+        value = os.environ[GRPC_ENV_DEPRECATED]
+        err.print(styled(("warning:", "yellow"), f" {GRPC_ENV_DEPRECATED} is deprecated; set {GRPC_ENV} "
+                                                 f"(the name the server uses too)"))
+    value = value or DEFAULT_SERVER
+    host, sep, port = value.rpartition(":")
+    return f"127.0.0.1:{port}" if sep and host in ("0.0.0.0", "[::]", "::") else value
+
+
+SERVER = typer.Option("", "--server", show_default=False, callback=lambda v: server_address(v),
+                      help=f"Admission gRPC address, host:port (default: {GRPC_ENV}, else {DEFAULT_SERVER}).")
 OUTPUT = typer.Option(Output.table, "--output", "-o", help="table (for people) or json (for scripts)")
 TOKEN = typer.Option("", "--token", envvar="FEDSCHED_TOKEN", show_default=False,
                      help="Bearer token (default: FEDSCHED_TOKEN, else <FEDSCHED_DATA_DIR or .fedsched>/admin.token).")
@@ -43,6 +70,18 @@ LOCALITIES = {"must_local": pb.LOCALITY_MUST_LOCAL, "prefer_local": pb.LOCALITY_
 
 
 U32, U64 = 2**32 - 1, 2**64 - 1  #: the wire's unsigned field ranges (admission enforces the real limits)
+_LIMITS = LimitsDoc()  #: admission's default limits (a policy may change them): what --help states
+
+
+def _wire(lo, hi):
+    """A typer callback refusing values outside ``lo..hi`` (the wire's range, exit 2 naming the
+    flag) without printing that range in --help: the help states the server's real limits,
+    which the policy sets and admission enforces."""
+    def check(value):
+        if value is not None and not lo <= value <= hi:
+            raise typer.BadParameter(f"{value} is out of range (admission's limits are in --help)")
+        return value
+    return check
 
 
 def tls_from_env() -> TlsClient | None:
@@ -91,7 +130,7 @@ def fail_rpc(e: grpc.RpcError) -> None:
     code = e.code()
     hint = ""
     if code == grpc.StatusCode.UNAVAILABLE:
-        hint = " (is `fedsched up` running? pass --server or FEDSCHED_GRPC)"
+        hint = f" (is `fedsched up` running? pass --server or {GRPC_ENV})"
     elif code == grpc.StatusCode.UNAUTHENTICATED:
         hint = " (pass --token or FEDSCHED_TOKEN, or set FEDSCHED_DATA_DIR to the data dir holding admin.token)"
     err.print(error_line(f"{code.name}:", f"{e.details()}{hint}"))
@@ -170,18 +209,24 @@ def submit(
     tenant: str = typer.Option(..., "--tenant", help="Tenant (see `fedsched tenants`)."),
     project: str = typer.Option(..., "--project", help="Project of the tenant."),
     kind: str = typer.Option("batch", "--kind", help=", ".join(KINDS)),
-    workers: int = typer.Option(1, "--workers", min=1, max=U32, help="Gang size (all workers start together in one cluster)."),
-    gpus: int = typer.Option(1, "--gpus", min=0, max=U32, help="Whole GPUs per worker (0 = CPU-only)."),
-    gpu_milli: Optional[int] = typer.Option(None, "--gpu-milli", min=0, max=U32, help="Share of one GPU, 1-1000 (with --gpus 1)."),
-    cpu_milli: int = typer.Option(0, "--cpu-milli", min=0, max=U64, help="CPU per worker, milli-cores."),
-    memory_mib: int = typer.Option(0, "--memory-mib", min=0, max=U64, help="Memory per worker, MiB."),
+    workers: int = typer.Option(1, "--workers", callback=_wire(1, U32), help="Gang size (all workers start together in "
+                                f"one cluster): 1 to the policy's max_workers (default {_LIMITS.max_workers})."),
+    gpus: int = typer.Option(1, "--gpus", callback=_wire(0, U32), help="Whole GPUs per worker, 0 (CPU-only) to the "
+                             f"policy's max_gpus_per_worker (default {_LIMITS.max_gpus_per_worker})."),
+    gpu_milli: Optional[int] = typer.Option(None, "--gpu-milli", min=1, max=1000,
+                                            help="Share of one GPU in milli-GPU (with --gpus 1; 1000 = a whole card)."),
+    cpu_milli: int = typer.Option(0, "--cpu-milli", callback=_wire(0, U64), help="CPU per worker, milli-cores: 0 to the "
+                                  f"policy's max_cpu_milli (default {_LIMITS.max_cpu_milli})."),
+    memory_mib: int = typer.Option(0, "--memory-mib", callback=_wire(0, U64), help="Memory per worker, MiB: 0 to the "
+                                   f"policy's max_memory_mib (default {_LIMITS.max_memory_mib})."),
     card_model: list[str] = typer.Option([], "--card-model", help="Allowed card model (repeatable; aliases ok)."),
     home_region: str = typer.Option("", "--home-region", help="Default: the tenant's home region."),
     locality: str = typer.Option("global", "--locality", help=", ".join(LOCALITIES)),
     priority: str = typer.Option("normal", "--priority", help=", ".join(PRIORITIES)),
-    duration: float = typer.Option(0.0, "--duration", min=0.0, help="Your runtime estimate, seconds (trace agents run "
-                                                           "the job this long; 0 = unknown: it runs until "
-                                                           "cancelled)."),
+    duration: float = typer.Option(0.0, "--duration", callback=_wire(0.0, float("inf")),
+                                   help="Your runtime estimate, seconds, 0 to the policy's max_duration_s (default "
+                                        f"{_LIMITS.max_duration_s:.0f}) (trace agents run the job this long; 0 = "
+                                        "unknown: it runs until cancelled)."),
     name: str = typer.Option("", "--name", help="A label for the job."),
     request_id: str = typer.Option("", "--request-id", help="Idempotency key (yours, per tenant and project): the "
                                                         "same spec again returns the same job; another spec is "
@@ -354,26 +399,199 @@ def explain(job_id: str = typer.Argument(...), server: str = SERVER, output: Out
             console.print(f"  {line}", highlight=False)
 
 
-def cancel(job_id: str = typer.Argument(...), reason: str = typer.Option("", "--reason"), server: str = SERVER,
-           output: Output = OUTPUT, token: str = TOKEN):
-    """Cancel a job (queued jobs end at once; running ones are stopped by their agent)."""
+# --------------------------------------------------------------------------- acting on many jobs
+
+REASON_MAX = 500  #: admission's limit on an audited reason (characters)
+SELECT_TENANT = typer.Option([], "--tenant", help="Jobs of this tenant (repeatable: any of them).")
+SELECT_PROJECT = typer.Option([], "--project", help="Jobs of this project (repeatable: any of them).")
+SELECT_STATE = typer.Option([], "--state", help="Jobs in this state (repeatable): queued, held, awaiting_approval, "
+                                                "placed, running.")
+SELECT_NAME = typer.Option("", "--name", help="Jobs whose name matches this shell-style pattern, e.g. 'train-*'.")
+REASON = typer.Option("", "--reason", help=f"Why (audited; at most {REASON_MAX} characters).")
+YES = typer.Option(False, "--yes", "-y", help="Do not ask before acting on the jobs a selector matches "
+                                              "(needed when stdin is not a terminal).")
+DRY_RUN = typer.Option(False, "--dry-run", help="Show what would be done; change nothing.")
+
+
+def _states(values: list[str], flag: str = "--state") -> list[int]:
+    """``--state`` names as wire states (exit 2 naming the flag on an unknown one)."""
+    out = []
+    for s in values:
+        name = "JOB_STATE_" + s.upper()
+        if name not in pb.JobState.keys() or name == "JOB_STATE_UNSPECIFIED":
+            err.print(error_line(flag, f"{s!r} is not a state"))
+            raise typer.Exit(2)
+        out.append(pb.JobState.Value(name))
+    return out
+
+
+def _bulk(verb: str, rpc: str, ids: list[str], tenant: list[str], project: list[str], state: list[str], name: str,
+          reason: str, yes: bool, dry_run: bool, server: str, output: Output, token: str) -> None:
+    """One bulk action: by ids at once; by selector after a dry run, a count and a question
+    (``--yes`` skips it; no terminal and no ``--yes`` refuses). One line per job; exit 1 if any
+    job's action failed, 2 on a usage error."""
+    selector = pb.JobSelector(job_ids=ids, tenants=tenant, projects=project, states=_states(state), name_pattern=name)
+    by_filters = bool(tenant or project or state or name)
+    if ids and by_filters:
+        err.print(error_line("usage:", "give job ids or selector flags (--tenant/--project/--state/--name), not both"))
+        raise typer.Exit(2)
+    if not ids and not by_filters:
+        err.print(error_line("usage:", "give job ids, or select jobs with --tenant/--project/--state/--name"))
+        raise typer.Exit(2)
+    if len(reason) > REASON_MAX:
+        err.print(error_line("--reason", f"at most {REASON_MAX} characters"))
+        raise typer.Exit(2)
     with Api(server, token) as api:
-        resp = api.call(pb_grpc.JobServiceStub(api.channel).CancelJob,
-                        pb.CancelJobRequest(job_id=job_id, reason=reason))
-    _print_jobs([resp.job], output)
+        call = getattr(pb_grpc.JobServiceStub(api.channel), rpc)
+        if by_filters and not dry_run and not yes:
+            preview = api.call(call, pb.BulkJobsRequest(selector=selector, reason=reason, dry_run=True))
+            if preview.succeeded == 0:
+                _print_bulk(preview, output)
+                console.print(f"no job to {verb}")
+                raise typer.Exit(1 if any(r.code for r in preview.results) else 0)
+            if not sys.stdin.isatty():
+                err.print(error_line("refused:", f"{verb} {preview.succeeded} job(s) without asking needs --yes "
+                                                 f"(stdin is not a terminal); add --yes"))
+                raise typer.Exit(2)
+            noun = "job" if preview.succeeded == 1 else "jobs"
+            if not typer.confirm(f"{verb.capitalize()} {preview.succeeded} {noun}?", default=False):
+                console.print("nothing done")
+                raise typer.Exit(1)
+        resp = api.call(call, pb.BulkJobsRequest(selector=selector, reason=reason, dry_run=dry_run))
+    _print_bulk(resp, output)
+    if any(r.code for r in resp.results):
+        raise typer.Exit(1)
 
 
-def watch(job_id: str = typer.Argument(...), server: str = SERVER, output: Output = OUTPUT, token: str = TOKEN):
-    """Follow a job's state until it ends."""
+_CODE_NAMES = {c.value[0]: c.name for c in grpc.StatusCode}
+
+
+def _print_bulk(resp: pb.BulkJobsResponse, output: Output) -> None:
+    if output == "json":
+        console.print_json(json.dumps(MessageToDict(resp, preserving_proto_field_name=True,
+                                                    always_print_fields_with_no_presence=True)))
+        return
+    for r in resp.results:
+        if r.code:
+            err.print(styled(f"{r.job_id} ", (_CODE_NAMES.get(r.code, str(r.code)), "red"), f": {r.message}"))
+        else:
+            console.print(f"{r.job_id} {r.message}" + (f" ({_state(r.state)})" if r.state else ""))
+    failed = sum(1 for r in resp.results if r.code)
+    console.print(f"{resp.succeeded} of {len(resp.results)} done" + (f", {failed} failed" if failed else ""))
+
+
+def cancel(ids: Optional[list[str]] = typer.Argument(None, metavar="[JOB_ID]...", show_default=False,
+                                                     help="Jobs to cancel (or select them with the flags)."),
+           tenant: list[str] = SELECT_TENANT, project: list[str] = SELECT_PROJECT, state: list[str] = SELECT_STATE,
+           name: str = SELECT_NAME, reason: str = REASON, yes: bool = YES, dry_run: bool = DRY_RUN,
+           server: str = SERVER, output: Output = OUTPUT, token: str = TOKEN):
+    """Cancel jobs by id, or every job a selector matches (queued and held jobs end at once;
+    running ones are stopped by their agent).
+
+    Selector flags repeat (any of the values) and combine (all of the flags). A selector asks
+    "Cancel N jobs? [y/N]" first. One line per job; exit 1 if any could not be cancelled.
+    """
+    _bulk("cancel", "CancelJobs", ids or [], tenant, project, state, name, reason, yes, dry_run, server, output, token)
+
+
+def hold(ids: Optional[list[str]] = typer.Argument(None, metavar="[JOB_ID]...", show_default=False,
+                                                   help="Jobs to hold (or select them with the flags)."),
+         tenant: list[str] = SELECT_TENANT, project: list[str] = SELECT_PROJECT, state: list[str] = SELECT_STATE,
+         name: str = SELECT_NAME, reason: str = REASON, yes: bool = YES, dry_run: bool = DRY_RUN,
+         server: str = SERVER, output: Output = OUTPUT, token: str = TOKEN):
+    """Hold queued jobs: the scheduler leaves them alone until `fedsched release`.
+
+    Only queued jobs can be held (placed, running and awaiting-approval ones are refused per
+    job). Same selectors and question as `fedsched cancel`.
+    """
+    _bulk("hold", "HoldJobs", ids or [], tenant, project, state, name, reason, yes, dry_run, server, output, token)
+
+
+def release(ids: Optional[list[str]] = typer.Argument(None, metavar="[JOB_ID]...", show_default=False,
+                                                      help="Held jobs to release (or select them with the flags)."),
+            tenant: list[str] = SELECT_TENANT, project: list[str] = SELECT_PROJECT, state: list[str] = SELECT_STATE,
+            name: str = SELECT_NAME, reason: str = REASON, yes: bool = YES, dry_run: bool = DRY_RUN,
+            server: str = SERVER, output: Output = OUTPUT, token: str = TOKEN):
+    """Release held jobs: they wait again with their original submit time.
+
+    Same selectors and question as `fedsched cancel`.
+    """
+    _bulk("release", "ReleaseJobs", ids or [], tenant, project, state, name, reason, yes, dry_run, server, output,
+          token)
+
+
+def priority(job_id: str = typer.Argument(..., help="A queued or held job."),
+             priority_class: str = typer.Argument(..., metavar="CLASS", help=", ".join(PRIORITIES)),
+             reason: str = REASON, server: str = SERVER, output: Output = OUTPUT, token: str = TOKEN):
+    """Change the priority class of a queued or held job (audited with who and why)."""
+    if priority_class not in PRIORITIES:
+        err.print(error_line("CLASS", f"must be one of {', '.join(PRIORITIES)}"))
+        raise typer.Exit(2)
+    if len(reason) > REASON_MAX:
+        err.print(error_line("--reason", f"at most {REASON_MAX} characters"))
+        raise typer.Exit(2)
+    with Api(server, token) as api:
+        j = api.call(pb_grpc.JobServiceStub(api.channel).SetJobPriority,
+                     pb.SetJobPriorityRequest(job_id=job_id, priority=PRIORITIES[priority_class], reason=reason))
+    _print_jobs([j], output)
+
+
+# --------------------------------------------------------------------------- watch
+
+class WatchExit:
+    """``fedsched watch`` exit codes (also in its --help and the README)."""
+
+    SUCCEEDED = 0
+    ERROR = 1          # any other error (authentication, permission, a bad argument)
+    USAGE = 2          # bad flags
+    FAILED = 3         # the job ended FAILED
+    CANCELLED = 4      # the job ended CANCELLED
+    TIMEOUT = 5        # --timeout passed before the job ended
+    NOT_FOUND = 6      # no such job (or not yours to see)
+    UNAVAILABLE = 7    # admission unreachable, or the stream broke
+
+
+WATCH_HELP = f"""Follow a job's state until it ends; the exit code says how it ended.
+
+Exit codes: {WatchExit.SUCCEEDED} succeeded, {WatchExit.FAILED} failed, {WatchExit.CANCELLED} cancelled, \
+{WatchExit.TIMEOUT} timeout (--timeout passed first), {WatchExit.NOT_FOUND} not found, \
+{WatchExit.UNAVAILABLE} unavailable (admission unreachable), {WatchExit.ERROR} any other error, \
+{WatchExit.USAGE} usage error.
+"""
+
+_ENDS = {pb.JOB_STATE_SUCCEEDED: WatchExit.SUCCEEDED, pb.JOB_STATE_FAILED: WatchExit.FAILED,
+         pb.JOB_STATE_CANCELLED: WatchExit.CANCELLED}
+_RPC_EXITS = {grpc.StatusCode.DEADLINE_EXCEEDED: WatchExit.TIMEOUT, grpc.StatusCode.NOT_FOUND: WatchExit.NOT_FOUND,
+              grpc.StatusCode.UNAVAILABLE: WatchExit.UNAVAILABLE}
+
+
+def watch(job_id: str = typer.Argument(...),
+          timeout: Optional[float] = typer.Option(None, "--timeout", min=0.001, show_default=False,
+                                                  help="Give up after this many seconds (exit 5)."),
+          server: str = SERVER, output: Output = OUTPUT, token: str = TOKEN):
+    last = None
     with Api(server, token) as api:
         try:
-            for j in api.stream(pb_grpc.JobServiceStub(api.channel).WatchJob, pb.WatchJobRequest(job_id=job_id)):
+            stream = pb_grpc.JobServiceStub(api.channel).WatchJob(pb.WatchJobRequest(job_id=job_id),
+                                                                  metadata=api.metadata, timeout=timeout)
+            for j in stream:
+                last = j
                 if output == "json":
                     console.print_json(json.dumps(MessageToDict(j, preserving_proto_field_name=True)))
                 else:
                     console.print(f"{j.job_id} {_state(j.state)} {j.cluster or ''} {j.reason}")
         except grpc.RpcError as e:
-            fail_rpc(e)
+            code = e.code()
+            if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+                err.print(error_line("timeout:", f"{job_id} still {_state(last.state) if last else 'unknown'} "
+                                                 f"after {timeout:g} s"))
+            else:
+                err.print(error_line(f"{code.name}:", e.details()))
+            raise typer.Exit(_RPC_EXITS.get(code, WatchExit.ERROR)) from None
+    if last is None or last.state not in _ENDS:
+        err.print(error_line("unavailable:", "the watch ended before the job did"))
+        raise typer.Exit(WatchExit.UNAVAILABLE)
+    raise typer.Exit(_ENDS[last.state])
 
 
 def logs(job_id: str = typer.Argument(...),
@@ -404,5 +622,8 @@ def register(app: typer.Typer) -> None:
     app.command("job")(job)
     app.command("explain")(explain)
     app.command("cancel")(cancel)
-    app.command("watch")(watch)
+    app.command("hold")(hold)
+    app.command("release")(release)
+    app.command("priority")(priority)
+    app.command("watch", help=WATCH_HELP)(watch)
     app.command("logs")(logs)

@@ -27,8 +27,33 @@ from rich.table import Table
 from fedsched.bus import redact
 from fedsched.errors import FedError
 
-app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False, rich_markup_mode="rich")
+#: ``-h`` and ``--help`` on every command (subcommands inherit the root's context settings)
+HELP_OPTIONS = {"help_option_names": ["-h", "--help"]}
+ROOT_HELP = (
+    "The fedsched command line: run the federation (up, service), replay a trace through it (replay), query its "
+    "event log (sql, report), use the job API (submit, jobs, job, explain, cancel, hold, release, priority, watch, "
+    "logs, clusters, status) and the governance API (approvals, approve, reject, tenants, quota, principal, "
+    "policy; token new).\n\n"
+    "Every setting also reads FEDSCHED_<NAME> from the environment; the gRPC address is FEDSCHED_GRPC_ADDRESS on "
+    "both sides. API commands send --token / FEDSCHED_TOKEN or the embedded system's <data_dir>/admin.token.")
+#: plain help (no markup mode: what is written is what prints, wrapped to the terminal)
+app = typer.Typer(help=ROOT_HELP, no_args_is_help=True, add_completion=False, rich_markup_mode=None,
+                  context_settings=HELP_OPTIONS)
 from fedapp.cli.text import Output, console, err, error_line, strict_json, styled
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from fedsched.version import package_version
+
+        console.print(f"fedsched {package_version()}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(version: bool = typer.Option(False, "--version", is_eager=True, callback=_print_version,
+                                       help="Print the fedsched version and exit.")) -> None:
+    pass
 
 OUTPUT_HELP = "table (for people) or json (for scripts)"
 
@@ -171,7 +196,7 @@ def up(
                       f"{settings.data_dir})" if system.admin_token else
                       "no admin token in this data dir: pass --token / FEDSCHED_TOKEN")
         console.print(f"  policy {system.admission.policy.version}; {token_note}")
-        console.print(f"  try: FEDSCHED_GRPC={system.grpc_target} fedsched submit --tenant search --project train "
+        console.print(f"  try: FEDSCHED_GRPC_ADDRESS={system.grpc_target} fedsched submit --tenant search --project train "
                       f"--gpus 1 --duration 600")
         console_server = None
         if not no_web:
@@ -469,6 +494,9 @@ from fedapp.cli import admin as admin_commands  # noqa: E402  (registers tenants
 from fedapp.cli import jobs as job_commands  # noqa: E402  (registers submit/jobs/job/explain/cancel/watch)
 
 job_commands.register(app)
+from fedapp.cli import ops as ops_commands  # noqa: E402  (registers clusters, status)
+
+ops_commands.register(app)
 admin_commands.register(app)
 
 from fedapp.cli import web as web_commands  # noqa: E402  (registers web)

@@ -54,3 +54,19 @@ def strict_json(value, *, indent: int | None = None) -> str:
     """JSON that strict parsers accept: NaN and infinities (e.g. the average of no rows) become
     ``null``, anything else JSON has no type for (datetimes, Decimals) its ``str``."""
     return json.dumps(_finite(value), indent=indent, default=str, allow_nan=False)
+
+
+def money(amount: object, currency: str = "") -> str:
+    """An amount of money for people, to the cent (``"12.35 CNY"``): the exact stored value (a
+    decimal string, Decimal, int or float) rounded half-to-even to 2 places; "-" for an empty
+    amount, the text itself for one that is not a number. Only tables use it: JSON output keeps
+    the exact value."""
+    from decimal import Decimal, InvalidOperation
+
+    if amount is None or amount == "":
+        return "-"
+    try:
+        value = Decimal(str(amount)).quantize(Decimal("0.01"))
+    except (InvalidOperation, ValueError):
+        return str(amount)
+    return f"{value} {currency}".rstrip()

@@ -9,6 +9,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from fedapp.cli.text import money
+
 
 @contextlib.contextmanager
 def progress_display(console: Console, *, enabled: bool = True, quiet: bool = False) -> Iterator[Callable]:
@@ -61,7 +63,7 @@ def print_report(console: Console, report: dict) -> None:
     t.add_row("GPU utilisation (whole span / arrival window)",
               f"{report['gpu_utilization']:.1%} / {report['gpu_utilization_arrivals']:.1%} of {report['capacity_gpus']} GPUs")
     t.add_row("GPU hours", str(report["gpu_hours"]))
-    t.add_row("cost total", f"{report['cost_total']} {report['currency']}")
+    t.add_row("cost total", money(report["cost_total"], report["currency"]))
     t.add_row("audit events", str(report["audit_events"]))
     over = report["capacity_check"]["over_allocated"]
     t.add_row("over-allocated clusters", "none" if not over else ", ".join(over))
@@ -71,7 +73,8 @@ def print_report(console: Console, report: dict) -> None:
         for col in ("region", "jobs_started", "cross_region_in", "gpu_hours", "cost"):
             r.add_column(col, justify="right" if col != "region" else "left")
         for row in report["by_region"]:
-            r.add_row(*(str(row[c]) for c in ("region", "jobs_started", "cross_region_in", "gpu_hours", "cost")))
+            r.add_row(*(str(row[c]) for c in ("region", "jobs_started", "cross_region_in", "gpu_hours")),
+                      money(row["cost"]))
         console.print(r)
     if report.get("rejected_reasons"):
         r = Table(title="rejected submissions (status: field)")

@@ -61,6 +61,7 @@ class ClusterRow:
     nodes_schedulable: int
     running_jobs: int
     maintenance: bool = False
+    backend: str = ""  #: trace, kubernetes, slurm ("" = an agent that does not say)
 
 
 @dataclass
@@ -144,4 +145,5 @@ class ClusterView:
         healthy = 0 <= age <= self.stale_after_s and not maintenance and schedulable > 0
         return ClusterRow(region=c.region, zone=c.zone, cluster=name, healthy=healthy, heartbeat_age_s=age,
                           cards=tuple(CardCount(m, t, a, t - a) for m, (t, a) in sorted(cards.items())),
-                          nodes=nodes, nodes_schedulable=schedulable, running_jobs=running, maintenance=maintenance)
+                          nodes=nodes, nodes_schedulable=schedulable, running_jobs=running, maintenance=maintenance,
+                          backend=snap.backend if snap is not None else "")

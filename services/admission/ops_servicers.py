@@ -69,7 +69,7 @@ class ClusterServicer(pb_grpc.ClusterServiceServicer):
         out = pb.ListClustersResponse()
         for row in self.clusters.rows(self.wall.time(), regions):
             out.clusters.append(pb.ClusterSummary(
-                region=row.region, zone=row.zone, cluster=row.cluster, healthy=row.healthy,
+                region=row.region, zone=row.zone, cluster=row.cluster, backend=row.backend, healthy=row.healthy,
                 heartbeat_age_seconds=row.heartbeat_age_s, nodes=row.nodes, nodes_schedulable=row.nodes_schedulable,
                 running_jobs=row.running_jobs,
                 cards=[pb.CardCapacity(card_model=c.card_model, gpus_total=c.total, gpus_allocated=c.allocated,
@@ -89,19 +89,9 @@ IDLE_DOWN_S = 15.0
 
 
 def _age(value, now: float) -> float | None:
-    """Seconds since ``value`` (a datetime, an RFC 3339 string or None)."""
-    if value is None:
-        return None
-    if isinstance(value, str):
-        from datetime import datetime
-        try:
-            value = datetime.fromisoformat(value.replace("Z", "+00:00")[:26] + ("+00:00" if value.endswith("Z") else ""))
-        except ValueError:
-            return None
-    try:
-        return now - value.timestamp()
-    except (AttributeError, OSError):
-        return None
+    """Wall seconds from ``value`` (a timezone-aware datetime, as nats-py parses JetStream's
+    ``last_active``; None = never) to ``now``."""
+    return None if value is None else now - value.timestamp()
 
 
 class SystemServicer(pb_grpc.SystemServiceServicer):

@@ -1023,7 +1023,8 @@ class ClusterAgent:
         return InventorySnapshot(
             nodes=nodes, running=tuple(sorted(f"{j}/{a}/{s}" for j, a, s in self.running)),
             storage_tier=self.cluster.storage_tier, interconnect=self.cluster.interconnect,
-            residency_tags=self.cluster.residency_tags, sequence=self.sequence)
+            residency_tags=self.cluster.residency_tags, sequence=self.sequence,
+            backend=str(getattr(self.backend, "kind", "")))
 
     async def publish_snapshot(self) -> None:
         """Publish a full inventory snapshot (in a new root trace: nothing traced caused it)."""

@@ -71,9 +71,12 @@ def test_up_submit_sql_ctrl_c_and_resume(tmp_path):
                 break
             time.sleep(0.3)
         assert '"JOB_STATE_RUNNING"' in show.stdout, show.stdout
-        bad = _run("submit", "--server", grpc, "--tenant", "vision", "--project", "serve", "--gpu-milli", "5000",
-                   "--token", token_file.read_text().strip())
+        bad = _run("submit", "--server", grpc, "--tenant", "vision", "--project", "serve", "--gpus", "2",
+                   "--gpu-milli", "500", "--token", token_file.read_text().strip())  # a share needs --gpus 1
         assert bad.returncode == 1 and "INVALID_ARGUMENT" in bad.stderr and "spec.gpu_milli" in bad.stderr
+        out_of_range = _run("submit", "--server", grpc, "--tenant", "vision", "--project", "serve", "--gpu-milli",
+                            "5000")  # beyond what admission accepts (1..1000): refused before any call
+        assert out_of_range.returncode == 2 and "--gpu-milli" in out_of_range.stderr
         runs = []
 
         def audited() -> bool:  # the audit writer has stored the job's events

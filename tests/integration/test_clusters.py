@@ -63,6 +63,7 @@ async def test_two_agents_show_capacity_health_and_queues(bus, agents):
         assert [c.cluster for c in resp.clusters] == [EAST.name, NORTH.name]  # by region, then cluster
         n, e = by_name[NORTH.name], by_name[EAST.name]
         assert (n.region, n.zone, n.nodes, n.nodes_schedulable, n.healthy) == ("cn-north-1", "cn-north-1a", 2, 2, True)
+        assert n.backend == "trace"
         assert [(c.card_model, c.gpus_total, c.gpus_allocated, c.gpus_free) for c in n.cards] == [(T4, 16, 4, 12)]
         assert [(c.card_model, c.gpus_total, c.gpus_allocated, c.gpus_free) for c in e.cards] == [(V100, 4, 0, 4)]
         assert 0 <= n.heartbeat_age_seconds < 2 and e.running_jobs == 0

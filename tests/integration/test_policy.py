@@ -16,6 +16,7 @@ from fedsched.api.v1 import governance_pb2 as gpb
 from fedsched.api.v1 import jobs_pb2 as jpb
 from fedsched.auth import hash_token
 from fedsched.clock import SystemClock
+from fedsched.errors import ValidationError
 from fedsched.tenancy import Governance, bundled_policy_text, parse_policy, policy_version
 from fedsched.policystore import PolicyFollower, PolicyHolder, bootstrap, read_policy
 from fedsched.store import AsyncStore
@@ -154,6 +155,33 @@ async def test_first_start_bootstrap_writes_a_private_admin_token_once(bus, tmp_
     assert await bootstrap(bus, policy_text(), path, now=time.time()) == token  # second start: nothing changes
     assert (await read_policy(bus)).version == stored.version
     assert set(Governance.of(stored.gov.doc).tenants) == {"search", "ads", "nlp", "vision", "recsys"}
+
+
+async def test_bootstrap_adopts_a_token_a_deployment_mounted_and_never_rewrites_it(bus, tmp_path):
+    """A Kubernetes Secret mounted read-only at admin_token_file: its token becomes the admin's."""
+    path = tmp_path / "secret" / "admin.token"
+    path.parent.mkdir()
+    path.write_text("tok-from-the-secret-0123456789\n")
+    path.chmod(0o400)
+    path.parent.chmod(0o500)  # read-only, like a Secret volume: a write would fail (unless root)
+    written = path.stat().st_mtime_ns
+    try:
+        token = await bootstrap(bus, bundled_policy_text(), path, now=time.time())
+        assert token == "tok-from-the-secret-0123456789"
+        assert (await read_policy(bus)).gov.authenticate(token).is_admin
+        assert await bootstrap(bus, bundled_policy_text(), path, now=time.time()) == token  # a restart
+        assert path.stat().st_mtime_ns == written  # never rewritten
+    finally:
+        path.parent.chmod(0o700)
+
+
+async def test_bootstrap_refuses_a_mounted_token_that_is_no_token(bus, tmp_path):
+    path = tmp_path / "admin.token"
+    path.write_text("short token\n")
+    with pytest.raises(ValidationError) as e:
+        await bootstrap(bus, bundled_policy_text(), path, now=time.time())
+    assert e.value.field == "admin_token_file"
+    assert await read_policy(bus) is None  # nothing stored
 
 
 async def test_a_follower_on_an_empty_bucket_reports_that_no_policy_is_stored(bus):
