@@ -107,7 +107,7 @@ def _field_for(desc: Descriptor, key: Any, where: str, extra: tuple[str, ...] = 
     if name in desc.fields_by_name or name in extra:
         return name
     known = list(desc.fields_by_name) + list(extra)
-    guess = difflib.get_close_matches(name, known, n=1)
+    guess = difflib.get_close_matches(name, known, n=1) or [k for k in known if k.startswith(name + "_")][:1]
     hint = f"; did you mean {guess[0]}?" if guess else f"; known: {', '.join(sorted(known))}"
     raise JobFileError(f"{where}.{key}: unknown field{hint}")
 
@@ -143,7 +143,7 @@ def fill(msg: Message, doc: Any, where: str, extra: tuple[str, ...] = ()) -> dic
                 if not isinstance(k, str):
                     raise JobFileError(f"{at}: keys are text, got {k!r}")
                 target[k] = _scalar(field.message_type.fields_by_name["value"], v, f"{at}[{k}]")
-        elif field.label == FieldDescriptor.LABEL_REPEATED:
+        elif field.is_repeated:
             items = value if isinstance(value, list) else [value]
             target = getattr(msg, name)
             for i, v in enumerate(items):

@@ -186,9 +186,16 @@ def _jobs_table(jobs) -> Table:
     return table
 
 
+def _write_json(value) -> None:
+    """Indented JSON straight to stdout (rich's print_json takes seconds per MiB: a listing of
+    every page may be many MiB)."""
+    sys.stdout.write(json.dumps(value, indent=2, ensure_ascii=False) + "\n")
+    sys.stdout.flush()
+
+
 def _print_jobs(jobs, output: str) -> None:
     if output == "json":
-        console.print_json(json.dumps([MessageToDict(j, preserving_proto_field_name=True) for j in jobs]))
+        _write_json([MessageToDict(j, preserving_proto_field_name=True) for j in jobs])
         return
     console.print(_jobs_table(jobs))
 
@@ -353,7 +360,7 @@ def _override(spec: pb.JobSpec, flags: pb.JobSpec, given: list[str], workload: p
             spec.workload.ClearField(f.name)
             if f.message_type is not None and f.message_type.GetOptions().map_entry:
                 getattr(spec.workload, f.name).update(value)
-            elif f.label == f.LABEL_REPEATED:
+            elif f.is_repeated:
                 getattr(spec.workload, f.name).extend(value)
             else:
                 setattr(spec.workload, f.name, value)
