@@ -164,25 +164,41 @@ def _clip(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
-def _jobs_table(jobs) -> Table:
-    """The jobs table: as wide as the terminal; ids never cut, long reasons end in an ellipsis."""
-    table = Table(expand=False)
+def _jobs_table(jobs, width: int | None = None) -> Table:
+    """The jobs table, fitted to the terminal (``width``, default the console's): job ids are
+    never cut; names and reasons end in an ellipsis when cut; other cells wrap. Below 150
+    columns times drop the year and seconds; the ``ended`` column is left out when no listed job
+    has ended, and ``attempts`` below 110 columns."""
+    from rich import box
+
+    width = width or console.width
+    short = width < 150
+    ended = any(j.ended_at.seconds for j in jobs)
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
     table.add_column("job", no_wrap=True, min_width=22)  # ids are copied from here: never cut them
-    table.add_column("tenant/project", overflow="fold")
-    table.add_column("name", overflow="ellipsis", max_width=24)
-    table.add_column("state", no_wrap=True)
-    table.add_column("where", overflow="fold")
-    for col in ("GPUs", "attempts"):
-        table.add_column(col, overflow="fold")
-    table.add_column("submitted", no_wrap=True)
-    table.add_column("ended", no_wrap=True)
-    table.add_column("reason", overflow="ellipsis", no_wrap=True, ratio=1, min_width=12)
+    table.add_column("tenant/project", overflow="fold", min_width=12)
+    table.add_column("name", overflow="ellipsis", no_wrap=True, max_width=20, min_width=6)
+    table.add_column("state", overflow="fold", min_width=6)
+    table.add_column("where", overflow="fold", min_width=5)
+    table.add_column("GPUs", no_wrap=True)
+    if width >= 110:
+        table.add_column("attempts", overflow="fold", min_width=6)
+    table.add_column("submitted", overflow="fold", min_width=11 if short else 19)
+    if ended:
+        table.add_column("ended", overflow="fold", min_width=11 if short else 19)
+    table.add_column("reason", overflow="ellipsis", no_wrap=True, ratio=1, min_width=10)
+    when = (lambda ts: _ts(ts)[5:16]) if short else _ts
     for j in jobs:
         s = j.spec
         gpus = f"{s.workers}x{s.gpus_per_worker}" if s.gpu_milli in (0, 1000) else f"{s.workers}x{s.gpu_milli}m"
         reason = ("can never run as asked: " if j.unplaceable else "") + j.reason
-        table.add_row(j.job_id, f"{s.tenant}/{s.project}", s.name or "-", _state(j.state), j.cluster or "-", gpus,
-                      _attempts_cell(j), _ts(j.submitted_at), _ts(j.ended_at), reason or "-")
+        row = [j.job_id, f"{s.tenant}/{s.project}", s.name or "-", _state(j.state), j.cluster or "-", gpus]
+        if width >= 110:
+            row.append(_attempts_cell(j))
+        row.append(when(j.submitted_at))
+        if ended:
+            row.append(when(j.ended_at))
+        table.add_row(*row, reason or "-")
     return table
 
 

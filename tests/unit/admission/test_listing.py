@@ -173,3 +173,7 @@ def test_a_page_walks_only_what_it_needs(monkeypatch):
     monkeypatch.setattr(listing.JobFilter, "matches", lambda self, rec: visited.append(rec.job_id) or matches(self, rec))
     _page(view, page_size=10, page_token=first.next_page_token)
     assert len(visited) == 11  # ten jobs and the one that tells there is a next page
+    visited.clear()
+    assert _page(view, page_size=10).total == 2000 and len(visited) == 11  # the total by bisection
+    visited.clear()
+    assert _page(view, page_size=10, tenants=["search"]).total == 2000 and len(visited) == 2000 + 11  # one walk
