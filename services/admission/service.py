@@ -541,12 +541,13 @@ class JobServicer(pb_grpc.JobServiceServicer):
         accepted: list[tuple[int, _Admitted]] = []
         first_of: dict[str, int] = {}  # job id -> the batch item publishing it (a request_id given twice)
         repeats: list[tuple[int, _Admitted]] = []
+        ask = [True]  # once the scheduler leaves a what-if unanswered, the batch's other dry runs do not wait
         with _call_trace() as trace_id:
             await _send_trace_id(context, trace_id)
             for i, item in enumerate(request.items):
                 try:
                     if item.dry_run:
-                        results[i] = pb.SubmitJobsResult(response=await self._dry_run(item, principal))
+                        results[i] = pb.SubmitJobsResult(response=await self._dry_run(item, principal, ask=ask))
                         continue
                     admitted = self._admit(item, principal)
                 except REFUSALS as e:
@@ -651,13 +652,15 @@ class JobServicer(pb_grpc.JobServiceServicer):
         finally:
             self._release(a.spec.tenant, a.job_id, a.held)
 
-    async def _dry_run(self, request: pb.SubmitJobRequest, principal: Principal) -> pb.SubmitJobResponse:
+    async def _dry_run(self, request: pb.SubmitJobRequest, principal: Principal, *,
+                       ask: list[bool] | None = None) -> pb.SubmitJobResponse:
         """What a submit of ``request`` would do, doing none of it: :meth:`_admit` without a
         budget hold, nothing published. ``verdict``: ``accepted`` (it would be queued),
         ``duplicate of <job>`` (a retry of an earlier request), or ``<CODE>: <message>`` (the
         refusal a submit would get). ``what_if``: the scheduler's decision for the admitted spec
         on its current view (:mod:`fedsched.whatif`), unset when no scheduler answered within
-        :attr:`what_if_timeout_s` or the spec was refused."""
+        the timeout or the spec was refused. ``ask`` (a batch's shared flag): ``[False]`` skips
+        the question, and an unanswered one sets it so."""
         try:
             admitted = self._admit(request, principal, hold=False)
         except REFUSALS as e:
@@ -666,8 +669,10 @@ class JobServicer(pb_grpc.JobServiceServicer):
             admitted.verdict = f"duplicate of {admitted.job_id} ({_state_name(admitted.state)})"
             return admitted
         resp = pb.SubmitJobResponse(state=pb.JOB_STATE_QUEUED, verdict="accepted")
-        if self.what_if is not None:
+        if self.what_if is not None and (ask is None or ask[0]):
             reply = await self.what_if(WhatIfRequest(spec=admitted.spec, submitted_at=self.clock.time()))
+            if reply is None and ask is not None:
+                ask[0] = False
             if reply is not None and not reply.error:
                 resp.what_if.CopyFrom(what_if_to_pb(reply, pb.JOB_STATE_QUEUED))
             elif reply is not None:

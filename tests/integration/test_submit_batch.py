@@ -134,6 +134,12 @@ async def test_a_dry_run_without_a_scheduler_gives_the_verdict_and_no_what_if_an
         bad = await stub.SubmitJob(pb.SubmitJobRequest(spec=_spec(workers=0), dry_run=True), timeout=30)
         many = [await stub.SubmitJob(pb.SubmitJobRequest(spec=_vision(), dry_run=True), timeout=30)
                 for _ in range(25)]  # 25 x 4.5 CNY: a dry run holds no budget, so all would be accepted
+        t0 = time.monotonic()
+        batch = await stub.SubmitJobs(pb.SubmitJobsRequest(items=[pb.SubmitJobRequest(spec=_vision(), dry_run=True)]
+                                                           * 20), timeout=30)
+        waited = time.monotonic() - t0
+    assert [r.response.verdict for r in batch.results] == ["accepted"] * 20
+    assert waited < 20 * 0.5  # only the first item waits for the scheduler that does not answer
     assert ok.verdict == "accepted" and not ok.job_id and not ok.HasField("what_if") and len(ok.trace_id) == 32
     assert bad.verdict.startswith("INVALID_ARGUMENT: spec.workers:")
     assert {r.verdict for r in many} == {"accepted"}
