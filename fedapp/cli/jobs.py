@@ -169,12 +169,10 @@ def _jobs_table(jobs, width: int | None = None) -> Table:
     never cut; names and reasons end in an ellipsis when cut; other cells wrap. Below 150
     columns times drop the year and seconds; the ``ended`` column is left out when no listed job
     has ended, and ``attempts`` below 110 columns."""
-    from rich import box
-
     width = width or console.width
     short = width < 150
     ended = any(j.ended_at.seconds for j in jobs)
-    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    table = Table()
     table.add_column("job", no_wrap=True, min_width=22)  # ids are copied from here: never cut them
     table.add_column("tenant/project", overflow="fold", min_width=12)
     table.add_column("name", overflow="ellipsis", no_wrap=True, max_width=20, min_width=6)
