@@ -6,6 +6,11 @@ Every command talks to admission at ``--server`` (``FEDSCHED_GRPC``, default
 ``<FEDSCHED_DATA_DIR or .fedsched>/admin.token``. TLS: ``FEDSCHED_TLS_CA`` (the CA that signed
 the server), and for mTLS ``FEDSCHED_TLS_CLIENT_CERT`` / ``FEDSCHED_TLS_CLIENT_KEY``. Output is
 a table, or JSON with ``--output json``.
+
+``submit -f FILE`` reads job files (:mod:`fedapp.cli.jobfile`); a list goes through
+``SubmitJobs``. ``jobs`` pages newest first through ``ListJobs`` with repeatable filters
+(``--watch [SECONDS]`` takes an optional value: :func:`with_optional_values`, applied by
+:func:`fedapp.cli.root.main`).
 """
 
 from __future__ import annotations

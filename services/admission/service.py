@@ -25,6 +25,15 @@ A queued job the scheduler finds unplaceable holds no budget while it stays so.
 Refusals are published as ``submission.rejected`` so the audit log has the submission success
 rate.
 
+``SubmitJobs`` takes up to :data:`MAX_BATCH` submissions and puts each through the same path
+(:meth:`JobServicer._admit`: validation, governance, idempotency, quota, budget hold), answering
+per item (code and message naming the field); the accepted items' events are published
+together. A ``dry_run`` submission goes through that path without a budget hold and publishes
+nothing: its ``verdict`` says what a submit would do, and ``what_if`` is the scheduler's
+decision for it on its current view (:mod:`fedsched.whatif`; unset when no scheduler answers).
+Every submit answers with its trace id, in ``trace_id`` and the initial metadata ``x-trace-id``
+(the caller's ``traceparent`` trace, else a new one the published events carry too).
+
 Idempotency: with a ``request_id``, the job id and the event id are derived from the caller's
 key (principal, tenant, project, request_id: :func:`request_job_id`), so concurrent retries
 publish the same message id (JetStream keeps one) and later retries find the job in the view's
@@ -80,7 +89,7 @@ from fedsched.pricing import PriceCatalog, load_price_catalog
 from services.admission.admin_servicers import ApprovalServicer, PolicyServicer, TenantServicer
 from services.admission.approvalview import ApprovalView
 from services.admission.budgets import SpendBook, SpendWatcher
-from services.admission.convert import (STATE_FROM_PB, STATE_TO_PB, Limits, _ts, refuse_unknown_fields, spec_from_pb,
+from services.admission.convert import (STATE_TO_PB, Limits, _ts, refuse_unknown_fields, spec_from_pb,
                                         spec_to_pb)
 from services.admission.jobview import Decision, JobRecord, JobView
 from services.admission.listing import list_page
