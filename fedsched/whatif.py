@@ -51,6 +51,7 @@ class ShardWhatIf(BaseModel):
         evaluations: one dict per cluster considered: ``cluster``, ``region``, ``passed``,
             ``reason``, ``detail``, ``scores`` (terms 0..1), ``total`` (None unless it fits).
         decided_at: business time of the decision (seconds since the Unix epoch).
+        needs_approval: the placement is cross-region and the tenant's mode is ``approval``.
     """
 
     model_config = ConfigDict(frozen=True, extra="ignore")
@@ -67,6 +68,7 @@ class ShardWhatIf(BaseModel):
     reserved_cluster: str = ""
     decided_at: float = 0.0
     evaluations: tuple[dict[str, Any], ...] = ()
+    needs_approval: bool = False  #: placed abroad for a tenant whose mode is ``approval``: a submit would wait for an approver
 
 
 class WhatIfReply(BaseModel):

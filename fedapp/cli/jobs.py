@@ -330,7 +330,7 @@ def submit(
             resp, metadata = api.call_with_metadata(stub.SubmitJob, requests[0])
             _print_submitted([(requests[0], pb.SubmitJobsResult(response=resp))], output, dry_run, verbose,
                              resp.trace_id or dict(metadata).get("x-trace-id", ""))
-            if dry_run and not resp.verdict.startswith(("accepted", "duplicate")):
+            if dry_run and not resp.verdict.startswith(ACCEPTED_VERDICTS):
                 raise typer.Exit(1)
             return
         results: list[pb.SubmitJobsResult] = []
@@ -341,9 +341,12 @@ def submit(
             results.extend(resp.results)
             trace_id = trace_id or dict(metadata).get("x-trace-id", "")
     _print_submitted(list(zip(requests, results)), output, dry_run, verbose, trace_id)
-    if any(r.code or (dry_run and not r.response.verdict.startswith(("accepted", "duplicate"))) for r in results):
+    if any(r.code or (dry_run and not r.response.verdict.startswith(ACCEPTED_VERDICTS)) for r in results):
         raise typer.Exit(1)
 
+
+#: Dry-run verdicts of a submit that would be taken (anything else is the error it would get).
+ACCEPTED_VERDICTS = ("accepted", "awaiting_approval", "duplicate")
 
 #: Items per SubmitJobs call (the server's limit).
 SUBMIT_BATCH = 1000
@@ -406,7 +409,7 @@ def _print_submitted(items: list[tuple[pb.SubmitJobRequest, pb.SubmitJobsResult]
             console.print(styled(label, ("verdict:", "bold"), f" {resp.verdict}"))
             if resp.HasField("what_if"):
                 _print_explain(resp.what_if, title=False)
-            elif resp.verdict.startswith("accepted"):
+            elif resp.verdict.startswith(("accepted", "awaiting_approval")):
                 console.print("  what-if: no scheduler answered (the verdict stands; nothing was queued)")
             continue
         console.print(f"{label}{resp.job_id} {_state(resp.state)}{' (duplicate request)' if resp.duplicate else ''}")

@@ -665,7 +665,8 @@ class JobServicer(pb_grpc.JobServiceServicer):
                        ask: list[bool] | None = None) -> pb.SubmitJobResponse:
         """What a submit of ``request`` would do, doing none of it: :meth:`_admit` without a
         budget hold, nothing published. ``verdict``: ``accepted`` (it would be queued),
-        ``duplicate of <job>`` (a retry of an earlier request), or ``<CODE>: <message>`` (the
+        ``awaiting_approval`` (the scheduler would place it abroad, which its tenant's policy
+        lets only an approver allow), ``duplicate of <job>`` (a retry of an earlier request), or ``<CODE>: <message>`` (the
         refusal a submit would get). ``what_if``: the scheduler's decision for the admitted spec
         on its current view (:mod:`fedsched.whatif`), unset when no scheduler answered within
         the timeout or the spec was refused. ``ask`` (a batch's shared flag): ``[False]`` skips
@@ -683,7 +684,9 @@ class JobServicer(pb_grpc.JobServiceServicer):
             if reply is None and ask is not None:
                 ask[0] = False
             if reply is not None and not reply.error:
-                resp.what_if.CopyFrom(what_if_to_pb(reply, pb.JOB_STATE_QUEUED))
+                if any(d.needs_approval for d in reply.decisions):  # the scheduler would ask an approver first
+                    resp.state, resp.verdict = pb.JOB_STATE_AWAITING_APPROVAL, "awaiting_approval"
+                resp.what_if.CopyFrom(what_if_to_pb(reply, resp.state))
             elif reply is not None:
                 log.warning("what-if refused by the scheduler: %s", reply.error)
         return resp

@@ -400,7 +400,7 @@ class SchedulerService:
         a cycle would make it for that job alone -- committing nothing: no event is published,
         no shard, queue, cluster allocation, pending reason or approval changes (the view's
         caches are derived data and stay valid). Placements that would need an approval are
-        reported as placed with the approval noted in the summary.
+        reported as placed, marked ``needs_approval`` and noted in the summary.
 
         Returns:
             :class:`~fedsched.whatif.WhatIfReply`, one decision per shard in shard order.
@@ -425,10 +425,12 @@ class SchedulerService:
         out: list[ShardWhatIf] = []
         for p in decisions.placements:
             summary = p.explanation
-            if p.cross_region and mode == "approval":
+            approval = p.cross_region and mode == "approval"
+            if approval:
                 summary += f" (a run in {p.region} needs an approver's approval first)"
             out.append(ShardWhatIf(
                 shard=p.job.shard, outcome="placed", summary=summary, cluster=p.cluster, region=p.region,
+                needs_approval=approval,
                 queue=p.queue, policy_version=decisions.policy_version, decided_at=now,
                 counterfactual=placement_counterfactual(view, p, policy) if p.cross_region else "",
                 evaluations=tuple(_evaluation(e) for e in p.evaluations)))

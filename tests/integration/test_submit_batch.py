@@ -152,28 +152,38 @@ async def test_a_dry_run_with_a_scheduler_gets_its_what_if_and_the_scheduler_is_
                       make_event(EventType.INVENTORY_SNAPSHOT, InventorySnapshot(nodes=nodes("n", gpus=8)),
                                  producer="test", occurred_at=time.time(), region="cn-north-1", zone="cn-north-1a",
                                  cluster="cn-north-1-c1"))
+    await bus.publish(bus.subjects.inventory("cn-east-1", "cn-east-1-c1"),
+                      make_event(EventType.INVENTORY_SNAPSHOT, InventorySnapshot(nodes=nodes("e", gpus=16)),
+                                 producer="test", occurred_at=time.time(), region="cn-east-1", zone="cn-east-1a",
+                                 cluster="cn-east-1-c1"))
     scheduler = SchedulerService(bus, SystemClock(), build_policy(), load_price_catalog(), interval_s=0.01,
                                  stale_after_s=3600)
     task = asyncio.create_task(scheduler.run())
     try:
-        assert await until(lambda: "cn-north-1-c1" in scheduler.clusters)
+        assert await until(lambda: {"cn-north-1-c1", "cn-east-1-c1"} <= set(scheduler.clusters))
+        assert await until(lambda: "cn-east-1-c1" in admission.clusters)
         before = (dict(scheduler.counts), len(scheduler.jobs), scheduler.applied_seq)
         async with channel(admission.port, "root") as ch:
             stub = pb_grpc.JobServiceStub(ch)
             fits = await stub.SubmitJob(pb.SubmitJobRequest(spec=_spec(gpus=2), dry_run=True), timeout=30)
-            never = await stub.SubmitJob(pb.SubmitJobRequest(spec=_spec(gpus=8, workers=2), dry_run=True),
+            never = await stub.SubmitJob(pb.SubmitJobRequest(spec=_spec(gpus=16, workers=3), dry_run=True),
                                          timeout=30)  # admission knows no cluster could ever hold it
             waits = await stub.SubmitJob(pb.SubmitJobRequest(spec=_spec(max_price_per_gpu_hour=0.01), dry_run=True),
                                          timeout=30)  # its price ceiling is below every cluster's price
             batch = await stub.SubmitJobs(pb.SubmitJobsRequest(items=[
                 pb.SubmitJobRequest(spec=_spec(), dry_run=True)]), timeout=30)
+            abroad = await stub.SubmitJob(pb.SubmitJobRequest(spec=_spec(tenant="ads", gpus=16), dry_run=True),
+                                          timeout=30)  # only cn-east-1 holds 16 cards; ads needs an approver there
         assert fits.verdict == "accepted" and fits.what_if.decisions[0].outcome == "placed"
         assert fits.what_if.decisions[0].cluster == "cn-north-1-c1"
-        assert [c.cluster for c in fits.what_if.decisions[0].clusters] == ["cn-north-1-c1"]
-        assert fits.what_if.decisions[0].clusters[0].passed and fits.what_if.decisions[0].clusters[0].HasField("total")
+        assert sorted(c.cluster for c in fits.what_if.decisions[0].clusters) == ["cn-east-1-c1", "cn-north-1-c1"]
+        assert abroad.verdict == "awaiting_approval" and abroad.state == pb.JOB_STATE_AWAITING_APPROVAL
+        assert abroad.what_if.decisions[0].cluster == "cn-east-1-c1"
+        north = next(c for c in fits.what_if.decisions[0].clusters if c.cluster == "cn-north-1-c1")
+        assert north.passed and north.HasField("total")
         assert never.verdict.startswith("FAILED_PRECONDITION:") and not never.HasField("what_if")
         assert waits.verdict == "accepted" and waits.what_if.decisions[0].outcome == "pending"
-        assert not waits.what_if.decisions[0].clusters[0].passed and waits.what_if.decisions[0].clusters[0].reason
+        assert all(not c.passed and c.reason for c in waits.what_if.decisions[0].clusters)
         assert batch.results[0].response.what_if.decisions[0].outcome == "placed"
         assert (dict(scheduler.counts), len(scheduler.jobs), scheduler.applied_seq) == before
         assert not admission.view.jobs

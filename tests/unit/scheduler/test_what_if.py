@@ -54,3 +54,20 @@ async def test_no_cluster_yet_is_pending_with_a_reason():
     h = SchedulerHarness([])
     reply = h.svc.what_if(WhatIfRequest(spec=spec(), submitted_at=h.clock.time()))
     assert [(d.outcome, d.summary) for d in reply.decisions] == [("pending", "no cluster reported yet")]
+
+
+async def test_a_placement_abroad_for_a_tenant_that_needs_approval_is_marked():
+    """ads' policy: cross-region runs need an approver; its home region has no cluster here."""
+    from fedsched.policystore import StoredPolicy
+    from fedsched.tenancy import Governance
+    from tests.builders import policy_text
+
+    h = SchedulerHarness([ClusterSpec("east", "cn-east-1", node_list=nodes("e", gpus=8))])
+    h.svc.policy_holder.set(StoredPolicy(Governance.parse(policy_text()), 1))
+    before = _state(h)
+    ads = h.svc.what_if(WhatIfRequest(spec=spec(tenant="ads"), submitted_at=h.clock.time()))
+    search = h.svc.what_if(WhatIfRequest(spec=spec(tenant="search"), submitted_at=h.clock.time()))
+    assert [(d.outcome, d.needs_approval) for d in ads.decisions] == [("placed", True)]
+    assert "approval" in ads.decisions[0].summary
+    assert [(d.outcome, d.needs_approval) for d in search.decisions] == [("placed", False)]  # search: allowed
+    assert _state(h) == before and not h.svc.governor.state  # no approval request was made
