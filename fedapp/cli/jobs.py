@@ -7,10 +7,16 @@ server listens on too; the old ``FEDSCHED_GRPC`` still works with a warning; def
 ``<FEDSCHED_DATA_DIR or .fedsched>/admin.token``. TLS: ``FEDSCHED_TLS_CA`` (the CA that signed
 the server), and for mTLS ``FEDSCHED_TLS_CLIENT_CERT`` / ``FEDSCHED_TLS_CLIENT_KEY``. Output is
 a table, or JSON with ``--output json``.
+
+``submit -f FILE`` reads job files (:mod:`fedapp.cli.jobfile`); a list goes through
+``SubmitJobs``. ``jobs`` pages newest first through ``ListJobs`` with repeatable filters
+(``--watch [SECONDS]`` takes an optional value: :func:`with_optional_values`, applied by
+:func:`fedapp.cli.root.main`).
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import sys
@@ -27,6 +33,7 @@ from fedsched.api.v1 import jobs_pb2 as pb
 from fedsched.api.v1 import jobs_pb2_grpc as pb_grpc
 from fedsched.tenancy import LimitsDoc
 from fedapp.client import TlsClient, call_metadata, resolve_token, sync_channel
+from fedapp.cli.jobfile import JobFileError, parse_job_file
 from fedapp.cli.text import Output, console, err, error_line, styled
 
 
@@ -120,6 +127,14 @@ class Api:
         except grpc.RpcError as e:
             fail_rpc(e)
 
+    def call_with_metadata(self, fn, request, timeout: float = 30):
+        """Like :meth:`call`, also returning the response's initial metadata (``x-trace-id``)."""
+        try:
+            resp, call = fn.with_call(request, timeout=timeout, metadata=self.metadata)
+        except grpc.RpcError as e:
+            fail_rpc(e)
+        return resp, tuple(call.initial_metadata() or ())
+
     def stream(self, fn, request):
         """Iterate a server stream with the token."""
         return fn(request, metadata=self.metadata)
@@ -188,49 +203,97 @@ def _attempts_cell(job: pb.Job) -> str:
     return ("..., " if len(job.attempts) > 4 else "") + ", ".join(shown) if shown else "-"
 
 
-def _print_jobs(jobs, output: str) -> None:
-    if output == "json":
-        console.print_json(json.dumps([MessageToDict(j, preserving_proto_field_name=True) for j in jobs]))
-        return
+def _clip(text: str, limit: int) -> str:
+    """``text`` at most ``limit`` characters, ending in an ellipsis when cut."""
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
+def _jobs_table(jobs, width: int | None = None) -> Table:
+    """The jobs table, fitted to the terminal (``width``, default the console's): job ids are
+    never cut; names and reasons end in an ellipsis when cut; other cells wrap. Below 150
+    columns times drop the year and seconds; the ``ended`` column is left out when no listed job
+    has ended, and ``attempts`` below 110 columns."""
+    width = width or console.width
+    short = width < 150
+    ended = any(j.ended_at.seconds for j in jobs)
     table = Table()
     table.add_column("job", no_wrap=True, min_width=22)  # ids are copied from here: never cut them
-    for col in ("tenant/project", "state", "where", "GPUs", "attempts", "submitted", "ended", "reason"):
-        table.add_column(col)
+    table.add_column("tenant/project", overflow="fold", min_width=12)
+    table.add_column("name", overflow="ellipsis", no_wrap=True, max_width=20, min_width=6)
+    table.add_column("state", overflow="fold", min_width=6)
+    table.add_column("where", overflow="fold", min_width=5)
+    table.add_column("GPUs", no_wrap=True)
+    if width >= 110:
+        table.add_column("attempts", overflow="fold", min_width=6)
+    table.add_column("submitted", overflow="fold", min_width=11 if short else 19)
+    if ended:
+        table.add_column("ended", overflow="fold", min_width=11 if short else 19)
+    table.add_column("reason", overflow="ellipsis", no_wrap=True, ratio=1, min_width=10)
+    when = (lambda ts: _ts(ts)[5:16]) if short else _ts
     for j in jobs:
         s = j.spec
         gpus = f"{s.workers}x{s.gpus_per_worker}" if s.gpu_milli in (0, 1000) else f"{s.workers}x{s.gpu_milli}m"
         reason = ("can never run as asked: " if j.unplaceable else "") + j.reason
-        table.add_row(j.job_id, f"{s.tenant}/{s.project}", _state(j.state), j.cluster or "-", gpus,
-                      _attempts_cell(j), _ts(j.submitted_at), _ts(j.ended_at), reason[:100])
-    console.print(table)
+        row = [j.job_id, f"{s.tenant}/{s.project}", s.name or "-", _state(j.state), j.cluster or "-", gpus]
+        if width >= 110:
+            row.append(_attempts_cell(j))
+        row.append(when(j.submitted_at))
+        if ended:
+            row.append(when(j.ended_at))
+        table.add_row(*row, reason or "-")
+    return table
+
+
+def _write_json(value) -> None:
+    """Indented JSON straight to stdout (rich's print_json takes seconds per MiB: a listing of
+    every page may be many MiB)."""
+    sys.stdout.write(json.dumps(value, indent=2, ensure_ascii=False) + "\n")
+    sys.stdout.flush()
+
+
+def _print_jobs(jobs, output: str) -> None:
+    if output == "json":
+        _write_json([MessageToDict(j, preserving_proto_field_name=True) for j in jobs])
+        return
+    console.print(_jobs_table(jobs))
 
 
 def submit(
-    tenant: str = typer.Option(..., "--tenant", help="Tenant (see `fedsched tenants`)."),
-    project: str = typer.Option(..., "--project", help="Project of the tenant."),
-    kind: str = typer.Option("batch", "--kind", help=", ".join(KINDS)),
-    workers: int = typer.Option(1, "--workers", callback=_wire(1, U32), help="Gang size (all workers start together in "
-                                f"one cluster): 1 to the policy's max_workers (default {_LIMITS.max_workers})."),
-    gpus: int = typer.Option(1, "--gpus", callback=_wire(0, U32), help="Whole GPUs per worker, 0 (CPU-only) to the "
-                             f"policy's max_gpus_per_worker (default {_LIMITS.max_gpus_per_worker})."),
+    file: Optional[str] = typer.Option(None, "--file", "-f", show_default=False,
+                                       help="Job file, YAML or JSON: one job mapping or a list of them, keys = the "
+                                            "proto's JobSpec field names (every field, e.g. datasets, "
+                                            "allowed_regions, start_deadline, workload) plus request_id; - = stdin. "
+                                            "Flags given too override the file's values in every job."),
+    tenant: Optional[str] = typer.Option(None, "--tenant", help="Tenant (see `fedsched tenants`); required without -f."),
+    project: Optional[str] = typer.Option(None, "--project", help="Project of the tenant; required without -f."),
+    kind: Optional[str] = typer.Option(None, "--kind", help=", ".join(KINDS) + " (default batch)"),
+    workers: Optional[int] = typer.Option(None, "--workers", callback=_wire(1, U32), help="Gang size (all workers "
+                                          "start together in one cluster; default 1): 1 to the policy's max_workers "
+                                          f"(default {_LIMITS.max_workers})."),
+    gpus: Optional[int] = typer.Option(None, "--gpus", callback=_wire(0, U32), help="Whole GPUs per worker, 0 "
+                                       "(CPU-only) to the policy's max_gpus_per_worker (default "
+                                       f"{_LIMITS.max_gpus_per_worker}); default 1."),
     gpu_milli: Optional[int] = typer.Option(None, "--gpu-milli", min=1, max=1000,
                                             help="Share of one GPU in milli-GPU (with --gpus 1; 1000 = a whole card)."),
-    cpu_milli: int = typer.Option(0, "--cpu-milli", callback=_wire(0, U64), help="CPU per worker, milli-cores: 0 to the "
-                                  f"policy's max_cpu_milli (default {_LIMITS.max_cpu_milli})."),
-    memory_mib: int = typer.Option(0, "--memory-mib", callback=_wire(0, U64), help="Memory per worker, MiB: 0 to the "
-                                   f"policy's max_memory_mib (default {_LIMITS.max_memory_mib})."),
+    cpu_milli: Optional[int] = typer.Option(None, "--cpu-milli", callback=_wire(0, U64), help="CPU per worker, "
+                                            "milli-cores: 0 to the policy's max_cpu_milli (default "
+                                            f"{_LIMITS.max_cpu_milli})."),
+    memory_mib: Optional[int] = typer.Option(None, "--memory-mib", callback=_wire(0, U64), help="Memory per worker, "
+                                             "MiB: 0 to the policy's max_memory_mib (default "
+                                             f"{_LIMITS.max_memory_mib})."),
     card_model: list[str] = typer.Option([], "--card-model", help="Allowed card model (repeatable; aliases ok)."),
-    home_region: str = typer.Option("", "--home-region", help="Default: the tenant's home region."),
-    locality: str = typer.Option("global", "--locality", help=", ".join(LOCALITIES)),
-    priority: str = typer.Option("normal", "--priority", help=", ".join(PRIORITIES)),
-    duration: float = typer.Option(0.0, "--duration", callback=_wire(0.0, float("inf")),
-                                   help="Your runtime estimate, seconds, 0 to the policy's max_duration_s (default "
-                                        f"{_LIMITS.max_duration_s:.0f}) (trace agents run the job this long; 0 = "
-                                        "unknown: it runs until cancelled)."),
-    name: str = typer.Option("", "--name", help="A label for the job."),
+    home_region: Optional[str] = typer.Option(None, "--home-region", help="Default: the tenant's home region."),
+    locality: Optional[str] = typer.Option(None, "--locality", help=", ".join(LOCALITIES) + " (default global)"),
+    priority: Optional[str] = typer.Option(None, "--priority", help=", ".join(PRIORITIES) + " (default normal)"),
+    duration: Optional[float] = typer.Option(None, "--duration", callback=_wire(0.0, float("inf")),
+                                             help="Your runtime estimate, seconds, 0 to the policy's max_duration_s "
+                                                  f"(default {_LIMITS.max_duration_s:.0f}) (trace agents run the job "
+                                                  "this long; 0 = unknown: it runs until cancelled)."),
+    name: Optional[str] = typer.Option(None, "--name", help="A label for the job."),
     request_id: str = typer.Option("", "--request-id", help="Idempotency key (yours, per tenant and project): the "
                                                         "same spec again returns the same job; another spec is "
-                                                        "ALREADY_EXISTS."),
+                                                        "ALREADY_EXISTS. With a file of several jobs: used as a "
+                                                        "prefix, KEY-0, KEY-1, ... for jobs without their own."),
     image: str = typer.Option("", "--image", help="OCI image each worker runs (gives the job a workload; "
                                                    "trace agents ignore it)."),
     command: list[str] = typer.Option([], "--command", help="One argv item, no shell (repeatable: --command python "
@@ -242,6 +305,10 @@ def submit(
     workdir: str = typer.Option("", "--workdir", help="Absolute working directory of the workload."),
     checkpoint: str = typer.Option("", "--checkpoint", help="Checkpoint URI the job resumes from (s3://..., "
                                                             "file:///...); workers see FEDSCHED_CHECKPOINT_URI."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Validate and govern on the server without queuing: "
+                                                          "print the verdict and the scheduler's what-if."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Also print the submit's trace id and how to find "
+                                                                "its events."),
     argv: Optional[list[str]] = typer.Argument(None, metavar="[-- ARGV...]", show_default=False,
                                                help="The workload's argv after `--` (its args if --command is "
                                                     "given, else its command)."),
@@ -249,30 +316,158 @@ def submit(
     output: Output = OUTPUT,
     token: str = TOKEN,
 ):
-    """Submit a job (with --image, a workload that real backends run)."""
+    """Submit a job from flags, or jobs from a file (-f); with --image, a workload that real
+    backends run. Exit 0 when every job was accepted, 1 when any was refused."""
     for value, table, flag in ((kind, KINDS, "--kind"), (priority, PRIORITIES, "--priority"),
                                (locality, LOCALITIES, "--locality")):
-        if value not in table:
+        if value is not None and value not in table:
             err.print(error_line(flag, f"must be one of {', '.join(table)}"))
             raise typer.Exit(2)
-    spec = pb.JobSpec(tenant=tenant, project=project, name=name, kind=KINDS[kind], priority=PRIORITIES[priority],
-                      workers=workers, gpus_per_worker=gpus, cpu_milli=cpu_milli, memory_mib=memory_mib,
-                      card_models=card_model, home_region=home_region, locality=LOCALITIES[locality],
-                      estimated_duration_seconds=duration)
-    if gpu_milli is not None:
-        spec.gpu_milli = gpu_milli
+    flags = pb.JobSpec()
+    given: list[str] = []  # JobSpec fields the flags set (they override the file's)
+
+    def put(field: str, value) -> None:
+        if value is None:
+            return
+        if isinstance(value, list):
+            getattr(flags, field).extend(value)
+        else:
+            setattr(flags, field, value)
+        given.append(field)
+
+    put("tenant", tenant)
+    put("project", project)
+    put("name", name)
+    put("kind", KINDS[kind] if kind is not None else None)
+    put("priority", PRIORITIES[priority] if priority is not None else None)
+    put("locality", LOCALITIES[locality] if locality is not None else None)
+    put("workers", workers)
+    put("gpus_per_worker", gpus)
+    put("gpu_milli", gpu_milli)
+    put("cpu_milli", cpu_milli)
+    put("memory_mib", memory_mib)
+    put("card_models", card_model or None)
+    put("home_region", home_region)
+    put("estimated_duration_seconds", duration)
     if duration:
-        spec.annotations["trace.runtime_s"] = str(duration)
-    workload = _workload_flags(image, command, argv or [], env, secret_env, workdir, checkpoint)
-    if workload is not None:
-        spec.workload.CopyFrom(workload)
-    with Api(server, token) as api:
-        resp = api.call(pb_grpc.JobServiceStub(api.channel).SubmitJob,
-                        pb.SubmitJobRequest(spec=spec, request_id=request_id))
-    if output == "json":
-        console.print_json(json.dumps(MessageToDict(resp, preserving_proto_field_name=True)))
+        flags.annotations["trace.runtime_s"] = str(duration)
+    workload = _workload_flags(image, command, argv or [], env, secret_env, workdir, checkpoint, need_image=file is None)
+    if file is None:
+        if tenant is None or project is None:
+            err.print(error_line("--tenant/--project", "required (or give a job file with -f)"))
+            raise typer.Exit(2)
+        defaults = pb.JobSpec(kind=KINDS["batch"], priority=PRIORITIES["normal"], locality=LOCALITIES["global"],
+                              workers=1, gpus_per_worker=1)
+        defaults.MergeFrom(flags)
+        if workload is not None:
+            defaults.workload.CopyFrom(workload)
+        many, requests = False, [pb.SubmitJobRequest(spec=defaults, request_id=request_id)]
     else:
-        console.print(f"{resp.job_id} {_state(resp.state)}{' (duplicate request)' if resp.duplicate else ''}")
+        many, requests = _read_job_file(file)
+        for i, r in enumerate(requests):
+            _override(r.spec, flags, given, workload)
+            if request_id and not r.request_id:
+                r.request_id = f"{request_id}-{i}" if many else request_id
+    for r in requests:
+        r.dry_run = dry_run
+    with Api(server, token) as api:
+        stub = pb_grpc.JobServiceStub(api.channel)
+        if not many:
+            resp, metadata = api.call_with_metadata(stub.SubmitJob, requests[0])
+            _print_submitted([(requests[0], pb.SubmitJobsResult(response=resp))], output, dry_run, verbose,
+                             resp.trace_id or dict(metadata).get("x-trace-id", ""))
+            if dry_run and not resp.verdict.startswith(ACCEPTED_VERDICTS):
+                raise typer.Exit(1)
+            return
+        results: list[pb.SubmitJobsResult] = []
+        trace_id = ""
+        for start in range(0, len(requests), SUBMIT_BATCH):
+            chunk = requests[start:start + SUBMIT_BATCH]
+            resp, metadata = api.call_with_metadata(stub.SubmitJobs, pb.SubmitJobsRequest(items=chunk), timeout=120)
+            results.extend(resp.results)
+            trace_id = trace_id or dict(metadata).get("x-trace-id", "")
+    _print_submitted(list(zip(requests, results)), output, dry_run, verbose, trace_id)
+    if any(r.code or (dry_run and not r.response.verdict.startswith(ACCEPTED_VERDICTS)) for r in results):
+        raise typer.Exit(1)
+
+
+#: Dry-run verdicts of a submit that would be taken (anything else is the error it would get).
+ACCEPTED_VERDICTS = ("accepted", "awaiting_approval", "duplicate")
+
+#: Items per SubmitJobs call (the server's limit).
+SUBMIT_BATCH = 1000
+
+
+def _read_job_file(file: str) -> tuple[bool, list[pb.SubmitJobRequest]]:
+    """The requests of job file ``file`` (``-`` = stdin); exit 2 naming the problem."""
+    try:
+        text = sys.stdin.read() if file == "-" else Path(file).read_text("utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        err.print(error_line("--file", f"cannot read {file}: {e}"))
+        raise typer.Exit(2) from None
+    try:
+        return parse_job_file(text, "stdin" if file == "-" else file)
+    except JobFileError as e:
+        err.print(error_line("error:", str(e)))
+        raise typer.Exit(2) from None
+
+
+def _override(spec: pb.JobSpec, flags: pb.JobSpec, given: list[str], workload: pb.Workload | None) -> None:
+    """Flags given on the command line replace the file's values (whole lists and maps)."""
+    for field in given:
+        value = getattr(flags, field)
+        if isinstance(value, (list, tuple)) or hasattr(value, "extend"):
+            spec.ClearField(field)
+            getattr(spec, field).extend(value)
+        else:
+            setattr(spec, field, value)
+    if "trace.runtime_s" in flags.annotations:
+        spec.annotations["trace.runtime_s"] = flags.annotations["trace.runtime_s"]
+    if workload is not None:
+        for f, value in workload.ListFields():
+            spec.workload.ClearField(f.name)
+            if f.message_type is not None and f.message_type.GetOptions().map_entry:
+                getattr(spec.workload, f.name).update(value)
+            elif f.is_repeated:
+                getattr(spec.workload, f.name).extend(value)
+            else:
+                setattr(spec.workload, f.name, value)
+
+
+def _print_submitted(items: list[tuple[pb.SubmitJobRequest, pb.SubmitJobsResult]], output: Output, dry_run: bool,
+                     verbose: bool, trace_id: str) -> None:
+    """One line per job: its id and state, or its error (code and message); a dry run's verdict
+    and what-if; with ``verbose`` the trace id and the SQL that finds its events."""
+    if output == "json":
+        console.print_json(json.dumps([MessageToDict(r, preserving_proto_field_name=True) for _, r in items]
+                                      if len(items) > 1 else MessageToDict(items[0][1].response,
+                                                                           preserving_proto_field_name=True)
+                                      if not items[0][1].code else MessageToDict(items[0][1],
+                                                                                 preserving_proto_field_name=True)))
+        return
+    for i, (request, r) in enumerate(items):
+        label = (request.spec.name or f"job {i}") + ": " if len(items) > 1 else ""
+        if r.code:
+            err.print(error_line(f"{label}{_code_name(r.code)}:", r.message))
+            continue
+        resp = r.response
+        if dry_run:
+            console.print(styled(label, ("verdict:", "bold"), f" {resp.verdict}"))
+            if resp.HasField("what_if"):
+                _print_explain(resp.what_if, title=False)
+            elif resp.verdict.startswith(("accepted", "awaiting_approval")):
+                console.print("  what-if: no scheduler answered (the verdict stands; nothing was queued)")
+            continue
+        console.print(f"{label}{resp.job_id} {_state(resp.state)}{' (duplicate request)' if resp.duplicate else ''}")
+    if verbose and trace_id:
+        console.print(f"trace id: {trace_id}")
+        console.print(f"  its events: fedsched sql \"SELECT occurred_at, type, job_id FROM events WHERE trace_id = "
+                      f"'{trace_id}' ORDER BY occurred_at\"")
+
+
+def _code_name(value: int) -> str:
+    """The name of a numeric gRPC status code (e.g. 3 -> INVALID_ARGUMENT)."""
+    return next((c.name for c in grpc.StatusCode if c.value[0] == value), f"code {value}")
 
 
 def _pairs(items: list[str], flag: str) -> dict[str, str]:
@@ -288,11 +483,19 @@ def _pairs(items: list[str], flag: str) -> dict[str, str]:
 
 
 def _workload_flags(image: str, command: list[str], argv: list[str], env: list[str], secret_env: list[str],
-                    workdir: str, checkpoint: str) -> pb.Workload | None:
-    """The workload the submit flags describe (None when none is given; exit 2 when flags need --image).
+                    workdir: str, checkpoint: str, *, need_image: bool = True) -> pb.Workload | None:
+    """The workload the submit flags describe (None when none is given; exit 2 when flags need
+    --image and ``need_image``: with a job file, the flags override the file's workload fields
+    one by one and the image may come from the file).
 
     Admission validates it (field-named INVALID_ARGUMENT); only the flag syntax is checked here.
     """
+    if not image and not need_image:
+        if not (command or argv or env or secret_env or workdir or checkpoint):
+            return None
+        cmd, args = (command, argv) if command else (argv, [])
+        return pb.Workload(command=cmd, args=args, env=_pairs(env, "--env"), secret_env=_pairs(secret_env, "--secret-env"),
+                           workdir=workdir, checkpoint_uri=checkpoint)
     if not image:
         if command or argv or env or secret_env or workdir or checkpoint:
             err.print(error_line("--image", "required with --command, --env, --secret-env, --workdir, "
@@ -304,30 +507,166 @@ def _workload_flags(image: str, command: list[str], argv: list[str], env: list[s
                        secret_env=_pairs(secret_env, "--secret-env"), workdir=workdir, checkpoint_uri=checkpoint)
 
 
+def _enum_flag(values: list[str], prefix: str, enum, flag: str) -> list[int]:
+    """Repeatable enum flags (``--state queued --state held``; also comma separated) as wire values."""
+    out = []
+    for item in values:
+        for v in filter(None, (x.strip() for x in item.split(","))):
+            name = prefix + v.upper().replace("-", "_")
+            if name not in enum.keys() or name.endswith("_UNSPECIFIED"):
+                choices = ", ".join(k.removeprefix(prefix).lower() for k in enum.keys() if not k.endswith("UNSPECIFIED"))
+                err.print(error_line(flag, f"{v!r} is not one of {choices}"))
+                raise typer.Exit(2)
+            out.append(enum.Value(name))
+    return out
+
+
+def _names(values: list[str]) -> list[str]:
+    """Repeatable name flags, also comma separated (``--tenant a,b --tenant c``)."""
+    return [v.strip() for item in values for v in item.split(",") if v.strip()]
+
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def parse_when(text: str, flag: str, now: dt.datetime | None = None) -> dt.datetime:
+    """``--since`` / ``--until``: ISO-8601 (no timezone = UTC) or a relative age before now,
+    ``<number><s|m|h|d|w>`` (``90m``, ``2h``, ``1.5d``); exit 2 otherwise."""
+    now = now or dt.datetime.now(dt.UTC)
+    t = text.strip()
+    if t and t[-1].lower() in _UNITS:
+        try:
+            return now - dt.timedelta(seconds=float(t[:-1]) * _UNITS[t[-1].lower()])
+        except ValueError:
+            pass
+    try:
+        when = dt.datetime.fromisoformat(t.replace("Z", "+00:00"))
+    except ValueError:
+        err.print(error_line(flag, f"{text!r}: want ISO-8601 (2026-11-30T08:00:00Z) or an age like 30m, 2h, 1d"))
+        raise typer.Exit(2) from None
+    return when.replace(tzinfo=dt.UTC) if when.tzinfo is None else when
+
+
 def jobs(
-    tenant: str = typer.Option("", "--tenant"),
-    project: str = typer.Option("", "--project"),
-    state: list[str] = typer.Option([], "--state", help="Filter by state (repeatable): queued, placed, running, "
-                                                          "succeeded, failed, cancelled, awaiting_approval."),
-    limit: int = typer.Option(100, "--limit", min=1, max=1000),
+    tenant: list[str] = typer.Option([], "--tenant", help="Tenant (repeatable, or comma separated: any of them)."),
+    project: list[str] = typer.Option([], "--project", help="Project (repeatable: any of them)."),
+    state: list[str] = typer.Option([], "--state", help="State as the STATE column prints it (repeatable: any of "
+                                                        "them): queued, awaiting_approval, held, placed, running, "
+                                                        "succeeded, failed, cancelled."),
+    region: list[str] = typer.Option([], "--region", help="Region of the current/last attempt (repeatable)."),
+    cluster: list[str] = typer.Option([], "--cluster", help="Cluster of the current/last attempt (repeatable)."),
+    kind: list[str] = typer.Option([], "--kind", help="Job kind (repeatable): " + ", ".join(KINDS) + "."),
+    name: str = typer.Option("", "--name", help="Job name pattern, shell-style glob (e.g. 'train-*')."),
+    since: str = typer.Option("", "--since", help="Submitted at or after: ISO-8601 (no timezone = UTC) or an age "
+                                                  "like 30m, 2h, 1d."),
+    until: str = typer.Option("", "--until", help="Submitted before: ISO-8601 or an age like 30m, 2h, 1d."),
+    oldest_first: bool = typer.Option(False, "--oldest-first", help="Oldest first (default: newest first)."),
+    limit: int = typer.Option(100, "--limit", min=1, max=1000, help="Page size (jobs per page)."),
+    page_token: str = typer.Option("", "--page-token", help="Continue from this token (printed below a page; "
+                                                            "only with the same filters)."),
+    all_pages: bool = typer.Option(False, "--all", help="Follow every page (--output json always does)."),
+    watch_s: Optional[float] = typer.Option(None, "--watch", min=0.1, metavar="[SECONDS]",
+                                            help="Redraw the listing every SECONDS (default 2; the value may be "
+                                                 "left out) until Ctrl-C."),
+    watch_count: Optional[int] = typer.Option(None, "--watch-count", min=1, hidden=True,
+                                              help="Stop --watch after this many refreshes (tests)."),
     server: str = SERVER,
     output: Output = OUTPUT,
     token: str = TOKEN,
 ):
-    """List jobs (oldest first)."""
-    states = []
-    for s in state:
-        name = "JOB_STATE_" + s.upper()
-        if name not in pb.JobState.keys():
-            err.print(error_line("--state", f"{s!r} is not a state"))
-            raise typer.Exit(2)
-        states.append(pb.JobState.Value(name))
+    """List jobs, newest first: filters combine (any of a repeated flag, all of different flags)."""
+    request = pb.ListJobsRequest(tenants=_names(tenant), projects=_names(project), regions=_names(region),
+                                 clusters=_names(cluster), states=_enum_flag(state, "JOB_STATE_", pb.JobState, "--state"),
+                                 kinds=_enum_flag(kind, "JOB_KIND_", pb.JobKind, "--kind"), name_pattern=name,
+                                 page_size=limit, page_token=page_token,
+                                 order=pb.JOB_ORDER_OLDEST_FIRST if oldest_first else pb.JOB_ORDER_NEWEST_FIRST)
+    if since:
+        request.submitted_after.FromDatetime(parse_when(since, "--since"))
+    if until:
+        request.submitted_before.FromDatetime(parse_when(until, "--until"))
+    follow = all_pages or output == "json"
     with Api(server, token) as api:
-        resp = api.call(pb_grpc.JobServiceStub(api.channel).ListJobs,
-                        pb.ListJobsRequest(tenant=tenant, project=project, states=states, page_size=limit))
-    _print_jobs(resp.jobs, output)
-    if output != "json" and resp.next_page_token:
-        console.print(f"{len(resp.jobs)} of {resp.total} shown")
+        stub = pb_grpc.JobServiceStub(api.channel)
+
+        def fetch() -> tuple[list, pb.ListJobsResponse]:
+            pages, resp = [], api.call(stub.ListJobs, request)
+            pages.extend(resp.jobs)
+            while follow and resp.next_page_token:
+                resp = api.call(stub.ListJobs, pb.ListJobsRequest(**{**_fields(request), "page_token": resp.next_page_token}))
+                pages.extend(resp.jobs)
+            return pages, resp
+
+        if watch_s is not None:
+            _watch_jobs(fetch, watch_s, watch_count)
+            return
+        listed, last = fetch()
+    if output == "json":
+        _print_jobs(listed, "json")
+        return
+    console.print(_jobs_table(listed))
+    console.print(_footer(len(listed), last))
+
+
+#: Options whose value may be left out, with the value they then take (``jobs --watch``).
+OPTIONAL_VALUES = {("jobs", "--watch"): "2"}
+
+
+def with_optional_values(argv: list[str]) -> list[str]:
+    """``argv`` with the default value inserted after an option of :data:`OPTIONAL_VALUES` given
+    without one (click has no optional option values through typer): ``jobs --watch`` ->
+    ``jobs --watch 2``; ``jobs --watch 5`` is left alone."""
+    if not argv or "--" in argv[:1]:
+        return argv
+    command = next((a for a in argv if not a.startswith("-")), "")
+    out = list(argv)
+    i = 0
+    while i < len(out):
+        if out[i] == "--":
+            break
+        default = OPTIONAL_VALUES.get((command, out[i]))
+        if default is not None:
+            nxt = out[i + 1] if i + 1 < len(out) else None
+            try:
+                float(nxt)  # type: ignore[arg-type]
+            except (TypeError, ValueError):
+                out.insert(i + 1, default)
+        i += 1
+    return out
+
+
+def _fields(request: pb.ListJobsRequest) -> dict:
+    """The request's set fields (to repeat it with another page token)."""
+    return {f.name: v for f, v in request.ListFields()}
+
+
+def _footer(shown: int, last: pb.ListJobsResponse) -> str:
+    more = f"; next page: --page-token {last.next_page_token}" if last.next_page_token else ""
+    return f"{shown} of {last.total} matching jobs shown{more}"
+
+
+def _watch_jobs(fetch, every_s: float, count: int | None) -> None:
+    """Redraw the listing every ``every_s`` seconds (rich Live) until Ctrl-C, or ``count`` refreshes."""
+    import time
+
+    from rich.console import Group
+    from rich.live import Live
+
+    def frame():
+        listed, last = fetch()
+        stamp = dt.datetime.now(dt.UTC).strftime("%H:%M:%S UTC")
+        return Group(_jobs_table(listed), f"{_footer(len(listed), last)}; refreshed {stamp} every {every_s:g} s "
+                                          f"(Ctrl-C to stop)")
+
+    drawn = 0
+    try:
+        with Live(frame(), console=console, auto_refresh=False) as live:
+            drawn = 1
+            while count is None or drawn < count:
+                time.sleep(every_s)
+                live.update(frame(), refresh=True)
+                drawn += 1
+    except KeyboardInterrupt:
+        pass
 
 
 def job(job_id: str = typer.Argument(...), server: str = SERVER, output: Output = OUTPUT, token: str = TOKEN):
@@ -344,7 +683,7 @@ def job(job_id: str = typer.Argument(...), server: str = SERVER, output: Output 
         t = Table("attempt", "cluster", "region", "card model", "placed", "started", "ended", "outcome", "reason")
         for a in j.attempts:
             t.add_row(str(a.attempt), a.cluster, a.region, a.card_model, _ts(a.placed_at), _ts(a.started_at),
-                      _ts(a.ended_at), a.outcome, a.reason[:100])
+                      _ts(a.ended_at), a.outcome, _clip(a.reason, 200))
         console.print(t)
 
 
@@ -355,7 +694,7 @@ def _print_workload(w: pb.Workload) -> None:
     if w.command or w.args:
         t.add_row("argv", json.dumps(list(w.command) + list(w.args)))
     for k, v in sorted(w.env.items()):
-        t.add_row(f"env {k}", v[:200])
+        t.add_row(f"env {k}", _clip(v, 200))
     for k, ref in sorted(w.secret_env.items()):
         t.add_row(f"env {k}", f"secret {ref}")
     if w.workdir:
@@ -375,9 +714,20 @@ def explain(job_id: str = typer.Argument(...), server: str = SERVER, output: Out
         console.print_json(json.dumps(MessageToDict(resp, preserving_proto_field_name=True,
                                                     always_print_fields_with_no_presence=True)))
         return
-    console.print(styled((resp.job_id, "bold"), f" {_state(resp.state)}"))
+    _print_explain(resp)
+    if history:  # lost attempts and failovers, other interruptions, agents' reconciliation
+        console.print(styled(("attempts:", "bold")))
+        for line in history:
+            console.print(f"  {line}", highlight=False)
+
+
+def _print_explain(resp: pb.ExplainJobResponse, *, title: bool = True) -> None:
+    """Decisions for people (``fedsched explain``, and a dry run's what-if without ``title``):
+    per shard the outcome, summary, counterfactual and every cluster's verdict and scores."""
+    if title:
+        console.print(styled((resp.job_id, "bold"), f" {_state(resp.state)}"))
     for d in resp.decisions:
-        head = f"shard {d.shard}: " if len(resp.decisions) > 1 else ""
+        head = f"shard {d.shard}: " if len(resp.decisions) > 1 else ("what-if: " if not title else "")
         console.print(styled(head, (d.outcome, "bold"), f" {d.cluster or ''} {('(' + d.region + ')') if d.region else ''}"
                              f" queue {d.queue or '-'} policy {d.policy_version or '-'}"))
         console.print(f"  {d.summary}", highlight=False)
@@ -390,13 +740,9 @@ def explain(job_id: str = typer.Argument(...), server: str = SERVER, output: Out
         t = Table("cluster", "region", "verdict", "detail / scores", "total")
         for c in sorted(d.clusters, key=lambda c: (not c.passed, -(c.total if c.HasField("total") else 0))):
             detail = ", ".join(f"{k} {v:.2f}" for k, v in sorted(c.scores.items())) if c.passed else c.detail
-            t.add_row(c.cluster, c.region, "fits" if c.passed else c.reason, detail[:100],
+            t.add_row(c.cluster, c.region, "fits" if c.passed else c.reason, _clip(detail, 200),
                       f"{c.total:.3f}" if c.HasField("total") else "")
         console.print(t)
-    if history:  # lost attempts and failovers, other interruptions, agents' reconciliation
-        console.print(styled(("attempts:", "bold")))
-        for line in history:
-            console.print(f"  {line}", highlight=False)
 
 
 # --------------------------------------------------------------------------- acting on many jobs

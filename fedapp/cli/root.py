@@ -508,8 +508,10 @@ web_commands.register(app)
 
 def main() -> None:
     """Entry point of the ``fedsched`` script."""
+    from fedapp.cli.jobs import with_optional_values
+
     try:
-        app()
+        app(args=with_optional_values(sys.argv[1:]))
     except KeyboardInterrupt:
         sys.exit(130)
     except (FedError, OSError, UnicodeError) as e:  # the commands' own handlers missed it: still no traceback

@@ -38,6 +38,7 @@ reclaimed placement the agent started late) update only that attempt's record.
 from __future__ import annotations
 
 import asyncio
+import bisect
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -222,6 +223,9 @@ class JobView:
         #: (principal, tenant, project, request id) -> job id: the submitters' idempotency keys
         self.by_request: dict[tuple[str, str, str, str], str] = {}
         self.open_by_tenant: dict[str, set[str]] = {}  #: tenant -> ids of its jobs not yet ended
+        #: every job as (submitted_at, job_id), kept sorted as jobs arrive (an insertion per
+        #: submit), so ListJobs bisects to its cursor instead of sorting every job on each page
+        self.by_submitted: list[tuple[float, str]] = []
         self._changed: dict[str, asyncio.Event] = {}
         self.applied_seq = 0
         self.skipped = SkippedTypes("admission-jobs")  #: events of unknown types (newer producers) skipped
@@ -245,6 +249,7 @@ class JobView:
         rec = JobRecord(env.job_id, sub.spec, env.occurred_at.timestamp(), sub.submitted_by, sub.request_id,
                         shards=[ShardRecord(i) for i in range(sub.spec.shards)])
         self.jobs[env.job_id] = rec
+        bisect.insort(self.by_submitted, (rec.submitted_at, rec.job_id))
         if sub.request_id:
             self.by_request[(sub.submitted_by, sub.spec.tenant, sub.spec.project, sub.request_id)] = env.job_id
         self._notify(rec)

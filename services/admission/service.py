@@ -25,6 +25,15 @@ A queued job the scheduler finds unplaceable holds no budget while it stays so.
 Refusals are published as ``submission.rejected`` so the audit log has the submission success
 rate.
 
+``SubmitJobs`` takes up to :data:`MAX_BATCH` submissions and puts each through the same path
+(:meth:`JobServicer._admit`: validation, governance, idempotency, quota, budget hold), answering
+per item (code and message naming the field); the accepted items' events are published
+together. A ``dry_run`` submission goes through that path without a budget hold and publishes
+nothing: its ``verdict`` says what a submit would do, and ``what_if`` is the scheduler's
+decision for it on its current view (:mod:`fedsched.whatif`; unset when no scheduler answers).
+Every submit answers with its trace id, in ``trace_id`` and the initial metadata ``x-trace-id``
+(the caller's ``traceparent`` trace, else a new one the published events carry too).
+
 Idempotency: with a ``request_id``, the job id and the event id are derived from the caller's
 key (principal, tenant, project, request_id: :func:`request_job_id`), so concurrent retries
 publish the same message id (JetStream keeps one) and later retries find the job in the view's
@@ -36,6 +45,7 @@ same key with a different spec is ALREADY_EXISTS (naming the job only to a calle
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fnmatch
 import functools
 import hashlib
@@ -46,7 +56,7 @@ import uuid
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
-from typing import AsyncIterator
+from typing import AsyncIterator, Iterator
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -70,6 +80,7 @@ from fedsched.events import InventorySnapshot, JobCancelRequested, JobHeld, JobP
 from fedsched.events import APPROVAL_OUTCOMES, Envelope, EventType
 from fedsched.tenancy import Governance
 from fedsched.topology import KnownNames
+from fedsched.whatif import WhatIfReply, WhatIfRequest, request_what_if
 from fedsched.jobs import TERMINAL_STATES, JobSpec, JobState
 from fedsched.logs import LogRequest, request_logs
 from fedsched.naming import check_name, is_name
@@ -79,10 +90,11 @@ from fedsched.pricing import PriceCatalog, load_price_catalog
 from services.admission.admin_servicers import ApprovalServicer, PolicyServicer, TenantServicer
 from services.admission.approvalview import ApprovalView
 from services.admission.budgets import SpendBook, SpendWatcher
-from services.admission.convert import (PRIORITY_FROM_PB, STATE_FROM_PB, STATE_TO_PB, Limits, _ts, refuse_unknown_fields, spec_from_pb,
-                                        spec_to_pb)
+from services.admission.convert import (PRIORITY_FROM_PB, STATE_FROM_PB, STATE_TO_PB, Limits, _ts,
+                                        refuse_unknown_fields, spec_from_pb, spec_to_pb)
 from services.admission.clusterview import ClusterView
-from services.admission.jobview import JobRecord, JobView
+from services.admission.jobview import Decision, JobRecord, JobView
+from services.admission.listing import list_page
 from services.admission.ops_servicers import ClusterServicer, SystemServicer
 from services.admission.rules import (ClusterCapacity, check_budget, check_can_ever_run, check_quota_can_fit,
                                       worst_case_cost)
@@ -274,26 +286,93 @@ def explain_to_pb(rec: JobRecord) -> pb.ExplainJobResponse:
     """The wire form of a job's latest decisions."""
     out = pb.ExplainJobResponse(job_id=rec.job_id, state=STATE_TO_PB[rec.state])
     for shard in rec.shards:
-        d = shard.decision
-        if d is None:
+        if shard.decision is None:
             out.decisions.append(pb.ShardDecision(shard=shard.index, outcome="none",
                                                   summary="the scheduler has not decided about it yet"))
-            continue
-        msg = pb.ShardDecision(shard=shard.index, outcome=d.outcome, summary=d.reason, cluster=d.cluster,
-                               region=d.region, queue=d.queue, counterfactual=d.counterfactual,
-                               policy_version=d.policy_version, fits_empty=d.fits_empty,
-                               reserved_cluster=d.reserved_cluster)
-        msg.decided_at.CopyFrom(_ts(d.at))
-        for e in d.evaluations:
-            v = pb.ClusterVerdict(cluster=str(e.get("cluster", "")), region=str(e.get("region", "")),
-                                  passed=bool(e.get("passed")), reason=str(e.get("reason", "")),
-                                  detail=str(e.get("detail", "")),
-                                  scores={k: float(x) for k, x in (e.get("scores") or {}).items()})
-            if e.get("total") is not None:
-                v.total = float(e["total"])
-            msg.clusters.append(v)
-        out.decisions.append(msg)
+        else:
+            out.decisions.append(decision_to_pb(shard.index, shard.decision))
     return out
+
+
+def decision_to_pb(shard: int, d: Decision) -> pb.ShardDecision:
+    """The wire form of the scheduler's decision ``d`` about shard ``shard`` (ExplainJob's
+    shape: every cluster's verdict and score terms)."""
+    msg = pb.ShardDecision(shard=shard, outcome=d.outcome, summary=d.reason, cluster=d.cluster,
+                           region=d.region, queue=d.queue, counterfactual=d.counterfactual,
+                           policy_version=d.policy_version, fits_empty=d.fits_empty,
+                           reserved_cluster=d.reserved_cluster)
+    msg.decided_at.CopyFrom(_ts(d.at))
+    for e in d.evaluations:
+        v = pb.ClusterVerdict(cluster=str(e.get("cluster", "")), region=str(e.get("region", "")),
+                              passed=bool(e.get("passed")), reason=str(e.get("reason", "")),
+                              detail=str(e.get("detail", "")),
+                              scores={k: float(x) for k, x in (e.get("scores") or {}).items()})
+        if e.get("total") is not None:
+            v.total = float(e["total"])
+        msg.clusters.append(v)
+    return msg
+
+
+def what_if_to_pb(reply: WhatIfReply, state: int) -> pb.ExplainJobResponse:
+    """The scheduler's what-if (:mod:`fedsched.whatif`) in ExplainJob's shape (no job id: nothing
+    was queued); ``state`` is the state a real submit would give the job."""
+    out = pb.ExplainJobResponse(state=state)
+    for d in reply.decisions:
+        out.decisions.append(decision_to_pb(d.shard, Decision(
+            d.outcome, d.decided_at, d.summary, d.evaluations, d.policy_version, d.counterfactual, d.cluster,
+            d.region, d.queue, d.fits_empty, d.reserved_cluster)))
+    return out
+
+
+#: Most items one SubmitJobs call may carry (``SubmitJobsRequest`` in the proto).
+MAX_BATCH = 1000
+
+#: The refusals of a submission (recorded as ``submission.rejected``; a batch item's result).
+REFUSALS = (ValidationError, QuotaExceededError, PermissionDeniedError, ConflictError, AlreadyExistsError)
+
+#: Initial-metadata key of the trace id of a submit (also in the response's ``trace_id``).
+TRACE_ID_METADATA = "x-trace-id"
+
+
+@dataclass(frozen=True)
+class _Admitted:
+    """A submission that passed :meth:`JobServicer._admit`, not yet published."""
+
+    gov: Governance
+    spec: JobSpec
+    rid: str
+    principal: Principal
+    job_id: str
+    held: bool  #: a budget hold was placed (release it after publishing)
+
+
+@contextlib.contextmanager
+def _call_trace() -> Iterator[str]:
+    """The 32-hex trace id of this call: the caller's (``traceparent`` metadata, continued by the
+    interceptor's span), else a new root trace made current for the call, so the events it
+    publishes carry the id the caller is given."""
+    trace_id = telemetry.current_trace_id()
+    if trace_id:
+        yield trace_id
+        return
+    with telemetry.root_span("admission.submit"):
+        yield telemetry.current_trace_id()
+
+
+async def _send_trace_id(context, trace_id: str) -> None:
+    """Send ``x-trace-id`` in the initial metadata (before the response or an error)."""
+    if context is not None and trace_id:
+        await context.send_initial_metadata(((TRACE_ID_METADATA, trace_id),))
+
+
+def _failed_item(e: FedError) -> pb.SubmitJobsResult:
+    return pb.SubmitJobsResult(code=status_for(e).value[0], message=e.message)
+
+
+def _state_name(state: int) -> str:
+    return pb.JobState.Name(state).removeprefix("JOB_STATE_").lower()
+
+
 def request_job_id(principal: str, tenant: str, project: str, request_id: str) -> str:
     """The job id of a submission with a ``request_id``: ``j-`` and 20 hex of SHA-256 over the
     idempotency key (principal, tenant, project, request id), JSON-encoded so no two keys
@@ -398,6 +477,9 @@ class JobServicer(pb_grpc.JobServiceServicer):
         #: asks an agent for logs: ``(subject, LogRequest) -> async iterator of LogReply``
         #: (:func:`fedsched.logs.request_logs` on the bus; None: GetJobLogs is UNAVAILABLE)
         self.request_logs = None
+        #: asks the scheduler for a dry run's what-if: ``WhatIfRequest -> awaitable WhatIfReply | None``
+        #: (:func:`fedsched.whatif.request_what_if` on the bus; None: dry runs have no what-if)
+        self.what_if = None
 
     def gov(self) -> Governance:
         """The policy in force (the interceptor guarantees one exists; else UnavailableError)."""
@@ -423,14 +505,122 @@ class JobServicer(pb_grpc.JobServiceServicer):
         return cost
 
     async def SubmitJob(self, request: pb.SubmitJobRequest, context) -> pb.SubmitJobResponse:
-        principal = auth.current()
-        try:
-            return await self._submit(request, principal)
-        except (ValidationError, QuotaExceededError, PermissionDeniedError, ConflictError, AlreadyExistsError) as e:
-            await self._record_rejection(request, e, principal)
-            raise
+        """One submission (module docstring), or with ``dry_run`` its verdict and the scheduler's
+        what-if. The response and its initial metadata (``x-trace-id``) carry the call's trace id.
 
-    async def _submit(self, request: pb.SubmitJobRequest, principal: Principal) -> pb.SubmitJobResponse:
+        Raises:
+            ValidationError, QuotaExceededError, PermissionDeniedError, ConflictError,
+            AlreadyExistsError: the submission is refused (recorded as ``submission.rejected``;
+            a dry run instead answers with the refusal as its verdict).
+            UnavailableError: the bus did not acknowledge (retry with the same request_id).
+        """
+        principal = auth.current()
+        with _call_trace() as trace_id:
+            await _send_trace_id(context, trace_id)
+            if request.dry_run:
+                resp = await self._dry_run(request, principal)
+            else:
+                try:
+                    admitted = self._admit(request, principal)
+                    resp = admitted if isinstance(admitted, pb.SubmitJobResponse) else await self._publish_one(admitted)
+                except REFUSALS as e:
+                    await self._record_rejections([(request, e)], principal)
+                    raise
+        resp.trace_id = trace_id
+        return resp
+
+    async def SubmitJobs(self, request: pb.SubmitJobsRequest, context) -> pb.SubmitJobsResponse:
+        """A batch of submissions: each item validated, governed and made idempotent exactly as
+        :meth:`SubmitJob` (the same :meth:`_admit`), in request order, so earlier items' budget
+        holds count against later ones; one bad item never fails the others. The accepted
+        items' ``job.submitted`` events are published together (all sent, then the acks awaited
+        together), refusals are recorded as ``submission.rejected`` in one batch. Dry-run items
+        are answered as :meth:`SubmitJob` answers them.
+
+        Returns:
+            One :class:`SubmitJobsResult` per item, in request order: ``code`` 0 with the
+            response, or the item's gRPC status code with the message (starting with the field).
+
+        Raises:
+            ValidationError: ``items`` is empty or has more than :data:`MAX_BATCH` items.
+        """
+        principal = auth.current()
+        if not request.items:
+            raise ValidationError("items", "at least one item")
+        if len(request.items) > MAX_BATCH:
+            raise ValidationError("items", f"at most {MAX_BATCH} items per call (got {len(request.items)}); "
+                                           f"split the batch")
+        results: list[pb.SubmitJobsResult | None] = [None] * len(request.items)
+        refused: list[tuple[pb.SubmitJobRequest, FedError]] = []
+        accepted: list[tuple[int, _Admitted]] = []
+        first_of: dict[str, int] = {}  # job id -> the batch item publishing it (a request_id given twice)
+        repeats: list[tuple[int, _Admitted]] = []
+        ask = [True]  # once the scheduler leaves a what-if unanswered, the batch's other dry runs do not wait
+        with _call_trace() as trace_id:
+            await _send_trace_id(context, trace_id)
+            for i, item in enumerate(request.items):
+                try:
+                    if item.dry_run:
+                        results[i] = pb.SubmitJobsResult(response=await self._dry_run(item, principal, ask=ask))
+                        continue
+                    admitted = self._admit(item, principal)
+                except REFUSALS as e:
+                    refused.append((item, e))
+                    results[i] = _failed_item(e)
+                    continue
+                if isinstance(admitted, pb.SubmitJobResponse):  # a retry of an earlier call
+                    results[i] = pb.SubmitJobsResult(response=admitted)
+                elif admitted.job_id in first_of:
+                    repeats.append((i, admitted))
+                else:
+                    first_of[admitted.job_id] = i
+                    accepted.append((i, admitted))
+            try:
+                answers = await asyncio.gather(*(self._publish_one(a) for _, a in accepted), return_exceptions=True)
+                for (i, _), answer in zip(accepted, answers):
+                    if isinstance(answer, FedError):
+                        results[i] = _failed_item(answer)
+                    elif isinstance(answer, BaseException):
+                        raise answer
+                    else:
+                        results[i] = pb.SubmitJobsResult(response=answer)
+                for i, a in repeats:  # the same key twice in one batch: the first item made the job
+                    try:
+                        existing = self.view.jobs.get(a.job_id)
+                        if existing is None:  # the first item's publish failed: so does this one
+                            first = results[first_of[a.job_id]]
+                            results[i] = pb.SubmitJobsResult(code=first.code, message=first.message)
+                            continue
+                        results[i] = pb.SubmitJobsResult(response=self._retried(existing, a.spec, a.rid, principal))
+                    except REFUSALS as e:
+                        refused.append((request.items[i], e))
+                        results[i] = _failed_item(e)
+            finally:
+                for _, a in accepted + repeats:
+                    self._release(a.spec.tenant, a.job_id, a.held)
+            await self._record_rejections(refused, principal)
+        for r in results:
+            if r.HasField("response"):
+                r.response.trace_id = trace_id
+        return pb.SubmitJobsResponse(results=results)
+
+    def _admit(self, request: pb.SubmitJobRequest, principal: Principal, *,
+               hold: bool = True) -> "pb.SubmitJobResponse | _Admitted":
+        """Everything a submission goes through before it is published, shared by SubmitJob,
+        SubmitJobs and dry runs: validation, governance (tenant, project, rights, regions,
+        the policy's narrowing), idempotency (a retry gets its job back before quota and budget
+        are checked again), the quota it must ever fit, whether any cluster could ever hold it,
+        and the budget check with (``hold``) the hold of its worst-case cost.
+
+        Returns:
+            The response for a retry of an earlier request (``duplicate``), else the admitted
+            submission; when ``held`` the caller must :meth:`_release` its hold once the
+            event is published (or not).
+
+        Raises:
+            ValidationError, PermissionDeniedError, QuotaExceededError, ConflictError,
+            AlreadyExistsError: see the module docstring.
+        """
         gov = self.gov()
         limits = self.limits(gov)
         if not request.HasField("spec"):
@@ -466,14 +656,50 @@ class JobServicer(pb_grpc.JobServiceServicer):
         check_quota_can_fit(gov, spec, self.known_models, regions)
         job_id = request_job_id(principal.name, spec.tenant, spec.project, rid) if rid else "j-" + uuid.uuid4().hex[:20]
         check_can_ever_run(spec, self.clusters, regions)
-        hold = self._check_and_hold(gov, spec, job_id, regions)
-        try:
-            return await self._publish_submission(gov, spec, rid, principal, job_id)
-        finally:
-            self._release(spec.tenant, job_id, hold)
+        held = self._check_and_hold(gov, spec, job_id, regions, hold=hold)
+        return _Admitted(gov, spec, rid, principal, job_id, held)
 
-    def _check_and_hold(self, gov: Governance, spec: JobSpec, job_id: str, regions: set[str]) -> bool:
-        """Check the tenant's budget and hold this job's worst-case cost against it, as one step.
+    async def _publish_one(self, a: "_Admitted") -> pb.SubmitJobResponse:
+        """Publish an admitted submission and release its hold (the view holds the job then)."""
+        try:
+            return await self._publish_submission(a.gov, a.spec, a.rid, a.principal, a.job_id)
+        finally:
+            self._release(a.spec.tenant, a.job_id, a.held)
+
+    async def _dry_run(self, request: pb.SubmitJobRequest, principal: Principal, *,
+                       ask: list[bool] | None = None) -> pb.SubmitJobResponse:
+        """What a submit of ``request`` would do, doing none of it: :meth:`_admit` without a
+        budget hold, nothing published. ``verdict``: ``accepted`` (it would be queued),
+        ``awaiting_approval`` (the scheduler would place it abroad, which its tenant's policy
+        lets only an approver allow), ``duplicate of <job>`` (a retry of an earlier request), or ``<CODE>: <message>`` (the
+        refusal a submit would get). ``what_if``: the scheduler's decision for the admitted spec
+        on its current view (:mod:`fedsched.whatif`), unset when no scheduler answered within
+        the timeout or the spec was refused. ``ask`` (a batch's shared flag): ``[False]`` skips
+        the question, and an unanswered one sets it so."""
+        try:
+            admitted = self._admit(request, principal, hold=False)
+        except REFUSALS as e:
+            return pb.SubmitJobResponse(verdict=f"{status_for(e).name}: {e.message}")
+        if isinstance(admitted, pb.SubmitJobResponse):
+            admitted.verdict = f"duplicate of {admitted.job_id} ({_state_name(admitted.state)})"
+            return admitted
+        resp = pb.SubmitJobResponse(state=pb.JOB_STATE_QUEUED, verdict="accepted")
+        if self.what_if is not None and (ask is None or ask[0]):
+            reply = await self.what_if(WhatIfRequest(spec=admitted.spec, submitted_at=self.clock.time()))
+            if reply is None and ask is not None:
+                ask[0] = False
+            if reply is not None and not reply.error:
+                if any(d.needs_approval for d in reply.decisions):  # the scheduler would ask an approver first
+                    resp.state, resp.verdict = pb.JOB_STATE_AWAITING_APPROVAL, "awaiting_approval"
+                resp.what_if.CopyFrom(what_if_to_pb(reply, resp.state))
+            elif reply is not None:
+                log.warning("what-if refused by the scheduler: %s", reply.error)
+        return resp
+
+    def _check_and_hold(self, gov: Governance, spec: JobSpec, job_id: str, regions: set[str], *,
+                        hold: bool = True) -> bool:
+        """Check the tenant's budget and hold this job's worst-case cost against it, as one step
+        (without ``hold``: only check, as a dry run does).
 
         Nothing is awaited between the check and the hold, so on the event loop no other
         submission can pass the check on the same money (200 at once against a budget of
@@ -495,7 +721,7 @@ class JobServicer(pb_grpc.JobServiceServicer):
             (cost for j, cost in holds.items() if j not in self.view.jobs and j != job_id))
         check_budget(gov, self.spend, spec, self.clock.time(), self.prices, self.known_models, regions,
                      open_costs=open_costs)  # lazy: walked only for a tenant with a budget
-        if gov.budget(spec.tenant) is None:
+        if not hold or gov.budget(spec.tenant) is None:
             return False
         worst = worst_case_cost(spec, self.prices, self.known_models, regions)
         self._holds.setdefault(spec.tenant, {})[job_id] = worst[0] if worst else Decimal(0)
@@ -519,7 +745,7 @@ class JobServicer(pb_grpc.JobServiceServicer):
                            event_id=business_event_id(job_id, "submitted"), tenant=spec.tenant, project=spec.project,
                            job_id=job_id, actor=principal.name, policy_version=gov.version)
         ack = await self.publisher.publish(self.subjects.job("submitted", spec.tenant, spec.project), event)
-        if ack.duplicate:  # the same key was published first by another call: its job is the one in the stream
+        if getattr(ack, "duplicate", False):  # the same key was published first by another call: its job is the one in the stream
             existing = await self._await_job(job_id)
             return self._retried(existing, spec, rid, principal)
         self.view.apply(event)
@@ -561,19 +787,30 @@ class JobServicer(pb_grpc.JobServiceServicer):
                 pass
         return self.view.jobs[job_id]
 
-    async def _record_rejection(self, request: pb.SubmitJobRequest, e: FedError, principal: Principal) -> None:
-        tenant = request.spec.tenant if request.HasField("spec") else ""
+    async def _record_rejections(self, refused: list[tuple[pb.SubmitJobRequest, FedError]],
+                                 principal: Principal) -> None:
+        """Publish ``submission.rejected`` for each refused request (together; a bus outage is
+        logged, never raised: the caller already has its answer)."""
+        if not refused:
+            return
         gov = self.policy.current
-        known = gov is not None and is_name("tenant", tenant) and gov.tenant(tenant) is not None
-        payload = SubmissionRejected(code=status_for(e).name, field=getattr(e, "field", "") or getattr(e, "limit", ""),
-                                     message=e.message[:500], request_id=request.request_id[:128])
-        event = make_event(EventType.SUBMISSION_REJECTED, payload, producer="admission", occurred_at=self.clock.time(),
-                           tenant=tenant if known else "", actor=principal.name,
-                           policy_version=gov.version if gov else "")
+        items = []
+        for request, e in refused:
+            tenant = request.spec.tenant if request.HasField("spec") else ""
+            known = gov is not None and is_name("tenant", tenant) and gov.tenant(tenant) is not None
+            payload = SubmissionRejected(code=status_for(e).name,
+                                         field=getattr(e, "field", "") or getattr(e, "limit", ""),
+                                         message=e.message[:500], request_id=request.request_id[:128])
+            event = make_event(EventType.SUBMISSION_REJECTED, payload, producer="admission",
+                               occurred_at=self.clock.time(), tenant=tenant if known else "", actor=principal.name,
+                               policy_version=gov.version if gov else "")
+            items.append((self.subjects.admission_rejected(), event, None))
         try:
-            await self.publisher.publish(self.subjects.admission_rejected(), event)
+            ok = await self.publisher.publish_many(items)
         except UnavailableError:
-            log.warning("could not record a rejected submission: bus unavailable")
+            ok = [False]
+        if not all(ok):
+            log.warning("could not record %d rejected submission(s): bus unavailable", ok.count(False) or len(items))
 
     # ------------------------------------------------------------------ read
 
@@ -592,38 +829,10 @@ class JobServicer(pb_grpc.JobServiceServicer):
         return job_to_pb(self._get(request.job_id))
 
     async def ListJobs(self, request: pb.ListJobsRequest, context) -> pb.ListJobsResponse:
-        principal = auth.current()
-        size = request.page_size or 100
-        if size > 1000:
-            raise ValidationError("page_size", "must be <= 1000")
-        try:
-            offset = int(request.page_token or 0)
-        except ValueError as e:
-            raise ValidationError("page_token", "not a token returned by ListJobs") from e
-        if offset < 0:
-            raise ValidationError("page_token", "not a token returned by ListJobs")
-        states = set()
-        for i, s in enumerate(request.states):
-            if s not in STATE_FROM_PB:
-                raise ValidationError(f"states[{i}]", f"unknown state {s}")
-            states.add(STATE_FROM_PB[s])
-        if request.tenant:
-            check_name("tenant", request.tenant, "tenant")
-            if not principal.can_read(request.tenant, request.project or None):
-                raise PermissionDeniedError(f"{principal.name} may not read jobs of {request.tenant}")
-        elif principal.readable_tenants() == frozenset():
-            raise PermissionDeniedError(f"{principal.name} may not list jobs (no tenant rights)")
-        if request.project:
-            check_name("project", request.project, "project")
-        jobs = [r for r in self.view.jobs.values()
-                if (not request.tenant or r.spec.tenant == request.tenant)
-                and (not request.project or r.spec.project == request.project)
-                and (not states or r.state in states)
-                and principal.can_read(r.spec.tenant, r.spec.project)]
-        jobs.sort(key=lambda r: (r.submitted_at, r.job_id))
-        page = jobs[offset:offset + size]
-        nxt = str(offset + size) if offset + size < len(jobs) else ""
-        return pb.ListJobsResponse(jobs=[job_to_pb(r) for r in page], next_page_token=nxt, total=len(jobs))
+        """A page of the jobs the caller may read that match the filters, newest first unless
+        asked otherwise (:func:`services.admission.listing.list_page`: opaque tokens bound to
+        the filters, ``(submitted_at, job_id)`` cursors, pages of at most ~1 MiB)."""
+        return list_page(self.view, request, auth.current(), job_to_pb)
 
     async def CancelJob(self, request: pb.CancelJobRequest, context) -> pb.CancelJobResponse:
         principal = auth.current()
@@ -921,12 +1130,14 @@ class AdmissionService:
             ListClusters (the scheduler's freshness limit).
         wall: wall clock comparable with JetStream storage times (heartbeat ages; default the
             system clock).
+        what_if_timeout_s: how long a dry run waits for the scheduler's what-if (then none).
     """
 
     def __init__(self, bus: Bus, clock: Clock, *, address: str = "127.0.0.1:50051", limits: Limits | None = None,
                  max_message_bytes: int = 4 * 1024 * 1024, prices: PriceCatalog | None = None,
                  tls: TlsFiles | None = None, spend_poll_s: float = 5.0, names: KnownNames | None = None,
-                 logs_timeout_s: float = 5.0, stale_after_s: float = 10.0, wall: Clock | None = None) -> None:
+                 logs_timeout_s: float = 5.0, stale_after_s: float = 10.0, wall: Clock | None = None,
+                 what_if_timeout_s: float = 2.0) -> None:
         self.bus = bus
         self.wall: Clock = wall if wall is not None else SystemClock()
         self.cluster_view = ClusterView(stale_after_s=stale_after_s)
@@ -943,6 +1154,7 @@ class AdmissionService:
         self.servicer = JobServicer(bus, clock, self.policy, self.view, limits, self.known_models,
                                     self.known_regions, self.spend, prices, clusters=self.clusters, names=names)
         self.servicer.request_logs = functools.partial(request_logs, bus.nc, timeout_s=logs_timeout_s)
+        self.servicer.what_if = functools.partial(request_what_if, bus.nc, bus.prefix, timeout_s=what_if_timeout_s)
         self.tenants = TenantServicer(bus, clock, self.policy, self.spend, self.view, names=names)
         self.approval_servicer = ApprovalServicer(bus, bus.subjects, clock, self.policy, self.approvals, self.view)
         self.policy_servicer = PolicyServicer(bus, clock, self.policy, names)

@@ -43,7 +43,9 @@ Its own events come back through the follower; applying them again is a no-op (s
 so the write-through state and the rebuilt state agree.
 
 A status endpoint (core NATS request/reply on ``<p>.svc.scheduler.status``) reports the applied
-stream sequence and queue sizes; the replay driver uses it to detect quiescence.
+stream sequence and queue sizes; the replay driver uses it to detect quiescence. A what-if
+endpoint (``<p>.svc.scheduler.whatif``, :mod:`fedsched.whatif`) answers a dry-run submit: the
+core's decision for one spec on the current view, committing nothing (:meth:`SchedulerService.what_if`).
 
 Seams: the rules take a :class:`~fedsched.ports.Publisher` (the bus live), a business
 :class:`~fedsched.clock.Clock` (event times, ``view.now``) and a liveness clock (wall seconds:
@@ -74,6 +76,8 @@ from fedsched.version import package_version
 from fedsched.ports import Publisher
 from fedsched.pricing import PriceCatalog
 from fedsched.tenancy import DEFAULT_RETRY_BUDGET, RetryBudgetDoc
+from fedsched.whatif import WHAT_IF_JOB_ID, ShardWhatIf, WhatIfReply, WhatIfRequest
+from fedsched.whatif import subject as what_if_subject
 from services.scheduler.approvals import TenancyGate
 from services.scheduler.states import ACTIVE, Outcome, ShardState, StopReason
 from services.scheduler.core import (ClusterEvaluation, ClusterIndex, ClusterState, NodeState, Pending, Placement,
@@ -276,6 +280,7 @@ class SchedulerService:
         self._dirty = asyncio.Event()
         self._stop = asyncio.Event()
         self._status_sub = None
+        self._what_if_sub = None
         self._stale: set[str] = set()
         # events of types this build does not know (a newer producer), skipped per follower
         self.skipped = {name: SkippedTypes(name) for name in ("scheduler-events", "scheduler-inventory")}
@@ -311,6 +316,7 @@ class SchedulerService:
                  asyncio.create_task(self._policy_follower.run(), name="scheduler-policy")]
         self._status_sub = await self.bus.nc.subscribe(f"{self.bus.prefix}.svc.scheduler.status",
                                                        cb=self._on_status_request)
+        self._what_if_sub = await self.bus.nc.subscribe(what_if_subject(self.bus.prefix), cb=self._on_what_if_request)
         try:
             await self._events.caught_up.wait()
             await self._inventory.caught_up.wait()
@@ -339,9 +345,11 @@ class SchedulerService:
             self._events.stop()
             self._inventory.stop()
             self._policy_follower.stop()
-            if self._status_sub is not None:
+            for sub in (self._status_sub, self._what_if_sub):
+                if sub is None:
+                    continue
                 try:
-                    await self._status_sub.unsubscribe()
+                    await sub.unsubscribe()
                 except Exception:  # noqa: BLE001 - connection may be closing
                     pass
             for t in tasks:
@@ -381,6 +389,69 @@ class SchedulerService:
 
     async def _on_status_request(self, msg) -> None:
         await msg.respond(json.dumps(self.status()).encode())
+
+    async def _on_what_if_request(self, msg) -> None:
+        try:
+            request = WhatIfRequest.model_validate_json(msg.data)
+        except ValueError as e:
+            await msg.respond(WhatIfReply(error=f"not a what-if request: {e}"[:2000]).model_dump_json().encode())
+            return
+        try:
+            reply = self.what_if(request)
+        except Exception as e:  # noqa: BLE001 - a what-if must never hurt the scheduler
+            log.exception("scheduler: what-if failed")
+            reply = WhatIfReply(error=f"what-if failed: {type(e).__name__}")
+        await msg.respond(reply.model_dump_json().encode())
+
+    def what_if(self, request: WhatIfRequest) -> WhatIfReply:
+        """The core's decision for ``request.spec`` (one queue entry per shard, attempt 1) on the
+        current view, with the governance policy's weights, quota usage and cross-region mode, as
+        a cycle would make it for that job alone -- committing nothing: no event is published,
+        no shard, queue, cluster allocation, pending reason or approval changes (the view's
+        caches are derived data and stay valid). Placements that would need an approval are
+        reported as placed, marked ``needs_approval`` and noted in the summary.
+
+        Returns:
+            :class:`~fedsched.whatif.WhatIfReply`, one decision per shard in shard order.
+        """
+        spec = request.spec
+        if not self.clusters:
+            return WhatIfReply(decisions=tuple(ShardWhatIf(shard=i, outcome="pending", summary="no cluster reported yet",
+                                                            decided_at=self.clock.time())
+                                               for i in range(spec.shards)))
+        policy = self.governor.effective_policy(self.base_policy)  # not self.policy: nothing is committed
+        gov = self.policy_holder.current
+        mode = gov.mode_for(spec)[0] if gov is not None else self.cross_region_mode.get(spec.tenant, "allowed")
+        queue = [QueuedJob(WHAT_IF_JOB_ID, 1, spec, request.submitted_at, frozenset(), i, mode, 0.0)
+                 for i in range(spec.shards)]
+        view = self.view()
+        view = replace(view, quota=self.governor.quota_book(
+            ActiveShard(job.tenant, shard.region, shard.placed) for job, shard in self.active.values()
+            if shard.placed is not None))
+        narrowed = self.governor.narrow(queue, view)
+        decisions = decide(view, narrowed, policy)
+        now = self.clock.time()
+        out: list[ShardWhatIf] = []
+        for p in decisions.placements:
+            summary = p.explanation
+            approval = p.cross_region and mode == "approval"
+            if approval:
+                summary += f" (a run in {p.region} needs an approver's approval first)"
+            out.append(ShardWhatIf(
+                shard=p.job.shard, outcome="placed", summary=summary, cluster=p.cluster, region=p.region,
+                needs_approval=approval,
+                queue=p.queue, policy_version=decisions.policy_version, decided_at=now,
+                counterfactual=placement_counterfactual(view, p, policy) if p.cross_region else "",
+                evaluations=tuple(_evaluation(e) for e in p.evaluations)))
+        for pend in decisions.pending:
+            res = pend.reservation
+            out.append(ShardWhatIf(
+                shard=pend.job.shard, outcome="pending", summary=pend.reason, queue=pend.queue,
+                policy_version=decisions.policy_version, decided_at=now, fits_empty=pend.fits_empty,
+                reserved_cluster=res.cluster if res else "",
+                counterfactual=pending_counterfactual(view, pend.job, policy),
+                evaluations=tuple(_evaluation(e) for e in pend.evaluations)))
+        return WhatIfReply(decisions=tuple(sorted(out, key=lambda d: d.shard)))
 
     # ------------------------------------------------------------------ shard state
 

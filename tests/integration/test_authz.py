@@ -33,6 +33,7 @@ A, D, U = "allowed", "denied", "unauth"
 #: rpc -> expected outcome per role, in ROLES order
 MATRIX: dict[str, tuple[str, ...]] = {
     "JobService.SubmitJob":          (U, U, A, D, D, D, A),
+    "JobService.SubmitJobs":         (U, U, A, D, D, D, A),  # denied: the item's code (the call is OK)
     "JobService.GetJob":             (U, U, A, D, A, A, A),
     "JobService.ListJobs":           (U, U, A, D, A, D, A),
     "JobService.WatchJob":           (U, U, A, D, A, A, A),
@@ -129,6 +130,7 @@ def _call(s: Stubs, rpc: str, w: World):
     """The coroutine making ``rpc`` against the search targets."""
     calls = {
         "JobService.SubmitJob": lambda: s.jobs.SubmitJob(pb.SubmitJobRequest(spec=_spec())),
+        "JobService.SubmitJobs": lambda: _batch(s),
         "JobService.GetJob": lambda: s.jobs.GetJob(pb.GetJobRequest(job_id=w.job_id)),
         "JobService.ListJobs": lambda: s.jobs.ListJobs(pb.ListJobsRequest(tenant="search")),
         "JobService.WatchJob": lambda: _first(s.jobs.WatchJob(pb.WatchJobRequest(job_id=w.job_id))),
@@ -174,6 +176,18 @@ async def _bulk(call):
     return resp
 
 
+class _ItemDenied(Exception):
+    """A SubmitJobs item refused with PERMISSION_DENIED (the call itself succeeds)."""
+
+
+async def _batch(s: Stubs):
+    resp = await s.jobs.SubmitJobs(pb.SubmitJobsRequest(items=[pb.SubmitJobRequest(spec=_spec())]))
+    if resp.results[0].code == grpc.StatusCode.PERMISSION_DENIED.value[0]:
+        raise _ItemDenied(resp.results[0].message)
+    assert resp.results[0].code == 0, resp.results[0].message
+    return resp
+
+
 async def _first(stream):
     try:
         return await stream.read()
@@ -193,6 +207,8 @@ async def outcome(w: World, rpc: str, role: str) -> tuple[str, str]:
         try:
             await _call(Stubs(ch), rpc, w)
             return A, "OK"
+        except _ItemDenied:
+            return D, "PERMISSION_DENIED (item)"
         except grpc.aio.AioRpcError as e:
             code = e.code()
     assert code not in (grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL), (rpc, role, code)

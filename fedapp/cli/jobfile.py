@@ -1,0 +1,195 @@
+"""Job files for ``fedsched submit -f FILE``: YAML or JSON, one job mapping or a list of them.
+
+Keys are the proto's field names of ``JobSpec`` (``fedsched.api.v1``; e.g. ``gpus_per_worker``,
+``allowed_regions``, ``datasets``, ``workload``), plus ``request_id`` (the idempotency key of
+``SubmitJobRequest``) on each job. The submit flags' spellings are accepted where they differ
+(``gpus`` = ``gpus_per_worker``, ``card_model`` = ``card_models``, ``duration`` =
+``estimated_duration_seconds``, and ``-`` for ``_``). A list may also be given as ``jobs: [...]``.
+
+Values: enums by their short lower-case name as the CLI prints them (``kind: fine_tune``,
+``priority: best_effort``, ``locality: must_local``) or the proto's full name;
+``start_deadline`` ISO-8601 (a date-time without a timezone is taken as UTC);
+``env``/``secret_env``/``annotations`` map strings to strings (numbers are written as text,
+booleans must be quoted). Sizes and counts are plain integers in the proto's units
+(``cpu_milli`` milli-cores, ``memory_mib`` MiB, ``size_bytes`` bytes, ``min_gpu_memory_gib`` GiB).
+
+Every problem raises :class:`JobFileError` naming the position and key, e.g.
+``jobs[2].gpu_per_worker: unknown field; did you mean gpus_per_worker?``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import difflib
+from typing import Any
+
+from google.protobuf.descriptor import Descriptor, FieldDescriptor
+from google.protobuf.message import Message
+
+from fedsched.api.v1 import jobs_pb2 as pb
+from fedsched.errors import ValidationError
+from fedsched.yamltext import load_yaml
+
+#: Largest job file read (characters): a batch of 1000 large specs, not a configuration file.
+MAX_FILE_CHARS = 64 * 1024 * 1024
+
+#: The submit flags' spellings of JobSpec fields (``fedsched submit --help``).
+FLAG_ALIASES = {"gpus": "gpus_per_worker", "card_model": "card_models", "duration": "estimated_duration_seconds",
+                "checkpoint": "checkpoint_uri"}
+
+#: Keys of a job mapping that are not JobSpec fields (SubmitJobRequest's).
+REQUEST_KEYS = ("request_id",)
+
+
+class JobFileError(ValueError):
+    """A job file that cannot be submitted as written; the message starts with the position."""
+
+
+def _enum_value(field: FieldDescriptor, value: Any, where: str) -> int:
+    enum = field.enum_type
+    prefix = {"kind": "JOB_KIND_", "priority": "PRIORITY_CLASS_", "locality": "LOCALITY_"}.get(field.name, "")
+    if isinstance(value, str):
+        name = value.strip().upper().replace("-", "_")
+        for candidate in (name, prefix + name):
+            if candidate in enum.values_by_name and not candidate.endswith("_UNSPECIFIED"):
+                return enum.values_by_name[candidate].number
+    names = [v.name.removeprefix(prefix).lower() for v in enum.values if not v.name.endswith("_UNSPECIFIED")]
+    raise JobFileError(f"{where}: {value!r} is not one of {', '.join(names)}")
+
+
+def _timestamp(value: Any, where: str) -> dt.datetime:
+    if isinstance(value, dt.datetime):
+        t = value
+    elif isinstance(value, dt.date):
+        t = dt.datetime(value.year, value.month, value.day)
+    elif isinstance(value, str):
+        try:
+            t = dt.datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
+        except ValueError as e:
+            raise JobFileError(f"{where}: {value!r} is not an ISO-8601 date-time (e.g. 2026-12-01T08:00:00Z)") from e
+    else:
+        raise JobFileError(f"{where}: want an ISO-8601 date-time, got {type(value).__name__}")
+    return t.replace(tzinfo=dt.UTC) if t.tzinfo is None else t.astimezone(dt.UTC)  # no zone: UTC
+
+
+def _scalar(field: FieldDescriptor, value: Any, where: str) -> Any:
+    t = field.type
+    if t == FieldDescriptor.TYPE_STRING:
+        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+            raise JobFileError(f"{where}: want text, got {type(value).__name__}")
+        return value if isinstance(value, str) else str(value)
+    if t == FieldDescriptor.TYPE_BOOL:
+        if not isinstance(value, bool):
+            raise JobFileError(f"{where}: want true or false, got {value!r}")
+        return value
+    if t in (FieldDescriptor.TYPE_UINT32, FieldDescriptor.TYPE_UINT64):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise JobFileError(f"{where}: want a whole number, got {value!r}")
+        top = 2**32 - 1 if t == FieldDescriptor.TYPE_UINT32 else 2**64 - 1
+        if not 0 <= value <= top:
+            raise JobFileError(f"{where}: {value} is out of range 0..{top}")
+        return value
+    if t == FieldDescriptor.TYPE_DOUBLE:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise JobFileError(f"{where}: want a number, got {value!r}")
+        return float(value)
+    if t == FieldDescriptor.TYPE_ENUM:
+        return _enum_value(field, value, where)
+    raise JobFileError(f"{where}: unsupported field type")  # pragma: no cover - the proto has no other
+
+
+def _field_for(desc: Descriptor, key: Any, where: str, extra: tuple[str, ...] = ()) -> str:
+    """The proto field name ``key`` stands for in ``desc`` (aliases, ``-`` for ``_``)."""
+    if not isinstance(key, str):
+        raise JobFileError(f"{where}: keys are field names, got {key!r}")
+    name = key.replace("-", "_")
+    name = FLAG_ALIASES.get(name, name) if desc is pb.JobSpec.DESCRIPTOR or desc is pb.Workload.DESCRIPTOR else name
+    if name in desc.fields_by_name or name in extra:
+        return name
+    known = list(desc.fields_by_name) + list(extra)
+    guess = difflib.get_close_matches(name, known, n=1) or [k for k in known if k.startswith(name + "_")][:1]
+    hint = f"; did you mean {guess[0]}?" if guess else f"; known: {', '.join(sorted(known))}"
+    raise JobFileError(f"{where}.{key}: unknown field{hint}")
+
+
+def fill(msg: Message, doc: Any, where: str, extra: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Set the fields of ``msg`` from the mapping ``doc``; returns the ``extra`` keys' values.
+
+    Raises:
+        JobFileError: not a mapping, an unknown key, a value of the wrong type (position named).
+    """
+    if not isinstance(doc, dict):
+        raise JobFileError(f"{where}: want a mapping of field names to values, got {type(doc).__name__}")
+    desc = msg.DESCRIPTOR
+    rest: dict[str, Any] = {}
+    seen: dict[str, str] = {}
+    for key, value in doc.items():
+        name = _field_for(desc, key, where, extra)
+        at = f"{where}.{key}"
+        if name in seen:
+            raise JobFileError(f"{at}: given twice (also as {seen[name]})")
+        seen[name] = str(key)
+        if name in extra:
+            rest[name] = value
+            continue
+        if value is None:
+            continue  # `key:` with nothing = not given
+        field = desc.fields_by_name[name]
+        if field.message_type is not None and field.message_type.GetOptions().map_entry:
+            if not isinstance(value, dict):
+                raise JobFileError(f"{at}: want a mapping of names to text")
+            target = getattr(msg, name)
+            for k, v in value.items():
+                if not isinstance(k, str):
+                    raise JobFileError(f"{at}: keys are text, got {k!r}")
+                target[k] = _scalar(field.message_type.fields_by_name["value"], v, f"{at}[{k}]")
+        elif field.is_repeated:
+            items = value if isinstance(value, list) else [value]
+            target = getattr(msg, name)
+            for i, v in enumerate(items):
+                if field.message_type is not None:
+                    fill(target.add(), v, f"{at}[{i}]")
+                else:
+                    target.append(_scalar(field, v, f"{at}[{i}]"))
+        elif field.message_type is not None and field.message_type.full_name == "google.protobuf.Timestamp":
+            getattr(msg, name).FromDatetime(_timestamp(value, at))
+        elif field.message_type is not None:
+            fill(getattr(msg, name), value, at)
+        else:
+            setattr(msg, name, _scalar(field, value, at))
+    return rest
+
+
+def parse_job_file(text: str, source: str = "file") -> tuple[bool, list[pb.SubmitJobRequest]]:
+    """The submit requests a job file describes.
+
+    Returns:
+        (whether the file holds a list, the requests in file order). Positions in errors are
+        ``jobs[i]`` for a list and ``job`` for a single mapping.
+
+    Raises:
+        JobFileError: not YAML/JSON, empty, or any job not as described in the module docstring.
+    """
+    try:
+        doc = load_yaml(text, source, max_chars=MAX_FILE_CHARS)
+    except ValidationError as e:
+        raise JobFileError(e.message) from e
+    if isinstance(doc, dict) and set(doc) == {"jobs"} and isinstance(doc["jobs"], list):
+        doc = doc["jobs"]
+    if isinstance(doc, list):
+        if not doc:
+            raise JobFileError(f"{source}: the list of jobs is empty")
+        return True, [_request(item, f"jobs[{i}]") for i, item in enumerate(doc)]
+    if isinstance(doc, dict):
+        return False, [_request(doc, "job")]
+    raise JobFileError(f"{source}: want a job mapping or a list of them, got {type(doc).__name__}")
+
+
+def _request(doc: Any, where: str) -> pb.SubmitJobRequest:
+    spec = pb.JobSpec()
+    rest = fill(spec, doc, where, REQUEST_KEYS)
+    request = pb.SubmitJobRequest(spec=spec)
+    if "request_id" in rest and rest["request_id"] is not None:
+        request.request_id = _scalar(pb.SubmitJobRequest.DESCRIPTOR.fields_by_name["request_id"], rest["request_id"],
+                                     f"{where}.request_id")
+    return request

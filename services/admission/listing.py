@@ -1,0 +1,270 @@
+"""ListJobs: filters, order, opaque page tokens bound to them, and byte-bounded pages.
+
+A page is read from the job view's index of every job sorted by ``(submitted_at, job_id)``
+(:attr:`~services.admission.jobview.JobView.by_submitted`, kept sorted as jobs arrive): the
+request's time range and the page token's cursor are found by bisection, and the walk stops as
+soon as the page is full, so a page costs what it skips (jobs of the range the filters reject)
+plus what it returns -- never a sort of every job.
+
+The cursor is the ``(submitted_at, job_id)`` of the last job returned, not an offset: a job
+submitted while someone pages (it sorts after every existing job) neither shifts nor repeats
+what the next page holds. The token is ``base64url(JSON)`` of the cursor, a digest of the
+filters and order it was issued for, and the first page's total; a token used with other
+filters or another order is refused (INVALID_ARGUMENT ``page_token``).
+
+Filters combine as the proto says: AND across fields, OR within a repeated field; the old
+single ``tenant`` / ``project`` fields are ORed into ``tenants`` / ``projects``.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import bisect
+import fnmatch
+import hashlib
+import json
+import math
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+from fedsched.api.v1 import jobs_pb2 as pb
+from fedsched.auth import Principal
+from fedsched.errors import PermissionDeniedError, ValidationError
+from fedsched.naming import check_name
+from services.admission.convert import KIND_FROM_PB, STATE_TO_PB
+from services.admission.jobview import JobRecord, JobView
+
+#: Default and largest page size (jobs).
+DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE = 100, 1000
+#: A page stops before its encoded jobs pass this many bytes (at least one job per page), well
+#: under gRPC's default 4 MiB receive limit.
+PAGE_BYTES = 1024 * 1024
+#: Longest name pattern accepted (characters).
+MAX_PATTERN = 256
+
+
+@dataclass(frozen=True)
+class JobFilter:
+    """The filters of one ListJobs request, validated (empty set / None = no filter on it).
+
+    Attributes:
+        states: wire states (``pb.JOB_STATE_*``).
+        kinds: domain kinds (:class:`fedsched.jobs.JobKind`).
+        after / before: submit time range, seconds since the Unix epoch, ``after`` inclusive,
+            ``before`` exclusive.
+        newest_first: the order (by ``submitted_at`` then ``job_id``, descending).
+    """
+
+    tenants: frozenset[str]
+    projects: frozenset[str]
+    states: frozenset[int]
+    regions: frozenset[str]
+    clusters: frozenset[str]
+    kinds: frozenset[str]
+    name_pattern: str
+    after: float | None
+    before: float | None
+    newest_first: bool
+
+    @classmethod
+    def from_request(cls, request: pb.ListJobsRequest) -> "JobFilter":
+        """Validate the request's filters.
+
+        Raises:
+            ValidationError: a name breaking the naming rules, an unknown state or kind, a
+                pattern too long, a time range before > after reversed (field named).
+        """
+        tenants = {t for t in (request.tenant, *request.tenants) if t}
+        projects = {p for p in (request.project, *request.projects) if p}
+        for field, values, kind in (("tenants", tenants, "tenant"), ("projects", projects, "project"),
+                                    ("regions", request.regions, "region"), ("clusters", request.clusters, "cluster")):
+            for v in values:
+                check_name(kind, v, field)
+        states = set()
+        for i, s in enumerate(request.states):
+            if s == pb.JOB_STATE_UNSPECIFIED or s not in pb.JobState.values():
+                raise ValidationError(f"states[{i}]", f"unknown state {s}")
+            states.add(s)
+        kinds = set()
+        for i, k in enumerate(request.kinds):
+            if k == pb.JOB_KIND_UNSPECIFIED or k not in KIND_FROM_PB:
+                raise ValidationError(f"kinds[{i}]", f"unknown kind {k}")
+            kinds.add(KIND_FROM_PB[k].value)
+        if len(request.name_pattern) > MAX_PATTERN or not request.name_pattern.isprintable():
+            raise ValidationError("name_pattern", f"at most {MAX_PATTERN} printable characters")
+        after = _seconds(request.submitted_after) if request.HasField("submitted_after") else None
+        before = _seconds(request.submitted_before) if request.HasField("submitted_before") else None
+        if after is not None and before is not None and before < after:
+            raise ValidationError("submitted_before", "is before submitted_after")
+        if request.order not in pb.JobOrder.values():
+            raise ValidationError("order", f"unknown order {request.order}")
+        return cls(frozenset(tenants), frozenset(projects), frozenset(states), frozenset(request.regions),
+                   frozenset(request.clusters), frozenset(kinds), request.name_pattern, after, before,
+                   request.order != pb.JOB_ORDER_OLDEST_FIRST)
+
+    def digest(self) -> str:
+        """16 hex of SHA-256 over the filters and order (what a page token is bound to)."""
+        doc = [sorted(self.tenants), sorted(self.projects), sorted(self.states), sorted(self.regions),
+               sorted(self.clusters), sorted(self.kinds), self.name_pattern, self.after, self.before,
+               self.newest_first]
+        return hashlib.sha256(json.dumps(doc).encode()).hexdigest()[:16]
+
+    def check_access(self, principal: Principal) -> None:
+        """Refuse a listing of tenants the caller may not read.
+
+        Raises:
+            PermissionDeniedError: a named tenant it may not read (in any named project), or
+                no tenant rights at all.
+        """
+        for t in sorted(self.tenants):
+            if not any(principal.can_read(t, p) for p in (sorted(self.projects) or [None])):
+                raise PermissionDeniedError(f"{principal.name} may not read jobs of {t}")
+        if not self.tenants and principal.readable_tenants() == frozenset():
+            raise PermissionDeniedError(f"{principal.name} may not list jobs (no tenant rights)")
+
+    def selects_by_time_only(self) -> bool:
+        """No filter but the time range (every job in the range matches)."""
+        return not (self.tenants or self.projects or self.states or self.regions or self.clusters or self.kinds
+                    or self.name_pattern)
+
+    def matches(self, rec: JobRecord) -> bool:
+        """Whether ``rec`` passes every filter (the time range is applied by the walk)."""
+        spec = rec.spec
+        if self.tenants and spec.tenant not in self.tenants:
+            return False
+        if self.projects and spec.project not in self.projects:
+            return False
+        if self.kinds and spec.kind.value not in self.kinds:
+            return False
+        if self.name_pattern and not fnmatch.fnmatchcase(spec.name, self.name_pattern):
+            return False
+        if self.states and STATE_TO_PB.get(rec.state) not in self.states:
+            return False
+        if self.regions or self.clusters:
+            att = rec.current
+            if self.regions and (att is None or att.region not in self.regions):
+                return False
+            if self.clusters and (att is None or att.cluster not in self.clusters):
+                return False
+        return True
+
+
+def _seconds(ts) -> float:
+    return ts.seconds + ts.nanos / 1e9
+
+
+@dataclass(frozen=True)
+class PageToken:
+    """Where the next page starts: after ``cursor`` in the order; ``digest`` of the filters it
+    was issued for; ``total`` of the first page."""
+
+    cursor: tuple[float, str]
+    digest: str
+    total: int
+
+    def encode(self) -> str:
+        """The opaque text form."""
+        doc = {"v": 1, "t": self.cursor[0], "j": self.cursor[1], "f": self.digest, "n": self.total}
+        return base64.urlsafe_b64encode(json.dumps(doc, separators=(",", ":")).encode()).decode().rstrip("=")
+
+    @classmethod
+    def decode(cls, text: str, digest: str) -> "PageToken":
+        """Parse a token and check it was issued for the filters with ``digest``.
+
+        Raises:
+            ValidationError: ``page_token``: not a token of ListJobs, or issued for other
+                filters or another order.
+        """
+        try:
+            doc = json.loads(base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)))
+            token = cls((float(doc["t"]), str(doc["j"])), str(doc["f"]), int(doc["n"]))
+            if doc.get("v") != 1 or not math.isfinite(token.cursor[0]) or token.total < 0:
+                raise ValueError("bad token")
+        except (ValueError, KeyError, TypeError, binascii.Error, UnicodeDecodeError) as e:
+            raise ValidationError("page_token", "not a token returned by ListJobs") from e
+        if token.digest != digest:
+            raise ValidationError("page_token", "was issued for other filters or another order; repeat the "
+                                                "same filters, or start again without a page token")
+        return token
+
+
+def _range_size(view: JobView, f: JobFilter) -> int:
+    """Jobs submitted in the filter's time range (the index holds only jobs the view has)."""
+    index = view.by_submitted
+    lo = 0 if f.after is None else bisect.bisect_left(index, (f.after,))
+    hi = len(index) if f.before is None else bisect.bisect_left(index, (f.before,))
+    return max(0, hi - lo)
+
+
+def _walk(view: JobView, f: JobFilter, cursor: tuple[float, str] | None) -> Iterator[tuple[float, str]]:
+    """Index entries in the filter's time range and order, strictly after ``cursor``."""
+    index = view.by_submitted
+    lo = 0 if f.after is None else bisect.bisect_left(index, (f.after,))
+    hi = len(index) if f.before is None else bisect.bisect_left(index, (f.before,))
+    if f.newest_first:
+        if cursor is not None:
+            hi = min(hi, bisect.bisect_left(index, cursor))
+        for i in range(hi - 1, lo - 1, -1):
+            yield index[i]
+    else:
+        if cursor is not None:
+            lo = max(lo, bisect.bisect_right(index, cursor))
+        for i in range(lo, hi):
+            yield index[i]
+
+
+def list_page(view: JobView, request: pb.ListJobsRequest, principal: Principal,
+              to_pb: Callable[[JobRecord], pb.Job]) -> pb.ListJobsResponse:
+    """One page of ``request`` for ``principal`` (see the module docstring).
+
+    Args:
+        to_pb: the wire form of a job (``job_to_pb``).
+
+    Returns:
+        Up to ``page_size`` jobs (default 100) and at most :data:`PAGE_BYTES` encoded (at least
+        one job), the next page's token ("" on the last page) and the number of jobs matching
+        the filters, counted when the first page is read (later pages repeat it; without
+        filters other than the time range, for a caller who reads every tenant, by bisection,
+        else by one walk of the range).
+
+    Raises:
+        ValidationError: ``page_size`` over :data:`MAX_PAGE_SIZE`, a bad filter, a bad token or one
+            issued for other filters or order.
+        PermissionDeniedError: see :meth:`JobFilter.check_access`.
+    """
+    size = request.page_size or DEFAULT_PAGE_SIZE
+    if size > MAX_PAGE_SIZE:
+        raise ValidationError("page_size", f"must be <= {MAX_PAGE_SIZE}")
+    f = JobFilter.from_request(request)
+    f.check_access(principal)
+    digest = f.digest()
+    token = PageToken.decode(request.page_token, digest) if request.page_token else None
+
+    def visible(rec: JobRecord | None) -> bool:
+        return rec is not None and f.matches(rec) and principal.can_read(rec.spec.tenant, rec.spec.project)
+
+    jobs = view.jobs
+    if token is not None:
+        total = token.total
+    elif f.selects_by_time_only() and principal.readable_tenants() is None:
+        total = _range_size(view, f)  # two bisections: the caller reads every job, no other filter
+    else:
+        total = sum(1 for _, j in _walk(view, f, None) if visible(jobs.get(j)))
+    out = pb.ListJobsResponse(total=total)
+    used = 0
+    last: tuple[float, str] | None = None
+    walk = _walk(view, f, token.cursor if token else None)
+    for key in walk:
+        rec = jobs.get(key[1])
+        if not visible(rec):
+            continue
+        msg = to_pb(rec)
+        cost = msg.ByteSize() + 8  # field tag and length prefix of a repeated message
+        if len(out.jobs) >= size or (out.jobs and used + cost > PAGE_BYTES):
+            out.next_page_token = PageToken(last, digest, total).encode()
+            return out
+        out.jobs.append(msg)
+        used += cost
+        last = key
+    return out

@@ -1,0 +1,86 @@
+"""Job files of `fedsched submit -f` (fedapp/cli/jobfile.py) and the `jobs` flag helpers:
+proto field names (and the flags' spellings), enum names as the CLI prints them, times in UTC,
+and every mistake named with its position."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+
+from fedapp.cli.jobfile import JobFileError, parse_job_file
+from fedapp.cli.jobs import parse_when, with_optional_values
+from fedsched.api.v1 import jobs_pb2 as pb
+
+
+def test_one_mapping_a_list_and_a_jobs_key():
+    many, (one,) = parse_job_file("tenant: search\nproject: train\n")
+    assert not many and one.spec.tenant == "search"
+    many, reqs = parse_job_file('[{"tenant": "a", "request_id": "k1"}, {"tenant": "b"}]')
+    assert many and [(r.spec.tenant, r.request_id) for r in reqs] == [("a", "k1"), ("b", "")]
+    many, reqs = parse_job_file("jobs:\n  - {tenant: a}\n")
+    assert many and len(reqs) == 1
+
+
+def test_enums_by_short_or_full_name_and_flag_spellings():
+    _, (r,) = parse_job_file("kind: fine-tune\npriority: PRIORITY_CLASS_BEST_EFFORT\nlocality: must_local\n"
+                             "gpus: 2\ncard_model: T4\nduration: 60\nmemory-mib: 512\n")
+    s = r.spec
+    assert (s.kind, s.priority, s.locality) == (pb.JOB_KIND_FINE_TUNE, pb.PRIORITY_CLASS_BEST_EFFORT,
+                                                pb.LOCALITY_MUST_LOCAL)
+    assert (s.gpus_per_worker, list(s.card_models), s.estimated_duration_seconds, s.memory_mib) == (2, ["T4"], 60.0, 512)
+
+
+@pytest.mark.parametrize("value,want", [
+    ("2030-01-02T03:04:05", "2030-01-02T03:04:05Z"),          # no timezone: UTC
+    ("2030-01-02T03:04:05Z", "2030-01-02T03:04:05Z"),
+    ("'2030-01-02T05:04:05+02:00'", "2030-01-02T03:04:05Z"),   # converted to UTC
+    ("2030-01-02", "2030-01-02T00:00:00Z"),
+], ids=["naive", "zulu", "offset", "date"])
+def test_start_deadline_is_iso_8601_and_utc_when_no_zone_is_given(value, want):
+    _, (r,) = parse_job_file(f"start_deadline: {value}\n")
+    assert r.spec.start_deadline.ToJsonString() == want
+
+
+@pytest.mark.parametrize("text,message", [
+    ("- {tenant: a}\n- {gpu_per_worker: 2}\n", "jobs[1].gpu_per_worker: unknown field; did you mean gpus_per_worker?"),
+    ("workload: {image: x, comand: [a]}\n", "job.workload.comand: unknown field; did you mean command?"),
+    ("datasets: [{name: d, size: 3}]\n", "job.datasets[0].size: unknown field; did you mean size_bytes?"),
+    ("workers: two\n", "job.workers: want a whole number, got 'two'"),
+    ("workers: -1\n", "job.workers: -1 is out of range"),
+    ("preemptible: yes please\n", "job.preemptible: want true or false"),
+    ("kind: sleeping\n", "job.kind: 'sleeping' is not one of training, fine_tune"),
+    ("gpus: 1\ngpus_per_worker: 2\n", "job.gpus_per_worker: given twice (also as gpus)"),
+    ("annotations: {a: true}\n", "job.annotations[a]: want text"),
+    ("start_deadline: soon\n", "job.start_deadline: 'soon' is not an ISO-8601 date-time"),
+    ("[]\n", "the list of jobs is empty"),
+    ("42\n", "want a job mapping or a list of them"),
+    ("- 3\n", "jobs[0]: want a mapping"),
+    ("tenant: [unclosed\n", "not valid YAML"),
+], ids=["key-in-list", "workload-key", "dataset-key", "type", "range", "bool", "enum", "twice", "map-value",
+        "deadline", "empty", "scalar", "item", "yaml"])
+def test_every_mistake_names_its_position(text, message):
+    with pytest.raises(JobFileError) as e:
+        parse_job_file(text)
+    assert message in str(e.value)
+
+
+def test_map_values_written_as_numbers_become_text():
+    _, (r,) = parse_job_file("workload: {image: x, env: {EPOCHS: 3, LR: 0.5}}\nannotations: {ticket: 1234}\n")
+    assert dict(r.spec.workload.env) == {"EPOCHS": "3", "LR": "0.5"} and dict(r.spec.annotations) == {"ticket": "1234"}
+
+
+def test_watch_takes_an_optional_period():
+    assert with_optional_values(["jobs", "--watch"]) == ["jobs", "--watch", "2"]
+    assert with_optional_values(["jobs", "--watch", "--state", "queued"]) == ["jobs", "--watch", "2", "--state", "queued"]
+    assert with_optional_values(["jobs", "--watch", "5"]) == ["jobs", "--watch", "5"]
+    assert with_optional_values(["submit", "--watch"]) == ["submit", "--watch"]  # only `jobs` has it
+
+
+def test_since_and_until_take_iso_8601_or_an_age():
+    now = dt.datetime(2026, 11, 30, 12, 0, tzinfo=dt.UTC)
+    assert parse_when("2h", "--since", now) == now - dt.timedelta(hours=2)
+    assert parse_when("1.5d", "--since", now) == now - dt.timedelta(hours=36)
+    assert parse_when("90m", "--since", now) == now - dt.timedelta(minutes=90)
+    assert parse_when("2026-11-30T08:00:00", "--since", now) == dt.datetime(2026, 11, 30, 8, tzinfo=dt.UTC)
+    assert parse_when("2026-11-30T08:00:00+01:00", "--since", now).astimezone(dt.UTC).hour == 7
