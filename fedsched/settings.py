@@ -62,6 +62,11 @@ class Settings(BaseSettings):
         grpc_max_request_bytes: largest gRPC request admission accepts (RESOURCE_EXHAUSTED above).
         tls_cert / tls_key: PEM server certificate and key: serve gRPC over TLS.
         tls_client_ca: PEM CA bundle: require client certificates signed by it (mTLS).
+        metrics_port: serve each service's Prometheus metrics (:mod:`fedsched.metrics`) on
+            consecutive ports from this one, in the order admission, scheduler, audit, billing,
+            agents (the services this process runs; one service per process = this port);
+            0 = a free port each; None (default, unset) = no metrics endpoints.
+        metrics_host: address the metrics endpoints bind (``0.0.0.0`` in containers).
     """
 
     model_config = SettingsConfigDict(env_prefix="FEDSCHED_", extra="ignore")
@@ -97,6 +102,8 @@ class Settings(BaseSettings):
     tls_cert: Path | None = None
     tls_key: Path | None = None
     tls_client_ca: Path | None = None
+    metrics_port: int | None = Field(default=None, ge=0, le=65535)
+    metrics_host: str = "127.0.0.1"
 
     @field_validator("subject_prefix")
     @classmethod

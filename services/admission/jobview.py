@@ -132,6 +132,7 @@ class JobRecord:
     policy_version: str = ""
     approval_id: str = ""  # the latest cross-region approval request
     version: int = 0  # increases with every change (for watchers)
+    counted_state: JobState | None = field(default=None, repr=False, compare=False)  # in JobView.by_state
 
     @property
     def state(self) -> JobState:
@@ -207,6 +208,9 @@ class JobView:
         #: (principal, tenant, project, request id) -> job id: the submitters' idempotency keys
         self.by_request: dict[tuple[str, str, str, str], str] = {}
         self.open_by_tenant: dict[str, set[str]] = {}  #: tenant -> ids of its jobs not yet ended
+        #: jobs per state, kept as jobs change (every state has a key: the metrics' scrape thread
+        #: copies it while the loop updates values)
+        self.by_state: dict[JobState, int] = dict.fromkeys(JobState, 0)
         self._changed: dict[str, asyncio.Event] = {}
         self.applied_seq = 0
         self.skipped = SkippedTypes("admission-jobs")  #: events of unknown types (newer producers) skipped
@@ -405,8 +409,14 @@ class JobView:
         return rec.shards[index] if 0 <= index < len(rec.shards) else None
 
     def _notify(self, rec: JobRecord) -> None:
+        state = rec.state
+        if rec.counted_state != state:  # jobs by state: move the job from the state it was counted in
+            if rec.counted_state is not None:
+                self.by_state[rec.counted_state] -= 1
+            self.by_state[state] = self.by_state.get(state, 0) + 1
+            rec.counted_state = state
         open_ids = self.open_by_tenant.setdefault(rec.spec.tenant, set())
-        if rec.state in TERMINAL_STATES:
+        if state in TERMINAL_STATES:
             open_ids.discard(rec.job_id)
         else:
             open_ids.add(rec.job_id)
