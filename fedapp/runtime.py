@@ -426,8 +426,7 @@ class System:
         if self._dir_lock is not None:
             self._dir_lock.close()  # releases the flock
             self._dir_lock = None
-        for server in self.metrics_servers.values():
-            await asyncio.to_thread(server.close)
+        await asyncio.gather(*(asyncio.to_thread(server.close) for server in self.metrics_servers.values()))
         self.metrics_servers = {}
 
     async def __aenter__(self) -> "System":

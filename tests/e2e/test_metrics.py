@@ -155,3 +155,47 @@ async def test_writers_insert_latency_and_backlog(scraped, service, tables, cons
     assert s.samples["fedsched_store_backlog_events"] and s.total("fedsched_store_backlog_events") == 0
     lags = s.values("fedsched_consumer_lag_messages", "consumer")
     assert set(lags) == consumers and all(v == 0 for v in lags.values())
+
+
+def test_up_prints_one_metrics_url_per_service_and_each_serves(tmp_path):
+    """`fedsched up --metrics-port 0` (free ports) prints a URL per service; each answers with
+    its own families; Ctrl-C stops them."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from fedsched.natsd import free_port
+
+    env = dict(os.environ, FEDSCHED_NATS_PORT=str(free_port()), PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen([sys.executable, "-m", "fedapp.cli", "up", "--data-dir", str(tmp_path), "--grpc-address",
+                             f"127.0.0.1:{free_port()}", "--metrics-port", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    urls: dict[str, str] = {}
+    lines: list[str] = []
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and len(urls) < len(SERVICES):
+            line = proc.stdout.readline()
+            if not line and proc.poll() is not None:
+                break
+            lines.append(line)
+            if line.strip().startswith("metrics "):
+                name, url = line.strip().removeprefix("metrics ").split(": ", 1)
+                urls[name] = url
+        assert set(urls) == set(SERVICES), "".join(lines)
+        own = {"admission": "fedsched_admission_jobs", "scheduler": "fedsched_scheduler_placements",
+               "audit": "fedsched_store_insert_duration_seconds", "billing": "fedsched_store_backlog_events",
+               "agents": "fedsched_agent_running_jobs"}
+        for name, url in urls.items():
+            families = {f.name for f in text_string_to_metric_families(_get(url))}
+            assert own[name] in families, (name, sorted(families))
+            others = {f for n, f in own.items() if n not in (name, "audit", "billing")} - {own[name]}
+            assert not families & others, (name, families & others)  # its own registry only
+    finally:
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out
+    for url in urls.values():
+        with pytest.raises(OSError):
+            _get(url)
