@@ -169,3 +169,17 @@ def test_sample_names_cover_histogram_and_counter_series():
     names = ServiceMetrics("x").sample_names() | SchedulerMetrics().sample_names()
     assert {"fedsched_scheduler_cycle_duration_seconds_bucket", "fedsched_scheduler_cycle_duration_seconds_count",
             "fedsched_scheduler_placements_total", "fedsched_dead_letters_total"} <= names
+
+
+def test_metrics_port_comes_from_the_environment_and_is_off_by_default(monkeypatch):
+    from fedsched.settings import Settings
+
+    monkeypatch.delenv("FEDSCHED_METRICS_PORT", raising=False)
+    assert Settings().metrics_port is None
+    monkeypatch.setenv("FEDSCHED_METRICS_PORT", "9500")
+    monkeypatch.setenv("FEDSCHED_METRICS_HOST", "0.0.0.0")
+    s = Settings()
+    assert (s.metrics_port, s.metrics_host) == (9500, "0.0.0.0")
+    monkeypatch.setenv("FEDSCHED_METRICS_PORT", "70000")
+    with pytest.raises(ValueError):
+        Settings()
