@@ -16,6 +16,12 @@ services follow whatever policy is stored.
 The process that holds the chDB store also answers read-only SQL on
 ``<p>.svc.store.query`` so ``fedsched sql`` works while the system runs (chDB allows one
 process per data dir).
+
+Metrics: every service gets its own registry (:mod:`fedsched.metrics`; :attr:`System.metrics`);
+with ``settings.metrics_port`` set, each is served on its own port (consecutive, in the order
+of :data:`fedsched.metrics.PORT_ORDER`; :attr:`System.metrics_urls`), and the services that own
+durable consumers (audit, billing, agents) sample their lag every
+:data:`~fedsched.metrics.LAG_SAMPLE_INTERVAL_S` seconds.
 """
 
 from __future__ import annotations
@@ -36,6 +42,8 @@ from fedsched import telemetry
 from fedsched.bus import Bus
 from fedsched.clock import Clock, SystemClock
 from fedsched.errors import ConflictError, FedError, UnavailableError
+from fedsched.metrics import (PORT_ORDER, AdmissionMetrics, AgentMetrics, MetricsServer, SchedulerMetrics,
+                              ServiceMetrics, WriterMetrics, metric_ports, serve)
 from fedsched.natsd import EmbeddedNats
 from fedapp.client import NATS_PASSWORD_FILE
 from fedsched.pricing import PriceCatalog, load_price_catalog
@@ -96,7 +104,8 @@ class System:
 
     Attributes (after :meth:`start`): ``nats_url``, ``grpc_target``, ``store``, ``scheduler``,
     ``admission``, ``audit``, ``billing``, ``agents``, ``admin_token`` (the bootstrap admin's
-    token if this data dir holds it: written to ``<data_dir>/admin.token`` at first start).
+    token if this data dir holds it: written to ``<data_dir>/admin.token`` at first start),
+    ``metrics`` (service -> its :class:`~fedsched.metrics.ServiceMetrics`), ``metrics_urls``.
     """
 
     def __init__(self, options: SystemOptions) -> None:
@@ -125,6 +134,10 @@ class System:
         self.nats_restarts = 0
         self._nats_watchdog: asyncio.Task | None = None
         self._dir_lock = None
+        self.metrics: dict[str, ServiceMetrics] = {}
+        self.metrics_servers: dict[str, MetricsServer] = {}
+        self._metric_tasks: list[asyncio.Task] = []
+        self._metrics_stop: asyncio.Event | None = None
 
     def _spawn(self, coro, name: str) -> None:
         task = asyncio.create_task(coro, name=name)
@@ -144,13 +157,50 @@ class System:
         host = self.settings.grpc_address.rsplit(":", 1)[0]
         return f"{host}:{self.admission.port}" if self.admission else self.settings.grpc_address
 
-    async def _bus(self, name: str) -> Bus:
+    async def _bus(self, name: str, metrics: ServiceMetrics | None = None) -> Bus:
         s = self.settings
         bus = await Bus.connect(self.nats_url, s.subject_prefix, name=name, duplicate_window_s=s.duplicate_window_s,
                                 max_age_s=s.stream_max_age_s, js_domain=s.js_domain, inbox_prefix=s.inbox_prefix,
                                 replicas=s.stream_replicas)
+        if metrics is not None:
+            bus.on_dead_letter = metrics.dead_letter
         self.buses.append(bus)
         return bus
+
+    @property
+    def metrics_urls(self) -> dict[str, str]:
+        """Service -> its scrape URL (empty when ``settings.metrics_port`` is unset)."""
+        return {name: server.url for name, server in self.metrics_servers.items()}
+
+    def _start_metrics(self, services: set[str]) -> None:
+        """Make a registry per service and, with ``settings.metrics_port`` set, serve each
+        (consecutive ports, :func:`~fedsched.metrics.metric_ports`).
+
+        Raises:
+            UnavailableError: a metrics port cannot be bound.
+        """
+        makers = {"admission": AdmissionMetrics, "scheduler": SchedulerMetrics, "agents": AgentMetrics,
+                  "audit": lambda: WriterMetrics("audit"), "billing": lambda: WriterMetrics("billing")}
+        for name in PORT_ORDER:
+            if name in services and name not in self.metrics:
+                self.metrics[name] = makers[name]()
+        s = self.settings
+        if s.metrics_port is None:
+            return
+        if self._metrics_stop is None:
+            self._metrics_stop = asyncio.Event()
+        for name, port in metric_ports(s.metrics_port, self.metrics).items():
+            if name not in self.metrics_servers:
+                self.metrics_servers[name] = serve(self.metrics[name].registry, s.metrics_host, port)
+
+    def _sample_lag(self, service: str, sources) -> None:
+        """Sample the lag of ``sources()`` (``(durable, async lag())`` pairs) into ``service``'s
+        metrics while the system runs (only when metrics are served)."""
+        if self._metrics_stop is None:
+            return
+        task = asyncio.create_task(self.metrics[service].sample_lag(sources, self._metrics_stop),
+                                   name=f"{service}-lag-metrics")
+        self._metric_tasks.append(task)
 
     async def start(self) -> None:
         """Start everything; returns when admission serves.
@@ -199,12 +249,17 @@ class System:
         prices = opts.prices or (topo.price_catalog() if topo is not None and topo.prices is not None
                                  else load_price_catalog(s.price_catalog))
         clock = opts.clock
+        self._start_metrics(wants)
         if "audit" in wants:
-            self.audit = AuditService(await self._bus("audit"), self.store)
+            m = self.metrics["audit"]
+            self.audit = AuditService(await self._bus("audit", m), self.store, metrics=m)
             self._spawn(self.audit.run(), "audit")
+            self._sample_lag("audit", lambda: [(c.durable, c.lag) for c in self.audit.consumers])
         if "billing" in wants:
-            self.billing = BillingService(await self._bus("billing"), self.store, prices)
+            m = self.metrics["billing"]
+            self.billing = BillingService(await self._bus("billing", m), self.store, prices, metrics=m)
             self._spawn(self.billing.run(), "billing")
+            self._sample_lag("billing", lambda: [(c.durable, c.lag) for c in self.billing.consumers])
         if "agents" in wants and (topo is not None or opts.nodes_csv is not None or opts.split is not None):
             agents_topo = topo if topo is not None else default_topology(opts.nodes_csv)
             for name in opts.clusters:  # an unknown --cluster fails here, naming the known ones
@@ -221,19 +276,23 @@ class System:
                 if backend is None or (isinstance(backend, TraceBackend) and not backend.nodes()):
                     continue  # a trace cluster left without nodes by the split: no agent
                 cluster = cluster_def(agents_topo, entry.name)
-                agent = ClusterAgent(await self._bus(f"agent-{cluster.name}"), clock, cluster, backend,
-                                     heartbeat_interval_s=s.heartbeat_interval_s, tick_s=opts.agent_tick_s)
+                m = self.metrics["agents"]
+                agent = ClusterAgent(await self._bus(f"agent-{cluster.name}", m), clock, cluster, backend,
+                                     heartbeat_interval_s=s.heartbeat_interval_s, tick_s=opts.agent_tick_s,
+                                     metrics=m)
                 self.agents.append(agent)
                 self._spawn(agent.run(), f"agent-{cluster.name}")
+            self._sample_lag("agents", lambda: [(a.durable, a.lag) for a in self.agents])
         if "scheduler" in wants:
             await self.start_scheduler()
         if "admission" in wants:
             tls = TlsFiles(s.tls_cert, s.tls_key, s.tls_client_ca) if s.tls_cert else None
-            self.admission = AdmissionService(await self._bus("admission"), clock, address=s.grpc_address,
+            m = self.metrics["admission"]
+            self.admission = AdmissionService(await self._bus("admission", m), clock, address=s.grpc_address,
                                               limits=opts.limits, prices=prices, tls=tls,
                                               names=KnownNames.of(topo) if topo is not None else None,
                                               max_message_bytes=s.grpc_max_request_bytes,
-                                              stale_after_s=s.stale_after_s)
+                                              stale_after_s=s.stale_after_s, metrics=m)
             self._spawn(self.admission.run(), "admission")
             task = self.tasks[-1]
             ready = asyncio.create_task(self.admission.ready.wait())
@@ -252,11 +311,13 @@ class System:
         bandwidth = {} if topo is None else dict(  # the topology's inter-region links
             region_bandwidth_bps=topo.listed_bandwidth_bps(),
             inter_region_bandwidth_bps=topo.default_bandwidth_gbit_s * 1e9 / 8)
-        self.scheduler = SchedulerService(await self._bus("scheduler"), opts.clock,
+        self._start_metrics({"scheduler"})
+        m = self.metrics["scheduler"]
+        self.scheduler = SchedulerService(await self._bus("scheduler", m), opts.clock,
                                           build_policy(opts.policy, **bandwidth), prices,
                                           stale_after_s=s.stale_after_s, interval_s=s.schedule_interval_s,
                                           reclaim_after_s=s.reclaim_after_s,
-                                          unschedulable_timeout_s=s.unschedulable_timeout_s)
+                                          unschedulable_timeout_s=s.unschedulable_timeout_s, metrics=m)
         self._spawn(self.scheduler.run(), "scheduler")
         return self.scheduler
 
@@ -315,9 +376,17 @@ class System:
                 await asyncio.sleep(5 * interval_s)
 
     async def stop(self) -> None:
-        """Stop the services, then the store and NATS (idempotent)."""
+        """Stop the services, then the store and NATS, then the metrics endpoints (idempotent)."""
         for follower in self._followers:
             follower.stop()
+        if self._metrics_stop is not None:
+            self._metrics_stop.set()
+        if self._metric_tasks:
+            _, pending = await asyncio.wait(self._metric_tasks, timeout=2)
+            for t in pending:
+                t.cancel()
+            await asyncio.gather(*self._metric_tasks, return_exceptions=True)
+            self._metric_tasks = []
         if self._nats_watchdog is not None:
             self._nats_watchdog.cancel()
             await asyncio.gather(self._nats_watchdog, return_exceptions=True)
@@ -358,6 +427,8 @@ class System:
         if self._dir_lock is not None:
             self._dir_lock.close()  # releases the flock
             self._dir_lock = None
+        await asyncio.gather(*(asyncio.to_thread(server.close) for server in self.metrics_servers.values()))
+        self.metrics_servers = {}
 
     async def __aenter__(self) -> "System":
         try:

@@ -44,6 +44,7 @@ from nats.js import api
 
 from fedsched import telemetry
 from fedsched.errors import DecodeError, UnavailableError
+from fedsched.metrics import dead_letter_code
 from fedsched.events import DeadLetter, Envelope, EventType, Subjects, business_event_id, make_event
 
 log = logging.getLogger(__name__)
@@ -120,6 +121,9 @@ class Bus:
         self.duplicate_window_s = duplicate_window_s
         self.max_age_s = max_age_s
         self.replicas = replicas
+        #: ``(consumer, reason code)`` called for every dead letter this connection records
+        #: (a service's :meth:`fedsched.metrics.ServiceMetrics.dead_letter`); None = not counted
+        self.on_dead_letter: Callable[[str, str], None] | None = None
 
     @classmethod
     async def connect(cls, url: str, prefix: str = "fed", *, name: str = "fedsched",
@@ -277,7 +281,11 @@ class Bus:
 
     async def dead_letter(self, consumer: str, msg: Msg | None, reason: str, *, subject: str = "",
                           data: bytes = b"", headers: dict[str, str] | None = None) -> None:
-        """Record an undecodable or unhandleable message on ``<prefix>.deadletter.<consumer>``."""
+        """Record an undecodable or unhandleable message on ``<prefix>.deadletter.<consumer>``
+        (and count it through :attr:`on_dead_letter` with its reason code,
+        :func:`fedsched.metrics.dead_letter_code`)."""
+        if self.on_dead_letter is not None:
+            self.on_dead_letter(consumer, dead_letter_code(reason))
         seq = deliveries = 0
         if msg is not None:
             subject = msg.subject

@@ -66,6 +66,11 @@ class Settings(BaseSettings):
             ``data_dir/admin.token``). At first start admission uses the token already in this
             file if there is one (e.g. a mounted Kubernetes Secret), else it makes one and writes
             it there; deployments put the file on a volume that survives restarts.
+        metrics_port: serve each service's Prometheus metrics (:mod:`fedsched.metrics`) on
+            consecutive ports from this one, in the order admission, scheduler, audit, billing,
+            agents (the services this process runs; one service per process = this port);
+            0 = a free port each; None (default, unset) = no metrics endpoints.
+        metrics_host: address the metrics endpoints bind (``0.0.0.0`` in containers).
     """
 
     model_config = SettingsConfigDict(env_prefix="FEDSCHED_", extra="ignore")
@@ -102,6 +107,8 @@ class Settings(BaseSettings):
     tls_key: Path | None = None
     tls_client_ca: Path | None = None
     admin_token_file: Path | None = None
+    metrics_port: int | None = Field(default=None, ge=0, le=65535)
+    metrics_host: str = "127.0.0.1"
 
     @field_validator("subject_prefix")
     @classmethod

@@ -162,6 +162,10 @@ def up(
     web_host: str = typer.Option("127.0.0.1", "--web-host", envvar="FEDSCHED_WEB_HOST",
                                  help="Address the web console listens on."),
     no_web: bool = typer.Option(False, "--no-web", help="Do not serve the web console."),
+    metrics_port: int = typer.Option(9464, "--metrics-port", envvar="FEDSCHED_METRICS_PORT", min=0, max=65535,
+                                     help="Serve each service's Prometheus metrics on consecutive ports from this one "
+                                          "(admission, scheduler, audit, billing, agents); 0 = free ports."),
+    no_metrics: bool = typer.Option(False, "--no-metrics", help="Serve no metrics endpoints."),
     verbose: bool = typer.Option(False, "--verbose", "-v"),
 ):
     """Run the whole federation in the foreground until Ctrl-C.
@@ -175,6 +179,7 @@ def up(
 
     settings = _settings(data_dir=data_dir, nats_url=nats_url, clickhouse_url=clickhouse_url, grpc_address=grpc_address,
                          policy_file=policy_file, tls_cert=tls_cert, tls_key=tls_key, tls_client_ca=tls_client_ca)
+    settings.metrics_port = None if no_metrics else metrics_port
     topo = _topology(topology, nodes)
     wanted = tuple(x for x in SystemOptions(settings=settings).services if not (no_agents and x == "agents"))
 
@@ -196,6 +201,7 @@ def up(
                       f"{settings.data_dir})" if system.admin_token else
                       "no admin token in this data dir: pass --token / FEDSCHED_TOKEN")
         console.print(f"  policy {system.admission.policy.version}; {token_note}")
+        _print_metrics(system)
         console.print(f"  try: FEDSCHED_GRPC_ADDRESS={system.grpc_target} fedsched submit --tenant search --project train "
                       f"--gpus 1 --duration 600")
         console_server = None
@@ -224,6 +230,12 @@ def up(
         asyncio.run(main())
     except FedError as e:
         _fail(e)
+
+
+def _print_metrics(system) -> None:
+    """One line per service: where its Prometheus metrics are served (nothing when off)."""
+    for name, url in system.metrics_urls.items():
+        console.print(f"  metrics {name}: {url}")
 
 
 # --------------------------------------------------------------------------- one service
@@ -295,6 +307,7 @@ def service(
         try:
             console.print(f"fedsched {name} running on {redact(system.nats_url)}" +
                           (f", gRPC {system.grpc_target}" if name == "admission" else ""))
+            _print_metrics(system)
             waiter = asyncio.create_task(system.failed.wait())
             await asyncio.wait({asyncio.create_task(stop.wait()), waiter}, return_when=asyncio.FIRST_COMPLETED)
             if system.failed.is_set():
@@ -369,6 +382,9 @@ def replay(
                                        "and the exit code is 2."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress (a bar on a terminal, else a line every "
                                                               "10 s)."),
+    metrics_port: Optional[int] = typer.Option(None, "--metrics-port", min=0, max=65535,
+                                               help="Serve each service's Prometheus metrics during the replay on "
+                                                    "consecutive ports from this one (0 = free ports); default off."),
     verbose: bool = typer.Option(False, "--verbose", "-v"),
 ):
     """Replay a GPU cluster trace through the whole federation and print the outcome.
@@ -395,11 +411,17 @@ def replay(
         _fail(ValueError("--nodes and --topology do not go together: the topology names its clusters' node lists"))
     settings = _settings(data_dir=data_dir, nats_url=nats_url, clickhouse_url=clickhouse_url,
                          grpc_address="127.0.0.1:0", heartbeat_interval_s=0.5,
-                         subject_prefix=os.environ.get("FEDSCHED_SUBJECT_PREFIX", "fed"), schedule_interval_s=0.002)
+                         subject_prefix=os.environ.get("FEDSCHED_SUBJECT_PREFIX", "fed"), schedule_interval_s=0.002,
+                         metrics_port=metrics_port)
     options = ReplayOptions(nodes_csv=nodes or _bundled("openb_node_list_gpu_node.csv"),
                             pods_csv=pods or _bundled("openb_pod_list_gpuspec33.csv"), settings=settings, limit=limit,
                             speed=speed, policy=policy, timeout_s=timeout, load=load,
                             topology=_topology(topology, None) if topology is not None else None)
+    if metrics_port:
+        from fedsched.metrics import PORT_ORDER, metric_ports
+
+        for name, port in metric_ports(metrics_port, PORT_ORDER).items():
+            console.print(f"  metrics {name}: http://{settings.metrics_host}:{port}/metrics")
     try:
         with progress_display(console, enabled=console.is_terminal, quiet=quiet) as update:
             report = asyncio.run(ReplayDriver(options, on_progress=update).run())

@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Callable
+from typing import Awaitable, Callable
 
 import grpc
 
@@ -75,6 +75,8 @@ class ReplayOptions:
         timeout_s: give up (and report what happened) after this many wall seconds.
         epoch: UTC instant of trace second 0.
         load: arrival compression (see :func:`~fedapp.replay.workload.trace_jobs`).
+        on_finished: ``async on_finished(system, report)`` runs after the report is built and
+            before the system stops (the services' metrics endpoints still serve then).
     """
 
     nodes_csv: Path
@@ -88,6 +90,7 @@ class ReplayOptions:
     load: float = 1.0
     submit_concurrency: int = 64
     topology: Topology | None = None
+    on_finished: Callable[[System, dict], Awaitable[None]] | None = None
 
 
 @dataclass
@@ -155,6 +158,8 @@ class ReplayDriver:
         self.system = System(opts)
         await self.system.start()
         self.system.scheduler.on_cycle.append(self._poke.set)
+        for name, url in self.system.metrics_urls.items():
+            log.info("replay: %s metrics on %s", name, url)
         try:
             await publish_clock(self.system.control, self.clock.state)
             await self._wait_for_clusters(len(self.system.agents), {n.card_model for n in nodes if n.card_model})
@@ -183,6 +188,8 @@ class ReplayDriver:
                 stream_messages=stream_messages, load=self.o.load)
             report["timed_out"] = self.timed_out
             report["rejected_reasons"] = [{"reason": r, "jobs": n} for r, n in self.rejections.most_common(10)]
+            if self.o.on_finished is not None:
+                await self.o.on_finished(self.system, report)
             return report
         finally:
             await self.system.stop()

@@ -143,6 +143,7 @@ class JobRecord:
     hold_reason: str = ""  #: "held by <principal>[: <their reason>]"
     holds: int = 0  #: holds applied so far (the n-th hold and its release have their own event ids)
     priority_changes: int = 0  #: ``job.priority_changed`` applied so far (event ids)
+    counted_state: JobState | None = field(default=None, repr=False, compare=False)  # in JobView.by_state
 
     @property
     def state(self) -> JobState:
@@ -226,6 +227,9 @@ class JobView:
         #: every job as (submitted_at, job_id), kept sorted as jobs arrive (an insertion per
         #: submit), so ListJobs bisects to its cursor instead of sorting every job on each page
         self.by_submitted: list[tuple[float, str]] = []
+        #: jobs per state, kept as jobs change (every state has a key: the metrics' scrape thread
+        #: copies it while the loop updates values)
+        self.by_state: dict[JobState, int] = dict.fromkeys(JobState, 0)
         self._changed: dict[str, asyncio.Event] = {}
         self.applied_seq = 0
         self.skipped = SkippedTypes("admission-jobs")  #: events of unknown types (newer producers) skipped
@@ -448,8 +452,14 @@ class JobView:
         return rec.shards[index] if 0 <= index < len(rec.shards) else None
 
     def _notify(self, rec: JobRecord) -> None:
+        state = rec.state
+        if rec.counted_state != state:  # jobs by state: move the job from the state it was counted in
+            if rec.counted_state is not None:
+                self.by_state[rec.counted_state] -= 1
+            self.by_state[state] = self.by_state.get(state, 0) + 1
+            rec.counted_state = state
         open_ids = self.open_by_tenant.setdefault(rec.spec.tenant, set())
-        if rec.state in TERMINAL_STATES:
+        if state in TERMINAL_STATES:
             open_ids.discard(rec.job_id)
         else:
             open_ids.add(rec.job_id)

@@ -83,6 +83,7 @@ from fedsched.topology import KnownNames
 from fedsched.whatif import WhatIfReply, WhatIfRequest, request_what_if
 from fedsched.jobs import TERMINAL_STATES, JobSpec, JobState
 from fedsched.logs import LogRequest, request_logs
+from fedsched.metrics import AdmissionMetrics
 from fedsched.naming import check_name, is_name
 from fedsched.policystore import PolicyFollower, PolicyHolder
 from fedsched.ports import Publisher
@@ -1131,13 +1132,15 @@ class AdmissionService:
         wall: wall clock comparable with JetStream storage times (heartbeat ages; default the
             system clock).
         what_if_timeout_s: how long a dry run waits for the scheduler's what-if (then none).
+        metrics: where gRPC calls (by method and code) and jobs by state are counted (default: a
+            registry of its own, served by nobody).
     """
 
     def __init__(self, bus: Bus, clock: Clock, *, address: str = "127.0.0.1:50051", limits: Limits | None = None,
                  max_message_bytes: int = 4 * 1024 * 1024, prices: PriceCatalog | None = None,
                  tls: TlsFiles | None = None, spend_poll_s: float = 5.0, names: KnownNames | None = None,
                  logs_timeout_s: float = 5.0, stale_after_s: float = 10.0, wall: Clock | None = None,
-                 what_if_timeout_s: float = 2.0) -> None:
+                 what_if_timeout_s: float = 2.0, metrics: AdmissionMetrics | None = None) -> None:
         self.bus = bus
         self.wall: Clock = wall if wall is not None else SystemClock()
         self.cluster_view = ClusterView(stale_after_s=stale_after_s)
@@ -1159,7 +1162,11 @@ class AdmissionService:
         self.approval_servicer = ApprovalServicer(bus, bus.subjects, clock, self.policy, self.approvals, self.view)
         self.policy_servicer = PolicyServicer(bus, clock, self.policy, names)
         self.clock = clock
-        self.server = grpc.aio.server(interceptors=[GatewayInterceptor(authenticator(self.policy))], options=[
+        self.metrics = metrics if metrics is not None else AdmissionMetrics()
+        self.metrics.watch_jobs(lambda: self.view.by_state)
+        # the metrics interceptor first: it sees the status the gateway set
+        self.server = grpc.aio.server(interceptors=[self.metrics.interceptor(),
+                                                    GatewayInterceptor(authenticator(self.policy))], options=[
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", 64 * 1024 * 1024),
             ("grpc.so_reuseport", 0),  # a second server on a taken port must fail, not share it

@@ -23,6 +23,7 @@ from fedsched.bus import Bus, Delivery, DurableConsumer
 from fedsched.clock import as_utc
 from fedsched.dispatch import EventTable
 from fedsched.events import Envelope, EventType, InventorySnapshot, JobPending, JobPlaced
+from fedsched.metrics import WriterMetrics
 from fedsched.store import AsyncStore
 
 log = logging.getLogger(__name__)
@@ -102,12 +103,14 @@ class AuditService:
         linger_s: time bound of a batch (collect up to ``batch`` events for this long).
         ack_wait_s: JetStream redelivers a batch not acknowledged within this long (a writer
             that died mid-batch).
+        metrics: where insert latency per table is timed (default: a registry of its own).
     """
 
     def __init__(self, bus: Bus, store: AsyncStore, *, batch: int = 2000, max_wait_s: float = 0.5,
-                 linger_s: float = 0.25, ack_wait_s: float = 60.0) -> None:
+                 linger_s: float = 0.25, ack_wait_s: float = 60.0, metrics: WriterMetrics | None = None) -> None:
         self.bus = bus
         self.store = store
+        self.metrics = metrics if metrics is not None else WriterMetrics("audit")
         self.consumers = [
             DurableConsumer(bus, suffix, f"audit-{suffix.lower()}", [bus.subjects.all()], self.write,
                             batch=batch, max_wait_s=max_wait_s, linger_s=linger_s, ack_wait_s=ack_wait_s)
@@ -127,10 +130,13 @@ class AuditService:
         inventory = [r for d in deliveries for r in inventory_rows(d.envelope)]
         # Projections first: if we crash between inserts, the redelivered batch fills what is missing.
         if decisions:
-            await self.store.insert_new("decisions", decisions, DECISION_COLUMNS, "event_id")
+            with self.metrics.time_insert("decisions"):
+                await self.store.insert_new("decisions", decisions, DECISION_COLUMNS, "event_id")
         if inventory:
-            await self.store.insert_new("inventory", inventory, INVENTORY_COLUMNS, ("event_id", "card_model"))
-        self.written += await self.store.insert_new("events", events, EVENT_COLUMNS, "event_id")
+            with self.metrics.time_insert("inventory"):
+                await self.store.insert_new("inventory", inventory, INVENTORY_COLUMNS, ("event_id", "card_model"))
+        with self.metrics.time_insert("events"):
+            self.written += await self.store.insert_new("events", events, EVENT_COLUMNS, "event_id")
 
     async def lag(self) -> int:
         """Events not yet written (all three consumers)."""

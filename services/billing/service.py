@@ -37,6 +37,7 @@ from fedsched.bus import Bus, Delivery, DurableConsumer
 from fedsched.dispatch import SkippedTypes
 from fedsched.errors import UnavailableError
 from fedsched.events import EventType, UsageRecorded, business_event_id, make_event
+from fedsched.metrics import WriterMetrics
 from fedsched.pricing import PriceCatalog, money
 from fedsched.store import AsyncStore
 from services.billing.usage import BILLING_EVENTS, USAGE_COLUMNS, UsageLine, spend_key
@@ -69,11 +70,14 @@ class BillingService:
         prices: the price catalog.
         batch / max_wait_s / linger_s / ack_wait_s: consumer batching (size and time bounds)
             and redelivery (see :class:`~fedsched.bus.DurableConsumer`).
+        metrics: where insert latency is timed (default: a registry of its own).
     """
 
     def __init__(self, bus: Bus, store: AsyncStore, prices: PriceCatalog, *, batch: int = 1000,
-                 max_wait_s: float = 0.5, linger_s: float = 0.25, ack_wait_s: float = 60.0) -> None:
+                 max_wait_s: float = 0.5, linger_s: float = 0.25, ack_wait_s: float = 60.0,
+                 metrics: WriterMetrics | None = None) -> None:
         self.bus = bus
+        self.metrics = metrics if metrics is not None else WriterMetrics("billing")
         self.store = store
         self.prices = prices
         kw = dict(batch=batch, max_wait_s=max_wait_s, linger_s=linger_s, ack_wait_s=ack_wait_s)
@@ -107,7 +111,9 @@ class BillingService:
         if not lines:
             return
         async with self._lock:
-            self.rows += await self.store.insert_new("usage", [ln.row() for ln in lines], USAGE_COLUMNS, "usage_id")
+            with self.metrics.time_insert("usage"):
+                self.rows += await self.store.insert_new("usage", [ln.row() for ln in lines], USAGE_COLUMNS,
+                                                         "usage_id")
             await self.publish_spend({(ln.tenant, ln.month) for ln in lines})
         # a line's usage_id is the id of the event it prices: that event's trace is the line's
         causes = {d.envelope.event_id: telemetry.trace_headers(d.headers) for d in deliveries}

@@ -56,6 +56,7 @@ from fedsched.bus import Bus, Delivery, DurableConsumer, StreamFollower
 from fedsched.clock import Clock, to_datetime
 from fedsched.dispatch import EventTable, SkippedTypes
 from fedsched.errors import DecodeError, UnavailableError
+from fedsched.metrics import AgentMetrics
 from fedsched.events import (AgentReconciled, Heartbeat, InventorySnapshot, JobPlaced, JobStatus, JobStop, NodeInventory, Subjects,
                              business_event_id, make_event)
 from fedsched.events import Envelope, EventType
@@ -324,11 +325,14 @@ class ClusterAgent:
             placements; snapshots carry free resources for reconciliation and the capacity log).
         tick_s: wall seconds between drains of the backend's status changes (and retries of
             stops the backend could not carry out).
+        metrics: where running jobs, placements received and backend errors are counted (labels
+            region and cluster; default: a registry of its own, served by nobody).
     """
 
     def __init__(self, bus: Bus | None, clock: Clock, cluster: ClusterDef, backend: Backend, *,
                  publisher: Publisher | None = None, subjects: Subjects | None = None,
-                 heartbeat_interval_s: float = 1.0, snapshot_every: int = 10, tick_s: float = 0.01) -> None:
+                 heartbeat_interval_s: float = 1.0, snapshot_every: int = 10, tick_s: float = 0.01,
+                 metrics: AgentMetrics | None = None) -> None:
         if bus is None and (publisher is None or subjects is None):
             raise ValueError("an agent without a bus needs a publisher and subjects")
         self.bus = bus
@@ -367,6 +371,8 @@ class ClusterAgent:
         self._spawned: list[asyncio.Task] = []  # consumers restarted by resume()
         #: events of types this build does not know (a newer scheduler), skipped, not dead-lettered
         self.skipped = SkippedTypes(f"agent-{cluster.name}")
+        self.metrics = metrics if metrics is not None else AgentMetrics()
+        self.metrics.attach(cluster.region, cluster.name, lambda: len(self.running))
         sync_nodes = getattr(backend, "nodes", None)  # in-memory backends: the ledger at once
         if callable(sync_nodes):
             self._merge_inventory(sync_nodes())
@@ -375,6 +381,21 @@ class ClusterAgent:
     def durable(self) -> str:
         """Durable consumer name of this agent."""
         return f"agent-{self.cluster.name}"
+
+    async def lag(self) -> int:
+        """Placements and stop orders for this cluster not yet acknowledged (its durable
+        consumer's lag, from JetStream; everything on its subject before the consumer exists).
+
+        Raises:
+            nats.errors.Error: NATS unreachable.
+        """
+        consumer = self._consumer or DurableConsumer(
+            self.bus, "EVENTS", self.durable, [self.subjects.placements(self.cluster.region, self.cluster.name)],
+            self.handle)
+        return await consumer.lag()
+
+    def _backend_error(self, operation: str) -> None:
+        self.metrics.backend_error(self.cluster.region, self.cluster.name, operation)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -419,6 +440,7 @@ class ClusterAgent:
         try:
             nodes = await self.backend.inventory()
         except BackendError as e:
+            self._backend_error("inventory")
             log.warning("%s: inventory not read: %s", self.producer, e)
             return
         self._merge_inventory(nodes)
@@ -559,6 +581,7 @@ class ClusterAgent:
         try:
             observed = {o.key: o for o in await self.backend.list_attempts()}
         except BackendError as e:
+            self._backend_error("list")
             log.error("%s: cannot list the cluster's attempts, not reconciled: %s", self.producer, e)
             observed = None
         now = self.clock.time()
@@ -597,6 +620,7 @@ class ClusterAgent:
                 try:
                     await self.backend.launch(job.attempt_spec())
                 except BackendError as e:
+                    self._backend_error("launch")
                     log.error("%s: relaunch of %s failed: %s", self.producer, akey, e)
         for akey, o in (observed or {}).items():
             key = (akey.job_id, akey.attempt, akey.shard)
@@ -684,6 +708,7 @@ class ClusterAgent:
             yield LogReply(eof=True, code="not_found", error=str(e))
             return
         except BackendError as e:
+            self._backend_error("logs")
             yield LogReply(eof=True, code="unavailable", error=str(e))
             return
         for chunk in chunks(lines, request.max_chunk_bytes):
@@ -767,6 +792,7 @@ class ClusterAgent:
         key = (env.job_id, env.attempt, placed.shard)
         if key in self.running or key in self.done:
             return  # redelivery: already handled
+        self.metrics.received(self.cluster.region, self.cluster.name)
         now = self.clock.time()
         before = self._see_attempt(env.job_id, placed.shard, env.attempt)
         if env.attempt < before:  # fencing: a newer attempt of this job was already seen here
@@ -788,6 +814,7 @@ class ClusterAgent:
         try:
             await self.backend.launch(job.attempt_spec())
         except BackendError as e:
+            self._backend_error("launch")
             self.running.pop(key, None)
             self._live.pop((env.job_id, placed.shard), None)
             self._allocate(placed, -1)
@@ -834,6 +861,7 @@ class ClusterAgent:
             await self.backend.stop(key, reason)
             self._stop_retry.pop(key, None)
         except BackendError as e:
+            self._backend_error("stop")
             log.warning("%s: stop of %s failed (%s): %s", self.producer, key,
                         "will retry" if e.retryable else "giving up", e)
             if e.retryable:

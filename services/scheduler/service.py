@@ -71,6 +71,7 @@ from fedsched.dispatch import EventTable, SkippedTypes
 from fedsched.events import (Envelope, EventType, InventorySnapshot, JobPending, JobPlaced, JobPriorityChanged, JobStatus,
                              JobStop, JobSubmitted, Subjects, WorkerBinding, business_event_id, make_event)
 from fedsched.jobs import JobSpec
+from fedsched.metrics import SchedulerMetrics, pending_reason_code
 from fedsched.policystore import PolicyFollower, PolicyHolder
 from fedsched.version import package_version
 from fedsched.ports import Publisher
@@ -83,6 +84,7 @@ from services.scheduler.states import ACTIVE, Outcome, ShardState, StopReason
 from services.scheduler.core import (ClusterEvaluation, ClusterIndex, ClusterState, NodeState, Pending, Placement,
                                      Policy, QueuedJob, RunningWork, Usage, View, decide)
 from services.scheduler.core.explain import pending_counterfactual, placement_counterfactual
+from services.scheduler.core.queues import queue_of
 
 log = logging.getLogger(__name__)
 tracer = telemetry.tracer("fedsched.scheduler")
@@ -237,6 +239,8 @@ class SchedulerService:
         cross_region_mode: tenant -> ``allowed`` / ``approval`` / ``forbidden`` (default allowed).
         unschedulable_timeout_s: business seconds a job may stay unplaceable (no cluster could
             hold it even empty) before it is ended with reason ``unschedulable_timeout``.
+        metrics: where the cycle's metrics go (queues, cycle time, placements, pending reasons,
+            heartbeat ages; default: a registry of its own, served by nobody).
 
     Raises:
         ValueError: no bus and no publisher or subjects.
@@ -245,7 +249,8 @@ class SchedulerService:
     def __init__(self, bus: Bus | None, clock: Clock, policy: Policy, prices: PriceCatalog, *,
                  publisher: Publisher | None = None, subjects: Subjects | None = None, liveness: Clock | None = None,
                  stale_after_s: float = 10.0, interval_s: float = 0.02, reclaim_after_s: float = 30.0,
-                 cross_region_mode: dict[str, str] | None = None, unschedulable_timeout_s: float = 86400.0) -> None:
+                 cross_region_mode: dict[str, str] | None = None, unschedulable_timeout_s: float = 86400.0,
+                 metrics: SchedulerMetrics | None = None) -> None:
         if bus is None and (publisher is None or subjects is None):
             raise ValueError("a scheduler without a bus needs a publisher and subjects")
         self.bus = bus
@@ -287,6 +292,8 @@ class SchedulerService:
         self._heard: dict[str, float] = {}  # cluster -> newest heartbeat time seen before its first inventory
         #: (tenant, ``YYYY-MM``) -> retried attempts (failures and losses) of that month (retry budget)
         self.retries_used: dict[tuple[str, str], int] = {}
+        self.metrics = metrics if metrics is not None else SchedulerMetrics()
+        self.metrics.watch_heartbeats(self.heartbeat_ages)
 
     # ------------------------------------------------------------------ inputs
 
@@ -386,6 +393,12 @@ class SchedulerService:
                 "skipped_types": {name: c.as_dict() for name, c in self.skipped.items() if c.counts},
                 "version": package_version(),
                 **{state.value: n for state, n in self.counts.items()}}
+
+    def heartbeat_ages(self) -> list[tuple[str, str, float]]:
+        """``(region, cluster, wall seconds since its newest heartbeat or inventory)`` of every
+        known cluster (the metrics' scrape thread calls it: one C-level copy of the clusters)."""
+        now = self.liveness.time()
+        return [(info.region, info.name, now - info.seen_at) for info in tuple(self.clusters.values())]
 
     async def _on_status_request(self, msg) -> None:
         await msg.respond(json.dumps(self.status()).encode())
@@ -861,6 +874,7 @@ class SchedulerService:
         if expired:
             await self.publisher.publish_many(expired)
         queue = self.queue()
+        self.metrics.observe_queues(queue_stats(queue, self.clock.time(), self.policy.fast_lane_s))
         if not queue or not self.clusters:
             return
         view = self.view()                                                           # 2
@@ -871,7 +885,7 @@ class SchedulerService:
         with tracer.start_as_current_span("scheduler.cycle", attributes={"queue": len(queue)}):
             decisions = decide(view, queue, self.policy)                             # 3
         decisions, requests = self.governor.gate(decisions, self.jobs, view, self.clock.time())  # governance
-        stops, places, pendings = [], [], []
+        stops, places, pendings, pending_codes = [], [], [], []
         self._counterfactuals = 0
         for p in decisions.placements:                                               # 4
             for victim in p.victims:
@@ -887,6 +901,7 @@ class SchedulerService:
                 shard.unplaceable_since = now
             if pend.reason != shard.pending_reason:
                 pendings.append((shard, pend.reason, self._pending_event(view, pend, decisions.policy_version)))
+                pending_codes.append(pending_reason_code(e.verdict for e in pend.evaluations))
         stop_items = [(v, item) for v, p in stops
                       if (item := self._stop_event(self.jobs[v.job_id], self.jobs[v.job_id].shards[v.shard],
                                                    StopReason.PREEMPTED, for_job=p.job.job_id)) is not None]
@@ -908,11 +923,15 @@ class SchedulerService:
                 job = self.jobs[p.job.job_id]
                 self._bind(job, job.shards[p.job.shard], p.job.attempt, p.cluster, p.region, env.payload_as(JobPlaced),
                            now_live)
-        for (shard, reason, _), ok in zip(pendings, rest[len(places):]):
+                self.metrics.placed(p.region, p.cluster)
+        for (shard, reason, _), code, ok in zip(pendings, pending_codes, rest[len(places):]):
             if ok:
                 shard.pending_reason = reason
+                self.metrics.pending(code)
         self.cycles += 1
         self.last_cycle_ms = (time.perf_counter() - t0) * 1000
+        self.metrics.observe_cycle(self.last_cycle_ms / 1000, placed=len(decisions.placements),
+                                   pending=len(decisions.pending))
 
     # ------------------------------------------------------------------ reclamation, cancellation
 
@@ -1106,6 +1125,18 @@ class SchedulerService:
                            tenant=job.tenant, project=job.project, job_id=job.job_id, attempt=pend.job.attempt - 1,
                            actor="scheduler", policy_version=policy_version)
         return self.subjects.decisions(job.tenant, job.project), event, job.headers
+
+
+def queue_stats(queue: list[QueuedJob], now: float, fast_lane_s: float) -> dict[str, tuple[int, float]]:
+    """Queue name (:func:`~services.scheduler.core.queues.queue_of`) -> (waiting shards, business
+    seconds the oldest has waited since submission at business time ``now``). One pass over
+    the queue the cycle has built anyway."""
+    stats: dict[str, tuple[int, float]] = {}
+    for job in queue:
+        name = queue_of(job, fast_lane_s)
+        n, age = stats.get(name, (0, 0.0))
+        stats[name] = (n + 1, max(age, now - job.submitted_at))
+    return stats
 
 
 def _attempt_status(fold, *, ends: bool):

@@ -20,7 +20,11 @@ FEDSCHED = [sys.executable, "-m", "fedapp.cli"]
 
 
 def _up(data_dir: Path, grpc: str, nats_port: int) -> subprocess.Popen:
-    env = dict(os.environ, FEDSCHED_NATS_PORT=str(nats_port), PYTHONUNBUFFERED="1")
+    # metrics on free ports (several `up`s run at once); a restart on a loaded machine can take
+    # longer than the default 10 s after which the scheduler declares a silent cluster lost (then
+    # the resumed job would run a second attempt): this test is about resuming, not staleness
+    env = dict(os.environ, FEDSCHED_NATS_PORT=str(nats_port), PYTHONUNBUFFERED="1", FEDSCHED_METRICS_PORT="0",
+               FEDSCHED_STALE_AFTER_S="30")
     proc = subprocess.Popen([*FEDSCHED, "up", "--data-dir", str(data_dir), "--grpc-address", grpc],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     deadline = time.monotonic() + 60
@@ -206,7 +210,7 @@ def _explain_and_odd_text(grpc: str, data_dir: Path, job_id: str) -> None:
 
 def _second_up_is_refused(data_dir: Path, grpc: str) -> None:
     """The same data dir, or the same gRPC port, cannot be used by a second `up`."""
-    env = dict(os.environ, FEDSCHED_NATS_PORT=str(free_port()))
+    env = dict(os.environ, FEDSCHED_NATS_PORT=str(free_port()), FEDSCHED_METRICS_PORT="0")
     same_dir = subprocess.run([*FEDSCHED, "up", "--data-dir", str(data_dir), "--grpc-address", f"127.0.0.1:{free_port()}"],
                               capture_output=True, text=True, timeout=60, env=env)
     assert same_dir.returncode == 1 and "in use by another fedsched process" in same_dir.stderr, same_dir.stderr
