@@ -80,6 +80,7 @@ class EventType(StrEnum):
     APPROVAL_REJECTED = "approval.rejected"
     APPROVAL_EXPIRED = "approval.expired"
     AGENT_RECONCILED = "agent.reconciled"
+    SECURITY_REJECTED_MESSAGE = "security.rejected_message"
 
 
 def known_type(type_: str) -> EventType | None:
@@ -442,6 +443,38 @@ class DeadLetter(_Payload):
     headers: dict[str, str] = Field(default_factory=dict)
 
 
+class SecurityRejected(_Payload):
+    """``security.rejected_message``: a consumer refused a message whose envelope does not match
+    the subject it arrived on, or the federation's own placement records (issue 14: agents
+    speak only for themselves; :mod:`fedsched.trust`). Published on the refusing consumer's
+    dead-letter subject beside the ``bus.dead_letter`` of the same message.
+
+    Attributes:
+        consumer: the consumer (or follower) that refused it.
+        subject: the subject it arrived on.
+        sender: who the subject says sent it (``agent/<region>/<cluster>`` for an agent's
+            subject; NATS permissions let only that agent publish there), "" if the subject
+            names no sender.
+        claimed_producer, claimed_region, claimed_cluster: what the envelope claims.
+        event_type, event_id, job_id, attempt: the refused event's identity as claimed.
+        stream_sequence: its sequence in its stream (0 if unknown).
+        reason: why it was refused, in words.
+    """
+
+    consumer: str
+    subject: str
+    sender: str = ""
+    claimed_producer: str = ""
+    claimed_region: str = ""
+    claimed_cluster: str = ""
+    event_type: str = ""
+    event_id: str = ""
+    job_id: str = ""
+    attempt: int = 0
+    stream_sequence: int = 0
+    reason: str
+
+
 class PolicyApplied(_Payload):
     """``policy.applied``: a governance policy version came into force (envelope
     ``policy_version`` = the new version, ``actor`` = who applied it).
@@ -554,6 +587,7 @@ PAYLOADS: dict[EventType, type[_Payload]] = {
     EventType.APPROVAL_REJECTED: ApprovalDecided,
     EventType.APPROVAL_EXPIRED: ApprovalDecided,
     EventType.AGENT_RECONCILED: AgentReconciled,
+    EventType.SECURITY_REJECTED_MESSAGE: SecurityRejected,
 }
 
 #: Job status events (payload :class:`JobStatus`): ``job.started`` and the terminal statuses.
