@@ -4,8 +4,10 @@ Three durable consumers (one per stream: events, inventory, dead letters) hand b
 :meth:`AuditService.write`, which inserts the batch and its projections --
 ``decisions`` (placements and pending reasons) and ``inventory`` (capacity per cluster x card
 model) -- and returns only once ClickHouse committed them; the consumer acknowledges after that.
-Rows are keyed on the event id and inserted with :meth:`~fedsched.store.Store.insert_new`, so a
-redelivered or replayed event never becomes a second row. When ClickHouse is unavailable the
+Rows are keyed on the event id (``events``: with the subject, so an agent cannot pre-empt another
+cluster's event by reusing its id on its own subject) and inserted with
+:meth:`~fedsched.store.Store.insert_new`, so a redelivered or replayed event never becomes a
+second row. When ClickHouse is unavailable the
 consumer backs off and the backlog stays in JetStream.
 
 Events of a type this build does not know (a newer producer) are stored like any other: the
@@ -106,7 +108,7 @@ def screened(d: Delivery, prefix: str) -> Delivery:
 
     * On a dead-letter subject ``<p>.deadletter.<consumer>`` the row is always attributed to the
       subject's sender (producer = ``<consumer>``, no routing names) under an id derived from
-      the subject and the claimed id (a dead letter can never take a real event's id). Anything
+      the subject and the stream sequence (a dead letter can never take a real event's id). Anything
       but a ``bus.dead_letter`` -- and, from an agent's subject, anything but a dead letter at all
       -- is recorded as a ``bus.dead_letter`` holding the body, never as the event it claims to be.
     * On an agent's subject an envelope that names another region/cluster, or a type agents may
@@ -118,7 +120,7 @@ def screened(d: Delivery, prefix: str) -> Delivery:
     tokens = d.subject.split(".")
     if len(tokens) == 3 and tokens[:2] == [prefix, "deadletter"]:
         allowed = {EventType.BUS_DEAD_LETTER} if sender.startswith("agent-") else DLQ_TYPES
-        event_id = business_event_id("dlq", d.subject, env.event_id)
+        event_id = business_event_id("dlq", d.subject, d.stream_sequence or env.event_id)
         if env.known_type in allowed:
             stand_in = env.model_copy(update=dict(event_id=event_id, producer=sender, actor=sender, region="", zone="",
                                                   cluster="", tenant="", project="", job_id="", attempt=0))
@@ -186,7 +188,9 @@ class AuditService:
             await self.store.insert_new("decisions", decisions, DECISION_COLUMNS, "event_id")
         if inventory:
             await self.store.insert_new("inventory", inventory, INVENTORY_COLUMNS, ("event_id", "card_model"))
-        self.written += await self.store.insert_new("events", events, EVENT_COLUMNS, "event_id")
+        # keyed on (event id, subject): what one agent publishes on its own subject under another
+        # cluster's event id never takes the place of that cluster's event in the log
+        self.written += await self.store.insert_new("events", events, EVENT_COLUMNS, ("event_id", "subject"))
 
     async def lag(self) -> int:
         """Events not yet written (all three consumers)."""
