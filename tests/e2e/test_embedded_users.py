@@ -1,0 +1,66 @@
+"""Issue 14 item 2 end to end: `fedsched up`'s embedded NATS has one user per service and per
+agent with the deployment's permissions (fedapp/natsauth.py), every component connects as its own
+user, and a replay runs through it without a single permission violation."""
+
+import json
+import stat
+from urllib.parse import urlparse
+
+import pytest
+
+from fedapp import natsauth
+from fedapp.client import with_local_credentials
+from fedapp.replay.driver import ReplayDriver, ReplayOptions
+from fedapp.runtime import System, SystemOptions
+from fedsched.settings import Settings
+from fedsched.store import open_store
+from services.inventory.trace import TraceNode
+from tests.builders import DATA, unique
+
+pytestmark = pytest.mark.e2e
+
+
+async def test_every_component_connects_as_its_own_user(tmp_path, chdb_path):
+    settings = Settings(data_dir=tmp_path, clickhouse_path=chdb_path, clickhouse_database=unique("db"),
+                        grpc_address="127.0.0.1:0", heartbeat_interval_s=0.2)
+    nodes = [TraceNode("a-0", 64000, 262144, 2, "nvidia-t4-16gb", 16)]
+    system = System(SystemOptions(settings=settings, split={"cn-north-1-c1": nodes}))
+    await system.start()
+    try:
+        users = {b.nc.connected_url.username for b in system.buses}
+        assert users == {"ops", "audit", "billing", "agent-cn-north-1-c1", "scheduler", "admission"}
+        inboxes = {b.nc.connected_url.username: b.nc._inbox_prefix.decode() for b in system.buses}
+        assert inboxes["agent-cn-north-1-c1"] == "_INBOX_agent-cn-north-1-c1" and inboxes["ops"] == "_INBOX"
+        stored = json.loads((tmp_path / natsauth.USERS_FILE).read_text())
+        assert stat.S_IMODE((tmp_path / natsauth.USERS_FILE).stat().st_mode) == 0o600
+        assert stat.S_IMODE((tmp_path / "nats" / "nats-server.conf").stat().st_mode) == 0o600
+        assert {"ops", "admission", "scheduler", "audit", "billing", "agent-cn-north-1-c1"} <= stored.keys()
+        # the CLI reaches the bus as the operator
+        assert urlparse(with_local_credentials(system.nats_url, tmp_path)).username == "ops"
+    finally:
+        await system.stop()
+
+
+async def test_a_replay_runs_under_the_per_user_permissions_without_a_violation(tmp_path_factory, chdb_path):
+    data_dir = tmp_path_factory.mktemp("embedded")
+    settings = Settings(data_dir=data_dir, clickhouse_path=chdb_path, clickhouse_database=unique("db"),
+                        grpc_address="127.0.0.1:0", heartbeat_interval_s=0.5, schedule_interval_s=0.002)
+    driver = ReplayDriver(ReplayOptions(nodes_csv=DATA / "openb_node_list_gpu_node.csv",
+                                        pods_csv=DATA / "openb_pod_list_gpuspec33.csv", settings=settings, limit=40,
+                                        timeout_s=240))
+    report = await driver.run()
+    jobs = report["jobs"]
+    assert jobs["submitted"] == 40 and jobs["pending"] == 0
+    assert jobs["finished"] + jobs["failed"] + jobs["rejected"] + jobs["cancelled"] == 40
+    log = (data_dir / "nats" / "nats-server.log").read_text()
+    assert "Violation" not in log, [line for line in log.splitlines() if "Violation" in line][:5]
+    stored = json.loads((data_dir / natsauth.USERS_FILE).read_text())
+    assert sum(1 for u in stored if u.startswith("agent-")) == 6
+    store = open_store(chdb_path=chdb_path, database=settings.clickhouse_database)
+    try:
+        db = store.database
+        billed = store.query(f"SELECT count() FROM {db}.usage WHERE line = 'compute'").scalar()
+        assert billed == jobs["finished"] + jobs["failed"]
+        assert store.query(f"SELECT count() FROM {db}.events WHERE type = 'security.rejected_message'").scalar() == 0
+    finally:
+        store.close()
