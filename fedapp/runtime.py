@@ -216,9 +216,9 @@ class System:
             self.nats.spawn()  # from the loop's thread: the child dies with this process
             await asyncio.to_thread(self.nats.wait_ready)
             self.nats_url = self.nats.url
+            self._nats_watchdog = asyncio.create_task(self._watch_nats(), name="nats-watchdog")
         elif _loopback_without_user(self.nats_url):  # a service beside a local `fedsched up`
             self.nats_users = natsauth.LocalUsers(Path(s.data_dir)).load()
-            self._nats_watchdog = asyncio.create_task(self._watch_nats(), name="nats-watchdog")
         self.control = await self._bus("control")
         if set(opts.services) != {"agents"}:
             # agents (beside their clusters, confined by NATS permissions) never create or change
