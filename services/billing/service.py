@@ -175,6 +175,16 @@ class BillingService:
             return True
         return bool(info.ack_floor and (info.ack_floor.stream_seq or 0) >= sequence)
 
+    async def _wait_for_placements(self, sequence: int, timeout_s: float = 2.0) -> bool:
+        """Wait (up to ``timeout_s``, polling every 50 ms) until the placement consumer has
+        recorded every placement up to stream ``sequence``; True when it has."""
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while not await self._placements_read_past(sequence):
+            if asyncio.get_running_loop().time() >= deadline:
+                return False
+            await asyncio.sleep(0.05)
+        return True
+
     async def screen(self, deliveries: list[Delivery]) -> tuple[list[Delivery], dict[str, PlacementRecord]]:
         """The statuses of a batch that may be billed, with their placements; the others are
         refused (:meth:`reject`). See the module docstring.
@@ -192,6 +202,8 @@ class BillingService:
                 shard = env.payload_as(JobStatus).shard
                 key = placement_key(env.job_id, env.attempt, shard)
                 placed = placements.get(key) or await self._lookup(key)
+                if placed is None and await self._wait_for_placements(d.stream_sequence):
+                    placed = await self._lookup(key)  # recorded meanwhile (or never placed)
                 if placed is None:
                     if not await self._placements_read_past(d.stream_sequence):
                         raise UnavailableError(f"waiting for the placement of {key} (placement consumer behind)")
