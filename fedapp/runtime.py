@@ -24,6 +24,7 @@ import asyncio
 import datetime as dt
 import decimal
 import fcntl
+import hashlib
 import json
 import logging
 import os
@@ -169,6 +170,11 @@ class System:
         bus = await Bus.connect(url, s.subject_prefix, name=name, duplicate_window_s=s.duplicate_window_s,
                                 max_age_s=s.stream_max_age_s, js_domain=s.js_domain, inbox_prefix=inbox,
                                 replicas=s.stream_replicas)
+        password = _password_of(url)
+        if name.startswith("agent-") and password:
+            # an agent's message ids are keyed with its own secret, so no other agent can make
+            # JetStream drop its events as duplicates (Bus.msg_id)
+            bus.msg_id_key = hashlib.sha256(f"fedsched msg-id {password}".encode()).digest()
         self.buses.append(bus)
         return bus
 
@@ -533,6 +539,14 @@ class System:
             if self._read_store is None:
                 self._read_store = self.sync_store.reader()
             return self._read_store
+
+
+def _password_of(url: str) -> str:
+    """The password in (the first server of) a NATS URL, "" if none."""
+    from urllib.parse import unquote, urlparse
+
+    password = urlparse(url.split(",")[0]).password
+    return unquote(password) if password else ""
 
 
 def _loopback_without_user(url: str) -> bool:

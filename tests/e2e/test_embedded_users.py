@@ -35,6 +35,9 @@ async def test_every_component_connects_as_its_own_user(tmp_path, chdb_path):
         assert stat.S_IMODE((tmp_path / natsauth.USERS_FILE).stat().st_mode) == 0o600
         assert stat.S_IMODE((tmp_path / "nats" / "nats-server.conf").stat().st_mode) == 0o600
         assert {"ops", "admission", "scheduler", "audit", "billing", "agent-cn-north-1-c1"} <= stored.keys()
+        # agents' message ids are keyed with their own secret; the services' are the event ids
+        keyed = {b.nc.connected_url.username for b in system.buses if b.msg_id_key}
+        assert keyed == {"agent-cn-north-1-c1"}
         # the CLI reaches the bus as the operator
         assert urlparse(with_local_credentials(system.nats_url, tmp_path)).username == "ops"
     finally:
@@ -56,11 +59,8 @@ async def test_a_replay_runs_under_the_per_user_permissions_without_a_violation(
     assert "Violation" not in log, [line for line in log.splitlines() if "Violation" in line][:5]
     stored = json.loads((data_dir / natsauth.USERS_FILE).read_text())
     assert sum(1 for u in stored if u.startswith("agent-")) == 6
-    store = open_store(chdb_path=chdb_path, database=settings.clickhouse_database)
-    try:
-        db = store.database
-        billed = store.query(f"SELECT count() FROM {db}.usage WHERE line = 'compute'").scalar()
-        assert billed == jobs["finished"] + jobs["failed"]
-        assert store.query(f"SELECT count() FROM {db}.events WHERE type = 'security.rejected_message'").scalar() == 0
-    finally:
-        store.close()
+    store = open_store(chdb_path=chdb_path, database=settings.clickhouse_database)  # the process's one chDB: not closed
+    db = store.database
+    billed = store.query(f"SELECT count() FROM {db}.usage WHERE line = 'compute'").scalar()
+    assert billed == jobs["finished"] + jobs["failed"]
+    assert store.query(f"SELECT count() FROM {db}.events WHERE type = 'security.rejected_message'").scalar() == 0

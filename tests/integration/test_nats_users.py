@@ -105,8 +105,11 @@ async def test_a_forged_end_on_the_agents_own_subject_bills_nothing(deployed_ser
         real = _finished("j-1", C1, START + 3600)
         scheduler_placement = placement_of(real, at=START - 60)
         await ops.publish(ops.subjects.placements(R, C1), scheduler_placement)
+        # the forger even uses the message id an unkeyed publisher would give the real end, to
+        # have JetStream drop it as a duplicate; the real agent's ids are keyed (Bus.msg_id)
+        agent1.msg_id_key = b"agent-1's own secret"
         await agent2.js.publish(agent2.subjects.status(R, C2), _finished("j-1", C2, START + 60).to_bytes(),
-                                headers={"Nats-Msg-Id": "forged-1"})
+                                headers={"Nats-Msg-Id": real.event_id})
         await agent2.js.publish(agent2.subjects.status(R, C2), _finished("invented", C2, START + 86400).to_bytes(),
                                 headers={"Nats-Msg-Id": "forged-2"})
         assert await until(lambda: billing.rejected == 2, timeout=20, interval=0.05)
@@ -124,4 +127,3 @@ async def test_a_forged_end_on_the_agents_own_subject_bills_nothing(deployed_ser
         await task
         for b in (agent1, agent2, billing_bus, ops):
             await b.close()
-        store.close()
