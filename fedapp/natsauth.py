@@ -16,7 +16,8 @@ Replies go to each user's own inbox prefix ``_INBOX_<user>`` (:func:`inbox_prefi
 place below ``_INBOX`` it may subscribe, so no user reads another's replies; ``ops`` keeps the
 default ``_INBOX`` (it may subscribe everywhere).
 
-The embedded server (:func:`embedded_authorization`) gets exactly the table's users with random
+The embedded server (:func:`embedded_authorization`) gets exactly the table's users (in its
+global account rather than ``FED``: that is where its JetStream store keeps the streams) with random
 passwords (:class:`LocalUsers`: ``<data_dir>/nats.users``, mode 0600, made at first start and
 extended when clusters are added); the deployment file (:func:`render_accounts_conf`) gets the
 same table with development placeholders. ``tests/unit/fedapp/test_nats_users.py`` checks that
@@ -296,8 +297,19 @@ def render_accounts_conf(prefix: str = "fed", clusters: Iterable[tuple[str, str]
 
 
 def embedded_authorization(users: Sequence[UserPermissions], passwords: dict[str, str]) -> str:
-    """The embedded server's config block: the same users, in one JetStream account."""
-    return render_accounts(users, passwords)
+    """The embedded server's config block: the same users with the same permissions, in the
+    server's global account (``authorization { users: [...] }``), where the embedded JetStream
+    store of earlier versions already keeps the streams (a data dir made before per-user
+    permissions resumes with its streams).
+
+    Raises:
+        KeyError: a user without a password in ``passwords``.
+    """
+    lines = ["authorization {", "  users: ["]
+    for u in users:
+        lines += _user_block(u, passwords[u.user], "    ")
+    lines += ["  ]", "}"]
+    return "\n".join(lines) + "\n"
 
 
 class LocalUsers:

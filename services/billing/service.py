@@ -20,7 +20,9 @@ and are dead-lettered with the reason and recorded as ``security.rejected_messag
 What a line is and costs is the pure core's business (:mod:`services.billing.usage`). The cycle
 of one batch (:meth:`BillingService.write`):
 
-1. price the batch's events into lines (pure);
+0. put the batch's placements into the placement book, and screen its statuses against the
+   book (refusals dead-lettered and recorded; :meth:`BillingService.screen`);
+1. price the batch's events into lines (pure; a status with its placement);
 2. insert the lines not yet in ``usage`` (:meth:`~fedsched.store.Store.insert_new`, keyed on
    ``usage_id`` = the event id), so redelivery, restarts and replays never bill twice;
 3. for every (tenant, month) the batch touches, recompute the month-to-date spend from
@@ -38,17 +40,15 @@ consumers share one lock, so spend is always computed after the insert it must i
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from datetime import UTC, datetime
 from decimal import Decimal
 
 import nats.errors
-
-from fedsched import telemetry
-import json
-
 import nats.js.errors
 
+from fedsched import telemetry
 from fedsched.bus import Bus, Delivery, DurableConsumer
 from fedsched.dispatch import SkippedTypes
 from fedsched.errors import UnavailableError

@@ -64,3 +64,36 @@ async def test_a_replay_runs_under_the_per_user_permissions_without_a_violation(
     billed = store.query(f"SELECT count() FROM {db}.usage WHERE line = 'compute'").scalar()
     assert billed == jobs["finished"] + jobs["failed"]
     assert store.query(f"SELECT count() FROM {db}.events WHERE type = 'security.rejected_message'").scalar() == 0
+
+
+async def test_a_data_dir_from_the_shared_password_days_resumes_with_its_streams(tmp_path, chdb_path):
+    """Before per-user permissions the embedded server had one user (``fedsched``) in its global
+    account; the per-user server keeps its users there, so the old streams are still seen."""
+    from fedsched.bus import Bus
+    from fedsched.natsd import EmbeddedNats
+    from tests.builders import spec, submitted
+
+    old = EmbeddedNats(tmp_path / "nats", password="old-shared")
+    old.start()
+    try:
+        bus = await Bus.connect(old.client_url, "fed", name="old")
+        await bus.ensure_streams()
+        job = spec()
+        await bus.publish(bus.subjects.job("submitted", job.tenant, job.project), submitted("j-old", job, 1.7e9))
+        await bus.close()
+    finally:
+        old.stop()
+    settings = Settings(data_dir=tmp_path, clickhouse_path=chdb_path, clickhouse_database=unique("db"),
+                        grpc_address="127.0.0.1:0", nats_port=old.port)
+    system = System(SystemOptions(settings=settings, services=("scheduler",)))
+    await system.start()
+    try:
+        assert await system.stream_last_seq("EVENTS") >= 1
+        assert "j-old" in system.scheduler.jobs or await _until_known(system, "j-old")
+    finally:
+        await system.stop()
+
+
+async def _until_known(system, job_id: str) -> bool:
+    from tests.builders import until
+    return await until(lambda: job_id in system.scheduler.jobs, timeout=10, interval=0.05)

@@ -78,7 +78,7 @@ async def test_forged_ends_bill_nothing_and_the_real_end_is_billed_once(bus, sto
     assert {r[3] for r in by_billing} == {
         f"envelope claims {R}/{C1} but arrived on status subject of {R}/{C2}",
         f"attempt 1 of j-1 was placed on {R}/{C1}, not on {R}/{C2}",
-        f"attempt 1 (shard 0) of invented was never placed"}
+        "attempt 1 (shard 0) of invented was never placed"}
     # audit itself records the claim for another cluster as what it is, attributed to c2's agent
     by_audit = [r for r in sec if r[0] == f"agent/{R}/{C2}"]
     assert len(by_audit) == 1 and by_audit[0][1] == C2
