@@ -34,25 +34,34 @@ def call_metadata(token: str | None) -> tuple[tuple[str, str], ...]:
     return ((METADATA_KEY, f"Bearer {token}"),) if token else ()
 
 
-#: Where ``fedsched up`` keeps its embedded NATS password, in the data dir.
+#: Where an older ``fedsched up`` kept its one shared NATS password (user ``fedsched``).
 NATS_PASSWORD_FILE = "nats.password"
+
+#: Where ``fedsched up`` keeps its NATS users' passwords (JSON, mode 0600; :mod:`fedapp.natsauth`).
+NATS_USERS_FILE = "nats.users"
 
 
 def with_local_credentials(url: str, data_dir: Path | str | None = None) -> str:
-    """``url`` with the embedded NATS's credentials added, when it names a loopback server
-    without credentials and ``data_dir`` (default ``$FEDSCHED_DATA_DIR`` or ``.fedsched``) holds
-    the password of the system running there; else ``url`` unchanged."""
+    """``url`` with the operator's credentials (user ``ops``) of the embedded NATS added, when it
+    names a loopback server without credentials and ``data_dir`` (default
+    ``$FEDSCHED_DATA_DIR`` or ``.fedsched``) holds the users of the system running there (an
+    older data dir's shared ``nats.password`` is used likewise); else ``url`` unchanged."""
+    import json
     from urllib.parse import urlparse
 
     u = urlparse(url)
-    if "," in url or u.username or u.hostname not in ("127.0.0.1", "localhost", "::1"):
+    if "," in url or u.username or u.hostname not in ("127.0.0.1", "localhost", "::1") or not u.port:
         return url
     base = Path(data_dir or os.environ.get("FEDSCHED_DATA_DIR") or ".fedsched")
     try:
-        password = (base / NATS_PASSWORD_FILE).read_text().strip()
-    except OSError:
-        return url
-    return f"{u.scheme}://fedsched:{password}@{u.hostname}:{u.port}" if password and u.port else url
+        password = str(json.loads((base / NATS_USERS_FILE).read_text()).get("ops") or "")
+        user = "ops"
+    except (OSError, ValueError, AttributeError):
+        try:
+            password, user = (base / NATS_PASSWORD_FILE).read_text().strip(), "fedsched"
+        except OSError:
+            return url
+    return f"{u.scheme}://{user}:{password}@{u.hostname}:{u.port}" if password else url
 
 
 def resolve_token(explicit: str | None = None, data_dir: Path | str | None = None) -> str | None:

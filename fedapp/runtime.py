@@ -30,6 +30,7 @@ import asyncio
 import datetime as dt
 import decimal
 import fcntl
+import hashlib
 import json
 import logging
 import os
@@ -45,7 +46,7 @@ from fedsched.errors import ConflictError, FedError, UnavailableError
 from fedsched.metrics import (PORT_ORDER, AdmissionMetrics, AgentMetrics, MetricsServer, SchedulerMetrics,
                               ServiceMetrics, WriterMetrics, metric_ports, serve)
 from fedsched.natsd import EmbeddedNats
-from fedapp.client import NATS_PASSWORD_FILE
+from fedapp import natsauth
 from fedsched.pricing import PriceCatalog, load_price_catalog
 from fedsched.tenancy import bundled_policy_text, check_topology_names, parse_policy
 from fedsched.policystore import PolicyFollower, PolicyHolder, bootstrap
@@ -132,6 +133,7 @@ class System:
         self.failure: BaseException | None = None
         self.admin_token: str | None = None
         self.nats_restarts = 0
+        self.nats_users: dict[str, str] = {}  #: user -> password of the local NATS users ({} = use nats_url as is)
         self._nats_watchdog: asyncio.Task | None = None
         self._dir_lock = None
         self.metrics: dict[str, ServiceMetrics] = {}
@@ -157,11 +159,35 @@ class System:
         host = self.settings.grpc_address.rsplit(":", 1)[0]
         return f"{host}:{self.admission.port}" if self.admission else self.settings.grpc_address
 
+    def _user_of(self, name: str) -> str:
+        """The NATS user a connection named ``name`` logs in as (:mod:`fedapp.natsauth`): the
+        service's own (``admission``, ``scheduler``, ``audit``, ``billing``, ``agent-<cluster>``),
+        and ``ops`` for the composition's control connection."""
+        return natsauth.OPS if name == "control" else name
+
+    def _url_for(self, user: str) -> tuple[str, str]:
+        """(URL, inbox prefix) of ``user``'s connections: its own credentials and inbox when this
+        system knows the local users' passwords (embedded NATS, or a loopback URL with the
+        data dir's ``nats.users``), else the configured URL and inbox prefix."""
+        if user not in self.nats_users:
+            return self.nats_url, self.settings.inbox_prefix
+        from urllib.parse import quote, urlparse
+
+        u = urlparse(self.nats_url.split(",")[0])
+        url = f"{u.scheme or 'nats'}://{quote(user, safe='')}:{quote(self.nats_users[user], safe='')}@{u.hostname}:{u.port}"
+        return url, natsauth.inbox_prefix(user)
+
     async def _bus(self, name: str, metrics: ServiceMetrics | None = None) -> Bus:
         s = self.settings
-        bus = await Bus.connect(self.nats_url, s.subject_prefix, name=name, duplicate_window_s=s.duplicate_window_s,
-                                max_age_s=s.stream_max_age_s, js_domain=s.js_domain, inbox_prefix=s.inbox_prefix,
+        url, inbox = self._url_for(self._user_of(name))
+        bus = await Bus.connect(url, s.subject_prefix, name=name, duplicate_window_s=s.duplicate_window_s,
+                                max_age_s=s.stream_max_age_s, js_domain=s.js_domain, inbox_prefix=inbox,
                                 replicas=s.stream_replicas)
+        password = _password_of(url)
+        if name.startswith("agent-") and password:
+            # an agent's message ids are keyed with its own secret, so no other agent can make
+            # JetStream drop its events as duplicates (Bus.msg_id)
+            bus.msg_id_key = hashlib.sha256(f"fedsched msg-id {password}".encode()).digest()
         if metrics is not None:
             bus.on_dead_letter = metrics.dead_letter
         self.buses.append(bus)
@@ -202,6 +228,26 @@ class System:
                                    name=f"{service}-lag-metrics")
         self._metric_tasks.append(task)
 
+    def _agents_topology(self) -> Topology | None:
+        """The topology whose clusters get agents (None: no agents configured)."""
+        opts = self.options
+        if opts.topology is not None:
+            return opts.topology
+        if opts.nodes_csv is not None or opts.split is not None:
+            return default_topology(opts.nodes_csv)
+        return None
+
+    def _nats_users(self) -> list[natsauth.UserPermissions]:
+        """The embedded server's users: the services, ``ops`` and one agent per cluster of the
+        agents' topology (and of a ``split``)."""
+        topo = self._agents_topology()
+        clusters = [(c.region, c.name) for c in topo.clusters] if topo is not None else []
+        known = {name for _, name in clusters}
+        for name in (self.options.split or {}):
+            if name not in known:
+                clusters.append((cluster_region(name), name))
+        return natsauth.federation_users(self.settings.subject_prefix, clusters)
+
     async def start(self) -> None:
         """Start everything; returns when admission serves.
 
@@ -216,12 +262,19 @@ class System:
         if s.embedded_nats or (s.embedded_clickhouse and wants & {"audit", "billing"}):
             self._lock_data_dir(Path(s.data_dir))
         if s.embedded_nats:
+            # one NATS user per service and per agent, with the deployment's permissions
+            # (fedapp/natsauth.py), passwords made at first start and kept 0600 in the data dir
+            users = self._nats_users()
+            self.nats_users = natsauth.LocalUsers(Path(s.data_dir)).ensure(u.user for u in users)
             self.nats = EmbeddedNats(Path(s.data_dir) / "nats", port=s.nats_port or _remembered_port(Path(s.data_dir)),
-                                     password=nats_password(Path(s.data_dir)))
+                                     accounts=natsauth.embedded_authorization(users, self.nats_users),
+                                     passwords=self.nats_users)
             self.nats.spawn()  # from the loop's thread: the child dies with this process
             await asyncio.to_thread(self.nats.wait_ready)
-            self.nats_url = self.nats.client_url
+            self.nats_url = self.nats.url
             self._nats_watchdog = asyncio.create_task(self._watch_nats(), name="nats-watchdog")
+        elif _loopback_without_user(self.nats_url):  # a service beside a local `fedsched up`
+            self.nats_users = natsauth.LocalUsers(Path(s.data_dir)).load()
         self.control = await self._bus("control")
         if set(opts.services) != {"agents"}:
             # agents (beside their clusters, confined by NATS permissions) never create or change
@@ -261,7 +314,7 @@ class System:
             self._spawn(self.billing.run(), "billing")
             self._sample_lag("billing", lambda: [(c.durable, c.lag) for c in self.billing.consumers])
         if "agents" in wants and (topo is not None or opts.nodes_csv is not None or opts.split is not None):
-            agents_topo = topo if topo is not None else default_topology(opts.nodes_csv)
+            agents_topo = self._agents_topology()
             for name in opts.clusters:  # an unknown --cluster fails here, naming the known ones
                 agents_topo.cluster(name)
             cache: dict = {}
@@ -571,25 +624,25 @@ class System:
             return self._read_store
 
 
-def nats_password(data_dir: Path) -> str:
-    """The embedded NATS password of ``data_dir`` (``data_dir/nats.password``, mode 0600; made
-    at first start). Local CLI commands read it to reach the bus (see
-    :func:`fedapp.client.with_local_credentials`)."""
-    path = data_dir / NATS_PASSWORD_FILE
-    try:
-        text = path.read_text().strip()
-        if text:
-            return text
-    except OSError:
-        pass
-    import secrets
+def _password_of(url: str) -> str:
+    """The password in (the first server of) a NATS URL, "" if none."""
+    from urllib.parse import unquote, urlparse
 
-    data_dir.mkdir(parents=True, exist_ok=True)
-    password = secrets.token_urlsafe(24)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(password)
-    return password
+    password = urlparse(url.split(",")[0]).password
+    return unquote(password) if password else ""
+
+
+def _loopback_without_user(url: str) -> bool:
+    """A single loopback NATS URL (with or without the CLI's ``ops`` credentials)."""
+    from urllib.parse import urlparse
+
+    u = urlparse(url)
+    return "," not in url and u.hostname in ("127.0.0.1", "localhost", "::1") and u.username in (None, natsauth.OPS)
+
+
+def cluster_region(cluster: str) -> str:
+    """The region of a cluster named ``<region>-<suffix>`` (the default topology's scheme)."""
+    return cluster.rsplit("-", 1)[0]
 
 
 def _remembered_port(data_dir: Path) -> int:

@@ -1,7 +1,8 @@
 """NATS JetStream plumbing shared by every service.
 
 * :class:`Bus` -- one connection: idempotent stream setup, publishing with a message id
-  (``Nats-Msg-Id`` = event id, so a retried publish is dropped by JetStream's duplicate window)
+  (``Nats-Msg-Id`` = event id, or for agents a keyed hash of it (:meth:`Bus.msg_id`), so a
+  retried publish is dropped by JetStream's duplicate window)
   and the trace context in the headers.
 * :class:`DurableConsumer` -- a durable pull consumer that hands batches to a handler and
   acknowledges only after the handler returned (its effect is committed). Undecodable messages
@@ -31,6 +32,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import hmac
 import logging
 import time
 from dataclasses import dataclass, field
@@ -124,6 +127,22 @@ class Bus:
         #: ``(consumer, reason code)`` called for every dead letter this connection records
         #: (a service's :meth:`fedsched.metrics.ServiceMetrics.dead_letter`); None = not counted
         self.on_dead_letter: Callable[[str, str], None] | None = None
+        #: key of this connection's message ids (b"" = the event id itself); see :meth:`msg_id`
+        self.msg_id_key = b""
+
+    def msg_id(self, subject: str, event: Envelope) -> str:
+        """The ``Nats-Msg-Id`` of ``event`` on ``subject``: its event id, or -- with a
+        :attr:`msg_id_key` -- ``HMAC-SHA256(key, subject + " " + event id)`` (32 hex chars).
+
+        Both are deterministic (a retried publish is dropped by JetStream's duplicate window).
+        The keyed form is for region agents (issue 14): JetStream deduplicates by message id
+        across a whole stream, so an agent that knew another cluster's next message id could
+        publish first, on its own subject, and have the real event dropped; with a per-agent
+        key no other publisher can compute it. Consumers deduplicate by event id themselves.
+        """
+        if not self.msg_id_key:
+            return event.event_id
+        return hmac.new(self.msg_id_key, f"{subject} {event.event_id}".encode(), hashlib.sha256).hexdigest()[:32]
 
     @classmethod
     async def connect(cls, url: str, prefix: str = "fed", *, name: str = "fedsched",
@@ -220,7 +239,7 @@ class Bus:
 
     async def publish(self, subject: str, event: Envelope, *, headers: dict[str, str] | None = None,
                       attempts: int = 8) -> api.PubAck:
-        """Publish ``event`` on ``subject`` with ``Nats-Msg-Id`` = its event id and the trace context.
+        """Publish ``event`` on ``subject`` with ``Nats-Msg-Id`` = :meth:`msg_id` and the trace context.
 
         Trace context (:func:`fedsched.telemetry.event_headers`): the ``traceparent`` in
         ``headers`` (the event's cause), else the active span's, else a new root trace -- every
@@ -231,7 +250,7 @@ class Bus:
             UnavailableError: JetStream did not acknowledge after ``attempts`` tries.
         """
         hdrs = telemetry.event_headers(headers, f"publish {event.type}")
-        hdrs["Nats-Msg-Id"] = event.event_id
+        hdrs["Nats-Msg-Id"] = self.msg_id(subject, event)
         data = event.to_bytes()
         delay = 0.05
         last: Exception | None = None
@@ -261,7 +280,7 @@ class Bus:
         for subject, event, extra in items:
             hdrs = telemetry.event_headers(extra, f"publish {event.type}")
             sent.append(telemetry.trace_headers(hdrs))  # a retry keeps the same trace
-            hdrs["Nats-Msg-Id"] = event.event_id
+            hdrs["Nats-Msg-Id"] = self.msg_id(subject, event)
             try:
                 futures.append(await self.js.publish_async(subject, event.to_bytes(), headers=hdrs))
             except _TRANSIENT as e:

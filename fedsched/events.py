@@ -83,6 +83,7 @@ class EventType(StrEnum):
     JOB_HELD = "job.held"
     JOB_RELEASED = "job.released"
     JOB_PRIORITY_CHANGED = "job.priority_changed"
+    SECURITY_REJECTED_MESSAGE = "security.rejected_message"
 
 
 def known_type(type_: str) -> EventType | None:
@@ -477,6 +478,38 @@ class DeadLetter(_Payload):
     headers: dict[str, str] = Field(default_factory=dict)
 
 
+class SecurityRejected(_Payload):
+    """``security.rejected_message``: a consumer refused a message whose envelope does not match
+    the subject it arrived on, or the federation's own placement records (issue 14: agents
+    speak only for themselves; :mod:`fedsched.trust`). Published on the refusing consumer's
+    dead-letter subject beside the ``bus.dead_letter`` of the same message.
+
+    Attributes:
+        consumer: the consumer (or follower) that refused it.
+        subject: the subject it arrived on.
+        sender: who the subject says sent it (``agent/<region>/<cluster>`` for an agent's
+            subject; NATS permissions let only that agent publish there), "" if the subject
+            names no sender.
+        claimed_producer, claimed_region, claimed_cluster: what the envelope claims.
+        event_type, event_id, job_id, attempt: the refused event's identity as claimed.
+        stream_sequence: its sequence in its stream (0 if unknown).
+        reason: why it was refused, in words.
+    """
+
+    consumer: str
+    subject: str
+    sender: str = ""
+    claimed_producer: str = ""
+    claimed_region: str = ""
+    claimed_cluster: str = ""
+    event_type: str = ""
+    event_id: str = ""
+    job_id: str = ""
+    attempt: int = 0
+    stream_sequence: int = 0
+    reason: str
+
+
 class PolicyApplied(_Payload):
     """``policy.applied``: a governance policy version came into force (envelope
     ``policy_version`` = the new version, ``actor`` = who applied it).
@@ -592,6 +625,7 @@ PAYLOADS: dict[EventType, type[_Payload]] = {
     EventType.JOB_HELD: JobHeld,
     EventType.JOB_RELEASED: JobHeld,
     EventType.JOB_PRIORITY_CHANGED: JobPriorityChanged,
+    EventType.SECURITY_REJECTED_MESSAGE: SecurityRejected,
 }
 
 #: Job status events (payload :class:`JobStatus`): ``job.started`` and the terminal statuses.

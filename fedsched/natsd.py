@@ -17,6 +17,7 @@ import sysconfig
 import threading
 import time
 from pathlib import Path
+from urllib.parse import quote
 
 from fedsched.errors import UnavailableError
 
@@ -67,15 +68,31 @@ class EmbeddedNats:
         port: client port; 0 picks a free one.
         password: if given, clients must log in as user ``fedsched`` with it (other local users
             of the machine can then neither read nor publish on the bus).
+        accounts: instead of ``password``: an ``accounts { ... }`` config block (one JetStream
+            account with its users and their permissions, e.g. from
+            :func:`fedapp.natsauth.embedded_authorization`); clients log in as one of its users
+            (:meth:`client_url_for`).
+        passwords: user -> password of the users in ``accounts`` (for :meth:`client_url_for`).
 
     Use ``start()``/``stop()`` or ``async with``. ``url`` is valid after start.
     """
 
-    def __init__(self, store_dir: Path, port: int = 0, password: str | None = None) -> None:
+    def __init__(self, store_dir: Path, port: int = 0, password: str | None = None, *, accounts: str = "",
+                 passwords: dict[str, str] | None = None) -> None:
         self.store_dir = Path(store_dir)
         self.port = port or free_port()
         self.password = password
+        self.accounts = accounts
+        self.passwords = dict(passwords or {})
         self._proc: subprocess.Popen | None = None
+
+    def client_url_for(self, user: str) -> str:
+        """The URL ``user`` (a user of ``accounts``) connects with.
+
+        Raises:
+            KeyError: ``user`` has no password here.
+        """
+        return f"nats://{quote(user, safe='')}:{quote(self.passwords[user], safe='')}@127.0.0.1:{self.port}"
 
     @property
     def url(self) -> str:
@@ -109,7 +126,9 @@ class EmbeddedNats:
         conf = self.store_dir / "nats-server.conf"
         # messages up to 8 MB: an inventory snapshot of a cluster with tens of thousands of nodes
         text = f"max_payload: {MAX_PAYLOAD_BYTES}\n"
-        if self.password:
+        if self.accounts:
+            text += self.accounts
+        elif self.password:
             text += f'authorization {{ user: "{NATS_USER}", password: "{self.password}" }}\n'
         conf.touch(mode=0o600)
         conf.chmod(0o600)

@@ -318,6 +318,25 @@ def status_event(type_: str, placed: Envelope, at: float, *, reason: str = "", s
                       project=placed.project, job_id=placed.job_id, attempt=placed.attempt)
 
 
+def placement_of(status: Envelope, *, at: float | None = None, transfer_bytes: int = 0) -> Envelope:
+    """The scheduler's ``job.placed`` of the attempt an agent's ``status`` reports about: same
+    job, attempt, shard, tenant, project, region, zone, cluster, card model, kind and demand
+    (the payload's ``gpu_milli`` as whole GPUs of one worker, or a share of one; its
+    ``cpu_milli``), placed at ``at`` (default: the status's ``started_at``, else its time).
+    Billing prices an attempt from this record only (issue 14)."""
+    s = status.payload_as(JobStatus)
+    gpus, milli = (s.gpu_milli // 1000, 1000) if s.gpu_milli >= 1000 else (1 if s.gpu_milli else 0, s.gpu_milli or 1000)
+    job_spec = JobSpec(tenant=status.tenant, project=status.project, home_region=status.region,
+                       kind=s.kind or "batch", gpus_per_worker=gpus, gpu_milli=milli, cpu_milli=s.cpu_milli)
+    when = at if at is not None else (s.started_at or status.occurred_at).timestamp()
+    payload = JobPlaced(spec=job_spec, card_model=s.card_model, bindings=(WorkerBinding(worker=0, node="n1"),),
+                        shard=s.shard, cross_region=s.cross_region, transfer_bytes=transfer_bytes)
+    return make_event("job.placed", payload, producer="scheduler", occurred_at=when,
+                      event_id=business_event_id(status.job_id, status.attempt, s.shard, "placed"),
+                      region=status.region, zone=status.zone, cluster=status.cluster, tenant=status.tenant,
+                      project=status.project, job_id=status.job_id, attempt=status.attempt, actor="scheduler")
+
+
 def nodes(prefix: str, count: int = 1, gpus: int = 8, model: str = T4) -> tuple[NodeInventory, ...]:
     """``count`` healthy nodes of ``gpus`` cards each."""
     return tuple(NodeInventory(name=f"{prefix}{i}", card_model=model, gpus=gpus, gpu_memory_gib=16,

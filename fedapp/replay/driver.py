@@ -38,6 +38,7 @@ from fedapp.cli.text import strict_json
 from fedapp.client import aio_channel, resolve_token
 from fedsched.clock import ClockState, ReplayClock
 from fedsched.clocksync import publish_clock
+from fedsched.trust import check_subject
 from fedsched.errors import UnavailableError
 from fedsched.dispatch import EventTable, SkippedTypes
 from fedsched.events import Envelope, EventType, JobPending
@@ -209,6 +210,8 @@ class ReplayDriver:
     def _on_event(self, d: Delivery) -> None:
         self._poke.set()
         env = d.envelope
+        if check_subject(self.system.control.prefix, d.subject, env) is not None:
+            return  # an agent speaking for another cluster (the services refuse and audit it)
         track = self.by_job_id.get(env.job_id)
         if track is None:
             self._early.setdefault(env.job_id, []).append(d)

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,6 +48,9 @@ from fedsched.dispatch import EventTable, SkippedTypes
 from fedsched.events import (ApprovalDecided, ApprovalRequested, Envelope, EventType, JobCancelRequested, JobHeld,
                              JobPending, JobPlaced, JobPriorityChanged, JobStatus, JobStop, JobSubmitted)
 from fedsched.jobs import TERMINAL_STATES, AttemptState, JobSpec, JobState, StopReason
+from fedsched.trust import ATTEMPT_STATUSES, PlacedAttempt, Rejection, check_placement, check_subject
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -233,11 +237,41 @@ class JobView:
         self._changed: dict[str, asyncio.Event] = {}
         self.applied_seq = 0
         self.skipped = SkippedTypes("admission-jobs")  #: events of unknown types (newer producers) skipped
+        #: messages refused by the trust checks, for the service to dead-letter and record (drained by it)
+        self.rejections: list[Rejection] = []
 
     def apply_delivery(self, d: Delivery) -> None:
-        """Fold one delivered event (follower callback)."""
+        """Fold one delivered event (follower callback).
+
+        A message whose envelope contradicts its subject or the job's placements
+        (:mod:`fedsched.trust`) changes nothing and is added to :attr:`rejections`.
+        """
         self.applied_seq = max(self.applied_seq, d.stream_sequence)
-        self.apply(d.envelope)
+        env = d.envelope
+        prefix = d.subject.split(".", 1)[0]
+        reason = check_subject(prefix, d.subject, env) if d.subject else None
+        if reason is None and env.known_type in ATTEMPT_STATUSES - {EventType.AGENT_RECONCILED}:
+            reason = self.check_status(env)
+        if reason is not None:
+            log.warning("admission-jobs: refused %s on %s: %s", env.type, d.subject, reason)
+            self.rejections.append(Rejection("admission-jobs", d.subject, env, reason, d.stream_sequence,
+                                             headers=tuple(sorted(d.headers.items()))))
+            return
+        self.apply(env)
+
+    def check_status(self, env: Envelope) -> str | None:
+        """Why the status ``env`` contradicts this view's placements (None: it agrees); see
+        :func:`fedsched.trust.check_placement`."""
+        rec = self.jobs.get(env.job_id)
+        if rec is None:
+            return check_placement(env, False, None, 0)
+        index = env.payload_as(JobStatus).shard
+        shard = self._shard(rec, index)
+        if shard is None:
+            return f"job {env.job_id} has no shard {index}"
+        att = shard.attempt(env.attempt)
+        placed = PlacedAttempt(att.attempt, att.region, att.cluster) if att is not None else None
+        return check_placement(env, True, placed, shard.current.attempt if shard.current else 0)
 
     def apply(self, env: Envelope) -> None:
         """Fold one event; idempotent (re-applying an event changes nothing). Events of a type

@@ -71,6 +71,7 @@ from fedsched.api.v1 import jobs_pb2 as pb
 from fedsched.api.v1 import jobs_pb2_grpc as pb_grpc
 from fedsched.auth import Principal
 from fedsched.bus import Bus, Delivery, StreamFollower
+from fedsched.trust import Rejection, check_subject, rejection_events
 from fedsched.clock import Clock, SystemClock
 from fedsched.dispatch import EventTable, SkippedTypes
 from fedsched.errors import (AlreadyExistsError, AuthError, ConflictError, FedError, NotFoundError,
@@ -1202,9 +1203,22 @@ class AdmissionService:
         """Follower -> event type -> events skipped because this build does not know the type."""
         return {c.consumer: c.as_dict() for c in (self.view.skipped, self.skipped_inventory) if c.counts}
 
-    def _on_event(self, d: Delivery) -> None:
+    def _on_event(self, d: Delivery):
         route = ADMISSION_EVENTS.route(d.envelope.type)  # unknown types: counted by the job view
         (route or AdmissionService._to_view)(self, d)
+        if self.view.rejections:  # refused by the trust checks: dead letter + security record
+            return self._publish_rejections()
+        return None
+
+    async def _publish_rejections(self) -> None:
+        """Publish the dead letters and security records of the messages the job view refused
+        (:mod:`fedsched.trust`); a failure leaves them queued for the next event."""
+        pending, self.view.rejections = self.view.rejections, []
+        items = [(subject, event, None) for r in pending
+                 for subject, event in rejection_events(self.bus.subjects, r, self.clock.time())]
+        ok = await self.bus.publish_many(items)
+        self.view.rejections = [r for i, r in enumerate(pending) if not all(ok[2 * i:2 * i + 2])] + \
+            self.view.rejections
 
     def _to_approvals(self, d: Delivery) -> None:
         self.approvals.apply(d.envelope)
@@ -1216,7 +1230,13 @@ class AdmissionService:
     def _to_view(self, d: Delivery) -> None:
         self.view.apply_delivery(d)
 
-    def _on_inventory(self, d) -> None:
+    def _on_inventory(self, d):
+        reason = check_subject(self.bus.prefix, d.subject, d.envelope) if d.subject else None
+        if reason is not None:
+            log.warning("admission-inventory: refused %s on %s: %s", d.envelope.type, d.subject, reason)
+            self.view.rejections.append(Rejection("admission-inventory", d.subject, d.envelope, reason,
+                                                  d.stream_sequence))
+            return self._publish_rejections()
         fold = INVENTORY_EVENTS.route(d.envelope.type, self.skipped_inventory)
         if fold is not None:
             fold(self, d.envelope)

@@ -4,12 +4,16 @@ Three durable consumers (one per stream: events, inventory, dead letters) hand b
 :meth:`AuditService.write`, which inserts the batch and its projections --
 ``decisions`` (placements and pending reasons) and ``inventory`` (capacity per cluster x card
 model) -- and returns only once ClickHouse committed them; the consumer acknowledges after that.
-Rows are keyed on the event id and inserted with :meth:`~fedsched.store.Store.insert_new`, so a
-redelivered or replayed event never becomes a second row. When ClickHouse is unavailable the
+Rows are keyed on the event id (``events``: with the subject, so an agent cannot pre-empt another
+cluster's event by reusing its id on its own subject) and inserted with
+:meth:`~fedsched.store.Store.insert_new`, so a redelivered or replayed event never becomes a
+second row. When ClickHouse is unavailable the
 consumer backs off and the backlog stays in JetStream.
 
 Events of a type this build does not know (a newer producer) are stored like any other: the
-log keeps what was said even when no reader here understands it yet.
+log keeps what was said even when no reader here understands it yet. What an agent says for
+another cluster, and anything on a dead-letter subject, is recorded as what it is, attributed to
+the subject's sender (:func:`screened`).
 """
 
 from __future__ import annotations
@@ -17,12 +21,15 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from dataclasses import replace
 from datetime import datetime
 
 from fedsched.bus import Bus, Delivery, DurableConsumer
 from fedsched.clock import as_utc
 from fedsched.dispatch import EventTable
-from fedsched.events import Envelope, EventType, InventorySnapshot, JobPending, JobPlaced
+from fedsched.events import (DeadLetter, Envelope, EventType, InventorySnapshot, JobPending, JobPlaced,
+                             SecurityRejected, business_event_id, make_event)
+from fedsched.trust import agent_subject, check_subject, sender_of
 from fedsched.metrics import WriterMetrics
 from fedsched.store import AsyncStore
 
@@ -92,6 +99,56 @@ def inventory_rows(e: Envelope) -> list[list]:
             for model, acc in sorted(by_model.items())]
 
 
+#: What may arrive on a dead-letter subject: a dead letter, or (from a service) a security record.
+DLQ_TYPES = frozenset({EventType.BUS_DEAD_LETTER, EventType.SECURITY_REJECTED_MESSAGE})
+
+
+def screened(d: Delivery, prefix: str) -> Delivery:
+    """The delivery audit records for ``d``: ``d`` itself, or a stand-in when its envelope may not
+    be taken at its word (issue 14; :mod:`fedsched.trust`).
+
+    * On a dead-letter subject ``<p>.deadletter.<consumer>`` the row is always attributed to the
+      subject's sender (producer = ``<consumer>``, no routing names) under an id derived from
+      the subject and the stream sequence (a dead letter can never take a real event's id). Anything
+      but a ``bus.dead_letter`` -- and, from an agent's subject, anything but a dead letter at all
+      -- is recorded as a ``bus.dead_letter`` holding the body, never as the event it claims to be.
+    * On an agent's subject an envelope that names another region/cluster, or a type agents may
+      not send there, is recorded as a ``security.rejected_message`` attributed to the agent
+      (the original body in the payload's ``data``), not as the event it claims to be.
+    """
+    env = d.envelope
+    sender = sender_of(prefix, d.subject)
+    tokens = d.subject.split(".")
+    if len(tokens) == 3 and tokens[:2] == [prefix, "deadletter"]:
+        allowed = {EventType.BUS_DEAD_LETTER} if sender.startswith("agent-") else DLQ_TYPES
+        event_id = business_event_id("dlq", d.subject, d.stream_sequence or env.event_id)
+        if env.known_type in allowed:
+            stand_in = env.model_copy(update=dict(event_id=event_id, producer=sender, actor=sender, region="", zone="",
+                                                  cluster="", tenant="", project="", job_id="", attempt=0))
+        else:
+            payload = DeadLetter(consumer=sender, subject=d.subject, stream_sequence=d.stream_sequence,
+                                 reason=f"not a dead letter: a {env.type} envelope (claimed producer "
+                                        f"{env.producer!r}) on a dead-letter subject",
+                                 data=env.model_dump_json()[:65536])
+            stand_in = make_event(EventType.BUS_DEAD_LETTER, payload, producer=sender,
+                                  occurred_at=env.occurred_at.timestamp(), event_id=event_id, actor=sender)
+        return replace(d, envelope=stand_in)
+    reason = check_subject(prefix, d.subject, env)
+    if reason is None:
+        return d
+    _, region, cluster = agent_subject(prefix, d.subject)
+    payload = SecurityRejected(consumer="audit", subject=d.subject, sender=sender, claimed_producer=env.producer,
+                               claimed_region=env.region, claimed_cluster=env.cluster, event_type=env.type,
+                               event_id=env.event_id, job_id=env.job_id, attempt=env.attempt,
+                               stream_sequence=d.stream_sequence, reason=reason)
+    stand_in = make_event(EventType.SECURITY_REJECTED_MESSAGE, payload, producer=sender,
+                          occurred_at=env.occurred_at.timestamp(),
+                          event_id=business_event_id("security", "audit", d.subject, env.event_id),
+                          region=region, cluster=cluster, actor=sender)
+    stand_in = stand_in.model_copy(update=dict(payload={**stand_in.payload, "data": env.model_dump_json()[:65536]}))
+    return replace(d, envelope=stand_in)
+
+
 class AuditService:
     """Writes every event of the federation to ClickHouse.
 
@@ -125,6 +182,7 @@ class AuditService:
             UnavailableError: ClickHouse cannot be reached (the consumer backs off and retries).
             DecodeError: a payload does not validate (dead-lettered by the consumer).
         """
+        deliveries = [screened(d, self.bus.prefix) for d in deliveries]
         events = [event_row(d) for d in deliveries]
         decisions = [r for d in deliveries if (r := decision_row(d.envelope)) is not None]
         inventory = [r for d in deliveries for r in inventory_rows(d.envelope)]
@@ -135,8 +193,10 @@ class AuditService:
         if inventory:
             with self.metrics.time_insert("inventory"):
                 await self.store.insert_new("inventory", inventory, INVENTORY_COLUMNS, ("event_id", "card_model"))
+        # keyed on (event id, subject): what one agent publishes on its own subject under another
+        # cluster's event id never takes the place of that cluster's event in the log
         with self.metrics.time_insert("events"):
-            self.written += await self.store.insert_new("events", events, EVENT_COLUMNS, "event_id")
+            self.written += await self.store.insert_new("events", events, EVENT_COLUMNS, ("event_id", "subject"))
 
     async def lag(self) -> int:
         """Events not yet written (all three consumers)."""

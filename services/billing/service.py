@@ -3,12 +3,26 @@
 Two durable consumers feed one writer:
 
 * ``billing`` on ``<p>.status.>``: ended attempts -> ``compute`` lines;
-* ``billing-transfer`` on ``<p>.placements.>``: placements that move data -> ``transfer`` lines.
+* ``billing-transfer`` on ``<p>.placements.>``: every placement goes into the placement book
+  (NATS KV bucket ``<p>_placements``, key ``<job>.<attempt>.<shard>``, the
+  :class:`~services.billing.usage.PlacementRecord` as JSON; a put of the same record is
+  idempotent); placements that move data -> ``transfer`` lines.
+
+Agents speak only for themselves (issue 14, :mod:`fedsched.trust`): a status is priced only
+when its envelope matches the subject it came on and the book holds a placement of exactly
+that attempt on exactly that region and cluster, and the line's tenant, project, card model,
+GPUs and prices come from that placement, only the times from the agent. A status whose
+placement the book lacks waits (the batch is handed back, like an outage) while the placement
+consumer has not yet read up to it -- both consumers read one stream, in which the placement
+always precedes its statuses -- and is refused once it has: refused messages bill nothing,
+and are dead-lettered with the reason and recorded as ``security.rejected_message``.
 
 What a line is and costs is the pure core's business (:mod:`services.billing.usage`). The cycle
 of one batch (:meth:`BillingService.write`):
 
-1. price the batch's events into lines (pure);
+0. put the batch's placements into the placement book, and screen its statuses against the
+   book (refusals dead-lettered and recorded; :meth:`BillingService.screen`);
+1. price the batch's events into lines (pure; a status with its placement);
 2. insert the lines not yet in ``usage`` (:meth:`~fedsched.store.Store.insert_new`, keyed on
    ``usage_id`` = the event id), so redelivery, restarts and replays never bill twice;
 3. for every (tenant, month) the batch touches, recompute the month-to-date spend from
@@ -26,26 +40,33 @@ consumers share one lock, so spend is always computed after the insert it must i
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from datetime import UTC, datetime
 from decimal import Decimal
 
 import nats.errors
+import nats.js.errors
 
 from fedsched import telemetry
 from fedsched.bus import Bus, Delivery, DurableConsumer
 from fedsched.dispatch import SkippedTypes
 from fedsched.errors import UnavailableError
-from fedsched.events import EventType, UsageRecorded, business_event_id, make_event
+from fedsched.events import EventType, JobStatus, UsageRecorded, business_event_id, make_event
 from fedsched.metrics import WriterMetrics
 from fedsched.pricing import PriceCatalog, money
 from fedsched.store import AsyncStore
-from services.billing.usage import BILLING_EVENTS, USAGE_COLUMNS, UsageLine, spend_key
+from fedsched.trust import PlacedAttempt, Rejection, check_placement, check_subject, rejection_events
+from services.billing.usage import (BILLING_EVENTS, ENDINGS, USAGE_COLUMNS, PlacementRecord, UsageLine,
+                                    compute_line, placement_key, placement_record, spend_key)
 
 log = logging.getLogger(__name__)
 
 #: KV bucket (``<prefix>_spend``) holding month-to-date spend per tenant.
 SPEND_BUCKET = "spend"
+
+#: KV bucket (``<prefix>_placements``): billing's placement book (see the module docstring).
+PLACEMENT_BUCKET = "placements"
 
 _SPEND_SQL = """
     SELECT sum(cost) FROM {db}.usage
@@ -89,25 +110,151 @@ class BillingService:
         self.skipped = SkippedTypes("billing")  #: events of unknown types (newer producers) skipped
         self._lock = asyncio.Lock()
         self._kv = None
+        self._book = None
+        self.rejected = 0  #: statuses refused by the trust checks
 
-    def lines(self, deliveries: list[Delivery]) -> list[UsageLine]:
-        """The priced lines of a batch (step 1; pure)."""
+    def lines(self, deliveries: list[Delivery], placements: dict[str, PlacementRecord]) -> list[UsageLine]:
+        """The priced lines of a batch (step 1; pure), given the placements of its statuses
+        (key :func:`~services.billing.usage.placement_key`; statuses without one are skipped)."""
         out = []
         for d in deliveries:
-            price = BILLING_EVENTS.route(d.envelope.type, self.skipped)
-            line = price(d.envelope, self.prices) if price is not None else None
+            env = d.envelope
+            price = BILLING_EVENTS.route(env.type, self.skipped)
+            if price is None:
+                continue
+            if price is compute_line:
+                placed = placements.get(placement_key(env.job_id, env.attempt, env.payload_as(JobStatus).shard))
+                line = compute_line(env, placed, self.prices) if placed is not None else None
+            else:
+                line = price(env, self.prices)
             if line is not None:
                 out.append(line)
         return out
 
+    async def _placement_book(self):
+        if self._book is None:
+            self._book = await self.bus.key_value(PLACEMENT_BUCKET, ttl_s=self.bus.max_age_s)
+        return self._book
+
+    async def record_placements(self, deliveries: list[Delivery]) -> None:
+        """Put the batch's placements into the placement book (idempotent).
+
+        Raises:
+            UnavailableError: NATS unreachable.
+        """
+        records = [r for d in deliveries if (r := placement_record(d.envelope)) is not None]
+        if not records:
+            return
+        try:
+            book = await self._placement_book()
+            for r in records:
+                await book.put(r.key, json.dumps(r.to_json()).encode())
+        except (nats.errors.Error, asyncio.TimeoutError, OSError) as e:
+            self._book = None
+            raise UnavailableError(f"cannot record placements: {e!r}") from e
+
+    async def _lookup(self, key: str) -> PlacementRecord | None:
+        try:
+            book = await self._placement_book()
+            entry = await book.get(key)
+        except nats.js.errors.KeyNotFoundError:
+            return None
+        except (nats.errors.Error, asyncio.TimeoutError, OSError) as e:
+            self._book = None
+            raise UnavailableError(f"cannot read the placement book: {e!r}") from e
+        try:
+            return PlacementRecord.from_json(json.loads(entry.value))
+        except (KeyError, ValueError, TypeError):
+            return None
+
+    async def _placements_read_past(self, sequence: int) -> bool:
+        """Whether the placement consumer has recorded every placement up to stream ``sequence``."""
+        try:
+            info = await self.bus.js.consumer_info(self.transfer_consumer.stream, self.transfer_consumer.durable)
+        except nats.js.errors.NotFoundError:
+            return False
+        except (nats.errors.Error, asyncio.TimeoutError, OSError) as e:
+            raise UnavailableError(f"cannot read the placement consumer's progress: {e!r}") from e
+        if int(info.num_pending or 0) == 0 and int(info.num_ack_pending or 0) == 0:
+            return True
+        return bool(info.ack_floor and (info.ack_floor.stream_seq or 0) >= sequence)
+
+    async def _wait_for_placements(self, sequence: int, timeout_s: float = 2.0) -> bool:
+        """Wait (up to ``timeout_s``, polling every 50 ms) until the placement consumer has
+        recorded every placement up to stream ``sequence``; True when it has."""
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while not await self._placements_read_past(sequence):
+            if asyncio.get_running_loop().time() >= deadline:
+                return False
+            await asyncio.sleep(0.05)
+        return True
+
+    async def screen(self, deliveries: list[Delivery]) -> tuple[list[Delivery], dict[str, PlacementRecord]]:
+        """The statuses of a batch that may be billed, with their placements; the others are
+        refused (:meth:`reject`). See the module docstring.
+
+        Raises:
+            UnavailableError: a status's placement may still be on its way, or NATS is unreachable.
+        """
+        keep: list[Delivery] = []
+        placements: dict[str, PlacementRecord] = {}
+        refused: list[Rejection] = []
+        for d in deliveries:
+            env = d.envelope
+            reason = check_subject(self.bus.prefix, d.subject, env) if d.subject else None
+            if reason is None and env.type in ENDINGS:
+                shard = env.payload_as(JobStatus).shard
+                key = placement_key(env.job_id, env.attempt, shard)
+                placed = placements.get(key) or await self._lookup(key)
+                if placed is None and await self._wait_for_placements(d.stream_sequence):
+                    placed = await self._lookup(key)  # recorded meanwhile (or never placed)
+                if placed is None:
+                    if not await self._placements_read_past(d.stream_sequence):
+                        raise UnavailableError(f"waiting for the placement of {key} (placement consumer behind)")
+                    reason = f"attempt {env.attempt} (shard {shard}) of {env.job_id} was never placed"
+                else:
+                    reason = check_placement(env, True, PlacedAttempt(placed.attempt, placed.region, placed.cluster),
+                                             placed.attempt)
+                    if reason is None:
+                        placements[key] = placed
+            if reason is not None:
+                refused.append(Rejection(self.consumer.durable, d.subject, env, reason, d.stream_sequence,
+                                         headers=tuple(sorted(d.headers.items()))))
+                continue
+            keep.append(d)
+        if refused:
+            await self.reject(refused)
+        return keep, placements
+
+    async def reject(self, refused: list[Rejection]) -> None:
+        """Dead-letter the refused statuses and record them as security events.
+
+        Raises:
+            UnavailableError: NATS did not acknowledge.
+        """
+        now = refused[0].envelope.occurred_at.timestamp()
+        items = [(subject, event, None) for r in refused for subject, event in rejection_events(self.bus.subjects, r, now)]
+        for r in refused:
+            log.warning("billing: refused %s on %s: %s", r.envelope.type, r.subject, r.reason)
+        if not all(await self.bus.publish_many(items)):
+            raise UnavailableError("could not record refused statuses; will retry")
+        self.rejected += len(refused)
+
     async def write(self, deliveries: list[Delivery]) -> None:
         """Bill one batch (steps 1-4 of the module docstring); return only once all is committed.
+
+        Placements of the batch are recorded in the placement book first, then its statuses are
+        screened against the book (:meth:`screen`).
 
         Raises:
             UnavailableError: ClickHouse or NATS unreachable (retried by the consumer).
             DecodeError: a payload does not validate (dead-lettered by the consumer).
         """
-        lines = self.lines(deliveries)
+        placements = [d for d in deliveries if d.envelope.type == EventType.JOB_PLACED]
+        await self.record_placements(placements)
+        statuses = [d for d in deliveries if d.envelope.type != EventType.JOB_PLACED]
+        statuses, placed = await self.screen(statuses)
+        lines = self.lines(placements + statuses, placed)
         if not lines:
             return
         async with self._lock:

@@ -5,8 +5,14 @@ No I/O, no clock: every function maps an event (and the price catalog) to values
 Two kinds of line (``usage.line``):
 
 * ``compute`` -- one per attempt interval that ended (``job.finished``, ``job.failed``,
-  ``job.stopped``) after it had started. The interval [started_at, ended_at] is taken at
-  millisecond precision (what the store keeps), ``ms = ended_at - started_at``:
+  ``job.stopped``) after it had started. Only the times come from the agent's status (its
+  ``started_at`` and the ending event's time); what ran, for whom, where and how big -- tenant,
+  project, region, zone, cluster, card model, kind, GPU and CPU demand, cross-region -- come from
+  the federation's own placement of that attempt (:class:`PlacementRecord`, from the
+  scheduler's ``job.placed``), never from the status payload (issue 14: an agent speaks only for
+  the attempts placed on its cluster; :mod:`fedsched.trust`). The start is never before the
+  placement. The interval [started_at, ended_at] is taken at millisecond precision (what the
+  store keeps), ``ms = ended_at - started_at``:
 
   - GPU work:  ``gpu_seconds = gpu_milli / 1000 * ms / 1000`` and
     ``cost = sum over price segments of gpu_milli / 1000 * segment_ms / 3_600_000 * gpu_hour(region, card, segment)``;
@@ -130,9 +136,90 @@ def flag_of(outcome: str, reason: str) -> str:
     return reason or "stopped"
 
 
-def compute_line(e: Envelope, catalog: PriceCatalog) -> UsageLine | None:
-    """The ``compute`` line of an ending status event; None for other events or attempts that
-    never started.
+@dataclass(frozen=True, slots=True)
+class PlacementRecord:
+    """The federation's record of one placed attempt (from the scheduler's ``job.placed``):
+    what billing prices an attempt by.
+
+    Attributes:
+        event_id: the ``job.placed`` event's id.
+        job_id, attempt, shard: which attempt.
+        tenant, project: its owners.
+        region, zone, cluster: where it was placed.
+        card_model: canonical card model ("" for CPU-only).
+        kind: the job's kind.
+        gpu_milli: milli-GPUs of the whole gang (``spec.total_gpu_milli``).
+        cpu_milli: milli-cores of the whole gang (``spec.cpu_milli * spec.workers``).
+        cross_region: placed outside the job's home region.
+        placed_at: business time of the placement (aware UTC).
+    """
+
+    event_id: str
+    job_id: str
+    attempt: int
+    shard: int
+    tenant: str
+    project: str
+    region: str
+    zone: str
+    cluster: str
+    card_model: str
+    kind: str
+    gpu_milli: int
+    cpu_milli: int
+    cross_region: bool
+    placed_at: datetime
+
+    @property
+    def key(self) -> str:
+        """Its key in billing's placement book: ``<job>.<attempt>.<shard>`` (:func:`placement_key`)."""
+        return placement_key(self.job_id, self.attempt, self.shard)
+
+    def to_json(self) -> dict:
+        """JSON form (the placement book's value)."""
+        return {**{f: getattr(self, f) for f in self.__slots__ if f != "placed_at"},
+                "placed_at": self.placed_at.isoformat()}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "PlacementRecord":
+        """Parse :meth:`to_json`'s form.
+
+        Raises:
+            KeyError, ValueError, TypeError: not a placement record.
+        """
+        return cls(**{**{f: data[f] for f in cls.__slots__ if f != "placed_at"},
+                      "placed_at": as_utc(datetime.fromisoformat(data["placed_at"]))})
+
+
+def placement_key(job_id: str, attempt: int, shard: int) -> str:
+    """Key of one attempt in the placement book: ``<job>.<attempt>.<shard>`` (job ids hold no dots)."""
+    return f"{job_id}.{attempt}.{shard}"
+
+
+def placement_record(e: Envelope) -> PlacementRecord | None:
+    """The placement record of a ``job.placed`` event, else None.
+
+    Raises:
+        DecodeError: the payload does not validate.
+    """
+    if e.type != EventType.JOB_PLACED:
+        return None
+    p = e.payload_as(JobPlaced)
+    spec = p.spec
+    return PlacementRecord(
+        event_id=e.event_id, job_id=e.job_id, attempt=e.attempt, shard=p.shard, tenant=e.tenant, project=e.project,
+        region=e.region, zone=e.zone, cluster=e.cluster, card_model=p.card_model, kind=spec.kind.value,
+        gpu_milli=spec.total_gpu_milli, cpu_milli=spec.cpu_milli * spec.workers, cross_region=p.cross_region,
+        placed_at=to_ms(e.occurred_at))
+
+
+def compute_line(e: Envelope, placed: PlacementRecord, catalog: PriceCatalog) -> UsageLine | None:
+    """The ``compute`` line of an ending status event of the attempt ``placed``; None for other
+    events or attempts that never started.
+
+    Only ``e``'s times are used (``started_at``, not before the placement; the event's time as
+    the end); everything else is the placement's. The caller has checked that ``e`` is about
+    ``placed`` (:func:`fedsched.trust.check_placement`).
 
     Raises:
         DecodeError: the payload does not validate.
@@ -143,33 +230,34 @@ def compute_line(e: Envelope, catalog: PriceCatalog) -> UsageLine | None:
     s = e.payload_as(JobStatus)
     if s.started_at is None:
         return None
-    start, end = to_ms(s.started_at), to_ms(e.occurred_at)
+    start, end = max(to_ms(s.started_at), placed.placed_at), to_ms(e.occurred_at)
     end = max(start, end)
     ms = _ms(start, end)
     cost = Decimal(0)
     prices = set()
     for seg_start, seg_ms in price_segments(start, end, catalog):
         at = seg_start
-        if s.gpu_milli > 0:
-            unit = catalog.gpu_hour(e.region, s.card_model, at)
-            cost += Decimal(s.gpu_milli) / 1000 * Decimal(seg_ms) / _MS_PER_HOUR * unit
+        if placed.gpu_milli > 0:
+            unit = catalog.gpu_hour(placed.region, placed.card_model, at)
+            cost += Decimal(placed.gpu_milli) / 1000 * Decimal(seg_ms) / _MS_PER_HOUR * unit
         else:
-            unit = catalog.cpu_core_hour_in(e.region, at)
-            cost += Decimal(s.cpu_milli) / 1000 * Decimal(seg_ms) / _MS_PER_HOUR * unit
+            unit = catalog.cpu_core_hour_in(placed.region, at)
+            cost += Decimal(placed.cpu_milli) / 1000 * Decimal(seg_ms) / _MS_PER_HOUR * unit
         prices.add(unit)
     cost = money(cost)
     if len(prices) == 1:
         unit_price = prices.pop()
     else:  # several time-of-day prices: the effective average per GPU- (or core-) hour
-        amount = Decimal(s.gpu_milli or s.cpu_milli) / 1000 * Decimal(ms) / _MS_PER_HOUR
+        amount = Decimal(placed.gpu_milli or placed.cpu_milli) / 1000 * Decimal(ms) / _MS_PER_HOUR
         unit_price = money(cost / amount) if amount else Decimal(0)
     if outcome == "stopped" and s.reason:
         outcome = f"stopped:{s.reason}"
     return UsageLine(
-        usage_id=e.event_id, line="compute", job_id=e.job_id, attempt=e.attempt, shard=s.shard, tenant=e.tenant,
-        project=e.project, region=e.region, zone=e.zone, cluster=e.cluster, card_model=s.card_model, kind=s.kind,
-        outcome=outcome, flag=flag_of(ENDINGS[e.type], s.reason), cross_region=int(s.cross_region), started_at=start,
-        ended_at=end, gpu_milli=s.gpu_milli, gpu_seconds=s.gpu_milli * ms / 1_000_000, transfer_bytes=0,
+        usage_id=e.event_id, line="compute", job_id=placed.job_id, attempt=placed.attempt, shard=placed.shard,
+        tenant=placed.tenant, project=placed.project, region=placed.region, zone=placed.zone, cluster=placed.cluster,
+        card_model=placed.card_model, kind=placed.kind, outcome=outcome, flag=flag_of(ENDINGS[e.type], s.reason),
+        cross_region=int(placed.cross_region), started_at=start, ended_at=end, gpu_milli=placed.gpu_milli,
+        gpu_seconds=placed.gpu_milli * ms / 1_000_000, transfer_bytes=0,
         unit_price=money(unit_price), price_version=catalog.version, cost=cost, currency=catalog.currency)
 
 
@@ -200,8 +288,9 @@ def spend_key(tenant: str, month: str) -> str:
 
 
 #: Billing's dispatch table: event type -> the function that prices its line
-#: (``fn(event, catalog) -> UsageLine | None``). ``job.rejected`` ends an attempt that never
-#: started and ``job.cancelled`` a job never placed: no interval, nothing to bill.
+#: (``compute_line(event, placement, catalog)`` for an ending status, whose placement the
+#: service looks up; ``transfer_line(event, catalog)`` for a placement). ``job.rejected`` ends an
+#: attempt that never started and ``job.cancelled`` a job never placed: no interval, nothing to bill.
 BILLING_EVENTS: EventTable = EventTable({
     **{t: compute_line for t in ENDINGS},
     EventType.JOB_PLACED: transfer_line,

@@ -79,6 +79,7 @@ from fedsched.pricing import PriceCatalog
 from fedsched.tenancy import DEFAULT_RETRY_BUDGET, RetryBudgetDoc
 from fedsched.whatif import WHAT_IF_JOB_ID, ShardWhatIf, WhatIfReply, WhatIfRequest
 from fedsched.whatif import subject as what_if_subject
+from fedsched.trust import PlacedAttempt, Rejection, check_placement, check_subject, rejection_events
 from services.scheduler.approvals import TenancyGate
 from services.scheduler.states import ACTIVE, Outcome, ShardState, StopReason
 from services.scheduler.core import (ClusterEvaluation, ClusterIndex, ClusterState, NodeState, Pending, Placement,
@@ -283,6 +284,9 @@ class SchedulerService:
         self._counterfactuals = 0
         self.on_cycle: list = []  # callables run after every cycle (e.g. a replay driver's wake-up)
         self._dirty = asyncio.Event()
+        #: messages refused by the trust checks (fedsched.trust), published at the next cycle
+        self.rejections: list[Rejection] = []
+        self.rejected = 0  #: messages refused so far
         self._stop = asyncio.Event()
         self._status_sub = None
         self._what_if_sub = None
@@ -500,9 +504,31 @@ class SchedulerService:
 
     # ------------------------------------------------------------------ state from events
 
+    def _reject(self, consumer: str, d: Delivery, reason: str) -> None:
+        """Refuse a message (it changes nothing); its dead letter and security record go out at
+        the next cycle (:meth:`_publish_rejections`)."""
+        log.warning("%s: refused %s on %s: %s", consumer, d.envelope.type, d.subject, reason)
+        self.rejections.append(Rejection(consumer, d.subject, d.envelope, reason, d.stream_sequence,
+                                         headers=tuple(sorted(d.headers.items()))))
+        self.rejected += 1
+        self._dirty.set()
+
+    async def _publish_rejections(self) -> None:
+        """Publish the dead letters and security records of refused messages (kept on failure)."""
+        pending, self.rejections = self.rejections, []
+        items = [(subject, event, None) for r in pending
+                 for subject, event in rejection_events(self.subjects, r, self.clock.time())]
+        if not items:
+            return
+        ok = await self.publisher.publish_many(items)
+        self.rejections = [r for i, r in enumerate(pending) if not all(ok[2 * i:2 * i + 2])] + self.rejections
+
     def _apply_event(self, d: Delivery) -> None:
         self.applied_seq = d.stream_sequence
         env = d.envelope
+        if d.subject and (reason := check_subject(self.subjects.prefix, d.subject, env)) is not None:
+            self._reject("scheduler-events", d, reason)
+            return
         handler = EVENTS.route(env.type, self.skipped["scheduler-events"])
         if handler is not None:
             handler(self, env, d)
@@ -743,6 +769,9 @@ class SchedulerService:
         """Fold a heartbeat or snapshot; a cluster is as fresh as its newest message's
         production time (so reading an old heartbeat after a restart does not revive it)."""
         env = d.envelope
+        if d.subject and (reason := check_subject(self.subjects.prefix, d.subject, env)) is not None:
+            self._reject("scheduler-inventory", d, reason)
+            return
         info = self.clusters.get(env.cluster)
         at = self._produced_at(d)
         handler = INVENTORY.route(env.type, self.skipped["scheduler-inventory"])
@@ -866,6 +895,8 @@ class SchedulerService:
         t0 = time.perf_counter()  # cycle duration (a metric, not a rule)
         self.policy = self.governor.effective_policy(self.base_policy)  # governance: weights, quota filter
         now_live = self.liveness.time()
+        if self.rejections:  # refused messages: dead letters and security records
+            await self._publish_rejections()
         self._judge_staleness(now_live)                                              # 1
         await self._reclaim(now_live)
         self._expire_unschedulable(self.clock.time())
@@ -1143,11 +1174,24 @@ def _attempt_status(fold, *, ends: bool):
     """A ``scheduler-events`` handler of a status event (``job.started`` or a terminal status)
     of one attempt: ``fold(svc, job, shard, env, status)`` runs only when the event is about the
     shard's current attempt and the shard still has it (not done, not requeued: an attempt we
-    already gave up on is ignored). With ``ends`` the attempt's resources are released first."""
+    already gave up on is ignored). With ``ends`` the attempt's resources are released first.
+
+    A status that contradicts the scheduler's placements (:func:`fedsched.trust.check_placement`:
+    unknown job or shard, an attempt never placed, or the current attempt reported from another
+    cluster) is refused and changes nothing. An earlier attempt's status is a late event (its
+    cluster is no longer kept): ignored as before."""
     def handler(svc: SchedulerService, env: Envelope, d: Delivery) -> None:
         status = env.payload_as(JobStatus)
         found = svc._shard(env, status.shard)
-        if found is None:
+        shard = found[1] if found is not None else None
+        placed = (PlacedAttempt(shard.attempt, shard.region, shard.cluster)
+                  if shard is not None and env.attempt == shard.attempt > 0 and shard.cluster else None)
+        if env.job_id in svc.jobs and found is None:
+            reason = f"job {env.job_id} has no shard {status.shard}"
+        else:
+            reason = check_placement(env, found is not None, placed, shard.attempt if shard is not None else 0)
+        if reason is not None:
+            svc._reject("scheduler-events", d, reason)
             return
         job, shard = found
         if env.attempt != shard.attempt or shard.state in (ShardState.DONE, ShardState.QUEUED, ShardState.HELD):
@@ -1181,6 +1225,7 @@ EVENTS: EventTable = EventTable({
     EventType.APPROVAL_REQUESTED, EventType.APPROVAL_APPROVED, EventType.APPROVAL_REJECTED,
     EventType.APPROVAL_EXPIRED,
     EventType.AGENT_RECONCILED,  # an agent's own audit record; its stops come as job.stopped
+    EventType.SECURITY_REJECTED_MESSAGE,  # on the dead-letter stream; listed for completeness
 }))
 
 #: ``scheduler-inventory``: which branch of ``_apply_inventory`` an inventory event takes.

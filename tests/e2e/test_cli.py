@@ -150,9 +150,9 @@ def _store_queries_are_read_only(nats_port: int, grpc: str, data_dir: Path) -> N
     assert outsider.returncode == 1 and "cannot connect to NATS" in outsider.stderr, outsider.stderr
     forged = _run("sql", "--nats-url", f"nats://someone:guess@127.0.0.1:{nats_port}", "SELECT 1")
     assert forged.returncode == 1 and "cannot connect to NATS" in forged.stderr, forged.stderr
-    bus_only = data_dir / "bus-only"  # the bus password, but no admin token
+    bus_only = data_dir / "bus-only"  # the bus users (ops), but no admin token
     bus_only.mkdir()
-    (bus_only / "nats.password").write_text((data_dir / "nats.password").read_text())
+    (bus_only / "nats.users").write_text((data_dir / "nats.users").read_text())
     anonymous = _run("sql", "--nats-url", url, "SELECT 1", data_dir=bus_only)
     assert anonymous.returncode == 1 and "admin's token" in anonymous.stderr, anonymous.stderr
     sam = _run("principal", "put", "sam-reader", "--role", "submitter:search", "--server", grpc, "-o", "json",

@@ -25,7 +25,7 @@ from fedsched.telemetry import trace_id_of
 from services.audit.service import AuditService
 from services.billing.service import BillingService
 from services.inventory.trace import TraceNode
-from tests.builders import unique, until
+from tests.builders import placement_of, unique, until
 
 START = datetime(2023, 3, 1, 12, 0, tzinfo=UTC).timestamp()
 
@@ -46,6 +46,7 @@ async def test_same_event_twice_gives_one_audit_row_and_one_usage_row(bus, store
     tasks = [asyncio.create_task(audit.run()), asyncio.create_task(billing.run())]
     subject = bus.subjects.status("cn-east-1", "cn-east-1-c1")
     started, finished = _status("job.started"), _status("job.finished", at=START + 3600)
+    await bus.publish(bus.subjects.placements("cn-east-1", "cn-east-1-c1"), placement_of(finished, at=START - 60))
     for e in (started, finished):
         await bus.publish(subject, e)
         # the same event again, under another message id: JetStream cannot dedup it, the writers must
@@ -61,7 +62,7 @@ async def test_same_event_twice_gives_one_audit_row_and_one_usage_row(bus, store
     await asyncio.gather(*tasks)
     db = store.database
     rows = store.query(f"SELECT type, count() FROM {db}.events WHERE job_id = 'j-1' AND type LIKE 'job.%' GROUP BY type ORDER BY type").rows
-    assert rows == [("job.finished", 1), ("job.started", 1)]
+    assert rows == [("job.finished", 1), ("job.placed", 1), ("job.started", 1)]
     (usage,) = store.query(f"SELECT gpu_seconds, unit_price, cost, outcome FROM {db}.usage").rows
     # 2 GPUs x 3600 s in cn-east-1 (T4: 6.0 x 0.9 = 5.4 per GPU-hour) = 10.8
     assert usage == (7200.0, Decimal("5.400000"), Decimal("10.800000"), "finished")
@@ -80,6 +81,7 @@ async def test_an_unknown_event_type_is_stored_by_audit_and_skipped_by_billing_n
                       occurred_at=datetime.fromtimestamp(START + 60, UTC), producer="agent/cn-east-1-c1",
                       region="cn-east-1", cluster="cn-east-1-c1", tenant="nlp", project="train", job_id="j-1",
                       attempt=1, payload={"checkpoint": "s3://ckpt/7", "gpu_milli": 2000})
+    await bus.publish(bus.subjects.placements("cn-east-1", "cn-east-1-c1"), placement_of(_status("job.finished")))
     for e in (_status("job.started"), future, _status("job.finished", at=START + 3600)):
         await bus.publish(subject, e)
 
@@ -111,6 +113,8 @@ async def test_a_batch_written_twice_after_a_crash_is_not_doubled(bus, store):
     subject = bus.subjects.status("cn-east-1", "cn-east-1-c1")
     events = [_status("job.finished", job=f"j-{i}", at=START + 60 * (i + 1)) for i in range(20)]
     deliveries = [Delivery(e, subject, {}, i + 1, 1) for i, e in enumerate(events)]
+    placements = bus.subjects.placements("cn-east-1", "cn-east-1-c1")
+    await billing.write([Delivery(placement_of(e), placements, {}, 100 + i, 1) for i, e in enumerate(events)])
     await audit.write(deliveries)
     await billing.write(deliveries)
     await audit.write(deliveries[:7] + deliveries)  # redelivered, partly twice in one batch
@@ -132,8 +136,8 @@ def _placed(job="j-9", attempt=1, transfer_bytes=4_000_000_000):
     from fedsched.events import JobPlaced, WorkerBinding
     from fedsched.jobs import Dataset, JobSpec
 
-    spec = JobSpec(tenant="nlp", project="train", home_region="cn-north-1", kind="training",
-                   datasets=(Dataset(name="nlp/corpus", home_region="cn-north-1", size_bytes=transfer_bytes),))
+    spec = JobSpec(tenant="nlp", project="train", home_region="cn-north-1", kind="training", gpus_per_worker=2,
+                   cpu_milli=8000, datasets=(Dataset(name="nlp/corpus", home_region="cn-north-1", size_bytes=transfer_bytes),))
     payload = JobPlaced(spec=spec, card_model="nvidia-t4-16gb", bindings=(WorkerBinding(worker=0, node="n1"),),
                         cross_region=True, transfer_bytes=transfer_bytes)
     return make_event("job.placed", payload, producer="scheduler", occurred_at=START,

@@ -34,7 +34,8 @@ def required(terminal: frozenset) -> dict[str, tuple[EventTable, frozenset]]:
         "scheduler-inventory": (SCHEDULER_INVENTORY, INVENTORY_TYPES),
         "scheduler-governor": (GOVERNOR_EVENTS, attempts | APPROVAL_TYPES),
         # follows jobs, placements, decisions, status, governance and usage
-        "admission-job-view": (JOB_VIEW_EVENTS, every - INVENTORY_TYPES - {EventType.BUS_DEAD_LETTER}),
+        "admission-job-view": (JOB_VIEW_EVENTS, every - INVENTORY_TYPES - {EventType.BUS_DEAD_LETTER,
+                                                                            EventType.SECURITY_REJECTED_MESSAGE}),
         "admission-routes": (ADMISSION_EVENTS, APPROVAL_TYPES | {EventType.USAGE_RECORDED}),
         "admission-approval-view": (APPROVAL_VIEW_EVENTS, APPROVAL_TYPES),
         "admission-inventory": (ADMISSION_INVENTORY, INVENTORY_TYPES),

@@ -93,3 +93,24 @@ def test_subjects_carry_routing_names_and_refuse_bad_tokens():
         s.placements("cn-east-1", "c2.>")
     with pytest.raises(InvalidName):
         s.job("submitted", "se*", "train")
+
+
+def test_keyed_message_ids_are_deterministic_and_unguessable_without_the_key():
+    """Issue 14: an agent's Nats-Msg-Id is HMAC(key, subject + event id), so another agent cannot
+    pre-empt it in JetStream's duplicate window; unkeyed connections keep the event id."""
+    from fedsched.bus import Bus
+    from fedsched.events import Heartbeat, make_event
+
+    class _NC:
+        def jetstream(self, **kw):
+            return None
+
+    bus = Bus(_NC(), "fed")
+    e = make_event("inventory.heartbeat", Heartbeat(), producer="agent/x", occurred_at=1.7e9)
+    assert bus.msg_id("fed.status.r.c", e) == e.event_id
+    bus.msg_id_key = b"k1"
+    keyed = bus.msg_id("fed.status.r.c", e)
+    assert keyed == bus.msg_id("fed.status.r.c", e) and keyed != e.event_id and len(keyed) == 32
+    assert keyed != bus.msg_id("fed.status.r.c2", e)
+    bus.msg_id_key = b"k2"
+    assert bus.msg_id("fed.status.r.c", e) != keyed

@@ -21,7 +21,7 @@ import pytest
 from fedsched.events import business_event_id
 from fedsched.jobs import PriorityClass
 from fedsched.pricing import load_price_catalog
-from services.billing.usage import compute_line
+from services.billing.usage import compute_line, placement_record
 from services.scheduler.states import Outcome, ShardState
 from tests.builders import T4, ClusterSpec, Decision, SchedulerHarness, nodes
 
@@ -372,7 +372,8 @@ async def test_a_lost_running_attempt_is_billed_up_to_when_it_was_declared_lost(
     ended = next(p.event for p in h.publisher.published if p.event.type == "job.stopped")
     assert ended.occurred_at.timestamp() == pytest.approx(declared)
     assert ended.event_id == business_event_id("j1", 1, 0, "ended")  # the id the agent would give it
-    line = compute_line(ended, load_price_catalog())
+    placed = next(p.event for p in h.publisher.published if p.event.type == "job.placed")
+    line = compute_line(ended, placement_record(placed), load_price_catalog())
     assert line is not None and line.flag == "cluster_lost"
     assert line.gpu_seconds == pytest.approx(8 * (declared - started), abs=0.01)
 

@@ -1,0 +1,129 @@
+"""Issue 14 items 1 and 2 on a real nats-server carrying the deployment's accounts file
+(``deploy/nats/accounts.conf``, one user per agent): an agent may publish only on its own
+subjects (a permission violation otherwise, and nothing stored), and what it may publish on its
+own subject about another cluster's job is refused by billing and changes no bill."""
+
+import asyncio
+from datetime import UTC, datetime
+from pathlib import Path
+
+import nats
+import pytest
+
+from fedsched.bus import Bus
+from fedsched.events import JobStatus, business_event_id, make_event
+from fedsched.natsd import EmbeddedNats
+from fedsched.pricing import load_price_catalog
+from fedsched.store import AsyncStore
+from services.billing.service import BillingService
+from tests.builders import placement_of, until
+
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "nats" / "accounts.conf"
+R = "cn-north-1"
+C1, C2 = "cn-north-1-c1", "cn-north-1-c2"
+START = datetime(2023, 3, 1, 12, 0, tzinfo=UTC).timestamp()
+
+
+@pytest.fixture
+def deployed_server(tmp_path):
+    """A nats-server with JetStream and the deployment's accounts (dev passwords ``dev-<user>``)."""
+    server = EmbeddedNats(tmp_path / "nats", accounts=DEPLOY.read_text(),
+                          passwords={u: f"dev-{u}" for u in ("ops", "billing", f"agent-{C1}", f"agent-{C2}")})
+    server.start()
+    yield server
+    server.stop()
+
+
+async def _connect(server: EmbeddedNats, user: str, errors: list[Exception] | None = None) -> Bus:
+    inbox = "" if user == "ops" else f"_INBOX_{user}"
+    bus = await Bus.connect(server.client_url_for(user), "fed", name=user, inbox_prefix=inbox)
+
+    async def on_error(e: Exception) -> None:
+        if errors is not None:
+            errors.append(e)
+    bus.nc._error_cb = on_error
+    return bus
+
+
+def _finished(job: str, cluster: str, at: float) -> object:
+    return make_event("job.finished", JobStatus(card_model="nvidia-t4-16gb", gpu_milli=8000, kind="training",
+                                                started_at=datetime.fromtimestamp(START, UTC)),
+                      producer=f"agent/{cluster}", occurred_at=at, event_id=business_event_id(job, 1, 0, "ended"),
+                      region=R, zone=R + "a", cluster=cluster, tenant="search", project="train", job_id=job, attempt=1)
+
+
+async def test_an_agent_cannot_publish_or_read_for_another_cluster(deployed_server):
+    ops = await _connect(deployed_server, "ops")
+    await ops.ensure_streams()
+    errors: list[Exception] = []
+    agent = await _connect(deployed_server, f"agent-{C2}", errors)
+    try:
+        # its own status subject: stored
+        own = _finished("j-own", C2, START + 60)
+        await agent.publish(agent.subjects.status(R, C2), own)
+        # another cluster's status subject: a permission violation, nothing stored
+        forged = _finished("j-victim", C1, START + 60)
+        await agent.nc.publish(agent.subjects.status(R, C1), forged.to_bytes())
+        # nor may it read another cluster's placements
+        await agent.nc.subscribe(agent.subjects.placements(R, C1))
+        await agent.nc.flush()
+
+        def violations():
+            return [str(e).lower() for e in errors if "permissions violation" in str(e).lower()]
+        assert await until(lambda: len(violations()) == 2, timeout=10, interval=0.05)
+        assert any(f'publish to "fed.status.{R}.{C1}"' in v for v in violations())
+        assert any(f'subscription to "fed.placements.{R}.{C1}"' in v for v in violations())
+        # the server logs each one, naming the user (what the embedded replay test counts)
+        log = (deployed_server.store_dir / "nats-server.log").read_text()
+        assert f'"FED/user:agent-{C2}" - Publish Violation - Subject "fed.status.{R}.{C1}"' in log
+        info = await ops.js.stream_info(ops.stream_name("EVENTS"), subjects_filter="fed.status.>")
+        assert info.state.subjects == {f"fed.status.{R}.{C2}": 1}
+        # JetStream API: its durable only with its own filter
+        from nats.js import api
+        with pytest.raises((nats.errors.TimeoutError, nats.js.errors.Error)):
+            await agent.js.add_consumer(ops.stream_name("EVENTS"), api.ConsumerConfig(
+                name=f"agent-{C2}", durable_name=f"agent-{C2}", filter_subject=f"fed.placements.{R}.{C1}",
+                ack_policy=api.AckPolicy.EXPLICIT), timeout=1)
+    finally:
+        await agent.close()
+        await ops.close()
+
+
+async def test_a_forged_end_on_the_agents_own_subject_bills_nothing(deployed_server, chdb_path):
+    """The half NATS cannot stop: c2's agent reports c1's job finished on its own subject."""
+    from fedsched.store import open_store
+    from tests.builders import unique
+
+    store = open_store(chdb_path=chdb_path, database=unique("db"))
+    ops = await _connect(deployed_server, "ops")
+    await ops.ensure_streams()
+    billing_bus = await _connect(deployed_server, "billing")
+    agent1, agent2 = await _connect(deployed_server, f"agent-{C1}"), await _connect(deployed_server, f"agent-{C2}")
+    billing = BillingService(billing_bus, AsyncStore(store), load_price_catalog(), linger_s=0.02)
+    task = asyncio.create_task(billing.run())
+    try:
+        real = _finished("j-1", C1, START + 3600)
+        scheduler_placement = placement_of(real, at=START - 60)
+        await ops.publish(ops.subjects.placements(R, C1), scheduler_placement)
+        # the forger even uses the message id an unkeyed publisher would give the real end, to
+        # have JetStream drop it as a duplicate; the real agent's ids are keyed (Bus.msg_id)
+        agent1.msg_id_key = b"agent-1's own secret"
+        await agent2.js.publish(agent2.subjects.status(R, C2), _finished("j-1", C2, START + 60).to_bytes(),
+                                headers={"Nats-Msg-Id": real.event_id})
+        await agent2.js.publish(agent2.subjects.status(R, C2), _finished("invented", C2, START + 86400).to_bytes(),
+                                headers={"Nats-Msg-Id": "forged-2"})
+        assert await until(lambda: billing.rejected == 2, timeout=20, interval=0.05)
+        assert store.query(f"SELECT count() FROM {store.database}.usage").scalar() == 0
+        await agent1.publish(agent1.subjects.status(R, C1), real)
+
+        def billed():
+            return store.query(f"SELECT count(), sum(cost) FROM {store.database}.usage").rows[0]
+        assert await until(lambda: billed()[0] == 1, timeout=20, interval=0.05)
+        assert store.query(f"SELECT usage_id, cluster FROM {store.database}.usage").rows == [(real.event_id, C1)]
+        info = await ops.js.stream_info(ops.stream_name("DLQ"), subjects_filter="fed.deadletter.>")
+        assert info.state.subjects == {"fed.deadletter.billing": 4}  # 2 x (dead letter + security record)
+    finally:
+        billing.stop()
+        await task
+        for b in (agent1, agent2, billing_bus, ops):
+            await b.close()

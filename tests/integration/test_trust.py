@@ -1,0 +1,120 @@
+"""Issue 14 item 1 on real NATS + real chDB: billing prices only what the federation placed, and
+audit records what agents say for others as security events, attributed to the sender."""
+
+import asyncio
+from datetime import UTC, datetime
+from decimal import Decimal
+
+from fedsched.events import DeadLetter, Envelope, JobStatus, business_event_id, make_event
+from fedsched.pricing import load_price_catalog
+from fedsched.store import AsyncStore
+from services.audit.service import AuditService
+from services.billing.service import BillingService
+from tests.builders import placement_of, until
+
+START = datetime(2023, 3, 1, 12, 0, tzinfo=UTC).timestamp()
+R = "cn-east-1"
+C1, C2 = "cn-east-1-c1", "cn-east-1-c2"
+
+
+def _status(type_, *, job="j-1", cluster=C1, at=START, gpu_milli=2000, card="nvidia-t4-16gb", tenant="nlp"):
+    step = "started" if type_ == "job.started" else "ended"
+    return make_event(type_, JobStatus(card_model=card, gpu_milli=gpu_milli, cpu_milli=8000, kind="training",
+                                       started_at=datetime.fromtimestamp(START, UTC)),
+                      producer=f"agent/{cluster}", occurred_at=at, event_id=business_event_id(job, 1, 0, step),
+                      region=R, zone=R + "a", cluster=cluster, tenant=tenant, project="train", job_id=job, attempt=1)
+
+
+async def test_forged_ends_bill_nothing_and_the_real_end_is_billed_once(bus, store):
+    """The issue's two examples: the agent of c2 reports c1's running job SUCCEEDED (with the id
+    the real end will have), and reports an invented job of 512 H100s for 30 days."""
+    astore = AsyncStore(store)
+    billing = BillingService(bus, astore, load_price_catalog(), linger_s=0.02)
+    audit = AuditService(bus, astore, linger_s=0.02)
+    tasks = [asyncio.create_task(billing.run()), asyncio.create_task(audit.run())]
+    real_end = _status("job.finished", at=START + 3600)
+    await bus.publish(bus.subjects.placements(R, C1), placement_of(real_end, at=START - 60))
+    await bus.publish(bus.subjects.status(R, C1), _status("job.started"))
+    # c2's agent, on its own subject (all its NATS user may publish on)
+    forged_success = _status("job.finished", at=START + 60)
+    forged_success_c2 = _status("job.finished", cluster=C2, at=START + 60)
+    invented = _status("job.finished", job="invented", cluster=C2, at=START + 30 * 86400, gpu_milli=512_000,
+                       card="nvidia-h100-80gb", tenant="victim")
+    for forged in (forged_success, forged_success_c2, invented):
+        # another message id than the real end's (JetStream would otherwise drop the real one
+        # inside its duplicate window -- see the report)
+        await bus.js.publish(bus.subjects.status(R, C2), forged.to_bytes(),
+                             headers={"Nats-Msg-Id": "forged-" + forged.event_id + forged.cluster})
+
+    async def refused():
+        return billing.rejected == 3 and await billing.lag() == 0
+    assert await until(refused, timeout=20, interval=0.05)
+    db = store.database
+    assert store.query(f"SELECT count() FROM {db}.usage").scalar() == 0
+    # the real end arrives later, from where the job runs: billed once, at the placement's size
+    await bus.publish(bus.subjects.status(R, C1), real_end)
+
+    async def billed():
+        return store.query(f"SELECT count() FROM {db}.usage").scalar() == 1 and await billing.lag() == 0
+    assert await until(billed, timeout=20, interval=0.05)
+    rows = store.query(f"SELECT usage_id, tenant, cluster, card_model, gpu_milli, cost FROM {db}.usage").rows
+    assert rows == [(real_end.event_id, "nlp", C1, "nvidia-t4-16gb", 2000, Decimal("10.800000"))]
+    kv = await bus.key_value("spend")
+    assert (await kv.get("nlp.2023-03")).value == b"10.800000"
+    assert not [k async for k in _keys(kv) if k.startswith("victim.")]
+
+    async def audited():
+        n = store.query(f"SELECT count() FROM {db}.events WHERE type = 'security.rejected_message'").scalar()
+        return n >= 4 and await audit.lag() == 0
+    assert await until(audited, timeout=20, interval=0.05)
+    billing.stop(), audit.stop()
+    await asyncio.gather(*tasks)
+    sec = store.query(f"SELECT producer, cluster, JSONExtractString(payload, 'sender'), "
+                      f"JSONExtractString(payload, 'reason') FROM {db}.events "
+                      f"WHERE type = 'security.rejected_message' ORDER BY producer, payload").rows
+    by_billing = [r for r in sec if r[0] == "billing"]
+    # on a dead-letter subject audit attributes the row to that subject's sender (billing), no routing names
+    assert len(by_billing) == 3 and all(r[1] == "" and r[2] == f"agent/{R}/{C2}" for r in by_billing)
+    assert {r[3] for r in by_billing} == {
+        f"envelope claims {R}/{C1} but arrived on status subject of {R}/{C2}",
+        f"attempt 1 of j-1 was placed on {R}/{C1}, not on {R}/{C2}",
+        "attempt 1 (shard 0) of invented was never placed"}
+    # audit itself records the claim for another cluster as what it is, attributed to c2's agent
+    by_audit = [r for r in sec if r[0] == f"agent/{R}/{C2}"]
+    assert len(by_audit) == 1 and by_audit[0][1] == C2
+    assert store.query(f"SELECT count() FROM {db}.events WHERE type = 'job.finished' AND job_id = 'j-1' "
+                       f"AND cluster = '{C1}'").scalar() == 1
+
+
+async def _keys(kv):
+    try:
+        for k in await kv.keys():
+            yield k
+    except Exception:  # noqa: BLE001 - no keys at all
+        return
+
+
+async def test_an_agents_dead_letter_subject_cannot_put_events_into_the_audit_log(bus, store):
+    """An agent publishes a job.finished envelope 'from the scheduler' and a dead letter with a real
+    event's id on its dead-letter subject: audit records both only as bus.dead_letter rows
+    attributed to that agent, under ids of their own."""
+    astore = AsyncStore(store)
+    audit = AuditService(bus, astore, linger_s=0.02)
+    task = asyncio.create_task(audit.run())
+    fake = _status("job.finished", at=START + 60)
+    fake = Envelope.model_validate({**fake.model_dump(), "producer": "scheduler"})
+    dead = make_event("bus.dead_letter", DeadLetter(consumer="scheduler-events", subject="fed.x", reason="spoof"),
+                      producer="scheduler", occurred_at=START, event_id=fake.event_id, tenant="nlp", job_id="j-1")
+    subject = bus.subjects.deadletter("agent-" + C2)
+    await bus.js.publish(subject, fake.to_bytes(), headers={"Nats-Msg-Id": "a"})
+    await bus.js.publish(subject, dead.to_bytes(), headers={"Nats-Msg-Id": "b"})
+
+    async def written():
+        n = store.query(f"SELECT count() FROM {store.database}.events").scalar()
+        return await audit.lag() == 0 and n == 2
+    assert await until(written, timeout=20, interval=0.05)
+    audit.stop()
+    await task
+    rows = store.query(f"SELECT type, producer, tenant, job_id, event_id != '{fake.event_id}' "
+                       f"FROM {store.database}.events ORDER BY type").rows
+    assert rows == [("bus.dead_letter", "agent-" + C2, "", "", 1)] * 2

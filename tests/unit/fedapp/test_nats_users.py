@@ -1,0 +1,51 @@
+"""One permission table for the deployment and the embedded server (issue 14 item 2)."""
+
+import json
+import stat
+from pathlib import Path
+
+from fedapp import natsauth
+from fedapp.natsauth import LocalUsers, federation_users, render_accounts_conf
+
+DEPLOY = Path(__file__).resolve().parents[3] / "deploy" / "nats" / "accounts.conf"
+
+
+def test_deploy_accounts_file_is_the_tables_rendering():
+    assert DEPLOY.read_text() == render_accounts_conf(), \
+        "regenerate: python -m fedapp.natsauth > deploy/nats/accounts.conf"
+
+
+def test_embedded_users_are_the_deployments_users_for_the_same_clusters():
+    """The embedded server renders the same table: same users, same grants (only the passwords
+    and the JetStream-domain copies for leaf-node agents differ)."""
+    deploy = {u.user: u for u in federation_users("fed", natsauth.DEPLOY_CLUSTERS, js_domain="fed")}
+    embedded = {u.user: u for u in federation_users("fed", natsauth.DEPLOY_CLUSTERS)}
+    assert deploy.keys() == embedded.keys()
+    for name, u in embedded.items():
+        d = deploy[name]
+        assert (u.subscribe, u.responses, u.full) == (d.subscribe, d.responses, d.full)
+        assert set(u.publish) == {s for s in d.publish if not s.startswith("$JS.fed.API.")}
+
+
+def test_an_agent_may_publish_only_its_own_subjects_and_no_stream_api():
+    (agent,) = [u for u in federation_users("fed", [("cn-north-1", "cn-north-1-c1")]) if u.user.startswith("agent-")]
+    business = [s for s in agent.publish if not s.startswith("$")]
+    assert business == ["fed.inventory.cn-north-1.cn-north-1-c1", "fed.heartbeat.cn-north-1.cn-north-1-c1",
+                        "fed.status.cn-north-1.cn-north-1-c1", "fed.deadletter.agent-cn-north-1-c1",
+                        "fed.deadletter.agent-cn-north-1-c1-rebuild-p", "fed.deadletter.agent-cn-north-1-c1-rebuild-s"]
+    assert not [s for s in agent.publish if ".STREAM." in s or "*" in s or s.endswith(".>") and "ACK" not in s]
+    creates = [s for s in agent.publish if ".CONSUMER.CREATE." in s]
+    assert all(s.endswith((".fed.placements.cn-north-1.cn-north-1-c1", ".fed.status.cn-north-1.cn-north-1-c1"))
+               for s in creates)
+    assert agent.subscribe == ("_INBOX_agent-cn-north-1-c1.>", "fed.logs.cn-north-1.cn-north-1-c1")
+
+
+def test_local_users_are_made_once_kept_0600_and_extended(tmp_path):
+    users = LocalUsers(tmp_path)
+    first = users.ensure(["ops", "admission"])
+    assert stat.S_IMODE(users.path.stat().st_mode) == 0o600
+    assert len(set(first.values())) == 2 and all(len(p) >= 32 for p in first.values())
+    again = users.ensure(["ops", "admission", "agent-x"])
+    assert {k: again[k] for k in first} == first and "agent-x" in again
+    assert json.loads(users.path.read_text()) == again
+    assert stat.S_IMODE(users.path.stat().st_mode) == 0o600
