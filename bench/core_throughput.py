@@ -58,7 +58,7 @@ def build_view(n_clusters: int, nodes_per_cluster: int = 40, scenario: str = "fi
                                     n.memory_mib // 2, n.cpu_milli, n.memory_mib))
         models = {s.card_model for s in states}
         clusters.append(ClusterState(f"c{c:03d}", region if region.count("-") else region, f"{region}a", tuple(states),
-                                     prices={m: float(prices.gpu_hour(region, m)) for m in models}))
+                                     prices={m: float(prices.gpu_hour(region, m)) for m in models}).prepared())
     return View(tuple(clusters), 1.7e9)
 
 
@@ -77,6 +77,7 @@ def build_queue(n_jobs: int, regions: tuple[str, ...]) -> list[QueuedJob]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--clusters", default="8,64,256")
+    ap.add_argument("--nodes", type=int, default=40, help="nodes per cluster (5000 = the Karmada-scale view)")
     ap.add_argument("--jobs", default="1000,5000,10000")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--scenarios", default="full,steady,filling")
@@ -85,7 +86,9 @@ def main() -> None:
     print(f"{'scenario':>8} {'clusters':>8} {'pending':>8} {'placed':>7} {'cycle s (median)':>17} {'cpu s':>10} "
           f"{'decisions/s':>12}")
     for scenario, n_clusters in ((sc, int(x)) for sc in args.scenarios.split(",") for x in args.clusters.split(",")):
-        view = build_view(n_clusters, scenario=scenario)
+        t_build = time.perf_counter()
+        view = build_view(n_clusters, args.nodes, scenario=scenario)
+        t_build = time.perf_counter() - t_build
         regions = tuple(dict.fromkeys(c.region for c in view.clusters))
         for n_jobs in (int(x) for x in args.jobs.split(",")):
             queue = build_queue(n_jobs, regions)
