@@ -77,6 +77,19 @@ class _Class:
         return other
 
 
+def _count(stats: list, devices: tuple[int, ...], k: int) -> None:
+    """Add ``k`` nodes (negative: remove) with free cards ``devices`` to a pool's statistics."""
+    stats[0] += sum(devices) * k
+    idle = devices.count(WHOLE)
+    stats[1] += idle * k
+    for hist, value in ((stats[2], idle), (stats[3], max(devices) if devices else 0)):
+        left = hist.get(value, 0) + k
+        if left:
+            hist[value] = left
+        else:
+            del hist[value]
+
+
 class WorkingCluster:
     """Mutable free-resource copy of a :class:`ClusterState` (private to one decide() call).
 
@@ -93,7 +106,7 @@ class WorkingCluster:
         index: the cluster's index (default: ``cluster.idx()``).
     """
 
-    __slots__ = ("state", "gpu_free", "cpu_free", "mem_free", "by_model", "cpu_order", "_summary", "_totals",
+    __slots__ = ("state", "gpu_free", "cpu_free", "mem_free", "by_model", "cpu_order", "_stats",
                  "_pool", "_source", "_classes")
 
     def __init__(self, cluster: ClusterState, *, empty: bool = False, index: ClusterIndex | None = None) -> None:
@@ -113,8 +126,9 @@ class WorkingCluster:
         self._pool = index.pool if len(index.pool) == len(cluster.nodes) else tuple(pool_of(n) for n in cluster.nodes)
         self._source = source.pools
         self._classes: dict[str, dict[tuple, _Class]] = {}
-        self._summary: dict[str, tuple[int, int, int]] = {}
-        self._totals: dict[str, tuple[int, int]] = {}
+        # pool -> [free milli-GPU, idle cards, {idle cards on a node: nodes}, {largest free share on a
+        # node: nodes}, capacity milli-GPU], kept by _take once the pool's classes exist
+        self._stats: dict[str, list] = {}
 
     def classes(self, pool: str) -> dict[tuple, _Class]:
         """The capacity classes of ``pool`` now: signature ``(gpu_free, cpu_free, mem_free)`` ->
@@ -122,43 +136,37 @@ class WorkingCluster:
         got = self._classes.get(pool)
         if got is None:
             got = self._classes[pool] = {sig: _Class(ids) for sig, ids in self._source.get(pool, {}).items()}
+            stats = self._stats[pool] = [0, 0, {}, {}, 0]
+            for (devices, _, _), cls in got.items():
+                k = len(cls.members)
+                _count(stats, devices, k)
+                stats[4] += len(devices) * WHOLE * k
         return got
+
+    def _stats_of(self, pool: str) -> list:
+        stats = self._stats.get(pool)
+        if stats is None:
+            self.classes(pool)
+            stats = self._stats[pool]
+        return stats
 
     def summary(self, model: str) -> tuple[int, int, int]:
         """(largest free share on one card, most idle cards on one node, idle cards in all) for
-        ``model``; cached until a commit touches that model. Used to reject quickly.
+        ``model``. Used to reject quickly; O(distinct values), kept as nodes change.
         """
-        cached = self._summary.get(model)
-        if cached is None:
-            max_dev = max_idle = total_idle = 0
-            if model in self.by_model:
-                for (devices, _, _), cls in self.classes(model).items():
-                    if devices:
-                        top = max(devices)
-                        if top > max_dev:
-                            max_dev = top
-                    idle = devices.count(WHOLE)
-                    total_idle += idle * len(cls.members)
-                    if idle > max_idle:
-                        max_idle = idle
-            cached = self._summary[model] = (max_dev, max_idle, total_idle)
-        return cached
+        if model not in self.by_model:
+            return (0, 0, 0)
+        stats = self._stats_of(model)
+        return (max(stats[3]) if stats[3] else 0, max(stats[2]) if stats[2] else 0, stats[1])
 
     # ------------------------------------------------------------------ queries
 
     def totals(self, model: str) -> tuple[int, int]:
-        """(free, capacity) milli-GPUs of one card model on healthy nodes; cached until a commit
-        or release touches that model."""
-        cached = self._totals.get(model)
-        if cached is None:
-            free = cap = 0
-            if model in self.by_model:
-                for (devices, _, _), cls in self.classes(model).items():
-                    k = len(cls.members)
-                    free += sum(devices) * k
-                    cap += len(devices) * k
-            cached = self._totals[model] = (free, cap * WHOLE)
-        return cached
+        """(free, capacity) milli-GPUs of one card model on healthy nodes (kept as nodes change)."""
+        if model not in self.by_model:
+            return (0, 0)
+        stats = self._stats_of(model)
+        return (stats[0], stats[4])
 
     def free_milli(self, model: str | None = None) -> int:
         """Free milli-GPUs (of one card model, or all)."""
@@ -373,6 +381,10 @@ class WorkingCluster:
         self.cpu_free[i] -= sign * b.cpu_milli
         self.mem_free[i] -= sign * b.memory_mib
         if classes is not None:  # move the node to its new class
+            stats = self._stats[pool]
+            if b.devices:
+                _count(stats, old[0], -1)
+                _count(stats, self.gpu_free[i], 1)
             cls = classes[old]
             cls.members.discard(i)
             if not cls.members:
@@ -399,8 +411,7 @@ class WorkingCluster:
         other._pool = self._pool
         other._source = self._source
         other._classes = {p: {sig: c.copy() for sig, c in classes.items()} for p, classes in self._classes.items()}
-        other._summary = dict(self._summary)
-        other._totals = dict(self._totals)
+        other._stats = {p: [st[0], st[1], dict(st[2]), dict(st[3]), st[4]] for p, st in self._stats.items()}
         return other
 
     def release_work(self, work, sign: int = -1) -> None:
@@ -408,8 +419,6 @@ class WorkingCluster:
         ``sign=+1`` takes it instead (see :meth:`hold_work`)."""
         for node, devices, milli, cpu, mem in work.bindings:
             self._take(Binding(0, node, devices, milli, cpu, mem), sign)
-        self._summary.pop(work.card_model, None)
-        self._totals.pop(work.card_model, None)
 
     def hold_work(self, work) -> None:
         """Allocate what a :class:`~.snapshot.RunningWork` holds (replaying a placement)."""
@@ -419,12 +428,8 @@ class WorkingCluster:
         """Allocate a fit returned by :meth:`fit` (on this same working copy)."""
         for b in fit.bindings:
             self._take(b)
-        self._summary.pop(fit.card_model, None)
-        self._totals.pop(fit.card_model, None)
 
     def release(self, fit: Fit) -> None:
         """Undo :meth:`commit` (used by preemption what-ifs)."""
         for b in fit.bindings:
             self._release(b)
-        self._summary.pop(fit.card_model, None)
-        self._totals.pop(fit.card_model, None)

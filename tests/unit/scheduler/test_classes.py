@@ -114,6 +114,12 @@ def test_classes_stay_in_step_with_the_nodes_through_commits_and_releases(c, spe
             rebuilt.setdefault(pool, {}).setdefault((wc.gpu_free[i], wc.cpu_free[i], wc.mem_free[i]), set()).add(i)
     for pool, classes in rebuilt.items():
         assert {sig: cls.members for sig, cls in wc.classes(pool).items()} == classes
+    for model in MODELS:  # the per-model figures kept as nodes change, against a recount
+        held = [wc.gpu_free[i] for i, n in enumerate(c.nodes) if n.healthy and n.card_model == model and n.gpu_free]
+        assert wc.totals(model) == (sum(map(sum, held)), sum(map(len, held)) * WHOLE)
+        assert wc.summary(model) == (max((max(d) for d in held), default=0),
+                                     max((d.count(WHOLE) for d in held), default=0),
+                                     sum(d.count(WHOLE) for d in held))
     for spec in specs:
         assert wc.clone().fit(spec, list(MODELS)) == wc.clone().fit(spec, list(MODELS), only=set(range(len(c.nodes))))
 
