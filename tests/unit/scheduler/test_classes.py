@@ -144,3 +144,25 @@ def test_updated_classes_equal_classes_built_afresh(c, changes):
     fresh = CapacityClasses.build(tuple(nodes), index.pool)
     assert after == fresh
     assert before == CapacityClasses.build(c.nodes, index.pool)  # not modified
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(small_cluster(), gang(), gang())
+def test_a_clone_and_its_original_change_independently(c, first, second):
+    """Clones share classes copy-on-write: a commit on either side leaves the other as it was."""
+    wc = WorkingCluster(c)
+    wc.fit(first, list(MODELS))  # materialise the pools before cloning
+    before = {p: {sig: set(cls.members) for sig, cls in wc.classes(p).items()} for p in list(wc._classes)}
+    other = wc.clone()
+    fit = other.fit(first, list(MODELS))
+    if fit is not None:
+        other.commit(fit)
+    assert {p: {sig: set(cls.members) for sig, cls in wc.classes(p).items()} for p in before} == before
+    fit = wc.fit(second, list(MODELS))
+    if fit is not None:
+        wc.commit(fit)
+        twin = other.clone()
+        for b in fit.bindings:  # the clone's own state is untouched by the original's commit
+            assert twin.gpu_free[b.node] == other.gpu_free[b.node]
+    assert other.fit(second, list(MODELS)) == other.fit(second, list(MODELS), only=set(range(len(c.nodes))))
+    assert wc.fit(first, list(MODELS)) == wc.fit(first, list(MODELS), only=set(range(len(c.nodes))))
