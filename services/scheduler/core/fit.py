@@ -45,6 +45,10 @@ class Fit:
     bindings: tuple[Binding, ...]
 
 
+#: pools of at most this many nodes are searched node by node (the classes would not save work)
+SCAN_NODES_UP_TO = 64
+
+
 class _Class:
     """One capacity class of a working cluster: its node indices and a heap of them (lazy
     deletion) that yields the lowest index -- the node a node-by-node scan meets first."""
@@ -106,7 +110,7 @@ class WorkingCluster:
         index: the cluster's index (default: ``cluster.idx()``).
     """
 
-    __slots__ = ("state", "gpu_free", "cpu_free", "mem_free", "by_model", "cpu_order", "_stats",
+    __slots__ = ("state", "gpu_free", "cpu_free", "mem_free", "by_model", "cpu_order", "_stats", "scan_nodes_up_to",
                  "_pool", "_source", "_classes")
 
     def __init__(self, cluster: ClusterState, *, empty: bool = False, index: ClusterIndex | None = None) -> None:
@@ -129,6 +133,8 @@ class WorkingCluster:
         # pool -> [free milli-GPU, idle cards, {idle cards on a node: nodes}, {largest free share on a
         # node: nodes}, capacity milli-GPU], kept by _take once the pool's classes exist
         self._stats: dict[str, list] = {}
+        #: pools of at most this many nodes are searched node by node (same result, less work)
+        self.scan_nodes_up_to = SCAN_NODES_UP_TO
 
     def classes(self, pool: str) -> dict[tuple, _Class]:
         """The capacity classes of ``pool`` now: signature ``(gpu_free, cpu_free, mem_free)`` ->
@@ -242,6 +248,10 @@ class WorkingCluster:
     def _fit_model(self, spec: JobSpec, model: str, nodes: list[int] | None) -> Fit | None:
         """Fit the gang worker by worker on ``nodes`` (None: every node of the pool, searched by
         capacity class), taking each worker's share before placing the next; tentative."""
+        if nodes is None:  # a small pool: scanning its nodes is cheaper than its classes (same result)
+            pool = self.cpu_order if not model else self.by_model.get(model, ())
+            if len(pool) <= self.scan_nodes_up_to:
+                nodes = pool
         taken: list[Binding] = []
         for w in range(spec.workers):
             b = self._fit_worker(spec, w, nodes) if nodes is not None else self._fit_worker_classes(spec, w, model)
@@ -411,6 +421,7 @@ class WorkingCluster:
         other._pool = self._pool
         other._source = self._source
         other._classes = {p: {sig: c.copy() for sig, c in classes.items()} for p, classes in self._classes.items()}
+        other.scan_nodes_up_to = self.scan_nodes_up_to
         other._stats = {p: [st[0], st[1], dict(st[2]), dict(st[3]), st[4]] for p, st in self._stats.items()}
         return other
 

@@ -11,16 +11,25 @@ from __future__ import annotations
 
 import itertools
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fedsched.jobs import JobSpec
-from services.scheduler.core.fit import WorkingCluster
+from services.scheduler.core import fit as fit_module
 from services.scheduler.core.snapshot import WHOLE, CapacityClasses, ClusterIndex
 from tests.builders import G2, T4, cluster, node
 
 MODELS = (T4, G2)
-SHARES = (0, 250, 300, 500, 700, 1000)
+
+
+def WorkingCluster(c):  # noqa: N802 - the class under test, with every full search over classes
+    """A working cluster that searches capacity classes even for these small pools (by default
+    pools of up to ``SCAN_NODES_UP_TO`` nodes are scanned node by node)."""
+    wc = fit_module.WorkingCluster(c)
+    wc.scan_nodes_up_to = 0
+    return wc
+SHARES = (0, 250, 300, 500, 700, 1000, 1000, 1000)  # idle cards more often: whole-card gangs compete
 
 
 def _node_holds(n_free: tuple[int, ...], cpu_free: int, mem_free: int, spec: JobSpec, k: int) -> bool:
@@ -83,7 +92,30 @@ def gang(draw):
                    cpu_milli=draw(st.sampled_from((1000, 4000, 16000))), memory_mib=draw(st.sampled_from((1024, 8192))))
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def _spec(gpus: int, milli: int = WHOLE, workers: int = 1, cpu: int = 1000) -> JobSpec:
+    return JobSpec(tenant="search", project="train", home_region="cn-north-1", gpus_per_worker=gpus,
+                   gpu_milli=milli if gpus else 0, workers=workers, cpu_milli=cpu)
+
+
+BEST_FIT = [  # (id, nodes, job, chosen node index, devices): the node scan's rules, by table
+    ("fewest idle cards that fit", (node("a", T4, 4), node("b", T4, 2)), _spec(2), 1, (0, 1)),
+    ("equal fits: the lowest node", (node("a", T4, 2), node("b", T4, 2)), _spec(2), 0, (0, 1)),
+    ("a share on the fullest partial card", (node("a", T4, 2, (1000, 600)), node("b", T4, 2, (1000, 400))),
+     _spec(1, 300), 1, (1,)),
+    ("an exact partial fit on the lowest node wins", (node("a", T4, 2, (500, 1000)), node("b", T4, 1, (500,))),
+     _spec(1, 500), 0, (0,)),
+    ("CPU-only work on a node whose cards are busy", (node("a", T4, 2), node("b", T4, 2, (0, 0))),
+     _spec(0), 1, ()),
+]
+
+
+@pytest.mark.parametrize("name,nodes,spec,chosen,devices", BEST_FIT, ids=[c[0] for c in BEST_FIT])
+def test_class_fit_follows_the_best_fit_rules(name, nodes, spec, chosen, devices):
+    (b,) = WorkingCluster(cluster("c1", nodes=nodes)).fit(spec, [T4]).bindings
+    assert (b.node, b.devices) == (chosen, devices)
+
+
+@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(small_cluster(), gang(), st.permutations(MODELS))
 def test_class_fit_agrees_with_brute_force_and_with_the_node_scan(c, spec, models):
     models = list(models)
