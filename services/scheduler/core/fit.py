@@ -110,7 +110,7 @@ class WorkingCluster:
         index: the cluster's index (default: ``cluster.idx()``).
     """
 
-    __slots__ = ("state", "gpu_free", "cpu_free", "mem_free", "by_model", "cpu_order", "_stats", "scan_nodes_up_to",
+    __slots__ = ("state", "gpu_free", "cpu_free", "mem_free", "by_model", "cpu_order", "_stats", "scan_nodes_up_to", "_pending",
                  "_pool", "_source", "_classes")
 
     def __init__(self, cluster: ClusterState, *, empty: bool = False, index: ClusterIndex | None = None) -> None:
@@ -135,6 +135,10 @@ class WorkingCluster:
         self._stats: dict[str, list] = {}
         #: pools of at most this many nodes are searched node by node (same result, less work)
         self.scan_nodes_up_to = SCAN_NODES_UP_TO
+        #: pool -> node -> its signature in the pool's classes: nodes changed since the classes
+        #: were last brought up to date (done when they are next read; a what-if that releases
+        #: work and searches a few nodes by hand never pays for them)
+        self._pending: dict[str, dict[int, tuple]] = {}
 
     def classes(self, pool: str) -> dict[tuple, _Class]:
         """The capacity classes of ``pool`` now: signature ``(gpu_free, cpu_free, mem_free)`` ->
@@ -147,14 +151,36 @@ class WorkingCluster:
                 k = len(cls.members)
                 _count(stats, devices, k)
                 stats[4] += len(devices) * WHOLE * k
+        pending = self._pending.get(pool)
+        if pending:
+            self._flush(pool, got, pending)
         return got
 
+    def _flush(self, pool: str, classes: dict[tuple, _Class], pending: dict[int, tuple]) -> None:
+        """Move the nodes changed since the last look to their classes now (statistics too)."""
+        stats = self._stats[pool]
+        gpu, cpu, mem = self.gpu_free, self.cpu_free, self.mem_free
+        for i, old in pending.items():
+            new = (gpu[i], cpu[i], mem[i])
+            if new == old:
+                continue
+            if new[0] != old[0]:
+                _count(stats, old[0], -1)
+                _count(stats, new[0], 1)
+            cls = classes[old]
+            cls.members.discard(i)
+            if not cls.members:
+                del classes[old]
+            dest = classes.get(new)
+            if dest is None:
+                classes[new] = _Class((i,))
+            else:
+                dest.add(i)
+        pending.clear()
+
     def _stats_of(self, pool: str) -> list:
-        stats = self._stats.get(pool)
-        if stats is None:
-            self.classes(pool)
-            stats = self._stats[pool]
-        return stats
+        self.classes(pool)  # up to date
+        return self._stats[pool]
 
     def summary(self, model: str) -> tuple[int, int, int]:
         """(largest free share on one card, most idle cards on one node, idle cards in all) for
@@ -380,8 +406,6 @@ class WorkingCluster:
     def _take(self, b: Binding, sign: int = 1) -> None:
         i = b.node
         pool = self._pool[i] if i < len(self._pool) else None
-        # the pool's classes must exist before its first change (they are copied from the snapshot)
-        classes = self.classes(pool) if pool is not None else None
         old = (self.gpu_free[i], self.cpu_free[i], self.mem_free[i])
         if b.devices:
             free = list(old[0])
@@ -390,21 +414,12 @@ class WorkingCluster:
             self.gpu_free[i] = tuple(free)
         self.cpu_free[i] -= sign * b.cpu_milli
         self.mem_free[i] -= sign * b.memory_mib
-        if classes is not None:  # move the node to its new class
-            stats = self._stats[pool]
-            if b.devices:
-                _count(stats, old[0], -1)
-                _count(stats, self.gpu_free[i], 1)
-            cls = classes[old]
-            cls.members.discard(i)
-            if not cls.members:
-                del classes[old]
-            new = (self.gpu_free[i], self.cpu_free[i], self.mem_free[i])
-            dest = classes.get(new)
-            if dest is None:
-                classes[new] = _Class((i,))
-            else:
-                dest.add(i)
+        if pool is not None:  # its class changes when the classes are next read (_flush)
+            pending = self._pending.get(pool)
+            if pending is None:
+                pending = self._pending[pool] = {}
+            if i not in pending:
+                pending[i] = old
 
     def _release(self, b: Binding) -> None:
         self._take(b, -1)
@@ -422,6 +437,7 @@ class WorkingCluster:
         other._source = self._source
         other._classes = {p: {sig: c.copy() for sig, c in classes.items()} for p, classes in self._classes.items()}
         other.scan_nodes_up_to = self.scan_nodes_up_to
+        other._pending = {p: dict(d) for p, d in self._pending.items() if d}
         other._stats = {p: [st[0], st[1], dict(st[2]), dict(st[3]), st[4]] for p, st in self._stats.items()}
         return other
 
