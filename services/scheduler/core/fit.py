@@ -14,6 +14,13 @@ Rules:
   before breaking an idle card; whole-GPU work goes to the node with the fewest idle cards that
   still fit; CPU-only work prefers nodes whose cards are all busy (or that have none), so idle
   cards are not stranded without CPU. This keeps whole nodes free for big gangs.
+
+Scale: a full search looks at capacity classes -- the nodes of one card model with identical
+free state (:class:`~.snapshot.CapacityClasses`) -- not at nodes: the best class by the rules
+above, then its lowest node index, which is the node a node-by-node scan would pick
+(``tests/unit/scheduler/test_classes.py`` checks it against that scan and a brute force). A
+cluster of 5,000 nodes of a few node types has tens of classes. Pools of at most
+``SCAN_NODES_UP_TO`` nodes, and searches limited to a few nodes (``only``), scan nodes.
 """
 
 from __future__ import annotations
