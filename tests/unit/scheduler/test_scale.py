@@ -76,3 +76,67 @@ async def test_a_cycle_with_nothing_new_visits_nothing_of_the_running_work():
     await h.cycle()
     assert first >= 60
     assert h.svc.last_cycle_visits <= 2, h.svc.last_cycle_visit_counts  # the one queued job (queue, expiry)
+
+
+def _recount(svc) -> tuple[dict, dict]:
+    """What the view's running sets and tenant usage were when rebuilt by walking every placed or
+    running shard (the rule the incremental upkeep must keep)."""
+    running: dict[str, set] = {}
+    usage: dict[str, tuple[int, int, int]] = {}
+    now = svc.clock.time()
+    for job, shard in svc.active.values():
+        info = svc.clusters.get(shard.cluster)
+        if shard.placed is None or info is None:
+            continue
+        work = svc._running_work(job, shard, shard.placed, info, now)
+        if work is None:
+            continue
+        running.setdefault(shard.cluster, set()).add(work)
+        g, c, m = usage.get(job.tenant, (0, 0, 0))
+        s = job.spec
+        usage[job.tenant] = (g + s.total_gpu_milli, c + s.cpu_milli * s.workers, m + s.memory_mib * s.workers)
+    return running, usage
+
+
+async def test_the_incremental_view_equals_a_recount_through_starts_failures_reclaims_and_a_lost_cluster():
+    h = SchedulerHarness((ClusterSpec(A, node_list=nodes("a", count=2)), ClusterSpec(B, node_list=nodes("b", count=2))),
+                         reclaim_after_s=20.0, stale_after_s=3.0)
+    svc = h.svc
+
+    async def check() -> None:
+        view = svc.view()
+        running, usage = _recount(svc)
+        assert {c.name: set(c.running) for c in view.clusters if c.running} == running
+        assert {t: (u.gpu_milli, u.cpu_milli, u.memory_mib) for t, u in view.tenant_usage.items()} == usage
+
+    for i in range(24):
+        h.submit(f"j{i}", tenant=("search", "ads")[i % 2], gpus=1 + i % 3, retry_limit=3)
+    await h.cycle()
+    await check()
+    for i in range(0, 24, 2):
+        if h.shard(f"j{i}").state == ShardState.PLACED:
+            h.report(f"j{i}", "job.started")
+    await h.cycle()
+    await check()
+    for i in range(0, 12, 4):
+        if h.shard(f"j{i}").state == ShardState.RUNNING:
+            h.report(f"j{i}", "job.failed", reason="exit 1")  # requeued, placed again
+    for i in range(2, 12, 4):
+        if h.shard(f"j{i}").state == ShardState.RUNNING:
+            h.report(f"j{i}", "job.finished")
+    await h.cycle()
+    await check()
+    h.advance(25.0)  # unstarted placements are reclaimed and placed again
+    await h.cycle()
+    await check()
+    h.silence(B)
+    h.advance(5.0)  # B is lost: its work moves to A (or waits)
+    await h.cycle()
+    await check()
+    for job_id in list(svc.jobs):
+        if h.shard(job_id).state == ShardState.PLACED:
+            h.report(job_id, "job.started")
+    await h.cycle()
+    await check()
+    assert any(sh.losses for j in svc.jobs.values() for sh in j.shards)  # the lost-cluster path ran
+    assert any(sh.failures for j in svc.jobs.values() for sh in j.shards)
