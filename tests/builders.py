@@ -408,6 +408,7 @@ class SchedulerHarness:
         self.inventory: dict[tuple[str, str], Delivery] = {}  # newest per (subject family, cluster)
         self.specs: dict[str, JobSpec] = {}
         self.placed: dict[tuple[str, int], Envelope] = {}  # (job, shard) -> its latest job.placed
+        self.started: dict[tuple[str, int], float] = {}  # (job, attempt) -> its job.started time
         self._seq = 0
         self._next_beat = self.clock.time()
         self.publisher = FakePublisher()
@@ -430,6 +431,8 @@ class SchedulerHarness:
         self.events.append(d)
         if event.type == "job.placed":
             self.placed[(event.job_id, event.payload_as(JobPlaced).shard)] = event
+        elif event.type == "job.started":
+            self.started[(event.job_id, event.attempt)] = event.occurred_at.timestamp()
         self.svc.handle_event(d)
 
     def _inventory(self, event: Envelope, subject: str) -> None:
@@ -491,9 +494,7 @@ class SchedulerHarness:
     def report(self, job_id: str, type_: str, *, shard: int = 0, reason: str = "", progress_s: float = 0.0) -> None:
         """The agent of the shard's latest placement reports ``type_`` for that attempt."""
         placed = self.placed[(job_id, shard)]
-        started = next((d.envelope.occurred_at.timestamp() for d in reversed(self.events)
-                        if d.envelope.type == "job.started" and d.envelope.job_id == job_id
-                        and d.envelope.attempt == placed.attempt), None)
+        started = self.started.get((job_id, placed.attempt))
         if type_ == "job.started":
             started = self.clock.time()
         event = status_event(type_, placed, self.clock.time(), reason=reason, started_at=started, progress_s=progress_s)

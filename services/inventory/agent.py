@@ -182,6 +182,8 @@ class TraceBackend:
         self._seq = 0
         self._queue: list[AttemptStatus] = []
         self._wake = asyncio.Event()
+        #: heap entries the last :meth:`ready` popped (due ends and stale entries; never a scan)
+        self.last_ready_visits = 0
 
     # -- the Backend protocol
 
@@ -222,8 +224,10 @@ class TraceBackend:
     def ready(self) -> list[AttemptStatus]:
         out, self._queue = self._queue, []
         now = self.clock.time()
+        self.last_ready_visits = 0
         while self._heap and self._heap[0][0] <= now:
             ends_at, _, key = heapq.heappop(self._heap)
+            self.last_ready_visits += 1
             att = self._live.get(key)
             if att is None or att.ends_at != ends_at:
                 continue  # stopped or failed before its end
@@ -357,6 +361,11 @@ class ClusterAgent:
         self.reconciled: list[tuple[str, str]] = []
         self._reconciled_keys: list[AttemptKey] = []
         self._stop_retry: dict[AttemptKey, str] = {}  # stops the backend could not carry out yet
+        #: node -> keys of the running attempts with a worker there (a node failure stops these)
+        self._on_node: dict[str, dict[tuple[str, int, int], None]] = {}  # (dict: in the order they started)
+        #: attempt records the last drain (:meth:`finish_due`) visited: statuses reported, stops
+        #: retried, gangs on failed nodes -- what changed, never the whole running set
+        self.last_drain_visits = 0
         self._failed_nodes: set[str] = set()  # nodes seen failing whose gangs are not yet stopped
         self._log_tasks: set[asyncio.Task] = set()  # log requests being answered
         self._failed_nodes_seen = False  # a node failed since the last snapshot: publish one at once
@@ -775,6 +784,16 @@ class ClusterAgent:
     def _hold(self, job: RunningJob) -> None:
         self.running[job.key] = job
         self._live[(job.ref.job_id, job.shard)] = job.key
+        for b in job.placed.bindings:
+            self._on_node.setdefault(b.node, {})[job.key] = None
+
+    def _unindex(self, job: RunningJob) -> None:
+        for b in job.placed.bindings:
+            on = self._on_node.get(b.node)
+            if on is not None:
+                on.pop(job.key, None)
+                if not on:
+                    del self._on_node[b.node]
 
     def _release(self, key: tuple[str, int, int]) -> RunningJob | None:
         """Drop ``key`` from the running set (resources back, marked done); the job or None."""
@@ -782,6 +801,7 @@ class ClusterAgent:
         self.done.add(key)
         if job is None:
             return None
+        self._unindex(job)
         if self._live.get((job.ref.job_id, job.shard)) == key:
             del self._live[(job.ref.job_id, job.shard)]
         self._allocate(job.placed, -1)
@@ -816,6 +836,7 @@ class ClusterAgent:
         except BackendError as e:
             self._backend_error("launch")
             self.running.pop(key, None)
+            self._unindex(job)
             self._live.pop((env.job_id, placed.shard), None)
             self._allocate(placed, -1)
             if e.retryable:
@@ -965,22 +986,30 @@ class ClusterAgent:
             return await self._drain()
 
     async def _drain(self) -> int:
-        ended = 0
+        """One drain; its cost is what changed (counted in ``last_drain_visits``): the backend
+        hands over only the statuses it observed (the trace backend pops due ends off a heap),
+        failed nodes reach only their own gangs (an index by node), stops are retried one by one."""
+        ended = visits = 0
         for node in sorted(self._failed_nodes):
             self._failed_nodes.discard(node)
             self._failed_nodes_seen = True
-            ended += await self.fail_node(node)
+            hit = await self.fail_node(node)
+            ended += hit
+            visits += hit
         for key, reason in list(self._stop_retry.items()):
+            visits += 1
             await self._backend_stop(key, reason)
         for status in self.backend.ready():
+            visits += 1
             ended += await self.on_status(status)
+        self.last_drain_visits = visits
         return ended
 
     async def fail_node(self, node: str) -> int:
         """Stop, whole, every running attempt with a worker on ``node`` and report each
         ``job.failed`` reason ``node_failed`` (no exit code); returns how many."""
         now = self.clock.time()
-        hit = [k for k, j in self.running.items() if any(b.node == node for b in j.placed.bindings)]
+        hit = list(self._on_node.get(node, ()))
         for key in hit:
             job = self._release(key)
             await self._backend_stop(job.attempt_key, NODE_FAILED)

@@ -257,6 +257,7 @@ class KubernetesBackend:
         self._foreign: dict[str, tuple[str, int]] = {}  # other pods: name -> (node, GPUs)
         self._jobs: dict[str, dict] = {}
         self._tracked: dict[AttemptKey, _Tracked] = {}
+        self._pulling: dict[AttemptKey, None] = {}  # tracked attempts with pull_since set, re-evaluated per tick
         self._ready: list[AttemptStatus] = []
         self._wake = asyncio.Event()
         self._synced = {"nodes": asyncio.Event(), "pods": asyncio.Event(), "jobs": asyncio.Event()}
@@ -543,6 +544,7 @@ class KubernetesBackend:
             waiting = next((c["state"]["waiting"] for c in cstats if (c.get("state") or {}).get("waiting")), None)
             if tr is not None and waiting and waiting.get("reason") in PULL_WAITING:
                 since = tr.pull_since.setdefault(i, now)
+                self._pulling[tr.key] = None
                 if now - since >= self.opts.image_pull_limit_s:
                     return Phase.FAILED, now, {"reason": "image_pull", "worker": i, "node": node, "message": (
                         f"worker {i}: {waiting.get('reason')} for {now - since:.0f} s (limit "
@@ -829,8 +831,12 @@ class KubernetesBackend:
     def _tick(self) -> None:
         """Re-evaluate attempts whose failure depends on time passing (a worker in image-pull
         back-off), not only on a watch event."""
-        for tr in [t for t in self._tracked.values() if t.pull_since]:
-            self._evaluate(tr.key)
+        for key in list(self._pulling):  # only attempts with a worker waiting on its image
+            tr = self._tracked.get(key)
+            if tr is None or not tr.pull_since:
+                self._pulling.pop(key, None)
+                continue
+            self._evaluate(key)
 
     def ready(self) -> list[AttemptStatus]:
         """Statuses observed and not yet returned (no waiting)."""

@@ -58,6 +58,7 @@ heartbeat age, reclamation timers); the bus itself is only needed by :meth:`Sche
 from __future__ import annotations
 
 import asyncio
+import heapq
 import json
 import logging
 import math
@@ -84,6 +85,7 @@ from services.scheduler.approvals import TenancyGate
 from services.scheduler.states import ACTIVE, Outcome, ShardState, StopReason
 from services.scheduler.core import (ClusterEvaluation, ClusterIndex, ClusterState, NodeState, Pending, Placement,
                                      Policy, QueuedJob, RunningWork, Usage, View, decide)
+from services.scheduler.core.snapshot import CapacityClasses
 from services.scheduler.core.explain import pending_counterfactual, placement_counterfactual
 from services.scheduler.core.queues import queue_of
 
@@ -218,6 +220,7 @@ class ClusterInfo:
     position: dict[str, int] = field(default_factory=dict)
     index: ClusterIndex | None = None
     dirty_nodes: set[str] = field(default_factory=set)
+    classes: CapacityClasses | None = None  # capacity classes of ``nodes``, updated from the dirty nodes
 
 
 class SchedulerService:
@@ -298,6 +301,24 @@ class SchedulerService:
         self.retries_used: dict[tuple[str, str], int] = {}
         self.metrics = metrics if metrics is not None else SchedulerMetrics()
         self.metrics.watch_heartbeats(self.heartbeat_ages)
+        # Incremental view (see _track): shards holding or giving up resources, per cluster; the
+        # view's records of started work and the tenants' usage, kept from one cycle to the next.
+        #: state (placed, running, stopping) -> cluster -> key -> (job, shard)
+        self._on: dict[ShardState, dict[str, dict[tuple[str, int], tuple[JobEntry, ShardEntry]]]] = {
+            ShardState.PLACED: {}, ShardState.RUNNING: {}, ShardState.STOPPING: {}}
+        self._tracked: dict[tuple[str, int], tuple[str, ShardState]] = {}  # key -> (cluster, state) indexed under
+        self._works: dict[str, dict[tuple[str, int], RunningWork]] = {}  # cluster -> started shard -> record
+        self._work_use: dict[tuple[str, int], tuple[str, int, int, int]] = {}  # its (tenant, GPU, CPU, MiB) held
+        self._work_dirty: dict[str, set[tuple[str, int]]] = {}  # started shards whose record must be (re)built
+        self._running_tuple: dict[str, tuple[RunningWork, ...]] = {}
+        self._positions: dict[str, dict] = {}  # cluster -> the node positions its records were built on
+        self._held: dict[str, list[int]] = {}  # tenant -> [milli-GPU, milli-CPU, MiB] of started work
+        self._unstarted_due: list[tuple[float, int, tuple[str, int], int]] = []  # (placed_wall, seq, key, attempt)
+        self._due_seq = 0
+        #: shard records the last cycle visited outside decide() (queue, view records rebuilt,
+        #: reclamation candidates, quota usage): per kind and in all (the scale tests' counter)
+        self.last_cycle_visit_counts: dict[str, int] = {}
+        self.last_cycle_visits = 0
 
     # ------------------------------------------------------------------ inputs
 
@@ -376,10 +397,30 @@ class SchedulerService:
         for info in self.clusters.values():
             if info.name not in self._stale:
                 due = min(due, info.seen_at + self.stale_after_s - now)
-        for _, shard in self.active.values():
-            if shard.state == ShardState.PLACED:
-                due = min(due, shard.placed_wall + self.reclaim_after_s - now)
+        first = self._first_unstarted()
+        if first is not None:
+            due = min(due, first[0] + self.reclaim_after_s - now)
         return max(self.interval_s, due + 0.001)
+
+    def _unstarted_entry(self, entry: tuple) -> tuple[JobEntry, ShardEntry] | None:
+        """The shard of a reclamation-heap entry if the entry is still its current placement
+        (placed, not started, same attempt and placement time), else None."""
+        wall, _, (job_id, index), attempt = entry
+        job = self.jobs.get(job_id)
+        if job is None:
+            return None
+        shard = job.shards[index]
+        if shard.state != ShardState.PLACED or shard.attempt != attempt or shard.placed_wall != wall:
+            return None
+        return job, shard
+
+    def _first_unstarted(self) -> tuple | None:
+        """The reclamation heap's earliest live entry (dropping dead ones on the way), or None.
+        Amortised O(log n) per placement: each entry is pushed once and popped once."""
+        heap = self._unstarted_due
+        while heap and self._unstarted_entry(heap[0]) is None:
+            heapq.heappop(heap)
+        return heap[0] if heap else None
 
     def stop(self) -> None:
         """Ask :meth:`run` to return."""
@@ -492,7 +533,50 @@ class SchedulerService:
             self.stopping.pop(key, None)
         if state != ShardState.QUEUED:
             shard.unplaceable, shard.unplaceable_since = False, None
+        self._track(job, shard)
         self._dirty.set()
+
+    def _track(self, job: JobEntry, shard: ShardEntry) -> None:
+        """Keep the per-cluster indexes current for one shard (after any change of its state or
+        placement): placed, running (with a placement) and stopping shards under ``_on[state]
+        [cluster]``; a running one also gets a view record, built at the next :meth:`view`.
+        O(1); what the cycle reads instead of walking every job."""
+        key = (job.job_id, shard.index)
+        state = shard.state
+        if state in self._on and shard.cluster and (state == ShardState.STOPPING or shard.placed is not None):
+            where = (shard.cluster, state)
+        else:
+            where = None
+        old = self._tracked.get(key)
+        if old == where:
+            return
+        if old is not None:
+            cluster, was = old
+            self._on[was].get(cluster, {}).pop(key, None)
+            if was == ShardState.RUNNING:
+                self._drop_work(cluster, key)
+            self._tracked.pop(key)
+        if where is None:
+            return
+        cluster, now = where
+        self._on[now].setdefault(cluster, {})[key] = (job, shard)
+        if now == ShardState.RUNNING:
+            self._work_dirty.setdefault(cluster, set()).add(key)
+        self._tracked[key] = where
+
+    def _drop_work(self, cluster: str, key: tuple[str, int]) -> None:
+        """Forget a shard's view record on ``cluster`` (and its usage)."""
+        self._work_dirty.get(cluster, set()).discard(key)
+        if self._works.get(cluster, {}).pop(key, None) is not None:
+            self._running_tuple.pop(cluster, None)
+        self._unhold(key)
+
+    def _unhold(self, key: tuple[str, int]) -> None:
+        """Take a dropped view record's resources off its tenant's usage."""
+        use = self._work_use.pop(key, None)
+        if use is not None:
+            h = self._held[use[0]]
+            h[0], h[1], h[2] = h[0] - use[1], h[1] - use[2], h[2] - use[3]
 
     def _requeue(self, job: JobEntry, shard: ShardEntry, *, avoid: str = "") -> None:
         if avoid:
@@ -750,6 +834,8 @@ class SchedulerService:
         info = self.clusters.get(cluster)
         if info is not None:
             _allocate(info, placed, +1)
+        self._due_seq += 1
+        heapq.heappush(self._unstarted_due, (placed_wall, self._due_seq, (job.job_id, shard.index), attempt))
         self._set(job, shard, ShardState.PLACED)
 
     def _unbind(self, shard: ShardEntry) -> None:
@@ -758,7 +844,7 @@ class SchedulerService:
         info = self.clusters.get(shard.cluster)
         if info is not None:
             _allocate(info, shard.placed, -1)
-        shard.placed = None
+        shard.placed = None  # (every caller then moves the shard with _set, which re-indexes it)
 
     def _produced_at(self, d: Delivery) -> float:
         """Liveness-clock seconds at which a delivery was produced: its JetStream time, else now
@@ -824,36 +910,80 @@ class SchedulerService:
     # ------------------------------------------------------------------ the cycle
 
     def view(self) -> View:
-        """The current resource view (immutable); heartbeat ages on the liveness clock."""
+        """The current resource view (immutable); heartbeat ages on the liveness clock.
+
+        Incremental: a cluster's node states and capacity classes are rebuilt only for nodes
+        whose allocation changed, the records of started work only for shards that started,
+        moved or ended since the last view (all of a cluster's when its nodes changed), and the
+        tenants' usage of started work is kept as it changes. What is rebuilt every time is the
+        record of each placed, not yet started shard (it is expected to start ``now``). Cost:
+        O(clusters + changes + placed-not-started), not O(jobs); counted in
+        ``last_cycle_visit_counts["view"]``.
+        """
         now_live = self.liveness.time()
         now = self.clock.time()
+        visits = 0
         for info in self.clusters.values():  # node positions must be current before bindings map to them
             if info.cached is None:
                 info.cached = _cluster_state(info, self.prices)
-        running: dict[str, list[RunningWork]] = {}
-        held: dict[str, list[int]] = {}  # tenant -> [milli-GPU, milli-CPU, MiB]
-        for job, shard in self.active.values():
-            p = shard.placed
-            info = self.clusters.get(shard.cluster)
-            if p is None or info is None:
-                continue
-            work = self._running_work(job, shard, p, info, now)
-            if work is None:
-                continue
-            running.setdefault(shard.cluster, []).append(work)
-            spec = job.spec
-            h = held.setdefault(job.tenant, [0, 0, 0])
-            h[0] += spec.total_gpu_milli
-            h[1] += spec.cpu_milli * spec.workers
-            h[2] += spec.memory_mib * spec.workers
-        usage = {tenant: Usage(*h) for tenant, h in held.items()}
+            if self._positions.get(info.name) is not info.position:  # nodes changed: every record of it
+                self._positions[info.name] = info.position
+                self._work_dirty.setdefault(info.name, set()).update(self._on[ShardState.RUNNING].get(info.name, ()))
+        for name, keys in self._work_dirty.items():
+            info = self.clusters.get(name)
+            if info is None or not keys:
+                continue  # rebuilt once its inventory arrives
+            works = self._works.setdefault(name, {})
+            active = self._on[ShardState.RUNNING].get(name, {})
+            for key in keys:
+                visits += 1
+                works.pop(key, None)
+                self._unhold(key)
+                entry = active.get(key)
+                if entry is None:
+                    continue
+                job, shard = entry
+                work = self._running_work(job, shard, shard.placed, info, now)
+                if work is None:
+                    continue  # bound to a node the inventory no longer has: neither held nor shown
+                spec = job.spec
+                use = (job.tenant, spec.total_gpu_milli, spec.cpu_milli * spec.workers, spec.memory_mib * spec.workers)
+                works[key] = work
+                self._work_use[key] = use
+                h = self._held.setdefault(job.tenant, [0, 0, 0])
+                h[0], h[1], h[2] = h[0] + use[1], h[1] + use[2], h[2] + use[3]
+            keys.clear()
+            self._running_tuple.pop(name, None)
+        held = {tenant: list(h) for tenant, h in self._held.items() if any(h)}
         clusters = []
         for info in sorted(self.clusters.values(), key=lambda c: c.name):
             age = now_live - info.seen_at
             if info.cached is None:
                 info.cached = _cluster_state(info, self.prices)
-            clusters.append(replace(info.cached, heartbeat_age_s=age, running=tuple(running.get(info.name, ()))))
+            started = self._running_tuple.get(info.name)
+            if started is None:
+                started = self._running_tuple[info.name] = tuple(self._works.get(info.name, {}).values())
+            unstarted = []
+            for job, shard in self._on[ShardState.PLACED].get(info.name, {}).values():
+                visits += 1
+                work = self._running_work(job, shard, shard.placed, info, now)
+                if work is None:
+                    continue
+                unstarted.append(work)
+                spec = job.spec
+                h = held.setdefault(job.tenant, [0, 0, 0])
+                h[0] += spec.total_gpu_milli
+                h[1] += spec.cpu_milli * spec.workers
+                h[2] += spec.memory_mib * spec.workers
+            clusters.append(replace(info.cached, heartbeat_age_s=age, running=started + tuple(unstarted)))
+        self._visit("view", visits)
+        usage = {tenant: Usage(*h) for tenant, h in held.items()}
         return View(tuple(clusters), now, self.stale_after_s, usage)
+
+    def _visit(self, kind: str, n: int) -> None:
+        """Count ``n`` shard records visited by the running cycle under ``kind``."""
+        self.last_cycle_visit_counts[kind] = self.last_cycle_visit_counts.get(kind, 0) + n
+        self.last_cycle_visits += n
 
     @staticmethod
     def _running_work(job: "JobEntry", shard: ShardEntry, p: JobPlaced, info: ClusterInfo,
@@ -893,6 +1023,7 @@ class SchedulerService:
     async def cycle(self) -> None:
         """One scheduling cycle (see the module docstring)."""
         t0 = time.perf_counter()  # cycle duration (a metric, not a rule)
+        self.last_cycle_visit_counts, self.last_cycle_visits = {}, 0
         self.policy = self.governor.effective_policy(self.base_policy)  # governance: weights, quota filter
         now_live = self.liveness.time()
         if self.rejections:  # refused messages: dead letters and security records
@@ -906,9 +1037,12 @@ class SchedulerService:
             await self.publisher.publish_many(expired)
         queue = self.queue()
         self.metrics.observe_queues(queue_stats(queue, self.clock.time(), self.policy.fast_lane_s))
+        self._visit("queue", len(self.queued))
         if not queue or not self.clusters:
             return
         view = self.view()                                                           # 2
+        if self.policy_holder.current is not None and self.policy_holder.current.quota_rules:
+            self._visit("quota", len(self.active))  # the quota book counts every placed or running shard
         view = replace(view, quota=self.governor.quota_book(  # governance: quota usage
             ActiveShard(job.tenant, shard.region, shard.placed) for job, shard in self.active.values()
             if shard.placed is not None))
@@ -988,8 +1122,14 @@ class SchedulerService:
         lost: list[tuple[JobEntry, ShardEntry, list, float]] = []
         reclaimed: list[tuple[JobEntry, ShardEntry, tuple]] = []
         at = self.clock.time()
-        for job, shard in list(self.active.values()) + list(self.stopping.values()):
-            if shard.cluster in self._stale:
+        visits = 0
+        # Only what can be due is looked at: the shards on stale clusters (per-cluster indexes)
+        # and the placements whose reclamation time has come (a heap by placement time).
+        for name in sorted(self._stale):
+            on_cluster = [e for state in (ShardState.PLACED, ShardState.RUNNING, ShardState.STOPPING)
+                          for e in self._on[state].get(name, {}).values()]
+            for job, shard in on_cluster:
+                visits += 1
                 items = []
                 progress = shard.progress_s
                 if shard.state != ShardState.STOPPING:
@@ -1001,11 +1141,22 @@ class SchedulerService:
                     progress = _resume_point(shard, at, stop[1].payload_as(JobStop).checkpoint_interval_s)
                 items.append(self._lost_event(job, shard, at, progress))
                 lost.append((job, shard, items, progress))
-            elif shard.state == ShardState.PLACED and now_live - shard.placed_wall > self.reclaim_after_s:
-                item = self._stop_event(job, shard, StopReason.RECLAIMED,
-                                        detail=f"not started within {self.reclaim_after_s:g} s")
-                if item is not None:
-                    reclaimed.append((job, shard, item))
+        keep: list[tuple] = []  # due entries not reclaimed now (on a stale cluster, or the publish failed)
+        while (first := self._first_unstarted()) is not None and now_live - first[0] > self.reclaim_after_s:
+            entry = heapq.heappop(self._unstarted_due)
+            visits += 1
+            job, shard = self._unstarted_entry(entry)
+            if shard.cluster in self._stale:
+                keep.append(entry)
+                continue
+            item = self._stop_event(job, shard, StopReason.RECLAIMED,
+                                    detail=f"not started within {self.reclaim_after_s:g} s")
+            if item is not None:
+                reclaimed.append((job, shard, item))
+            keep.append(entry)  # dead once the shard is requeued; live again if the publish failed
+        for entry in keep:
+            heapq.heappush(self._unstarted_due, entry)
+        self._visit("reclaim", visits)
         if not lost and not reclaimed:
             return
         results = await self.publisher.publish_many([i for _, _, items, _ in lost for i in items] +
@@ -1057,6 +1208,7 @@ class SchedulerService:
         def expired(s: ShardEntry) -> bool:
             return s.state == ShardState.QUEUED and s.unplaceable_since is not None and now - s.unplaceable_since >= limit
 
+        self._visit("expire", len(self.queued))
         for job, shard in list(self.queued.values()):
             if job.cancel_requested or not expired(shard):
                 continue
@@ -1276,21 +1428,27 @@ def _node_state(n, alloc: dict[str, list]) -> NodeState:
 
 
 def _cluster_state(info: ClusterInfo, prices: PriceCatalog) -> ClusterState:
-    """The cluster's immutable state; only nodes whose allocation changed are rebuilt."""
+    """The cluster's immutable state; only nodes whose allocation changed are rebuilt (and their
+    capacity classes updated)."""
     snap = info.snapshot
-    if info.index is None or len(info.nodes) != len(snap.nodes):
+    if info.index is None or len(info.nodes) != len(snap.nodes) or info.classes is None:
         info.nodes = [_node_state(n, info.alloc) for n in snap.nodes]
         info.position = {n.name: i for i, n in enumerate(snap.nodes)}
         info.index = ClusterIndex.build(tuple(info.nodes))
+        info.classes = CapacityClasses.build(tuple(info.nodes), info.index.pool)
     else:
+        changed = []
         for name in info.dirty_nodes:
             i = info.position.get(name)
             if i is not None:
                 info.nodes[i] = _node_state(snap.nodes[i], info.alloc)
+                changed.append(i)
+        if changed:
+            info.classes = info.classes.updated(tuple(info.nodes), changed, info.index.pool)
     info.dirty_nodes.clear()
     models = info.index.memory
     return ClusterState(
         name=info.name, region=info.region, zone=info.zone, nodes=tuple(info.nodes), maintenance=snap.maintenance,
         residency_tags=frozenset(snap.residency_tags), interconnect=snap.interconnect,
         prices={m: float(prices.gpu_hour(info.region, m)) for m in models},
-        cpu_price_per_core_hour=float(prices.cpu_core_hour_in(info.region)), index=info.index)
+        cpu_price_per_core_hour=float(prices.cpu_core_hour_in(info.region)), index=info.index, classes=info.classes)

@@ -696,8 +696,12 @@ class _Bounds:
         for s in self.cy.scopes:
             if s.scope in ("cluster", "cluster_shape"):
                 bound += s.weight  # at most 1
-            elif s.scope == "region_price":
-                bound += s.weight * max(self.part(s, c) for c in members)
+            elif s.scope == "region_price":  # one bound per distinct (cheapest model, its price)
+                distinct: dict[tuple, Candidate] = {}
+                for c in members:
+                    cheapest = c.models[0] if c.models else ""
+                    distinct.setdefault((cheapest, c.cluster.prices.get(cheapest)), c)
+                bound += s.weight * max(self.part(s, c) for c in distinct.values())
             else:
                 bound += s.weight * self.part(s, members[0])
         return bound

@@ -14,14 +14,22 @@ Rules:
   before breaking an idle card; whole-GPU work goes to the node with the fewest idle cards that
   still fit; CPU-only work prefers nodes whose cards are all busy (or that have none), so idle
   cards are not stranded without CPU. This keeps whole nodes free for big gangs.
+
+Scale: a full search looks at capacity classes -- the nodes of one card model with identical
+free state (:class:`~.snapshot.CapacityClasses`) -- not at nodes: the best class by the rules
+above, then its lowest node index, which is the node a node-by-node scan would pick
+(``tests/unit/scheduler/test_classes.py`` checks it against that scan and a brute force). A
+cluster of 5,000 nodes of a few node types has tens of classes. Pools of at most
+``SCAN_NODES_UP_TO`` nodes, and searches limited to a few nodes (``only``), scan nodes.
 """
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass
 
 from fedsched.jobs import JobSpec
-from services.scheduler.core.snapshot import WHOLE, ClusterIndex, ClusterState
+from services.scheduler.core.snapshot import WHOLE, CapacityClasses, ClusterIndex, ClusterState, pool_of
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,66 +52,160 @@ class Fit:
     bindings: tuple[Binding, ...]
 
 
+#: pools of at most this many nodes are searched node by node (the classes would not save work)
+SCAN_NODES_UP_TO = 64
+
+
+class _Class:
+    """One capacity class of a working cluster: its node indices and a heap of them (lazy
+    deletion) that yields the lowest index -- the node a node-by-node scan meets first."""
+
+    __slots__ = ("members", "heap")
+
+    def __init__(self, members) -> None:
+        self.members = set(members)
+        self.heap = list(self.members)
+        heapq.heapify(self.heap)
+
+    def first(self) -> int:
+        """The lowest node index in the class (the class is not empty)."""
+        heap, members = self.heap, self.members
+        while heap[0] not in members:
+            heapq.heappop(heap)
+        return heap[0]
+
+    def add(self, i: int) -> None:
+        """Put node ``i`` in the class."""
+        if i not in self.members:
+            self.members.add(i)
+            heapq.heappush(self.heap, i)
+
+    def copy(self) -> "_Class":
+        """An independent copy."""
+        other = _Class.__new__(_Class)
+        other.members = set(self.members)
+        other.heap = list(self.heap)
+        return other
+
+
+def _count(stats: list, devices: tuple[int, ...], k: int) -> None:
+    """Add ``k`` nodes (negative: remove) with free cards ``devices`` to a pool's statistics."""
+    stats[0] += sum(devices) * k
+    idle = devices.count(WHOLE)
+    stats[1] += idle * k
+    for hist, value in ((stats[2], idle), (stats[3], max(devices) if devices else 0)):
+        left = hist.get(value, 0) + k
+        if left:
+            hist[value] = left
+        else:
+            del hist[value]
+
+
 class WorkingCluster:
     """Mutable free-resource copy of a :class:`ClusterState` (private to one decide() call).
+
+    Free state is kept twice, in step: per node (``gpu_free``, ``cpu_free``, ``mem_free``,
+    what scorers and the ``only`` searches read) and as capacity classes per pool (card model;
+    ``""`` for nodes without cards): nodes with identical free state form one class
+    (:class:`~.snapshot.CapacityClasses`). Full searches, per-model summaries and totals read
+    the classes, so their cost grows with the number of distinct node states, not of nodes.
+    Classes of a pool are copied from the snapshot the first time the pool is needed.
 
     Args:
         cluster: the snapshot to copy.
         empty: start from capacity (as if nothing ran) -- for "could it ever fit" checks.
+        index: the cluster's index (default: ``cluster.idx()``).
     """
 
-    __slots__ = ("state", "gpu_free", "cpu_free", "mem_free", "by_model", "cpu_order", "_summary", "_totals")
+    __slots__ = ("state", "gpu_free", "cpu_free", "mem_free", "by_model", "cpu_order", "_stats", "scan_nodes_up_to", "_pending",
+                 "_pool", "_source", "_classes")
 
     def __init__(self, cluster: ClusterState, *, empty: bool = False, index: ClusterIndex | None = None) -> None:
         self.state = cluster
-        nodes = cluster.nodes
-        # Copy-on-write: per-node free-card tuples are shared with the snapshot until changed.
-        if empty:
-            self.gpu_free = [(WHOLE,) * len(n.gpu_free) for n in nodes]
-            self.cpu_free = [n.cpu_milli for n in nodes]
-            self.mem_free = [n.memory_mib for n in nodes]
-        else:
-            self.gpu_free = [n.gpu_free for n in nodes]
-            self.cpu_free = [n.cpu_free_milli for n in nodes]
-            self.mem_free = [n.memory_free_mib for n in nodes]
         index = index or cluster.idx()
+        if empty:
+            source = index.empty if index.empty is not None else CapacityClasses.build(cluster.nodes, index.pool,
+                                                                                      empty=True)
+        else:
+            source = cluster.capacity_classes()
+        # Copy-on-write: per-node free-card tuples are shared with the snapshot until changed.
+        self.gpu_free = list(source.gpu_free)
+        self.cpu_free = list(source.cpu_free)
+        self.mem_free = list(source.mem_free)
         self.by_model = index.by_model
         self.cpu_order = index.healthy
-        self._summary: dict[str, tuple[int, int, int]] = {}
-        self._totals: dict[str, tuple[int, int]] = {}
+        self._pool = index.pool if len(index.pool) == len(cluster.nodes) else tuple(pool_of(n) for n in cluster.nodes)
+        self._source = source.pools
+        self._classes: dict[str, dict[tuple, _Class]] = {}
+        # pool -> [free milli-GPU, idle cards, {idle cards on a node: nodes}, {largest free share on a
+        # node: nodes}, capacity milli-GPU], kept by _take once the pool's classes exist
+        self._stats: dict[str, list] = {}
+        #: pools of at most this many nodes are searched node by node (same result, less work)
+        self.scan_nodes_up_to = SCAN_NODES_UP_TO
+        #: pool -> node -> its signature in the pool's classes: nodes changed since the classes
+        #: were last brought up to date (done when they are next read; a what-if that releases
+        #: work and searches a few nodes by hand never pays for them)
+        self._pending: dict[str, dict[int, tuple]] = {}
+
+    def classes(self, pool: str) -> dict[tuple, _Class]:
+        """The capacity classes of ``pool`` now: signature ``(gpu_free, cpu_free, mem_free)`` ->
+        class (copied from the snapshot on first use)."""
+        got = self._classes.get(pool)
+        if got is None:
+            got = self._classes[pool] = {sig: _Class(ids) for sig, ids in self._source.get(pool, {}).items()}
+            stats = self._stats[pool] = [0, 0, {}, {}, 0]
+            for (devices, _, _), cls in got.items():
+                k = len(cls.members)
+                _count(stats, devices, k)
+                stats[4] += len(devices) * WHOLE * k
+        pending = self._pending.get(pool)
+        if pending:
+            self._flush(pool, got, pending)
+        return got
+
+    def _flush(self, pool: str, classes: dict[tuple, _Class], pending: dict[int, tuple]) -> None:
+        """Move the nodes changed since the last look to their classes now (statistics too)."""
+        stats = self._stats[pool]
+        gpu, cpu, mem = self.gpu_free, self.cpu_free, self.mem_free
+        for i, old in pending.items():
+            new = (gpu[i], cpu[i], mem[i])
+            if new == old:
+                continue
+            if new[0] != old[0]:
+                _count(stats, old[0], -1)
+                _count(stats, new[0], 1)
+            cls = classes[old]
+            cls.members.discard(i)
+            if not cls.members:
+                del classes[old]
+            dest = classes.get(new)
+            if dest is None:
+                classes[new] = _Class((i,))
+            else:
+                dest.add(i)
+        pending.clear()
+
+    def _stats_of(self, pool: str) -> list:
+        self.classes(pool)  # up to date
+        return self._stats[pool]
 
     def summary(self, model: str) -> tuple[int, int, int]:
         """(largest free share on one card, most idle cards on one node, idle cards in all) for
-        ``model``; cached until a commit touches that model. Used to reject quickly.
+        ``model``. Used to reject quickly; O(distinct values), kept as nodes change.
         """
-        cached = self._summary.get(model)
-        if cached is None:
-            max_dev = max_idle = total_idle = 0
-            for i in self.by_model.get(model, ()):
-                devices = self.gpu_free[i]
-                idle = 0
-                for g in devices:
-                    if g > max_dev:
-                        max_dev = g
-                    if g == WHOLE:
-                        idle += 1
-                total_idle += idle
-                if idle > max_idle:
-                    max_idle = idle
-            cached = self._summary[model] = (max_dev, max_idle, total_idle)
-        return cached
+        if model not in self.by_model:
+            return (0, 0, 0)
+        stats = self._stats_of(model)
+        return (max(stats[3]) if stats[3] else 0, max(stats[2]) if stats[2] else 0, stats[1])
 
     # ------------------------------------------------------------------ queries
 
     def totals(self, model: str) -> tuple[int, int]:
-        """(free, capacity) milli-GPUs of one card model on healthy nodes; cached until a commit
-        or release touches that model."""
-        cached = self._totals.get(model)
-        if cached is None:
-            nodes = self.by_model.get(model, ())
-            cached = self._totals[model] = (sum(sum(self.gpu_free[i]) for i in nodes),
-                                            sum(len(self.gpu_free[i]) for i in nodes) * WHOLE)
-        return cached
+        """(free, capacity) milli-GPUs of one card model on healthy nodes (kept as nodes change)."""
+        if model not in self.by_model:
+            return (0, 0)
+        stats = self._stats_of(model)
+        return (stats[0], stats[4])
 
     def free_milli(self, model: str | None = None) -> int:
         """Free milli-GPUs (of one card model, or all)."""
@@ -116,7 +218,7 @@ class WorkingCluster:
     def whole_free(self, model: str | None = None) -> int:
         """Idle cards (of one card model, or all)."""
         models = [model] if model else list(self.by_model)
-        return sum(1 for m in models for i in self.by_model.get(m, ()) for g in self.gpu_free[i] if g == WHOLE)
+        return sum(self.summary(m)[2] for m in models)
 
     # ------------------------------------------------------------------ fitting
 
@@ -146,15 +248,18 @@ class WorkingCluster:
                 CPU-only jobs.
             only: look at these node indices alone. The caller's promise: no other node can
                 hold a worker (e.g. a single-worker job did not fit, then only these nodes got
-                resources back), so the result is the one a full search would give.
+                resources back), so the result is the one a full search would give. Without
+                it the search runs over capacity classes.
         """
+        pool = self._pool
         if spec.gpus_per_worker == 0:
-            order = self.cpu_order if only is None else [i for i in self.cpu_order if i in only]
-            return self._fit_model(spec, "", order)
+            if only is not None:  # healthy nodes among ``only``, in index order (as cpu_order)
+                return self._fit_model(spec, "", sorted(i for i in only if pool[i] is not None))
+            return self._fit_model(spec, "", None)
         for model in models:
             nodes = self.by_model.get(model)
-            if nodes and only is not None:
-                nodes = [i for i in nodes if i in only]
+            if nodes and only is not None:  # the model's nodes among ``only``, in index order
+                nodes = sorted(i for i in only if pool[i] == model)
             if not nodes:
                 continue
             if only is not None:  # a few nodes: scanning them beats the whole-cluster summary
@@ -168,15 +273,21 @@ class WorkingCluster:
                     continue
             elif max_dev < spec.gpu_milli:
                 continue
-            fit = self._fit_model(spec, model, nodes)
+            fit = self._fit_model(spec, model, None)
             if fit is not None:
                 return fit
         return None
 
-    def _fit_model(self, spec: JobSpec, model: str, nodes: list[int]) -> Fit | None:
+    def _fit_model(self, spec: JobSpec, model: str, nodes: list[int] | None) -> Fit | None:
+        """Fit the gang worker by worker on ``nodes`` (None: every node of the pool, searched by
+        capacity class), taking each worker's share before placing the next; tentative."""
+        if nodes is None:  # a small pool: scanning its nodes is cheaper than its classes (same result)
+            pool = self.cpu_order if not model else self.by_model.get(model, ())
+            if len(pool) <= self.scan_nodes_up_to:
+                nodes = pool
         taken: list[Binding] = []
         for w in range(spec.workers):
-            b = self._fit_worker(spec, w, nodes)
+            b = self._fit_worker(spec, w, nodes) if nodes is not None else self._fit_worker_classes(spec, w, model)
             if b is None:
                 for t in taken:
                     self._release(t)
@@ -234,14 +345,88 @@ class WorkingCluster:
         devices = tuple(d for d, free in enumerate(gpu_free[i]) if free == WHOLE)[:g]
         return Binding(worker, i, devices, WHOLE, cpu, mem)
 
+    def _fit_worker_classes(self, spec: JobSpec, worker: int, model: str) -> Binding | None:
+        """:meth:`_fit_worker` over every node of ``model``'s pool (all pools for CPU-only work),
+        one look per capacity class: the same rules and the same tie-break (lowest node index
+        among equally good nodes, then the lowest device), so the same node."""
+        cpu, mem = spec.cpu_milli, spec.memory_mib
+        g = spec.gpus_per_worker
+        if g == 0:
+            zero = None  # lowest node with all cards busy (or none): the ideal home, taken first
+            best = None
+            for pool in self._source:
+                for (devices, cf, mf), cls in self.classes(pool).items():
+                    if cf < cpu or mf < mem:
+                        continue
+                    i = cls.first()
+                    used = sum(devices)
+                    if used == 0:
+                        if zero is None or i < zero:
+                            zero = i
+                    elif zero is None:
+                        key = (used, cf - cpu, i)
+                        if best is None or key < best:
+                            best = key
+            i = zero if zero is not None else (best[2] if best is not None else None)
+            return None if i is None else Binding(worker, i, (), 0, cpu, mem)
+        classes = self.classes(model)
+        if g == 1 and spec.gpu_milli < WHOLE:
+            m = spec.gpu_milli
+            exact = None  # (node, device): lowest node with a partial card it fills exactly
+            best = None  # ((idle card?, room left, idle cards on the node), node, device)
+            for (devices, cf, mf), cls in classes.items():
+                if cf < cpu or mf < mem or not devices or max(devices) < m:
+                    continue
+                idle_count = devices.count(WHOLE)
+                dk = None
+                for d, free in enumerate(devices):
+                    if free < m:
+                        continue
+                    key = (free == WHOLE, free - m, idle_count)
+                    if dk is None or key < dk[0]:
+                        dk = (key, d)
+                i = cls.first()
+                if not dk[0][0] and dk[0][1] == 0:
+                    if exact is None or i < exact[0]:
+                        exact = (i, dk[1])
+                elif exact is None:
+                    cand = (dk[0], i, dk[1])
+                    if best is None or cand < best:
+                        best = cand
+            if exact is not None:
+                return Binding(worker, exact[0], (exact[1],), m, cpu, mem)
+            return None if best is None else Binding(worker, best[1], (best[2],), m, cpu, mem)
+        best = None  # (idle cards left over, node, its free cards)
+        for (devices, cf, mf), cls in classes.items():
+            idle = devices.count(WHOLE)
+            if idle < g or cf < cpu or mf < mem:
+                continue
+            key = (idle - g, cls.first(), devices)
+            if best is None or key[:2] < best[:2]:
+                best = key
+        if best is None:
+            return None
+        _, i, free = best
+        devices = tuple(d for d, f in enumerate(free) if f == WHOLE)[:g]
+        return Binding(worker, i, devices, WHOLE, cpu, mem)
+
     def _take(self, b: Binding, sign: int = 1) -> None:
+        i = b.node
+        pool = self._pool[i] if i < len(self._pool) else None
+        old = (self.gpu_free[i], self.cpu_free[i], self.mem_free[i])
         if b.devices:
-            free = list(self.gpu_free[b.node])
+            free = list(old[0])
             for d in b.devices:
                 free[d] -= sign * b.gpu_milli
-            self.gpu_free[b.node] = tuple(free)
-        self.cpu_free[b.node] -= sign * b.cpu_milli
-        self.mem_free[b.node] -= sign * b.memory_mib
+            self.gpu_free[i] = tuple(free)
+        self.cpu_free[i] -= sign * b.cpu_milli
+        self.mem_free[i] -= sign * b.memory_mib
+        if pool is not None:  # its class changes when the classes are next read (_flush)
+            pending = self._pending.get(pool)
+            if pending is None:
+                pending = self._pending[pool] = {}
+            if i not in pending:
+                pending[i] = old
 
     def _release(self, b: Binding) -> None:
         self._take(b, -1)
@@ -255,8 +440,12 @@ class WorkingCluster:
         other.mem_free = list(self.mem_free)
         other.by_model = self.by_model
         other.cpu_order = self.cpu_order
-        other._summary = {}
-        other._totals = {}
+        other._pool = self._pool
+        other._source = self._source
+        other._classes = {p: {sig: c.copy() for sig, c in classes.items()} for p, classes in self._classes.items()}
+        other.scan_nodes_up_to = self.scan_nodes_up_to
+        other._pending = {p: dict(d) for p, d in self._pending.items() if d}
+        other._stats = {p: [st[0], st[1], dict(st[2]), dict(st[3]), st[4]] for p, st in self._stats.items()}
         return other
 
     def release_work(self, work, sign: int = -1) -> None:
@@ -264,8 +453,6 @@ class WorkingCluster:
         ``sign=+1`` takes it instead (see :meth:`hold_work`)."""
         for node, devices, milli, cpu, mem in work.bindings:
             self._take(Binding(0, node, devices, milli, cpu, mem), sign)
-        self._summary.pop(work.card_model, None)
-        self._totals.pop(work.card_model, None)
 
     def hold_work(self, work) -> None:
         """Allocate what a :class:`~.snapshot.RunningWork` holds (replaying a placement)."""
@@ -275,12 +462,8 @@ class WorkingCluster:
         """Allocate a fit returned by :meth:`fit` (on this same working copy)."""
         for b in fit.bindings:
             self._take(b)
-        self._summary.pop(fit.card_model, None)
-        self._totals.pop(fit.card_model, None)
 
     def release(self, fit: Fit) -> None:
         """Undo :meth:`commit` (used by preemption what-ifs)."""
         for b in fit.bindings:
             self._release(b)
-        self._summary.pop(fit.card_model, None)
-        self._totals.pop(fit.card_model, None)

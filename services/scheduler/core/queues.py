@@ -55,6 +55,10 @@ def capacity(view: View) -> tuple[int, int, int]:
     """Healthy capacity of the federation: (milli-GPU, milli-CPU, MiB), each at least 1."""
     gpu = cpu = mem = 0
     for c in view.clusters:
+        if c.index is not None and len(c.index.pool) == len(c.nodes):  # kept with the index: O(clusters)
+            g, p, m = c.index.capacity
+            gpu, cpu, mem = gpu + g, cpu + p, mem + m
+            continue
         for n in c.nodes:
             if n.healthy:
                 gpu += len(n.gpu_free) * WHOLE

@@ -10,8 +10,8 @@ memory in MiB, on-card memory in GiB, ages in seconds, prices per GPU-hour.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Mapping
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Iterable, Mapping
 
 from fedsched.jobs import JobSpec
 
@@ -115,11 +115,18 @@ class ClusterIndex:
         by_model: card model -> indices of healthy GPU nodes with that model.
         memory: card model -> on-card memory in GiB (None = not disclosed).
         healthy: indices of healthy nodes.
+        pool: per node, its capacity-class pool (:func:`pool_of`; None = unhealthy).
+        capacity: healthy capacity (milli-GPU, milli-CPU, MiB).
+        empty: the cluster's :class:`CapacityClasses` as if nothing ran (for "could it ever
+            fit" checks; built once per inventory, not per cycle).
     """
 
     by_model: Mapping[str, tuple[int, ...]]
     memory: Mapping[str, int | None]
     healthy: tuple[int, ...]
+    pool: tuple[str | None, ...] = ()
+    capacity: tuple[int, int, int] = (0, 0, 0)
+    empty: "CapacityClasses | None" = field(default=None, compare=False, repr=False)
 
     @classmethod
     def build(cls, nodes: tuple["NodeState", ...]) -> "ClusterIndex":
@@ -127,14 +134,116 @@ class ClusterIndex:
         by_model: dict[str, list[int]] = {}
         memory: dict[str, int | None] = {}
         healthy = []
+        pools: list[str | None] = []
+        gpu = cpu = mem = 0
         for i, n in enumerate(nodes):
+            pools.append(pool_of(n))
             if not n.healthy:
                 continue
             healthy.append(i)
+            gpu += len(n.gpu_free) * WHOLE
+            cpu += n.cpu_milli
+            mem += n.memory_mib
             if n.card_model and n.gpu_free:
                 by_model.setdefault(n.card_model, []).append(i)
                 memory.setdefault(n.card_model, n.gpu_memory_gib)
-        return cls({m: tuple(v) for m, v in by_model.items()}, memory, tuple(healthy))
+        pool = tuple(pools)
+        empty = CapacityClasses.build(nodes, pool, empty=True)
+        return cls({m: tuple(v) for m, v in by_model.items()}, memory, tuple(healthy), pool, (gpu, cpu, mem), empty)
+
+
+def pool_of(node: "NodeState") -> str | None:
+    """The capacity-class pool of a node: its card model for a healthy GPU node, ``""`` for a
+    healthy node without cards (or without a card model), None for an unhealthy node (never
+    used)."""
+    if not node.healthy:
+        return None
+    return node.card_model if node.card_model and node.gpu_free else ""
+
+
+Signature = tuple  #: ``(gpu_free per device, free milli-CPU, free MiB)`` of a node
+
+
+@dataclass(frozen=True, slots=True)
+class CapacityClasses:
+    """A cluster's healthy nodes grouped into capacity classes: nodes with the same pool (card
+    model) and the same free state -- free milli-GPU per device, free milli-CPU, free MiB --
+    collapse into one class, a set of node indices. Gang fitting looks at classes, not nodes
+    (:class:`~.fit.WorkingCluster`); the nodes of one class are interchangeable for every fit
+    rule, which then picks the lowest node index of the chosen class, so a class-based fit
+    chooses the node a node-by-node scan would.
+
+    Classes are exact (no buckets): every quantity a fit or tie-break reads is part of the
+    signature. A cluster of 5,000 nodes of a few node types has tens to hundreds of classes.
+
+    Attributes:
+        pools: pool (card model, ``""`` for nodes without cards) -> signature -> node indices.
+        gpu_free / cpu_free / mem_free: per node (all nodes, by index) the free state.
+    """
+
+    pools: Mapping[str, Mapping[Signature, frozenset[int]]]
+    gpu_free: tuple[tuple[int, ...], ...]
+    cpu_free: tuple[int, ...]
+    mem_free: tuple[int, ...]
+
+    @classmethod
+    def build(cls, nodes: tuple["NodeState", ...], pools_of: tuple[str | None, ...] | None = None, *,
+              empty: bool = False) -> "CapacityClasses":
+        """Group ``nodes`` (O(nodes)); ``empty`` groups their capacity instead of what is free."""
+        if empty:
+            gpu = tuple((WHOLE,) * len(n.gpu_free) for n in nodes)
+            cpu = tuple(n.cpu_milli for n in nodes)
+            mem = tuple(n.memory_mib for n in nodes)
+        else:
+            gpu = tuple(n.gpu_free for n in nodes)
+            cpu = tuple(n.cpu_free_milli for n in nodes)
+            mem = tuple(n.memory_free_mib for n in nodes)
+        if pools_of is None or len(pools_of) != len(nodes):
+            pools_of = tuple(pool_of(n) for n in nodes)
+        groups: dict[str, dict[Signature, list[int]]] = {}
+        for i, p in enumerate(pools_of):
+            if p is not None:
+                groups.setdefault(p, {}).setdefault((gpu[i], cpu[i], mem[i]), []).append(i)
+        return cls({p: {sig: frozenset(v) for sig, v in g.items()} for p, g in groups.items()}, gpu, cpu, mem)
+
+    def updated(self, nodes: tuple["NodeState", ...], changed: Iterable[int],
+                pools_of: tuple[str | None, ...]) -> "CapacityClasses":
+        """These classes after the free state of the nodes at indices ``changed`` became what
+        ``nodes`` says (nodes and health unchanged); O(changed + size of the classes touched),
+        not O(nodes). ``self`` is not modified."""
+        gpu, cpu, mem = list(self.gpu_free), list(self.cpu_free), list(self.mem_free)
+        leave: dict[tuple[str, Signature], set[int]] = {}
+        join: dict[tuple[str, Signature], set[int]] = {}
+        for i in set(changed):
+            p = pools_of[i]
+            n = nodes[i]
+            old = (gpu[i], cpu[i], mem[i])
+            new = (n.gpu_free, n.cpu_free_milli, n.memory_free_mib)
+            gpu[i], cpu[i], mem[i] = new
+            if p is None or old == new:
+                continue
+            leave.setdefault((p, old), set()).add(i)
+            join.setdefault((p, new), set()).add(i)
+        pools = dict(self.pools)
+        copied: set[str] = set()
+        for (p, sig), ids in list(leave.items()) + list(join.items()):
+            if p not in copied:
+                pools[p] = dict(pools.get(p, {}))
+                copied.add(p)
+        for (p, sig), ids in leave.items():
+            rest = pools[p][sig] - ids
+            if rest:
+                pools[p][sig] = rest
+            else:
+                del pools[p][sig]
+        for (p, sig), ids in join.items():
+            pools[p][sig] = pools[p].get(sig, frozenset()) | ids
+        return CapacityClasses(pools, tuple(gpu), tuple(cpu), tuple(mem))
+
+    @property
+    def count(self) -> int:
+        """Number of classes."""
+        return sum(len(g) for g in self.pools.values())
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,6 +261,8 @@ class ClusterState:
             priced at ``cpu_price_per_core_hour``.
         index: precomputed :class:`ClusterIndex` of ``nodes`` (optional; builders that reuse it
             across snapshots save the O(nodes) pass). Must match ``nodes`` when given.
+        classes: precomputed :class:`CapacityClasses` of ``nodes`` (optional, same contract:
+            the scheduler service updates them from the nodes whose allocation changed).
         running: work holding resources here (its allocations are already subtracted from the
             nodes' free resources).
     """
@@ -168,10 +279,23 @@ class ClusterState:
     cpu_price_per_core_hour: float = 0.0
     index: ClusterIndex | None = field(default=None, compare=False, repr=False)
     running: tuple[RunningWork, ...] = ()
+    classes: CapacityClasses | None = field(default=None, compare=False, repr=False)
 
     def idx(self) -> ClusterIndex:
         """The node index (given, or built now)."""
         return self.index if self.index is not None else ClusterIndex.build(self.nodes)
+
+    def capacity_classes(self) -> CapacityClasses:
+        """The nodes' capacity classes (given, or built now: O(nodes))."""
+        return self.classes if self.classes is not None else CapacityClasses.build(self.nodes, self.idx().pool)
+
+    def prepared(self) -> "ClusterState":
+        """This cluster with its index and capacity classes computed (what a service that keeps
+        them across cycles hands :func:`~.decide.decide`)."""
+        index = self.idx()
+        if self.index is index and self.classes is not None:
+            return self
+        return replace(self, index=index, classes=CapacityClasses.build(self.nodes, index.pool))
 
     @property
     def card_models(self) -> frozenset[str]:

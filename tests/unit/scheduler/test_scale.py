@@ -1,0 +1,142 @@
+"""A scheduling cycle's bookkeeping does not grow with the jobs that finished, nor walk the work
+that keeps running: it visits what changed and what is queued (issue 15, item 1).
+
+The scheduler service counts the shard records each cycle visits outside ``decide``
+(``SchedulerService.last_cycle_visits``, per kind in ``last_cycle_visit_counts``): the queue,
+the view records it rebuilds, reclamation candidates. Here a real service on the harness's fakes
+holds a set of long-running jobs while 10,000 short jobs go through it in batches (submitted,
+placed, started, finished); the visits per cycle must stay those of one batch.
+"""
+
+from __future__ import annotations
+
+from services.scheduler.states import ShardState
+from tests.builders import ClusterSpec, SchedulerHarness, nodes
+
+A, B = "cn-north-1-c1", "cn-north-1-c2"
+LONG = 300  #: jobs that run through the whole test (1 GPU each)
+BATCH = 50  #: short jobs per batch
+BATCHES = 200  #: 10,000 short jobs in all
+
+
+async def test_cycle_visits_stay_bounded_while_10000_jobs_finish():
+    h = SchedulerHarness((ClusterSpec(A, node_list=nodes("a", count=24)), ClusterSpec(B, node_list=nodes("b", count=24))),
+                         reclaim_after_s=1e9)
+    svc = h.svc
+    for i in range(LONG):
+        h.submit(f"long{i}")
+    await h.cycle()
+    for i in range(LONG):
+        h.report(f"long{i}", "job.started")
+    await h.cycle()
+    assert svc.counts[ShardState.RUNNING] == LONG
+
+    per_batch: list[int] = []  # the most visits of any cycle of each batch
+    for b in range(BATCHES):
+        ids = [f"b{b}-{k}" for k in range(BATCH)]
+        visits = []
+        for job in ids:
+            h.submit(job)
+        await h.cycle()  # places the batch
+        visits.append(svc.last_cycle_visits)
+        assert all(h.shard(job).state == ShardState.PLACED for job in ids)
+        h.advance(1.0)
+        for job in ids:
+            h.report(job, "job.started")
+        await h.cycle()
+        visits.append(svc.last_cycle_visits)
+        h.advance(1.0)
+        for job in ids:
+            h.report(job, "job.finished")
+        await h.cycle()
+        visits.append(svc.last_cycle_visits)
+        per_batch.append(max(visits))
+
+    done = sum(1 for j in svc.jobs.values() if j.done)
+    assert done == BATCH * BATCHES
+    assert svc.counts[ShardState.RUNNING] == LONG  # the long jobs ran throughout
+    # a batch's cycles visit that batch (queued, placed, started records) -- a few per job, never
+    # the long-running work nor the finished history
+    # (the first batch's first view also builds the long jobs' records, once)
+    assert per_batch[0] >= LONG
+    assert max(per_batch[1:]) <= 4 * BATCH, per_batch[:5]
+    assert max(per_batch[-20:]) <= max(per_batch[1:21])
+
+
+async def test_a_cycle_with_nothing_new_visits_nothing_of_the_running_work():
+    h = SchedulerHarness((ClusterSpec(A, node_list=nodes("a", count=8)),), reclaim_after_s=1e9)
+    for i in range(60):
+        h.submit(f"j{i}")
+    await h.cycle()
+    for i in range(60):
+        h.report(f"j{i}", "job.started")
+    h.submit("waiting", gpus=8, workers=9)  # never fits: keeps the cycle running
+    await h.cycle()
+    first = h.svc.last_cycle_visits  # rebuilds the 60 started records once
+    await h.cycle()
+    assert first >= 60
+    assert h.svc.last_cycle_visits <= 2, h.svc.last_cycle_visit_counts  # the one queued job (queue, expiry)
+
+
+def _recount(svc) -> tuple[dict, dict]:
+    """What the view's running sets and tenant usage were when rebuilt by walking every placed or
+    running shard (the rule the incremental upkeep must keep)."""
+    running: dict[str, set] = {}
+    usage: dict[str, tuple[int, int, int]] = {}
+    now = svc.clock.time()
+    for job, shard in svc.active.values():
+        info = svc.clusters.get(shard.cluster)
+        if shard.placed is None or info is None:
+            continue
+        work = svc._running_work(job, shard, shard.placed, info, now)
+        if work is None:
+            continue
+        running.setdefault(shard.cluster, set()).add(work)
+        g, c, m = usage.get(job.tenant, (0, 0, 0))
+        s = job.spec
+        usage[job.tenant] = (g + s.total_gpu_milli, c + s.cpu_milli * s.workers, m + s.memory_mib * s.workers)
+    return running, usage
+
+
+async def test_the_incremental_view_equals_a_recount_through_starts_failures_reclaims_and_a_lost_cluster():
+    h = SchedulerHarness((ClusterSpec(A, node_list=nodes("a", count=2)), ClusterSpec(B, node_list=nodes("b", count=2))),
+                         reclaim_after_s=20.0, stale_after_s=3.0)
+    svc = h.svc
+
+    async def check() -> None:
+        view = svc.view()
+        running, usage = _recount(svc)
+        assert {c.name: set(c.running) for c in view.clusters if c.running} == running
+        assert {t: (u.gpu_milli, u.cpu_milli, u.memory_mib) for t, u in view.tenant_usage.items()} == usage
+
+    for i in range(24):
+        h.submit(f"j{i}", tenant=("search", "ads")[i % 2], gpus=1 + i % 3, retry_limit=3)
+    await h.cycle()
+    await check()
+    for i in range(0, 24, 2):
+        if h.shard(f"j{i}").state == ShardState.PLACED:
+            h.report(f"j{i}", "job.started")
+    await h.cycle()
+    await check()
+    for i in range(0, 12, 4):
+        if h.shard(f"j{i}").state == ShardState.RUNNING:
+            h.report(f"j{i}", "job.failed", reason="exit 1")  # requeued, placed again
+    for i in range(2, 12, 4):
+        if h.shard(f"j{i}").state == ShardState.RUNNING:
+            h.report(f"j{i}", "job.finished")
+    await h.cycle()
+    await check()
+    h.advance(25.0)  # unstarted placements are reclaimed and placed again
+    await h.cycle()
+    await check()
+    h.silence(B)
+    h.advance(5.0)  # B is lost: its work moves to A (or waits)
+    await h.cycle()
+    await check()
+    for job_id in list(svc.jobs):
+        if h.shard(job_id).state == ShardState.PLACED:
+            h.report(job_id, "job.started")
+    await h.cycle()
+    await check()
+    assert any(sh.losses for j in svc.jobs.values() for sh in j.shards)  # the lost-cluster path ran
+    assert any(sh.failures for j in svc.jobs.values() for sh in j.shards)
