@@ -556,9 +556,12 @@ def decide(view: View, queue: Iterable[QueuedJob], policy: Policy, *, cache: boo
                    [c for c in candidates if c.cluster.region != job.spec.home_region]]
                   if home_first or ask_first else [candidates])
         best = None
-        for group in groups:
+        for g, group in enumerate(groups):
             best = _branch_and_bound(job, group, cy, evaluations, split)             # 3
             if best is not None:
+                for later in groups[g + 1:]:  # abroad, not tried: every cluster still gets a verdict
+                    evaluations.extend(ClusterEvaluation(c.cluster.name, c.cluster.region, _HOME_FIRST)
+                                       for c in later)
                 break
         if best is None and avoided:  # failover found nowhere else: the failed cluster beats waiting
             retry = [c for c in avoided if c.cluster.name not in cy.reservations]
@@ -789,6 +792,10 @@ def _branch_and_bound(job: QueuedJob, candidates: list[Candidate], cy: "_Cycle",
     return best
 
 
+#: a cluster abroad not fitted because the home region takes the job now (prefer_local, or a
+#: tenant that asks before going abroad): outscored by the home placement
+_HOME_FIRST = fail(Reason.OUTSCORED, "passes the filters; not fitted: the home region can take the job now, "
+                                     "and home goes first (locality prefer_local or cross-region approval)")
 _OUTSCORED = fail(Reason.OUTSCORED, "passes the filters, but even its best possible score is below the "
                                     "chosen cluster's (see the placement)")
 _NOT_SCORED = fail(Reason.OUTSCORED, "passes the filters; not fitted: enough higher-ranked clusters were scored "

@@ -20,6 +20,7 @@ from services.scheduler.core import (ClusterState, Decisions, NodeState, QueuedJ
                                      build_policy, decide)
 from services.scheduler.core.filters import Quota
 from fedsched.quota import QuotaBook, QuotaRule
+from tests.builders import cluster, job, node, view
 
 T4, V100 = "nvidia-t4-16gb", "nvidia-v100-32gb"
 MEM = {T4: 16, V100: 32}
@@ -211,3 +212,27 @@ def test_a_pending_verdict_is_not_shared_between_tenants_the_preemption_rules_te
     d = decide(view, jobs, build_policy("federated", reservations=0), cache=cache)
     assert [(p.job.job_id, [v.job_id for v in p.victims]) for p in d.placements] == [("search-8", ["low"])]
     assert [p.job.job_id for p in d.pending] == ["ads-8"]
+
+
+def test_a_job_placed_at_home_first_gives_every_cluster_abroad_a_verdict_cached_or_not():
+    """Found by the property above (a falsifying example, kept as its own test): a job whose
+    tenant asks before going abroad was placed at home; the cached run listed a cluster abroad
+    as too small (learnt from an earlier job of the same request), the uncached one listed no
+    cluster abroad at all ("1 excluded" vs "0 excluded"). Every cluster now gets a verdict."""
+    home = cluster("c0", "cn-east-1", (node("c0-n0", cpu=64000), node("c0-n1", cpu=64000)))
+    abroad = [cluster("c1", "cn-north-1", (node("c1-n0", cpu=64000),)),
+              cluster("c2", "cn-north-1", (node("c2-n0", cpu=64000),))]
+    fill_abroad = [replace(job(f"f{k}", gpus=0, cpu=40000, home="cn-east-1", priority=PriorityClass.CRITICAL),
+                           avoid_clusters=frozenset({"c0"})) for k in (1, 2)]
+    too_big = job("big", gpus=0, cpu=40000, home="cn-east-1", priority=PriorityClass.NORMAL, at=1.0)
+    asks = replace(job("asks", gpus=0, cpu=40000, home="cn-east-1", priority=PriorityClass.HIGH),
+                   cross_region="approval")
+    queue = [*fill_abroad, asks, too_big]
+    policy = build_policy("federated")
+    cached, uncached = decide(view(home, *abroad), queue, policy), decide(view(home, *abroad), queue, policy,
+                                                                       cache=False)
+    assert normalised(cached) == normalised(uncached)
+    placed = {p.job.job_id: p for p in uncached.placements}
+    assert placed["asks"].cluster == "c0"
+    assert {e.cluster for e in placed["asks"].evaluations} == {"c0", "c1", "c2"}
+    assert "2 excluded" in placed["asks"].explanation
