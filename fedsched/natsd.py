@@ -67,12 +67,16 @@ class EmbeddedNats:
         port: client port; 0 picks a free one.
         password: if given, clients must log in as user ``fedsched`` with it (other local users
             of the machine can then neither read nor publish on the bus).
+        max_payload: the server's largest message in bytes (headers + body); default
+            :data:`MAX_PAYLOAD_BYTES`. Tests use a small one to exercise oversized messages.
 
     Use ``start()``/``stop()`` or ``async with``. ``url`` is valid after start.
     """
 
-    def __init__(self, store_dir: Path, port: int = 0, password: str | None = None) -> None:
+    def __init__(self, store_dir: Path, port: int = 0, password: str | None = None,
+                 max_payload: int = MAX_PAYLOAD_BYTES) -> None:
         self.store_dir = Path(store_dir)
+        self.max_payload = max_payload
         self.port = port or free_port()
         self.password = password
         self._proc: subprocess.Popen | None = None
@@ -108,7 +112,7 @@ class EmbeddedNats:
         log = self.store_dir / "nats-server.log"
         conf = self.store_dir / "nats-server.conf"
         # messages up to 8 MB: an inventory snapshot of a cluster with tens of thousands of nodes
-        text = f"max_payload: {MAX_PAYLOAD_BYTES}\n"
+        text = f"max_payload: {self.max_payload}\n"
         if self.password:
             text += f'authorization {{ user: "{NATS_USER}", password: "{self.password}" }}\n'
         conf.touch(mode=0o600)

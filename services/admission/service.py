@@ -63,7 +63,8 @@ from fedsched.bus import Bus, Delivery, StreamFollower
 from fedsched.clock import Clock
 from fedsched.dispatch import EventTable, SkippedTypes
 from fedsched.errors import (AlreadyExistsError, AuthError, ConflictError, FedError, NotFoundError,
-                             PermissionDeniedError, QuotaExceededError, UnavailableError, ValidationError)
+                             PayloadTooLargeError, PermissionDeniedError, QuotaExceededError, UnavailableError,
+                             ValidationError)
 from fedsched.events import InventorySnapshot, JobCancelRequested, JobSubmitted, SubmissionRejected, Subjects, \
     business_event_id, make_event
 from fedsched.events import APPROVAL_OUTCOMES, Envelope, EventType
@@ -508,12 +509,21 @@ class JobServicer(pb_grpc.JobServiceServicer):
 
     async def _publish_submission(self, gov: Governance, spec: JobSpec, rid: str, principal: Principal,
                                   job_id: str) -> pb.SubmitJobResponse:
-        """Publish ``job.submitted`` and apply it to the view (the job then holds its budget there)."""
+        """Publish ``job.submitted`` and apply it to the view (the job then holds its budget there).
+
+        Raises:
+            ValidationError: ``spec``: the event is larger than the bus server carries (its
+                ``max_payload``, e.g. a server configured below the default 1 MB).
+        """
         event = make_event(EventType.JOB_SUBMITTED, JobSubmitted(spec=spec, request_id=rid, submitted_by=principal.name),
                            producer="admission", occurred_at=self.clock.time(),
                            event_id=business_event_id(job_id, "submitted"), tenant=spec.tenant, project=spec.project,
                            job_id=job_id, actor=principal.name, policy_version=gov.version)
-        ack = await self.publisher.publish(self.subjects.job("submitted", spec.tenant, spec.project), event)
+        try:
+            ack = await self.publisher.publish(self.subjects.job("submitted", spec.tenant, spec.project), event)
+        except PayloadTooLargeError as e:
+            raise ValidationError("spec", f"the job is too large for this federation's bus: its submission is "
+                                          f"{e.size} bytes, the bus carries at most {e.max_payload}") from e
         if ack.duplicate:  # the same key was published first by another call: its job is the one in the stream
             existing = await self._await_job(job_id)
             return self._retried(existing, spec, rid, principal)

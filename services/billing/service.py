@@ -37,6 +37,7 @@ from fedsched.bus import Bus, Delivery, DurableConsumer
 from fedsched.dispatch import SkippedTypes
 from fedsched.errors import UnavailableError
 from fedsched.events import EventType, UsageRecorded, business_event_id, make_event
+from fedsched.ports import retryable
 from fedsched.pricing import PriceCatalog, money
 from fedsched.store import AsyncStore
 from services.billing.usage import BILLING_EVENTS, USAGE_COLUMNS, UsageLine, spend_key
@@ -151,7 +152,7 @@ class BillingService:
                                attempt=ln.attempt, actor="billing")
             items.append((self.bus.subjects.usage(ln.tenant), event, causes.get(ln.usage_id)))
         ok = await self.bus.publish_many(items)
-        if not all(ok):
+        if any(retryable(r) for r in ok):  # a refused one (too large) is dead-lettered: retrying cannot help
             raise UnavailableError("could not publish usage.recorded; will retry (rows are already idempotent)")
 
     async def lag(self) -> int:

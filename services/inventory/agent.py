@@ -642,7 +642,7 @@ class ClusterAgent:
         results = await self.publisher.publish_many(items)
         if not all(results):
             log.warning("%s: %d of %d reconcile events not acknowledged", self.producer,
-                        results.count(False), len(results))
+                        sum(1 for r in results if not r), len(results))
 
     async def _orphan_status(self, key: AttemptKey, observed: ObservedAttempt, reason: str, at: float) -> None:
         """``job.stopped`` for an attempt found on the cluster that no live attempt owns (id step
