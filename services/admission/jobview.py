@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from fedsched.bus import Delivery
 from fedsched.dispatch import EventTable, SkippedTypes
@@ -207,6 +207,8 @@ class JobView:
         #: (principal, tenant, project, request id) -> job id: the submitters' idempotency keys
         self.by_request: dict[tuple[str, str, str, str], str] = {}
         self.open_by_tenant: dict[str, set[str]] = {}  #: tenant -> ids of its jobs not yet ended
+        #: called with the record after every change of a job (e.g. budget running totals)
+        self.listeners: list[Callable[[JobRecord], None]] = []
         self._changed: dict[str, asyncio.Event] = {}
         self.applied_seq = 0
         self.skipped = SkippedTypes("admission-jobs")  #: events of unknown types (newer producers) skipped
@@ -411,6 +413,8 @@ class JobView:
         else:
             open_ids.add(rec.job_id)
         rec.version += 1
+        for listener in self.listeners:
+            listener(rec)
         event = self._changed.pop(rec.job_id, None)
         if event is not None:
             event.set()
