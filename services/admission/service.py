@@ -113,6 +113,7 @@ _CODES: list[tuple[type[FedError], grpc.StatusCode]] = [
     (PermissionDeniedError, grpc.StatusCode.PERMISSION_DENIED),
     (AuthError, grpc.StatusCode.UNAUTHENTICATED),
     (ValidationError, grpc.StatusCode.INVALID_ARGUMENT),
+    (PayloadTooLargeError, grpc.StatusCode.INVALID_ARGUMENT),  # a request whose event the bus cannot carry
     (NotFoundError, grpc.StatusCode.NOT_FOUND),
     (AlreadyExistsError, grpc.StatusCode.ALREADY_EXISTS),
     (ConflictError, grpc.StatusCode.FAILED_PRECONDITION),

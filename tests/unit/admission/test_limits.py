@@ -4,7 +4,7 @@ its limit accepted and one over refused with INVALID_ARGUMENT naming the field a
 import pytest
 
 from fedsched.api.v1 import jobs_pb2 as pb
-from fedsched.errors import ValidationError
+from fedsched.errors import PayloadTooLargeError, ValidationError
 from services.admission.convert import MAX_NAME_CHARS, Limits, spec_from_pb
 
 LIMITS = Limits()
@@ -106,3 +106,13 @@ def test_the_largest_spec_the_limits_allow_keeps_far_below_natss_default_max_pay
                 annotations={f"{i:0128d}": "v" * 900 for i in range(LIMITS.max_annotations)})
     spec = spec_from_pb(msg, limits=LIMITS, default_home=None)
     assert len(spec.model_dump_json()) <= LIMITS.max_spec_bytes <= 1_000_000 // 7
+
+
+def test_an_event_the_bus_cannot_carry_is_invalid_argument_never_internal():
+    import grpc
+
+    from services.admission.service import status_for
+
+    error = PayloadTooLargeError("t.governance.policy", "e1", "policy.applied", 2_000_000, 1_048_576)
+    assert status_for(error) == grpc.StatusCode.INVALID_ARGUMENT
+    assert "2000000 bytes" in error.message and "1048576" in error.message
