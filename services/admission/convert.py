@@ -208,7 +208,7 @@ def spec_from_pb(msg: pb.JobSpec, *, limits: Limits, default_home: str | None,
         raise ValidationError(f"spec.{e.field}", e.reason) from e
     except PydanticValidationError as e:
         raise _from_pydantic(e, "spec") from e
-    encoded = len(spec.model_dump_json())  # JSON escapes control characters: up to 6x the wire size
+    encoded = len(spec.model_dump_json().encode())  # JSON escapes control characters: up to 6x the wire size
     if encoded > limits.max_spec_bytes:
         raise ValidationError("spec", f"at most {limits.max_spec_bytes} bytes encoded as the bus carries it "
                                       f"(got {encoded})")

@@ -76,7 +76,7 @@ def _padded(total: int) -> pb.JobSpec:
 def test_the_whole_encoded_spec_at_the_limit_is_accepted_and_one_byte_over_is_refused():
     msg = _padded(28 * 1024)
     wire = msg.ByteSize()
-    json_size = len(spec_from_pb(msg, limits=LIMITS, default_home=None).model_dump_json())
+    json_size = len(spec_from_pb(msg, limits=LIMITS, default_home=None).model_dump_json().encode())
     at = max(wire, json_size)  # the spec is checked as received and as the bus carries it
     spec_from_pb(msg, limits=Limits(max_spec_bytes=at), default_home=None)
     with pytest.raises(ValidationError) as e:
