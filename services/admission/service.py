@@ -505,7 +505,8 @@ class JobServicer(pb_grpc.JobServiceServicer):
         def held() -> Decimal:
             inflight = self._holds.get(spec.tenant, {})
             return (self.budget_holds.held(spec.tenant, lambda j: self._worst_case(j, regions))
-                    + sum((cost for j, cost in inflight.items() if j != job_id), Decimal(0)))
+                    + sum((cost for j, cost in inflight.items() if j != job_id and j not in self.view.jobs),
+                          Decimal(0)))
 
         check_budget(gov, self.spend, spec, self.clock.time(), self.prices, self.known_models, regions,
                      open_costs=(held() for _ in (1,)))  # lazy: read only for a tenant with a budget
