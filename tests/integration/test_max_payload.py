@@ -114,6 +114,19 @@ async def test_an_oversized_message_is_dead_lettered_and_the_rest_of_the_batch_g
                 if json.loads(d.payload_as(DeadLetter).data)["event_id"] == big.event_id]) == 1
 
 
+async def test_one_message_that_fails_for_another_reason_fails_alone(small_bus):
+    """A header the client refuses (not a valid header name) fails that message only; before,
+    the exception ended the whole batch."""
+    bus = small_bus
+    subject = bus.subjects.job("submitted", "search", "train")
+    events = [_submitted(f"j-{i:020d}", JobSpec(tenant="search", project="train", home_region="cn-north-1"), 1.0)
+              for i in range(3)]
+    results = await bus.publish_many([(subject, events[0], None), (subject, events[1], {"bad key": "v"}),
+                                      (subject, events[2], None)])
+    assert results == [PublishResult.ACKED, PublishResult.FAILED, PublishResult.ACKED]
+    assert {e.event_id for e in await _read(bus, subject)} == {events[0].event_id, events[2].event_id}
+
+
 def _sized(size: int) -> Envelope:
     """A ``job.submitted`` whose body is exactly ``size`` bytes (padding in annotations)."""
     def event(entries: int, pad: int) -> Envelope:
