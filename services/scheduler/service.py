@@ -937,7 +937,7 @@ class SchedulerService:
                         items.append((shard, item))
             if items:
                 for (shard, _), ok in zip(items, await self.publisher.publish_many([i for _, i in items])):
-                    shard.stop_sent = shard.stop_sent or ok
+                    shard.stop_sent = shard.stop_sent or bool(ok)
             if job.done and not job.cancelled_sent:
                 event = make_event(EventType.JOB_CANCELLED, JobStatus(reason=job.end_reason or "cancelled"), producer="scheduler",
                                    occurred_at=self.clock.time(), event_id=business_event_id(job.job_id, "cancelled"),
