@@ -11,7 +11,13 @@ percentiles. A warm-up (``--warmup`` jobs) is excluded from the figures.
 
 ``--batch N`` submits N jobs per ``SubmitJobs`` call instead of one ``SubmitJob`` each (latency
 is then per call of N jobs). ``--quota`` first applies a quota and a budget for the tenant (``fedsched policy apply`` through
-the API), so the quota and budget checks do real work. Figures depend on the machine; the client and the server each get one
+the API), so the quota and budget checks do real work. ``--open N`` first submits N jobs of the
+same tenant, untimed; no scheduler runs, so they all stay open (queued) while the measured jobs
+are submitted -- the per-submit work must not grow with them (issue 14 item 8)::
+
+    python bench/submit_throughput.py --quota --open 2000 --jobs 2000
+    python bench/submit_throughput.py --quota --open 20000 --jobs 2000
+ Figures depend on the machine; the client and the server each get one
 process (the NATS server a third).
 """
 
@@ -137,10 +143,15 @@ async def main(args: argparse.Namespace) -> None:
                 await policy.ApplyPolicy(gpb.ApplyPolicyRequest(yaml=yaml.safe_dump(doc)))
         if args.warmup:
             await _load(target, token, args.warmup, args.concurrency, 10**9, args.batch)
+        if args.open:
+            t0 = time.perf_counter()
+            _, open_errors, _, _ = await _load(target, token, args.open, args.concurrency, 2 * 10**9, args.batch)
+            print(f"  {args.open} open jobs submitted first ({open_errors} errors) in {time.perf_counter() - t0:.1f} s")
         latencies, errors, wall, ok = await _load(target, token, args.jobs, args.concurrency, 0, args.batch)
         print(f"submit throughput through admission ({args.jobs} jobs, concurrency {args.concurrency}, "
               f"{f'SubmitJobs of {args.batch}, ' if args.batch else ''}"
-              f"{'quota + ' if args.quota else ''}auth on, {os.cpu_count()} CPUs)")
+              f"{'quota + budget + ' if args.quota else ''}auth on, {args.open + args.warmup} open jobs of the "
+              f"tenant before, {os.cpu_count()} CPUs)")
         print(f"  accepted:       {ok} ({errors} errors) in {wall:.2f} s")
         print(f"  accepted jobs/s: {ok / wall:.0f}")
         if latencies:
@@ -163,4 +174,5 @@ if __name__ == "__main__":
     parser.add_argument("--warmup", type=int, default=200)
     parser.add_argument("--batch", type=int, default=0, help="jobs per SubmitJobs call (0 = SubmitJob, one each)")
     parser.add_argument("--quota", action="store_true", help="apply a policy with a quota for the tenant first")
+    parser.add_argument("--open", type=int, default=0, help="jobs submitted (and left open) before the measured ones")
     asyncio.run(main(parser.parse_args()))

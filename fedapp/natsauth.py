@@ -151,7 +151,7 @@ def federation_users(prefix: str, clusters: Iterable[tuple[str, str]], *, js_dom
         publish=(f"{p}.jobs.>", f"{p}.admission.rejected", f"{p}.governance.>", f"{p}.logs.>",
                  f"{p}.svc.scheduler.whatif", f"{p}.svc.scheduler.status",
                  f"$JS.API.CONSUMER.INFO.{dlq}.>",  # GetStatus: the lag of audit's dead-letter durable
-                 *dl("admission-jobs", "admission-inventory", "admission-policy"), "$JS.API.INFO",
+                 *dl("admission", "admission-jobs", "admission-inventory", "admission-policy"), "$JS.API.INFO",
                  *_stream_admin(p), *_reads_stream(events), *_reads_stream(inventory), *_buckets(p, "admission")),
         subscribe=("_INBOX_admission.>",)))
     users.append(UserPermissions(
@@ -159,13 +159,13 @@ def federation_users(prefix: str, clusters: Iterable[tuple[str, str]], *, js_dom
                      "attempts on a lost cluster (job.stopped on its status subject); answers its status and what-if "
                      "endpoints",
         publish=(f"{p}.placements.>", f"{p}.decisions.>", f"{p}.status.>", f"{p}.governance.approval.>",
-                 *dl("scheduler-events", "scheduler-inventory"), "$JS.API.INFO", *_stream_admin(p),
+                 *dl("scheduler", "scheduler-events", "scheduler-inventory"), "$JS.API.INFO", *_stream_admin(p),
                  *_reads_stream(events), *_reads_stream(inventory), *_buckets(p, "scheduler")),
         subscribe=("_INBOX_scheduler.>", f"{p}.svc.scheduler.status", f"{p}.svc.scheduler.whatif"),
         responses="true"))
     users.append(UserPermissions(
         "audit", "the append-only log: one durable per stream; answers read-only SQL when it holds the store",
-        publish=(*dl("audit-events", "audit-inventory", "audit-dlq"), f"{p}.svc.store.query", "$JS.API.INFO",
+        publish=(*dl("audit", "audit-events", "audit-inventory", "audit-dlq"), f"{p}.svc.store.query", "$JS.API.INFO",
                  *_stream_admin(p), *_reads_stream(events), *_reads_stream(inventory), *_reads_stream(dlq),
                  *_buckets(p, "audit")),
         subscribe=("_INBOX_audit.>", f"{p}.svc.store.query"), responses="true"))

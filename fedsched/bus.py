@@ -4,6 +4,11 @@
   (``Nats-Msg-Id`` = event id, or for agents a keyed hash of it (:meth:`Bus.msg_id`), so a
   retried publish is dropped by JetStream's duplicate window)
   and the trace context in the headers.
+  Every message's encoded size (headers + body) is
+  checked against the server's ``max_payload`` (from its INFO) before it is sent: NATS closes
+  the connection on a larger one, and nats.py's own check counts the body only. In a batch
+  (:meth:`Bus.publish_many`) one message never fails the others: an oversized one is
+  dead-lettered on ``<prefix>.deadletter.<publisher>`` (issue 14 item 6).
 * :class:`DurableConsumer` -- a durable pull consumer that hands batches to a handler and
   acknowledges only after the handler returned (its effect is committed). Undecodable messages
   and messages that keep failing go to the dead-letter subject with the reason; a dependency
@@ -34,6 +39,7 @@ import asyncio
 import contextlib
 import hashlib
 import hmac
+import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -46,14 +52,27 @@ from nats.aio.msg import Msg
 from nats.js import api
 
 from fedsched import telemetry
-from fedsched.errors import DecodeError, UnavailableError
+from fedsched.errors import DecodeError, PayloadTooLargeError, UnavailableError
 from fedsched.metrics import dead_letter_code
 from fedsched.events import DeadLetter, Envelope, EventType, Subjects, business_event_id, make_event
+from fedsched.ports import PublishResult
 
 log = logging.getLogger(__name__)
 
 _TRANSIENT = (nats.errors.TimeoutError, nats.errors.NoRespondersError, nats.errors.ConnectionClosedError,
               nats.errors.OutboundBufferLimitError, asyncio.TimeoutError, ConnectionError)
+
+
+_HDR_LINE = len(b"NATS/1.0\r\n")
+
+
+def encoded_size(headers: dict[str, str] | None, data: bytes) -> int:
+    """Bytes a message counts against the server's ``max_payload``: its headers as nats.py
+    encodes them (``NATS/1.0\\r\\n``, ``key: value\\r\\n`` each, a closing ``\\r\\n``) plus its body."""
+    if not headers:
+        return len(data)
+    return _HDR_LINE + sum(len(k.strip().encode()) + len(str(v).strip().encode()) + 4
+                           for k, v in headers.items() if k.strip()) + 2 + len(data)
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,11 +132,16 @@ class Bus:
         nc: connected nats client.
         prefix: subject prefix (validated by Settings).
         duplicate_window_s / max_age_s: stream settings used by :meth:`ensure_streams`.
+        name: the publisher's name (the connection name): messages it can never send are
+            dead-lettered on ``<prefix>.deadletter.<name>``.
     """
 
     def __init__(self, nc: nats.NATS, prefix: str = "fed", *, duplicate_window_s: float = 120.0,
-                 max_age_s: float = 30 * 86400.0, js_domain: str = "", replicas: int = 1) -> None:
+                 max_age_s: float = 30 * 86400.0, js_domain: str = "", replicas: int = 1,
+                 name: str = "fedsched") -> None:
         self.nc = nc
+        self.name = name
+        self.refused = 0  #: messages refused (too large / refused by the server) and dead-lettered
         self.js = nc.jetstream(timeout=10, domain=js_domain or None)
         self.subjects = Subjects(prefix)
         self.prefix = prefix
@@ -182,7 +206,24 @@ class Bus:
             raise UnavailableError(f"cannot connect to NATS at {redact(url)} within {3 * connect_timeout_s:g} s: "
                                    f"{str(e) or 'no server answered'}") from e
         return cls(nc, prefix, duplicate_window_s=duplicate_window_s, max_age_s=max_age_s, js_domain=js_domain,
-                   replicas=replicas)
+                   replicas=replicas, name=name)
+
+    @property
+    def max_payload(self) -> int:
+        """The connected server's largest message in bytes (headers + body), from its INFO
+        (updated on reconnect; NATS's default is 1 MB)."""
+        return int(self.nc.max_payload)
+
+    def check_size(self, subject: str, event: Envelope, headers: dict[str, str] | None, data: bytes) -> None:
+        """Raise if the message would exceed the server's ``max_payload``.
+
+        Raises:
+            PayloadTooLargeError: with the sizes.
+        """
+        size = encoded_size(headers, data)
+        limit = self.max_payload
+        if size > limit:
+            raise PayloadTooLargeError(subject, event.event_id, str(event.type), size, limit)
 
     async def close(self) -> None:
         """Flush pending publishes and close the connection (idempotent)."""
@@ -248,10 +289,12 @@ class Bus:
 
         Raises:
             UnavailableError: JetStream did not acknowledge after ``attempts`` tries.
+            PayloadTooLargeError: headers + body exceed the server's ``max_payload`` (not sent).
         """
         hdrs = telemetry.event_headers(headers, f"publish {event.type}")
         hdrs["Nats-Msg-Id"] = self.msg_id(subject, event)
         data = event.to_bytes()
+        self.check_size(subject, event, hdrs, data)
         delay = 0.05
         last: Exception | None = None
         for _ in range(attempts):
@@ -263,40 +306,101 @@ class Bus:
                 delay = min(delay * 2, 2.0)
         raise UnavailableError(f"publish to {subject} failed after {attempts} attempts: {last!r}")
 
-    async def publish_many(self, items: Sequence[tuple[str, Envelope, dict[str, str] | None]]) -> list[bool]:
+    async def publish_many(self, items: Sequence[tuple[str, Envelope, dict[str, str] | None]]
+                           ) -> list[PublishResult]:
         """Publish several events pipelined (``publish_async``) and wait for every ack.
 
-        Events whose ack does not arrive are retried one by one with :meth:`publish`.
+        1. Each message's encoded size (headers + body) is checked against the server's
+           ``max_payload``; an oversized one is not sent but dead-lettered
+           (:meth:`_refuse`: ``<prefix>.deadletter.<publisher>``, the reason and a summary:
+           event id, type, subject, size).
+        2. The others are sent pipelined; one that cannot even be handed to the client (any
+           error) fails alone.
+        3. Those whose ack does not arrive are retried one by one with :meth:`publish`; one the
+           server refuses for itself (a JetStream API error other than 503, e.g. a stream's
+           ``max_msg_size``) is dead-lettered like an oversized one.
 
         Args:
             items: (subject, event, extra headers or None).
 
         Returns:
-            Per item, whether JetStream acknowledged it (False only after retries failed).
+            Per item, a :class:`~fedsched.ports.PublishResult`: ``ACKED``; ``FAILED`` only after
+            retries failed (an outage: try again later); ``REFUSED`` (dead-lettered: never
+            retry). Never raises for one item.
         """
         if not items:
             return []
-        futures, sent = [], []
-        for subject, event, extra in items:
+        futures: list[Any] = []
+        sent: list[dict[str, str]] = []
+        refused: dict[int, str] = {}
+        for i, (subject, event, extra) in enumerate(items):
             hdrs = telemetry.event_headers(extra, f"publish {event.type}")
             sent.append(telemetry.trace_headers(hdrs))  # a retry keeps the same trace
             hdrs["Nats-Msg-Id"] = self.msg_id(subject, event)
+            data = event.to_bytes()
             try:
-                futures.append(await self.js.publish_async(subject, event.to_bytes(), headers=hdrs))
-            except _TRANSIENT as e:
+                self.check_size(subject, event, hdrs, data)
+            except PayloadTooLargeError as e:
+                refused[i] = e.message
+                futures.append(_failed(e))
+                continue
+            try:
+                futures.append(await self.js.publish_async(subject, data, headers=hdrs))
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # noqa: BLE001 - one message's failure is that message's only
                 futures.append(_failed(e))
         results = await asyncio.gather(*futures, return_exceptions=True)
-        ok = []
-        for (subject, event, extra), trace_ctx, result in zip(items, sent, results):
+        out: list[PublishResult] = []
+        for i, ((subject, event, extra), trace_ctx, result) in enumerate(zip(items, sent, results)):
+            if i in refused:
+                out.append(await self._refuse(subject, event, refused[i], trace_ctx))
+                continue
             if not isinstance(result, BaseException):
-                ok.append(True)
+                out.append(PublishResult.ACKED)
                 continue
             try:
                 await self.publish(subject, event, headers={**(extra or {}), **trace_ctx})
-                ok.append(True)
+                out.append(PublishResult.ACKED)
+            except asyncio.CancelledError:
+                raise
+            except PayloadTooLargeError as e:  # the server's limit shrank since the first try
+                out.append(await self._refuse(subject, event, e.message, trace_ctx))
+            except nats.js.errors.APIError as e:
+                if e.code is not None and e.code < 500:  # the server refuses this message for itself
+                    out.append(await self._refuse(subject, event, f"refused by JetStream: {e}", trace_ctx))
+                else:
+                    out.append(PublishResult.FAILED)
             except UnavailableError:
-                ok.append(False)
-        return ok
+                out.append(PublishResult.FAILED)
+            except Exception as e:  # noqa: BLE001 - never let one message fail the batch
+                log.warning("publish of %s %s to %s failed: %r", event.type, event.event_id, subject, e)
+                out.append(PublishResult.FAILED)
+        return out
+
+    async def _refuse(self, subject: str, event: Envelope, reason: str, trace_ctx: dict[str, str]) -> PublishResult:
+        """Dead-letter a message that can never be sent, on ``<prefix>.deadletter.<publisher>``,
+        with ``reason`` and a small summary (event id, type, subject, job, size of its body) in
+        place of the body; its id is derived from the event's, so refusing the same event again
+        stores no second dead letter. A dead letter that cannot be published is logged only.
+
+        Returns:
+            ``REFUSED``.
+        """
+        self.refused += 1
+        summary = {"event_id": event.event_id, "type": str(event.type), "subject": subject, "job_id": event.job_id,
+                   "attempt": event.attempt, "body_bytes": len(event.to_bytes())}
+        payload = DeadLetter(consumer=self.name, subject=subject, reason=reason[:2000],
+                             data=json.dumps(summary, separators=(",", ":")), headers=dict(trace_ctx))
+        dead = make_event(EventType.BUS_DEAD_LETTER, payload, producer=self.name, occurred_at=time.time(),
+                          event_id=business_event_id("dead_letter", self.name, "refused", event.event_id),
+                          tenant=event.tenant, project=event.project, job_id=event.job_id)
+        log.warning("%s: not sent, dead-lettered: %s", self.name, reason)
+        try:
+            await self.publish(self.subjects.deadletter(self.name), dead, headers=trace_ctx)
+        except (UnavailableError, PayloadTooLargeError) as e:
+            log.error("%s: could not dead-letter %s %s: %s", self.name, event.type, event.event_id, e)
+        return PublishResult.REFUSED
 
     async def dead_letter(self, consumer: str, msg: Msg | None, reason: str, *, subject: str = "",
                           data: bytes = b"", headers: dict[str, str] | None = None) -> None:
@@ -315,8 +419,9 @@ class Bus:
                 deliveries = msg.metadata.num_delivered
             except Exception:  # noqa: BLE001 - not a JetStream message
                 pass
+        room = min(65536, self.max_payload // 8)  # the dead letter itself must fit (JSON may escape the body)
         payload = DeadLetter(consumer=consumer, subject=subject, stream_sequence=seq, deliveries=deliveries,
-                             reason=reason[:2000], data=data[:65536].decode("utf-8", errors="replace"),
+                             reason=reason[:2000], data=data[:room].decode("utf-8", errors="replace"),
                              headers={k: str(v) for k, v in (headers or {}).items()})
         # a stream message has one dead letter per consumer, however often it is re-read (a
         # follower rebuilding from the start after a restart): a deterministic id, so the

@@ -17,6 +17,7 @@ Hierarchy::
     ├── AuthError                missing/unknown credentials; gRPC UNAUTHENTICATED
     │   └── PermissionDeniedError  known principal acting outside its rights; PERMISSION_DENIED
     ├── UnavailableError         a dependency (bus, store) is down; gRPC UNAVAILABLE
+    ├── PayloadTooLargeError     a message larger than the bus server's max_payload (never sent)
     ├── DecodeError              an undecodable bus message (goes to the dead-letter subject)
     └── EventTypeError           an event built with an unknown type or the wrong payload model
                                  (a producer's programming error; never a wire problem)
@@ -101,6 +102,27 @@ class PermissionDeniedError(AuthError):
 
 class UnavailableError(FedError):
     """A dependency (NATS, ClickHouse) cannot be reached; retrying later may succeed."""
+
+
+class PayloadTooLargeError(FedError):
+    """A message larger than the connected NATS server carries (its INFO ``max_payload``): it
+    was not sent, since the server would close the connection on it. Retrying cannot help.
+
+    Args:
+        subject: where it was to go.
+        event_id / event_type: the event it carried.
+        size: its encoded size in bytes (headers + body).
+        max_payload: the server's limit in bytes.
+    """
+
+    def __init__(self, subject: str, event_id: str, event_type: str, size: int, max_payload: int) -> None:
+        super().__init__(f"{event_type} {event_id} to {subject} is {size} bytes (headers + body), above the bus "
+                         f"server's max_payload of {max_payload} bytes; not sent")
+        self.subject = subject
+        self.event_id = event_id
+        self.event_type = event_type
+        self.size = size
+        self.max_payload = max_payload
 
 
 class DecodeError(FedError):

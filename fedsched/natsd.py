@@ -73,13 +73,16 @@ class EmbeddedNats:
             :func:`fedapp.natsauth.embedded_authorization`); clients log in as one of its users
             (:meth:`client_url_for`).
         passwords: user -> password of the users in ``accounts`` (for :meth:`client_url_for`).
+        max_payload: the server's largest message in bytes (headers + body); default
+            :data:`MAX_PAYLOAD_BYTES`. Tests use a small one to exercise oversized messages.
 
     Use ``start()``/``stop()`` or ``async with``. ``url`` is valid after start.
     """
 
     def __init__(self, store_dir: Path, port: int = 0, password: str | None = None, *, accounts: str = "",
-                 passwords: dict[str, str] | None = None) -> None:
+                 passwords: dict[str, str] | None = None, max_payload: int = MAX_PAYLOAD_BYTES) -> None:
         self.store_dir = Path(store_dir)
+        self.max_payload = max_payload
         self.port = port or free_port()
         self.password = password
         self.accounts = accounts
@@ -125,7 +128,7 @@ class EmbeddedNats:
         log = self.store_dir / "nats-server.log"
         conf = self.store_dir / "nats-server.conf"
         # messages up to 8 MB: an inventory snapshot of a cluster with tens of thousands of nodes
-        text = f"max_payload: {MAX_PAYLOAD_BYTES}\n"
+        text = f"max_payload: {self.max_payload}\n"
         if self.accounts:
             text += self.accounts
         elif self.password:

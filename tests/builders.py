@@ -45,11 +45,12 @@ from fedsched.api.v1 import jobs_pb2_grpc as pb_grpc
 from fedsched.auth import hash_token
 from fedsched.bus import Bus, Delivery
 from fedsched.clock import to_datetime
-from fedsched.errors import UnavailableError
+from fedsched.errors import PayloadTooLargeError, UnavailableError
 from fedsched.events import (Envelope, Heartbeat, InventorySnapshot, JobCancelRequested, JobPlaced, JobStatus, JobStop,
                              JobSubmitted, NodeInventory, Subjects, WorkerBinding, business_event_id, make_event)
 from fedsched.jobs import AttemptState, Dataset, JobSpec, PriorityClass
 from fedsched.policystore import PolicyHolder, StoredPolicy, read_policy, write_policy
+from fedsched.ports import PublishResult
 from fedsched.pricing import load_price_catalog
 from fedsched.tenancy import Governance, PolicyDoc, parse_policy
 from services.inventory.agent import TraceBackend
@@ -231,33 +232,47 @@ class Published:
 
 
 class FakePublisher:
-    """Records publishes; acknowledges every item unless ``refuse(subject, event)`` is true.
+    """Records publishes; acknowledges every item unless ``refuse(subject, event)`` is true
+    (not acknowledged: an outage) or ``too_large(subject, event)`` is (refused for good, as the
+    bus refuses a message above its server's max_payload: ``PublishResult.REFUSED`` in a batch,
+    :class:`~fedsched.errors.PayloadTooLargeError` alone).
 
     Attributes:
         published: acknowledged items, in order.
         refused: items refused (not acknowledged), in order.
+        dead_lettered: items refused for good (too large), in order.
         seen_ids: event ids already acknowledged (a repeated id is acknowledged but not
             recorded again, like JetStream's duplicate window).
     """
 
-    def __init__(self, refuse: Callable[[str, Envelope], bool] | None = None) -> None:
+    def __init__(self, refuse: Callable[[str, Envelope], bool] | None = None,
+                 too_large: Callable[[str, Envelope], bool] | None = None) -> None:
         self.published: list[Published] = []
         self.refused: list[Published] = []
+        self.dead_lettered: list[Published] = []
         self.refuse = refuse
+        self.too_large = too_large
         self.seen_ids: set[str] = set()
 
     async def publish(self, subject: str, event: Envelope, *, headers: dict[str, str] | None = None) -> Any:
         """Acknowledge ``event`` (or raise like the real bus after its retries)."""
-        if not self._accept(subject, event, headers):
+        result = self._accept(subject, event, headers)
+        if result is PublishResult.REFUSED:
+            raise PayloadTooLargeError(subject, event.event_id, str(event.type), 0, 0)
+        if not result:
             raise UnavailableError(f"fake: publish to {subject} refused")
         return True
 
-    async def publish_many(self, items: Sequence[tuple[str, Envelope, dict[str, str] | None]]) -> list[bool]:
-        """Per item, whether it was acknowledged."""
+    async def publish_many(self, items: Sequence[tuple[str, Envelope, dict[str, str] | None]]
+                           ) -> list[bool | PublishResult]:
+        """Per item, whether it was acknowledged (``PublishResult.REFUSED`` when too large)."""
         return [self._accept(s, e, h) for s, e, h in items]
 
-    def _accept(self, subject: str, event: Envelope, headers: dict[str, str] | None) -> bool:
+    def _accept(self, subject: str, event: Envelope, headers: dict[str, str] | None) -> bool | PublishResult:
         item = Published(subject, event, headers)
+        if self.too_large is not None and self.too_large(subject, event):
+            self.dead_lettered.append(item)
+            return PublishResult.REFUSED
         if self.refuse is not None and self.refuse(subject, event):
             self.refused.append(item)
             return False

@@ -11,6 +11,12 @@ Two sources, per the contract with billing:
    for that month (:meth:`SpendBook.apply_event`, fed by admission's stream follower).
 
 Money is :class:`~decimal.Decimal`; one currency per federation (the price catalog's).
+
+What a tenant's open jobs hold against its budget (their worst-case costs) is a running total
+per tenant, :class:`BudgetHolds`, kept current as jobs change (hold on submit, release on end or
+while unplaceable): a submission's budget check reads one number instead of summing over the
+tenant's open jobs (issue 14 item 8: the sum made each submit O(open jobs), 683 -> 231 jobs/s
+from 2k to 20k jobs).
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import asyncio
 import logging
 from datetime import UTC, datetime
 from decimal import Decimal
+from typing import Callable
 
 import nats.errors
 import nats.js.errors
@@ -75,6 +82,79 @@ class SpendBook:
     def source(self, tenant: str, month: str) -> str:
         """Where :meth:`spend` comes from: ``kv`` or ``events``."""
         return "kv" if (tenant, month) in self.from_kv else "events"
+
+
+class BudgetHolds:
+    """Running totals of the worst-case cost each tenant's open jobs hold against its budget.
+
+    A job *holds* while it is open and could run (the caller decides: admission's
+    ``_holds_budget``); :meth:`update` is called on every change of a job (O(1)); :meth:`held`
+    gives a tenant's total (O(1) plus the jobs that started holding since the last call, each
+    costed once). A job's cost is computed lazily by the caller's ``cost_of(job_id)`` the first
+    time its tenant's total is read -- only tenants with a budget ever are -- and kept while the
+    job is open (a job that stops holding and holds again is not costed twice); an ended job
+    leaves every table, so memory is O(open jobs), never O(history). Money is exact
+    (:class:`~decimal.Decimal` addition and subtraction), so the total equals the sum it
+    replaces.
+
+    Attributes:
+        costed: cost computations so far (each job at most once while open; for tests).
+    """
+
+    def __init__(self) -> None:
+        self._total: dict[str, Decimal] = {}                 # tenant -> sum of the costed holds
+        self._held: dict[str, tuple[str, Decimal]] = {}      # job -> (tenant, cost): holding, costed
+        self._uncosted: dict[str, dict[str, None]] = {}      # tenant -> holding jobs not costed yet (ordered)
+        self._parked: dict[str, Decimal] = {}                # open jobs not holding now -> their cost
+        self.costed = 0
+
+    def update(self, tenant: str, job_id: str, *, holds: bool, open_: bool) -> None:
+        """Record that ``job_id`` of ``tenant`` holds (or no longer holds) its worst case.
+
+        Args:
+            holds: it counts against the budget now.
+            open_: it has not ended (an ended job is forgotten entirely).
+        """
+        if holds:
+            if job_id in self._held or job_id in self._uncosted.get(tenant, ()):
+                return
+            cost = self._parked.pop(job_id, None)
+            if cost is None:
+                self._uncosted.setdefault(tenant, {})[job_id] = None
+            else:
+                self._held[job_id] = (tenant, cost)
+                self._total[tenant] = self._total.get(tenant, Decimal(0)) + cost
+            return
+        held = self._held.pop(job_id, None)
+        if held is not None:
+            self._total[held[0]] -= held[1]
+            if open_:
+                self._parked[job_id] = held[1]
+        else:
+            waiting = self._uncosted.get(tenant)
+            if waiting is not None:
+                waiting.pop(job_id, None)
+        if not open_:
+            self._parked.pop(job_id, None)
+
+    def held(self, tenant: str, cost_of: Callable[[str], Decimal]) -> Decimal:
+        """The worst case ``tenant``'s holding jobs hold in total, costing (once) those not
+        costed yet with ``cost_of(job_id) -> Decimal``."""
+        waiting = self._uncosted.pop(tenant, None)
+        if waiting:
+            total = self._total.get(tenant, Decimal(0))
+            for job_id in waiting:
+                cost = cost_of(job_id)
+                self.costed += 1
+                self._held[job_id] = (tenant, cost)
+                total += cost
+            self._total[tenant] = total
+        return self._total.get(tenant, Decimal(0))
+
+    def holding(self, tenant: str) -> int:
+        """How many jobs of ``tenant`` hold now (costed or not)."""
+        return (sum(1 for t, _ in self._held.values() if t == tenant)  # for tests and status only
+                + len(self._uncosted.get(tenant, ())))
 
 
 class SpendWatcher:

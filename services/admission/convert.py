@@ -50,6 +50,20 @@ class Limits:
         max_datasets: datasets per job.
         max_request_id: longest request id (characters).
         max_duration_s: longest runtime estimate (s).
+        max_spec_bytes: the whole spec, both as received (protobuf bytes) and as it travels on
+            the bus (its JSON encoding in ``job.submitted`` and again in every ``job.placed``):
+            128 KiB keeps the largest event (a placement: the spec, up to 1024 worker bindings
+            and one verdict per cluster) far below NATS's default ``max_payload`` of 1 MB.
+        max_card_models / max_regions / max_residency_tags: entries of ``card_models``, of
+            ``allowed_regions`` and of ``forbidden_regions`` (each), of ``residency_tags``.
+        max_annotations / max_annotation_key / max_annotation_value: annotation entries, and
+            characters of one key / one value.
+
+    Every repeated field and the whole spec have a limit (issue 14 item 6: 250 000
+    ``allowed_regions`` were accepted and made events larger than the bus carries); each is
+    far above what a real job uses and is checked before anything is looked up, with
+    INVALID_ARGUMENT naming the field and the count (``spec.allowed_regions: at most 64
+    entries (got 250000)``). The proto comments of ``JobSpec`` and the README list them.
 
     The workload's caps are not configurable here: they belong to the domain model
     (:class:`fedsched.workload.WorkloadLimits`, checked by whoever builds a spec): image
@@ -65,6 +79,55 @@ class Limits:
     max_datasets: int = 64
     max_request_id: int = 128
     max_duration_s: float = 365 * 86400.0
+    max_spec_bytes: int = 128 * 1024
+    max_card_models: int = 32
+    max_regions: int = 64
+    max_residency_tags: int = 32
+    max_annotations: int = 64
+    max_annotation_key: int = 128
+    max_annotation_value: int = 1024
+
+
+#: Longest job name (characters): the naming rule of kind ``job`` (an RFC 1123 label).
+MAX_NAME_CHARS = 63
+
+
+def check_sizes(msg: pb.JobSpec, limits: Limits) -> None:
+    """Refuse a spec larger than the documented limits, before any entry is looked at.
+
+    Checks, in order: ``name`` (<= 63 characters), the count of every repeated field
+    (``card_models``, ``allowed_regions``, ``forbidden_regions``, ``residency_tags``,
+    ``datasets``, ``annotations``: O(1) each, so the field named is the one that is too long),
+    the sizes of annotation keys and values (entries already bounded), then the encoded spec
+    (``msg.ByteSize()`` <= ``max_spec_bytes``). (The workload has its own
+    limits: :class:`~fedsched.workload.Workload`.)
+
+    Raises:
+        ValidationError: ``field`` = the path (``spec``, ``spec.name``, ``spec.allowed_regions``,
+            ``spec.annotations``), the message the limit and what was sent
+            (``at most 64 entries (got 250000)``).
+    """
+    if len(msg.name) > MAX_NAME_CHARS:
+        raise ValidationError("spec.name", f"at most {MAX_NAME_CHARS} characters (got {len(msg.name)})")
+    for field, count, most in (("card_models", len(msg.card_models), limits.max_card_models),
+                               ("allowed_regions", len(msg.allowed_regions), limits.max_regions),
+                               ("forbidden_regions", len(msg.forbidden_regions), limits.max_regions),
+                               ("residency_tags", len(msg.residency_tags), limits.max_residency_tags),
+                               ("datasets", len(msg.datasets), limits.max_datasets),
+                               ("annotations", len(msg.annotations), limits.max_annotations)):
+        if count > most:
+            raise ValidationError(f"spec.{field}", f"at most {most} entries (got {count})")
+    for key, value in msg.annotations.items():
+        shown = key if len(key) <= 40 else key[:37] + "..."
+        if len(key) > limits.max_annotation_key:
+            raise ValidationError("spec.annotations", f"keys of at most {limits.max_annotation_key} characters "
+                                                      f"(got {len(key)} for {shown!r})")
+        if len(value) > limits.max_annotation_value:
+            raise ValidationError(f"spec.annotations[{shown}]", f"at most {limits.max_annotation_value} characters "
+                                                                f"(got {len(value)})")
+    size = msg.ByteSize()
+    if size > limits.max_spec_bytes:
+        raise ValidationError("spec", f"at most {limits.max_spec_bytes} bytes encoded (got {size})")
 
 
 def _finite(value: float, field: str, *, lo: float = 0.0, hi: float | None = None) -> float:
@@ -100,8 +163,8 @@ def spec_from_pb(msg: pb.JobSpec, *, limits: Limits, default_home: str | None,
                  known_models: frozenset[str] | None = None) -> JobSpec:
     """Validate a wire :class:`JobSpec` into the domain model.
 
-    The sections are checked in this order, the first problem raised: gang and resources
-    (:func:`_gang`), placement (:func:`_card_models`, :func:`_home_region`), the start deadline,
+    The sections are checked in this order, the first problem raised: sizes and counts
+    (:func:`check_sizes`), gang and resources (:func:`_gang`), placement (:func:`_card_models`, :func:`_home_region`), the start deadline,
     the datasets, the enums (kind, priority, locality), price and duration, the workload
     (:func:`_workload`), and last the domain model's own rules (names, cross-field rules).
 
@@ -112,8 +175,10 @@ def spec_from_pb(msg: pb.JobSpec, *, limits: Limits, default_home: str | None,
         known_models: canonical card models valid besides the catalog (those agents report).
 
     Raises:
-        ValidationError: the first problem found, ``field`` = ``spec.<path>``.
+        ValidationError: the first problem found, ``field`` = ``spec.<path>``; ``spec`` when the
+            spec's JSON encoding (what the bus carries) exceeds ``limits.max_spec_bytes``.
     """
+    check_sizes(msg, limits)
     gang = _gang(msg, limits)
     models = _card_models(msg, known_models)
     home = _home_region(msg, default_home)
@@ -126,7 +191,7 @@ def spec_from_pb(msg: pb.JobSpec, *, limits: Limits, default_home: str | None,
     duration = _finite(msg.estimated_duration_seconds, "spec.estimated_duration_seconds", hi=limits.max_duration_s)
     workload = _workload(msg)
     try:
-        return JobSpec(
+        spec = JobSpec(
             tenant=msg.tenant, project=msg.project, name=msg.name, kind=kind, priority=priority,
             workers=gang.workers, gpus_per_worker=gang.gpus_per_worker, gpu_milli=gang.gpu_milli,
             cpu_milli=msg.cpu_milli, memory_mib=msg.memory_mib,
@@ -143,17 +208,22 @@ def spec_from_pb(msg: pb.JobSpec, *, limits: Limits, default_home: str | None,
         raise ValidationError(f"spec.{e.field}", e.reason) from e
     except PydanticValidationError as e:
         raise _from_pydantic(e, "spec") from e
+    encoded = len(spec.model_dump_json().encode())  # JSON escapes control characters: up to 6x the wire size
+    if encoded > limits.max_spec_bytes:
+        raise ValidationError("spec", f"at most {limits.max_spec_bytes} bytes encoded as the bus carries it "
+                                      f"(got {encoded})")
+    return spec
 
 
 def _gang(msg: pb.JobSpec, limits: Limits) -> _Gang:
-    """The gang and per-worker resources, within ``limits`` (also the request's dataset count).
+    """The gang and per-worker resources, within ``limits``.
 
     Unset ``workers`` / ``gpus_per_worker`` / ``shards`` are 1; unset ``gpu_milli`` is a whole
     card (1000) for a GPU worker, 0 for a CPU-only one (``gpus_per_worker`` = 0).
 
     Raises:
         ValidationError: ``spec.workers``, ``spec.gpus_per_worker``, ``spec.gpu_milli``,
-            ``spec.cpu_milli``, ``spec.memory_mib``, ``spec.datasets`` or ``spec.shards``.
+            ``spec.cpu_milli``, ``spec.memory_mib`` or ``spec.shards``.
     """
     workers = msg.workers if msg.HasField("workers") else 1
     gpus = msg.gpus_per_worker if msg.HasField("gpus_per_worker") else 1
@@ -175,8 +245,6 @@ def _gang(msg: pb.JobSpec, limits: Limits) -> _Gang:
         raise ValidationError("spec.memory_mib", f"must be <= {limits.max_memory_mib}")
     if not gpus and not msg.cpu_milli:
         raise ValidationError("spec.cpu_milli", "a CPU-only job must ask for CPU (cpu_milli > 0)")
-    if len(msg.datasets) > limits.max_datasets:  # before any dataset is looked at
-        raise ValidationError("spec.datasets", f"at most {limits.max_datasets} datasets")
     if not 1 <= shards <= 1024:
         raise ValidationError("spec.shards", "must be 1..1024")
     return _Gang(workers=workers, gpus_per_worker=gpus, gpu_milli=milli if gpus else 0, shards=shards)
@@ -233,7 +301,7 @@ def _start_deadline(msg: pb.JobSpec) -> datetime | None:
 
 
 def _datasets(msg: pb.JobSpec) -> tuple[Dataset, ...]:
-    """The datasets (their count is checked by :func:`_gang`).
+    """The datasets (their count is checked by :func:`check_sizes`).
 
     Raises:
         ValidationError: ``spec.datasets[i].<field>`` for the first bad dataset.

@@ -41,7 +41,7 @@ import asyncio
 import bisect
 import logging
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from fedsched.bus import Delivery
 from fedsched.dispatch import EventTable, SkippedTypes
@@ -234,6 +234,8 @@ class JobView:
         #: jobs per state, kept as jobs change (every state has a key: the metrics' scrape thread
         #: copies it while the loop updates values)
         self.by_state: dict[JobState, int] = dict.fromkeys(JobState, 0)
+        #: called with the record after every change of a job (e.g. budget running totals)
+        self.listeners: list[Callable[[JobRecord], None]] = []
         self._changed: dict[str, asyncio.Event] = {}
         self.applied_seq = 0
         self.skipped = SkippedTypes("admission-jobs")  #: events of unknown types (newer producers) skipped
@@ -498,6 +500,8 @@ class JobView:
         else:
             open_ids.add(rec.job_id)
         rec.version += 1
+        for listener in self.listeners:
+            listener(rec)
         event = self._changed.pop(rec.job_id, None)
         if event is not None:
             event.set()

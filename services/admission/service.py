@@ -49,7 +49,6 @@ import contextlib
 import fnmatch
 import functools
 import hashlib
-import itertools
 import json
 import logging
 import uuid
@@ -75,7 +74,8 @@ from fedsched.trust import Rejection, check_subject, rejection_events
 from fedsched.clock import Clock, SystemClock
 from fedsched.dispatch import EventTable, SkippedTypes
 from fedsched.errors import (AlreadyExistsError, AuthError, ConflictError, FedError, NotFoundError,
-                             PermissionDeniedError, QuotaExceededError, UnavailableError, ValidationError)
+                             PayloadTooLargeError, PermissionDeniedError, QuotaExceededError, UnavailableError,
+                             ValidationError)
 from fedsched.events import InventorySnapshot, JobCancelRequested, JobHeld, JobPriorityChanged, JobSubmitted, \
     SubmissionRejected, Subjects, business_event_id, make_event
 from fedsched.events import APPROVAL_OUTCOMES, Envelope, EventType
@@ -91,7 +91,7 @@ from fedsched.ports import Publisher
 from fedsched.pricing import PriceCatalog, load_price_catalog
 from services.admission.admin_servicers import ApprovalServicer, PolicyServicer, TenantServicer
 from services.admission.approvalview import ApprovalView
-from services.admission.budgets import SpendBook, SpendWatcher
+from services.admission.budgets import BudgetHolds, SpendBook, SpendWatcher
 from services.admission.convert import (PRIORITY_FROM_PB, STATE_FROM_PB, STATE_TO_PB, Limits, _ts,
                                         refuse_unknown_fields, spec_from_pb, spec_to_pb)
 from services.admission.clusterview import ClusterView
@@ -132,6 +132,7 @@ _CODES: list[tuple[type[FedError], grpc.StatusCode]] = [
     (PermissionDeniedError, grpc.StatusCode.PERMISSION_DENIED),
     (AuthError, grpc.StatusCode.UNAUTHENTICATED),
     (ValidationError, grpc.StatusCode.INVALID_ARGUMENT),
+    (PayloadTooLargeError, grpc.StatusCode.INVALID_ARGUMENT),  # a request whose event the bus cannot carry
     (NotFoundError, grpc.StatusCode.NOT_FOUND),
     (AlreadyExistsError, grpc.StatusCode.ALREADY_EXISTS),
     (ConflictError, grpc.StatusCode.FAILED_PRECONDITION),
@@ -473,9 +474,15 @@ class JobServicer(pb_grpc.JobServiceServicer):
         self.prices = prices
         self.clusters = clusters if clusters is not None else {}
         self._limits: tuple[str, Limits] | None = None
-        self._worst: dict[str, Decimal] = {}  # job id -> its worst-case cost (budget holds), computed once
+        #: the worst case each tenant's open jobs in the view hold, as running totals (kept by
+        #: :meth:`_job_changed` on every change the view makes)
+        self.budget_holds = BudgetHolds()
         # tenant -> job id -> worst-case cost held while its job.submitted is being published (not in the view yet)
         self._holds: dict[str, dict[str, Decimal]] = {}
+        view.listeners.append(self._job_changed)
+        for ids in view.open_by_tenant.values():
+            for job_id in ids:
+                self._job_changed(view.jobs[job_id])
         #: asks an agent for logs: ``(subject, LogRequest) -> async iterator of LogReply``
         #: (:func:`fedsched.logs.request_logs` on the bus; None: GetJobLogs is UNAVAILABLE)
         self.request_logs = None
@@ -497,14 +504,24 @@ class JobServicer(pb_grpc.JobServiceServicer):
 
     # ------------------------------------------------------------------ submit
 
+    def _job_changed(self, rec: JobRecord) -> None:
+        """The view changed ``rec``: hold or release its worst case in :attr:`budget_holds`
+        (O(1)); a submission being published that the view now has holds from the view."""
+        tenant = rec.spec.tenant
+        is_open = rec.state not in TERMINAL_STATES
+        self.budget_holds.update(tenant, rec.job_id, holds=is_open and _holds_budget(rec), open_=is_open)
+        inflight = self._holds.get(tenant)
+        if inflight is not None and rec.job_id in inflight:
+            del inflight[rec.job_id]  # counted once: from the view from now on
+            if not inflight:
+                del self._holds[tenant]
+
     def _worst_case(self, job_id: str, regions: set[str]) -> Decimal:
-        """An open job's worst-case cost (what it holds of its tenant's budget), computed once;
-        0 for a job without an estimate (accepted before its tenant had a budget)."""
-        cost = self._worst.get(job_id)
-        if cost is None:
-            worst = worst_case_cost(self.view.jobs[job_id].spec, self.prices, self.known_models, regions)
-            cost = self._worst[job_id] = worst[0] if worst else Decimal(0)
-        return cost
+        """An open job's worst-case cost (what it holds of its tenant's budget), over the
+        ``regions`` known when it is first costed; 0 for a job without an estimate (accepted
+        before its tenant had a budget)."""
+        worst = worst_case_cost(self.view.jobs[job_id].spec, self.prices, self.known_models, regions)
+        return worst[0] if worst else Decimal(0)
 
     async def SubmitJob(self, request: pb.SubmitJobRequest, context) -> pb.SubmitJobResponse:
         """One submission (module docstring), or with ``dry_run`` its verdict and the scheduler's
@@ -705,9 +722,11 @@ class JobServicer(pb_grpc.JobServiceServicer):
 
         Nothing is awaited between the check and the hold, so on the event loop no other
         submission can pass the check on the same money (200 at once against a budget of
-        100 CNY with 4.5 CNY jobs accept exactly 22). What is held: the worst cases of the
-        tenant's open jobs in the view, plus those of submissions still being published
-        (:attr:`_holds`; a job the view already has is counted once, from the view).
+        100 CNY with 4.5 CNY jobs accept exactly 22). What is held: the running total of the
+        tenant's open jobs in the view (:class:`~services.admission.budgets.BudgetHolds`, kept
+        on every change of the view: O(1) per submit, however many jobs are open), plus those
+        of submissions still being published (:attr:`_holds`, bounded by the calls in flight;
+        a job the view already has is counted once, from the view).
 
         Returns:
             True if a hold was placed (the tenant has a budget); release it with :meth:`_release`.
@@ -716,13 +735,14 @@ class JobServicer(pb_grpc.JobServiceServicer):
             QuotaExceededError / ValidationError: see :func:`~services.admission.rules.check_budget`
                 (the message names the amount held).
         """
-        holds = self._holds.get(spec.tenant, {})
-        open_costs = itertools.chain(
-            (self._worst_case(j, regions) for j in self.view.open_by_tenant.get(spec.tenant, ())
-             if j in self.view.jobs and _holds_budget(self.view.jobs[j])),
-            (cost for j, cost in holds.items() if j not in self.view.jobs and j != job_id))
+        def held() -> Decimal:
+            inflight = self._holds.get(spec.tenant, {})
+            return (self.budget_holds.held(spec.tenant, lambda j: self._worst_case(j, regions))
+                    + sum((cost for j, cost in inflight.items() if j != job_id and j not in self.view.jobs),
+                          Decimal(0)))
+
         check_budget(gov, self.spend, spec, self.clock.time(), self.prices, self.known_models, regions,
-                     open_costs=open_costs)  # lazy: walked only for a tenant with a budget
+                     open_costs=(held() for _ in (1,)))  # lazy: read only for a tenant with a budget
         if not hold or gov.budget(spec.tenant) is None:
             return False
         worst = worst_case_cost(spec, self.prices, self.known_models, regions)
@@ -741,12 +761,21 @@ class JobServicer(pb_grpc.JobServiceServicer):
 
     async def _publish_submission(self, gov: Governance, spec: JobSpec, rid: str, principal: Principal,
                                   job_id: str) -> pb.SubmitJobResponse:
-        """Publish ``job.submitted`` and apply it to the view (the job then holds its budget there)."""
+        """Publish ``job.submitted`` and apply it to the view (the job then holds its budget there).
+
+        Raises:
+            ValidationError: ``spec``: the event is larger than the bus server carries (its
+                ``max_payload``, e.g. a server configured below the default 1 MB).
+        """
         event = make_event(EventType.JOB_SUBMITTED, JobSubmitted(spec=spec, request_id=rid, submitted_by=principal.name),
                            producer="admission", occurred_at=self.clock.time(),
                            event_id=business_event_id(job_id, "submitted"), tenant=spec.tenant, project=spec.project,
                            job_id=job_id, actor=principal.name, policy_version=gov.version)
-        ack = await self.publisher.publish(self.subjects.job("submitted", spec.tenant, spec.project), event)
+        try:
+            ack = await self.publisher.publish(self.subjects.job("submitted", spec.tenant, spec.project), event)
+        except PayloadTooLargeError as e:
+            raise ValidationError("spec", f"the job is too large for this federation's bus: its submission is "
+                                          f"{e.size} bytes, the bus carries at most {e.max_payload}") from e
         if getattr(ack, "duplicate", False):  # the same key was published first by another call: its job is the one in the stream
             existing = await self._await_job(job_id)
             return self._retried(existing, spec, rid, principal)

@@ -54,6 +54,7 @@ from fedsched.dispatch import SkippedTypes
 from fedsched.errors import UnavailableError
 from fedsched.events import EventType, JobStatus, UsageRecorded, business_event_id, make_event
 from fedsched.metrics import WriterMetrics
+from fedsched.ports import retryable
 from fedsched.pricing import PriceCatalog, money
 from fedsched.store import AsyncStore
 from fedsched.trust import PlacedAttempt, Rejection, check_placement, check_subject, rejection_events
@@ -304,7 +305,7 @@ class BillingService:
                                attempt=ln.attempt, actor="billing")
             items.append((self.bus.subjects.usage(ln.tenant), event, causes.get(ln.usage_id)))
         ok = await self.bus.publish_many(items)
-        if not all(ok):
+        if any(retryable(r) for r in ok):  # a refused one (too large) is dead-lettered: retrying cannot help
             raise UnavailableError("could not publish usage.recorded; will retry (rows are already idempotent)")
 
     async def lag(self) -> int:

@@ -675,7 +675,7 @@ class ClusterAgent:
         results = await self.publisher.publish_many(items)
         if not all(results):
             log.warning("%s: %d of %d reconcile events not acknowledged", self.producer,
-                        results.count(False), len(results))
+                        sum(1 for r in results if not r), len(results))
 
     async def _orphan_status(self, key: AttemptKey, observed: ObservedAttempt, reason: str, at: float) -> None:
         """``job.stopped`` for an attempt found on the cluster that no live attempt owns (id step
@@ -742,6 +742,10 @@ class ClusterAgent:
             await self.bus.nc.publish(msg.reply, LogReply(eof=True, code="not_found",
                                                           error=f"bad log request: {e}").model_dump_json().encode())
             return
+        # a reply must fit the server's max_payload even when JSON escapes every byte (x6)
+        room = max(256, getattr(self.bus, "max_payload", 8 * request.max_chunk_bytes) // 8)
+        if request.max_chunk_bytes > room:
+            request = request.model_copy(update={"max_chunk_bytes": room})
         try:
             async for reply in self.serve_logs(request):
                 await self.bus.nc.publish(msg.reply, reply.model_dump_json().encode())

@@ -22,7 +22,11 @@ changed (and at least once a second, for staleness, aging and reclamation):
    subject per cluster, so an agent frees the victims before it admits the preemptor), then
    changed pending reasons with a counterfactual; message ids are (job, attempt, shard, step)
    so a retried publish is never a second placement;
-5. update local state only for what JetStream acknowledged.
+5. update local state only for what JetStream acknowledged. One message never fails the
+   batch (:meth:`fedsched.bus.Bus.publish_many`); a placement the bus refuses for good (larger
+   than its ``max_payload``: dead-lettered by the bus) ends its job at once, ``job.cancelled``
+   with reason ``placement_too_large: ...`` (:meth:`SchedulerService._placement_refused`), so it
+   is not decided again every cycle; a refused pending reason is taken as given.
 
 A job that can never run as asked on today's federation (the core's ``fits_empty`` is False for
 every waiting shard: no cluster could hold it even empty) stays queued in case capacity joins,
@@ -75,7 +79,7 @@ from fedsched.jobs import JobSpec
 from fedsched.metrics import SchedulerMetrics, pending_reason_code
 from fedsched.policystore import PolicyFollower, PolicyHolder
 from fedsched.version import package_version
-from fedsched.ports import Publisher
+from fedsched.ports import Publisher, PublishResult
 from fedsched.pricing import PriceCatalog
 from fedsched.tenancy import DEFAULT_RETRY_BUDGET, RetryBudgetDoc
 from fedsched.whatif import WHAT_IF_JOB_ID, ShardWhatIf, WhatIfReply, WhatIfRequest
@@ -1083,14 +1087,16 @@ class SchedulerService:
                 shard.stop_sent = True
                 self._unbind(shard)
                 self._set(job, shard, ShardState.STOPPING)
-        for (p, _, env, _), ok in zip(places, rest[:len(places)]):
+        for (p, subject, env, _), ok in zip(places, rest[:len(places)]):
             if ok:
                 job = self.jobs[p.job.job_id]
                 self._bind(job, job.shards[p.job.shard], p.job.attempt, p.cluster, p.region, env.payload_as(JobPlaced),
                            now_live)
                 self.metrics.placed(p.region, p.cluster)
+            elif ok is PublishResult.REFUSED:
+                self._placement_refused(self.jobs[p.job.job_id], p.job.shard, subject, env)
         for (shard, reason, _), code, ok in zip(pendings, pending_codes, rest[len(places):]):
-            if ok:
+            if ok or ok is PublishResult.REFUSED:  # refused: dead-lettered by the bus, never sendable
                 shard.pending_reason = reason
                 self.metrics.pending(code)
         self.cycles += 1
@@ -1220,6 +1226,22 @@ class SchedulerService:
                 self.cancelling[job.job_id] = job
                 log.warning("scheduler: ending %s: %s", job.job_id, job.end_reason)
 
+    def _placement_refused(self, job: "JobEntry", shard: int, subject: str, event: Envelope) -> None:
+        """End ``job`` whose placement the bus refused for good (larger than its server carries;
+        the bus dead-lettered it with the reason): deciding it again each cycle would only be
+        refused again. It ends like a cancellation (:meth:`_cancellations`, next cycle), with
+        ``job.cancelled`` whose reason starts with ``placement_too_large`` -- audited, and the
+        job's state in admission. Its other shards, if running, are stopped."""
+        if job.cancel_requested:
+            return
+        job.cancel_requested = True
+        job.end_reason = (f"placement_too_large: the placement of shard {shard} ({len(event.to_bytes())} bytes) is "
+                          f"larger than the bus carries; it was dead-lettered "
+                          f"on {self.subjects.deadletter(getattr(self.publisher, 'name', 'scheduler'))}); submit a "
+                          f"smaller spec")
+        self.cancelling[job.job_id] = job
+        log.warning("scheduler: ending %s: placement to %s refused by the bus", job.job_id, subject)
+
     async def _cancellations(self) -> None:
         for job in list(self.cancelling.values()):
             items = []
@@ -1233,7 +1255,7 @@ class SchedulerService:
                         items.append((shard, item))
             if items:
                 for (shard, _), ok in zip(items, await self.publisher.publish_many([i for _, i in items])):
-                    shard.stop_sent = shard.stop_sent or ok
+                    shard.stop_sent = shard.stop_sent or bool(ok)
             if job.done and not job.cancelled_sent:
                 event = make_event(EventType.JOB_CANCELLED, JobStatus(reason=job.end_reason or "cancelled"), producer="scheduler",
                                    occurred_at=self.clock.time(), event_id=business_event_id(job.job_id, "cancelled"),

@@ -181,6 +181,23 @@ BAD = [
      "root", IA, "spec.datasets"),
     ("too many annotations", req(good(annotations={f"k{i}": "v" for i in range(65)})), "root", IA,
      "spec.annotations"),
+    # size limits of every repeated field and of the whole spec (README "Limits")
+    ("65 allowed regions", req(good(allowed_regions=[f"cn-r{i}" for i in range(65)])), "root", IA,
+     "spec.allowed_regions"),
+    ("65 forbidden regions", req(good(forbidden_regions=[f"cn-r{i}" for i in range(65)])), "root", IA,
+     "spec.forbidden_regions"),
+    ("33 residency tags", req(good(residency_tags=[f"t{i}" for i in range(33)])), "root", IA, "spec.residency_tags"),
+    ("33 card models", req(good(card_models=["T4"] * 33)), "root", IA, "spec.card_models"),
+    ("job name of 64 characters", req(good(name="n" * 64)), "root", IA, "spec.name"),
+    ("annotation key over 128 characters", req(good(annotations={"k" * 129: "v"})), "root", IA, "spec.annotations"),
+    ("annotation value over 1024 characters", req(good(annotations={"k": "v" * 1025})), "root", IA,
+     "spec.annotations[k]"),
+    ("spec over 128 KiB", req(good(annotations={f"k{i}": "v" * 1024 for i in range(64)},
+                                   datasets=[pb.Dataset(name=f"d{i:0250d}", home_region="cn-east-1")
+                                             for i in range(64)],
+                                   workload=wl(env={f"V{i}": "v" * 30000 for i in range(2)}))), "root", IA, "spec"),
+    ("spec over 128 KiB as the bus carries it", req(good(annotations={f"k{i}": "\x01" * 1024 for i in range(64)})),
+     "root", IA, "spec"),
     # the workload: image, argv, env, secret references, paths, sizes (fedsched/workload.py)
     ("workload without an image", req(good(workload=wl(image=""))), "root", IA, "spec.workload.image"),
     ("image with an uppercase path", req(good(workload=wl(image="Acme/Trainer"))), "root", IA, "spec.workload.image"),
