@@ -225,6 +225,10 @@ class JobView:
         self._changed: dict[str, asyncio.Event] = {}
         self.applied_seq = 0
         self.skipped = SkippedTypes("admission-jobs")  #: events of unknown types (newer producers) skipped
+        #: scheduler-lease fencing (fedsched.lease): the highest token seen on placements and
+        #: stop orders; an order with a lower one (a former active scheduler's) is not folded
+        self.highest_token = 0
+        self.stale_orders = 0
 
     def apply_delivery(self, d: Delivery) -> None:
         """Fold one delivered event (follower callback)."""
@@ -328,6 +332,8 @@ class JobView:
     def _on_placed(self, rec: JobRecord, env: Envelope) -> bool:
         t = env.occurred_at.timestamp()
         p = env.payload_as(JobPlaced)
+        if not self._fence(p.fencing_token):
+            return False
         shard = self._shard(rec, p.shard)
         if shard is None or (shard.current and shard.current.attempt >= env.attempt):
             return False
@@ -352,12 +358,22 @@ class JobView:
         rec.policy_version = env.policy_version
         return True
 
+    def _fence(self, token: int) -> bool:
+        """Scheduler-lease fencing in stream order: False for a token below the highest seen."""
+        if token < self.highest_token:
+            self.stale_orders += 1
+            return False
+        self.highest_token = token
+        return True
+
     def _on_stop_order(self, rec: JobRecord, env: Envelope) -> bool:
         """A scheduler's ``job.stop``: a reclaim ends the attempt now; a preemption, a
         cancellation or a lost cluster marks it ``stopping`` until ``job.stopped`` arrives (the
         agent's, or for a lost cluster the scheduler's own)."""
         t = env.occurred_at.timestamp()
         stop = env.payload_as(JobStop)
+        if not self._fence(stop.fencing_token):
+            return False
         shard = self._shard(rec, stop.shard)
         att = shard.attempt(env.attempt) if shard else None
         if att is None or att.ended_at is not None or att.outcome == AttemptState.STOPPING:

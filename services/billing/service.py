@@ -4,6 +4,10 @@ Two durable consumers feed one writer:
 
 * ``billing`` on ``<p>.status.>``: ended attempts -> ``compute`` lines;
 * ``billing-transfer`` on ``<p>.placements.>``: placements that move data -> ``transfer`` lines.
+  A placement whose scheduler-lease ``fencing_token`` is below the highest seen (a former
+  active scheduler's late order, refused by its agent too) is not billed; the highest token is
+  kept in memory (after a billing restart the durable consumer resumes past what it
+  acknowledged, so only orders newer than that are judged).
 
 What a line is and costs is the pure core's business (:mod:`services.billing.usage`). The cycle
 of one batch (:meth:`BillingService.write`):
@@ -36,7 +40,7 @@ from fedsched import telemetry
 from fedsched.bus import Bus, Delivery, DurableConsumer
 from fedsched.dispatch import SkippedTypes
 from fedsched.errors import UnavailableError
-from fedsched.events import EventType, UsageRecorded, business_event_id, make_event
+from fedsched.events import EventType, JobPlaced, UsageRecorded, business_event_id, make_event
 from fedsched.pricing import PriceCatalog, money
 from fedsched.store import AsyncStore
 from services.billing.usage import BILLING_EVENTS, USAGE_COLUMNS, UsageLine, spend_key
@@ -85,11 +89,19 @@ class BillingService:
         self.skipped = SkippedTypes("billing")  #: events of unknown types (newer producers) skipped
         self._lock = asyncio.Lock()
         self._kv = None
+        self.highest_token = 0  #: scheduler-lease fencing of placements (see the module docstring)
+        self.stale_orders = 0
 
     def lines(self, deliveries: list[Delivery]) -> list[UsageLine]:
         """The priced lines of a batch (step 1; pure)."""
         out = []
         for d in deliveries:
+            if d.envelope.type == EventType.JOB_PLACED:
+                token = d.envelope.payload_as(JobPlaced).fencing_token
+                if token < self.highest_token:
+                    self.stale_orders += 1
+                    continue
+                self.highest_token = token
             price = BILLING_EVENTS.route(d.envelope.type, self.skipped)
             line = price(d.envelope, self.prices) if price is not None else None
             if line is not None:

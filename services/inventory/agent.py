@@ -36,6 +36,13 @@ placements and stop orders; a placement of a lower attempt is refused (``job.rej
 ``superseded``), a placement of a higher one stops the older attempt still running here
 (``superseded``), and ``job.stop`` for attempt N stops N and anything older.
 
+Fencing by scheduler lease (issue 14 item 9, :mod:`fedsched.lease`): the agent keeps the highest
+``fencing_token`` seen on its placements and stop orders (restored by :meth:`ClusterAgent.rebuild`
+in stream order); a placement or stop order with a lower token -- a former active scheduler's
+order arriving after the new one's -- is refused: dead-lettered with the reason
+(``fed.deadletter.agent-<cluster>``, and from there ``bus.dead_letter`` in the audit log), never
+applied.
+
 Gangs: a node that fails (drill :meth:`ClusterAgent.set_node_health`, an inventory refresh showing
 it unhealthy, or the backend reporting ``node_failed``) under any worker of a running attempt stops
 the whole attempt (every worker) and reports ``job.failed`` reason ``node_failed`` with no exit
@@ -347,6 +354,9 @@ class ClusterAgent:
         self.done: set[tuple[str, int, int]] = set()
         #: fencing: (job, shard) -> the highest attempt seen in placements and stop orders
         self.highest: dict[tuple[str, int], int] = {}
+        #: fencing: the highest scheduler-lease token seen on placements and stop orders
+        self.highest_token = 0
+        self.stale_refused = 0  # orders refused for a stale fencing token
         #: (job, shard) -> key of the attempt running here (at most one after fencing)
         self._live: dict[tuple[str, int], tuple[str, int, int]] = {}
         #: reconcile actions of the last :meth:`rebuild`: (action, "job/attempt/shard")
@@ -492,11 +502,18 @@ class ClusterAgent:
 
         def on_placed(d: Delivery, env: Envelope) -> None:
             p = env.payload_as(JobPlaced)
+            if p.fencing_token < self.highest_token:
+                return  # refused when it arrived (stale fencing token)
+            self.highest_token = p.fencing_token
             placements[(env.job_id, env.attempt, p.shard)] = (d, p)
             self._see_attempt(env.job_id, p.shard, env.attempt)
 
         def on_stop(d: Delivery, env: Envelope) -> None:
-            self._see_attempt(env.job_id, env.payload_as(JobStop).shard, env.attempt)
+            stop = env.payload_as(JobStop)
+            if stop.fencing_token < self.highest_token:
+                return
+            self.highest_token = stop.fencing_token
+            self._see_attempt(env.job_id, stop.shard, env.attempt)
 
         def on_started(d: Delivery, env: Envelope) -> None:
             s = env.payload_as(JobStatus)
@@ -740,6 +757,17 @@ class ClusterAgent:
     async def _handle_stop(self, d: Delivery) -> None:
         await self._on_stop(d, d.envelope.payload_as(JobStop))
 
+    def _check_token(self, env: Envelope, token: int) -> None:
+        """Fencing by scheduler lease: raise :class:`~fedsched.errors.DecodeError` (the consumer
+        dead-letters the order with the reason) when ``token`` is below the highest seen; else
+        remember it."""
+        if token < self.highest_token:
+            self.stale_refused += 1
+            raise DecodeError(f"stale fencing token: {env.type} of {env.job_id} attempt {env.attempt} carries "
+                              f"token {token}, {self.producer} has seen {self.highest_token} (a former active "
+                              f"scheduler's order)")
+        self.highest_token = token
+
     def _see_attempt(self, job_id: str, shard: int, attempt: int) -> int:
         """Record ``attempt`` for fencing; returns the highest attempt seen before it."""
         before = self.highest.get((job_id, shard), 0)
@@ -767,6 +795,7 @@ class ClusterAgent:
         key = (env.job_id, env.attempt, placed.shard)
         if key in self.running or key in self.done:
             return  # redelivery: already handled
+        self._check_token(env, placed.fencing_token)
         now = self.clock.time()
         before = self._see_attempt(env.job_id, placed.shard, env.attempt)
         if env.attempt < before:  # fencing: a newer attempt of this job was already seen here
@@ -803,6 +832,9 @@ class ClusterAgent:
         """Stop attempt N and anything older of the same job and shard running here (fencing)."""
         env = d.envelope
         key = (env.job_id, env.attempt, stop.shard)
+        if key in self.done and key not in self.running and stop.fencing_token < self.highest_token:
+            return  # redelivery of an order already carried out
+        self._check_token(env, stop.fencing_token)
         self._see_attempt(env.job_id, stop.shard, env.attempt)
         live = self._live.get((env.job_id, stop.shard))
         now = self.clock.time()
