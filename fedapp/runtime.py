@@ -263,7 +263,7 @@ class System:
         bus = await self._bus("scheduler")
         self._replicas += 1
         holder = f"{socket.gethostname()}/{os.getpid()}/scheduler-{self._replicas}"
-        lease = await nats_lease(bus, "scheduler", holder, ttl_s=s.scheduler_lease_ttl_s, replicas=s.stream_replicas)
+        lease = await nats_lease(bus, "scheduler", holder, ttl_s=s.scheduler_lease_ttl_s)
         self.scheduler = SchedulerService(bus, opts.clock,
                                           build_policy(opts.policy, **bandwidth), prices,
                                           stale_after_s=s.stale_after_s, interval_s=s.schedule_interval_s,

@@ -48,8 +48,11 @@ from fedsched.events import DeadLetter, Envelope, EventType, Subjects, business_
 
 log = logging.getLogger(__name__)
 
+# NoStreamResponseError / ServiceUnavailableError: a clustered stream is electing a new leader (its
+# old leader's node died) -- seconds on a three-node cluster; retried like a timeout
 _TRANSIENT = (nats.errors.TimeoutError, nats.errors.NoRespondersError, nats.errors.ConnectionClosedError,
-              nats.errors.OutboundBufferLimitError, asyncio.TimeoutError, ConnectionError)
+              nats.errors.OutboundBufferLimitError, asyncio.TimeoutError, ConnectionError,
+              nats.js.errors.NoStreamResponseError, nats.js.errors.ServiceUnavailableError)
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,12 +208,13 @@ class Bus:
                                                            duplicate_window=window))
 
     async def key_value(self, bucket: str, history: int = 1, ttl_s: float | None = None):
-        """Get or create the KV bucket ``<prefix>_<bucket>``."""
+        """Get or create the KV bucket ``<prefix>_<bucket>`` (created with ``replicas``, like the streams)."""
         name = f"{self.prefix}_{bucket}"
         try:
             return await self.js.key_value(name)
         except nats.js.errors.BucketNotFoundError:
-            return await self.js.create_key_value(api.KeyValueConfig(bucket=name, history=history, ttl=ttl_s))
+            return await self.js.create_key_value(api.KeyValueConfig(bucket=name, history=history, ttl=ttl_s,
+                                                                     replicas=self.replicas))
 
     # ------------------------------------------------------------------ publishing
 

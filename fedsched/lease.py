@@ -24,6 +24,9 @@ The rules (:class:`Lease`) are those of Kubernetes' client-go leader election
   paused former holder whose orders arrive late.
 * **release** -- a holder that stops writes ``holder = ""`` (CAS on its revision), so a
   standby takes over without waiting ``ttl_s``.
+* **resume** -- a replica that lost the lease only because its renewals could not reach the
+  store (e.g. the KV stream electing a leader) and finds its own last write still the newest
+  starts a new tenure at once (CAS on that revision, a new token), instead of waiting ``ttl_s``.
 
 nats.py semantics used (``nats/js/kv.py``): ``create`` = ``update(last=0)`` (re-creating over a
 delete marker), ``update(last=N)`` raises ``KeyWrongLastSequenceError`` when the key's last
@@ -122,9 +125,9 @@ class LeaseStore(Protocol):
         ...
 
 
-_NATS_DOWN = (nats.errors.TimeoutError, nats.errors.NoRespondersError, nats.errors.ConnectionClosedError,
-              nats.errors.OutboundBufferLimitError, asyncio.TimeoutError, ConnectionError,
-              nats.js.errors.ServiceUnavailableError)
+# anything else NATS raises (timeouts, no responders, a stream electing its leader, a closed or
+# reconnecting connection) is an outage of the store: the lease rules treat it as "cannot write"
+_NATS_DOWN = (nats.errors.Error, asyncio.TimeoutError, OSError)
 
 
 class NatsLeaseStore:
@@ -247,7 +250,7 @@ class Lease:
             current = await self.store.get(self.key)
             if current is None:
                 revision = await self._write(True, 0)
-            elif current.holder == "" or self._expired(current, started):
+            elif current.holder == "" or self._expired(current, started) or self._still_ours(current):
                 revision = await self._write(False, current.revision)
             else:
                 return
@@ -265,6 +268,12 @@ class Lease:
         log.warning("lease %s: acquired by %s (fencing token %d)", self.key, self.holder, self.token)
         for cb in self.on_change:
             cb(True)
+
+    def _still_ours(self, current: LeaseRecord) -> bool:
+        """Our own last write is still the newest (we lost the lease only because renewals
+        could not reach the store): nobody took over, so we may start a new tenure at once --
+        the compare-and-set on that revision fails if a standby writes first."""
+        return current.holder == self.holder and current.revision == self.revision != 0
 
     def _expired(self, current: LeaseRecord, now: float) -> bool:
         """The other holder's record has not changed for its ``ttl_s`` (at least ours) since we
@@ -310,7 +319,10 @@ class Lease:
         """Step every ``renew_every_s / 2`` seconds until ``stop`` is set, then release."""
         try:
             while not stop.is_set():
-                await self.step()
+                try:
+                    await self.step()
+                except Exception:  # noqa: BLE001 - the lease loop must outlive any surprise
+                    log.exception("lease %s: step failed", self.key)
                 try:
                     await asyncio.wait_for(stop.wait(), timeout=self.renew_every_s / 2)
                 except asyncio.TimeoutError:
@@ -327,15 +339,8 @@ class MonotonicClock:
         return time.monotonic()
 
 
-async def nats_lease(bus, key: str, holder: str, *, ttl_s: float, replicas: int = 1,
-                     clock: Clock | None = None) -> Lease:
-    """A :class:`Lease` on ``bus``'s KV bucket ``<prefix>_leases`` (created with ``replicas``
-    if missing; history 1). ``bus`` is a :class:`fedsched.bus.Bus`."""
-    from nats.js import api
-
-    name = f"{bus.prefix}_leases"
-    try:
-        kv = await bus.js.key_value(name)
-    except nats.js.errors.BucketNotFoundError:
-        kv = await bus.js.create_key_value(api.KeyValueConfig(bucket=name, history=1, replicas=replicas))
+async def nats_lease(bus, key: str, holder: str, *, ttl_s: float, clock: Clock | None = None) -> Lease:
+    """A :class:`Lease` on ``bus``'s KV bucket ``<prefix>_leases`` (created with the bus's stream
+    replicas if missing, history 1). ``bus`` is a :class:`fedsched.bus.Bus`."""
+    kv = await bus.key_value("leases")
     return Lease(NatsLeaseStore(kv), key, holder, clock or MonotonicClock(), ttl_s=ttl_s)

@@ -363,6 +363,7 @@ class ClusterAgent:
         self.reconciled: list[tuple[str, str]] = []
         self._reconciled_keys: list[AttemptKey] = []
         self._stop_retry: dict[AttemptKey, str] = {}  # stops the backend could not carry out yet
+        self._unreported: list[AttemptStatus] = []  # backend statuses not yet published (bus trouble)
         self._failed_nodes: set[str] = set()  # nodes seen failing whose gangs are not yet stopped
         self._log_tasks: set[asyncio.Task] = set()  # log requests being answered
         self._failed_nodes_seen = False  # a node failed since the last snapshot: publish one at once
@@ -799,17 +800,17 @@ class ClusterAgent:
         now = self.clock.time()
         before = self._see_attempt(env.job_id, placed.shard, env.attempt)
         if env.attempt < before:  # fencing: a newer attempt of this job was already seen here
-            self.done.add(key)
             await self._status(EventType.JOB_REJECTED, AttemptRef.of(env), placed, now, reason="superseded",
                                headers=d.headers)
+            self.done.add(key)  # after the publish: a redelivery after a failed one reports it again
             return
         older = self._live.get((env.job_id, placed.shard))
         if older is not None and older != key:
             await self._stop_running(older, "superseded", now, headers=d.headers)
         problem = self._check(placed)
         if problem:
-            self.done.add(key)
             await self._status(EventType.JOB_REJECTED, AttemptRef.of(env), placed, now, reason=problem, headers=d.headers)
+            self.done.add(key)
             return
         self._allocate(placed, +1)
         job = RunningJob(AttemptRef.of(env), placed.shard, placed.spec, placed, None, d.headers)
@@ -976,8 +977,15 @@ class ClusterAgent:
             ended += await self.fail_node(node)
         for key, reason in list(self._stop_retry.items()):
             await self._backend_stop(key, reason)
-        for status in self.backend.ready():
-            ended += await self.on_status(status)
+        # statuses whose report failed (the bus was away) are reported first next time: the
+        # backend hands each change over once
+        pending, self._unreported = self._unreported + self.backend.ready(), []
+        for i, status in enumerate(pending):
+            try:
+                ended += await self.on_status(status)
+            except BaseException:
+                self._unreported = pending[i:]
+                raise
         return ended
 
     async def fail_node(self, node: str) -> int:
@@ -1007,18 +1015,20 @@ class ClusterAgent:
             return 0
         if status.phase == Phase.PENDING:
             return 0
+        # local state changes only after the report is on the bus (a failed publish raises and
+        # the status is reported again by the next drain)
         if status.phase == Phase.RUNNING:
             if job.started_at is None:
-                job.started_at = status.at
                 await self._status(EventType.JOB_STARTED, job.ref, job.placed, status.at, started_at=status.at,
                                    headers=job.trace_headers)
+                job.started_at = status.at
             return 0
         if status.phase not in TERMINAL_PHASES:
             return 0
-        self._release(key)
         if status.phase == Phase.SUCCEEDED:
             await self._status(EventType.JOB_FINISHED, job.ref, job.placed, status.at, started_at=job.started_at,
                                headers=job.trace_headers, exit_code=status.exit_code)
+            self._release(key)
             return 1
         if status.reason == NODE_FAILED:
             await self._backend_stop(status.key, NODE_FAILED)  # the whole gang, whatever the backend did
@@ -1029,6 +1039,7 @@ class ClusterAgent:
             reason = status.message or status.reason or f"exited with code {status.exit_code}"
         await self._status(EventType.JOB_FAILED, job.ref, job.placed, status.at, started_at=job.started_at,
                            reason=reason, headers=job.trace_headers, exit_code=status.exit_code)
+        self._release(key)
         return 1
 
     async def _heartbeats(self) -> None:

@@ -131,3 +131,26 @@ async def test_a_replica_that_lost_the_lease_can_win_it_back_with_a_newer_token(
 def test_impossible_timings_are_refused(kw) -> None:
     with pytest.raises(ValueError):
         Lease(FakeLeaseStore().client("a"), "scheduler", "a", FakeClock(), **kw)
+
+
+async def test_a_holder_cut_off_briefly_resumes_with_a_new_token_when_nobody_took_over() -> None:
+    store, clock, a, b = _pair()
+    await a.step()
+    store.down.add("a")
+    clock.advance(TTL)              # validity ran out: a stopped
+    assert await a.step() is False
+    store.down.discard("a")
+    clock.advance(0.1)
+    assert await a.step() is True   # its record is still the newest: a new tenure at once
+    assert a.token > 1
+
+
+async def test_a_cut_off_holder_does_not_resume_over_a_standby_that_took_over() -> None:
+    store, clock, a, b = _pair()
+    await a.step()
+    await b.step()
+    store.down.add("a")
+    history = await _run(clock, [b], 2 * TTL, tick=0.1)
+    assert history[-1][1] == [True]
+    store.down.discard("a")
+    assert await a.step() is False and b.is_active()

@@ -77,3 +77,28 @@ async def test_a_redelivered_placement_that_was_accepted_is_not_dead_lettered_la
                                            fencing_token=4), SUB, 2, clock.time())])
     await agent.handle([delivery(old, SUB, 1, clock.time())])  # JetStream redelivers j1's placement
     assert agent.stale_refused == 0
+
+
+async def test_an_end_not_published_while_the_bus_is_away_is_reported_by_the_next_drain() -> None:
+    """Found by the three-node cluster drill: the end of an attempt was taken from the backend,
+    the resources released, and the publish failed during a stream leader election -- the
+    job stayed RUNNING forever. Now the status is kept and reported again."""
+    from fedsched.errors import UnavailableError
+
+    clock = FakeClock()
+    away = {"on": False}
+    publisher = FakePublisher(refuse=lambda subject, event: away["on"])
+    agent = ClusterAgent(None, clock, CLUSTER, StaticBackend(nodes("n"), clock=clock, runtime_s=600),
+                         publisher=publisher, subjects=SUBJECTS)
+    await agent.handle([delivery(placement("j1", spec(gpus=1), CLUSTER.name, CLUSTER.region, [("n0", (0,))]), SUB, 1,
+                                 clock.time())])
+    await agent.finish_due()
+    clock.advance(600)
+    away["on"] = True
+    with pytest.raises(UnavailableError):
+        await agent.finish_due()
+    assert ("j1", 1, 0) in agent.running  # not released: the end is not on the bus yet
+    away["on"] = False
+    assert await agent.finish_due() == 1
+    assert _types(publisher) == [("job.started", "j1"), ("job.finished", "j1")]
+    assert agent.running == {} and sum(agent.ledger["n0"].gpu_free) == 8000
