@@ -483,6 +483,7 @@ class SchedulerService:
                 "clusters": len(self.clusters), "stale": sorted(self._stale), "policy": self.policy.version,
                 "skipped_types": {name: c.as_dict() for name, c in self.skipped.items() if c.counts},
                 "role": "active" if self.leading else "standby", "fencing_token": self.fencing_token,
+                "holder": self.lease.holder if self.lease is not None else "",
                 "stale_orders": self.stale_orders,
                 "version": package_version(),
                 **{state.value: n for state, n in self.counts.items()}}
