@@ -147,12 +147,22 @@ class Drill:
         await self.cluster.wait_jetstream()
         self.nc = await nats.connect(self.cluster.client_urls.split(","), max_reconnect_attempts=-1,
                                      reconnect_time_wait=0.2)
-        for kind in ("admission", "writers", "scheduler", "scheduler", "agent"):
-            self._spawn(kind)
+        # admission first: it creates the streams and stores the first policy (R3 on a cluster
+        # that busy cores make slow to answer -- a start that timed out is tried again)
         token_file = self.data_dir / "admin.token"
-        await _until(lambda: token_file.exists() and token_file.read_text().strip(), 120, "admission's admin token",
-                     self._check_alive)
+        for attempt in range(3):
+            proc = self._spawn("admission")
+            try:
+                await _until(lambda: token_file.exists() and token_file.read_text().strip(), 120,
+                             "admission's admin token", lambda: _exited(proc))
+                break
+            except RuntimeError:
+                if attempt == 2:
+                    raise
+                self.procs["admission"].remove(proc)
         self.token = token_file.read_text().strip()
+        for kind in ("writers", "scheduler", "scheduler", "agent"):
+            self._spawn(kind)
         await _until(self._scheduler_active, 120, "an active scheduler", self._check_alive)
 
     def _check_alive(self) -> None:
@@ -267,6 +277,11 @@ class Drill:
             except Exception:  # noqa: BLE001
                 pass
         self.cluster.stop()
+
+
+def _exited(proc: subprocess.Popen) -> None:
+    if proc.poll() is not None:
+        raise RuntimeError(f"process exited with {proc.returncode}")
 
 
 async def _until(check, timeout: float, what: str, alive=None) -> None:

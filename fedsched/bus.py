@@ -43,7 +43,7 @@ from nats.aio.msg import Msg
 from nats.js import api
 
 from fedsched import telemetry
-from fedsched.errors import DecodeError, UnavailableError
+from fedsched.errors import DecodeError, SequenceConflictError, UnavailableError
 from fedsched.events import DeadLetter, Envelope, EventType, Subjects, business_event_id, make_event
 
 log = logging.getLogger(__name__)
@@ -53,6 +53,11 @@ log = logging.getLogger(__name__)
 _TRANSIENT = (nats.errors.TimeoutError, nats.errors.NoRespondersError, nats.errors.ConnectionClosedError,
               nats.errors.OutboundBufferLimitError, asyncio.TimeoutError, ConnectionError,
               nats.js.errors.NoStreamResponseError, nats.js.errors.ServiceUnavailableError)
+
+
+#: compare-and-set headers of a publish (see :meth:`Bus.publish`)
+EXPECT_SEQUENCE = "Nats-Expected-Last-Subject-Sequence"
+EXPECT_SUBJECT = "Nats-Expected-Last-Subject-Sequence-Subject"
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,8 +232,14 @@ class Bus:
         event carries one. Retries (same message id, so never a duplicate) on timeouts with
         exponential back-off.
 
+        Compare-and-set: ``headers`` may carry ``Nats-Expected-Last-Subject-Sequence`` (with
+        ``Nats-Expected-Last-Subject-Sequence-Subject``, a subject filter that may hold wildcards,
+        nats-server >= 2.11): JetStream stores the event only if the last message on that filter
+        still has that sequence.
+
         Raises:
             UnavailableError: JetStream did not acknowledge after ``attempts`` tries.
+            SequenceConflictError: the compare-and-set condition failed.
         """
         hdrs = telemetry.event_headers(headers, f"publish {event.type}")
         hdrs["Nats-Msg-Id"] = event.event_id
@@ -242,6 +253,11 @@ class Bus:
                 last = e
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
+            except nats.js.errors.APIError as e:
+                if e.err_code in (10071, 10164):  # JSStreamWrongLastSequence(Constant)Err
+                    raise SequenceConflictError(hdrs.get(EXPECT_SUBJECT, subject),
+                                                int(hdrs.get(EXPECT_SEQUENCE, "0") or 0)) from e
+                raise
         raise UnavailableError(f"publish to {subject} failed after {attempts} attempts: {last!r}")
 
     async def publish_many(self, items: Sequence[tuple[str, Envelope, dict[str, str] | None]]) -> list[bool]:

@@ -229,11 +229,21 @@ class JobView:
         #: stop orders; an order with a lower one (a former active scheduler's) is not folded
         self.highest_token = 0
         self.stale_orders = 0
+        #: tenant -> stream sequence of the newest ``job.submitted`` of that tenant folded here
+        #: (the compare-and-set point of budgeted submissions across admission replicas)
+        self.last_submitted: dict[str, int] = {}
 
     def apply_delivery(self, d: Delivery) -> None:
         """Fold one delivered event (follower callback)."""
         self.applied_seq = max(self.applied_seq, d.stream_sequence)
         self.apply(d.envelope)
+        if d.envelope.type == EventType.JOB_SUBMITTED and d.envelope.tenant:
+            self.note_submitted(d.envelope.tenant, d.stream_sequence)
+
+    def note_submitted(self, tenant: str, sequence: int) -> None:
+        """A ``job.submitted`` of ``tenant`` stored at stream ``sequence`` is folded."""
+        if sequence > self.last_submitted.get(tenant, 0):
+            self.last_submitted[tenant] = sequence
 
     def apply(self, env: Envelope) -> None:
         """Fold one event; idempotent (re-applying an event changes nothing). Events of a type

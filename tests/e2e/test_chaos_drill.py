@@ -11,6 +11,7 @@ the same cost as the clean run.
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,7 @@ BENCH = Path(__file__).resolve().parents[2] / "bench" / "chaos.py"
 def _chaos_module():
     spec = importlib.util.spec_from_file_location("fedsched_bench_chaos", BENCH)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up while being defined
     spec.loader.exec_module(module)
     return module
 
