@@ -123,6 +123,7 @@ class Bus:
                  max_age_s: float = 30 * 86400.0, js_domain: str = "", replicas: int = 1) -> None:
         self.nc = nc
         self.js = nc.jetstream(timeout=10, domain=js_domain or None)
+        self.js_domain = js_domain
         self.subjects = Subjects(prefix)
         self.prefix = prefix
         self.duplicate_window_s = duplicate_window_s

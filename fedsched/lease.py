@@ -342,5 +342,9 @@ class MonotonicClock:
 async def nats_lease(bus, key: str, holder: str, *, ttl_s: float, clock: Clock | None = None) -> Lease:
     """A :class:`Lease` on ``bus``'s KV bucket ``<prefix>_leases`` (created with the bus's stream
     replicas if missing, history 1). ``bus`` is a :class:`fedsched.bus.Bus`."""
-    kv = await bus.key_value("leases")
+    await bus.key_value("leases")  # created if missing
+    # lease calls time out fast (a third of the TTL, at most 2 s): a request stuck on a NATS node
+    # that died must not outlast the lease it is trying to keep or take
+    js = bus.nc.jetstream(timeout=min(2.0, ttl_s / 3), domain=getattr(bus, "js_domain", "") or None)
+    kv = await js.key_value(f"{bus.prefix}_leases")
     return Lease(NatsLeaseStore(kv), key, holder, clock or MonotonicClock(), ttl_s=ttl_s)
