@@ -21,7 +21,8 @@ The rules (:class:`Lease`) are those of Kubernetes' client-go leader election
   the bucket stream's sequence: strictly increasing across holders). Renewals keep the token.
   Whatever the active replica orders carries it; receivers refuse a token lower than the
   highest they have seen (Kleppmann, "How to do distributed locking", 2016), which stops a
-  paused former holder whose orders arrive late.
+  paused former holder whose orders arrive late. The bucket must never be deleted: a new one
+  would count revisions from 1 again, below the tokens already on the bus.
 * **release** -- a holder that stops writes ``holder = ""`` (CAS on its revision), so a
   standby takes over without waiting ``ttl_s``.
 * **resume** -- a replica that lost the lease only because its renewals could not reach the

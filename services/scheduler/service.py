@@ -355,6 +355,10 @@ class SchedulerService:
             await asyncio.sleep(0.01)
         if self.applied_seq < last or not self.lease.is_active():
             return False
+        if self.lease.token <= self.highest_token:  # the leases bucket was recreated: revisions restarted
+            log.error("scheduler: lease token %d is not above the highest on the bus (%d): every order would be "
+                      "refused as stale; the %s_leases bucket must not be deleted", self.lease.token,
+                      self.highest_token, self.bus.prefix if self.bus is not None else "<prefix>")
         self.fencing_token = self.lease.token
         self._takeover = False
         log.warning("scheduler: active with fencing token %d (stream read to %d)", self.fencing_token, last)
