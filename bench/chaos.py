@@ -147,8 +147,11 @@ class Drill:
         """Start the NATS cluster and every service; return once admission answers."""
         self.cluster.start()
         await self.cluster.wait_jetstream()
+        async def quiet(e: Exception) -> None:  # the drill kills the node this connection uses
+            pass
+
         self.nc = await nats.connect(self.cluster.client_urls.split(","), max_reconnect_attempts=-1,
-                                     reconnect_time_wait=0.2)
+                                     reconnect_time_wait=0.2, error_cb=quiet)
         # admission first: it creates the streams and stores the first policy (R3 on a cluster
         # that busy cores make slow to answer -- a start that timed out is tried again)
         token_file = self.data_dir / "admin.token"
