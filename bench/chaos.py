@@ -23,6 +23,9 @@ read the audit log and the usage lines with SQL (``<p>.svc.store.query``). Figur
 * ``doubled`` = rows - distinct event ids;
 * ``cost``  = sum of the compute lines; a clean run (no kills) first gives the reference.
 
+A process that exits by itself (e.g. a replica whose start timed out while NATS elected
+leaders) is started again, as Kubernetes would, and listed in the loop's line.
+
 ``--loops N`` repeats the chaos run N times against one clean run and prints one line per loop;
 exit status 1 if any loop lost, doubled, or differed in cost. ``tests/e2e/test_chaos_drill.py``
 runs one short loop and checks the result.

@@ -151,7 +151,7 @@ async def _run(cluster, tmp_path, chdb_path, *, chaos: bool) -> Outcome:
                 raise AssertionError(
                     f"jobs {[pb.JobState.Name(j.state) for j in jobs]}; attempts {[len(j.attempts) for j in jobs]}; "
                     f"schedulers {[x.status() for x in system.schedulers]}; agent running {sorted(agent.running)} "
-                    f"done {len(agent.done)} consumer processed {agent._consumer.processed if agent._consumer else None}"
+                    f"done {len(agent.done)}"
                 ) from None
             jobs = [await stub.GetJob(pb.GetJobRequest(job_id=j), timeout=5) for j in ids]
         await system.stop_producers()
