@@ -57,6 +57,7 @@ BUCKETS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "spend": (("billing",), ("admission",)),
     "placements": (("billing",), ("billing",)),
     "clock": ((), ("admission", "scheduler", "audit", "billing")),
+    "leases": (("scheduler",), ("scheduler",)),  # the scheduler replicas' lease (fedsched.lease)
 }
 
 

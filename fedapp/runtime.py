@@ -45,6 +45,7 @@ from fedsched.clock import Clock, SystemClock
 from fedsched.errors import ConflictError, FedError, UnavailableError
 from fedsched.metrics import (PORT_ORDER, AdmissionMetrics, AgentMetrics, MetricsServer, SchedulerMetrics,
                               ServiceMetrics, WriterMetrics, metric_ports, serve)
+from fedsched.lease import nats_lease
 from fedsched.natsd import EmbeddedNats
 from fedapp import natsauth
 from fedsched.pricing import PriceCatalog, load_price_catalog
@@ -123,6 +124,9 @@ class System:
         self.buses: list[Bus] = []
         self.tasks: list[asyncio.Task] = []
         self.scheduler: SchedulerService | None = None
+        self.schedulers: list[SchedulerService] = []
+        self._scheduler_tasks: dict[int, asyncio.Task] = {}
+        self._replicas = 0
         self.admission: AdmissionService | None = None
         self.audit: AuditService | None = None
         self.billing: BillingService | None = None
@@ -355,8 +359,12 @@ class System:
                 task.result()  # raises the startup error
 
     async def start_scheduler(self) -> SchedulerService:
-        """Start a scheduler service (it rebuilds its state from the streams) on its own
-        connection; :attr:`scheduler` is the new one."""
+        """Start a scheduler replica (it rebuilds its state from the streams) on its own
+        connection; :attr:`scheduler` is the new one, :attr:`schedulers` all that run.
+
+        Every replica competes for the scheduler lease (:mod:`fedsched.lease`, KV bucket
+        ``<prefix>_leases``, TTL ``scheduler_lease_ttl_s``): one is active, the others stand
+        by and take over when its lease expires (or at once when it stops and releases it)."""
         s, opts = self.settings, self.options
         topo = opts.topology
         prices = opts.prices or (topo.price_catalog() if topo is not None and topo.prices is not None
@@ -366,25 +374,59 @@ class System:
             inter_region_bandwidth_bps=topo.default_bandwidth_gbit_s * 1e9 / 8)
         self._start_metrics({"scheduler"})
         m = self.metrics["scheduler"]
-        self.scheduler = SchedulerService(await self._bus("scheduler", m), opts.clock,
+        bus = await self._bus("scheduler", m)
+        self._replicas += 1
+        holder = f"{socket.gethostname()}/{os.getpid()}/scheduler-{self._replicas}"
+        lease = await nats_lease(bus, "scheduler", holder, ttl_s=s.scheduler_lease_ttl_s)
+        self.scheduler = SchedulerService(bus, opts.clock,
                                           build_policy(opts.policy, **bandwidth), prices,
                                           stale_after_s=s.stale_after_s, interval_s=s.schedule_interval_s,
                                           reclaim_after_s=s.reclaim_after_s,
-                                          unschedulable_timeout_s=s.unschedulable_timeout_s, metrics=m)
+                                          unschedulable_timeout_s=s.unschedulable_timeout_s, metrics=m, lease=lease)
+        self.schedulers.append(self.scheduler)
         self._spawn(self.scheduler.run(), "scheduler")
+        self._scheduler_tasks[id(self.scheduler)] = self.tasks[-1]
         return self.scheduler
 
-    async def stop_scheduler(self, timeout_s: float = 10.0) -> None:
-        """Stop the scheduler service (drill: a scheduler restart is this, then
-        :meth:`start_scheduler`); the rest keeps running."""
-        if self.scheduler is None:
+    async def stop_scheduler(self, timeout_s: float = 10.0, which: SchedulerService | None = None) -> None:
+        """Stop a scheduler replica (default :attr:`scheduler`; drill: a scheduler restart is
+        this, then :meth:`start_scheduler`); the rest keeps running. A stopped replica releases
+        the lease, so a standby takes over at once."""
+        svc = which if which is not None else self.scheduler
+        if svc is None:
             return
-        self.scheduler.stop()
-        tasks = [t for t in self.tasks if t.get_name() == "scheduler"]
-        if tasks:
-            await asyncio.wait(tasks, timeout=timeout_s)
-        self.tasks = [t for t in self.tasks if t not in tasks]
-        self.scheduler = None
+        svc.stop()
+        task = self._scheduler_tasks.pop(id(svc), None)
+        if task is not None:
+            await asyncio.wait([task], timeout=timeout_s)
+            self.tasks = [t for t in self.tasks if t is not task]
+        self.schedulers = [x for x in self.schedulers if x is not svc]
+        if self.scheduler is svc:
+            self.scheduler = self.schedulers[-1] if self.schedulers else None
+
+    async def kill_scheduler(self, which: SchedulerService) -> None:
+        """Drill: end a scheduler replica abruptly -- its task cancelled and its NATS
+        connection closed without releasing the lease, as a ``kill -9`` would; a standby takes
+        over once the lease's TTL has passed."""
+        task = self._scheduler_tasks.pop(id(which), None)
+        if which.lease is not None:
+            which.lease.abandon()  # a dead process writes nothing more: the lease stays as it was
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            self.tasks = [t for t in self.tasks if t is not task]
+        if which.bus is not None:
+            try:
+                await which.bus.nc.close()
+            except Exception:  # noqa: BLE001 - already closed
+                pass
+        self.schedulers = [x for x in self.schedulers if x is not which]
+        if self.scheduler is which:
+            self.scheduler = self.schedulers[-1] if self.schedulers else None
+
+    def active_scheduler(self) -> SchedulerService | None:
+        """The replica that holds the lease and is active (None during a takeover)."""
+        return next((x for x in self.schedulers if x.leading), None)
 
     def _lock_data_dir(self, data_dir: Path) -> None:
         """Hold an exclusive lock on ``data_dir/.lock`` while this system runs.
@@ -444,7 +486,7 @@ class System:
             self._nats_watchdog.cancel()
             await asyncio.gather(self._nats_watchdog, return_exceptions=True)
             self._nats_watchdog = None
-        for svc in (self.admission, self.scheduler, *self.agents, self.billing, self.audit):
+        for svc in (self.admission, *self.schedulers, *self.agents, self.billing, self.audit):
             if svc is not None:
                 svc.stop()
         if self.tasks:
@@ -499,7 +541,7 @@ class System:
     async def stop_producers(self) -> None:
         """Stop every service that publishes on its own (agents, scheduler, admission) but keep
         audit and billing writing: afterwards the event log stops growing once they drain."""
-        producers = [*self.agents, self.scheduler, self.admission]
+        producers = [*self.agents, *self.schedulers, self.admission]
         for svc in producers:
             if svc is not None:
                 svc.stop()

@@ -52,15 +52,23 @@ from nats.aio.msg import Msg
 from nats.js import api
 
 from fedsched import telemetry
-from fedsched.errors import DecodeError, PayloadTooLargeError, UnavailableError
+from fedsched.errors import DecodeError, PayloadTooLargeError, SequenceConflictError, UnavailableError
 from fedsched.metrics import dead_letter_code
 from fedsched.events import DeadLetter, Envelope, EventType, Subjects, business_event_id, make_event
 from fedsched.ports import PublishResult
 
 log = logging.getLogger(__name__)
 
+# NoStreamResponseError / ServiceUnavailableError: a clustered stream is electing a new leader (its
+# old leader's node died) -- seconds on a three-node cluster; retried like a timeout
 _TRANSIENT = (nats.errors.TimeoutError, nats.errors.NoRespondersError, nats.errors.ConnectionClosedError,
-              nats.errors.OutboundBufferLimitError, asyncio.TimeoutError, ConnectionError)
+              nats.errors.OutboundBufferLimitError, asyncio.TimeoutError, ConnectionError,
+              nats.js.errors.NoStreamResponseError, nats.js.errors.ServiceUnavailableError)
+
+
+#: compare-and-set headers of a publish (see :meth:`Bus.publish`)
+EXPECT_SEQUENCE = "Nats-Expected-Last-Subject-Sequence"
+EXPECT_SUBJECT = "Nats-Expected-Last-Subject-Sequence-Subject"
 
 
 _HDR_LINE = len(b"NATS/1.0\r\n")
@@ -143,6 +151,7 @@ class Bus:
         self.name = name
         self.refused = 0  #: messages refused (too large / refused by the server) and dead-lettered
         self.js = nc.jetstream(timeout=10, domain=js_domain or None)
+        self.js_domain = js_domain
         self.subjects = Subjects(prefix)
         self.prefix = prefix
         self.duplicate_window_s = duplicate_window_s
@@ -269,12 +278,13 @@ class Bus:
                                                            duplicate_window=window))
 
     async def key_value(self, bucket: str, history: int = 1, ttl_s: float | None = None):
-        """Get or create the KV bucket ``<prefix>_<bucket>``."""
+        """Get or create the KV bucket ``<prefix>_<bucket>`` (created with ``replicas``, like the streams)."""
         name = f"{self.prefix}_{bucket}"
         try:
             return await self.js.key_value(name)
         except nats.js.errors.BucketNotFoundError:
-            return await self.js.create_key_value(api.KeyValueConfig(bucket=name, history=history, ttl=ttl_s))
+            return await self.js.create_key_value(api.KeyValueConfig(bucket=name, history=history, ttl=ttl_s,
+                                                                     replicas=self.replicas))
 
     # ------------------------------------------------------------------ publishing
 
@@ -287,9 +297,15 @@ class Bus:
         event carries one. Retries (same message id, so never a duplicate) on timeouts with
         exponential back-off.
 
+        Compare-and-set: ``headers`` may carry ``Nats-Expected-Last-Subject-Sequence`` (with
+        ``Nats-Expected-Last-Subject-Sequence-Subject``, a subject filter that may hold wildcards,
+        nats-server >= 2.11): JetStream stores the event only if the last message on that filter
+        still has that sequence.
+
         Raises:
             UnavailableError: JetStream did not acknowledge after ``attempts`` tries.
             PayloadTooLargeError: headers + body exceed the server's ``max_payload`` (not sent).
+            SequenceConflictError: the compare-and-set condition failed.
         """
         hdrs = telemetry.event_headers(headers, f"publish {event.type}")
         hdrs["Nats-Msg-Id"] = self.msg_id(subject, event)
@@ -304,6 +320,11 @@ class Bus:
                 last = e
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
+            except nats.js.errors.APIError as e:
+                if e.err_code in (10071, 10164):  # JSStreamWrongLastSequence(Constant)Err
+                    raise SequenceConflictError(hdrs.get(EXPECT_SUBJECT, subject),
+                                                int(hdrs.get(EXPECT_SEQUENCE, "0") or 0)) from e
+                raise
         raise UnavailableError(f"publish to {subject} failed after {attempts} attempts: {last!r}")
 
     async def publish_many(self, items: Sequence[tuple[str, Envelope, dict[str, str] | None]]

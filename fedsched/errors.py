@@ -12,7 +12,8 @@ Hierarchy::
     │   └── InvalidName          a name breaking the naming rules (`kind`, `rule`)
     ├── NotFoundError            unknown job / tenant / ...; gRPC NOT_FOUND
     ├── ConflictError            state does not allow the operation; gRPC FAILED_PRECONDITION
-    │   └── AlreadyExistsError   the key is taken by another object (a reused request id); ALREADY_EXISTS
+    │   ├── AlreadyExistsError   the key is taken by another object (a reused request id); ALREADY_EXISTS
+    │   └── SequenceConflictError  a compare-and-set publish lost: the subject moved on since (retry after reading it)
     ├── QuotaExceededError       quota or budget can never allow it; gRPC RESOURCE_EXHAUSTED
     ├── AuthError                missing/unknown credentials; gRPC UNAUTHENTICATED
     │   └── PermissionDeniedError  known principal acting outside its rights; PERMISSION_DENIED
@@ -82,6 +83,21 @@ class ConflictError(FedError):
 class AlreadyExistsError(ConflictError):
     """The key of a create request is taken by a different object (e.g. a submitter's
     ``request_id`` reused for another job spec)."""
+
+
+class SequenceConflictError(ConflictError):
+    """A publish conditioned on the last sequence of a subject filter
+    (``Nats-Expected-Last-Subject-Sequence``) was refused: another writer published there since.
+
+    Args:
+        subject: the subject filter of the condition.
+        expected: the last sequence the writer had read.
+    """
+
+    def __init__(self, subject: str, expected: int) -> None:
+        super().__init__(f"{subject} has moved past sequence {expected}")
+        self.subject = subject
+        self.expected = expected
 
 
 class QuotaExceededError(FedError):

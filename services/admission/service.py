@@ -69,13 +69,13 @@ from fedsched.api.v1 import governance_pb2_grpc as gpb_grpc
 from fedsched.api.v1 import jobs_pb2 as pb
 from fedsched.api.v1 import jobs_pb2_grpc as pb_grpc
 from fedsched.auth import Principal
-from fedsched.bus import Bus, Delivery, StreamFollower
+from fedsched.bus import EXPECT_SEQUENCE, EXPECT_SUBJECT, Bus, Delivery, StreamFollower
 from fedsched.trust import Rejection, check_subject, rejection_events
 from fedsched.clock import Clock, SystemClock
 from fedsched.dispatch import EventTable, SkippedTypes
 from fedsched.errors import (AlreadyExistsError, AuthError, ConflictError, FedError, NotFoundError,
-                             PayloadTooLargeError, PermissionDeniedError, QuotaExceededError, UnavailableError,
-                             ValidationError)
+                             PayloadTooLargeError, PermissionDeniedError, QuotaExceededError, SequenceConflictError,
+                             UnavailableError, ValidationError)
 from fedsched.events import InventorySnapshot, JobCancelRequested, JobHeld, JobPriorityChanged, JobSubmitted, \
     SubmissionRejected, Subjects, business_event_id, make_event
 from fedsched.events import APPROVAL_OUTCOMES, Envelope, EventType
@@ -347,6 +347,7 @@ class _Admitted:
     principal: Principal
     job_id: str
     held: bool  #: a budget hold was placed (release it after publishing)
+    regions: frozenset[str] = frozenset()  #: the regions the job may run in (its budget's worst case)
 
 
 @contextlib.contextmanager
@@ -483,6 +484,8 @@ class JobServicer(pb_grpc.JobServiceServicer):
         for ids in view.open_by_tenant.values():
             for job_id in ids:
                 self._job_changed(view.jobs[job_id])
+        self._tenant_locks: dict[str, asyncio.Lock] = {}  # budgeted submissions of a tenant, one at a time
+        self.budget_conflicts = 0  # compare-and-set rounds lost to another replica (_submit_budgeted)
         #: asks an agent for logs: ``(subject, LogRequest) -> async iterator of LogReply``
         #: (:func:`fedsched.logs.request_logs` on the bus; None: GetJobLogs is UNAVAILABLE)
         self.request_logs = None
@@ -676,11 +679,13 @@ class JobServicer(pb_grpc.JobServiceServicer):
         job_id = request_job_id(principal.name, spec.tenant, spec.project, rid) if rid else "j-" + uuid.uuid4().hex[:20]
         check_can_ever_run(spec, self.clusters, regions)
         held = self._check_and_hold(gov, spec, job_id, regions, hold=hold)
-        return _Admitted(gov, spec, rid, principal, job_id, held)
+        return _Admitted(gov, spec, rid, principal, job_id, held, frozenset(regions))
 
     async def _publish_one(self, a: "_Admitted") -> pb.SubmitJobResponse:
         """Publish an admitted submission and release its hold (the view holds the job then)."""
         try:
+            if a.gov.budget(a.spec.tenant) is not None:  # across admission replicas: compare-and-set
+                return await self._submit_budgeted(a.gov, a.spec, a.rid, a.principal, a.job_id, set(a.regions))
             return await self._publish_submission(a.gov, a.spec, a.rid, a.principal, a.job_id)
         finally:
             self._release(a.spec.tenant, a.job_id, a.held)
@@ -714,6 +719,61 @@ class JobServicer(pb_grpc.JobServiceServicer):
             elif reply is not None:
                 log.warning("what-if refused by the scheduler: %s", reply.error)
         return resp
+
+    #: compare-and-set rounds of one budgeted submission before it gives up (UNAVAILABLE, retry)
+    BUDGET_CAS_ROUNDS = 50
+
+    async def _submit_budgeted(self, gov: Governance, spec: JobSpec, rid: str, principal: Principal, job_id: str,
+                               regions: set[str]) -> pb.SubmitJobResponse:
+        """Submit for a tenant with a budget: check and hold, then publish only if no other
+        submission of the tenant was stored since the newest one this replica has folded.
+
+        Across admission replicas (issue 14 item 9) each replica's holds are its own, so the
+        check and the hold alone could pass two replicas on the same money. The publish is a
+        compare-and-set on the tenant's submissions: ``Nats-Expected-Last-Subject-Sequence`` =
+        :attr:`JobView.last_submitted` of the tenant over ``<p>.jobs.submitted.<tenant>.*``
+        (:meth:`fedsched.bus.Bus.publish`). If another replica got there first, this one waits
+        until its view has folded that submission (its worst case is then held from the view),
+        checks the budget again and retries. Within a replica, submissions of one budgeted tenant
+        go one at a time (a lock per tenant), so they never conflict with each other.
+
+        Raises:
+            QuotaExceededError: the budget has no room (as in :meth:`_check_and_hold`).
+            UnavailableError: no round won within :attr:`BUDGET_CAS_ROUNDS` (the caller retries).
+        """
+        lock = self._tenant_locks.setdefault(spec.tenant, asyncio.Lock())
+        subjects = self.subjects.job("submitted", spec.tenant, spec.project).rsplit(".", 1)[0] + ".*"
+        async with lock:
+            for _ in range(self.BUDGET_CAS_ROUNDS):
+                if rid:  # another replica may have stored this very request meanwhile
+                    existing = self.view.find_request(principal.name, spec.tenant, spec.project, rid)
+                    if existing is not None:
+                        return self._retried(existing, spec, rid, principal)
+                expected = self.view.last_submitted.get(spec.tenant, 0)
+                hold = self._check_and_hold(gov, spec, job_id, regions)
+                try:
+                    return await self._publish_submission(
+                        gov, spec, rid, principal, job_id,
+                        expect={EXPECT_SEQUENCE: str(expected), EXPECT_SUBJECT: subjects})
+                except SequenceConflictError:
+                    self.budget_conflicts += 1
+                finally:
+                    self._release(spec.tenant, job_id, hold)
+                if not await self._await_submitted_after(spec.tenant, expected):
+                    # nothing newer arrives: the tenant's older submissions left the stream
+                    # (retention); the subject filter is then empty
+                    self.view.last_submitted[spec.tenant] = 0
+        raise UnavailableError(f"budget of {spec.tenant}: other admission replicas kept submitting first; retry")
+
+    async def _await_submitted_after(self, tenant: str, sequence: int, timeout_s: float = 2.0) -> bool:
+        """Wait until the view has folded a submission of ``tenant`` newer than ``sequence``."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while self.view.last_submitted.get(tenant, 0) <= sequence:
+            if loop.time() > deadline:
+                return False
+            await asyncio.sleep(0.002)
+        return True
 
     def _check_and_hold(self, gov: Governance, spec: JobSpec, job_id: str, regions: set[str], *,
                         hold: bool = True) -> bool:
@@ -760,22 +820,28 @@ class JobServicer(pb_grpc.JobServiceServicer):
                 del self._holds[tenant]
 
     async def _publish_submission(self, gov: Governance, spec: JobSpec, rid: str, principal: Principal,
-                                  job_id: str) -> pb.SubmitJobResponse:
+                                  job_id: str, expect: dict[str, str] | None = None) -> pb.SubmitJobResponse:
         """Publish ``job.submitted`` and apply it to the view (the job then holds its budget there).
+
+        ``expect``: compare-and-set headers (:meth:`_submit_budgeted`).
 
         Raises:
             ValidationError: ``spec``: the event is larger than the bus server carries (its
                 ``max_payload``, e.g. a server configured below the default 1 MB).
+            SequenceConflictError: the compare-and-set condition failed.
         """
         event = make_event(EventType.JOB_SUBMITTED, JobSubmitted(spec=spec, request_id=rid, submitted_by=principal.name),
                            producer="admission", occurred_at=self.clock.time(),
                            event_id=business_event_id(job_id, "submitted"), tenant=spec.tenant, project=spec.project,
                            job_id=job_id, actor=principal.name, policy_version=gov.version)
         try:
-            ack = await self.publisher.publish(self.subjects.job("submitted", spec.tenant, spec.project), event)
+            ack = await self.publisher.publish(self.subjects.job("submitted", spec.tenant, spec.project), event,
+                                               headers=expect)
         except PayloadTooLargeError as e:
             raise ValidationError("spec", f"the job is too large for this federation's bus: its submission is "
                                           f"{e.size} bytes, the bus carries at most {e.max_payload}") from e
+        if getattr(ack, "seq", None):
+            self.view.note_submitted(spec.tenant, int(ack.seq))
         if getattr(ack, "duplicate", False):  # the same key was published first by another call: its job is the one in the stream
             existing = await self._await_job(job_id)
             return self._retried(existing, spec, rid, principal)

@@ -17,6 +17,11 @@ consumer has not yet read up to it -- both consumers read one stream, in which t
 always precedes its statuses -- and is refused once it has: refused messages bill nothing,
 and are dead-lettered with the reason and recorded as ``security.rejected_message``.
 
+A placement whose scheduler-lease ``fencing_token`` is below the highest seen (a former active
+scheduler's late order, refused by its agent too) is neither booked nor billed; the highest token
+is kept in memory (after a billing restart the durable consumer resumes past what it
+acknowledged, so only orders newer than that are judged).
+
 What a line is and costs is the pure core's business (:mod:`services.billing.usage`). The cycle
 of one batch (:meth:`BillingService.write`):
 
@@ -52,7 +57,7 @@ from fedsched import telemetry
 from fedsched.bus import Bus, Delivery, DurableConsumer
 from fedsched.dispatch import SkippedTypes
 from fedsched.errors import UnavailableError
-from fedsched.events import EventType, JobStatus, UsageRecorded, business_event_id, make_event
+from fedsched.events import EventType, JobPlaced, JobStatus, UsageRecorded, business_event_id, make_event
 from fedsched.metrics import WriterMetrics
 from fedsched.ports import retryable
 from fedsched.pricing import PriceCatalog, money
@@ -113,6 +118,19 @@ class BillingService:
         self._kv = None
         self._book = None
         self.rejected = 0  #: statuses refused by the trust checks
+        self.highest_token = 0  #: scheduler-lease fencing of placements (see the module docstring)
+        self.stale_orders = 0
+
+    def stale_token(self, env) -> bool:
+        """Whether the placement ``env`` carries a scheduler-lease fencing token below the highest
+        seen (a former active scheduler's late order: neither booked nor billed); raises the
+        highest seen otherwise."""
+        token = env.payload_as(JobPlaced).fencing_token
+        if token < self.highest_token:
+            self.stale_orders += 1
+            return True
+        self.highest_token = token
+        return False
 
     def lines(self, deliveries: list[Delivery], placements: dict[str, PlacementRecord]) -> list[UsageLine]:
         """The priced lines of a batch (step 1; pure), given the placements of its statuses
@@ -120,6 +138,8 @@ class BillingService:
         out = []
         for d in deliveries:
             env = d.envelope
+            if env.type == EventType.JOB_PLACED and self.stale_token(env):
+                continue
             price = BILLING_EVENTS.route(env.type, self.skipped)
             if price is None:
                 continue
@@ -143,7 +163,15 @@ class BillingService:
         Raises:
             UnavailableError: NATS unreachable.
         """
-        records = [r for d in deliveries if (r := placement_record(d.envelope)) is not None]
+        records = []
+        for d in deliveries:
+            if d.envelope.type == EventType.JOB_PLACED:  # a former active scheduler's late order: not booked
+                token = d.envelope.payload_as(JobPlaced).fencing_token
+                if token < self.highest_token:
+                    continue
+                self.highest_token = token
+            if (r := placement_record(d.envelope)) is not None:
+                records.append(r)
         if not records:
             return
         try:

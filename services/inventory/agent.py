@@ -36,6 +36,13 @@ placements and stop orders; a placement of a lower attempt is refused (``job.rej
 ``superseded``), a placement of a higher one stops the older attempt still running here
 (``superseded``), and ``job.stop`` for attempt N stops N and anything older.
 
+Fencing by scheduler lease (issue 14 item 9, :mod:`fedsched.lease`): the agent keeps the highest
+``fencing_token`` seen on its placements and stop orders (restored by :meth:`ClusterAgent.rebuild`
+in stream order); a placement or stop order with a lower token -- a former active scheduler's
+order arriving after the new one's -- is refused: dead-lettered with the reason
+(``fed.deadletter.agent-<cluster>``, and from there ``bus.dead_letter`` in the audit log), never
+applied.
+
 Gangs: a node that fails (drill :meth:`ClusterAgent.set_node_health`, an inventory refresh showing
 it unhealthy, or the backend reporting ``node_failed``) under any worker of a running attempt stops
 the whole attempt (every worker) and reports ``job.failed`` reason ``node_failed`` with no exit
@@ -355,6 +362,9 @@ class ClusterAgent:
         self.done: set[tuple[str, int, int]] = set()
         #: fencing: (job, shard) -> the highest attempt seen in placements and stop orders
         self.highest: dict[tuple[str, int], int] = {}
+        #: fencing: the highest scheduler-lease token seen on placements and stop orders
+        self.highest_token = 0
+        self.stale_refused = 0  # orders refused for a stale fencing token
         #: (job, shard) -> key of the attempt running here (at most one after fencing)
         self._live: dict[tuple[str, int], tuple[str, int, int]] = {}
         #: reconcile actions of the last :meth:`rebuild`: (action, "job/attempt/shard")
@@ -366,6 +376,7 @@ class ClusterAgent:
         #: attempt records the last drain (:meth:`finish_due`) visited: statuses reported, stops
         #: retried, gangs on failed nodes -- what changed, never the whole running set
         self.last_drain_visits = 0
+        self._unreported: list[AttemptStatus] = []  # backend statuses not yet published (bus trouble)
         self._failed_nodes: set[str] = set()  # nodes seen failing whose gangs are not yet stopped
         self._log_tasks: set[asyncio.Task] = set()  # log requests being answered
         self._failed_nodes_seen = False  # a node failed since the last snapshot: publish one at once
@@ -523,11 +534,18 @@ class ClusterAgent:
 
         def on_placed(d: Delivery, env: Envelope) -> None:
             p = env.payload_as(JobPlaced)
+            if p.fencing_token < self.highest_token:
+                return  # refused when it arrived (stale fencing token)
+            self.highest_token = p.fencing_token
             placements[(env.job_id, env.attempt, p.shard)] = (d, p)
             self._see_attempt(env.job_id, p.shard, env.attempt)
 
         def on_stop(d: Delivery, env: Envelope) -> None:
-            self._see_attempt(env.job_id, env.payload_as(JobStop).shard, env.attempt)
+            stop = env.payload_as(JobStop)
+            if stop.fencing_token < self.highest_token:
+                return
+            self.highest_token = stop.fencing_token
+            self._see_attempt(env.job_id, stop.shard, env.attempt)
 
         def on_started(d: Delivery, env: Envelope) -> None:
             s = env.payload_as(JobStatus)
@@ -778,6 +796,17 @@ class ClusterAgent:
     async def _handle_stop(self, d: Delivery) -> None:
         await self._on_stop(d, d.envelope.payload_as(JobStop))
 
+    def _check_token(self, env: Envelope, token: int) -> None:
+        """Fencing by scheduler lease: raise :class:`~fedsched.errors.DecodeError` (the consumer
+        dead-letters the order with the reason) when ``token`` is below the highest seen; else
+        remember it."""
+        if token < self.highest_token:
+            self.stale_refused += 1
+            raise DecodeError(f"stale fencing token: {env.type} of {env.job_id} attempt {env.attempt} carries "
+                              f"token {token}, {self.producer} has seen {self.highest_token} (a former active "
+                              f"scheduler's order)")
+        self.highest_token = token
+
     def _see_attempt(self, job_id: str, shard: int, attempt: int) -> int:
         """Record ``attempt`` for fencing; returns the highest attempt seen before it."""
         before = self.highest.get((job_id, shard), 0)
@@ -816,21 +845,22 @@ class ClusterAgent:
         key = (env.job_id, env.attempt, placed.shard)
         if key in self.running or key in self.done:
             return  # redelivery: already handled
+        self._check_token(env, placed.fencing_token)
         self.metrics.received(self.cluster.region, self.cluster.name)
         now = self.clock.time()
         before = self._see_attempt(env.job_id, placed.shard, env.attempt)
         if env.attempt < before:  # fencing: a newer attempt of this job was already seen here
-            self.done.add(key)
             await self._status(EventType.JOB_REJECTED, AttemptRef.of(env), placed, now, reason="superseded",
                                headers=d.headers)
+            self.done.add(key)  # after the publish: a redelivery after a failed one reports it again
             return
         older = self._live.get((env.job_id, placed.shard))
         if older is not None and older != key:
             await self._stop_running(older, "superseded", now, headers=d.headers)
         problem = self._check(placed)
         if problem:
-            self.done.add(key)
             await self._status(EventType.JOB_REJECTED, AttemptRef.of(env), placed, now, reason=problem, headers=d.headers)
+            self.done.add(key)
             return
         self._allocate(placed, +1)
         job = RunningJob(AttemptRef.of(env), placed.shard, placed.spec, placed, None, d.headers)
@@ -855,6 +885,9 @@ class ClusterAgent:
         """Stop attempt N and anything older of the same job and shard running here (fencing)."""
         env = d.envelope
         key = (env.job_id, env.attempt, stop.shard)
+        if key in self.done and key not in self.running and stop.fencing_token < self.highest_token:
+            return  # redelivery of an order already carried out
+        self._check_token(env, stop.fencing_token)
         self._see_attempt(env.job_id, stop.shard, env.attempt)
         live = self._live.get((env.job_id, stop.shard))
         now = self.clock.time()
@@ -1003,9 +1036,17 @@ class ClusterAgent:
         for key, reason in list(self._stop_retry.items()):
             visits += 1
             await self._backend_stop(key, reason)
-        for status in self.backend.ready():
+        # statuses whose report failed (the bus was away) are reported first next time: the
+        # backend hands each change over once
+        pending, self._unreported = self._unreported + self.backend.ready(), []
+        for i, status in enumerate(pending):
             visits += 1
-            ended += await self.on_status(status)
+            try:
+                ended += await self.on_status(status)
+            except BaseException:
+                self._unreported = pending[i:]
+                self.last_drain_visits = visits
+                raise
         self.last_drain_visits = visits
         return ended
 
@@ -1036,18 +1077,20 @@ class ClusterAgent:
             return 0
         if status.phase == Phase.PENDING:
             return 0
+        # local state changes only after the report is on the bus (a failed publish raises and
+        # the status is reported again by the next drain)
         if status.phase == Phase.RUNNING:
             if job.started_at is None:
-                job.started_at = status.at
                 await self._status(EventType.JOB_STARTED, job.ref, job.placed, status.at, started_at=status.at,
                                    headers=job.trace_headers)
+                job.started_at = status.at
             return 0
         if status.phase not in TERMINAL_PHASES:
             return 0
-        self._release(key)
         if status.phase == Phase.SUCCEEDED:
             await self._status(EventType.JOB_FINISHED, job.ref, job.placed, status.at, started_at=job.started_at,
                                headers=job.trace_headers, exit_code=status.exit_code)
+            self._release(key)
             return 1
         if status.reason == NODE_FAILED:
             await self._backend_stop(status.key, NODE_FAILED)  # the whole gang, whatever the backend did
@@ -1058,6 +1101,7 @@ class ClusterAgent:
             reason = status.message or status.reason or f"exited with code {status.exit_code}"
         await self._status(EventType.JOB_FAILED, job.ref, job.placed, status.at, started_at=job.started_at,
                            reason=reason, headers=job.trace_headers, exit_code=status.exit_code)
+        self._release(key)
         return 1
 
     async def _heartbeats(self) -> None:

@@ -51,6 +51,18 @@ stream sequence and queue sizes; the replay driver uses it to detect quiescence.
 endpoint (``<p>.svc.scheduler.whatif``, :mod:`fedsched.whatif`) answers a dry-run submit: the
 core's decision for one spec on the current view, committing nothing (:meth:`SchedulerService.what_if`).
 
+Replicas (issue 14 item 9): several schedulers may run; with a :class:`~fedsched.lease.Lease`
+only the replica holding it is *active* and runs cycles, the others are standbys that follow
+the streams exactly as the active one does (so their state is current). A standby that
+acquires the lease first reads the events stream up to its last sequence at that moment (what
+the former holder published is then folded: nothing is placed twice), then stamps its orders
+with the lease's fencing token (``JobPlaced.fencing_token``, ``JobStop.fencing_token``). Every
+publish goes through a fence that refuses it once the lease is no longer held (a renewal that
+failed, a newer token seen on the bus), so a replica that lost its lease stops publishing
+immediately. Read back from the stream, an order with a token lower than the highest seen is
+ignored (a former holder's late order), and one with a higher token than ours means another
+replica holds the lease: we step down. Only the active replica answers the status endpoint.
+
 Seams: the rules take a :class:`~fedsched.ports.Publisher` (the bus live), a business
 :class:`~fedsched.clock.Clock` (event times, ``view.now``) and a liveness clock (wall seconds:
 heartbeat age, reclamation timers); the bus itself is only needed by :meth:`SchedulerService.run`
@@ -73,10 +85,12 @@ from fedsched import telemetry
 from fedsched.bus import Bus, Delivery, StreamFollower
 from fedsched.clock import Clock, SystemClock, to_datetime
 from fedsched.dispatch import EventTable, SkippedTypes
+from fedsched.errors import UnavailableError
 from fedsched.events import (Envelope, EventType, InventorySnapshot, JobPending, JobPlaced, JobPriorityChanged, JobStatus,
                              JobStop, JobSubmitted, Subjects, WorkerBinding, business_event_id, make_event)
 from fedsched.jobs import JobSpec
 from fedsched.metrics import SchedulerMetrics, pending_reason_code
+from fedsched.lease import Lease
 from fedsched.policystore import PolicyFollower, PolicyHolder
 from fedsched.version import package_version
 from fedsched.ports import Publisher, PublishResult
@@ -249,6 +263,11 @@ class SchedulerService:
             hold it even empty) before it is ended with reason ``unschedulable_timeout``.
         metrics: where the cycle's metrics go (queues, cycle time, placements, pending reasons,
             heartbeat ages; default: a registry of its own, served by nobody).
+        lease: the scheduler lease shared by the replicas (None = the only scheduler: always
+            active, fencing token 0). With one, :meth:`run` steps it and cycles only while it
+            is held; every publish is fenced by it.
+        stream_end: ``async () -> int``, the events stream's last sequence now (what a new
+            tenure must have folded before it decides; default: asked of ``bus``).
 
     Raises:
         ValueError: no bus and no publisher or subjects.
@@ -258,11 +277,20 @@ class SchedulerService:
                  publisher: Publisher | None = None, subjects: Subjects | None = None, liveness: Clock | None = None,
                  stale_after_s: float = 10.0, interval_s: float = 0.02, reclaim_after_s: float = 30.0,
                  cross_region_mode: dict[str, str] | None = None, unschedulable_timeout_s: float = 86400.0,
-                 metrics: SchedulerMetrics | None = None) -> None:
+                 metrics: SchedulerMetrics | None = None, lease: Lease | None = None, stream_end=None) -> None:
         if bus is None and (publisher is None or subjects is None):
             raise ValueError("a scheduler without a bus needs a publisher and subjects")
         self.bus = bus
-        self.publisher: Publisher = publisher if publisher is not None else bus
+        inner: Publisher = publisher if publisher is not None else bus
+        self.lease = lease
+        #: fencing token stamped on placements and stop orders (the lease's, once caught up)
+        self.fencing_token = 0
+        #: highest fencing token seen on placements and stop orders read from the stream
+        self.highest_token = 0
+        self.stale_orders = 0  # orders read back with a token below the highest seen (ignored)
+        self._takeover = lease is not None  # a new tenure must read the stream to its end first
+        self._stream_end = stream_end if stream_end is not None else self._bus_stream_end
+        self.publisher: Publisher = inner if lease is None else FencedPublisher(inner, self._may_publish)
         self.subjects: Subjects = subjects if subjects is not None else bus.subjects
         self.clock = clock
         self.liveness: Clock = liveness if liveness is not None else SystemClock()
@@ -326,6 +354,72 @@ class SchedulerService:
 
     # ------------------------------------------------------------------ inputs
 
+    # ------------------------------------------------------------------ the lease
+
+    @property
+    def leading(self) -> bool:
+        """Whether this replica may decide and publish: no lease (the only scheduler), or the
+        lease is held and the new tenure has caught up with the stream."""
+        if self.lease is None:
+            return True
+        return self.lease.is_active() and not self._takeover
+
+    def _may_publish(self) -> bool:
+        return self.lease is None or (self.lease.is_active() and self.fencing_token == self.lease.token)
+
+    def _on_lease_change(self, held: bool) -> None:
+        self._takeover = True  # gained: catch up first; lost: the next gain must catch up too
+        self.fencing_token = 0
+        self._dirty.set()
+
+    async def _bus_stream_end(self) -> int:
+        info = await self.bus.js.stream_info(self.bus.stream_name("EVENTS"))
+        return int(info.state.last_seq)
+
+    async def catch_up(self, timeout_s: float = 30.0) -> bool:
+        """After acquiring the lease: fold the events stream up to its last sequence now (what
+        a former holder published), then take the lease's token (:attr:`leading` from then on).
+        False when the stream's end could not be read, it was not reached within
+        ``timeout_s`` or the lease was lost meanwhile (:meth:`run` tries again)."""
+        if self.lease is None or not self.lease.is_active():
+            return False
+        try:
+            last = await self._stream_end()
+        except Exception as e:  # noqa: BLE001 - NATS trouble: retried next loop
+            log.warning("scheduler: cannot read the stream's end for the takeover: %r", e)
+            return False
+        deadline = time.monotonic() + timeout_s
+        while self.applied_seq < last and time.monotonic() < deadline:
+            if not self.lease.is_active():
+                return False
+            await asyncio.sleep(0.01)
+        if self.applied_seq < last or not self.lease.is_active():
+            return False
+        if self.lease.token <= self.highest_token:  # the leases bucket was recreated: revisions restarted
+            log.error("scheduler: lease token %d is not above the highest on the bus (%d): every order would be "
+                      "refused as stale; the %s_leases bucket must not be deleted", self.lease.token,
+                      self.highest_token, self.bus.prefix if self.bus is not None else "<prefix>")
+        self.fencing_token = self.lease.token
+        self._takeover = False
+        log.warning("scheduler: active with fencing token %d (stream read to %d)", self.fencing_token, last)
+        return True
+
+    def _fence(self, env: Envelope, token: int) -> bool:
+        """Fold rule of an order read from the stream: False (ignore it) when its token is below
+        the highest seen; a token above ours while we are active means another replica holds
+        the lease: step down."""
+        if token < self.highest_token:
+            self.stale_orders += 1
+            log.warning("scheduler: ignoring %s of %s with stale fencing token %d < %d", env.type, env.job_id,
+                        token, self.highest_token)
+            return False
+        self.highest_token = token
+        if self.lease is not None and self.fencing_token and token > self.fencing_token:
+            self.lease.lose(f"fencing token {token} on the bus is newer than ours ({self.fencing_token})")
+        return True
+
+    # ------------------------------------------------------------------ inputs
+
     def handle_event(self, d: Delivery) -> None:
         """Fold one delivery of the events stream (what the follower calls, in stream order)."""
         self._apply_event(d)
@@ -350,6 +444,10 @@ class SchedulerService:
         tasks = [asyncio.create_task(self._events.run(), name="scheduler-events"),
                  asyncio.create_task(self._inventory.run(), name="scheduler-inventory"),
                  asyncio.create_task(self._policy_follower.run(), name="scheduler-policy")]
+        lease_stop = asyncio.Event()
+        if self.lease is not None:
+            self.lease.on_change.append(self._on_lease_change)
+            tasks.append(asyncio.create_task(self.lease.run(lease_stop), name="scheduler-lease"))
         self._status_sub = await self.bus.nc.subscribe(f"{self.bus.prefix}.svc.scheduler.status",
                                                        cb=self._on_status_request)
         self._what_if_sub = await self.bus.nc.subscribe(what_if_subject(self.bus.prefix), cb=self._on_what_if_request)
@@ -366,6 +464,13 @@ class SchedulerService:
                     pass  # periodic cycle: staleness, aging, reclamation
                 if self._stop.is_set():
                     break
+                if self.lease is not None and not self.leading:
+                    if not self.lease.is_active():  # standby: follow only; wake to check the lease
+                        await asyncio.sleep(min(0.1, self.lease.renew_every_s / 2))
+                        continue
+                    if not await self.catch_up():
+                        await asyncio.sleep(0.1)
+                        continue
                 self._dirty.clear()
                 self.busy = True
                 try:
@@ -378,6 +483,7 @@ class SchedulerService:
                         hook()
                 await asyncio.sleep(self.interval_s)
         finally:
+            lease_stop.set()  # the lease task releases the lease (a standby takes over at once)
             self._events.stop()
             self._inventory.stop()
             self._policy_follower.stop()
@@ -388,6 +494,9 @@ class SchedulerService:
                     await sub.unsubscribe()
                 except Exception:  # noqa: BLE001 - connection may be closing
                     pass
+            lease_task = [t for t in tasks if t.get_name() == "scheduler-lease"]
+            if lease_task:
+                await asyncio.wait(lease_task, timeout=2.0)
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -440,6 +549,9 @@ class SchedulerService:
                 "last_cycle_ms": round(self.last_cycle_ms, 2), "unplaceable": unplaceable, "jobs": len(self.jobs),
                 "clusters": len(self.clusters), "stale": sorted(self._stale), "policy": self.policy.version,
                 "skipped_types": {name: c.as_dict() for name, c in self.skipped.items() if c.counts},
+                "role": "active" if self.leading else "standby", "fencing_token": self.fencing_token,
+                "holder": self.lease.holder if self.lease is not None else "",
+                "stale_orders": self.stale_orders,
                 "version": package_version(),
                 **{state.value: n for state, n in self.counts.items()}}
 
@@ -450,6 +562,8 @@ class SchedulerService:
         return [(info.region, info.name, now - info.seen_at) for info in tuple(self.clusters.values())]
 
     async def _on_status_request(self, msg) -> None:
+        if not self.leading:
+            return  # only the active replica answers (a standby's counts would mislead)
         await msg.respond(json.dumps(self.status()).encode())
 
     async def _on_what_if_request(self, msg) -> None:
@@ -702,6 +816,8 @@ class SchedulerService:
         if found is None:
             return
         job, shard = found
+        if not self._fence(env, placed.fencing_token):
+            return  # a former lease holder's late placement
         if env.attempt <= shard.attempt:
             return  # our own write-through, or a stale duplicate
         self._bind(job, shard, env.attempt, env.cluster, env.region, placed, self._produced_at(d))
@@ -718,6 +834,8 @@ class SchedulerService:
         if found is None:
             return
         job, shard = found
+        if not self._fence(env, stop.fencing_token):
+            return  # a former lease holder's late stop order
         if env.attempt != shard.attempt or shard.state not in ACTIVE:
             return
         if stop.reason == StopReason.PREEMPTED:
@@ -1025,7 +1143,9 @@ class SchedulerService:
                 for job, shard in self.queued.values() if not job.cancel_requested]
 
     async def cycle(self) -> None:
-        """One scheduling cycle (see the module docstring)."""
+        """One scheduling cycle (see the module docstring); nothing while not :attr:`leading`."""
+        if not self.leading:
+            return
         t0 = time.perf_counter()  # cycle duration (a metric, not a rule)
         self.last_cycle_visit_counts, self.last_cycle_visits = {}, 0
         self.policy = self.governor.effective_policy(self.base_policy)  # governance: weights, quota filter
@@ -1274,7 +1394,8 @@ class SchedulerService:
         if not shard.cluster or not shard.region:
             return None
         payload = JobStop(reason=reason.value, shard=shard.index, for_job=for_job, detail=detail,
-                          checkpoint_interval_s=self.policy.checkpoint_interval_s if job.spec.checkpointable else 0.0)
+                          checkpoint_interval_s=self.policy.checkpoint_interval_s if job.spec.checkpointable else 0.0,
+                          fencing_token=self.fencing_token)
         event = make_event(EventType.JOB_STOP, payload, producer="scheduler",
                            occurred_at=self.clock.time() if at is None else at,
                            event_id=business_event_id(job.job_id, shard.attempt, shard.index, "stop"),
@@ -1294,7 +1415,7 @@ class SchedulerService:
             score=p.score, explanation=p.explanation, cross_region=p.cross_region, transfer_s=p.transfer_s,
             transfer_bytes=p.transfer_bytes, price_per_gpu_hour=p.price_per_gpu_hour, shard=p.job.shard,
             evaluations=tuple(_evaluation(e) for e in p.evaluations), resume_from_s=p.job.progress_s,
-            queue=p.queue, est_cost=p.est_cost,
+            queue=p.queue, est_cost=p.est_cost, fencing_token=self.fencing_token,
             counterfactual=placement_counterfactual(view, p, self.policy) if p.cross_region else "")
         event = make_event(EventType.JOB_PLACED, payload, producer="scheduler", occurred_at=self.clock.time(),
                            event_id=business_event_id(job.job_id, p.job.attempt, p.job.shard, "placed"),
@@ -1342,6 +1463,30 @@ def queue_stats(queue: list[QueuedJob], now: float, fast_lane_s: float) -> dict[
         n, age = stats.get(name, (0, 0.0))
         stats[name] = (n + 1, max(age, now - job.submitted_at))
     return stats
+
+
+class FencedPublisher:
+    """A :class:`~fedsched.ports.Publisher` that publishes only while ``allowed()`` is true
+    (the scheduler's lease is held): otherwise :meth:`publish` raises
+    :class:`~fedsched.errors.UnavailableError` and :meth:`publish_many` acknowledges nothing,
+    so the caller keeps its state as if the bus were down."""
+
+    def __init__(self, inner: Publisher, allowed) -> None:
+        self.inner = inner
+        self.allowed = allowed
+        self.refused = 0
+
+    async def publish(self, subject: str, event: Envelope, *, headers: dict[str, str] | None = None):
+        if not self.allowed():
+            self.refused += 1
+            raise UnavailableError(f"not published to {subject}: this scheduler does not hold the lease")
+        return await self.inner.publish(subject, event, headers=headers)
+
+    async def publish_many(self, items) -> list[bool]:
+        if not self.allowed():
+            self.refused += len(items)
+            return [False] * len(items)
+        return await self.inner.publish_many(items)
 
 
 def _attempt_status(fold, *, ends: bool):

@@ -1,0 +1,351 @@
+"""A leader lease in NATS JetStream KV, and its fencing token.
+
+Several replicas of a singleton service (the scheduler) run; one is *active*: the one holding
+the lease, a record under one key of a KV bucket (``<prefix>_leases``, key e.g. ``scheduler``).
+The rules (:class:`Lease`) are those of Kubernetes' client-go leader election
+(``tools/leaderelection``), on a compare-and-set store instead of a Lease object:
+
+* **acquire** -- the key is absent: ``create`` (JetStream: expected last subject sequence 0);
+  the key holds a record released by its holder (``holder == ""``), or a record whose revision
+  has not changed for ``ttl_s`` seconds *as observed by this replica* on its own clock:
+  ``update(last=<that revision>)``. Observed time, never the writer's timestamp, decides expiry,
+  so clocks of different hosts need not agree (client-go's ``observedTime``).
+* **renew** -- the holder writes its record again every ``renew_every_s`` with
+  ``update(last=<its last revision>)``; any other writer in between makes it fail: the lease is
+  lost at once.
+* **validity** -- the holder considers itself active until ``renew started + ttl_s -
+  margin_s`` of its last successful write (a renewal that cannot reach NATS does not extend it);
+  a standby can take over only ``ttl_s`` after it *saw* that write, which happened after it was
+  started: the two never overlap (clocks may drift by less than ``margin_s`` per ``ttl_s``).
+* **fencing token** -- the KV revision of the write that acquired the lease (a KV revision is
+  the bucket stream's sequence: strictly increasing across holders). Renewals keep the token.
+  Whatever the active replica orders carries it; receivers refuse a token lower than the
+  highest they have seen (Kleppmann, "How to do distributed locking", 2016), which stops a
+  paused former holder whose orders arrive late. The bucket must never be deleted: a new one
+  would count revisions from 1 again, below the tokens already on the bus.
+* **release** -- a holder that stops writes ``holder = ""`` (CAS on its revision), so a
+  standby takes over without waiting ``ttl_s``.
+* **resume** -- a replica that lost the lease only because its renewals could not reach the
+  store (e.g. the KV stream electing a leader) and finds its own last write still the newest
+  starts a new tenure at once (CAS on that revision, a new token), instead of waiting ``ttl_s``.
+
+nats.py semantics used (``nats/js/kv.py``): ``create`` = ``update(last=0)`` (re-creating over a
+delete marker), ``update(last=N)`` raises ``KeyWrongLastSequenceError`` when the key's last
+revision is not N; both return the new revision.
+
+Seam: :class:`LeaseStore` (three methods); :class:`NatsLeaseStore` is the real one, tests use a
+fake with the same compare-and-set rules. Time comes from a :class:`~fedsched.clock.Clock`
+(wall or monotonic seconds; a fake in tests).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from dataclasses import dataclass
+from typing import Callable, Protocol
+
+import nats.errors
+import nats.js.errors
+
+from fedsched.clock import Clock
+from fedsched.errors import UnavailableError
+
+log = logging.getLogger(__name__)
+
+
+class LeaseConflict(Exception):
+    """A compare-and-set write lost: the key exists (create) or has another revision (update).
+
+    Attributes:
+        key: the key written.
+    """
+
+    def __init__(self, key: str, detail: str = "") -> None:
+        super().__init__(f"lease {key}: compare-and-set failed{': ' + detail if detail else ''}")
+        self.key = key
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseRecord:
+    """What the lease key holds, with its KV revision.
+
+    Attributes:
+        holder: id of the replica holding it ("" = released).
+        ttl_s: the holder's lease duration (seconds).
+        revision: KV revision of this record (set by the store; 0 before writing).
+    """
+
+    holder: str
+    ttl_s: float
+    revision: int = 0
+
+    def to_bytes(self) -> bytes:
+        """JSON body (``holder``, ``ttl_s``; the revision is the KV's)."""
+        return json.dumps({"holder": self.holder, "ttl_s": self.ttl_s}).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes, revision: int) -> "LeaseRecord":
+        """Parse a stored record; an unreadable one counts as released (it can be taken over)."""
+        try:
+            body = json.loads(data or b"{}")
+            return cls(str(body.get("holder", "")), float(body.get("ttl_s", 0.0)), revision)
+        except (ValueError, TypeError, AttributeError):
+            return cls("", 0.0, revision)
+
+
+class LeaseStore(Protocol):
+    """A compare-and-set record store (NATS KV live)."""
+
+    async def get(self, key: str) -> LeaseRecord | None:
+        """The record under ``key`` (None if absent or deleted).
+
+        Raises:
+            UnavailableError: the store cannot be reached.
+        """
+        ...
+
+    async def create(self, key: str, record: LeaseRecord) -> int:
+        """Write ``record`` iff ``key`` is absent; returns the new revision.
+
+        Raises:
+            LeaseConflict: the key exists.
+            UnavailableError: the store cannot be reached.
+        """
+        ...
+
+    async def update(self, key: str, record: LeaseRecord, last: int) -> int:
+        """Write ``record`` iff the key's last revision is ``last``; returns the new revision.
+
+        Raises:
+            LeaseConflict: the revision differs.
+            UnavailableError: the store cannot be reached.
+        """
+        ...
+
+
+# anything else NATS raises (timeouts, no responders, a stream electing its leader, a closed or
+# reconnecting connection) is an outage of the store: the lease rules treat it as "cannot write"
+_NATS_DOWN = (nats.errors.Error, asyncio.TimeoutError, OSError)
+
+
+class NatsLeaseStore:
+    """:class:`LeaseStore` on a NATS KV bucket (``nats.js.kv.KeyValue``)."""
+
+    def __init__(self, kv) -> None:
+        self.kv = kv
+
+    async def get(self, key: str) -> LeaseRecord | None:
+        try:
+            entry = await self.kv.get(key)
+        except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
+            return None
+        except _NATS_DOWN as e:
+            raise UnavailableError(f"lease {key}: {e!r}") from e
+        return LeaseRecord.from_bytes(entry.value or b"", int(entry.revision or 0))
+
+    async def create(self, key: str, record: LeaseRecord) -> int:
+        try:
+            return int(await self.kv.create(key, record.to_bytes()))
+        except nats.js.errors.KeyWrongLastSequenceError as e:
+            raise LeaseConflict(key, "exists") from e
+        except _NATS_DOWN as e:
+            raise UnavailableError(f"lease {key}: {e!r}") from e
+
+    async def update(self, key: str, record: LeaseRecord, last: int) -> int:
+        try:
+            return int(await self.kv.update(key, record.to_bytes(), last=last))
+        except nats.js.errors.KeyWrongLastSequenceError as e:
+            raise LeaseConflict(key, f"revision is not {last}") from e
+        except _NATS_DOWN as e:
+            raise UnavailableError(f"lease {key}: {e!r}") from e
+
+
+class Lease:
+    """One replica's side of a lease (see the module docstring for the rules).
+
+    Args:
+        store: the compare-and-set store.
+        key: the lease's key (e.g. ``scheduler``).
+        holder: this replica's id (unique per process instance).
+        clock: seconds (wall or monotonic; only differences on this replica are used).
+        ttl_s: lease duration (seconds): how long a standby waits after the last write it saw.
+        renew_every_s: seconds between renewals (default ``ttl_s / 3``).
+        margin_s: the holder stops this long before ``ttl_s`` after its last renewal started
+            (default ``ttl_s / 5``).
+
+    Attributes:
+        token: fencing token of the current tenure (KV revision at acquisition; 0 = never held).
+        active: whether this replica holds the lease (see :meth:`is_active` for the time check).
+
+    Raises:
+        ValueError: ``ttl_s`` not positive, or the renewal period not below ``ttl_s - margin_s``.
+    """
+
+    def __init__(self, store: LeaseStore, key: str, holder: str, clock: Clock, *, ttl_s: float,
+                 renew_every_s: float | None = None, margin_s: float | None = None) -> None:
+        self.store = store
+        self.key = key
+        self.holder = holder
+        self.clock = clock
+        self.ttl_s = ttl_s
+        self.renew_every_s = ttl_s / 3 if renew_every_s is None else renew_every_s
+        self.margin_s = ttl_s / 5 if margin_s is None else margin_s
+        if ttl_s <= 0 or not 0 < self.renew_every_s < ttl_s - self.margin_s:
+            raise ValueError(f"lease {key}: need 0 < renew_every_s ({self.renew_every_s}) < ttl_s - margin_s "
+                             f"({ttl_s - self.margin_s})")
+        self.token = 0
+        self.active = False
+        self.revision = 0        # our last successful write (while active)
+        self.valid_until = 0.0   # clock seconds; active only before this
+        self.renewed_at = 0.0    # when our last successful write was started
+        self._seen: tuple[int, float] | None = None  # (revision of the other holder's record, when first seen)
+        self.on_change: list[Callable[[bool], None]] = []  # called with the new state on gain/loss
+        self._abandoned = False
+
+    # ------------------------------------------------------------------ the rules
+
+    def is_active(self) -> bool:
+        """Held and not past its validity (``renewed_at + ttl_s - margin_s``) on this clock."""
+        if self.active and self.clock.time() >= self.valid_until:
+            self._lose("validity ran out without a renewal")
+        return self.active
+
+    async def step(self) -> bool:
+        """One tick: renew when holding and due, else try to acquire. Returns :meth:`is_active`.
+
+        Never raises for a lost race or an unreachable store (logged; the validity check takes
+        the lease away when renewals keep failing).
+        """
+        if self._abandoned:
+            return False
+        if self.is_active():
+            if self.clock.time() - self.renewed_at >= self.renew_every_s:
+                await self._renew()
+        else:
+            await self._acquire()
+        return self.is_active()
+
+    async def _write(self, create: bool, last: int) -> int:
+        record = LeaseRecord(self.holder, self.ttl_s)
+        return await (self.store.create(self.key, record) if create else self.store.update(self.key, record, last))
+
+    async def _renew(self) -> None:
+        started = self.clock.time()
+        try:
+            self.revision = await self._write(False, self.revision)
+        except LeaseConflict:
+            self._lose("another replica wrote the lease")
+            return
+        except UnavailableError as e:
+            log.warning("lease %s: renewal failed (%s); active until %.1f", self.key, e, self.valid_until)
+            return
+        self.renewed_at = started
+        self.valid_until = started + self.ttl_s - self.margin_s
+
+    async def _acquire(self) -> None:
+        started = self.clock.time()
+        try:
+            current = await self.store.get(self.key)
+            if current is None:
+                revision = await self._write(True, 0)
+            elif current.holder == "" or self._expired(current, started) or self._still_ours(current):
+                revision = await self._write(False, current.revision)
+            else:
+                return
+        except LeaseConflict:
+            self._seen = None  # someone else won: watch their record from now on
+            return
+        except UnavailableError as e:
+            log.info("lease %s: cannot acquire (%s)", self.key, e)
+            return
+        self.revision = self.token = revision
+        self.renewed_at = started
+        self.valid_until = started + self.ttl_s - self.margin_s
+        self._seen = None
+        self.active = True
+        log.warning("lease %s: acquired by %s (fencing token %d)", self.key, self.holder, self.token)
+        for cb in self.on_change:
+            cb(True)
+
+    def _still_ours(self, current: LeaseRecord) -> bool:
+        """Our own last write is still the newest (we lost the lease only because renewals
+        could not reach the store): nobody took over, so we may start a new tenure at once --
+        the compare-and-set on that revision fails if a standby writes first."""
+        return current.holder == self.holder and current.revision == self.revision != 0
+
+    def _expired(self, current: LeaseRecord, now: float) -> bool:
+        """The other holder's record has not changed for its ``ttl_s`` (at least ours) since we
+        first saw this revision (observed time on our clock)."""
+        if self._seen is None or self._seen[0] != current.revision:
+            self._seen = (current.revision, now)
+            return False
+        return now - self._seen[1] >= max(self.ttl_s, current.ttl_s)
+
+    def _lose(self, why: str) -> None:
+        if not self.active:
+            return
+        self.active = False
+        self._seen = None
+        log.warning("lease %s: %s lost it (%s; fencing token was %d)", self.key, self.holder, why, self.token)
+        for cb in self.on_change:
+            cb(False)
+
+    def lose(self, why: str) -> None:
+        """Give up at once without writing (e.g. a newer token was seen on the bus)."""
+        self._lose(why)
+
+    def abandon(self) -> None:
+        """Drills: behave like a killed process -- inactive at once, and nothing is written
+        any more (no release): standbys take over only after ``ttl_s``."""
+        self._abandoned = True
+        self.active = False
+
+    async def release(self) -> None:
+        """Write ``holder = ""`` over our record (CAS) so a standby takes over at once; no-op
+        when not holding. Never raises."""
+        if not self.active or self._abandoned:
+            return
+        self.active = False
+        try:
+            await self.store.update(self.key, LeaseRecord("", self.ttl_s), self.revision)
+        except (LeaseConflict, UnavailableError) as e:
+            log.info("lease %s: release not written (%s)", self.key, e)
+        for cb in self.on_change:
+            cb(False)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Step every ``renew_every_s / 2`` seconds until ``stop`` is set, then release."""
+        try:
+            while not stop.is_set():
+                try:
+                    await self.step()
+                except Exception:  # noqa: BLE001 - the lease loop must outlive any surprise
+                    log.exception("lease %s: step failed", self.key)
+                try:
+                    await asyncio.wait_for(stop.wait(), timeout=self.renew_every_s / 2)
+                except asyncio.TimeoutError:
+                    pass
+        finally:
+            await self.release()
+
+
+class MonotonicClock:
+    """``time.monotonic`` as a :class:`~fedsched.clock.Clock` (lease timing on one host)."""
+
+    def time(self) -> float:
+        """Seconds of the monotonic clock."""
+        return time.monotonic()
+
+
+async def nats_lease(bus, key: str, holder: str, *, ttl_s: float, clock: Clock | None = None) -> Lease:
+    """A :class:`Lease` on ``bus``'s KV bucket ``<prefix>_leases`` (created with the bus's stream
+    replicas if missing, history 1). ``bus`` is a :class:`fedsched.bus.Bus`."""
+    await bus.key_value("leases")  # created if missing
+    # lease calls time out fast (a third of the TTL, at most 2 s): a request stuck on a NATS node
+    # that died must not outlast the lease it is trying to keep or take
+    js = bus.nc.jetstream(timeout=min(2.0, ttl_s / 3), domain=getattr(bus, "js_domain", "") or None)
+    kv = await js.key_value(f"{bus.prefix}_leases")
+    return Lease(NatsLeaseStore(kv), key, holder, clock or MonotonicClock(), ttl_s=ttl_s)

@@ -1,0 +1,37 @@
+"""Billing does not bill a former active scheduler's late placement (scheduler-lease fencing).
+
+Rule (``services/billing/service.py`` module docstring): a ``job.placed`` whose ``fencing_token``
+is below the highest seen gives no ``transfer`` line. :meth:`BillingService.lines` is the pure
+step; the service is built on a stand-in for the bus (only names are read at construction).
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from fedsched.events import JobPlaced, Subjects, WorkerBinding, make_event
+from fedsched.jobs import Dataset, JobSpec
+from fedsched.pricing import load_price_catalog
+from services.billing.service import BillingService
+from tests.builders import delivery
+
+SPEC = JobSpec(tenant="search", project="train", home_region="cn-north-1", gpus_per_worker=1,
+               datasets=(Dataset(name="d", home_region="cn-east-1", size_bytes=10**10),))
+
+
+def _placed(job_id: str, token: int):
+    payload = JobPlaced(spec=SPEC, bindings=(WorkerBinding(worker=0, node="n0"),), cross_region=True,
+                        transfer_bytes=10**10, fencing_token=token)
+    return make_event("job.placed", payload, producer="scheduler", occurred_at=1.7e9, tenant="search",
+                      project="train", job_id=job_id, attempt=1, region="cn-north-1", cluster="c1")
+
+
+def test_a_stale_token_placement_is_not_billed() -> None:
+    subjects = Subjects("t")
+    bus = SimpleNamespace(stream_name=lambda suffix: f"T_{suffix}", subjects=subjects)
+    billing = BillingService(bus, store=None, prices=load_price_catalog())
+    sub = subjects.placements("cn-north-1", "c1")
+    lines = billing.lines([delivery(_placed("j1", 7), sub, 1, 1.7e9), delivery(_placed("j2", 3), sub, 2, 1.7e9),
+                           delivery(_placed("j3", 7), sub, 3, 1.7e9)], placements={})
+    assert [ln.job_id for ln in lines] == ["j1", "j3"]
+    assert billing.stale_orders == 1
