@@ -67,8 +67,14 @@ async def test_up_serves_the_console_and_fedsched_web_serves_it_on_its_own(tmp_p
         token = (tmp_path / "admin.token").read_text().strip()
         session = await _signed_in(up_url, token)
         async with session:
-            clusters = await (await session.get(up_url + "/clusters")).text()
-            assert len(re.findall(r'<tr data-cluster="([^"]+)">', clusters)) >= 6
+            # every agent's first inventory reaches admission within a few seconds of the start
+            deadline, seen = time.monotonic() + 30, set()
+            while len(seen) < 6 and time.monotonic() < deadline:
+                clusters = await (await session.get(up_url + "/clusters")).text()
+                seen = set(re.findall(r'<tr data-cluster="([^"]+)">', clusters))
+                if len(seen) < 6:
+                    await asyncio.sleep(0.5)
+            assert len(seen) >= 6, seen
             policy = await session.get(up_url + "/policy")
             assert policy.status == 200 and "bootstrap" in await policy.text()
         submit = subprocess.run([*FEDSCHED, "submit", "--server", grpc, "--tenant", "search", "--project", "train",
