@@ -893,7 +893,7 @@ class WatchExit:
     FAILED = 3         # the job ended FAILED
     CANCELLED = 4      # the job ended CANCELLED
     TIMEOUT = 5        # --timeout passed before the job ended
-    NOT_FOUND = 6      # no such job (or not yours to see)
+    NOT_FOUND = 6      # no such job (another tenant's job you may not read: PERMISSION_DENIED, ERROR)
     UNAVAILABLE = 7    # admission unreachable, or the stream broke
 
 
