@@ -12,8 +12,11 @@ cluster reports healthy, then offers ``--jobs`` one-GPU jobs through the gRPC AP
 - at a fixed rate (``--rate R`` jobs/s): one job every 1/R s on a timetable, each its own call
   (at most ``--max-in-flight`` outstanding; the offered rate achieved is printed).
 
-A job counts as *placed* when its ``job.placed`` event reaches the bench on the bus (a plain
-NATS subscription to ``<prefix>.placements.>``, the agents' subject). Latency = that moment minus
+A job counts as *placed* when its first ``job.placed`` event reaches the bench on the bus (a
+plain NATS subscription to ``<prefix>.placements.>``, the agents' subject); its first
+``job.started`` (``<prefix>.status.>``) is counted too, and so are placements the scheduler
+reclaimed as lost (``job.stopped`` ``cluster_lost``: not started by the agent within
+``reclaim_after_s``; the job is queued and placed again). Latency = that moment minus
 the moment the submit call was made (both on this process's monotonic clock). Printed:
 submit->placed throughput per ``--window`` seconds of the run (so decay shows), overall
 throughput, p50/p99/max latency, the submit RPC's own p50/p99, CPU seconds per process of the
@@ -213,7 +216,10 @@ class Run:
 
     submitted: dict[str, float] = field(default_factory=dict)  # job id -> submit call start
     accepted_rpc: list[float] = field(default_factory=list)  # submit RPC latencies (s), per call
-    placed: dict[str, float] = field(default_factory=dict)  # job id -> job.placed seen on the bus
+    placed: dict[str, float] = field(default_factory=dict)  # job id -> first job.placed seen on the bus
+    started: dict[str, float] = field(default_factory=dict)  # job id -> first job.started seen on the bus
+    placements: int = 0  # job.placed events (a job placed again after a lost attempt counts again)
+    lost: int = 0  # job.stopped with reason cluster_lost (the scheduler reclaimed a placement)
     errors: int = 0
     error_samples: list[str] = field(default_factory=list)
     t0: float = 0.0
@@ -243,9 +249,19 @@ async def follow_placements(nats_port: int, data_dir: Path, run: Run, prefix: st
         except ValueError:
             return
         if event.get("type") == "job.placed":
+            run.placements += 1
             run.placed.setdefault(event.get("job_id", ""), now)
 
+    async def on_status(msg) -> None:
+        now = time.monotonic()
+        head = msg.data[:400]
+        if b'"job.started"' in head:
+            run.started.setdefault(json.loads(msg.data).get("job_id", ""), now)
+        elif b'"job.stopped"' in head and b"cluster_lost" in msg.data:
+            run.lost += 1
+
     await nc.subscribe(f"{prefix}.placements.>", cb=on_msg)
+    await nc.subscribe(f"{prefix}.status.>", cb=on_status)
     await nc.flush()
     return nc
 
@@ -408,13 +424,14 @@ async def run_mode(mode: str, args: argparse.Namespace, work: Path) -> dict:
             offering = asyncio.create_task(offer)
             deadline = run.t0 + args.timeout
             last_print = run.t0
+            last_count, last_change = 0, run.t0
             while True:
                 await asyncio.sleep(0.2)
                 now = time.monotonic()
                 if now - last_print >= args.window:
                     last_print = now
                     print(f"  [{mode}] t={now - run.t0:6.1f}s submitted {len(run.submitted):6d} "
-                          f"placed {len(run.placed):6d}", flush=True)
+                          f"placed {len(run.placed):6d} started {len(run.started):6d} lost {run.lost:6d}", flush=True)
                 if offering.done() and not run.offer_end:
                     run.offer_end = now
                     offering.result()
@@ -422,6 +439,11 @@ async def run_mode(mode: str, args: argparse.Namespace, work: Path) -> dict:
                     break
                 if now > deadline:
                     print(f"  [{mode}] timeout after {args.timeout:.0f} s", flush=True)
+                    break
+                if len(run.placed) != last_count:
+                    last_count, last_change = len(run.placed), now
+                elif offering.done() and now - last_change > args.stall:
+                    print(f"  [{mode}] no new placement for {args.stall:.0f} s; stopping the wait", flush=True)
                     break
             end = time.monotonic()
             cpu1 = cpu_snapshot(system)
@@ -468,6 +490,12 @@ def report(mode: str, args, run: Run, end: float, cpu0, cpu1, memory, client_cpu
         windows.append(f"    {k * w:5.0f}-{(k + 1) * w:<5.0f}s  submitted {s / w:7.0f}/s  placed {c / w:7.0f}/s")
     print(f"  per {w:g} s window:")
     print("\n".join(windows))
+    started = [run.started[j] - t for j, t in run.submitted.items() if j in run.started]
+    print(f"  started   {len(started)} of {len(run.submitted)}; {run.placements} job.placed events, {run.lost} "
+          f"placements reclaimed as lost (not started by their agent within reclaim_after_s, then placed again)")
+    if started:
+        print(f"  latency submit->started (first job.started): p50 {pct(started, .5) * 1000:.0f} ms, "
+              f"p99 {pct(started, .99) * 1000:.0f} ms, max {max(started) * 1000:.0f} ms")
     if lat:
         print(f"  latency submit->placed: p50 {pct(lat, .5) * 1000:.0f} ms, p99 {pct(lat, .99) * 1000:.0f} ms, "
               f"max {max(lat) * 1000:.0f} ms")
@@ -494,6 +522,7 @@ def report(mode: str, args, run: Run, end: float, cpu0, cpu1, memory, client_cpu
             "windows_placed_per_s": [c / w for c in counts],
             "latency_ms": {"p50": pct(lat, .5) * 1000 if lat else None, "p99": pct(lat, .99) * 1000 if lat else None,
                            "max": max(lat) * 1000 if lat else None},
+            "started": len(started), "placements": run.placements, "lost": run.lost,
             "processes": rows, "client_cpu_s": client_cpu, "exit_code": exit_code, "load_average": run.load}
 
 
@@ -525,6 +554,8 @@ if __name__ == "__main__":
     parser.add_argument("--runtime", type=float, default=3600.0, help="each job's run time on the trace agents (s)")
     parser.add_argument("--spare", type=float, default=1.25, help="GPUs in the topology / GPUs the jobs need")
     parser.add_argument("--timeout", type=float, default=1200.0, help="give up waiting for placements after (s)")
+    parser.add_argument("--stall", type=float, default=120.0,
+                        help="after the offer, stop waiting once no new job was placed for this long (s)")
     parser.add_argument("--py-spy", type=float, default=0.0, help="sample every Python process this long (s)")
     parser.add_argument("--py-spy-after", type=float, default=10.0, help="start sampling this far into the offer (s)")
     parser.add_argument("--profile-dir", type=Path, default=Path("."), help="where py-spy writes")
