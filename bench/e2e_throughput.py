@@ -14,9 +14,10 @@ cluster reports healthy, then offers ``--jobs`` one-GPU jobs through the gRPC AP
 
 A job counts as *placed* when its first ``job.placed`` event reaches the bench on the bus (a
 plain NATS subscription to ``<prefix>.placements.>``, the agents' subject); its first
-``job.started`` (``<prefix>.status.>``) is counted too, and so are placements the scheduler
-reclaimed as lost (``job.stopped`` ``cluster_lost``: not started by the agent within
-``reclaim_after_s``; the job is queued and placed again). Latency = that moment minus
+``job.started`` (``<prefix>.status.>``) is counted too, and so are attempts the scheduler
+declared lost (``job.stopped`` ``cluster_lost``: it judged their cluster stale, no heartbeat read
+for ``stale_after_s``; the job is queued and placed again). ``job.placed`` events beyond one per
+job are re-placements (after a loss, or a placement not started within ``reclaim_after_s``). Latency = that moment minus
 the moment the submit call was made (both on this process's monotonic clock). Printed:
 submit->placed throughput per ``--window`` seconds of the run (so decay shows), overall
 throughput, p50/p99/max latency, the submit RPC's own p50/p99, CPU seconds per process of the
@@ -219,7 +220,7 @@ class Run:
     placed: dict[str, float] = field(default_factory=dict)  # job id -> first job.placed seen on the bus
     started: dict[str, float] = field(default_factory=dict)  # job id -> first job.started seen on the bus
     placements: int = 0  # job.placed events (a job placed again after a lost attempt counts again)
-    lost: int = 0  # job.stopped with reason cluster_lost (the scheduler reclaimed a placement)
+    lost: int = 0  # job.stopped with reason cluster_lost (the scheduler judged the cluster stale)
     errors: int = 0
     error_samples: list[str] = field(default_factory=list)
     t0: float = 0.0
@@ -492,7 +493,8 @@ def report(mode: str, args, run: Run, end: float, cpu0, cpu1, memory, client_cpu
     print("\n".join(windows))
     started = [run.started[j] - t for j, t in run.submitted.items() if j in run.started]
     print(f"  started   {len(started)} of {len(run.submitted)}; {run.placements} job.placed events, {run.lost} "
-          f"placements reclaimed as lost (not started by their agent within reclaim_after_s, then placed again)")
+          f"attempts declared lost (job.stopped cluster_lost: the scheduler judged their cluster stale, no heartbeat "
+          f"read for stale_after_s; the job is queued and placed again)")
     if started:
         print(f"  latency submit->started (first job.started): p50 {pct(started, .5) * 1000:.0f} ms, "
               f"p99 {pct(started, .99) * 1000:.0f} ms, max {max(started) * 1000:.0f} ms")
