@@ -85,6 +85,9 @@ class SystemOptions:
             default split of ``nodes_csv`` and admission learns regions from inventories.
         services: which services to run (default all).
         agent_tick_s: how often agents check for jobs that ended (wall seconds).
+        data_dir_locked: a supervising process already holds the data dir's lock
+            (``fedsched up --processes``, :mod:`fedapp.processes`): this system, one of its
+            children, does not take it again.
     """
 
     settings: Settings
@@ -99,6 +102,7 @@ class SystemOptions:
     policy_text: str | None = None  # governance policy stored at first start (default: settings.policy_file / bundled)
     prices: PriceCatalog | None = None
     limits: Limits | None = None
+    data_dir_locked: bool = False
 
 
 class System:
@@ -263,7 +267,7 @@ class System:
         opts = self.options
         telemetry.setup_tracing(s.otel_exporter)
         wants = set(opts.services)
-        if s.embedded_nats or (s.embedded_clickhouse and wants & {"audit", "billing"}):
+        if not opts.data_dir_locked and (s.embedded_nats or (s.embedded_clickhouse and wants & {"audit", "billing"})):
             self._lock_data_dir(Path(s.data_dir))
         if s.embedded_nats:
             # one NATS user per service and per agent, with the deployment's permissions

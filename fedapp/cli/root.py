@@ -166,6 +166,9 @@ def up(
                                      help="Serve each service's Prometheus metrics on consecutive ports from this one "
                                           "(admission, scheduler, audit, billing, agents); 0 = free ports."),
     no_metrics: bool = typer.Option(False, "--no-metrics", help="Serve no metrics endpoints."),
+    processes: bool = typer.Option(False, "--processes", help="Run the services as separate OS processes on the "
+                                   "one NATS (admission, scheduler, audit+billing, the agents; see "
+                                   "fedapp/processes.py); a process that exits stops them all (exit 1)."),
     verbose: bool = typer.Option(False, "--verbose", "-v"),
 ):
     """Run the whole federation in the foreground until Ctrl-C.
@@ -173,6 +176,10 @@ def up(
     NATS (JetStream) and ClickHouse run embedded on --data-dir unless URLs are given; the five
     services start on top, and the web console on --web-port (its URL is printed; sign in with a
     token). A second `up` on the same data dir resumes with the state kept.
+
+    With --processes, admission, the scheduler, audit+billing (one process: embedded chDB
+    allows one per data dir) and all agents (one process) run as separate OS processes; a
+    process that exits on its own is reported and not restarted: everything stops, exit 1.
     """
     _logging(verbose)
     from fedapp.runtime import System, SystemOptions
@@ -181,6 +188,9 @@ def up(
                          policy_file=policy_file, tls_cert=tls_cert, tls_key=tls_key, tls_client_ca=tls_client_ca)
     settings.metrics_port = None if no_metrics else metrics_port
     topo = _topology(topology, nodes)
+    if processes:
+        _up_processes(settings, topo, policy, not no_agents, verbose)
+        return
     wanted = tuple(x for x in SystemOptions(settings=settings).services if not (no_agents and x == "agents"))
 
     async def main() -> None:
@@ -236,6 +246,28 @@ def _print_metrics(system) -> None:
     """One line per service: where its Prometheus metrics are served (nothing when off)."""
     for name, url in system.metrics_urls.items():
         console.print(f"  metrics {name}: {url}")
+
+
+def _up_processes(settings, topo, policy: str, run_agents: bool, verbose: bool) -> None:
+    """``up --processes``: the services as child processes (:mod:`fedapp.processes`); no web
+    console in this mode (serve it with `fedsched web`)."""
+    from fedapp.processes import Supervisor, run_up
+
+    async def main() -> int:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        supervisor = Supervisor(settings, topo, policy=policy, run_agents=run_agents, verbose=verbose)
+        return await run_up(supervisor, stop, say=lambda text: console.print(text, highlight=False),
+                            complain=lambda text: err.print(error_line("error:", text)))
+
+    try:
+        code = asyncio.run(main())
+    except FedError as e:
+        _fail(e)
+    if code:
+        raise typer.Exit(code)
 
 
 # --------------------------------------------------------------------------- one service
