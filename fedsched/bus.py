@@ -124,6 +124,7 @@ class Delivery:
     deliveries: int
     msg: Msg | None = field(default=None, repr=False)
     published_at: float | None = None
+    pending: int = 0  #: messages stored after this one that its reader has not read yet (JetStream num_pending)
 
     @property
     def trace_id(self) -> str:
@@ -813,7 +814,8 @@ class StreamFollower:
         self.next_sequence = seq + 1
         try:
             env = _decode(msg)
-            delivery = Delivery(env, msg.subject, dict(msg.headers or {}), seq, 1, None, _stored_at(md))
+            delivery = Delivery(env, msg.subject, dict(msg.headers or {}), seq, 1, None, _stored_at(md),
+                                pending=int(md.num_pending or 0))
             result = self.handler(delivery)
             if asyncio.iscoroutine(result):
                 await result
