@@ -3,7 +3,10 @@
 ``yaml.safe_load`` never runs code, but it still expands aliases: a few hundred bytes of nested
 ``&a [*b, *b, ...]`` anchors (the "billion laughs") make a structure of billions of nodes and
 freeze whoever walks it. Configuration has no use for anchors, so they are refused, and the text
-size is capped.
+size is capped. A key given twice in one mapping is an error (YAML 1.2 says keys are unique;
+PyYAML would silently keep the last one, so ``tenant: a`` ... ``tenant: b`` would submit to b), and
+so is nesting deeper than :data:`MAX_DEPTH` (a deeply nested document would otherwise exhaust
+the parser's recursion).
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ from fedsched.errors import ValidationError
 
 #: Largest configuration text accepted (characters).
 MAX_YAML_CHARS = 1_000_000
+#: Deepest nesting of mappings and sequences accepted (levels).
+MAX_DEPTH = 64
 
 
 class _NoAliasLoader(yaml.SafeLoader):
@@ -27,7 +32,29 @@ class _NoAliasLoader(yaml.SafeLoader):
             event = self.peek_event()
             raise yaml.composer.ComposerError(None, None, "aliases (*name) are not allowed here",
                                               event.start_mark)
-        return super().compose_node(parent, index)
+        self._depth = getattr(self, "_depth", 0) + 1
+        try:
+            if self._depth > MAX_DEPTH:
+                mark = self.peek_event().start_mark
+                raise yaml.composer.ComposerError(None, None, f"nested deeper than {MAX_DEPTH} levels", mark)
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def construct_mapping(self, node, deep=False):  # noqa: ANN001 - PyYAML's signature
+        if isinstance(node, yaml.MappingNode):
+            seen: dict = {}
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    if key in seen:
+                        raise yaml.constructor.ConstructorError(
+                            "while constructing a mapping", node.start_mark,
+                            f"key {key!r} is given twice (first {seen[key]})", key_node.start_mark)
+                    seen[key] = f"line {key_node.start_mark.line + 1}"
+                except TypeError:
+                    pass  # an unhashable key: the base class reports it
+        return super().construct_mapping(node, deep=deep)
 
 
 def load_yaml(text: str, field: str, *, max_chars: int = MAX_YAML_CHARS) -> Any:

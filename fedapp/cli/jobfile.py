@@ -31,7 +31,7 @@ from fedsched.errors import ValidationError
 from fedsched.yamltext import load_yaml
 
 #: Largest job file read (characters): a batch of 1000 large specs, not a configuration file.
-MAX_FILE_CHARS = 64 * 1024 * 1024
+MAX_FILE_CHARS = 16 * 1024 * 1024
 
 #: The submit flags' spellings of JobSpec fields (``fedsched submit --help``).
 FLAG_ALIASES = {"gpus": "gpus_per_worker", "card_model": "card_models", "duration": "estimated_duration_seconds",
@@ -174,7 +174,13 @@ def parse_job_file(text: str, source: str = "file") -> tuple[bool, list[pb.Submi
         doc = load_yaml(text, source, max_chars=MAX_FILE_CHARS)
     except ValidationError as e:
         raise JobFileError(e.message) from e
-    if isinstance(doc, dict) and set(doc) == {"jobs"} and isinstance(doc["jobs"], list):
+    if isinstance(doc, dict) and "jobs" in doc:  # the wrapper form: jobs: [...] and nothing else
+        extra = sorted(str(k) for k in doc if k != "jobs")
+        if extra:
+            raise JobFileError(f"{source}: a file with 'jobs:' holds only that list (also got {', '.join(extra)}); "
+                               f"put every job's fields inside its item")
+        if not isinstance(doc["jobs"], list):
+            raise JobFileError(f"{source}: jobs: want a list of job mappings, got {type(doc['jobs']).__name__}")
         doc = doc["jobs"]
     if isinstance(doc, list):
         if not doc:

@@ -21,7 +21,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import Iterator, Optional
 
 import grpc
 import typer
@@ -381,8 +381,7 @@ def submit(
             return
         results: list[pb.SubmitJobsResult] = []
         trace_id = ""
-        for start in range(0, len(requests), SUBMIT_BATCH):
-            chunk = requests[start:start + SUBMIT_BATCH]
+        for chunk in _chunks(requests):
             resp, metadata = api.call_with_metadata(stub.SubmitJobs, pb.SubmitJobsRequest(items=chunk), timeout=120)
             results.extend(resp.results)
             trace_id = trace_id or dict(metadata).get("x-trace-id", "")
@@ -396,6 +395,25 @@ ACCEPTED_VERDICTS = ("accepted", "awaiting_approval", "duplicate")
 
 #: Items per SubmitJobs call (the server's limit).
 SUBMIT_BATCH = 1000
+#: Encoded bytes per SubmitJobs call (admission takes requests up to 4 MiB by default).
+SUBMIT_BATCH_BYTES = 3 * 1024 * 1024
+
+
+def _chunks(requests: list[pb.SubmitJobRequest]) -> Iterator[list[pb.SubmitJobRequest]]:
+    """``requests`` in file order, as SubmitJobs calls of at most :data:`SUBMIT_BATCH` items and
+    :data:`SUBMIT_BATCH_BYTES` encoded bytes (a single larger item goes alone: admission then
+    answers for it)."""
+    chunk: list[pb.SubmitJobRequest] = []
+    size = 0
+    for r in requests:
+        n = r.ByteSize() + 8
+        if chunk and (len(chunk) == SUBMIT_BATCH or size + n > SUBMIT_BATCH_BYTES):
+            yield chunk
+            chunk, size = [], 0
+        chunk.append(r)
+        size += n
+    if chunk:
+        yield chunk
 
 
 def _read_job_file(file: str) -> tuple[bool, list[pb.SubmitJobRequest]]:
@@ -461,7 +479,7 @@ def _print_submitted(items: list[tuple[pb.SubmitJobRequest, pb.SubmitJobsResult]
         console.print(f"{label}{resp.job_id} {_state(resp.state)}{' (duplicate request)' if resp.duplicate else ''}")
     if verbose and trace_id:
         console.print(f"trace id: {trace_id}")
-        console.print(f"  its events: fedsched sql \"SELECT occurred_at, type, job_id FROM events WHERE trace_id = "
+        console.print(f"  its events: fedsched sql \"SELECT occurred_at, type, job_id FROM fedsched.events WHERE trace_id = "
                       f"'{trace_id}' ORDER BY occurred_at\"")
 
 

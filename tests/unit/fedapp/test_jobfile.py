@@ -57,8 +57,12 @@ def test_start_deadline_is_iso_8601_and_utc_when_no_zone_is_given(value, want):
     ("42\n", "want a job mapping or a list of them"),
     ("- 3\n", "jobs[0]: want a mapping"),
     ("tenant: [unclosed\n", "not valid YAML"),
+    ("tenant: ads\ntenant: nlp\n", "key 'tenant' is given twice"),
+    ("annotations: " + "[" * 100_000 + "]" * 100_000 + "\n", "nested deeper than 64 levels"),
+    ("jobs: [{tenant: a}]\ntenant: b\n", "a file with 'jobs:' holds only that list (also got tenant)"),
+    ("jobs: 5\n", "jobs: want a list of job mappings, got int"),
 ], ids=["key-in-list", "workload-key", "dataset-key", "type", "range", "bool", "enum", "twice", "map-value",
-        "deadline", "empty", "scalar", "item", "yaml"])
+        "deadline", "empty", "scalar", "item", "yaml", "duplicate-key", "too-deep", "wrapper-extra", "wrapper-type"])
 def test_every_mistake_names_its_position(text, message):
     with pytest.raises(JobFileError) as e:
         parse_job_file(text)
@@ -84,3 +88,18 @@ def test_since_and_until_take_iso_8601_or_an_age():
     assert parse_when("90m", "--since", now) == now - dt.timedelta(minutes=90)
     assert parse_when("2026-11-30T08:00:00", "--since", now) == dt.datetime(2026, 11, 30, 8, tzinfo=dt.UTC)
     assert parse_when("2026-11-30T08:00:00+01:00", "--since", now).astimezone(dt.UTC).hour == 7
+
+
+def test_submit_batches_stay_under_the_request_limit_in_items_and_bytes():
+    """SubmitJobs calls of at most 1000 items and 3 MiB (admission's default request limit is
+    4 MiB: a file of big jobs would otherwise fail whole with RESOURCE_EXHAUSTED)."""
+    from fedapp.cli.jobs import SUBMIT_BATCH, SUBMIT_BATCH_BYTES, _chunks
+    from fedsched.api.v1 import jobs_pb2 as pb
+
+    small = [pb.SubmitJobRequest(spec=pb.JobSpec(tenant="a", name=f"s{i}")) for i in range(2500)]
+    assert [len(c) for c in _chunks(small)] == [SUBMIT_BATCH, SUBMIT_BATCH, 500]
+    big = [pb.SubmitJobRequest(spec=pb.JobSpec(tenant="a", annotations={f"k{k}": "x" * 1024 for k in range(64)}))
+           for _ in range(100)]
+    chunks = list(_chunks(big))
+    assert sum(len(c) for c in chunks) == 100 and len(chunks) >= 3
+    assert all(sum(r.ByteSize() for r in c) <= SUBMIT_BATCH_BYTES for c in chunks)
