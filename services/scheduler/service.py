@@ -63,6 +63,7 @@ import json
 import logging
 import math
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 
 from fedsched import telemetry
@@ -245,6 +246,15 @@ class SchedulerService:
             hold it even empty) before it is ended with reason ``unschedulable_timeout``.
         metrics: where the cycle's metrics go (queues, cycle time, placements, pending reasons,
             heartbeat ages; default: a registry of its own, served by nobody).
+        retain_ended: ended jobs whose whole :class:`JobEntry` stays in memory (the newest ones,
+            for inspection); older ended jobs leave it (:meth:`_retire`), keeping a tombstone.
+        retain_tombstones: ended job ids remembered with their newest attempt (about 100 bytes
+            each), so a late status of a job that left memory is ignored as late, not refused
+            as a forgery, and a redelivered ``job.submitted`` does not revive it. Older ones are
+            forgotten (a status of a job ended that long ago is refused as unknown).
+
+    Memory is bounded by the live jobs plus these two retentions, not by the jobs ever seen
+    (issue 15 item 2; ``tests/unit/scheduler/test_memory.py``).
 
     Raises:
         ValueError: no bus and no publisher or subjects.
@@ -254,7 +264,8 @@ class SchedulerService:
                  publisher: Publisher | None = None, subjects: Subjects | None = None, liveness: Clock | None = None,
                  stale_after_s: float = 10.0, interval_s: float = 0.02, reclaim_after_s: float = 30.0,
                  cross_region_mode: dict[str, str] | None = None, unschedulable_timeout_s: float = 86400.0,
-                 metrics: SchedulerMetrics | None = None) -> None:
+                 metrics: SchedulerMetrics | None = None, retain_ended: int = 1000,
+                 retain_tombstones: int = 200_000) -> None:
         if bus is None and (publisher is None or subjects is None):
             raise ValueError("a scheduler without a bus needs a publisher and subjects")
         self.bus = bus
@@ -274,6 +285,12 @@ class SchedulerService:
         self.policy_holder = PolicyHolder()
         self.governor = TenancyGate(self.policy_holder, self.subjects, prices)
         self.jobs: dict[str, JobEntry] = {}
+        self.retain_ended = max(1, retain_ended)
+        self.retain_tombstones = max(0, retain_tombstones)
+        #: ended jobs still in :attr:`jobs`, oldest first (evicted past ``retain_ended``)
+        self._ended: OrderedDict[str, None] = OrderedDict()
+        #: ended jobs that left memory: job id -> newest attempt over its shards, oldest first
+        self.tombstones: OrderedDict[str, int] = OrderedDict()
         self.clusters: dict[str, ClusterInfo] = {}
         self.counts = {state: 0 for state in ShardState}
         self.queued: dict[tuple[str, int], tuple[JobEntry, ShardEntry]] = {}
@@ -535,6 +552,28 @@ class SchedulerService:
             shard.unplaceable, shard.unplaceable_since = False, None
         self._track(job, shard)
         self._dirty.set()
+        if state == ShardState.DONE and job.job_id not in self.cancelling and job.done:
+            self._retire(job)
+
+    def _retire(self, job: JobEntry) -> None:
+        """A job has ended (every shard done, its ``job.cancelled`` out if it needs one): it joins
+        the retained ended jobs; the oldest beyond ``retain_ended`` leaves :attr:`jobs` for a
+        tombstone (job id -> newest attempt), the oldest tombstones beyond ``retain_tombstones``
+        are forgotten. O(1) amortised per ended job. What a later event needs of it: a status of
+        an attempt up to the newest is late (ignored), a redelivered submit is a duplicate."""
+        if job.job_id in self._ended or self.jobs.get(job.job_id) is not job:
+            return
+        self._ended[job.job_id] = None
+        while len(self._ended) > self.retain_ended:
+            old_id, _ = self._ended.popitem(last=False)
+            old = self.jobs.pop(old_id, None)
+            self.governor.forget(old_id)
+            if old is None or not self.retain_tombstones:
+                continue
+            self.tombstones[old_id] = old.attempt
+            self.tombstones.move_to_end(old_id)
+            while len(self.tombstones) > self.retain_tombstones:
+                self.tombstones.popitem(last=False)
 
     def _track(self, job: JobEntry, shard: ShardEntry) -> None:
         """Keep the per-cluster indexes current for one shard (after any change of its state or
@@ -626,7 +665,7 @@ class SchedulerService:
         return job, job.shards[index]
 
     def _on_submitted(self, env: Envelope, d: Delivery) -> None:
-        if env.job_id in self.jobs:
+        if env.job_id in self.jobs or env.job_id in self.tombstones:
             return
         sub = env.payload_as(JobSubmitted)
         job = JobEntry(env.job_id, env.tenant, env.project, sub.spec, env.occurred_at.timestamp(),
@@ -1077,15 +1116,17 @@ class SchedulerService:
             self.governor.confirm(requests, results[len(results) - len(requests):])
         rest = results[len(stop_items):]                                             # 5
         for (victim, _), ok in zip(stop_items, results):
-            job = self.jobs[victim.job_id]
+            job = self.jobs.get(victim.job_id)  # (it may have ended, and left, during the publish)
+            if job is None:
+                continue
             shard = job.shards[victim.shard]
             if ok and shard.attempt == victim.attempt and shard.state in ACTIVE:
                 shard.stop_sent = True
                 self._unbind(shard)
                 self._set(job, shard, ShardState.STOPPING)
         for (p, _, env, _), ok in zip(places, rest[:len(places)]):
-            if ok:
-                job = self.jobs[p.job.job_id]
+            job = self.jobs.get(p.job.job_id)
+            if ok and job is not None:
                 self._bind(job, job.shards[p.job.shard], p.job.attempt, p.cluster, p.region, env.payload_as(JobPlaced),
                            now_live)
                 self.metrics.placed(p.region, p.cluster)
@@ -1243,8 +1284,10 @@ class SchedulerService:
                 await self.publisher.publish(self.subjects.decisions(job.tenant, job.project), event, headers=job.headers)
                 job.cancelled_sent = True
                 self.cancelling.pop(job.job_id, None)
+                self._retire(job)
             elif job.done:
                 self.cancelling.pop(job.job_id, None)
+                self._retire(job)
 
     def _stop_event(self, job: JobEntry, shard: ShardEntry, reason: StopReason, *, for_job: str = "", detail: str = "",
                     at: float | None = None):
@@ -1335,6 +1378,12 @@ def _attempt_status(fold, *, ends: bool):
     def handler(svc: SchedulerService, env: Envelope, d: Delivery) -> None:
         status = env.payload_as(JobStatus)
         found = svc._shard(env, status.shard)
+        if found is None and env.job_id in svc.tombstones:
+            newest = svc.tombstones[env.job_id]
+            if env.attempt <= newest:
+                return  # a late status of a job that ended and left memory
+            svc._reject("scheduler-events", d, check_placement(env, True, None, newest))
+            return
         shard = found[1] if found is not None else None
         placed = (PlacedAttempt(shard.attempt, shard.region, shard.cluster)
                   if shard is not None and env.attempt == shard.attempt > 0 and shard.cluster else None)
