@@ -57,6 +57,9 @@ BUCKETS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "spend": (("billing",), ("admission",)),
     "placements": (("billing",), ("billing",)),
     "clock": ((), ("admission", "scheduler", "audit", "billing")),
+    "jobs_ended": (("admission",), ("admission",)),  # ended jobs that left admission's memory
+    "snapshot_admission": (("admission",), ("admission",)),  # restart checkpoints
+    "snapshot_scheduler": (("scheduler",), ("scheduler",)),
 }
 
 
@@ -270,7 +273,9 @@ ACCOUNTS_HEADER = """\
 #   fed.logs.<region>.<cluster>          admission -> that cluster's agent: log requests
 # KV buckets (stream KV_<bucket>, subjects $KV.<bucket>.>): fed_policy (admission writes, the
 # services read), fed_spend (billing writes, admission reads), fed_placements (billing's
-# placement book), fed_clock (a replay's clock; ops writes).
+# placement book), fed_clock (a replay's clock; ops writes), fed_jobs_ended (admission's ended
+# jobs that left its memory), fed_snapshot_admission / fed_snapshot_scheduler (each service's
+# restart checkpoint, its own only).
 #
 # Agents are confined to fed.*.<region>.<cluster> and to three consumers on FED_EVENTS, each
 # pinned to one filter by its create subject (agent-<cluster>: its placements; the start-up

@@ -95,6 +95,7 @@ from services.admission.budgets import SpendBook, SpendWatcher
 from services.admission.convert import (PRIORITY_FROM_PB, STATE_FROM_PB, STATE_TO_PB, Limits, _ts,
                                         refuse_unknown_fields, spec_from_pb, spec_to_pb)
 from services.admission.clusterview import ClusterView
+from services.admission.ended import EndedJobs
 from services.admission.jobview import Decision, JobRecord, JobView
 from services.admission.listing import list_page
 from services.admission.ops_servicers import ClusterServicer, SystemServicer
@@ -466,6 +467,8 @@ class JobServicer(pb_grpc.JobServiceServicer):
         self.clock = clock
         self.policy = policy
         self.view = view
+        #: ended jobs that left the view (GetJob / WatchJob / ExplainJob read them there)
+        self.ended: EndedJobs = EndedJobs(None)
         self.limits_override = limits
         self.known_models = known_models
         self.known_regions = known_regions
@@ -827,8 +830,25 @@ class JobServicer(pb_grpc.JobServiceServicer):
         check_job_access(auth.current(), rec, write=write)
         return rec
 
+    async def _read(self, job_id: str) -> JobRecord:
+        """The record of ``job_id`` for a read: from the view, else (an ended job that left it)
+        from the ended-jobs read model (:mod:`services.admission.ended`).
+
+        Raises:
+            ValidationError: not a job id. NotFoundError: no such job.
+            PermissionDeniedError: the caller may not read it.
+        """
+        try:
+            return self._get(job_id)
+        except NotFoundError:
+            rec = await self.ended.get(job_id)
+            if rec is None:
+                raise
+        check_job_access(auth.current(), rec, write=False)
+        return rec
+
     async def GetJob(self, request: pb.GetJobRequest, context) -> pb.Job:
-        return job_to_pb(self._get(request.job_id))
+        return job_to_pb(await self._read(request.job_id))
 
     async def ListJobs(self, request: pb.ListJobsRequest, context) -> pb.ListJobsResponse:
         """A page of the jobs the caller may read that match the filters, newest first unless
@@ -1047,7 +1067,7 @@ class JobServicer(pb_grpc.JobServiceServicer):
         return job_to_pb(rec)
 
     async def ExplainJob(self, request: pb.ExplainJobRequest, context) -> pb.ExplainJobResponse:
-        return explain_to_pb(self._get(request.job_id))
+        return explain_to_pb(await self._read(request.job_id))
 
     async def GetJobLogs(self, request: pb.GetJobLogsRequest, context) -> AsyncIterator[pb.LogChunk]:
         """The output of one attempt, proxied from the agent of its cluster (authorised like
@@ -1078,7 +1098,10 @@ class JobServicer(pb_grpc.JobServiceServicer):
                 yield pb.LogChunk(attempt=att.attempt, cluster=att.cluster, data=reply.data)
 
     async def WatchJob(self, request: pb.WatchJobRequest, context) -> AsyncIterator[pb.Job]:
-        rec = self._get(request.job_id)
+        rec = await self._read(request.job_id)
+        if request.job_id not in self.view.jobs:  # ended and left the view: its last state
+            yield job_to_pb(rec)
+            return
         seen = -1
         while True:
             changed = self.view.changed(rec.job_id)
@@ -1135,20 +1158,24 @@ class AdmissionService:
         what_if_timeout_s: how long a dry run waits for the scheduler's what-if (then none).
         metrics: where gRPC calls (by method and code) and jobs by state are counted (default: a
             registry of its own, served by nobody).
+        retain_ended: ended jobs kept in memory; older ones are served from the ended-jobs KV
+            read model (:mod:`services.admission.ended`).
     """
 
     def __init__(self, bus: Bus, clock: Clock, *, address: str = "127.0.0.1:50051", limits: Limits | None = None,
                  max_message_bytes: int = 4 * 1024 * 1024, prices: PriceCatalog | None = None,
                  tls: TlsFiles | None = None, spend_poll_s: float = 5.0, names: KnownNames | None = None,
                  logs_timeout_s: float = 5.0, stale_after_s: float = 10.0, wall: Clock | None = None,
-                 what_if_timeout_s: float = 2.0, metrics: AdmissionMetrics | None = None) -> None:
+                 what_if_timeout_s: float = 2.0, metrics: AdmissionMetrics | None = None,
+                 retain_ended: int = 10_000) -> None:
         self.bus = bus
         self.wall: Clock = wall if wall is not None else SystemClock()
         self.cluster_view = ClusterView(stale_after_s=stale_after_s)
         self.address = address
         self.tls = tls
         self.policy = PolicyHolder()
-        self.view = JobView()
+        self.ended = EndedJobs(bus)
+        self.view = JobView(retain_ended=retain_ended, archive=self.ended.put)
         self.approvals = ApprovalView()
         self.spend = SpendBook()
         self.known_models: set[str] = set()
@@ -1157,6 +1184,7 @@ class AdmissionService:
         prices = prices or load_price_catalog()
         self.servicer = JobServicer(bus, clock, self.policy, self.view, limits, self.known_models,
                                     self.known_regions, self.spend, prices, clusters=self.clusters, names=names)
+        self.servicer.ended = self.ended
         self.servicer.request_logs = functools.partial(request_logs, bus.nc, timeout_s=logs_timeout_s)
         self.servicer.what_if = functools.partial(request_what_if, bus.nc, bus.prefix, timeout_s=what_if_timeout_s)
         self.tenants = TenantServicer(bus, clock, self.policy, self.spend, self.view, names=names)
@@ -1272,7 +1300,8 @@ class AdmissionService:
         self._tasks = [asyncio.create_task(self._events.run(), name="admission-events"),
                        asyncio.create_task(self._inventory.run(), name="admission-inventory"),
                        asyncio.create_task(self._policy_follower.run(), name="admission-policy"),
-                       asyncio.create_task(self._spend_watcher.run(), name="admission-spend")]
+                       asyncio.create_task(self._spend_watcher.run(), name="admission-spend"),
+                       asyncio.create_task(self.ended.run(self._stop), name="admission-ended-jobs")]
         await self._events.caught_up.wait()
         await self._inventory.caught_up.wait()
         if not self.policy.ready.is_set():

@@ -1,0 +1,189 @@
+"""Ended jobs that left admission's memory: a compact read model in a NATS KV bucket.
+
+The job view (:class:`~services.admission.jobview.JobView`) keeps the open jobs and the newest
+``retain_ended`` ended ones. An older ended job is handed to :class:`EndedJobs`, which writes
+its whole record (spec, shards, attempts, latest decisions, reasons) as zlib-compressed JSON
+under its job id in the bucket ``<prefix>_jobs_ended`` (one value per job, history 1). GetJob,
+WatchJob and ExplainJob of a job not in the view read it from there, so a job that ended long
+ago is still returned with its state and attempts. Only admission reads and writes the bucket
+(``fedapp/natsauth.py``).
+
+Why a KV read model rather than ClickHouse: the record is exactly what the view held (no second
+fold of the audit log to keep in step), it survives restarts (a rebuild hands the same records
+to the bucket again: the same bytes under the same key), and admission needs no store client.
+
+The record codec (:func:`record_doc` / :func:`record_from_doc`) is also the job part of
+admission's snapshot (:mod:`services.admission.snapshot`).
+
+Writes are asynchronous: :meth:`EndedJobs.put` is called from the view's fold (synchronous),
+keeps the encoded record in :attr:`EndedJobs.pending` (where :meth:`EndedJobs.get` finds it too)
+and :meth:`EndedJobs.flush` writes what is pending; a failed write stays pending.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+import zlib
+from dataclasses import asdict
+from typing import Any
+
+import nats.js.errors
+
+from fedsched.jobs import AttemptState, JobSpec, JobState
+from services.admission.jobview import AttemptRecord, Decision, JobRecord, ShardRecord
+
+log = logging.getLogger(__name__)
+
+BUCKET = "jobs_ended"  #: KV bucket suffix (``<prefix>_jobs_ended``)
+CODEC_VERSION = 1
+_KEY = re.compile(r"^[-_=.a-zA-Z0-9]{1,64}$")  # a job id usable as a KV key (ours: j- and 20 hex characters)
+
+
+def record_doc(rec: JobRecord) -> dict[str, Any]:
+    """A JSON-ready document of one job record (everything but the watchers' bookkeeping)."""
+    return {
+        "job_id": rec.job_id, "spec": rec.spec.model_dump(mode="json", exclude_defaults=True),
+        "submitted_at": rec.submitted_at, "submitted_by": rec.submitted_by, "request_id": rec.request_id,
+        "shards": [{"index": sh.index, "state": sh.state.value, "reason": sh.reason, "failures": sh.failures,
+                    "unplaceable": sh.unplaceable, "ended_at": sh.ended_at,
+                    "attempts": [asdict(a) for a in sh.attempts],
+                    "decision": asdict(sh.decision) if sh.decision is not None else None} for sh in rec.shards],
+        "cancelled": rec.cancelled, "cancel_requested": rec.cancel_requested, "cancel_reason": rec.cancel_reason,
+        "policy_version": rec.policy_version, "approval_id": rec.approval_id, "version": rec.version,
+        "held": rec.held, "hold_reason": rec.hold_reason, "holds": rec.holds,
+        "priority_changes": rec.priority_changes,
+    }
+
+
+def record_from_doc(doc: dict[str, Any]) -> JobRecord:
+    """The job record of a :func:`record_doc` document.
+
+    Raises:
+        KeyError, ValueError, TypeError: not such a document (pydantic's ValidationError is a
+            ValueError).
+    """
+    shards = []
+    for sh in doc["shards"]:
+        attempts = [AttemptRecord(**{**a, "outcome": AttemptState(a["outcome"])}) for a in sh["attempts"]]
+        d = sh["decision"]
+        decision = Decision(**{**d, "evaluations": tuple(d["evaluations"])}) if d is not None else None
+        shards.append(ShardRecord(sh["index"], JobState(sh["state"]), sh["reason"], attempts, decision,
+                                  sh["failures"], sh["unplaceable"], sh["ended_at"]))
+    return JobRecord(doc["job_id"], JobSpec.model_validate(doc["spec"]), doc["submitted_at"], doc["submitted_by"],
+                     doc["request_id"], shards, doc["cancelled"], doc["cancel_requested"], doc["cancel_reason"],
+                     doc["policy_version"], doc["approval_id"], doc["version"], doc["held"], doc["hold_reason"],
+                     doc["holds"], doc["priority_changes"])
+
+
+def encode_record(rec: JobRecord) -> bytes:
+    """zlib-compressed JSON of ``{"v": CODEC_VERSION, "job": record_doc(rec)}``."""
+    return zlib.compress(json.dumps({"v": CODEC_VERSION, "job": record_doc(rec)}, separators=(",", ":")).encode())
+
+
+def decode_record(data: bytes) -> JobRecord:
+    """The record of :func:`encode_record`'s bytes.
+
+    Raises:
+        ValueError: corrupt, or written by an incompatible codec version.
+    """
+    try:
+        doc = json.loads(zlib.decompress(data))
+    except (zlib.error, json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"not an ended-job record: {e}") from e
+    if not isinstance(doc, dict) or doc.get("v") != CODEC_VERSION:
+        raise ValueError(f"ended-job record of codec version {doc.get('v') if isinstance(doc, dict) else '?'}, "
+                         f"this build reads {CODEC_VERSION}")
+    try:
+        return record_from_doc(doc["job"])
+    except (KeyError, TypeError) as e:
+        raise ValueError(f"malformed ended-job record: {e!r}") from e
+
+
+class EndedJobs:
+    """The ended-jobs read model (module docstring).
+
+    Args:
+        bus: the admission's bus (None: records stay in :attr:`pending`, for tests without NATS).
+    """
+
+    def __init__(self, bus: Any | None) -> None:
+        self.bus = bus
+        self.pending: dict[str, bytes] = {}  #: job id -> encoded record not yet written
+        self.written = 0  #: records written to the bucket so far
+        self._kv = None
+        self._wake = asyncio.Event()
+
+    def put(self, rec: JobRecord) -> None:
+        """Queue ``rec`` (a job leaving the view) for the bucket; O(size of the record)."""
+        self.pending[rec.job_id] = encode_record(rec)
+        self._wake.set()
+
+    async def _bucket(self):
+        if self._kv is None:
+            self._kv = await self.bus.key_value(BUCKET)
+        return self._kv
+
+    async def flush(self) -> int:
+        """Write every pending record; returns how many are still pending (failed writes).
+
+        Raises:
+            nothing: a bus error leaves the records pending (logged).
+        """
+        if self.bus is None or not self.pending:
+            return len(self.pending)
+        try:
+            kv = await self._bucket()
+        except Exception as e:  # noqa: BLE001 - the bus may be down; retried at the next flush
+            log.warning("ended jobs: bucket unavailable, %d records pending: %s", len(self.pending), e)
+            return len(self.pending)
+        for job_id, data in list(self.pending.items()):
+            try:
+                await kv.put(job_id, data)
+            except Exception as e:  # noqa: BLE001
+                log.warning("ended jobs: cannot write %s (%d pending): %s", job_id, len(self.pending), e)
+                break
+            if self.pending.get(job_id) is data:
+                del self.pending[job_id]
+            self.written += 1
+        return len(self.pending)
+
+    async def run(self, stop: asyncio.Event, retry_s: float = 1.0) -> None:
+        """Flush whenever records are queued (retrying failed writes every ``retry_s``) until
+        ``stop`` is set; a last flush on the way out."""
+        while not stop.is_set():
+            try:
+                await asyncio.wait_for(self._wake.wait(), retry_s)
+            except asyncio.TimeoutError:
+                pass
+            self._wake.clear()
+            await self.flush()
+        await self.flush()
+
+    async def get(self, job_id: str) -> JobRecord | None:
+        """The record of an ended job that left the view (None: unknown or unreadable).
+
+        Raises:
+            nothing: a bus error or a corrupt value is logged and reads as None.
+        """
+        data = self.pending.get(job_id)
+        if data is None:
+            if self.bus is None or not _KEY.match(job_id):
+                return None
+            try:
+                entry = await (await self._bucket()).get(job_id)
+            except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
+                return None
+            except Exception as e:  # noqa: BLE001 - an outage reads as not found; logged
+                log.warning("ended jobs: cannot read %s: %s", job_id, e)
+                return None
+            data = entry.value
+            if not data:
+                return None
+        try:
+            return decode_record(data)
+        except ValueError as e:
+            log.warning("ended jobs: %s: %s", job_id, e)
+            return None
