@@ -75,6 +75,8 @@ from fedsched.events import (Envelope, EventType, InventorySnapshot, JobPending,
 from fedsched.jobs import JobSpec
 from fedsched.metrics import SchedulerMetrics, pending_reason_code
 from fedsched.policystore import PolicyFollower, PolicyHolder
+from fedsched import snapshots
+from fedsched.snapshots import SnapshotStore
 from fedsched.version import package_version
 from fedsched.ports import Publisher
 from fedsched.pricing import PriceCatalog
@@ -83,6 +85,7 @@ from fedsched.whatif import WHAT_IF_JOB_ID, ShardWhatIf, WhatIfReply, WhatIfRequ
 from fedsched.whatif import subject as what_if_subject
 from fedsched.trust import PlacedAttempt, Rejection, check_placement, check_subject, rejection_events
 from services.scheduler.approvals import TenancyGate
+from services.scheduler.checkpoint import STATE_VERSION, restore_scheduler, scheduler_state
 from services.scheduler.states import ACTIVE, Outcome, ShardState, StopReason
 from services.scheduler.core import (ClusterEvaluation, ClusterIndex, ClusterState, NodeState, Pending, Placement,
                                      Policy, QueuedJob, RunningWork, Usage, View, decide)
@@ -253,6 +256,13 @@ class SchedulerService:
             as a forgery, and a redelivered ``job.submitted`` does not revive it. Older ones are
             forgotten (a status of a job ended that long ago is refused as unknown).
 
+        snapshot_every_s: write a restart checkpoint (:mod:`services.scheduler.checkpoint`, to the
+            ``snapshot_scheduler`` object store) after a cycle when this many wall seconds passed
+            since the last one, or ``snapshot_every_events`` stream events were folded since;
+            and start from the newest checkpoint plus the stream after it. 0 = never (a start
+            reads the whole stream).
+        snapshot_every_events: see ``snapshot_every_s``.
+
     Memory is bounded by the live jobs plus these two retentions, not by the jobs ever seen
     (issue 15 item 2; ``tests/unit/scheduler/test_memory.py``).
 
@@ -265,7 +275,8 @@ class SchedulerService:
                  stale_after_s: float = 10.0, interval_s: float = 0.02, reclaim_after_s: float = 30.0,
                  cross_region_mode: dict[str, str] | None = None, unschedulable_timeout_s: float = 86400.0,
                  metrics: SchedulerMetrics | None = None, retain_ended: int = 1000,
-                 retain_tombstones: int = 200_000) -> None:
+                 retain_tombstones: int = 200_000, snapshot_every_s: float = 0.0,
+                 snapshot_every_events: int = 100_000) -> None:
         if bus is None and (publisher is None or subjects is None):
             raise ValueError("a scheduler without a bus needs a publisher and subjects")
         self.bus = bus
@@ -336,6 +347,11 @@ class SchedulerService:
         #: reclamation candidates, quota usage): per kind and in all (the scale tests' counter)
         self.last_cycle_visit_counts: dict[str, int] = {}
         self.last_cycle_visits = 0
+        self.snapshot_every_s = snapshot_every_s
+        self.snapshot_every_events = max(1, snapshot_every_events)
+        self.snapshot_seq = 0  #: stream sequence of the last checkpoint written or loaded (0 = none)
+        self._snapshot_wall = 0.0
+        self._snapshots: SnapshotStore | None = None
 
     # ------------------------------------------------------------------ inputs
 
@@ -354,9 +370,14 @@ class SchedulerService:
         bus = self.bus
         if bus is None:
             raise ValueError("run() needs a bus")
+        start = 1
+        if self.snapshot_every_s > 0:  # a checkpoint and the stream after it (fedsched.snapshots)
+            self._snapshots = SnapshotStore(bus, "scheduler")
+            start = await self.load_snapshot()
         # The whole stream (not just jobs/status/placements): applied_seq then tells anyone
         # comparing it with the stream's last sequence whether the scheduler has seen everything.
-        self._events = StreamFollower(bus, "EVENTS", self.handle_event, name="scheduler-events")
+        self._events = StreamFollower(bus, "EVENTS", self.handle_event, name="scheduler-events",
+                                      start_sequence=start)
         self._inventory = StreamFollower(bus, "INVENTORY", self.handle_inventory, name="scheduler-inventory",
                                          last_per_subject=True)
         self._policy_follower = PolicyFollower(bus, self.policy_holder, name="scheduler-policy")
@@ -389,6 +410,7 @@ class SchedulerService:
                     self.busy = False
                     for hook in self.on_cycle:
                         hook()
+                await self.maybe_snapshot()
                 await asyncio.sleep(self.interval_s)
         finally:
             self._events.stop()
@@ -404,6 +426,75 @@ class SchedulerService:
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def snapshot_bytes(self) -> bytes:
+        """The current book as a checkpoint (:mod:`services.scheduler.checkpoint`), reflecting the
+        stream up to :attr:`applied_seq`."""
+        return snapshots.encode("scheduler", STATE_VERSION, self.applied_seq, scheduler_state(self))
+
+    def restore(self, data: bytes) -> int:
+        """Load a checkpoint into this new service; returns the stream sequence to read from.
+
+        Raises:
+            fedsched.snapshots.SnapshotError: corrupt, incompatible or malformed (nothing loaded).
+        """
+        snap = snapshots.decode(data, "scheduler", STATE_VERSION)
+        try:
+            restore_scheduler(self, snap.state, snap.applied_seq, JobEntry, ShardEntry)
+        except (KeyError, TypeError, ValueError) as e:
+            raise snapshots.SnapshotError(f"malformed scheduler snapshot: {e!r}") from e
+        self.snapshot_seq = snap.applied_seq
+        return snap.applied_seq + 1
+
+    def _forget_book(self) -> None:
+        """Empty the job book and its indexes (after a checkpoint failed halfway through loading)."""
+        for book in (self.jobs, self.queued, self.active, self.stopping, self.cancelling, self._ended, self.tombstones,
+                     self.retries_used, self.governor.state, self.governor.started, self._tracked, self._works,
+                     self._work_use, self._work_dirty, self._running_tuple, self._held, *self._on.values()):
+            book.clear()
+        self._unstarted_due.clear()
+        self.counts = {state: 0 for state in ShardState}
+        self.applied_seq = self.snapshot_seq = 0
+
+    async def load_snapshot(self) -> int:
+        """Restore the newest usable checkpoint; the first stream sequence to read (1 = none:
+        a corrupt or incompatible one is warned about and the whole stream is read)."""
+        data = await self._snapshots.read() if self._snapshots is not None else None
+        if data is None:
+            return 1
+        t0 = time.perf_counter()  # a log figure, not a rule
+        try:
+            start = self.restore(data)
+        except snapshots.SnapshotError as e:
+            log.warning("scheduler: snapshot not used (%s); reading the whole stream", e)
+            self._forget_book()  # nothing half-loaded
+            return 1
+        log.info("scheduler: restored %d jobs at sequence %d from a snapshot (%d bytes) in %.2f s", len(self.jobs),
+                 start - 1, len(data), time.perf_counter() - t0)
+        return start
+
+    async def maybe_snapshot(self, *, force: bool = False) -> bool:
+        """Write a checkpoint when one is due (``snapshot_every_s`` / ``snapshot_every_events``);
+        True when written. A failure is logged and retried at the next chance."""
+        if self._snapshots is None or self.rejections or self.applied_seq <= self.snapshot_seq:
+            return False
+        now = self.liveness.time()
+        if not force and (self.applied_seq - self.snapshot_seq < self.snapshot_every_events
+                          and now - self._snapshot_wall < self.snapshot_every_s):
+            return False
+        seq = self.applied_seq
+        state = scheduler_state(self)
+        data = await asyncio.to_thread(snapshots.encode, "scheduler", STATE_VERSION, seq, state)
+        try:
+            await self._snapshots.write(data)
+        except Exception as e:  # noqa: BLE001 - a checkpoint is an optimisation; the stream is the truth
+            log.warning("scheduler: snapshot at sequence %d not written: %s", seq, e)
+            return False
+        self.snapshot_seq, self._snapshot_wall = seq, now
+        log.info("scheduler: snapshot at sequence %d (%d jobs, %d bytes)", seq, len(self.jobs), len(data))
+        return True
 
     def next_wake_s(self) -> float:
         """Wall seconds until the next cycle is due without any new event: when the freshest
