@@ -35,3 +35,40 @@ async def test_a_snapshot_bigger_than_max_payload_round_trips_through_the_object
     assert await again.load(2) is None  # incompatible version: warned, not used
     await store.write(b"garbage")
     assert await again.load(1) is None
+
+
+async def test_each_service_reads_and_writes_its_own_snapshots_only_under_the_deployment_users(tmp_path):
+    from fedapp import natsauth
+    from fedsched.bus import Bus
+    from fedsched.natsd import EmbeddedNats
+    from services.admission.ended import EndedJobs
+
+    users = natsauth.federation_users("fed", [])
+    passwords = {u.user: f"pw-{u.user}" for u in users}
+    server = EmbeddedNats(tmp_path / "nats", accounts=natsauth.embedded_authorization(users, passwords),
+                          passwords=passwords)
+    server.start()
+    try:
+        ops = await Bus.connect(server.client_url_for("ops"), "fed", name="ops")
+        await ops.ensure_streams()
+        sched = await Bus.connect(server.client_url_for("scheduler"), "fed", name="scheduler",
+                                  inbox_prefix=natsauth.inbox_prefix("scheduler"))
+        adm = await Bus.connect(server.client_url_for("admission"), "fed", name="admission",
+                                inbox_prefix=natsauth.inbox_prefix("admission"))
+        try:
+            store = SnapshotStore(sched, "scheduler")
+            await store.write(snapshots.encode("scheduler", 1, 5, {"blob": os.urandom(300_000).hex()}))
+            await store.write(snapshots.encode("scheduler", 1, 6, {"jobs": []}))  # replace: purges old chunks
+            assert (await SnapshotStore(sched, "scheduler").load(1)).applied_seq == 6
+            mine = SnapshotStore(adm, "admission")
+            await mine.write(snapshots.encode("admission", 1, 3, {}))
+            assert (await mine.load(1)).applied_seq == 3
+            spy = SnapshotStore(adm, "scheduler")  # admission may not read the scheduler's bucket
+            assert await spy.read() is None
+            ended = EndedJobs(adm)  # and admission's ended-jobs bucket works under its user
+            assert await ended.get("j-00000000000000000000") is None
+        finally:
+            for b in (sched, adm, ops):
+                await b.close()
+    finally:
+        server.stop()
