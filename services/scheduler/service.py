@@ -374,6 +374,7 @@ class SchedulerService:
         if self.snapshot_every_s > 0:  # a checkpoint and the stream after it (fedsched.snapshots)
             self._snapshots = SnapshotStore(bus, "scheduler")
             start = await self.load_snapshot()
+            self._snapshot_wall = self.liveness.time()  # the first one a period after the start
         # The whole stream (not just jobs/status/placements): applied_seq then tells anyone
         # comparing it with the stream's last sequence whether the scheduler has seen everything.
         self._events = StreamFollower(bus, "EVENTS", self.handle_event, name="scheduler-events",
