@@ -144,3 +144,35 @@ class SnapshotStore:
         except SnapshotError as e:
             log.warning("%s: snapshot not used (%s); reading the whole stream", self.service, e)
             return None
+
+
+class ModelTable:
+    """Identical pydantic models written once in a snapshot (jobs often share a spec: parsing
+    and validating one per job is most of a restore's cost).
+
+    :meth:`ref` gives a model's index in :attr:`docs` (keyed by its JSON, so equal models share
+    one entry); :func:`load_models` validates each entry once, and equal models come back as one
+    shared (immutable) instance.
+    """
+
+    def __init__(self) -> None:
+        self._index: dict[str, int] = {}
+        self.docs: list[str] = []  #: the models' JSON texts, in index order
+
+    def ref(self, model: Any) -> int:
+        """The index of ``model`` (a frozen pydantic model), adding it if new."""
+        text = model.model_dump_json(exclude_defaults=True)
+        i = self._index.get(text)
+        if i is None:
+            i = self._index[text] = len(self.docs)
+            self.docs.append(text)
+        return i
+
+
+def load_models(docs: list[str], cls: Any) -> list[Any]:
+    """The models of a :class:`ModelTable`'s ``docs``, each validated once.
+
+    Raises:
+        ValueError: an entry is not a valid ``cls`` (pydantic's ValidationError).
+    """
+    return [cls.model_validate_json(text) for text in docs]

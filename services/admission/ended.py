@@ -33,6 +33,7 @@ from typing import Any
 import nats.js.errors
 
 from fedsched.jobs import AttemptState, JobSpec, JobState
+from fedsched.snapshots import ModelTable
 from services.admission.jobview import AttemptRecord, Decision, JobRecord, ShardRecord
 
 log = logging.getLogger(__name__)
@@ -42,10 +43,12 @@ CODEC_VERSION = 1
 _KEY = re.compile(r"^[-_=.a-zA-Z0-9]{1,64}$")  # a job id usable as a KV key (ours: j- and 20 hex characters)
 
 
-def record_doc(rec: JobRecord) -> dict[str, Any]:
-    """A JSON-ready document of one job record (everything but the watchers' bookkeeping)."""
+def record_doc(rec: JobRecord, specs: ModelTable | None = None) -> dict[str, Any]:
+    """A JSON-ready document of one job record (everything but the watchers' bookkeeping); with
+    ``specs`` the spec is a reference into that table (a snapshot's shared specs)."""
     return {
-        "job_id": rec.job_id, "spec": rec.spec.model_dump(mode="json", exclude_defaults=True),
+        "job_id": rec.job_id,
+        "spec": specs.ref(rec.spec) if specs is not None else rec.spec.model_dump(mode="json", exclude_defaults=True),
         "submitted_at": rec.submitted_at, "submitted_by": rec.submitted_by, "request_id": rec.request_id,
         "shards": [{"index": sh.index, "state": sh.state.value, "reason": sh.reason, "failures": sh.failures,
                     "unplaceable": sh.unplaceable, "ended_at": sh.ended_at,
@@ -58,8 +61,9 @@ def record_doc(rec: JobRecord) -> dict[str, Any]:
     }
 
 
-def record_from_doc(doc: dict[str, Any]) -> JobRecord:
-    """The job record of a :func:`record_doc` document.
+def record_from_doc(doc: dict[str, Any], specs: list[JobSpec] | None = None) -> JobRecord:
+    """The job record of a :func:`record_doc` document (``specs``: the loaded table its spec
+    refers to, if it was written with one).
 
     Raises:
         KeyError, ValueError, TypeError: not such a document (pydantic's ValidationError is a
@@ -72,7 +76,8 @@ def record_from_doc(doc: dict[str, Any]) -> JobRecord:
         decision = Decision(**{**d, "evaluations": tuple(d["evaluations"])}) if d is not None else None
         shards.append(ShardRecord(sh["index"], JobState(sh["state"]), sh["reason"], attempts, decision,
                                   sh["failures"], sh["unplaceable"], sh["ended_at"]))
-    return JobRecord(doc["job_id"], JobSpec.model_validate(doc["spec"]), doc["submitted_at"], doc["submitted_by"],
+    spec = specs[doc["spec"]] if specs is not None else JobSpec.model_validate(doc["spec"])
+    return JobRecord(doc["job_id"], spec, doc["submitted_at"], doc["submitted_by"],
                      doc["request_id"], shards, doc["cancelled"], doc["cancel_requested"], doc["cancel_reason"],
                      doc["policy_version"], doc["approval_id"], doc["version"], doc["held"], doc["hold_reason"],
                      doc["holds"], doc["priority_changes"])

@@ -18,7 +18,8 @@ from dataclasses import asdict
 from decimal import Decimal
 from typing import Any
 
-from fedsched.jobs import TERMINAL_STATES, JobState
+from fedsched.jobs import TERMINAL_STATES, JobSpec, JobState
+from fedsched.snapshots import ModelTable, load_models
 from services.admission.approvalview import ApprovalRecord
 from services.admission.ended import record_doc, record_from_doc
 
@@ -29,8 +30,11 @@ STATE_VERSION = 1
 def admission_state(view: Any, approvals: Any, spend: Any) -> dict[str, Any]:
     """The JSON-ready state of admission's job view, approval view and spend book. O(jobs in
     memory + approvals); called between events (never inside a fold)."""
+    specs = ModelTable()
+    jobs = [record_doc(rec, specs) for rec in view.jobs.values()]
     return {
-        "jobs": [record_doc(rec) for rec in view.jobs.values()],
+        "specs": specs.docs,
+        "jobs": jobs,
         "ended": list(view.ended),
         "tombstones": list(view.tombstones.items()),
         "by_state": {state.value: n for state, n in view.by_state.items()},
@@ -50,8 +54,9 @@ def restore_admission(view: Any, approvals: Any, spend: Any, state: dict[str, An
     """
     if view.jobs or view.applied_seq:
         raise ValueError("restore into a job view that has folded nothing")
+    specs = load_models(state["specs"], JobSpec)
     for doc in state["jobs"]:
-        rec = record_from_doc(doc)
+        rec = record_from_doc(doc, specs)
         view.jobs[rec.job_id] = rec
         view.by_submitted.append((rec.submitted_at, rec.job_id))
         if rec.request_id:

@@ -21,11 +21,15 @@ from typing import Any
 
 from fedsched.events import JobPlaced
 from fedsched.jobs import JobSpec
+from fedsched.snapshots import ModelTable, load_models
 from services.scheduler.approvals import JobApprovals, PendingApproval
 from services.scheduler.states import Outcome, ShardState
 
 #: the scheduler's state schema version (a snapshot of another version is not used)
 STATE_VERSION = 1
+
+_STATES = {s.value: s for s in ShardState}  # (a dict lookup: Enum(value) costs a call per shard)
+_OUTCOMES = {o.value: o for o in Outcome}
 
 
 def _placed_doc(p: JobPlaced | None) -> dict | None:
@@ -53,9 +57,10 @@ def scheduler_state(svc: Any) -> dict[str, Any]:
     """The JSON-ready state of a :class:`~services.scheduler.service.SchedulerService` (module
     docstring). O(jobs in memory); called between events (never inside a fold)."""
     jobs = []
+    specs = ModelTable()
     for job in svc.jobs.values():
         doc: dict[str, Any] = {"id": job.job_id, "t": job.tenant, "p": job.project, "at": job.submitted_at,
-                               "spec": job.spec.model_dump(mode="json", exclude_defaults=True),
+                               "spec": specs.ref(job.spec),
                                "sh": [_shard_doc(s) for s in job.shards]}
         if job.headers:
             doc["h"] = job.headers
@@ -64,6 +69,7 @@ def scheduler_state(svc: Any) -> dict[str, Any]:
         jobs.append(doc)
     gov = svc.governor
     return {
+        "specs": specs.docs,
         "jobs": jobs,
         "cancelling": list(svc.cancelling),
         "ended": list(svc._ended),
@@ -90,12 +96,13 @@ def restore_scheduler(svc: Any, state: dict[str, Any], applied_seq: int, job_cls
     """
     if svc.jobs or svc.applied_seq:
         raise ValueError("restore into a scheduler that has folded nothing")
+    specs = load_models(state["specs"], JobSpec)
     for doc in state["jobs"]:
-        job = job_cls(doc["id"], doc["t"], doc["p"], JobSpec.model_validate(doc["spec"]), doc["at"],
+        job = job_cls(doc["id"], doc["t"], doc["p"], specs[doc["spec"]], doc["at"],
                        headers=dict(doc.get("h", {})), cancel_requested=doc.get("cr", False),
                        cancelled_sent=doc.get("cs", False), end_reason=doc.get("er", ""))
         for sd in doc["sh"]:
-            shard = shard_cls(sd["i"], ShardState(sd["s"]), sd.get("a", 0), sd.get("f", 0), sd.get("l", 0),
+            shard = shard_cls(sd["i"], _STATES[sd["s"]], sd.get("a", 0), sd.get("f", 0), sd.get("l", 0),
                                set(sd.get("av", ())), sd.get("c", ""), sd.get("r", ""))
             if shard.attempt:
                 ap = sd.get("ap")
@@ -105,7 +112,7 @@ def restore_scheduler(svc: Any, state: dict[str, Any], applied_seq: int, job_cls
                     shard.placed = JobPlaced.model_validate(pd) if pd is not None else shard.attempt_placed
                 shard.placed_wall, shard.started_at, shard.stop_sent = sd["w"], sd.get("st"), sd.get("ss", False)
             shard.progress_s = sd.get("pr", 0.0)
-            shard.outcome = Outcome(sd.get("o", ""))
+            shard.outcome = _OUTCOMES[sd.get("o", "")]
             job.shards.append(shard)
         svc.jobs[job.job_id] = job
         for shard in job.shards:
