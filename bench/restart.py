@@ -117,8 +117,10 @@ async def write_checkpoints(bus: Bus, n: int) -> dict:
     sched.on_cycle.append(cycled.set)
     task = asyncio.create_task(sched.run())
     await asyncio.wait_for(cycled.wait(), 3600)
-    while sched.busy:
+    last = (await bus.js.stream_info(bus.stream_name("EVENTS"))).state.last_seq
+    while sched.busy or sched.applied_seq < last:  # its first cycle's pending decisions read back
         await asyncio.sleep(0.05)
+        last = (await bus.js.stream_info(bus.stream_name("EVENTS"))).state.last_seq
     t0 = time.perf_counter()
     assert await sched.maybe_snapshot(force=True)
     out["scheduler_snapshot_s"] = round(time.perf_counter() - t0, 2)
@@ -179,7 +181,8 @@ def run_child(kind: str, url: str, prefix: str, mode: str, probe: str) -> dict:
                           "--mode", mode, "--probe", probe], capture_output=True, text=True, cwd=ROOT, timeout=7200)
     if out.returncode != 0:
         raise RuntimeError(f"{kind} child failed:\n{out.stderr[-3000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    notes = [line.split(": ", 1)[-1] for line in out.stderr.splitlines() if "snapshot" in line]
+    return {**json.loads(out.stdout.strip().splitlines()[-1]), **({"log": notes} if notes else {})}
 
 
 async def main(args) -> None:
@@ -232,7 +235,7 @@ if __name__ == "__main__":
     a = p.parse_args()
     if a.child:
         import logging
-        logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+        logging.basicConfig(level=logging.INFO, stream=sys.stderr)
         print(json.dumps(asyncio.run(child(a.child, a.url, a.prefix, a.mode == "snapshot", a.probe))))
     else:
         asyncio.run(main(a))
