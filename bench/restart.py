@@ -151,6 +151,7 @@ async def child(kind: str, url: str, prefix: str, snapshots_on: bool, probe: str
         task = asyncio.create_task(svc.run())
         while not hasattr(svc, "_events"):
             await asyncio.sleep(0.005)
+        loaded_s = time.perf_counter() - t0  # checkpoint read and restored (or none)
         await svc._events.caught_up.wait()
         accept_s = time.perf_counter() - t0
         while not (probe in svc.jobs and svc.jobs[probe].shards[0].placed is not None):
@@ -160,17 +161,20 @@ async def child(kind: str, url: str, prefix: str, snapshots_on: bool, probe: str
         jobs = len(svc.jobs)
         svc.stop()
         await task
-        result = {"accept_s": round(accept_s, 2), "place_s": round(place_s, 2)}
+        result = {"loaded_s": round(loaded_s, 2), "accept_s": round(accept_s, 2), "place_s": round(place_s, 2)}
     else:
         svc = admission(bus, snapshots_on)
         task = asyncio.create_task(svc.run())
+        while not svc._events.caught_up.is_set():
+            await asyncio.sleep(0.005)
+        caught_s = time.perf_counter() - t0  # checkpoint restored and the stream after it read
         await svc.ready.wait()
         accept_s = time.perf_counter() - t0
         rss = rss_mib()
         jobs = len(svc.view.jobs)
         svc.stop()
         await task
-        result = {"accept_s": round(accept_s, 2)}
+        result = {"caught_up_s": round(caught_s, 2), "accept_s": round(accept_s, 2)}
     await bus.close()
     return {**result, "jobs": jobs, "rss_mib": round(rss, 1), "rss_base_mib": round(base, 1),
             "kib_per_job": round((rss - base) * 1024 / max(1, jobs), 2)}

@@ -27,7 +27,7 @@ import json
 import logging
 import re
 import zlib
-from dataclasses import asdict
+from dataclasses import MISSING, fields
 from typing import Any
 
 import nats.js.errors
@@ -39,26 +39,44 @@ from services.admission.jobview import AttemptRecord, Decision, JobRecord, Shard
 log = logging.getLogger(__name__)
 
 BUCKET = "jobs_ended"  #: KV bucket suffix (``<prefix>_jobs_ended``)
-CODEC_VERSION = 1
+CODEC_VERSION = 2
 _KEY = re.compile(r"^[-_=.a-zA-Z0-9]{1,64}$")  # a job id usable as a KV key (ours: j- and 20 hex characters)
 
 
 def record_doc(rec: JobRecord, specs: ModelTable | None = None) -> dict[str, Any]:
     """A JSON-ready document of one job record (everything but the watchers' bookkeeping); with
     ``specs`` the spec is a reference into that table (a snapshot's shared specs)."""
-    return {
+    doc = {
         "job_id": rec.job_id,
         "spec": specs.ref(rec.spec) if specs is not None else rec.spec.model_dump(mode="json", exclude_defaults=True),
         "submitted_at": rec.submitted_at, "submitted_by": rec.submitted_by, "request_id": rec.request_id,
-        "shards": [{"index": sh.index, "state": sh.state.value, "reason": sh.reason, "failures": sh.failures,
-                    "unplaceable": sh.unplaceable, "ended_at": sh.ended_at,
-                    "attempts": [asdict(a) for a in sh.attempts],
-                    "decision": asdict(sh.decision) if sh.decision is not None else None} for sh in rec.shards],
-        "cancelled": rec.cancelled, "cancel_requested": rec.cancel_requested, "cancel_reason": rec.cancel_reason,
-        "policy_version": rec.policy_version, "approval_id": rec.approval_id, "version": rec.version,
-        "held": rec.held, "hold_reason": rec.hold_reason, "holds": rec.holds,
-        "priority_changes": rec.priority_changes,
+        "shards": [_lean(sh, attempts=[_lean(a) for a in sh.attempts],
+                         decision=_lean(sh.decision) if sh.decision is not None else None) for sh in rec.shards],
+        "version": rec.version,
     }
+    doc.update(_lean(rec, _SKIP_JOB))
+    return doc
+
+
+_SKIP_JOB = frozenset({"job_id", "spec", "submitted_at", "submitted_by", "request_id", "shards", "version",
+                       "counted_state"})
+
+
+def _lean(obj: Any, skip: frozenset[str] = frozenset(), **extra: Any) -> dict[str, Any]:
+    """The fields of dataclass ``obj`` that differ from their defaults (the rest are implied),
+    plus ``extra``; fields in ``skip`` left out."""
+    out: dict[str, Any] = {}
+    for f in fields(obj):
+        if f.name in skip or f.name in extra:
+            continue
+        value = getattr(obj, f.name)
+        if f.default is not MISSING and value == f.default:
+            continue
+        if f.default_factory is not MISSING and value == f.default_factory():
+            continue
+        out[f.name] = value
+    out.update((k, v) for k, v in extra.items() if v)
+    return out
 
 
 def record_from_doc(doc: dict[str, Any], specs: list[JobSpec] | None = None) -> JobRecord:
@@ -71,16 +89,18 @@ def record_from_doc(doc: dict[str, Any], specs: list[JobSpec] | None = None) -> 
     """
     shards = []
     for sh in doc["shards"]:
-        attempts = [AttemptRecord(**{**a, "outcome": AttemptState(a["outcome"])}) for a in sh["attempts"]]
-        d = sh["decision"]
-        decision = Decision(**{**d, "evaluations": tuple(d["evaluations"])}) if d is not None else None
-        shards.append(ShardRecord(sh["index"], JobState(sh["state"]), sh["reason"], attempts, decision,
-                                  sh["failures"], sh["unplaceable"], sh["ended_at"]))
+        attempts = [AttemptRecord(**{**a, "outcome": AttemptState(a.get("outcome", AttemptState.PLACED))})
+                    for a in sh.get("attempts", ())]
+        d = sh.get("decision")
+        decision = Decision(**{**d, "evaluations": tuple(d["evaluations"])}) if d else None
+        shards.append(ShardRecord(sh["index"], JobState(sh.get("state", JobState.QUEUED)), sh.get("reason", ""),
+                                  attempts, decision, sh.get("failures", 0), sh.get("unplaceable", False),
+                                  sh.get("ended_at")))
     spec = specs[doc["spec"]] if specs is not None else JobSpec.model_validate(doc["spec"])
-    return JobRecord(doc["job_id"], spec, doc["submitted_at"], doc["submitted_by"],
-                     doc["request_id"], shards, doc["cancelled"], doc["cancel_requested"], doc["cancel_reason"],
-                     doc["policy_version"], doc["approval_id"], doc["version"], doc["held"], doc["hold_reason"],
-                     doc["holds"], doc["priority_changes"])
+    return JobRecord(doc["job_id"], spec, doc["submitted_at"], doc["submitted_by"], doc["request_id"], shards,
+                     doc.get("cancelled", False), doc.get("cancel_requested", False), doc.get("cancel_reason", ""),
+                     doc.get("policy_version", ""), doc.get("approval_id", ""), doc["version"], doc.get("held", False),
+                     doc.get("hold_reason", ""), doc.get("holds", 0), doc.get("priority_changes", 0))
 
 
 def encode_record(rec: JobRecord) -> bytes:

@@ -24,7 +24,7 @@ from services.admission.approvalview import ApprovalRecord
 from services.admission.ended import record_doc, record_from_doc
 
 #: admission's state schema version (a snapshot of another version is not used)
-STATE_VERSION = 1
+STATE_VERSION = 2
 
 
 def admission_state(view: Any, approvals: Any, spend: Any) -> dict[str, Any]:

@@ -4,8 +4,9 @@ What is kept is what the events stream would rebuild: every job in memory (live,
 retained ended ones) with its shards (state, attempt, failures, losses, clusters avoided, the
 current and latest placement, start, progress, outcome), the cancellations in progress, the
 tombstones of ended jobs, the retries used per tenant and month, and the approval book (the
-governor's per-job state and running starts). What is not kept is what a full read does not
-rebuild either: pending reasons and unplaceable timers (they start again after a restart), the
+governor's per-job state and running starts), and each waiting shard's last published pending
+reason (so the first cycle after a restart does not publish every queued job's reason again, as
+a full read must). What is not kept: unplaceable timers (they start again after a restart), the
 reclamation heap and the view's indexes (derived from the shards on restore), the inventory (read
 from its own stream, newest per cluster), refused messages not yet dead-lettered.
 
@@ -50,6 +51,8 @@ def _shard_doc(shard: Any) -> dict[str, Any]:
             doc[key] = value
     if shard.avoid:
         doc["av"] = sorted(shard.avoid)
+    if shard.pending_reason:
+        doc["why"] = shard.pending_reason
     return doc
 
 
@@ -112,6 +115,7 @@ def restore_scheduler(svc: Any, state: dict[str, Any], applied_seq: int, job_cls
                     shard.placed = JobPlaced.model_validate(pd) if pd is not None else shard.attempt_placed
                 shard.placed_wall, shard.started_at, shard.stop_sent = sd["w"], sd.get("st"), sd.get("ss", False)
             shard.progress_s = sd.get("pr", 0.0)
+            shard.pending_reason = sd.get("why", "")
             shard.outcome = _OUTCOMES[sd.get("o", "")]
             job.shards.append(shard)
         svc.jobs[job.job_id] = job
