@@ -862,7 +862,14 @@ class JobServicer(pb_grpc.JobServiceServicer):
 
     async def CancelJob(self, request: pb.CancelJobRequest, context) -> pb.CancelJobResponse:
         principal = auth.current()
-        rec = self._get(request.job_id, write=True)
+        try:
+            rec = self._get(request.job_id, write=True)
+        except NotFoundError:
+            ended = await self.ended.get(request.job_id)  # ended long ago: a conflict, not unknown
+            if ended is None:
+                raise
+            check_job_access(principal, ended, write=True)
+            raise ConflictError(f"job {ended.job_id} is already {ended.state.value}") from None
         if len(request.reason) > 500:
             raise ValidationError("reason", "at most 500 characters")
         if rec.state in TERMINAL_STATES:

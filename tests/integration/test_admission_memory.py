@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 import time
 
+import grpc
+
 from fedsched.api.v1 import jobs_pb2 as pb
 from fedsched.api.v1 import jobs_pb2_grpc as pb_grpc
 from fedsched.clock import SystemClock
@@ -56,6 +58,11 @@ async def test_an_ended_job_that_left_memory_is_served_and_a_restart_from_the_ch
             assert [j.state for j in watched] == [pb.JOB_STATE_SUCCEEDED]
             explained = await stub.ExplainJob(pb.ExplainJobRequest(job_id=ids[0]))
             assert explained.job_id == ids[0]
+            try:
+                await stub.CancelJob(pb.CancelJobRequest(job_id=ids[0]))
+                raise AssertionError("cancelled a job that ended")
+            except grpc.aio.AioRpcError as e:
+                assert e.code() == grpc.StatusCode.FAILED_PRECONDITION and "already succeeded" in e.details()
             assert await svc.maybe_snapshot(force=True)
         await _run_to_end(bus, ids[4], svc.view.jobs[ids[4]].spec)  # after the checkpoint: in the tail
         assert await until(lambda: ids[4] in svc.view.jobs and svc.view.jobs[ids[4]].state.value == "succeeded")
