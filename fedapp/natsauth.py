@@ -58,7 +58,12 @@ BUCKETS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "placements": (("billing",), ("billing",)),
     "clock": ((), ("admission", "scheduler", "audit", "billing")),
     "leases": (("scheduler",), ("scheduler",)),  # the scheduler replicas' lease (fedsched.lease)
+    "jobs_ended": (("admission",), ("admission",)),  # ended jobs that left admission's memory
 }
+
+#: Object store buckets (suffix after ``<prefix>_``) -> the one service that writes and reads
+#: it: the restart checkpoints (fedsched/snapshots.py).
+OBJECT_BUCKETS: dict[str, str] = {"snapshot_admission": "admission", "snapshot_scheduler": "scheduler"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,11 +127,26 @@ def _bucket(prefix: str, bucket: str, *, write: bool) -> list[str]:
     return out
 
 
+def _object_bucket(prefix: str, bucket: str) -> list[str]:
+    """An object store ``B`` is the stream ``OBJ_B`` with subjects ``$O.B.C.>`` (chunks) and
+    ``$O.B.M.>`` (metadata); nats.py reads the metadata by message get, the chunks through an
+    ordered consumer (created after looking the stream up by subject: ``STREAM.NAMES``, which
+    lists stream names only), and purges a replaced object's chunks."""
+    name = f"{prefix}_{bucket}"
+    stream = f"OBJ_{name}"
+    return [*(f"$JS.API.STREAM.{verb}.{stream}" for verb in ("INFO", "CREATE", "UPDATE", "PURGE", "MSG.GET")),
+            f"$JS.API.DIRECT.GET.{stream}", f"$JS.API.DIRECT.GET.{stream}.>", f"$O.{name}.>", "$JS.API.STREAM.NAMES",
+            *_reads_stream(stream)]
+
+
 def _buckets(prefix: str, user: str) -> list[str]:
     out = []
     for bucket, (writers, readers) in BUCKETS.items():
         if user in writers or user in readers:
             out += _bucket(prefix, bucket, write=user in writers)
+    for bucket, owner in OBJECT_BUCKETS.items():
+        if user == owner:
+            out += _object_bucket(prefix, bucket)
     return out
 
 
@@ -271,7 +291,9 @@ ACCOUNTS_HEADER = """\
 #   fed.logs.<region>.<cluster>          admission -> that cluster's agent: log requests
 # KV buckets (stream KV_<bucket>, subjects $KV.<bucket>.>): fed_policy (admission writes, the
 # services read), fed_spend (billing writes, admission reads), fed_placements (billing's
-# placement book), fed_clock (a replay's clock; ops writes).
+# placement book), fed_clock (a replay's clock; ops writes), fed_jobs_ended (admission's ended
+# jobs that left its memory). Object stores (stream OBJ_<bucket>, subjects $O.<bucket>.>):
+# fed_snapshot_admission / fed_snapshot_scheduler (each service's restart checkpoint, its own only).
 #
 # Agents are confined to fed.*.<region>.<cluster> and to three consumers on FED_EVENTS, each
 # pinned to one filter by its create subject (agent-<cluster>: its placements; the start-up

@@ -353,7 +353,10 @@ class System:
                                               limits=opts.limits, prices=prices, tls=tls,
                                               names=KnownNames.of(topo) if topo is not None else None,
                                               max_message_bytes=s.grpc_max_request_bytes,
-                                              stale_after_s=s.stale_after_s, metrics=m)
+                                              stale_after_s=s.stale_after_s, metrics=m,
+                                              retain_ended=s.retain_ended_jobs,
+                                              snapshot_every_s=s.snapshot_every_s,
+                                              snapshot_every_events=s.snapshot_every_events)
             self._spawn(self.admission.run(), "admission")
             task = self.tasks[-1]
             ready = asyncio.create_task(self.admission.ready.wait())
@@ -386,7 +389,11 @@ class System:
                                           build_policy(opts.policy, **bandwidth), prices,
                                           stale_after_s=s.stale_after_s, interval_s=s.schedule_interval_s,
                                           reclaim_after_s=s.reclaim_after_s,
-                                          unschedulable_timeout_s=s.unschedulable_timeout_s, metrics=m, lease=lease)
+                                          unschedulable_timeout_s=s.unschedulable_timeout_s, metrics=m, lease=lease,
+                                          retain_ended=max(100, s.retain_ended_jobs // 10),
+                                          retain_tombstones=20 * s.retain_ended_jobs,
+                                          snapshot_every_s=s.snapshot_every_s,
+                                          snapshot_every_events=s.snapshot_every_events)
         self.schedulers.append(self.scheduler)
         self._spawn(self.scheduler.run(), "scheduler")
         self._scheduler_tasks[id(self.scheduler)] = self.tasks[-1]

@@ -75,6 +75,14 @@ class Settings(BaseSettings):
             agents (the services this process runs; one service per process = this port);
             0 = a free port each; None (default, unset) = no metrics endpoints.
         metrics_host: address the metrics endpoints bind (``0.0.0.0`` in containers).
+        snapshot_every_s: the scheduler and admission write a restart checkpoint
+            (:mod:`fedsched.snapshots`) this many wall seconds after the last one, or after
+            ``snapshot_every_events`` events, and start from the newest one plus the stream after
+            it; 0 = never (a start reads the whole stream).
+        snapshot_every_events: see ``snapshot_every_s``.
+        retain_ended_jobs: ended jobs admission keeps in memory (older ones are read from its
+            ended-jobs KV bucket); the scheduler keeps a tenth of it (at least 100) as whole
+            entries and tombstones for twenty times as many.
     """
 
     model_config = SettingsConfigDict(env_prefix="FEDSCHED_", extra="ignore")
@@ -113,6 +121,9 @@ class Settings(BaseSettings):
     tls_client_ca: Path | None = None
     admin_token_file: Path | None = None
     metrics_port: int | None = Field(default=None, ge=0, le=65535)
+    snapshot_every_s: float = Field(default=60.0, ge=0)
+    snapshot_every_events: int = Field(default=200_000, ge=1)
+    retain_ended_jobs: int = Field(default=10_000, ge=1)
     metrics_host: str = "127.0.0.1"
 
     @field_validator("subject_prefix")

@@ -40,9 +40,12 @@ from __future__ import annotations
 import asyncio
 import bisect
 import logging
+from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
+from fedsched.bounded import RecentDict
 from fedsched.bus import Delivery
 from fedsched.dispatch import EventTable, SkippedTypes
 from fedsched.events import (ApprovalDecided, ApprovalRequested, Envelope, EventType, JobCancelRequested, JobHeld,
@@ -221,10 +224,30 @@ STOP_OUTCOMES: dict[str, AttemptState] = {
 
 
 class JobView:
-    """Jobs by id, folded from events; notifies watchers on change."""
+    """Jobs by id, folded from events; notifies watchers on change.
 
-    def __init__(self) -> None:
+    Args:
+        retain_ended: ended jobs kept in memory (the newest to end); older ones leave the view
+            (:attr:`jobs`, the listing and request indexes) and are handed to ``archive``.
+        archive: called with each record that leaves (the service writes it to the ended-jobs
+            KV bucket, :mod:`services.admission.ended`, where GetJob / WatchJob find it).
+        retain_tombstones: ids of jobs that left remembered with their newest attempt, so a
+            late status of one is ignored rather than refused as a forgery; a redelivered
+            submit does not bring one back.
+
+    Memory is bounded by the open jobs plus these retentions, not by the jobs ever seen
+    (issue 15 item 2; ``tests/unit/admission/test_memory.py``).
+    """
+
+    def __init__(self, *, retain_ended: int = 10_000, archive: Callable[[JobRecord], None] | None = None,
+                 retain_tombstones: int = 200_000) -> None:
         self.jobs: dict[str, JobRecord] = {}
+        self.retain_ended = max(1, retain_ended)
+        self.archive = archive
+        #: ended jobs still in :attr:`jobs`, oldest end first
+        self.ended: OrderedDict[str, None] = OrderedDict()
+        #: ended jobs that left memory: job id -> newest attempt over their shards
+        self.tombstones: RecentDict[str, int] = RecentDict(max(1, retain_tombstones))
         #: (principal, tenant, project, request id) -> job id: the submitters' idempotency keys
         self.by_request: dict[tuple[str, str, str, str], str] = {}
         self.open_by_tenant: dict[str, set[str]] = {}  #: tenant -> ids of its jobs not yet ended
@@ -275,6 +298,9 @@ class JobView:
         :func:`fedsched.trust.check_placement`."""
         rec = self.jobs.get(env.job_id)
         if rec is None:
+            newest = self.tombstones.get(env.job_id)
+            if newest is not None:  # ended and left memory: a late status, unless never placed
+                return check_placement(env, True, None, newest) if env.attempt > newest else None
             return check_placement(env, False, None, 0)
         index = env.payload_as(JobStatus).shard
         shard = self._shard(rec, index)
@@ -297,7 +323,7 @@ class JobView:
             fold(self, env)
 
     def _on_submitted(self, env: Envelope) -> None:
-        if env.job_id in self.jobs:
+        if env.job_id in self.jobs or env.job_id in self.tombstones:
             return
         sub = env.payload_as(JobSubmitted)
         rec = JobRecord(env.job_id, sub.spec, env.occurred_at.timestamp(), sub.submitted_by, sub.request_id,
@@ -531,6 +557,32 @@ class JobView:
         event = self._changed.pop(rec.job_id, None)
         if event is not None:
             event.set()
+        if state in TERMINAL_STATES and rec.job_id not in self.ended:
+            self.ended[rec.job_id] = None
+            while len(self.ended) > self.retain_ended:
+                self._evict(self.ended.popitem(last=False)[0])
+
+    def _evict(self, job_id: str) -> None:
+        """An ended job leaves memory: out of :attr:`jobs`, the submit-time and request indexes
+        (O(log n) search plus one list deletion); handed to :attr:`archive`; a tombstone with its
+        newest attempt stays. Its count in :attr:`by_state` stays (jobs ever seen per state)."""
+        rec = self.jobs.pop(job_id, None)
+        if rec is None:
+            return
+        if self.archive is not None:
+            self.archive(rec)
+        key = (rec.submitted_at, rec.job_id)
+        i = bisect.bisect_left(self.by_submitted, key)
+        if i < len(self.by_submitted) and self.by_submitted[i] == key:
+            del self.by_submitted[i]
+        if rec.request_id:
+            rkey = (rec.submitted_by, rec.spec.tenant, rec.spec.project, rec.request_id)
+            if self.by_request.get(rkey) == job_id:
+                del self.by_request[rkey]
+        self.tombstones[job_id] = max((a.attempt for sh in rec.shards for a in sh.attempts), default=0)
+        open_ids = self.open_by_tenant.get(rec.spec.tenant)
+        if open_ids is not None and not open_ids:
+            del self.open_by_tenant[rec.spec.tenant]
 
     def changed(self, job_id: str) -> asyncio.Event:
         """An event set at the next change of ``job_id`` (for WatchJob)."""

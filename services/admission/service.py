@@ -51,6 +51,7 @@ import functools
 import hashlib
 import json
 import logging
+import time
 import uuid
 from dataclasses import dataclass
 from decimal import Decimal
@@ -63,13 +64,14 @@ from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 from opentelemetry import context as otel_context
 
-from fedsched import auth, telemetry
+from fedsched import auth, snapshots, telemetry
 from fedsched.api.v1 import governance_pb2 as gpb
 from fedsched.api.v1 import governance_pb2_grpc as gpb_grpc
 from fedsched.api.v1 import jobs_pb2 as pb
 from fedsched.api.v1 import jobs_pb2_grpc as pb_grpc
 from fedsched.auth import Principal
 from fedsched.bus import EXPECT_SEQUENCE, EXPECT_SUBJECT, Bus, Delivery, StreamFollower
+from fedsched.snapshots import SnapshotStore
 from fedsched.trust import Rejection, check_subject, rejection_events
 from fedsched.clock import Clock, SystemClock
 from fedsched.dispatch import EventTable, SkippedTypes
@@ -95,6 +97,9 @@ from services.admission.budgets import BudgetHolds, SpendBook, SpendWatcher
 from services.admission.convert import (PRIORITY_FROM_PB, STATE_FROM_PB, STATE_TO_PB, Limits, _ts,
                                         refuse_unknown_fields, spec_from_pb, spec_to_pb)
 from services.admission.clusterview import ClusterView
+from services.admission.ended import EndedJobs
+from services.admission.snapshot import STATE_VERSION as ADMISSION_STATE_VERSION
+from services.admission.snapshot import admission_state, restore_admission
 from services.admission.jobview import Decision, JobRecord, JobView
 from services.admission.listing import list_page
 from services.admission.ops_servicers import ClusterServicer, SystemServicer
@@ -468,6 +473,8 @@ class JobServicer(pb_grpc.JobServiceServicer):
         self.clock = clock
         self.policy = policy
         self.view = view
+        #: ended jobs that left the view (GetJob / WatchJob / ExplainJob read them there)
+        self.ended: EndedJobs = EndedJobs(None)
         self.limits_override = limits
         self.known_models = known_models
         self.known_regions = known_regions
@@ -922,8 +929,25 @@ class JobServicer(pb_grpc.JobServiceServicer):
         check_job_access(auth.current(), rec, write=write)
         return rec
 
+    async def _read(self, job_id: str) -> JobRecord:
+        """The record of ``job_id`` for a read: from the view, else (an ended job that left it)
+        from the ended-jobs read model (:mod:`services.admission.ended`).
+
+        Raises:
+            ValidationError: not a job id. NotFoundError: no such job.
+            PermissionDeniedError: the caller may not read it.
+        """
+        try:
+            return self._get(job_id)
+        except NotFoundError:
+            rec = await self.ended.get(job_id)
+            if rec is None:
+                raise
+        check_job_access(auth.current(), rec, write=False)
+        return rec
+
     async def GetJob(self, request: pb.GetJobRequest, context) -> pb.Job:
-        return job_to_pb(self._get(request.job_id))
+        return job_to_pb(await self._read(request.job_id))
 
     async def ListJobs(self, request: pb.ListJobsRequest, context) -> pb.ListJobsResponse:
         """A page of the jobs the caller may read that match the filters, newest first unless
@@ -933,7 +957,14 @@ class JobServicer(pb_grpc.JobServiceServicer):
 
     async def CancelJob(self, request: pb.CancelJobRequest, context) -> pb.CancelJobResponse:
         principal = auth.current()
-        rec = self._get(request.job_id, write=True)
+        try:
+            rec = self._get(request.job_id, write=True)
+        except NotFoundError:
+            ended = await self.ended.get(request.job_id)  # ended long ago: a conflict, not unknown
+            if ended is None:
+                raise
+            check_job_access(principal, ended, write=True)
+            raise ConflictError(f"job {ended.job_id} is already {ended.state.value}") from None
         if len(request.reason) > 500:
             raise ValidationError("reason", "at most 500 characters")
         if rec.state in TERMINAL_STATES:
@@ -1142,7 +1173,7 @@ class JobServicer(pb_grpc.JobServiceServicer):
         return job_to_pb(rec)
 
     async def ExplainJob(self, request: pb.ExplainJobRequest, context) -> pb.ExplainJobResponse:
-        return explain_to_pb(self._get(request.job_id))
+        return explain_to_pb(await self._read(request.job_id))
 
     async def GetJobLogs(self, request: pb.GetJobLogsRequest, context) -> AsyncIterator[pb.LogChunk]:
         """The output of one attempt, proxied from the agent of its cluster (authorised like
@@ -1173,7 +1204,10 @@ class JobServicer(pb_grpc.JobServiceServicer):
                 yield pb.LogChunk(attempt=att.attempt, cluster=att.cluster, data=reply.data)
 
     async def WatchJob(self, request: pb.WatchJobRequest, context) -> AsyncIterator[pb.Job]:
-        rec = self._get(request.job_id)
+        rec = await self._read(request.job_id)
+        if request.job_id not in self.view.jobs:  # ended and left the view: its last state
+            yield job_to_pb(rec)
+            return
         seen = -1
         while True:
             changed = self.view.changed(rec.job_id)
@@ -1230,20 +1264,30 @@ class AdmissionService:
         what_if_timeout_s: how long a dry run waits for the scheduler's what-if (then none).
         metrics: where gRPC calls (by method and code) and jobs by state are counted (default: a
             registry of its own, served by nobody).
+        retain_ended: ended jobs kept in memory; older ones are served from the ended-jobs KV
+            read model (:mod:`services.admission.ended`).
+        snapshot_every_s: write a restart checkpoint (:mod:`services.admission.snapshot`, object
+            store ``snapshot_admission``) this many wall seconds after the last one or after
+            ``snapshot_every_events`` events, and start from the newest one plus the stream after
+            it; 0 = never (a start reads the whole stream).
+        snapshot_every_events: see ``snapshot_every_s``.
     """
 
     def __init__(self, bus: Bus, clock: Clock, *, address: str = "127.0.0.1:50051", limits: Limits | None = None,
                  max_message_bytes: int = 4 * 1024 * 1024, prices: PriceCatalog | None = None,
                  tls: TlsFiles | None = None, spend_poll_s: float = 5.0, names: KnownNames | None = None,
                  logs_timeout_s: float = 5.0, stale_after_s: float = 10.0, wall: Clock | None = None,
-                 what_if_timeout_s: float = 2.0, metrics: AdmissionMetrics | None = None) -> None:
+                 what_if_timeout_s: float = 2.0, metrics: AdmissionMetrics | None = None,
+                 retain_ended: int = 10_000, snapshot_every_s: float = 0.0,
+                 snapshot_every_events: int = 200_000) -> None:
         self.bus = bus
         self.wall: Clock = wall if wall is not None else SystemClock()
         self.cluster_view = ClusterView(stale_after_s=stale_after_s)
         self.address = address
         self.tls = tls
         self.policy = PolicyHolder()
-        self.view = JobView()
+        self.ended = EndedJobs(bus)
+        self.view = JobView(retain_ended=retain_ended, archive=self.ended.put)
         self.approvals = ApprovalView()
         self.spend = SpendBook()
         self.known_models: set[str] = set()
@@ -1252,6 +1296,7 @@ class AdmissionService:
         prices = prices or load_price_catalog()
         self.servicer = JobServicer(bus, clock, self.policy, self.view, limits, self.known_models,
                                     self.known_regions, self.spend, prices, clusters=self.clusters, names=names)
+        self.servicer.ended = self.ended
         self.servicer.request_logs = functools.partial(request_logs, bus.nc, timeout_s=logs_timeout_s)
         self.servicer.what_if = functools.partial(request_what_if, bus.nc, bus.prefix, timeout_s=what_if_timeout_s)
         self.tenants = TenantServicer(bus, clock, self.policy, self.spend, self.view, names=names)
@@ -1292,6 +1337,11 @@ class AdmissionService:
         self._spend_watcher = SpendWatcher(bus, self.spend, poll_s=spend_poll_s)
         self._stop = asyncio.Event()
         self.ready = asyncio.Event()
+        self.snapshot_every_s = snapshot_every_s
+        self.snapshot_every_events = max(1, snapshot_every_events)
+        self.snapshot_seq = 0  #: stream sequence of the last checkpoint written or loaded (0 = none)
+        self._snapshot_wall = 0.0
+        self._snapshots = SnapshotStore(bus, "admission") if snapshot_every_s > 0 else None
         self.skipped_inventory = SkippedTypes("admission-inventory")  #: unknown inventory event types skipped
 
     def skipped_types(self) -> dict[str, dict[str, int]]:
@@ -1362,12 +1412,109 @@ class AdmissionService:
     def _on_heartbeat(self, env: Envelope) -> None:
         """A heartbeat: only the capacity view needs it (folded by :meth:`_on_inventory`)."""
 
+    # ------------------------------------------------------------------ checkpoints
+
+    def snapshot_bytes(self) -> bytes:
+        """The read models as a checkpoint reflecting the stream up to the job view's
+        ``applied_seq`` (:mod:`services.admission.snapshot`)."""
+        return snapshots.encode("admission", ADMISSION_STATE_VERSION, self.view.applied_seq,
+                                admission_state(self.view, self.approvals, self.spend))
+
+    def restore(self, data: bytes) -> int:
+        """Load a checkpoint into this new service's read models; the stream sequence to read
+        from.
+
+        Raises:
+            fedsched.snapshots.SnapshotError: corrupt, incompatible or malformed (the read
+                models are left empty).
+        """
+        snap = snapshots.decode(data, "admission", ADMISSION_STATE_VERSION)
+        try:
+            restore_admission(self.view, self.approvals, self.spend, snap.state, snap.applied_seq)
+        except (KeyError, TypeError, ValueError) as e:
+            self._forget_read_models()
+            raise snapshots.SnapshotError(f"malformed admission snapshot: {e!r}") from e
+        self.snapshot_seq = snap.applied_seq
+        return snap.applied_seq + 1
+
+    def _forget_read_models(self) -> None:
+        """Empty the job and approval views and the event spend (a checkpoint failed halfway)."""
+        by_state = self.view.by_state
+        self.view.__init__(retain_ended=self.view.retain_ended, archive=self.view.archive,
+                           retain_tombstones=self.view.tombstones.limit)
+        self.view.by_state = by_state  # the metrics' scrape thread holds this dict: keep it, zeroed
+        for state in by_state:
+            by_state[state] = 0
+        self.approvals.by_id.clear()
+        getattr(self.spend, "from_events", {}).clear()
+
+    async def _load_snapshot(self) -> None:
+        """Restore the newest usable checkpoint and start the job follower after it (a corrupt
+        or incompatible one is warned about: the whole stream is read)."""
+        data = await self._snapshots.read()
+        if data is None:
+            return
+        t0 = time.perf_counter()  # a log figure, not a rule
+        try:
+            start = self.restore(data)
+        except snapshots.SnapshotError as e:
+            log.warning("admission: snapshot not used (%s); reading the whole stream", e)
+            return
+        self._events.next_sequence = start
+        log.info("admission: restored %d jobs at sequence %d from a snapshot (%d bytes) in %.2f s",
+                 len(self.view.jobs), start - 1, len(data), time.perf_counter() - t0)
+
+    async def maybe_snapshot(self, *, force: bool = False) -> bool:
+        """Write a checkpoint when one is due; True when written. Written only once every job
+        that left the view before it is in the ended-jobs bucket; a failure is logged and
+        retried at the next chance."""
+        if self._snapshots is None or self.view.applied_seq <= self.snapshot_seq or self.view.rejections:
+            return False
+        now = self.wall.time()
+        if not force and (self.view.applied_seq - self.snapshot_seq < self.snapshot_every_events
+                          and now - self._snapshot_wall < self.snapshot_every_s):
+            return False
+        seq = self.view.applied_seq
+        state = admission_state(self.view, self.approvals, self.spend)
+        left = set(self.ended.pending)  # left the view before this state: must be stored first
+        await self.ended.flush()
+        if left & self.ended.pending.keys():
+            log.warning("admission: snapshot at sequence %d deferred: ended jobs not yet stored", seq)
+            return False
+        data = await asyncio.to_thread(snapshots.encode, "admission", ADMISSION_STATE_VERSION, seq, state)
+        try:
+            await self._snapshots.write(data)
+        except Exception as e:  # noqa: BLE001 - a checkpoint is an optimisation; the stream is the truth
+            log.warning("admission: snapshot at sequence %d not written: %s", seq, e)
+            return False
+        self.snapshot_seq, self._snapshot_wall = seq, now
+        log.info("admission: snapshot at sequence %d (%d jobs, %d bytes)", seq, len(self.view.jobs), len(data))
+        return True
+
+    async def _snapshot_loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                await asyncio.wait_for(self._stop.wait(), 1.0)
+            except asyncio.TimeoutError:
+                pass
+            try:
+                await self.maybe_snapshot()
+            except Exception:  # noqa: BLE001 - never stop serving for a checkpoint
+                log.exception("admission: snapshot failed")
+
     async def start(self) -> None:
-        """Rebuild the read models, wait for a policy, then start serving (sets :attr:`ready`)."""
+        """Rebuild the read models (from the newest checkpoint and the stream after it, or the
+        whole stream), wait for a policy, then start serving (sets :attr:`ready`)."""
+        if self._snapshots is not None:
+            await self._load_snapshot()
+            self._snapshot_wall = self.wall.time()
         self._tasks = [asyncio.create_task(self._events.run(), name="admission-events"),
                        asyncio.create_task(self._inventory.run(), name="admission-inventory"),
                        asyncio.create_task(self._policy_follower.run(), name="admission-policy"),
-                       asyncio.create_task(self._spend_watcher.run(), name="admission-spend")]
+                       asyncio.create_task(self._spend_watcher.run(), name="admission-spend"),
+                       asyncio.create_task(self.ended.run(self._stop), name="admission-ended-jobs")]
+        if self._snapshots is not None:
+            self._tasks.append(asyncio.create_task(self._snapshot_loop(), name="admission-snapshots"))
         await self._events.caught_up.wait()
         await self._inventory.caught_up.wait()
         if not self.policy.ready.is_set():

@@ -59,6 +59,7 @@ from dataclasses import dataclass, field
 from typing import AsyncIterator
 
 from fedsched import telemetry
+from fedsched.bounded import RecentDict, RecentSet
 from fedsched.bus import Bus, Delivery, DurableConsumer, StreamFollower
 from fedsched.clock import Clock, to_datetime
 from fedsched.dispatch import EventTable, SkippedTypes
@@ -338,12 +339,16 @@ class ClusterAgent:
             stops the backend could not carry out).
         metrics: where running jobs, placements received and backend errors are counted (labels
             region and cluster; default: a registry of its own, served by nobody).
+        retain_done: ended attempts remembered (``done``) and (job, shard) fencing records kept
+            (``highest``), the newest of each; older ones are forgotten so memory does not grow
+            with history (:mod:`fedsched.bounded`). A placement of an attempt forgotten that
+            long ago could run again, so keep it above what a redelivery can still bring.
     """
 
     def __init__(self, bus: Bus | None, clock: Clock, cluster: ClusterDef, backend: Backend, *,
                  publisher: Publisher | None = None, subjects: Subjects | None = None,
                  heartbeat_interval_s: float = 1.0, snapshot_every: int = 10, tick_s: float = 0.01,
-                 metrics: AgentMetrics | None = None) -> None:
+                 metrics: AgentMetrics | None = None, retain_done: int = 100_000) -> None:
         if bus is None and (publisher is None or subjects is None):
             raise ValueError("an agent without a bus needs a publisher and subjects")
         self.bus = bus
@@ -359,9 +364,9 @@ class ClusterAgent:
         #: node -> allocations; filled from ``backend.inventory()`` (:meth:`refresh_inventory`)
         self.ledger: dict[str, NodeLedger] = {}
         self.running: dict[tuple[str, int, int], RunningJob] = {}
-        self.done: set[tuple[str, int, int]] = set()
+        self.done: RecentSet[tuple[str, int, int]] = RecentSet(retain_done)
         #: fencing: (job, shard) -> the highest attempt seen in placements and stop orders
-        self.highest: dict[tuple[str, int], int] = {}
+        self.highest: RecentDict[tuple[str, int], int] = RecentDict(retain_done)
         #: fencing: the highest scheduler-lease token seen on placements and stop orders
         self.highest_token = 0
         self.stale_refused = 0  # orders refused for a stale fencing token

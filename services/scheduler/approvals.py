@@ -170,6 +170,11 @@ class TenancyGate:
             st.home_only = True
         return True
 
+    def forget(self, job_id: str) -> None:
+        """Drop what is kept of a job that ended and left the scheduler's memory."""
+        self.state.pop(job_id, None)
+        self.started.pop(job_id, None)
+
     def apply_delivery(self, d: Delivery) -> bool:
         """:meth:`apply` for a delivery."""
         return self.apply(d.envelope)

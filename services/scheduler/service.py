@@ -79,6 +79,7 @@ import json
 import logging
 import math
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 
 from fedsched import telemetry
@@ -92,6 +93,8 @@ from fedsched.jobs import JobSpec
 from fedsched.metrics import SchedulerMetrics, pending_reason_code
 from fedsched.lease import Lease
 from fedsched.policystore import PolicyFollower, PolicyHolder
+from fedsched import snapshots
+from fedsched.snapshots import SnapshotStore
 from fedsched.version import package_version
 from fedsched.ports import Publisher, PublishResult
 from fedsched.pricing import PriceCatalog
@@ -100,6 +103,7 @@ from fedsched.whatif import WHAT_IF_JOB_ID, ShardWhatIf, WhatIfReply, WhatIfRequ
 from fedsched.whatif import subject as what_if_subject
 from fedsched.trust import PlacedAttempt, Rejection, check_placement, check_subject, rejection_events
 from services.scheduler.approvals import TenancyGate
+from services.scheduler.checkpoint import STATE_VERSION, restore_scheduler, scheduler_state
 from services.scheduler.states import ACTIVE, Outcome, ShardState, StopReason
 from services.scheduler.core import (ClusterEvaluation, ClusterIndex, ClusterState, NodeState, Pending, Placement,
                                      Policy, QueuedJob, RunningWork, Usage, View, decide)
@@ -268,6 +272,22 @@ class SchedulerService:
             is held; every publish is fenced by it.
         stream_end: ``async () -> int``, the events stream's last sequence now (what a new
             tenure must have folded before it decides; default: asked of ``bus``).
+        retain_ended: ended jobs whose whole :class:`JobEntry` stays in memory (the newest ones,
+            for inspection); older ended jobs leave it (:meth:`_retire`), keeping a tombstone.
+        retain_tombstones: ended job ids remembered with their newest attempt (about 100 bytes
+            each), so a late status of a job that left memory is ignored as late, not refused
+            as a forgery, and a redelivered ``job.submitted`` does not revive it. Older ones are
+            forgotten (a status of a job ended that long ago is refused as unknown).
+
+        snapshot_every_s: write a restart checkpoint (:mod:`services.scheduler.checkpoint`, to the
+            ``snapshot_scheduler`` object store) after a cycle when this many wall seconds passed
+            since the last one, or ``snapshot_every_events`` stream events were folded since;
+            and start from the newest checkpoint plus the stream after it. 0 = never (a start
+            reads the whole stream).
+        snapshot_every_events: see ``snapshot_every_s``.
+
+    Memory is bounded by the live jobs plus these two retentions, not by the jobs ever seen
+    (issue 15 item 2; ``tests/unit/scheduler/test_memory.py``).
 
     Raises:
         ValueError: no bus and no publisher or subjects.
@@ -277,7 +297,9 @@ class SchedulerService:
                  publisher: Publisher | None = None, subjects: Subjects | None = None, liveness: Clock | None = None,
                  stale_after_s: float = 10.0, interval_s: float = 0.02, reclaim_after_s: float = 30.0,
                  cross_region_mode: dict[str, str] | None = None, unschedulable_timeout_s: float = 86400.0,
-                 metrics: SchedulerMetrics | None = None, lease: Lease | None = None, stream_end=None) -> None:
+                 metrics: SchedulerMetrics | None = None, lease: Lease | None = None, stream_end=None,
+                 retain_ended: int = 1000, retain_tombstones: int = 200_000, snapshot_every_s: float = 0.0,
+                 snapshot_every_events: int = 100_000) -> None:
         if bus is None and (publisher is None or subjects is None):
             raise ValueError("a scheduler without a bus needs a publisher and subjects")
         self.bus = bus
@@ -306,6 +328,12 @@ class SchedulerService:
         self.policy_holder = PolicyHolder()
         self.governor = TenancyGate(self.policy_holder, self.subjects, prices)
         self.jobs: dict[str, JobEntry] = {}
+        self.retain_ended = max(1, retain_ended)
+        self.retain_tombstones = max(0, retain_tombstones)
+        #: ended jobs still in :attr:`jobs`, oldest first (evicted past ``retain_ended``)
+        self._ended: OrderedDict[str, None] = OrderedDict()
+        #: ended jobs that left memory: job id -> newest attempt over its shards, oldest first
+        self.tombstones: OrderedDict[str, int] = OrderedDict()
         self.clusters: dict[str, ClusterInfo] = {}
         self.counts = {state: 0 for state in ShardState}
         self.queued: dict[tuple[str, int], tuple[JobEntry, ShardEntry]] = {}
@@ -355,6 +383,11 @@ class SchedulerService:
         self._behind: dict[str, int] = {}
         self.last_cycle_visit_counts: dict[str, int] = {}
         self.last_cycle_visits = 0
+        self.snapshot_every_s = snapshot_every_s
+        self.snapshot_every_events = max(1, snapshot_every_events)
+        self.snapshot_seq = 0  #: stream sequence of the last checkpoint written or loaded (0 = none)
+        self._snapshot_wall = 0.0
+        self._snapshots: SnapshotStore | None = None
 
     # ------------------------------------------------------------------ inputs
 
@@ -461,9 +494,15 @@ class SchedulerService:
         bus = self.bus
         if bus is None:
             raise ValueError("run() needs a bus")
+        start = 1
+        if self.snapshot_every_s > 0:  # a checkpoint and the stream after it (fedsched.snapshots)
+            self._snapshots = SnapshotStore(bus, "scheduler")
+            start = await self.load_snapshot()
+            self._snapshot_wall = self.liveness.time()  # the first one a period after the start
         # The whole stream (not just jobs/status/placements): applied_seq then tells anyone
         # comparing it with the stream's last sequence whether the scheduler has seen everything.
-        self._events = StreamFollower(bus, "EVENTS", self.handle_event, name="scheduler-events")
+        self._events = StreamFollower(bus, "EVENTS", self.handle_event, name="scheduler-events",
+                                      start_sequence=start)
         self._inventory = StreamFollower(bus, "INVENTORY", self.handle_inventory, name="scheduler-inventory",
                                          last_per_subject=True)
         self._policy_follower = PolicyFollower(bus, self.policy_holder, name="scheduler-policy")
@@ -507,6 +546,7 @@ class SchedulerService:
                     self.busy = False
                     for hook in self.on_cycle:
                         hook()
+                await self.maybe_snapshot()
                 await asyncio.sleep(self.interval_s)
         finally:
             lease_stop.set()  # the lease task releases the lease (a standby takes over at once)
@@ -526,6 +566,75 @@ class SchedulerService:
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def snapshot_bytes(self) -> bytes:
+        """The current book as a checkpoint (:mod:`services.scheduler.checkpoint`), reflecting the
+        stream up to :attr:`applied_seq`."""
+        return snapshots.encode("scheduler", STATE_VERSION, self.applied_seq, scheduler_state(self))
+
+    def restore(self, data: bytes) -> int:
+        """Load a checkpoint into this new service; returns the stream sequence to read from.
+
+        Raises:
+            fedsched.snapshots.SnapshotError: corrupt, incompatible or malformed (nothing loaded).
+        """
+        snap = snapshots.decode(data, "scheduler", STATE_VERSION)
+        try:
+            restore_scheduler(self, snap.state, snap.applied_seq, JobEntry, ShardEntry)
+        except (KeyError, TypeError, ValueError) as e:
+            raise snapshots.SnapshotError(f"malformed scheduler snapshot: {e!r}") from e
+        self.snapshot_seq = snap.applied_seq
+        return snap.applied_seq + 1
+
+    def _forget_book(self) -> None:
+        """Empty the job book and its indexes (after a checkpoint failed halfway through loading)."""
+        for book in (self.jobs, self.queued, self.active, self.stopping, self.cancelling, self._ended, self.tombstones,
+                     self.retries_used, self.governor.state, self.governor.started, self._tracked, self._works,
+                     self._work_use, self._work_dirty, self._running_tuple, self._held, *self._on.values()):
+            book.clear()
+        self._unstarted_due.clear()
+        self.counts = {state: 0 for state in ShardState}
+        self.applied_seq = self.snapshot_seq = 0
+
+    async def load_snapshot(self) -> int:
+        """Restore the newest usable checkpoint; the first stream sequence to read (1 = none:
+        a corrupt or incompatible one is warned about and the whole stream is read)."""
+        data = await self._snapshots.read() if self._snapshots is not None else None
+        if data is None:
+            return 1
+        t0 = time.perf_counter()  # a log figure, not a rule
+        try:
+            start = self.restore(data)
+        except snapshots.SnapshotError as e:
+            log.warning("scheduler: snapshot not used (%s); reading the whole stream", e)
+            self._forget_book()  # nothing half-loaded
+            return 1
+        log.info("scheduler: restored %d jobs at sequence %d from a snapshot (%d bytes) in %.2f s", len(self.jobs),
+                 start - 1, len(data), time.perf_counter() - t0)
+        return start
+
+    async def maybe_snapshot(self, *, force: bool = False) -> bool:
+        """Write a checkpoint when one is due (``snapshot_every_s`` / ``snapshot_every_events``);
+        True when written. A failure is logged and retried at the next chance."""
+        if self._snapshots is None or self.rejections or self.applied_seq <= self.snapshot_seq:
+            return False
+        now = self.liveness.time()
+        if not force and (self.applied_seq - self.snapshot_seq < self.snapshot_every_events
+                          and now - self._snapshot_wall < self.snapshot_every_s):
+            return False
+        seq = self.applied_seq
+        state = scheduler_state(self)
+        data = await asyncio.to_thread(snapshots.encode, "scheduler", STATE_VERSION, seq, state)
+        try:
+            await self._snapshots.write(data)
+        except Exception as e:  # noqa: BLE001 - a checkpoint is an optimisation; the stream is the truth
+            log.warning("scheduler: snapshot at sequence %d not written: %s", seq, e)
+            return False
+        self.snapshot_seq, self._snapshot_wall = seq, now
+        log.info("scheduler: snapshot at sequence %d (%d jobs, %d bytes)", seq, len(self.jobs), len(data))
+        return True
 
     def next_wake_s(self) -> float:
         """Wall seconds until the next cycle is due without any new event: when the freshest
@@ -679,6 +788,28 @@ class SchedulerService:
             shard.unplaceable, shard.unplaceable_since = False, None
         self._track(job, shard)
         self._dirty.set()
+        if state == ShardState.DONE and job.job_id not in self.cancelling and job.done:
+            self._retire(job)
+
+    def _retire(self, job: JobEntry) -> None:
+        """A job has ended (every shard done, its ``job.cancelled`` out if it needs one): it joins
+        the retained ended jobs; the oldest beyond ``retain_ended`` leaves :attr:`jobs` for a
+        tombstone (job id -> newest attempt), the oldest tombstones beyond ``retain_tombstones``
+        are forgotten. O(1) amortised per ended job. What a later event needs of it: a status of
+        an attempt up to the newest is late (ignored), a redelivered submit is a duplicate."""
+        if job.job_id in self._ended or self.jobs.get(job.job_id) is not job:
+            return
+        self._ended[job.job_id] = None
+        while len(self._ended) > self.retain_ended:
+            old_id, _ = self._ended.popitem(last=False)
+            old = self.jobs.pop(old_id, None)
+            self.governor.forget(old_id)
+            if old is None or not self.retain_tombstones:
+                continue
+            self.tombstones[old_id] = old.attempt
+            self.tombstones.move_to_end(old_id)
+            while len(self.tombstones) > self.retain_tombstones:
+                self.tombstones.popitem(last=False)
 
     def _track(self, job: JobEntry, shard: ShardEntry) -> None:
         """Keep the per-cluster indexes current for one shard (after any change of its state or
@@ -770,7 +901,7 @@ class SchedulerService:
         return job, job.shards[index]
 
     def _on_submitted(self, env: Envelope, d: Delivery) -> None:
-        if env.job_id in self.jobs:
+        if env.job_id in self.jobs or env.job_id in self.tombstones:
             return
         sub = env.payload_as(JobSubmitted)
         job = JobEntry(env.job_id, env.tenant, env.project, sub.spec, env.occurred_at.timestamp(),
@@ -1228,15 +1359,17 @@ class SchedulerService:
             self.governor.confirm(requests, results[len(results) - len(requests):])
         rest = results[len(stop_items):]                                             # 5
         for (victim, _), ok in zip(stop_items, results):
-            job = self.jobs[victim.job_id]
+            job = self.jobs.get(victim.job_id)  # (it may have ended, and left, during the publish)
+            if job is None:
+                continue
             shard = job.shards[victim.shard]
             if ok and shard.attempt == victim.attempt and shard.state in ACTIVE:
                 shard.stop_sent = True
                 self._unbind(shard)
                 self._set(job, shard, ShardState.STOPPING)
         for (p, subject, env, _), ok in zip(places, rest[:len(places)]):
-            if ok:
-                job = self.jobs[p.job.job_id]
+            job = self.jobs.get(p.job.job_id)
+            if ok and job is not None:
                 self._bind(job, job.shards[p.job.shard], p.job.attempt, p.cluster, p.region, env.payload_as(JobPlaced),
                            now_live)
                 self.metrics.placed(p.region, p.cluster)
@@ -1412,8 +1545,10 @@ class SchedulerService:
                 await self.publisher.publish(self.subjects.decisions(job.tenant, job.project), event, headers=job.headers)
                 job.cancelled_sent = True
                 self.cancelling.pop(job.job_id, None)
+                self._retire(job)
             elif job.done:
                 self.cancelling.pop(job.job_id, None)
+                self._retire(job)
 
     def _stop_event(self, job: JobEntry, shard: ShardEntry, reason: StopReason, *, for_job: str = "", detail: str = "",
                     at: float | None = None):
@@ -1529,6 +1664,12 @@ def _attempt_status(fold, *, ends: bool):
     def handler(svc: SchedulerService, env: Envelope, d: Delivery) -> None:
         status = env.payload_as(JobStatus)
         found = svc._shard(env, status.shard)
+        if found is None and env.job_id in svc.tombstones:
+            newest = svc.tombstones[env.job_id]
+            if env.attempt <= newest:
+                return  # a late status of a job that ended and left memory
+            svc._reject("scheduler-events", d, check_placement(env, True, None, newest))
+            return
         shard = found[1] if found is not None else None
         placed = (PlacedAttempt(shard.attempt, shard.region, shard.cluster)
                   if shard is not None and env.attempt == shard.attempt > 0 and shard.cluster else None)

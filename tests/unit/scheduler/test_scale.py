@@ -53,7 +53,7 @@ async def test_cycle_visits_stay_bounded_while_10000_jobs_finish():
         per_batch.append(max(visits))
 
     done = sum(1 for j in svc.jobs.values() if j.done)
-    assert done == BATCH * BATCHES
+    assert done + len(svc.tombstones) == BATCH * BATCHES  # every short job ended (most left memory)
     assert svc.counts[ShardState.RUNNING] == LONG  # the long jobs ran throughout
     # a batch's cycles visit that batch (queued, placed, started records) -- a few per job, never
     # the long-running work nor the finished history

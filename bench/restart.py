@@ -1,0 +1,245 @@
+"""Restart time and memory of the scheduler and admission against queued jobs, with and
+without snapshots (issue 15 item 3, issue 14 item 8).
+
+For each size N (cumulative: the stream grows from one size to the next) the bench
+
+1. publishes job submissions until N jobs are queued (straight onto the events stream, as
+   admission would: ``job.submitted`` per job; the jobs ask for a card model no cluster has, so
+   they stay queued and the scheduler publishes a ``job.pending`` for each, as it does live);
+2. runs a *seeder* scheduler and admission that fold the whole stream, let the scheduler make
+   its first cycle (the pending decisions), then write a checkpoint each (figures: bytes, seconds);
+3. publishes one probe job that fits (1 T4 GPU) and measures, each in a fresh process (so RSS is
+   the service's own), a restart of
+   * the scheduler: seconds to catch up with the stream (it would then accept a submit) and to
+     place the probe, RSS after the placement;
+   * admission: seconds until it serves gRPC (accepts a submit), RSS then;
+   once reading the whole stream (``full``) and once from the checkpoint plus the stream after
+   it (``snapshot``).
+
+Figures depend on the machine (2 cores here, shared). Run::
+
+    python bench/restart.py --sizes 10000 100000 [--modes full snapshot] [--keep]
+
+A child is this script with ``--child scheduler|admission``; it prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from fedsched.bus import Bus  # noqa: E402
+from fedsched.clock import SystemClock  # noqa: E402
+from fedsched.events import InventorySnapshot, JobSubmitted, NodeInventory, business_event_id, make_event  # noqa: E402
+from fedsched.jobs import JobSpec  # noqa: E402
+from fedsched.natsd import EmbeddedNats  # noqa: E402
+
+REGION, CLUSTER = "cn-north-1", "cn-north-1-c1"
+T4 = "nvidia-t4-16gb"
+ABSENT = "nvidia-a100-80gb"  # asked for by the queued jobs; no cluster has it
+
+
+def rss_mib() -> float:
+    """Resident set size of this process (MiB), from /proc."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def queued_spec() -> JobSpec:
+    return JobSpec(tenant="search", project="train", home_region=REGION, gpus_per_worker=1, cpu_milli=1000,
+                   card_models=(ABSENT,), estimated_duration_s=600)
+
+
+def probe_spec() -> JobSpec:
+    return JobSpec(tenant="search", project="train", home_region=REGION, gpus_per_worker=1, cpu_milli=1000,
+                   card_models=(T4,), estimated_duration_s=600)
+
+
+def submitted(job_id: str, spec: JobSpec):
+    return make_event("job.submitted", JobSubmitted(spec=spec, submitted_by="bench"), producer="admission",
+                      occurred_at=time.time(), event_id=business_event_id(job_id, "submitted"), tenant=spec.tenant,
+                      project=spec.project, job_id=job_id, actor="bench")
+
+
+async def connect(url: str, prefix: str) -> Bus:
+    bus = await Bus.connect(url, prefix, name="bench-restart")
+    await bus.ensure_streams()
+    return bus
+
+
+async def seed(bus: Bus, start: int, stop: int) -> float:
+    """Publish submissions of queued jobs ``start..stop-1``; seconds taken."""
+    t0 = time.perf_counter()
+    spec = queued_spec()
+    subject = bus.subjects.job("submitted", spec.tenant, spec.project)
+    batch = 2000
+    for lo in range(start, stop, batch):
+        ok = await bus.publish_many([(subject, submitted(f"q{i:07d}", spec), None) for i in range(lo, min(stop, lo + batch))])
+        assert all(ok)
+    return time.perf_counter() - t0
+
+
+def scheduler(bus: Bus, snapshots_on: bool):
+    from fedsched.pricing import load_price_catalog
+    from services.scheduler.core import build_policy
+    from services.scheduler.service import SchedulerService
+
+    return SchedulerService(bus, SystemClock(), build_policy("federated"), load_price_catalog(), stale_after_s=3600,
+                            reclaim_after_s=3600, snapshot_every_s=1e9 if snapshots_on else 0.0,
+                            snapshot_every_events=10**12)
+
+
+def admission(bus: Bus, snapshots_on: bool):
+    from services.admission.service import AdmissionService
+
+    return AdmissionService(bus, SystemClock(), address="127.0.0.1:0", snapshot_every_s=1e9 if snapshots_on else 0.0,
+                            snapshot_every_events=10**12, retain_ended=10_000)
+
+
+async def write_checkpoints(bus: Bus, n: int) -> dict:
+    """Seeder: fold everything, the scheduler's first cycle, then a checkpoint of each service."""
+    out: dict = {}
+    sched = scheduler(bus, True)
+    sched.snapshot_every_s = 1e9
+    cycled = asyncio.Event()
+    sched.on_cycle.append(cycled.set)
+    task = asyncio.create_task(sched.run())
+    await asyncio.wait_for(cycled.wait(), 3600)
+    last = (await bus.js.stream_info(bus.stream_name("EVENTS"))).state.last_seq
+    while sched.busy or sched.applied_seq < last:  # its first cycle's pending decisions read back
+        await asyncio.sleep(0.05)
+        last = (await bus.js.stream_info(bus.stream_name("EVENTS"))).state.last_seq
+    t0 = time.perf_counter()
+    assert await sched.maybe_snapshot(force=True)
+    out["scheduler_snapshot_s"] = round(time.perf_counter() - t0, 2)
+    out["scheduler_snapshot_bytes"] = len(sched.snapshot_bytes())
+    sched.stop()
+    await task
+    adm = admission(bus, True)
+    task = asyncio.create_task(adm.run())
+    await asyncio.wait_for(adm.ready.wait(), 3600)
+    last = (await bus.js.stream_info(bus.stream_name("EVENTS"))).state.last_seq
+    while adm.view.applied_seq < last - 5:  # (the follower filters subjects: close to the last is caught up)
+        await asyncio.sleep(0.1)
+    t0 = time.perf_counter()
+    assert await adm.maybe_snapshot(force=True)
+    out["admission_snapshot_s"] = round(time.perf_counter() - t0, 2)
+    out["admission_snapshot_bytes"] = len(adm.snapshot_bytes())
+    adm.stop()
+    await task
+    return out
+
+
+async def child(kind: str, url: str, prefix: str, snapshots_on: bool, probe: str) -> dict:
+    base = rss_mib()
+    bus = await Bus.connect(url, prefix, name=f"bench-{kind}")
+    t0 = time.perf_counter()
+    if kind == "scheduler":
+        svc = scheduler(bus, snapshots_on)
+        task = asyncio.create_task(svc.run())
+        while not hasattr(svc, "_events"):
+            await asyncio.sleep(0.005)
+        loaded_s = time.perf_counter() - t0  # checkpoint read and restored (or none)
+        await svc._events.caught_up.wait()
+        accept_s = time.perf_counter() - t0
+        while not (probe in svc.jobs and svc.jobs[probe].shards[0].placed is not None):
+            await asyncio.sleep(0.01)
+        place_s = time.perf_counter() - t0
+        rss = rss_mib()
+        jobs = len(svc.jobs)
+        svc.stop()
+        await task
+        result = {"loaded_s": round(loaded_s, 2), "accept_s": round(accept_s, 2), "place_s": round(place_s, 2)}
+    else:
+        svc = admission(bus, snapshots_on)
+        task = asyncio.create_task(svc.run())
+        while not svc._events.caught_up.is_set():
+            await asyncio.sleep(0.005)
+        caught_s = time.perf_counter() - t0  # checkpoint restored and the stream after it read
+        await svc.ready.wait()
+        accept_s = time.perf_counter() - t0
+        rss = rss_mib()
+        jobs = len(svc.view.jobs)
+        svc.stop()
+        await task
+        result = {"caught_up_s": round(caught_s, 2), "accept_s": round(accept_s, 2)}
+    await bus.close()
+    return {**result, "jobs": jobs, "rss_mib": round(rss, 1), "rss_base_mib": round(base, 1),
+            "kib_per_job": round((rss - base) * 1024 / max(1, jobs), 2)}
+
+
+def run_child(kind: str, url: str, prefix: str, mode: str, probe: str) -> dict:
+    out = subprocess.run([sys.executable, __file__, "--child", kind, "--url", url, "--prefix", prefix,
+                          "--mode", mode, "--probe", probe], capture_output=True, text=True, cwd=ROOT, timeout=7200)
+    if out.returncode != 0:
+        raise RuntimeError(f"{kind} child failed:\n{out.stderr[-3000:]}")
+    notes = [line.split(": ", 1)[-1] for line in out.stderr.splitlines() if "snapshot" in line]
+    return {**json.loads(out.stdout.strip().splitlines()[-1]), **({"log": notes} if notes else {})}
+
+
+async def main(args) -> None:
+    from tests.builders import policy_doc, store_policy
+
+    tmp = Path(tempfile.mkdtemp(prefix="bench-restart-"))
+    server = EmbeddedNats(tmp / "nats")
+    server.start()
+    prefix = "br"
+    try:
+        bus = await connect(server.url, prefix)
+        await store_policy(bus, policy_doc())
+        nodes = tuple(NodeInventory(name=f"n{i}", card_model=T4, gpus=8, gpu_memory_gib=16,
+                                    gpu_free_milli=(1000,) * 8, cpu_milli=64000, cpu_free_milli=64000,
+                                    memory_mib=262144, memory_free_mib=262144) for i in range(4))
+        await bus.publish(bus.subjects.inventory(REGION, CLUSTER),
+                          make_event("inventory.snapshot", InventorySnapshot(nodes=nodes), producer=f"agent/{CLUSTER}",
+                                     occurred_at=time.time(), region=REGION, zone=REGION + "a", cluster=CLUSTER))
+        have = 0
+        for n in args.sizes:
+            seed_s = await seed(bus, have, n)
+            have = n
+            ck = await write_checkpoints(bus, n)
+            probe = f"probe{n}"
+            spec = probe_spec()
+            await bus.publish(bus.subjects.job("submitted", spec.tenant, spec.project), submitted(probe, spec))
+            last = (await bus.js.stream_info(bus.stream_name("EVENTS"))).state.last_seq
+            print(json.dumps({"queued": n, "stream_events": last, "seed_s": round(seed_s, 1), **ck}), flush=True)
+            for kind in ("scheduler", "admission"):
+                for mode in args.modes:
+                    r = run_child(kind, server.url, prefix, mode, probe)
+                    print(json.dumps({"queued": n, "service": kind, "mode": mode, **r}), flush=True)
+        await bus.close()
+    finally:
+        server.stop()
+        if not args.keep:
+            subprocess.run(["rm", "-rf", str(tmp)], check=False)
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000])
+    p.add_argument("--modes", nargs="+", default=["full", "snapshot"], choices=["full", "snapshot"])
+    p.add_argument("--keep", action="store_true", help="keep the NATS data directory")
+    p.add_argument("--child", choices=["scheduler", "admission"])
+    p.add_argument("--url")
+    p.add_argument("--prefix")
+    p.add_argument("--mode", choices=["full", "snapshot"])
+    p.add_argument("--probe")
+    a = p.parse_args()
+    if a.child:
+        import logging
+        logging.basicConfig(level=logging.INFO, stream=sys.stderr)
+        print(json.dumps(asyncio.run(child(a.child, a.url, a.prefix, a.mode == "snapshot", a.probe))))
+    else:
+        asyncio.run(main(a))

@@ -1,0 +1,178 @@
+"""Restart checkpoints: a service's state with the stream sequence it reflects, in a NATS
+object store (issue 15 item 3, issue 14 item 8).
+
+A service that rebuilds itself from the events stream (the scheduler, admission) periodically
+writes a *snapshot*: its state as a JSON document (live jobs and what later events need of the
+ended ones), zlib-compressed, with ``applied_seq`` -- the last stream sequence folded into it.
+On start it loads the newest snapshot, restores the state and reads the stream only after
+``applied_seq``; because every fold is idempotent, an event already reflected in the snapshot
+and read again changes nothing.
+
+Storage: the object store bucket ``<prefix>_snapshot_<service>`` (stream ``OBJ_...``; objects
+are chunked, so a snapshot may exceed the server's max payload), one object ``latest``,
+replaced by each write (nats.py purges the previous chunks). Only the service itself may read or
+write its bucket (``fedapp/natsauth.py``).
+
+Wire format (:func:`encode` / :func:`decode`)::
+
+    zlib(JSON {"format": FORMAT, "service": str, "version": int, "applied_seq": int,
+               "written_at": ISO-8601 UTC, "state": {...}})
+
+``version`` is the service's own state schema version. A snapshot that cannot be read (corrupt,
+another format or version, another service) raises :class:`SnapshotError`; the service then
+logs a warning and falls back to the full read from sequence 1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import zlib
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import nats.errors
+import nats.js.errors
+
+log = logging.getLogger(__name__)
+
+FORMAT = "fedsched-snapshot/1"
+OBJECT = "latest"
+
+
+class SnapshotError(ValueError):
+    """A snapshot that cannot be used (corrupt, incompatible format or version, other service)."""
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A decoded snapshot: ``applied_seq`` is the last events-stream sequence its state reflects."""
+
+    service: str
+    version: int
+    applied_seq: int
+    written_at: str
+    state: dict[str, Any]
+
+
+def encode(service: str, version: int, applied_seq: int, state: dict[str, Any], *, at: datetime | None = None) -> bytes:
+    """The bytes of a snapshot (module docstring); ``state`` must be JSON-ready."""
+    doc = {"format": FORMAT, "service": service, "version": version, "applied_seq": applied_seq,
+           "written_at": (at or datetime.now(UTC)).isoformat(), "state": state}
+    return zlib.compress(json.dumps(doc, separators=(",", ":")).encode(), 1)
+
+
+def decode(data: bytes, service: str, version: int) -> Snapshot:
+    """The snapshot in ``data``.
+
+    Raises:
+        SnapshotError: not a snapshot, or one of another format, service or state version.
+    """
+    try:
+        doc = json.loads(zlib.decompress(data))
+    except (zlib.error, json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise SnapshotError(f"corrupt snapshot: {e}") from e
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        raise SnapshotError(f"not a {FORMAT} snapshot")
+    if doc.get("service") != service:
+        raise SnapshotError(f"a snapshot of {doc.get('service')!r}, not of {service!r}")
+    if doc.get("version") != version:
+        raise SnapshotError(f"{service} snapshot of state version {doc.get('version')}, this build reads {version}")
+    seq, state = doc.get("applied_seq"), doc.get("state")
+    if not isinstance(seq, int) or seq < 0 or not isinstance(state, dict):
+        raise SnapshotError("snapshot without a sequence or state")
+    return Snapshot(service, version, seq, str(doc.get("written_at", "")), state)
+
+
+class SnapshotStore:
+    """A service's snapshot bucket (module docstring).
+
+    Args:
+        bus: the service's :class:`~fedsched.bus.Bus` (``js`` and ``prefix`` are used).
+        service: ``scheduler`` or ``admission`` (the bucket's suffix).
+    """
+
+    def __init__(self, bus: Any, service: str) -> None:
+        self.bus = bus
+        self.service = service
+        self.bucket = f"{bus.prefix}_snapshot_{service}"
+        self._store = None
+
+    async def _objects(self, create: bool):
+        if self._store is None:
+            try:
+                self._store = await self.bus.js.object_store(self.bucket)
+            except nats.js.errors.BucketNotFoundError:
+                if not create:
+                    return None
+                self._store = await self.bus.js.create_object_store(self.bucket)
+        return self._store
+
+    async def write(self, data: bytes) -> None:
+        """Replace the snapshot with ``data`` (:func:`encode`'s bytes).
+
+        Raises:
+            nats.errors.Error: the bus refused (the caller logs it and tries again later).
+        """
+        store = await self._objects(create=True)
+        await store.put(OBJECT, data)
+
+    async def read(self) -> bytes | None:
+        """The newest snapshot's bytes, None when there is none (or the bucket is unreadable:
+        logged; the caller reads the whole stream)."""
+        try:
+            store = await self._objects(create=False)
+            if store is None:
+                return None
+            return (await store.get(OBJECT)).data
+        except nats.js.errors.ObjectNotFoundError:
+            return None
+        except (nats.js.errors.Error, nats.errors.Error, asyncio.TimeoutError) as e:
+            log.warning("%s: snapshot bucket %s unreadable (%s); reading the whole stream", self.service,
+                        self.bucket, e)
+            return None
+
+    async def load(self, version: int) -> Snapshot | None:
+        """The newest usable snapshot, or None (none, unreadable, corrupt or incompatible: warned)."""
+        data = await self.read()
+        if data is None:
+            return None
+        try:
+            return decode(data, self.service, version)
+        except SnapshotError as e:
+            log.warning("%s: snapshot not used (%s); reading the whole stream", self.service, e)
+            return None
+
+
+class ModelTable:
+    """Identical pydantic models written once in a snapshot (jobs often share a spec: parsing
+    and validating one per job is most of a restore's cost).
+
+    :meth:`ref` gives a model's index in :attr:`docs` (keyed by its JSON, so equal models share
+    one entry); :func:`load_models` validates each entry once, and equal models come back as one
+    shared (immutable) instance.
+    """
+
+    def __init__(self) -> None:
+        self._index: dict[str, int] = {}
+        self.docs: list[str] = []  #: the models' JSON texts, in index order
+
+    def ref(self, model: Any) -> int:
+        """The index of ``model`` (a frozen pydantic model), adding it if new."""
+        text = model.model_dump_json(exclude_defaults=True)
+        i = self._index.get(text)
+        if i is None:
+            i = self._index[text] = len(self.docs)
+            self.docs.append(text)
+        return i
+
+
+def load_models(docs: list[str], cls: Any) -> list[Any]:
+    """The models of a :class:`ModelTable`'s ``docs``, each validated once.
+
+    Raises:
+        ValueError: an entry is not a valid ``cls`` (pydantic's ValidationError).
+    """
+    return [cls.model_validate_json(text) for text in docs]

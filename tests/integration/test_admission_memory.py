@@ -1,0 +1,86 @@
+"""Admission over real gRPC and NATS keeps only ``retain_ended`` ended jobs in memory, yet GetJob,
+WatchJob and ExplainJob still return a job that ended long ago (from the ended-jobs KV bucket);
+a new admission started from its checkpoint plus the stream after it serves the same jobs
+(issue 15 items 2-3)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import grpc
+
+from fedsched.api.v1 import jobs_pb2 as pb
+from fedsched.api.v1 import jobs_pb2_grpc as pb_grpc
+from fedsched.clock import SystemClock
+from fedsched.jobs import JobSpec
+from services.admission.service import AdmissionService
+from tests.builders import channel, placement, policy_doc, status_event, store_policy, until
+
+REGION, CLUSTER = "cn-north-1", "cn-north-1-c1"
+
+
+async def _start(bus, **kw) -> tuple[AdmissionService, asyncio.Task]:
+    svc = AdmissionService(bus, SystemClock(), address="127.0.0.1:0", **kw)
+    svc.known_models.add("nvidia-t4-16gb")
+    task = asyncio.create_task(svc.run())
+    await asyncio.wait_for(svc.ready.wait(), 20)
+    return svc, task
+
+
+async def _run_to_end(bus, job_id: str, spec: JobSpec) -> None:
+    now = time.time()
+    placed = placement(job_id, spec, CLUSTER, REGION, [("n1", (0,))], at=now)
+    await bus.publish(bus.subjects.placements(REGION, CLUSTER), placed)
+    for type_ in ("job.started", "job.finished"):
+        await bus.publish(bus.subjects.status(REGION, CLUSTER), status_event(type_, placed, now + 1, started_at=now + 1))
+
+
+async def test_an_ended_job_that_left_memory_is_served_and_a_restart_from_the_checkpoint_agrees(bus):
+    await store_policy(bus, policy_doc())
+    svc, task = await _start(bus, retain_ended=2, snapshot_every_s=3600)
+    ids = []
+    try:
+        async with channel(svc.port, "root") as ch:
+            stub = pb_grpc.JobServiceStub(ch)
+            for i in range(5):
+                resp = await stub.SubmitJob(pb.SubmitJobRequest(spec=pb.JobSpec(
+                    tenant="search", project="train", kind=pb.JOB_KIND_TRAINING, gpus_per_worker=1, cpu_milli=4000,
+                    memory_mib=8192, card_models=["T4"]), request_id=f"r{i}"))
+                ids.append(resp.job_id)
+            for job_id in ids[:4]:
+                await _run_to_end(bus, job_id, svc.view.jobs[job_id].spec)
+            assert await until(lambda: svc.view.tombstones.keys() >= {ids[0], ids[1]} and not svc.ended.pending)
+            assert ids[0] not in svc.view.jobs and len(svc.view.jobs) == 3  # 2 ended kept + 1 queued
+            old = await stub.GetJob(pb.GetJobRequest(job_id=ids[0]))
+            assert old.state == pb.JOB_STATE_SUCCEEDED and [a.cluster for a in old.attempts] == [CLUSTER]
+            watched = [j async for j in stub.WatchJob(pb.WatchJobRequest(job_id=ids[0]))]
+            assert [j.state for j in watched] == [pb.JOB_STATE_SUCCEEDED]
+            explained = await stub.ExplainJob(pb.ExplainJobRequest(job_id=ids[0]))
+            assert explained.job_id == ids[0]
+            try:
+                await stub.CancelJob(pb.CancelJobRequest(job_id=ids[0]))
+                raise AssertionError("cancelled a job that ended")
+            except grpc.aio.AioRpcError as e:
+                assert e.code() == grpc.StatusCode.FAILED_PRECONDITION and "already succeeded" in e.details()
+            assert await svc.maybe_snapshot(force=True)
+        await _run_to_end(bus, ids[4], svc.view.jobs[ids[4]].spec)  # after the checkpoint: in the tail
+        assert await until(lambda: ids[4] in svc.view.jobs and svc.view.jobs[ids[4]].state.value == "succeeded")
+    finally:
+        svc.stop()
+        await task
+    again, task = await _start(bus, retain_ended=2, snapshot_every_s=3600)
+    try:
+        assert again.snapshot_seq > 0  # started from the checkpoint
+        assert await until(lambda: again.view.applied_seq >= svc.view.applied_seq)
+        assert set(again.view.jobs) == set(svc.view.jobs)
+        assert {k: r.state for k, r in again.view.jobs.items()} == {k: r.state for k, r in svc.view.jobs.items()}
+        assert dict(again.view.tombstones) == dict(svc.view.tombstones)
+        async with channel(again.port, "root") as ch:
+            stub = pb_grpc.JobServiceStub(ch)
+            for job_id in ids:
+                assert (await stub.GetJob(pb.GetJobRequest(job_id=job_id))).state in (pb.JOB_STATE_SUCCEEDED,
+                                                                                     pb.JOB_STATE_QUEUED)
+    finally:
+        again.stop()
+        await task

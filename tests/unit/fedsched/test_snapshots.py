@@ -1,0 +1,74 @@
+"""Restart checkpoints in the NATS object store (fedsched/snapshots.py): a snapshot larger
+than the server's max payload round-trips; a missing, corrupt or incompatible one loads as None
+(the service reads the whole stream)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from fedsched import snapshots
+from fedsched.snapshots import SnapshotError, SnapshotStore
+
+
+def test_encode_decode_and_refusals():
+    data = snapshots.encode("scheduler", 3, 42, {"jobs": [1, 2]})
+    snap = snapshots.decode(data, "scheduler", 3)
+    assert (snap.applied_seq, snap.state) == (42, {"jobs": [1, 2]})
+    for bad, service, version in ((data[:-5], "scheduler", 3), (b"x", "scheduler", 3), (data, "admission", 3),
+                                  (data, "scheduler", 4)):
+        with pytest.raises(SnapshotError):
+            snapshots.decode(bad, service, version)
+
+
+async def test_a_snapshot_bigger_than_max_payload_round_trips_through_the_object_store(bus):
+    store = SnapshotStore(bus, "scheduler")
+    assert await store.load(1) is None  # no bucket yet
+    blob = os.urandom(3 * 1024 * 1024).hex()  # incompressible: ~6 MB of JSON
+    await store.write(snapshots.encode("scheduler", 1, 7, {"blob": blob}))
+    again = SnapshotStore(bus, "scheduler")
+    snap = await again.load(1)
+    assert snap is not None and snap.applied_seq == 7 and snap.state["blob"] == blob
+    await store.write(snapshots.encode("scheduler", 1, 9, {"small": True}))  # replaces it
+    assert (await again.load(1)).applied_seq == 9
+    assert await again.load(2) is None  # incompatible version: warned, not used
+    await store.write(b"garbage")
+    assert await again.load(1) is None
+
+
+async def test_each_service_reads_and_writes_its_own_snapshots_only_under_the_deployment_users(tmp_path):
+    from fedapp import natsauth
+    from fedsched.bus import Bus
+    from fedsched.natsd import EmbeddedNats
+    from services.admission.ended import EndedJobs
+
+    users = natsauth.federation_users("fed", [])
+    passwords = {u.user: f"pw-{u.user}" for u in users}
+    server = EmbeddedNats(tmp_path / "nats", accounts=natsauth.embedded_authorization(users, passwords),
+                          passwords=passwords)
+    server.start()
+    try:
+        ops = await Bus.connect(server.client_url_for("ops"), "fed", name="ops")
+        await ops.ensure_streams()
+        sched = await Bus.connect(server.client_url_for("scheduler"), "fed", name="scheduler",
+                                  inbox_prefix=natsauth.inbox_prefix("scheduler"))
+        adm = await Bus.connect(server.client_url_for("admission"), "fed", name="admission",
+                                inbox_prefix=natsauth.inbox_prefix("admission"))
+        try:
+            store = SnapshotStore(sched, "scheduler")
+            await store.write(snapshots.encode("scheduler", 1, 5, {"blob": os.urandom(300_000).hex()}))
+            await store.write(snapshots.encode("scheduler", 1, 6, {"jobs": []}))  # replace: purges old chunks
+            assert (await SnapshotStore(sched, "scheduler").load(1)).applied_seq == 6
+            mine = SnapshotStore(adm, "admission")
+            await mine.write(snapshots.encode("admission", 1, 3, {}))
+            assert (await mine.load(1)).applied_seq == 3
+            spy = SnapshotStore(adm, "scheduler")  # admission may not read the scheduler's bucket
+            assert await spy.read() is None
+            ended = EndedJobs(adm)  # and admission's ended-jobs bucket works under its user
+            assert await ended.get("j-00000000000000000000") is None
+        finally:
+            for b in (sched, adm, ops):
+                await b.close()
+    finally:
+        server.stop()
