@@ -676,6 +676,17 @@ def _watch_jobs(fetch, every_s: float, count: int | None) -> None:
                                           f"(Ctrl-C to stop)")
 
     drawn = 0
+    if not console.is_terminal:  # a pipe or a file: one listing per refresh, each printed whole
+        try:
+            while count is None or drawn < count:
+                if drawn:
+                    time.sleep(every_s)
+                console.print(frame())
+                console.file.flush()
+                drawn += 1
+        except KeyboardInterrupt:
+            pass
+        return
     try:
         with Live(frame(), console=console, auto_refresh=False) as live:
             drawn = 1
@@ -897,6 +908,9 @@ def priority(job_id: str = typer.Argument(..., help="A queued or held job."),
     with Api(server, token) as api:
         j = api.call(pb_grpc.JobServiceStub(api.channel).SetJobPriority,
                      pb.SetJobPriorityRequest(job_id=job_id, priority=PRIORITIES[priority_class], reason=reason))
+    if output != "json":
+        console.print(f"{j.job_id}: priority class now {priority_class} (audited as job.priority_changed)",
+                      highlight=False)
     _print_jobs([j], output)
 
 
