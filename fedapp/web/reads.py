@@ -110,11 +110,18 @@ class Reads:
         db = self.database
         total = (await self._run(f"SELECT count() FROM {db}.events WHERE job_id = {{job:String}}",
                                  {"job": job_id})).rows[0][0]
+        # a message a consumer refused (fedsched.trust: e.g. an agent's status for a job not placed
+        # on its cluster) is in the log as what it claimed to be; its security.rejected_message
+        # names it by (event id, subject): such events are shown as refused, never as the job's own
         rows = (await self._run(
-            f"SELECT occurred_at AS at, type, producer, actor, region, cluster, attempt, payload FROM "
+            f"SELECT occurred_at AS at, type, producer, actor, region, cluster, attempt, payload, "
+            f"(event_id, subject) IN (SELECT JSONExtractString(payload, 'event_id'), "
+            f"JSONExtractString(payload, 'subject') FROM {db}.events WHERE type = 'security.rejected_message' "
+            f"AND JSONExtractString(payload, 'job_id') = {{job:String}}) AS refused FROM "
             f"(SELECT * FROM {db}.events WHERE job_id = {{job:String}} ORDER BY occurred_at DESC, event_id DESC "
             f"LIMIT {{limit:UInt32}}) ORDER BY occurred_at, event_id", {"job": job_id, "limit": limit})).rows
-        return [JobEvent(_time(r[0]), str(r[1]), str(r[2]), str(r[3]), str(r[4]), str(r[5]), int(r[6]),
+        return [JobEvent(_time(r[0]), f"REFUSED {r[1]} (forged or misrouted; see security.rejected_message)"
+                         if r[8] else str(r[1]), str(r[2]), str(r[3]), str(r[4]), str(r[5]), int(r[6]),
                          summarize_payload(str(r[7]))) for r in rows], int(total)
 
     async def job_cost(self, job_id: str) -> list[CostLine]:

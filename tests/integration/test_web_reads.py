@@ -55,6 +55,16 @@ async def test_a_jobs_events_are_the_newest_in_time_order_and_its_cost_lines_lis
     events, total = await reads.job_events("j-1", limit=3)
     assert total == 5 and [e.type for e in events] == ["job.t2", "job.t4", "job.t5"]
     assert events[-1].summary == "reason=r5" and events[-1].at == T0 + timedelta(seconds=5)
+    # a status refused by a consumer (fedsched.trust) shows as refused, never as the job's own event
+    store.insert_new("events", [
+        ("e-forged", "job.finished", 1, T0 + timedelta(seconds=9), "agent", "agent", "cn-east-1", "c9", "search",
+         "train", "j-1", 1, "v", "", "fed.status.cn-east-1.c9", "{}"),
+        ("e-sec", "security.rejected_message", 1, T0 + timedelta(seconds=9), "billing", "billing", "cn-east-1", "c9",
+         "", "", "", 0, "", "", "fed.deadletter.billing",
+         '{"event_id": "e-forged", "subject": "fed.status.cn-east-1.c9", "job_id": "j-1"}')], columns, "event_id")
+    events, total = await reads.job_events("j-1", limit=3)
+    assert total == 6 and events[-1].type.startswith("REFUSED job.finished")
+    assert [e.type for e in events[:2]] == ["job.t4", "job.t5"]
     cost = await reads.job_cost("j-1")
     assert [(c.line, c.attempt, c.cost, c.currency) for c in cost] == [("compute", 1, Decimal("0.01"), "CNY")]
     assert await reads.job_cost("j-none") == []
