@@ -364,11 +364,17 @@ async def run_once(base_dir: Path, *, kinds: Sequence[str] = KINDS, jobs: int = 
             await _until(all_ended, 300 + runtime_s, "every job to end", drill._check_alive)
             done = [await stub.GetJob(pb.GetJobRequest(job_id=j), timeout=5) for j in ids]
         drill.stop_producers()
-        stream = await drill.stream_messages()
+
+        ended_attempts = sum(1 for j in done for a in j.attempts if a.ended_at.seconds)
 
         async def drained() -> bool:
+            # every stream message in the audit log, and every ended attempt priced once (billing
+            # may still be waiting for its placement book after a restart: its usage.recorded
+            # events are not in the stream yet, so the first count alone could pass early)
             try:
-                return int((await drill.sql("SELECT count() FROM fedsched.events"))[0][0]) >= stream
+                logged = int((await drill.sql("SELECT count() FROM fedsched.events"))[0][0])
+                priced = int((await drill.sql("SELECT count() FROM fedsched.usage WHERE line = 'compute'"))[0][0])
+                return logged >= await drill.stream_messages() and priced >= ended_attempts
             except Exception:  # noqa: BLE001 - the writers may be restarting
                 return False
 
@@ -376,6 +382,7 @@ async def run_once(base_dir: Path, *, kinds: Sequence[str] = KINDS, jobs: int = 
             await _until(drained, 120, "the writers to drain", drill._check_alive)
         except TimeoutError:
             pass  # counted as lost below
+        stream = await drill.stream_messages()  # with the usage.recorded events billing added meanwhile
         rows, distinct = (await drill.sql("SELECT count(), uniqExact(event_id) FROM fedsched.events"))[0]
         cost = (await drill.sql("SELECT toString(sum(cost)) FROM fedsched.usage WHERE line = 'compute'"))[0][0]
         return DrillResult(jobs=jobs, succeeded=sum(1 for j in done if j.state == pb.JOB_STATE_SUCCEEDED),
