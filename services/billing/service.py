@@ -182,17 +182,26 @@ class BillingService:
             self._book = None
             raise UnavailableError(f"cannot record placements: {e!r}") from e
 
-    async def _lookup(self, key: str) -> PlacementRecord | None:
+    async def _lookup(self, key: str, *, leader: bool = False) -> PlacementRecord | None:
+        """The placement book's record of ``key`` (None: none). ``leader``: read it from the
+        bucket's stream leader (``STREAM.MSG.GET``) instead of the KV get, which on a replicated
+        bucket may be answered by a replica that has not yet received the newest put -- a
+        placement recorded a moment ago would then look "never placed"."""
         try:
-            book = await self._placement_book()
-            entry = await book.get(key)
-        except nats.js.errors.KeyNotFoundError:
+            if leader:
+                bucket = f"{self.bus.prefix}_{PLACEMENT_BUCKET}"
+                raw = await self.bus.js.get_last_msg(f"KV_{bucket}", f"$KV.{bucket}.{key}")
+                value = raw.data
+            else:
+                book = await self._placement_book()
+                value = (await book.get(key)).value
+        except (nats.js.errors.KeyNotFoundError, nats.js.errors.NotFoundError):
             return None
         except (nats.errors.Error, asyncio.TimeoutError, OSError) as e:
             self._book = None
             raise UnavailableError(f"cannot read the placement book: {e!r}") from e
         try:
-            return PlacementRecord.from_json(json.loads(entry.value))
+            return PlacementRecord.from_json(json.loads(value))
         except (KeyError, ValueError, TypeError):
             return None
 
@@ -236,7 +245,7 @@ class BillingService:
                 key = placement_key(env.job_id, env.attempt, shard)
                 placed = placements.get(key) or await self._lookup(key)
                 if placed is None and await self._wait_for_placements(d.stream_sequence):
-                    placed = await self._lookup(key)  # recorded meanwhile (or never placed)
+                    placed = await self._lookup(key, leader=True)  # recorded meanwhile (or never placed)
                 if placed is None:
                     if not await self._placements_read_past(d.stream_sequence):
                         raise UnavailableError(f"waiting for the placement of {key} (placement consumer behind)")
