@@ -98,14 +98,16 @@ async def test_watch_exit_codes_with_real_jobs(fed):
 async def test_bulk_actions_ask_unless_yes_and_report_each_job(fed):
     system, stub = fed
     # fill the cluster's 4 + 2 GPUs so the batch-* jobs stay queued
+    # (the batch-* jobs are submitted only once the fillers run: submitted together, a cycle could place a
+    # 0.1 s batch job before a filler and it would have ended before the selector ran)
     for i in range(6):
         await stub.SubmitJob(job(f"filler-{i}", 6_000_000))
-    ids = [(await stub.SubmitJob(job(f"batch-{i}", 60))).job_id for i in range(3)]
 
     async def fillers_running():
         code, out, _ = await cli(system, "jobs", "--state", "running", "-o", "json")
         return code == 0 and len(json.loads(out)) == 6
     assert await until(fillers_running, timeout=30)
+    ids = [(await stub.SubmitJob(job(f"batch-{i}", 60))).job_id for i in range(3)]
 
     code, _, err = await cli(system, "hold", "--name", "batch-*", "--state", "queued")
     assert code == 2 and "add --yes" in err  # a selector without a terminal and without --yes
