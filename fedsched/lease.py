@@ -349,3 +349,49 @@ async def nats_lease(bus, key: str, holder: str, *, ttl_s: float, clock: Clock |
     js = bus.nc.jetstream(timeout=min(2.0, ttl_s / 3), domain=getattr(bus, "js_domain", "") or None)
     kv = await js.key_value(f"{bus.prefix}_leases")
     return Lease(NatsLeaseStore(kv), key, holder, clock or MonotonicClock(), ttl_s=ttl_s)
+
+
+class StreamFencing:
+    """Fencing tokens judged in *stream order*, whatever order a consumer handles messages in.
+
+    A durable consumer does not handle its messages in stream order: a batch handed back during
+    an outage (nak) is redelivered after later messages were handled. Judging "token below the
+    highest seen so far" in handling order then refuses a former holder's order that was valid
+    when it was published (it precedes every order of the next holder in the stream) as soon as
+    one of the next holder's orders happens to be handled first -- billing refused a real job's
+    end as "never placed" that way after a NATS node kill.
+
+    The rule, the same for every reader of the stream (so every consumer agrees with the
+    scheduler, which reads in order): an order with token ``t`` at stream sequence ``s`` is
+    stale iff some order with a higher token ``t' > t`` precedes it in the stream
+    (``first(t') < s``), where ``first(t')`` is the lowest stream sequence handled with token
+    ``t'``. Handled in stream order this is exactly "below the highest seen".
+
+    Memory: one entry per fencing token (one per lease tenure), at most ``keep`` (the lowest
+    tokens are forgotten first: an order carrying a token below every remembered one is stale
+    iff any remembered token precedes it, which it does after the first tenure change).
+
+    Args:
+        keep: tenures remembered.
+    """
+
+    __slots__ = ("_first", "keep")
+
+    def __init__(self, keep: int = 256) -> None:
+        self._first: dict[int, int] = {}
+        self.keep = keep
+
+    @property
+    def highest(self) -> int:
+        """The highest token handled so far (0 before any)."""
+        return max(self._first, default=0)
+
+    def stale(self, token: int, stream_sequence: int) -> bool:
+        """Whether the order carrying ``token`` at ``stream_sequence`` is a former holder's late
+        order (see the class docstring); records the token either way."""
+        first = self._first.get(token)
+        if first is None or stream_sequence < first:
+            self._first[token] = stream_sequence
+            if len(self._first) > self.keep:
+                del self._first[min(self._first)]
+        return any(t > token and s < stream_sequence for t, s in self._first.items())

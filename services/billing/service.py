@@ -17,10 +17,13 @@ consumer has not yet read up to it -- both consumers read one stream, in which t
 always precedes its statuses -- and is refused once it has: refused messages bill nothing,
 and are dead-lettered with the reason and recorded as ``security.rejected_message``.
 
-A placement whose scheduler-lease ``fencing_token`` is below the highest seen (a former active
-scheduler's late order, refused by its agent too) is neither booked nor billed; the highest token
-is kept in memory (after a billing restart the durable consumer resumes past what it
-acknowledged, so only orders newer than that are judged).
+A placement whose scheduler-lease ``fencing_token`` is stale *in stream order* (a higher token
+precedes it in the stream: a former active scheduler's late order, refused by its agent too) is
+neither booked nor billed (:class:`~fedsched.lease.StreamFencing`; the consumer handles messages
+out of stream order after a batch is handed back, so "below the highest handled so far" would
+refuse valid orders). The tokens are kept in memory (after a billing restart the durable
+consumer resumes past what it acknowledged, so only orders newer than that are judged). The book
+keeps, per attempt, the placement with the highest token (a put over a lower one only).
 
 What a line is and costs is the pure core's business (:mod:`services.billing.usage`). The cycle
 of one batch (:meth:`BillingService.write`):
@@ -57,6 +60,7 @@ from fedsched import telemetry
 from fedsched.bus import Bus, Delivery, DurableConsumer
 from fedsched.dispatch import SkippedTypes
 from fedsched.errors import UnavailableError
+from fedsched.lease import StreamFencing
 from fedsched.events import EventType, JobPlaced, JobStatus, UsageRecorded, business_event_id, make_event
 from fedsched.metrics import WriterMetrics
 from fedsched.ports import retryable
@@ -118,18 +122,20 @@ class BillingService:
         self._kv = None
         self._book = None
         self.rejected = 0  #: statuses refused by the trust checks
-        self.highest_token = 0  #: scheduler-lease fencing of placements (see the module docstring)
+        self.fencing = StreamFencing()  #: scheduler-lease fencing of placements (see the module docstring)
         self.stale_orders = 0
 
-    def stale_token(self, env) -> bool:
-        """Whether the placement ``env`` carries a scheduler-lease fencing token below the highest
-        seen (a former active scheduler's late order: neither booked nor billed); raises the
-        highest seen otherwise."""
-        token = env.payload_as(JobPlaced).fencing_token
-        if token < self.highest_token:
+    @property
+    def highest_token(self) -> int:
+        """The highest scheduler-lease fencing token seen on a placement."""
+        return self.fencing.highest
+
+    def stale_token(self, d: Delivery) -> bool:
+        """Whether the placement delivered as ``d`` is a former active scheduler's late order (a
+        higher fencing token precedes it in the stream: neither booked nor billed)."""
+        if self.fencing.stale(d.envelope.payload_as(JobPlaced).fencing_token, d.stream_sequence):
             self.stale_orders += 1
             return True
-        self.highest_token = token
         return False
 
     def lines(self, deliveries: list[Delivery], placements: dict[str, PlacementRecord]) -> list[UsageLine]:
@@ -138,7 +144,7 @@ class BillingService:
         out = []
         for d in deliveries:
             env = d.envelope
-            if env.type == EventType.JOB_PLACED and self.stale_token(env):
+            if env.type == EventType.JOB_PLACED and self.stale_token(d):
                 continue
             price = BILLING_EVENTS.route(env.type, self.skipped)
             if price is None:
@@ -165,11 +171,9 @@ class BillingService:
         """
         records = []
         for d in deliveries:
-            if d.envelope.type == EventType.JOB_PLACED:  # a former active scheduler's late order: not booked
-                token = d.envelope.payload_as(JobPlaced).fencing_token
-                if token < self.highest_token:
-                    continue
-                self.highest_token = token
+            if d.envelope.type == EventType.JOB_PLACED and self.fencing.stale(
+                    d.envelope.payload_as(JobPlaced).fencing_token, d.stream_sequence):
+                continue  # a former active scheduler's late order: not booked (counted by lines())
             if (r := placement_record(d.envelope)) is not None:
                 records.append(r)
         if not records:

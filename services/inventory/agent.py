@@ -36,10 +36,11 @@ placements and stop orders; a placement of a lower attempt is refused (``job.rej
 ``superseded``), a placement of a higher one stops the older attempt still running here
 (``superseded``), and ``job.stop`` for attempt N stops N and anything older.
 
-Fencing by scheduler lease (issue 14 item 9, :mod:`fedsched.lease`): the agent keeps the highest
-``fencing_token`` seen on its placements and stop orders (restored by :meth:`ClusterAgent.rebuild`
-in stream order); a placement or stop order with a lower token -- a former active scheduler's
-order arriving after the new one's -- is refused: dead-lettered with the reason
+Fencing by scheduler lease (issue 14 item 9, :mod:`fedsched.lease`): the agent keeps the
+``fencing_token``s seen on its placements and stop orders with where each first appears in the
+stream (:class:`~fedsched.lease.StreamFencing`, restored by :meth:`ClusterAgent.rebuild`); a
+placement or stop order preceded in the stream by one with a higher token -- a former active
+scheduler's order published after the new one's -- is refused: dead-lettered with the reason
 (``fed.deadletter.agent-<cluster>``, and from there ``bus.dead_letter`` in the audit log), never
 applied.
 
@@ -64,6 +65,7 @@ from fedsched.bus import Bus, Delivery, DurableConsumer, StreamFollower
 from fedsched.clock import Clock, to_datetime
 from fedsched.dispatch import EventTable, SkippedTypes
 from fedsched.errors import DecodeError, UnavailableError
+from fedsched.lease import StreamFencing
 from fedsched.metrics import AgentMetrics
 from fedsched.events import (AgentReconciled, Heartbeat, InventorySnapshot, JobPlaced, JobStatus, JobStop, NodeInventory, Subjects,
                              business_event_id, make_event)
@@ -367,8 +369,8 @@ class ClusterAgent:
         self.done: RecentSet[tuple[str, int, int]] = RecentSet(retain_done)
         #: fencing: (job, shard) -> the highest attempt seen in placements and stop orders
         self.highest: RecentDict[tuple[str, int], int] = RecentDict(retain_done)
-        #: fencing: the highest scheduler-lease token seen on placements and stop orders
-        self.highest_token = 0
+        #: fencing: the scheduler-lease tokens seen on placements and stop orders, judged in stream order
+        self.fencing = StreamFencing()
         self.stale_refused = 0  # orders refused for a stale fencing token
         #: (job, shard) -> key of the attempt running here (at most one after fencing)
         self._live: dict[tuple[str, int], tuple[str, int, int]] = {}
@@ -539,17 +541,15 @@ class ClusterAgent:
 
         def on_placed(d: Delivery, env: Envelope) -> None:
             p = env.payload_as(JobPlaced)
-            if p.fencing_token < self.highest_token:
+            if self.fencing.stale(p.fencing_token, d.stream_sequence):
                 return  # refused when it arrived (stale fencing token)
-            self.highest_token = p.fencing_token
             placements[(env.job_id, env.attempt, p.shard)] = (d, p)
             self._see_attempt(env.job_id, p.shard, env.attempt)
 
         def on_stop(d: Delivery, env: Envelope) -> None:
             stop = env.payload_as(JobStop)
-            if stop.fencing_token < self.highest_token:
+            if self.fencing.stale(stop.fencing_token, d.stream_sequence):
                 return
-            self.highest_token = stop.fencing_token
             self._see_attempt(env.job_id, stop.shard, env.attempt)
 
         def on_started(d: Delivery, env: Envelope) -> None:
@@ -801,16 +801,22 @@ class ClusterAgent:
     async def _handle_stop(self, d: Delivery) -> None:
         await self._on_stop(d, d.envelope.payload_as(JobStop))
 
-    def _check_token(self, env: Envelope, token: int) -> None:
+    @property
+    def highest_token(self) -> int:
+        """The highest scheduler-lease fencing token seen on an order."""
+        return self.fencing.highest
+
+    def _check_token(self, d: Delivery, token: int) -> None:
         """Fencing by scheduler lease: raise :class:`~fedsched.errors.DecodeError` (the consumer
-        dead-letters the order with the reason) when ``token`` is below the highest seen; else
-        remember it."""
-        if token < self.highest_token:
+        dead-letters the order with the reason) when a higher token precedes the order ``d`` in
+        the stream (:class:`~fedsched.lease.StreamFencing`: judged in stream order, so an order
+        handed back during an outage and redelivered after a newer holder's is not refused)."""
+        env = d.envelope
+        if self.fencing.stale(token, d.stream_sequence):
             self.stale_refused += 1
             raise DecodeError(f"stale fencing token: {env.type} of {env.job_id} attempt {env.attempt} carries "
                               f"token {token}, {self.producer} has seen {self.highest_token} (a former active "
                               f"scheduler's order)")
-        self.highest_token = token
 
     def _see_attempt(self, job_id: str, shard: int, attempt: int) -> int:
         """Record ``attempt`` for fencing; returns the highest attempt seen before it."""
@@ -850,7 +856,7 @@ class ClusterAgent:
         key = (env.job_id, env.attempt, placed.shard)
         if key in self.running or key in self.done:
             return  # redelivery: already handled
-        self._check_token(env, placed.fencing_token)
+        self._check_token(d, placed.fencing_token)
         self.metrics.received(self.cluster.region, self.cluster.name)
         now = self.clock.time()
         before = self._see_attempt(env.job_id, placed.shard, env.attempt)
@@ -890,9 +896,9 @@ class ClusterAgent:
         """Stop attempt N and anything older of the same job and shard running here (fencing)."""
         env = d.envelope
         key = (env.job_id, env.attempt, stop.shard)
-        if key in self.done and key not in self.running and stop.fencing_token < self.highest_token:
+        if key in self.done and key not in self.running and self.fencing.stale(stop.fencing_token, d.stream_sequence):
             return  # redelivery of an order already carried out
-        self._check_token(env, stop.fencing_token)
+        self._check_token(d, stop.fencing_token)
         self._see_attempt(env.job_id, stop.shard, env.attempt)
         live = self._live.get((env.job_id, stop.shard))
         now = self.clock.time()

@@ -19,13 +19,6 @@ import pytest
 pytestmark = pytest.mark.e2e
 
 
-#: Known defect (issue 14, open): after a NATS node is killed, billing can leave one ended attempt
-#: unpriced or refuse it as "never placed" -- its placement book (a replicated KV bucket) and the
-#: placement consumer's progress disagree for a while (seen in 2 of the last 3 CI runs: 9 compute
-#: lines for 10 jobs). The test still runs and reports; it must pass again once that is fixed.
-KNOWN_BILLING_GAP = pytest.mark.xfail(strict=False, reason="billing may miss a compute line after a NATS node "
-                                                            "kill (issue 14, open)")
-
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "chaos.py"
 
 
@@ -37,7 +30,6 @@ def _chaos_module():
     return module
 
 
-@KNOWN_BILLING_GAP
 async def test_one_chaos_loop_loses_nothing_doubles_nothing_and_costs_what_a_clean_run_costs(tmp_path) -> None:
     chaos = _chaos_module()
     clean = await chaos.run_once(tmp_path / "clean", kinds=(), jobs=6, runtime_s=15)

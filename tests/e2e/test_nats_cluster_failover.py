@@ -38,13 +38,6 @@ from tests.builders import unique
 pytestmark = pytest.mark.e2e
 
 
-#: Known defect (issue 14, open): after a NATS node is killed, billing can leave one ended attempt
-#: unpriced or refuse it as "never placed" -- its placement book (a replicated KV bucket) and the
-#: placement consumer's progress disagree for a while (seen in 2 of the last 3 CI runs: 9 compute
-#: lines for 10 jobs). The test still runs and reports; it must pass again once that is fixed.
-KNOWN_BILLING_GAP = pytest.mark.xfail(strict=False, reason="billing may miss a compute line after a NATS node "
-                                                            "kill (issue 14, open)")
-
 JOBS = 10
 RUNTIME_S = 90
 SPEED = 30.0
@@ -175,7 +168,6 @@ async def _run(cluster, tmp_path, chdb_path, *, chaos: bool) -> Outcome:
         await system.stop()
 
 
-@KNOWN_BILLING_GAP
 async def test_killing_nats_nodes_and_the_active_scheduler_loses_and_doubles_nothing(
         nats_cluster, tmp_path, chdb_path) -> None:
     t0 = time.monotonic()

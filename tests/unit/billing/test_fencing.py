@@ -35,3 +35,19 @@ def test_a_stale_token_placement_is_not_billed() -> None:
                            delivery(_placed("j3", 7), sub, 3, 1.7e9)], placements={})
     assert [ln.job_id for ln in lines] == ["j1", "j3"]
     assert billing.stale_orders == 1
+
+
+def test_fencing_is_judged_in_stream_order_not_handling_order() -> None:
+    """The CI fault (issue 14): a batch of token-1 placements is handed back during a NATS
+    election, a placement of the next holder (token 6, later in the stream) is handled first;
+    the token-1 placements, valid when published, are still booked and billed when redelivered.
+    A token-1 order published *after* token 6 appeared in the stream stays stale."""
+    subjects = Subjects("t")
+    bus = SimpleNamespace(stream_name=lambda suffix: f"T_{suffix}", subjects=subjects)
+    billing = BillingService(bus, store=None, prices=load_price_catalog())
+    sub = subjects.placements("cn-north-1", "c1")
+    handled = [delivery(_placed("new", 6), sub, 40, 1.7e9),       # handled first, later in the stream
+               delivery(_placed("valid", 1), sub, 30, 1.7e9),     # redelivered: published before token 6
+               delivery(_placed("late", 1), sub, 41, 1.7e9)]      # the former holder's late order
+    assert [ln.job_id for ln in billing.lines(handled, placements={})] == ["new", "valid"]
+    assert billing.stale_orders == 1 and billing.highest_token == 6
