@@ -16,13 +16,13 @@ from typing import Optional
 
 import grpc
 import typer
-from google.protobuf.json_format import MessageToDict
 from rich.table import Table
 
 from fedsched.api.v1 import governance_pb2 as gpb
 from fedsched.api.v1 import governance_pb2_grpc as gpb_grpc
 from fedsched.auth import ROLES, hash_token, new_token
 from fedapp.cli.text import Output, console, err, error_line, money
+from fedapp.cli.wire import enum_word, message_dict
 from fedsched.errors import ValidationError
 from fedapp.cli.jobs import KINDS, LOCALITIES, OUTPUT, SERVER, TOKEN, Api, fail_rpc
 from fedsched.yamltext import read_text
@@ -42,7 +42,7 @@ APPROVAL_STATES = {"pending": gpb.APPROVAL_STATE_PENDING, "approved": gpb.APPROV
 
 
 def _json(msg) -> None:
-    console.print_json(json.dumps(MessageToDict(msg, preserving_proto_field_name=True)))
+    console.print_json(json.dumps(message_dict(msg)))
 
 
 def _pick(value: str, table: dict, flag: str) -> int:
@@ -52,8 +52,9 @@ def _pick(value: str, table: dict, flag: str) -> int:
     return table[value]
 
 
-def _name(enum, value: int, prefix: str) -> str:
-    return enum.Name(value).removeprefix(prefix).lower() if value else "-"
+def _name(enum, value: int) -> str:
+    """An enum value as tables and JSON output spell it (:mod:`fedapp.cli.wire`); "-" for unset."""
+    return enum_word(enum.DESCRIPTOR, value) if value else "-"
 
 
 def _ts(ts) -> str:
@@ -237,7 +238,7 @@ def approvals(
     t = Table("approval", "job", "tenant/project", "state", "proposed", "cost", "expires", "decided by", "reason")
     for a in resp.approvals:
         t.add_row(a.approval_id, a.job_id, f"{a.tenant}/{a.project}",
-                  _name(gpb.ApprovalState, a.state, "APPROVAL_STATE_"),
+                  _name(gpb.ApprovalState, a.state),
                   f"{a.proposed_cluster} ({a.proposed_region})", money(a.cost, a.currency),
                   _ts(a.expires_at), a.decided_by or "-", a.reason[:90])
     console.print(t)
@@ -252,7 +253,7 @@ def _decide(approval_id: str, comment: str, server: str, output: str, token: str
     if output == "json":
         _json(a)
     else:
-        console.print(f"{a.approval_id} {_name(gpb.ApprovalState, a.state, 'APPROVAL_STATE_')} by {a.decided_by}: "
+        console.print(f"{a.approval_id} {_name(gpb.ApprovalState, a.state)} by {a.decided_by}: "
                       f"job {a.job_id} -> {a.proposed_cluster} ({a.proposed_region})")
 
 
@@ -283,10 +284,10 @@ def tenants(ctx: typer.Context, server: str = SERVER, output: Output = OUTPUT, t
     t = Table("tenant", "home", "projects", "cross-region", "job classes", "regions", "budget", "spend (month)",
               title=f"policy {resp.policy_version}")
     for x in resp.tenants:
-        classes = ", ".join(f"{c.name}:{_name(gpb.CrossRegionMode, c.cross_region, 'CROSS_REGION_MODE_')}"
+        classes = ", ".join(f"{c.name}:{_name(gpb.CrossRegionMode, c.cross_region)}"
                             for c in x.job_classes)
         t.add_row(x.name, x.home_region, ",".join(x.projects),
-                  _name(gpb.CrossRegionMode, x.cross_region, "CROSS_REGION_MODE_"), classes or "-",
+                  _name(gpb.CrossRegionMode, x.cross_region), classes or "-",
                   ",".join(x.regions) or "any",
                   money(x.budget.monthly, x.budget.currency), money(x.month_spend or "0", x.budget.currency))
     console.print(t)

@@ -71,10 +71,10 @@ def test_up_submit_sql_ctrl_c_and_resume(tmp_path):
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             show = _run("job", job_id, "--server", grpc, "-o", "json", data_dir=tmp_path)
-            if '"JOB_STATE_RUNNING"' in show.stdout:
+            if show.returncode == 0 and json.loads(show.stdout)["state"] == "running":  # the table's word
                 break
             time.sleep(0.3)
-        assert '"JOB_STATE_RUNNING"' in show.stdout, show.stdout
+        assert json.loads(show.stdout)["state"] == "running", show.stdout
         bad = _run("submit", "--server", grpc, "--tenant", "vision", "--project", "serve", "--gpus", "2",
                    "--gpu-milli", "500", "--token", token_file.read_text().strip())  # a share needs --gpus 1
         assert bad.returncode == 1 and "INVALID_ARGUMENT" in bad.stderr and "spec.gpu_milli" in bad.stderr
@@ -105,7 +105,7 @@ def test_up_submit_sql_ctrl_c_and_resume(tmp_path):
     proc = _up(tmp_path, grpc, nats_port)
     try:
         again = _run("job", job_id, "--server", grpc, "-o", "json", data_dir=tmp_path)
-        assert again.returncode == 0 and '"JOB_STATE_RUNNING"' in again.stdout, again.stdout
+        assert again.returncode == 0 and json.loads(again.stdout)["state"] == "running", again.stdout
         dup = _run("submit", "--server", grpc, "--tenant", "vision", "--project", "serve", "--kind", "inference",
                    "--gpus", "1", "--gpu-milli", "500", "--cpu-milli", "2000", "--duration", "3600",
                    "--request-id", "cli-1", data_dir=tmp_path)
