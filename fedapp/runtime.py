@@ -308,7 +308,9 @@ class System:
             self._followers.append(follower)
             self._spawn(follower.run(), "store-query-policy")
             self._query_sub = await self.control.nc.subscribe(f"{s.subject_prefix}.svc.store.query", cb=self._on_query)
-            if s.embedded_clickhouse:  # chDB: one process only; `fedsched sql` finds this one here
+            default_path = Path(s.data_dir) / "clickhouse"
+            if s.embedded_clickhouse and Path(s.clickhouse_path or default_path).resolve() == default_path.resolve():
+                # chDB opens data_dir/clickhouse in one process only: `fedsched sql --data-dir` finds this one
                 self._endpoint_file = write_store_endpoint(s.data_dir, self.nats_url, s.subject_prefix)
         topo = opts.topology
         prices = opts.prices or (topo.price_catalog() if topo is not None and topo.prices is not None
