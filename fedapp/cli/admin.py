@@ -21,7 +21,7 @@ from rich.table import Table
 from fedsched.api.v1 import governance_pb2 as gpb
 from fedsched.api.v1 import governance_pb2_grpc as gpb_grpc
 from fedsched.auth import ROLES, hash_token, new_token
-from fedapp.cli.text import Output, console, err, error_line, money
+from fedapp.cli.text import Output, clip, console, err, error_line, money
 from fedapp.cli.wire import enum_word, message_dict
 from fedsched.errors import ValidationError
 from fedapp.cli.jobs import KINDS, LOCALITIES, OUTPUT, SERVER, TOKEN, Api, fail_rpc
@@ -224,14 +224,26 @@ def approvals(
     tenant: str = typer.Option("", "--tenant", help="Only this tenant's requests."),
     state: list[str] = typer.Option([], "--state", help="pending, approved, rejected, expired (repeatable; "
                                                           "default all)."),
-    limit: int = typer.Option(100, "--limit", min=1, max=1000),
+    limit: int = typer.Option(100, "--limit", min=1, max=1000, help="Page size (requests per page)."),
+    newest_first: bool = typer.Option(False, "--newest-first", help="Newest decision first (pending requests by "
+                                                                    "request time); default: oldest request first."),
+    page_token: str = typer.Option("", "--page-token", help="Continue from this token (printed below a page; only "
+                                                            "with the same filters and order)."),
     server: str = SERVER, output: Output = OUTPUT, token: str = TOKEN,
 ):
-    """List cross-region approval requests (approvers: of their tenants)."""
+    """List cross-region approval requests (approvers: of their tenants), a page at a time."""
     states = [_pick(s, APPROVAL_STATES, "--state") for s in state]
+    order = gpb.APPROVAL_ORDER_NEWEST_FIRST if newest_first else gpb.APPROVAL_ORDER_OLDEST_FIRST
     with Api(server, token) as api:
         resp = api.call(gpb_grpc.ApprovalServiceStub(api.channel).ListApprovals,
-                        gpb.ListApprovalsRequest(tenant=tenant, states=states, page_size=limit))
+                        gpb.ListApprovalsRequest(tenant=tenant, states=states, page_size=limit, order=order,
+                                                 page_token=page_token))
+    applied = ([f"--tenant {tenant}"] if tenant else []) + [f"--state {s}" for s in state]
+    if not resp.approvals and applied and not page_token:  # nothing matched: say why on stderr
+        if output == "json":
+            _json(resp)
+        err.print(f"no approval requests match {' '.join(applied)}")
+        return
     if output == "json":
         _json(resp)
         return
@@ -240,8 +252,10 @@ def approvals(
         t.add_row(a.approval_id, a.job_id, f"{a.tenant}/{a.project}",
                   _name(gpb.ApprovalState, a.state),
                   f"{a.proposed_cluster} ({a.proposed_region})", money(a.cost, a.currency),
-                  _ts(a.expires_at), a.decided_by or "-", a.reason[:90])
+                  _ts(a.expires_at), a.decided_by or "-", clip(a.reason, 90))
     console.print(t)
+    more = f"; next page: --page-token {resp.next_page_token}" if resp.next_page_token else ""
+    console.print(f"{len(resp.approvals)} of {resp.total} matching requests shown{more}")
 
 
 def _decide(approval_id: str, comment: str, server: str, output: str, token: str, approve: bool) -> None:

@@ -34,7 +34,7 @@ from fedsched.api.v1 import jobs_pb2_grpc as pb_grpc
 from fedsched.tenancy import LimitsDoc
 from fedapp.client import TlsClient, call_metadata, resolve_token, sync_channel
 from fedapp.cli.jobfile import JobFileError, parse_job_file
-from fedapp.cli.text import Output, console, err, error_line, styled
+from fedapp.cli.text import Output, clip as _clip, console, err, error_line, styled
 from fedapp.cli.wire import enum_number, enum_word, enum_words, message_dict
 
 
@@ -203,11 +203,6 @@ def _attempts_cell(job: pb.Job) -> str:
     """Attempt outcomes of a job in the jobs table, e.g. ``lost, running`` (the last 4)."""
     shown = [a.outcome for a in job.attempts[-4:]]
     return ("..., " if len(job.attempts) > 4 else "") + ", ".join(shown) if shown else "-"
-
-
-def _clip(text: str, limit: int) -> str:
-    """``text`` at most ``limit`` characters, ending in an ellipsis when cut."""
-    return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
 def _jobs_table(jobs, width: int | None = None) -> Table:

@@ -93,6 +93,11 @@ def strict_json(value, *, indent: int | None = None) -> str:
     return json.dumps(_finite(value), indent=indent, default=str, allow_nan=False)
 
 
+def clip(text: str, limit: int) -> str:
+    """``text`` at most ``limit`` characters, ending in an ellipsis when cut (never cut silently)."""
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
 def money(amount: object, currency: str = "") -> str:
     """An amount of money for people, to the cent (``"12.35 CNY"``): the exact stored value (a
     decimal string, Decimal, int or float) rounded half-to-even to 2 places; "-" for an empty
