@@ -284,19 +284,25 @@ async def wait_clusters(stub, expected: int, timeout_s: float = 120) -> None:
         await asyncio.sleep(0.5)
 
 
+async def submit_one(stub, run: Run, i: int, runtime_s: float, tag: str) -> None:
+    """Job ``i`` in one ``SubmitJob`` (request id ``<tag>-<i>``): its send time and the call's
+    latency into ``run``, or the error."""
+    t = time.monotonic()
+    try:
+        resp = await stub.SubmitJob(pb.SubmitJobRequest(spec=job_spec(i, runtime_s), request_id=f"{tag}-{i}"),
+                                    timeout=60)
+        run.submitted[resp.job_id] = t
+        run.accepted_rpc.append(time.monotonic() - t)
+    except grpc.aio.AioRpcError as e:
+        run.error(f"{e.code().name}: {e.details()}")
+
+
 async def offer_max(stub, run: Run, jobs: int, concurrency: int, batch: int, runtime_s: float, tag: str) -> None:
     """``concurrency`` callers take jobs from one counter until ``jobs`` are sent."""
     next_i = 0
 
     async def one(i: int) -> None:
-        t = time.monotonic()
-        try:
-            resp = await stub.SubmitJob(pb.SubmitJobRequest(spec=job_spec(i, runtime_s), request_id=f"{tag}-{i}"),
-                                        timeout=60)
-            run.submitted[resp.job_id] = t
-            run.accepted_rpc.append(time.monotonic() - t)
-        except grpc.aio.AioRpcError as e:
-            run.error(f"{e.code().name}: {e.details()}")
+        await submit_one(stub, run, i, runtime_s, tag)
 
     async def many(first: int, n: int) -> None:
         t = time.monotonic()
@@ -340,14 +346,8 @@ async def offer_rate(stub, run: Run, jobs: int, rate: float, runtime_s: float, t
     tasks = set()
 
     async def one(i: int) -> None:
-        t = time.monotonic()
         try:
-            resp = await stub.SubmitJob(pb.SubmitJobRequest(spec=job_spec(i, runtime_s), request_id=f"{tag}-{i}"),
-                                        timeout=60)
-            run.submitted[resp.job_id] = t
-            run.accepted_rpc.append(time.monotonic() - t)
-        except grpc.aio.AioRpcError as e:
-            run.error(f"{e.code().name}: {e.details()}")
+            await submit_one(stub, run, i, runtime_s, tag)
         finally:
             in_flight.release()
 

@@ -132,3 +132,55 @@ def sync_channel(target: str, *, tls: TlsClient | None = None) -> grpc.Channel:
     if tls is not None:
         return grpc.secure_channel(target, tls.credentials())
     return grpc.insecure_channel(target)
+
+
+#: Where the process holding an embedded store says how to reach its store query service
+#: (``<p>.svc.store.query``) while it runs: JSON ``{"pid", "nats_url", "subject_prefix"}``,
+#: the URL without credentials. ``fedsched sql`` / ``report`` read it (:func:`running_store`).
+STORE_ENDPOINT_FILE = "store-query.json"
+
+
+@dataclass(frozen=True, slots=True)
+class StoreEndpoint:
+    """How to ask a running system's store: its NATS (no credentials) and subject prefix, and
+    the process id that answers."""
+
+    pid: int
+    nats_url: str
+    subject_prefix: str
+
+
+def write_store_endpoint(data_dir: Path | str, nats_url: str, subject_prefix: str) -> Path:
+    """Record this process as the one answering store queries for ``data_dir`` (credentials are
+    stripped from ``nats_url``; the CLI adds the data dir's own, :func:`with_local_credentials`).
+    Returns the file written (remove it when the service stops)."""
+    import json
+    from urllib.parse import urlparse
+
+    first = nats_url.split(",")[0]
+    u = urlparse(first)
+    bare = f"{u.scheme}://{u.hostname}:{u.port}" if u.hostname and u.port else first
+    path = Path(data_dir) / STORE_ENDPOINT_FILE
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps({"pid": os.getpid(), "nats_url": bare, "subject_prefix": subject_prefix}))
+    tmp.replace(path)
+    return path
+
+
+def running_store(data_dir: Path | str) -> StoreEndpoint | None:
+    """The running system that holds ``data_dir``'s embedded store and answers queries for it,
+    or None: no record, an unreadable one, or its process is gone (a crash leaves the file)."""
+    import json
+
+    try:
+        doc = json.loads((Path(data_dir) / STORE_ENDPOINT_FILE).read_text())
+        endpoint = StoreEndpoint(int(doc["pid"]), str(doc["nats_url"]), str(doc["subject_prefix"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    try:
+        os.kill(endpoint.pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:  # alive, another user's
+        pass
+    return endpoint

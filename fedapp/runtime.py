@@ -48,6 +48,7 @@ from fedsched.metrics import (PORT_ORDER, AdmissionMetrics, AgentMetrics, Metric
 from fedsched.lease import nats_lease
 from fedsched.natsd import EmbeddedNats
 from fedapp import natsauth
+from fedapp.client import write_store_endpoint
 from fedsched.pricing import PriceCatalog, load_price_catalog
 from fedsched.tenancy import bundled_policy_text, check_topology_names, parse_policy
 from fedsched.policystore import PolicyFollower, PolicyHolder, bootstrap
@@ -144,6 +145,7 @@ class System:
         self.nats_users: dict[str, str] = {}  #: user -> password of the local NATS users ({} = use nats_url as is)
         self._nats_watchdog: asyncio.Task | None = None
         self._dir_lock = None
+        self._endpoint_file: Path | None = None  #: data_dir/store-query.json while this process answers queries
         self.metrics: dict[str, ServiceMetrics] = {}
         self.metrics_servers: dict[str, MetricsServer] = {}
         self._metric_tasks: list[asyncio.Task] = []
@@ -306,6 +308,10 @@ class System:
             self._followers.append(follower)
             self._spawn(follower.run(), "store-query-policy")
             self._query_sub = await self.control.nc.subscribe(f"{s.subject_prefix}.svc.store.query", cb=self._on_query)
+            default_path = Path(s.data_dir) / "clickhouse"
+            if s.embedded_clickhouse and Path(s.clickhouse_path or default_path).resolve() == default_path.resolve():
+                # chDB opens data_dir/clickhouse in one process only: `fedsched sql --data-dir` finds this one
+                self._endpoint_file = write_store_endpoint(s.data_dir, self.nats_url, s.subject_prefix)
         topo = opts.topology
         prices = opts.prices or (topo.price_catalog() if topo is not None and topo.prices is not None
                                  else load_price_catalog(s.price_catalog))
@@ -483,6 +489,9 @@ class System:
 
     async def stop(self) -> None:
         """Stop the services, then the store and NATS, then the metrics endpoints (idempotent)."""
+        if self._endpoint_file is not None:  # first: `fedsched sql` opens the store itself from now on
+            self._endpoint_file.unlink(missing_ok=True)
+            self._endpoint_file = None
         for follower in self._followers:
             follower.stop()
         if self._metrics_stop is not None:

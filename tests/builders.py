@@ -41,6 +41,7 @@ import grpc
 
 from fedapp.client import aio_channel
 from fedsched.api.v1 import governance_pb2_grpc as gpb_grpc
+from fedsched.api.v1 import jobs_pb2 as pb
 from fedsched.api.v1 import jobs_pb2_grpc as pb_grpc
 from fedsched.auth import hash_token
 from fedsched.bus import Bus, Delivery
@@ -112,6 +113,32 @@ def channel(port_or_target, who: str | None) -> grpc.aio.Channel:
     """An aio channel to admission carrying ``who``'s token (None = no token)."""
     target = port_or_target if isinstance(port_or_target, str) else f"127.0.0.1:{port_or_target}"
     return aio_channel(target, TOKENS[who] if who else None)
+
+
+async def submit_at_once(ports: Sequence[int], who: str, request: pb.SubmitJobRequest,
+                         count: int) -> tuple[list[pb.SubmitJobResponse], list[grpc.aio.AioRpcError]]:
+    """``count`` copies of ``request`` submitted at once as ``who``, round-robin over one channel
+    per entry of ``ports`` (admission ports; repeat a port for several channels to it).
+
+    Returns:
+        The accepted responses and the refusals (RPC errors), each in call order.
+    """
+    channels = [channel(port, who) for port in ports]
+    stubs = [pb_grpc.JobServiceStub(ch) for ch in channels]
+
+    async def submit(i: int):
+        try:
+            return await stubs[i % len(stubs)].SubmitJob(request, timeout=60)
+        except grpc.aio.AioRpcError as e:
+            return e
+
+    try:
+        results = await asyncio.gather(*(submit(i) for i in range(count)))
+    finally:
+        for ch in channels:
+            await ch.close()
+    return ([r for r in results if isinstance(r, pb.SubmitJobResponse)],
+            [r for r in results if not isinstance(r, pb.SubmitJobResponse)])
 
 
 class Stubs:

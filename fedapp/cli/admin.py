@@ -16,13 +16,13 @@ from typing import Optional
 
 import grpc
 import typer
-from google.protobuf.json_format import MessageToDict
 from rich.table import Table
 
 from fedsched.api.v1 import governance_pb2 as gpb
 from fedsched.api.v1 import governance_pb2_grpc as gpb_grpc
 from fedsched.auth import ROLES, hash_token, new_token
-from fedapp.cli.text import Output, console, err, error_line, money
+from fedapp.cli.text import Output, clip, console, err, error_line, money
+from fedapp.cli.wire import enum_word, message_dict
 from fedsched.errors import ValidationError
 from fedapp.cli.jobs import KINDS, LOCALITIES, OUTPUT, SERVER, TOKEN, Api, fail_rpc
 from fedsched.yamltext import read_text
@@ -42,7 +42,7 @@ APPROVAL_STATES = {"pending": gpb.APPROVAL_STATE_PENDING, "approved": gpb.APPROV
 
 
 def _json(msg) -> None:
-    console.print_json(json.dumps(MessageToDict(msg, preserving_proto_field_name=True)))
+    console.print_json(json.dumps(message_dict(msg)))
 
 
 def _pick(value: str, table: dict, flag: str) -> int:
@@ -52,8 +52,9 @@ def _pick(value: str, table: dict, flag: str) -> int:
     return table[value]
 
 
-def _name(enum, value: int, prefix: str) -> str:
-    return enum.Name(value).removeprefix(prefix).lower() if value else "-"
+def _name(enum, value: int) -> str:
+    """An enum value as tables and JSON output spell it (:mod:`fedapp.cli.wire`); "-" for unset."""
+    return enum_word(enum.DESCRIPTOR, value) if value else "-"
 
 
 def _ts(ts) -> str:
@@ -223,24 +224,38 @@ def approvals(
     tenant: str = typer.Option("", "--tenant", help="Only this tenant's requests."),
     state: list[str] = typer.Option([], "--state", help="pending, approved, rejected, expired (repeatable; "
                                                           "default all)."),
-    limit: int = typer.Option(100, "--limit", min=1, max=1000),
+    limit: int = typer.Option(100, "--limit", min=1, max=1000, help="Page size (requests per page)."),
+    newest_first: bool = typer.Option(False, "--newest-first", help="Newest decision first (pending requests by "
+                                                                    "request time); default: oldest request first."),
+    page_token: str = typer.Option("", "--page-token", help="Continue from this token (printed below a page; only "
+                                                            "with the same filters and order)."),
     server: str = SERVER, output: Output = OUTPUT, token: str = TOKEN,
 ):
-    """List cross-region approval requests (approvers: of their tenants)."""
+    """List cross-region approval requests (approvers: of their tenants), a page at a time."""
     states = [_pick(s, APPROVAL_STATES, "--state") for s in state]
+    order = gpb.APPROVAL_ORDER_NEWEST_FIRST if newest_first else gpb.APPROVAL_ORDER_OLDEST_FIRST
     with Api(server, token) as api:
         resp = api.call(gpb_grpc.ApprovalServiceStub(api.channel).ListApprovals,
-                        gpb.ListApprovalsRequest(tenant=tenant, states=states, page_size=limit))
+                        gpb.ListApprovalsRequest(tenant=tenant, states=states, page_size=limit, order=order,
+                                                 page_token=page_token))
+    applied = ([f"--tenant {tenant}"] if tenant else []) + [f"--state {s}" for s in state]
+    if not resp.approvals and applied and not page_token:  # nothing matched: say why on stderr
+        if output == "json":
+            _json(resp)
+        err.print(f"no approval requests match {' '.join(applied)}")
+        return
     if output == "json":
         _json(resp)
         return
     t = Table("approval", "job", "tenant/project", "state", "proposed", "cost", "expires", "decided by", "reason")
     for a in resp.approvals:
         t.add_row(a.approval_id, a.job_id, f"{a.tenant}/{a.project}",
-                  _name(gpb.ApprovalState, a.state, "APPROVAL_STATE_"),
+                  _name(gpb.ApprovalState, a.state),
                   f"{a.proposed_cluster} ({a.proposed_region})", money(a.cost, a.currency),
-                  _ts(a.expires_at), a.decided_by or "-", a.reason[:90])
+                  _ts(a.expires_at), a.decided_by or "-", clip(a.reason, 90))
     console.print(t)
+    more = f"; next page: --page-token {resp.next_page_token}" if resp.next_page_token else ""
+    console.print(f"{len(resp.approvals)} of {resp.total} matching requests shown{more}")
 
 
 def _decide(approval_id: str, comment: str, server: str, output: str, token: str, approve: bool) -> None:
@@ -252,7 +267,7 @@ def _decide(approval_id: str, comment: str, server: str, output: str, token: str
     if output == "json":
         _json(a)
     else:
-        console.print(f"{a.approval_id} {_name(gpb.ApprovalState, a.state, 'APPROVAL_STATE_')} by {a.decided_by}: "
+        console.print(f"{a.approval_id} {_name(gpb.ApprovalState, a.state)} by {a.decided_by}: "
                       f"job {a.job_id} -> {a.proposed_cluster} ({a.proposed_region})")
 
 
@@ -283,10 +298,10 @@ def tenants(ctx: typer.Context, server: str = SERVER, output: Output = OUTPUT, t
     t = Table("tenant", "home", "projects", "cross-region", "job classes", "regions", "budget", "spend (month)",
               title=f"policy {resp.policy_version}")
     for x in resp.tenants:
-        classes = ", ".join(f"{c.name}:{_name(gpb.CrossRegionMode, c.cross_region, 'CROSS_REGION_MODE_')}"
+        classes = ", ".join(f"{c.name}:{_name(gpb.CrossRegionMode, c.cross_region)}"
                             for c in x.job_classes)
         t.add_row(x.name, x.home_region, ",".join(x.projects),
-                  _name(gpb.CrossRegionMode, x.cross_region, "CROSS_REGION_MODE_"), classes or "-",
+                  _name(gpb.CrossRegionMode, x.cross_region), classes or "-",
                   ",".join(x.regions) or "any",
                   money(x.budget.monthly, x.budget.currency), money(x.month_spend or "0", x.budget.currency))
     console.print(t)

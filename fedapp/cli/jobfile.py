@@ -29,6 +29,7 @@ from google.protobuf.message import Message
 from fedsched.api.v1 import jobs_pb2 as pb
 from fedsched.errors import ValidationError
 from fedsched.yamltext import load_yaml
+from fedapp.cli.wire import enum_number, enum_words
 
 #: Largest job file read (characters): a batch of 1000 large specs, not a configuration file.
 MAX_FILE_CHARS = 16 * 1024 * 1024
@@ -46,15 +47,17 @@ class JobFileError(ValueError):
 
 
 def _enum_value(field: FieldDescriptor, value: Any, where: str) -> int:
+    """An enum value from the CLI's word (``fine_tune``, as ``-o json`` prints it:
+    :mod:`fedapp.cli.wire`) or the proto's full name (``JOB_KIND_FINE_TUNE``)."""
     enum = field.enum_type
-    prefix = {"kind": "JOB_KIND_", "priority": "PRIORITY_CLASS_", "locality": "LOCALITY_"}.get(field.name, "")
     if isinstance(value, str):
-        name = value.strip().upper().replace("-", "_")
-        for candidate in (name, prefix + name):
-            if candidate in enum.values_by_name and not candidate.endswith("_UNSPECIFIED"):
-                return enum.values_by_name[candidate].number
-    names = [v.name.removeprefix(prefix).lower() for v in enum.values if not v.name.endswith("_UNSPECIFIED")]
-    raise JobFileError(f"{where}: {value!r} is not one of {', '.join(names)}")
+        number = enum_number(enum, value)
+        full = enum.values_by_name.get(value.strip().upper().replace("-", "_"))
+        if number is None and full is not None and not full.name.endswith("_UNSPECIFIED"):
+            number = full.number
+        if number is not None:
+            return number
+    raise JobFileError(f"{where}: {value!r} is not one of {', '.join(enum_words(enum))}")
 
 
 def _timestamp(value: Any, where: str) -> dt.datetime:

@@ -25,7 +25,7 @@ from typing import Iterator, Optional
 
 import grpc
 import typer
-from google.protobuf.json_format import MessageToDict
+from rich import box
 from rich.table import Table
 
 from fedsched import telemetry
@@ -34,7 +34,8 @@ from fedsched.api.v1 import jobs_pb2_grpc as pb_grpc
 from fedsched.tenancy import LimitsDoc
 from fedapp.client import TlsClient, call_metadata, resolve_token, sync_channel
 from fedapp.cli.jobfile import JobFileError, parse_job_file
-from fedapp.cli.text import Output, console, err, error_line, styled
+from fedapp.cli.text import Output, clip as _clip, console, err, error_line, styled
+from fedapp.cli.wire import enum_number, enum_word, enum_words, message_dict
 
 
 #: The one environment variable naming admission's gRPC address, on both sides: ``fedsched up`` /
@@ -153,7 +154,8 @@ def fail_rpc(e: grpc.RpcError) -> None:
 
 
 def _state(s: int) -> str:
-    return pb.JobState.Name(s).removeprefix("JOB_STATE_").lower()
+    """A job state as tables, filters and JSON output spell it (``queued``): :mod:`fedapp.cli.wire`."""
+    return enum_word(pb.JobState.DESCRIPTOR, s)
 
 
 def _ts(ts) -> str:
@@ -203,23 +205,21 @@ def _attempts_cell(job: pb.Job) -> str:
     return ("..., " if len(job.attempts) > 4 else "") + ", ".join(shown) if shown else "-"
 
 
-def _clip(text: str, limit: int) -> str:
-    """``text`` at most ``limit`` characters, ending in an ellipsis when cut."""
-    return text if len(text) <= limit else text[:limit - 1] + "…"
-
-
 def _jobs_table(jobs, width: int | None = None) -> Table:
-    """The jobs table, fitted to the terminal (``width``, default the console's): job ids are
-    never cut; names and reasons end in an ellipsis when cut; other cells wrap. Below 150
-    columns times drop the year and seconds; the ``ended`` column is left out when no listed job
-    has ended, and ``attempts`` below 110 columns."""
+    """The jobs table, fitted to the terminal (``width``, default the console's: the terminal's,
+    ``COLUMNS``, or :data:`~fedapp.cli.text.PIPE_WIDTH` in a pipe): job ids are never cut; names
+    and reasons end in an ellipsis when cut; other cells wrap. Below 150 columns names show at
+    most 20 characters and times drop the year and seconds; the ``ended`` column is left out
+    when no listed job has ended, and ``attempts`` below 110 columns."""
     width = width or console.width
     short = width < 150
     ended = any(j.ended_at.seconds for j in jobs)
-    table = Table()
+    # below 100 columns a borderless table (rich never shrinks a column below its minimum: with
+    # borders the minimums alone are wider than 80 columns)
+    table = Table() if width >= 100 else Table(box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
     table.add_column("job", no_wrap=True, min_width=22)  # ids are copied from here: never cut them
-    table.add_column("tenant/project", overflow="fold", min_width=12)
-    table.add_column("name", overflow="ellipsis", no_wrap=True, max_width=20, min_width=6)
+    table.add_column("tenant/project", overflow="fold", min_width=8)
+    table.add_column("name", overflow="ellipsis", no_wrap=True, max_width=20 if short else None, min_width=6)
     table.add_column("state", overflow="fold", min_width=6)
     table.add_column("where", overflow="fold", min_width=5)
     table.add_column("GPUs", no_wrap=True)
@@ -228,7 +228,7 @@ def _jobs_table(jobs, width: int | None = None) -> Table:
     table.add_column("submitted", overflow="fold", min_width=11 if short else 19)
     if ended:
         table.add_column("ended", overflow="fold", min_width=11 if short else 19)
-    table.add_column("reason", overflow="ellipsis", no_wrap=True, ratio=1, min_width=10)
+    table.add_column("reason", overflow="ellipsis", no_wrap=True, ratio=1, min_width=6)
     when = (lambda ts: _ts(ts)[5:16]) if short else _ts
     for j in jobs:
         s = j.spec
@@ -253,7 +253,7 @@ def _write_json(value) -> None:
 
 def _print_jobs(jobs, output: str) -> None:
     if output == "json":
-        _write_json([MessageToDict(j, preserving_proto_field_name=True) for j in jobs])
+        _write_json([message_dict(j) for j in jobs])
         return
     console.print(_jobs_table(jobs))
 
@@ -457,11 +457,9 @@ def _print_submitted(items: list[tuple[pb.SubmitJobRequest, pb.SubmitJobsResult]
     """One line per job: its id and state, or its error (code and message); a dry run's verdict
     and what-if; with ``verbose`` the trace id and the SQL that finds its events."""
     if output == "json":
-        console.print_json(json.dumps([MessageToDict(r, preserving_proto_field_name=True) for _, r in items]
-                                      if len(items) > 1 else MessageToDict(items[0][1].response,
-                                                                           preserving_proto_field_name=True)
-                                      if not items[0][1].code else MessageToDict(items[0][1],
-                                                                                 preserving_proto_field_name=True)))
+        console.print_json(json.dumps([message_dict(r) for _, r in items]
+                                      if len(items) > 1 else message_dict(items[0][1].response)
+                                      if not items[0][1].code else message_dict(items[0][1])))
         return
     for i, (request, r) in enumerate(items):
         label = (request.spec.name or f"job {i}") + ": " if len(items) > 1 else ""
@@ -525,17 +523,16 @@ def _workload_flags(image: str, command: list[str], argv: list[str], env: list[s
                        secret_env=_pairs(secret_env, "--secret-env"), workdir=workdir, checkpoint_uri=checkpoint)
 
 
-def _enum_flag(values: list[str], prefix: str, enum, flag: str) -> list[int]:
+def _enum_flag(values: list[str], enum, flag: str) -> list[int]:
     """Repeatable enum flags (``--state queued --state held``; also comma separated) as wire values."""
     out = []
     for item in values:
         for v in filter(None, (x.strip() for x in item.split(","))):
-            name = prefix + v.upper().replace("-", "_")
-            if name not in enum.keys() or name.endswith("_UNSPECIFIED"):
-                choices = ", ".join(k.removeprefix(prefix).lower() for k in enum.keys() if not k.endswith("UNSPECIFIED"))
-                err.print(error_line(flag, f"{v!r} is not one of {choices}"))
+            number = enum_number(enum.DESCRIPTOR, v)
+            if number is None:
+                err.print(error_line(flag, f"{v!r} is not one of {', '.join(enum_words(enum.DESCRIPTOR))}"))
                 raise typer.Exit(2)
-            out.append(enum.Value(name))
+            out.append(number)
     return out
 
 
@@ -594,8 +591,8 @@ def jobs(
 ):
     """List jobs, newest first: filters combine (any of a repeated flag, all of different flags)."""
     request = pb.ListJobsRequest(tenants=_names(tenant), projects=_names(project), regions=_names(region),
-                                 clusters=_names(cluster), states=_enum_flag(state, "JOB_STATE_", pb.JobState, "--state"),
-                                 kinds=_enum_flag(kind, "JOB_KIND_", pb.JobKind, "--kind"), name_pattern=name,
+                                 clusters=_names(cluster), states=_enum_flag(state, pb.JobState, "--state"),
+                                 kinds=_enum_flag(kind, pb.JobKind, "--kind"), name_pattern=name,
                                  page_size=limit, page_token=page_token,
                                  order=pb.JOB_ORDER_OLDEST_FIRST if oldest_first else pb.JOB_ORDER_NEWEST_FIRST)
     if since:
@@ -618,11 +615,30 @@ def jobs(
             _watch_jobs(fetch, watch_s, watch_count)
             return
         listed, last = fetch()
+        applied = _applied_filters(tenant=tenant, project=project, state=state, region=region, cluster=cluster,
+                                   kind=kind, name=name, since=since, until=until)
+        unfiltered = (api.call(stub.ListJobs, pb.ListJobsRequest(page_size=1)).total
+                      if not listed and not page_token and applied else None)
     if output == "json":
         _print_jobs(listed, "json")
-        return
-    console.print(_jobs_table(listed))
-    console.print(_footer(len(listed), last))
+    elif listed or not applied:
+        console.print(_jobs_table(listed))
+        console.print(_footer(len(listed), last))
+    if unfiltered is not None:  # nothing matched: say why on stderr, stdout stays empty for scripts
+        err.print(f"no jobs match {' '.join(applied)}; `fedsched jobs` without filters lists {unfiltered}")
+
+
+def _applied_filters(**flags: list[str] | str) -> list[str]:
+    """The filter flags given, as typed again (``--state held``, ``--name 'train-*'``), in
+    ``flags``' order; repeated flags once per value."""
+    import shlex
+
+    out = []
+    for key, value in flags.items():
+        for v in ([value] if isinstance(value, str) else value):
+            if v:
+                out.append(f"--{key} {shlex.quote(v)}")
+    return out
 
 
 #: Options whose value may be left out, with the value they then take (``jobs --watch``).
@@ -703,7 +719,7 @@ def job(job_id: str = typer.Argument(...), server: str = SERVER, output: Output 
     with Api(server, token) as api:
         j = api.call(pb_grpc.JobServiceStub(api.channel).GetJob, pb.GetJobRequest(job_id=job_id))
     if output == "json":
-        console.print_json(json.dumps(MessageToDict(j, preserving_proto_field_name=True)))
+        console.print_json(json.dumps(message_dict(j)))
         return
     _print_jobs([j], output)
     if j.spec.HasField("workload"):
@@ -740,8 +756,7 @@ def explain(job_id: str = typer.Argument(...), server: str = SERVER, output: Out
         history = [] if output == "json" else attempt_history(
             api.call(pb_grpc.JobServiceStub(api.channel).GetJob, pb.GetJobRequest(job_id=job_id)))
     if output == "json":  # every field, false ones too (fits_empty: false = can never run as asked)
-        console.print_json(json.dumps(MessageToDict(resp, preserving_proto_field_name=True,
-                                                    always_print_fields_with_no_presence=True)))
+        console.print_json(json.dumps(message_dict(resp, always_print_fields_with_no_presence=True)))
         return
     _print_explain(resp)
     if history:  # lost attempts and failovers, other interruptions, agents' reconciliation
@@ -792,11 +807,11 @@ def _states(values: list[str], flag: str = "--state") -> list[int]:
     """``--state`` names as wire states (exit 2 naming the flag on an unknown one)."""
     out = []
     for s in values:
-        name = "JOB_STATE_" + s.upper()
-        if name not in pb.JobState.keys() or name == "JOB_STATE_UNSPECIFIED":
+        number = enum_number(pb.JobState.DESCRIPTOR, s)
+        if number is None:
             err.print(error_line(flag, f"{s!r} is not a state"))
             raise typer.Exit(2)
-        out.append(pb.JobState.Value(name))
+        out.append(number)
     return out
 
 
@@ -843,8 +858,7 @@ _CODE_NAMES = {c.value[0]: c.name for c in grpc.StatusCode}
 
 def _print_bulk(resp: pb.BulkJobsResponse, output: Output) -> None:
     if output == "json":
-        console.print_json(json.dumps(MessageToDict(resp, preserving_proto_field_name=True,
-                                                    always_print_fields_with_no_presence=True)))
+        console.print_json(json.dumps(message_dict(resp, always_print_fields_with_no_presence=True)))
         return
     for r in resp.results:
         if r.code:
@@ -955,7 +969,7 @@ def watch(job_id: str = typer.Argument(...),
             for j in stream:
                 last = j
                 if output == "json":
-                    console.print_json(json.dumps(MessageToDict(j, preserving_proto_field_name=True)))
+                    console.print_json(json.dumps(message_dict(j)))
                 else:
                     console.print(f"{j.job_id} {_state(j.state)} {j.cluster or ''} {j.reason}")
         except grpc.RpcError as e:

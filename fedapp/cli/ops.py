@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 
 import typer
-from google.protobuf.json_format import MessageToDict
 from rich import box
 from rich.table import Table
 
@@ -15,6 +14,7 @@ from fedsched.api.v1 import jobs_pb2 as pb
 from fedsched.api.v1 import jobs_pb2_grpc as pb_grpc
 from fedapp.cli.jobs import OUTPUT, SERVER, TOKEN, Api
 from fedapp.cli.text import Output, console, styled
+from fedapp.cli.wire import message_dict
 
 
 def _age(seconds: float) -> str:
@@ -28,8 +28,7 @@ def _age(seconds: float) -> str:
 
 
 def _dump(msg) -> None:
-    console.print_json(json.dumps(MessageToDict(msg, preserving_proto_field_name=True,
-                                                always_print_fields_with_no_presence=True)))
+    console.print_json(json.dumps(message_dict(msg, always_print_fields_with_no_presence=True)))
 
 
 def clusters(region: list[str] = typer.Option([], "--region", help="Only this region (repeatable)."),

@@ -2,7 +2,8 @@
 
 Where the data comes from, as for ``fedsched sql``: the server at ``--clickhouse-url``; the
 running system over ``--nats-url`` (the process holding the embedded store answers
-``<prefix>.svc.store.query``); else the embedded store in ``--data-dir``.
+``<prefix>.svc.store.query``), or found through ``--data-dir`` while it runs there; else the
+embedded store in ``--data-dir``.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any, Optional
 import typer
 from rich.table import Table
 
-from fedapp.cli.sql import ask_store
+from fedapp.cli.sql import ask_store, running_system
 from fedsched.errors import FedError, UnavailableError
 from fedsched.store import QueryResult
 
@@ -156,8 +157,12 @@ def register(app: typer.Typer) -> None:
             console.print(f"Grafana dashboard written to {grafana_dashboard}")
             return
         try:
+            running = None if nats_url or clickhouse_url else running_system(data_dir, token or None)
             if nats_url:
                 query, source = nats_query(nats_url, prefix, token or None), f"running system at {nats_url}"
+            elif running is not None:  # `fedsched up` holds the embedded store: ask it
+                url, running_prefix, running_token = running
+                query, source = nats_query(url, running_prefix, running_token), f"running system on {data_dir}"
             else:
                 query = store_query(data_dir, clickhouse_url, database)
                 source = clickhouse_url.split("@")[-1] if clickhouse_url else f"chDB {data_dir}/clickhouse"

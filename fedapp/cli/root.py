@@ -523,14 +523,15 @@ def sql(
     clickhouse_url: str = typer.Option("", "--clickhouse-url", envvar="FEDSCHED_CLICKHOUSE_URL"),
     output: Output = typer.Option(Output.table, "--output", "-o", help=OUTPUT_HELP),
     token: str = typer.Option("", "--token", envvar="FEDSCHED_TOKEN", show_default=False,
-                              help="With --nats-url: an admin's token (default: <FEDSCHED_DATA_DIR or "
+                              help="For a running system: an admin's token (default: <FEDSCHED_DATA_DIR or "
                                    ".fedsched>/admin.token)."),
 ):
     """Run a read-only SQL query against the federation's ClickHouse store.
 
-    Opens the embedded store in --data-dir, or the server at --clickhouse-url. If a running
-    `fedsched up` holds the embedded store, pass --nats-url (printed by `up`) to ask it, with
-    an admin's token. Writes, DDL and file/url table functions are refused; a query stops after
+    Opens the embedded store in --data-dir, or the server at --clickhouse-url. While a
+    `fedsched up` on --data-dir runs (it holds the embedded store), the query goes to it, found
+    through the data dir, with the data dir's admin token (or --token); --nats-url asks a
+    running system elsewhere. Writes, DDL and file/url table functions are refused; a query stops after
     55 s; at most 10,000 rows come back.
     """
     from fedapp.cli.sql import run_sql

@@ -3,8 +3,11 @@
 * ``--clickhouse-url``: the server, directly.
 * ``--nats-url``: ask the running system (the process holding the embedded store answers on
   ``<p>.svc.store.query``).
-* otherwise: open the embedded store in ``--data-dir`` (fails clearly if a running system holds
-  it, pointing to ``--nats-url``).
+* otherwise, while a running system holds the embedded store in ``--data-dir`` (chDB opens a
+  data path in one process only): ask that system, found through the data dir
+  (:func:`~fedapp.client.running_store`: its NATS, with the data dir's operator credentials and
+  admin token), with the same read-only handle and limits;
+* else: open the embedded store in ``--data-dir``.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import json
 from pathlib import Path
 
 from fedsched.bus import redact
-from fedapp.client import resolve_token, with_local_credentials
+from fedapp.client import resolve_token, running_store, with_local_credentials
 from fedsched.errors import AuthError, PermissionDeniedError, UnavailableError, ValidationError
 from fedsched.store import MAX_QUERY_ROWS, open_store
 
@@ -32,8 +35,9 @@ def run_sql(query: str, *, data_dir: Path, nats_url: str = "", clickhouse_url: s
     read-only query (on a handle of its own, :meth:`~fedsched.store.Store.reader`: ClickHouse's
     parser checks it is one read statement without functions or table functions that reach the
     host's files, programs or network; the engine refuses writes, DDL and settings changes and
-    stops it after 55 s or 1 GiB). Through ``nats_url`` the running system answers, for an
-    admin's ``token`` only.
+    stops it after 55 s or 1 GiB). Through ``nats_url``, or while a running system holds the
+    embedded store of ``data_dir`` (:func:`running_system`), that system answers on the same
+    read-only handle, for an admin's ``token`` only.
 
     Raises:
         AuthError / PermissionDeniedError: (through NATS) no token, an unknown one, or not an admin's.
@@ -43,6 +47,10 @@ def run_sql(query: str, *, data_dir: Path, nats_url: str = "", clickhouse_url: s
     q = _check(query)
     if nats_url:
         return asyncio.run(_ask(q, nats_url, prefix, inbox_prefix, token))
+    running = None if clickhouse_url else running_system(data_dir, token)
+    if running is not None:
+        url, prefix, token = running
+        return asyncio.run(_ask(q, url, prefix, inbox_prefix, token))
     if not clickhouse_url and not (Path(data_dir) / "clickhouse").exists():
         raise UnavailableError(f"no embedded store in {data_dir}/clickhouse; run `fedsched up --data-dir {data_dir}` "
                                f"or pass --clickhouse-url")
@@ -52,6 +60,18 @@ def run_sql(query: str, *, data_dir: Path, nats_url: str = "", clickhouse_url: s
     finally:
         store.close()
     return list(result.columns), [list(r) for r in result.rows[:MAX_QUERY_ROWS]], len(result.rows)
+
+
+def running_system(data_dir: Path, token: str | None) -> tuple[str, str, str | None] | None:
+    """How to ask the running system that holds ``data_dir``'s embedded store, or None when no
+    running process holds it: its NATS URL with the data dir's operator credentials, its subject
+    prefix, and the token to send (``token``, else ``FEDSCHED_TOKEN``, else the data dir's
+    ``admin.token``)."""
+    endpoint = running_store(data_dir)
+    if endpoint is None:
+        return None
+    return (with_local_credentials(endpoint.nats_url, data_dir), endpoint.subject_prefix,
+            resolve_token(token, data_dir))
 
 
 async def ask_store(nats_url: str, prefix: str, sql: str, parameters: dict | None = None, *,

@@ -12,13 +12,50 @@ import math
 
 from enum import Enum
 
-from rich.console import Console
+from rich.console import Console, ConsoleDimensions
 from rich.text import Text
 
+#: Width of tables written to a pipe or a file when ``COLUMNS`` is not set: wide enough that a
+#: job's row stays one line (``fedsched jobs | grep x`` sees whole rows), while a cell longer
+#: still ends in an ellipsis.
+PIPE_WIDTH = 512
+
+
+class CliConsole(Console):
+    """A rich console whose width is, in this order: ``COLUMNS`` when set (to a number); the
+    terminal's width when it writes to a terminal; else :data:`PIPE_WIDTH` columns.
+
+    rich's own default for a pipe is 80 columns, or the width of whichever of stdin/stderr is a
+    terminal: ``fedsched jobs | grep`` then saw rows wrapped over several lines.
+    """
+
+    @property
+    def size(self) -> ConsoleDimensions:
+        """The console's (columns, lines), as the class docstring says."""
+        size = Console.size.fget(self)
+        columns = self._environ.get("COLUMNS", "")
+        if self._width is None and not columns.isdigit() and not self.is_terminal:
+            return ConsoleDimensions(PIPE_WIDTH, size.height)
+        return size
+
+    @size.setter
+    def size(self, new_size: tuple[int, int]) -> None:
+        Console.size.fset(self, new_size)
+
+    def print(self, *objects, **kwargs) -> None:
+        """``Console.print``; tables and other renderables (not strings or :class:`Text`) are laid
+        out within the width (the console's ``soft_wrap`` lets lines of text run on, but would
+        let a table run past the width too)."""
+        if "soft_wrap" not in kwargs and any(not isinstance(o, (str, Text)) for o in objects):
+            kwargs["soft_wrap"] = False
+        super().print(*objects, **kwargs)
+
+
 # text is printed as given: no markup, no :emoji: codes, no highlighting, no wrapping of long
-# lines (YAML, tokens, SQL results must survive `> file`; tables still fit the terminal)
-console = Console(markup=False, emoji=False, highlight=False, soft_wrap=True)
-err = Console(stderr=True, markup=False, emoji=False, highlight=False, soft_wrap=True)
+# lines (YAML, tokens, SQL results must survive `> file`; tables fit the terminal, or
+# PIPE_WIDTH in a pipe)
+console = CliConsole(markup=False, emoji=False, highlight=False, soft_wrap=True)
+err = CliConsole(stderr=True, markup=False, emoji=False, highlight=False, soft_wrap=True)
 
 
 def styled(*parts: str | tuple[str, str]) -> Text:
@@ -54,6 +91,11 @@ def strict_json(value, *, indent: int | None = None) -> str:
     """JSON that strict parsers accept: NaN and infinities (e.g. the average of no rows) become
     ``null``, anything else JSON has no type for (datetimes, Decimals) its ``str``."""
     return json.dumps(_finite(value), indent=indent, default=str, allow_nan=False)
+
+
+def clip(text: str, limit: int) -> str:
+    """``text`` at most ``limit`` characters, ending in an ellipsis when cut (never cut silently)."""
+    return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
 def money(amount: object, currency: str = "") -> str:

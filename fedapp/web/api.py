@@ -114,10 +114,14 @@ class Api:
         """``TenantService.ListTenants``: the tenants the user may read."""
         return await self._call(self.tenants.ListTenants, gpb.ListTenantsRequest(), token)
 
-    async def list_approvals(self, token: str, states=(), page_size: int = 200) -> gpb.ListApprovalsResponse:
-        """``ApprovalService.ListApprovals`` for every tenant the user approves for."""
+    async def list_approvals(self, token: str, states=(), page_size: int = 200, *, newest_first: bool = False,
+                             page_token: str = "") -> gpb.ListApprovalsResponse:
+        """``ApprovalService.ListApprovals`` for every tenant the user approves for: one page
+        (oldest request first, or newest decision first), continued with ``page_token``."""
+        order = gpb.APPROVAL_ORDER_NEWEST_FIRST if newest_first else gpb.APPROVAL_ORDER_OLDEST_FIRST
         return await self._call(self.approvals.ListApprovals,
-                                gpb.ListApprovalsRequest(states=list(states), page_size=page_size), token)
+                                gpb.ListApprovalsRequest(states=list(states), page_size=page_size, order=order,
+                                                         page_token=page_token), token)
 
     async def decide(self, token: str, approval_id: str, approve: bool, comment: str = "") -> gpb.Approval:
         """``ApprovalService.Approve`` (``approve``) or ``Reject``."""

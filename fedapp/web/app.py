@@ -62,6 +62,8 @@ STATES = tuple(pb.JobState.Name(v).removeprefix("JOB_STATE_").lower()
 #: Approvals asked for per state group (the API's page maximum).
 MAX_APPROVALS = 1000
 DECIDED = (gpb.APPROVAL_STATE_APPROVED, gpb.APPROVAL_STATE_REJECTED, gpb.APPROVAL_STATE_EXPIRED)
+#: Decided requests per page of the approvals page (newest decision first, then "Older decisions").
+DECIDED_PAGE = 50
 
 _PUBLIC = ("/login", "/healthz", "/static/", "/favicon.ico")
 
@@ -444,15 +446,19 @@ async def clusters_page(request: web.Request) -> web.Response:
 
 
 async def approvals_page(request: web.Request) -> web.Response:
-    """Approvers: pending requests with Approve/Reject and the recent decisions. Others (the API
+    """Approvers: pending requests with Approve/Reject, and the decided ones newest first,
+    :data:`DECIDED_PAGE` a page (``?decided_page=`` = the API's page token). Others (the API
     refuses them ListApprovals): their jobs awaiting approval, without buttons."""
     api, token = _api(request)
-    pending, decided, awaiting, approver, capped = [], [], [], True, 0
+    q = request.query
+    pending, decided, awaiting, approver, decided_total, next_url = [], [], [], True, 0, ""
     try:
         pending = list((await api.list_approvals(token, [gpb.APPROVAL_STATE_PENDING], MAX_APPROVALS)).approvals)
-        listed = (await api.list_approvals(token, DECIDED, MAX_APPROVALS)).approvals
-        capped = MAX_APPROVALS if len(listed) >= MAX_APPROVALS else 0  # listed oldest first: newer ones were cut
-        decided = sorted(listed, key=lambda a: (a.decided_at.seconds, a.decided_at.nanos), reverse=True)[:50]
+        listed = await api.list_approvals(token, DECIDED, DECIDED_PAGE, newest_first=True,
+                                          page_token=q.get("decided_page", ""))
+        decided, decided_total = list(listed.approvals), listed.total
+        if listed.next_page_token:
+            next_url = "/approvals?" + urlencode({"decided_page": listed.next_page_token})
     except ApiError as e:
         if e.code != grpc.StatusCode.PERMISSION_DENIED:
             raise
@@ -463,10 +469,10 @@ async def approvals_page(request: web.Request) -> web.Response:
         except ApiError as e2:
             if e2.code != grpc.StatusCode.PERMISSION_DENIED:
                 raise
-    q = request.query
     flash = (f"{q['decided']} {q.get('as', '')}" if q.get("decided") else "")
     return render(request, "approvals.html", pending=pending, decided=decided, awaiting=awaiting,
-                  approver=approver, flash=flash, capped=capped)
+                  approver=approver, flash=flash, decided_total=decided_total, next_url=next_url,
+                  first_page=not q.get("decided_page"))
 
 
 async def decide(request: web.Request) -> web.Response:

@@ -19,6 +19,10 @@ timeout either wins or is reported as FAILED_PRECONDITION, never both.
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import heapq
+import json
 import math
 import re
 from typing import Callable
@@ -419,6 +423,49 @@ class TenantServicer(gpb_grpc.TenantServiceServicer):
 # --------------------------------------------------------------------------- ApprovalService
 
 
+
+def _approval_key(rec, newest: bool) -> tuple[float, str]:
+    """The sort key of an approval request in a ListApprovals page, ascending: oldest first by
+    request time; newest first by decision time (request time while pending), negated. Ties
+    go by approval id, so the order is total and a cursor resumes exactly after its request."""
+    if newest:
+        return (-(rec.decided_at or rec.requested_at), rec.approval_id)
+    return (rec.requested_at, rec.approval_id)
+
+
+def _approval_filter_digest(tenant: str, states: set, newest: bool) -> str:
+    """16 hex of SHA-256 over a ListApprovals request's filters and order (what its page tokens
+    are bound to)."""
+    text = json.dumps([tenant, sorted(str(s) for s in states), newest])
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _encode_approval_token(key: tuple[float, str], digest: str, total: int) -> str:
+    """An opaque ListApprovals page token: ``base64url(JSON)`` of the last listed key, the
+    filters' digest and the first page's total."""
+    doc = {"v": 1, "k": [key[0], key[1]], "f": digest, "n": total}
+    return base64.urlsafe_b64encode(json.dumps(doc, separators=(",", ":")).encode()).decode().rstrip("=")
+
+
+def _decode_approval_token(token: str, digest: str) -> tuple[tuple[float, str], int]:
+    """The cursor and total of a ListApprovals page token issued for the filters ``digest``.
+
+    Raises:
+        ValidationError: ``page_token``: not a ListApprovals token, or one for other filters or
+            another order.
+    """
+    try:
+        doc = json.loads(base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)))
+        key, total = (float(doc["k"][0]), str(doc["k"][1])), int(doc["n"])
+        if doc.get("v") != 1 or not math.isfinite(key[0]) or total < 0:
+            raise ValueError("bad token")
+    except (ValueError, TypeError, KeyError, IndexError) as e:
+        raise ValidationError("page_token", "not a token returned by ListApprovals") from e
+    if doc.get("f") != digest:
+        raise ValidationError("page_token", "was issued for other filters or another order; repeat them, or start "
+                                            "again without a page token")
+    return key, total
+
 class ApprovalServicer(gpb_grpc.ApprovalServiceServicer):
     """Cross-region approval requests (approvers of the job's tenant, admins).
 
@@ -442,6 +489,15 @@ class ApprovalServicer(gpb_grpc.ApprovalServiceServicer):
         self.view = view
 
     async def ListApprovals(self, request: gpb.ListApprovalsRequest, context) -> gpb.ListApprovalsResponse:
+        """The approval requests the caller may decide, a page at a time (``page_size``, default
+        100, at most 1000): oldest request first, or with ``APPROVAL_ORDER_NEWEST_FIRST`` the
+        newest decision first (pending requests by request time); ``next_page_token`` continues
+        with the same filters and order.
+
+        Raises:
+            PermissionDeniedError: the caller approves for no tenant (or not for ``tenant``).
+            ValidationError: a bad tenant, state, order, page size or page token.
+        """
         principal = auth.current()
         if request.tenant:
             check_name("tenant", request.tenant, "tenant")
@@ -457,11 +513,25 @@ class ApprovalServicer(gpb_grpc.ApprovalServiceServicer):
             if s not in APPROVAL_STATE_FROM_PB:
                 raise ValidationError(f"states[{i}]", f"unknown state {s}")
             states.add(APPROVAL_STATE_FROM_PB[s])
+        if request.order not in gpb.ApprovalOrder.values():
+            raise ValidationError("order", f"unknown order {request.order}")
+        newest = request.order == gpb.APPROVAL_ORDER_NEWEST_FIRST
+        digest = _approval_filter_digest(request.tenant, states, newest)
+        cursor, total = _decode_approval_token(request.page_token, digest) if request.page_token else (None, None)
         records = [r for r in self.approvals.by_id.values()
                    if (not request.tenant or r.tenant == request.tenant) and (not states or r.state in states)
                    and principal.can_approve(r.tenant)]
-        records.sort(key=lambda r: (r.requested_at, r.approval_id))
-        return gpb.ListApprovalsResponse(approvals=[approval_to_pb(r) for r in records[:size]])
+        if total is None:
+            total = len(records)
+        keyed = [(_approval_key(r, newest), r) for r in records]
+        if cursor is not None:
+            keyed = [(k, r) for k, r in keyed if k > cursor]
+        page = heapq.nsmallest(size + 1, keyed, key=lambda kr: kr[0])  # O(n log size): no full sort per page
+        more = len(page) > size
+        page = page[:size]
+        token = _encode_approval_token(page[-1][0], digest, total) if more else ""
+        return gpb.ListApprovalsResponse(approvals=[approval_to_pb(r) for _, r in page], next_page_token=token,
+                                         total=total)
 
     async def Approve(self, request: gpb.DecideApprovalRequest, context) -> gpb.Approval:
         return await self._decide(request, EventType.APPROVAL_APPROVED)

@@ -71,10 +71,10 @@ def test_up_submit_sql_ctrl_c_and_resume(tmp_path):
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             show = _run("job", job_id, "--server", grpc, "-o", "json", data_dir=tmp_path)
-            if '"JOB_STATE_RUNNING"' in show.stdout:
+            if show.returncode == 0 and json.loads(show.stdout)["state"] == "running":  # the table's word
                 break
             time.sleep(0.3)
-        assert '"JOB_STATE_RUNNING"' in show.stdout, show.stdout
+        assert json.loads(show.stdout)["state"] == "running", show.stdout
         bad = _run("submit", "--server", grpc, "--tenant", "vision", "--project", "serve", "--gpus", "2",
                    "--gpu-milli", "500", "--token", token_file.read_text().strip())  # a share needs --gpus 1
         assert bad.returncode == 1 and "INVALID_ARGUMENT" in bad.stderr and "spec.gpu_milli" in bad.stderr
@@ -93,8 +93,18 @@ def test_up_submit_sql_ctrl_c_and_resume(tmp_path):
         q = runs[-1]
         assert q.returncode == 0, q.stderr
         assert '"n"' in q.stdout
-        locked = _run("sql", "--data-dir", str(tmp_path), "SELECT 1")
-        assert locked.returncode == 1 and "--nats-url" in (locked.stderr + locked.stdout)
+        # `up` holds the embedded store (chDB opens a path in one process only): sql and report with
+        # just the data dir (no --nats-url, no token, no FEDSCHED_DATA_DIR) are answered by `up`
+        assert (tmp_path / "store-query.json").exists()
+        same_dir = _run("sql", "--data-dir", str(tmp_path), "-o", "json",
+                        "SELECT count() AS n FROM fedsched.events WHERE job_id = '" + job_id + "'")
+        assert same_dir.returncode == 0, same_dir.stderr
+        assert json.loads(same_dir.stdout)[0]["n"] > 0
+        no_files = _run("sql", "--data-dir", str(tmp_path), "SELECT * FROM file('/etc/passwd', 'LineAsString')")
+        assert no_files.returncode == 1 and "passwd" not in no_files.stdout  # still the read-only handle
+        report = _run("report", "--data-dir", str(tmp_path), "--only", "summary", "-o", "json")
+        assert report.returncode == 0, report.stderr
+        assert "summary" in json.loads(report.stdout)["reports"]
         _store_queries_are_read_only(nats_port, grpc, tmp_path)
         _explain_and_odd_text(grpc, tmp_path, job_id)
         _second_up_is_refused(tmp_path, grpc)
@@ -105,7 +115,7 @@ def test_up_submit_sql_ctrl_c_and_resume(tmp_path):
     proc = _up(tmp_path, grpc, nats_port)
     try:
         again = _run("job", job_id, "--server", grpc, "-o", "json", data_dir=tmp_path)
-        assert again.returncode == 0 and '"JOB_STATE_RUNNING"' in again.stdout, again.stdout
+        assert again.returncode == 0 and json.loads(again.stdout)["state"] == "running", again.stdout
         dup = _run("submit", "--server", grpc, "--tenant", "vision", "--project", "serve", "--kind", "inference",
                    "--gpus", "1", "--gpu-milli", "500", "--cpu-milli", "2000", "--duration", "3600",
                    "--request-id", "cli-1", data_dir=tmp_path)
@@ -116,6 +126,7 @@ def test_up_submit_sql_ctrl_c_and_resume(tmp_path):
             changed.stdout + changed.stderr
     finally:
         _stop(proc)
+    assert not (tmp_path / "store-query.json").exists()  # stopped: sql opens the store itself
     offline = _run("sql", "--data-dir", str(tmp_path), "-o", "json",
                    "SELECT countIf(type = 'job.started') AS started FROM fedsched.events WHERE job_id = '" + job_id + "'")
     assert offline.returncode == 0, offline.stderr

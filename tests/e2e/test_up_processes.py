@@ -92,11 +92,18 @@ def test_up_processes_runs_a_job_and_sigterm_leaves_no_process(tmp_path):
                                  capture_output=True, text=True, timeout=90,
                                  env=dict(os.environ, FEDSCHED_DATA_DIR=str(tmp_path / "data")))
         assert watched.returncode == 0 and "succeeded" in watched.stdout, watched.stdout + watched.stderr
+        # the store child holds the embedded store: `sql` on the data dir is answered by it
+        record = json.loads((tmp_path / "data" / "store-query.json").read_text())
+        assert record["pid"] == pids["store"] and "@" not in record["nats_url"]
+        counted = _cli("sql", "--data-dir", str(tmp_path / "data"), "-o", "json",
+                       "SELECT count() AS n FROM fedsched.events WHERE job_id = '" + job_id + "'", data_dir=tmp_path)
+        assert counted.returncode == 0 and json.loads(counted.stdout)[0]["n"] > 0, counted.stderr
     finally:
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=90)
     assert proc.returncode == 0, out
     assert "stopped; state kept" in out
+    assert not (tmp_path / "data" / "store-query.json").exists()
     assert until_sync(lambda: not any(_alive(p) for p in pids.values()), timeout=10), \
         {n: p for n, p in pids.items() if _alive(p)}
 

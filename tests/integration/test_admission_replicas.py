@@ -24,7 +24,7 @@ import grpc
 from fedsched.api.v1 import jobs_pb2 as pb
 from fedsched.api.v1 import jobs_pb2_grpc as pb_grpc
 from fedsched.bus import Bus
-from tests.builders import TENANTS, channel, policy_doc, running_admission
+from tests.builders import TENANTS, channel, policy_doc, running_admission, submit_at_once
 
 SMALL_BUDGET_TENANTS = TENANTS.replace("{name: vision, home_region: cn-south-1, projects: [train, serve, batch]}",
                                        "{name: vision, home_region: cn-south-1, projects: [train, serve, batch], "
@@ -80,22 +80,7 @@ async def test_concurrent_budget_holds_across_two_replicas_never_exceed_the_budg
     the same 22 jobs."""
     async with _replicas(nats_server, bus, policy_doc(tenants=SMALL_BUDGET_TENANTS)) as (a, b):
         job = _job("vision", "serve", estimated_duration_seconds=3600, max_price_per_gpu_hour=4.5, retry_limit=0)
-        channels = [channel(svc.port, "carol") for svc in (a, b, a, b)]
-        stubs = [pb_grpc.JobServiceStub(ch) for ch in channels]
-
-        async def submit(i: int):
-            try:
-                return await stubs[i % len(stubs)].SubmitJob(job, timeout=60)
-            except grpc.aio.AioRpcError as e:
-                return e
-
-        try:
-            results = await asyncio.gather(*(submit(i) for i in range(200)))
-        finally:
-            for ch in channels:
-                await ch.close()
-        accepted = [r for r in results if isinstance(r, pb.SubmitJobResponse)]
-        refused = [r for r in results if not isinstance(r, pb.SubmitJobResponse)]
+        accepted, refused = await submit_at_once([svc.port for svc in (a, b, a, b)], "carol", job, 200)
         assert {r.code() for r in refused} == {grpc.StatusCode.RESOURCE_EXHAUSTED}, refused[0].details()
         assert len(accepted) == 22 and len({r.job_id for r in accepted}) == 22
         await _until(lambda: len(a.view.open_by_tenant.get("vision", ())) == 22 == len(b.view.open_by_tenant.get(

@@ -4,7 +4,6 @@ are RESOURCE_EXHAUSTED naming the budget."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 from datetime import UTC, datetime
 
@@ -16,7 +15,7 @@ from fedsched.api.v1 import jobs_pb2_grpc as pb_grpc
 from fedsched.events import UsageRecorded, make_event
 from fedsched.pricing import load_price_catalog
 from services.admission.budgets import month_of
-from tests.builders import TENANTS, channel, policy_doc, running_admission, until
+from tests.builders import TENANTS, channel, policy_doc, running_admission, submit_at_once, until
 
 BUDGET_TENANTS = TENANTS.replace("{name: vision, home_region: cn-south-1, projects: [train, serve, batch]}",
                                  "{name: vision, home_region: cn-south-1, projects: [train, serve, batch], "
@@ -199,22 +198,7 @@ async def test_concurrent_submits_never_hold_more_than_the_budget(bus):
     async with running_admission(bus, policy_doc(tenants=SMALL_BUDGET_TENANTS), spend_poll_s=0.05) as svc:
         # 1 attempt x 1 GPU x 1 h x 4.5 CNY/GPU-h (the job's price cap bounds its worst case)
         job = _job(estimated_duration_seconds=3600, max_price_per_gpu_hour=4.5, retry_limit=0)
-        channels = [channel(svc.port, "carol") for _ in range(4)]
-        stubs = [pb_grpc.JobServiceStub(ch) for ch in channels]
-
-        async def submit(i: int):
-            try:
-                return await stubs[i % len(stubs)].SubmitJob(job, timeout=60)
-            except grpc.aio.AioRpcError as e:
-                return e
-
-        try:
-            results = await asyncio.gather(*(submit(i) for i in range(200)))
-        finally:
-            for ch in channels:
-                await ch.close()
-        accepted = [r for r in results if isinstance(r, pb.SubmitJobResponse)]
-        refused = [r for r in results if not isinstance(r, pb.SubmitJobResponse)]
+        accepted, refused = await submit_at_once([svc.port] * 4, "carol", job, 200)
         assert len(accepted) == 22 and len({r.job_id for r in accepted}) == 22
         assert {r.code() for r in refused} == {grpc.StatusCode.RESOURCE_EXHAUSTED}
         assert all(r.details().startswith("budget.vision:") and "may cost up to 4.500000 CNY" in r.details()

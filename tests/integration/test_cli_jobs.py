@@ -33,10 +33,13 @@ async def admission(bus):
         yield svc
 
 
-async def _cli(admission, *args: str, stdin: str | None = None, who: str = "root") -> subprocess.CompletedProcess:
-    """The CLI in a child process (the servers run on this event loop: never block it)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("FEDSCHED_TOKEN", "FEDSCHED_DATA_DIR")}
-    env["COLUMNS"] = "250"
+async def _cli(admission, *args: str, stdin: str | None = None, who: str = "root",
+               columns: str | None = "250") -> subprocess.CompletedProcess:
+    """The CLI in a child process (the servers run on this event loop: never block it); stdout
+    is a pipe, ``COLUMNS`` is ``columns`` (None: unset, as in a user's pipe)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("FEDSCHED_TOKEN", "FEDSCHED_DATA_DIR", "COLUMNS")}
+    if columns is not None:
+        env["COLUMNS"] = columns
     cmd = [sys.executable, "-m", "fedapp.cli", *args, "--server", f"127.0.0.1:{admission.port}", "--token", TOKENS[who]]
     return await asyncio.to_thread(subprocess.run, cmd, capture_output=True, text=True, timeout=120, env=env,
                                    input=stdin)
@@ -295,3 +298,63 @@ async def test_watch_redraws_and_stops_after_the_asked_refreshes(admission):
     assert bare.returncode == 0, bare.stderr
     assert "every 2 s" in bare.stdout
 
+
+
+LONG_NAME = "nightly-ranking-model-retrain-cn-north-1"  # 40 characters
+
+
+async def test_a_pipe_gets_one_line_per_job_with_whole_names_and_columns_is_honoured(admission):
+    """Issue 16 follow-up: in a pipe without COLUMNS (rich's default would be 80 columns) every
+    job is one line with its whole 40-character name, so `fedsched jobs | grep` sees rows;
+    COLUMNS=80 fits the table in 80 columns and cuts the name with an ellipsis, never silently."""
+    assert len(LONG_NAME) == 40
+    ids = await _submit_many(admission, [pb.JobSpec(tenant="search", project="train", name=LONG_NAME,
+                                                    kind=pb.JOB_KIND_TRAINING) for _ in range(3)])
+    piped = await _cli(admission, "jobs", columns=None)
+    assert piped.returncode == 0, piped.stderr
+    for job_id in ids:
+        (row,) = [line for line in piped.stdout.splitlines() if job_id in line]  # grep finds the job's one line
+        assert LONG_NAME in row and "search/train" in row and "queued" in row, row
+    narrow = await _cli(admission, "jobs", columns="80")
+    assert narrow.returncode == 0, narrow.stderr
+    lines = narrow.stdout.splitlines()
+    assert max(len(line) for line in lines) <= 80, narrow.stdout
+    assert all(any(job_id in line for line in lines) for job_id in ids)  # ids are never cut
+    assert LONG_NAME not in narrow.stdout and LONG_NAME[:10] in narrow.stdout and "…" in narrow.stdout
+
+
+async def test_json_output_spells_enums_as_the_table_and_the_filters_do(admission):
+    """`-o json` says `queued`, `training`, `high` (what the STATE column prints and --state
+    takes), not JOB_STATE_QUEUED, for jobs, job and submit alike; a job's JSON spec submits again."""
+    (job_id,) = await _submit_many(admission, [pb.JobSpec(tenant="search", project="train", name="spelled",
+                                                          kind=pb.JOB_KIND_TRAINING, priority=pb.PRIORITY_CLASS_HIGH,
+                                                          locality=pb.LOCALITY_PREFER_LOCAL)])
+    (listed,) = json.loads((await _cli_here(admission, "jobs", "--state", "queued", "-o", "json")).stdout)
+    one = json.loads((await _cli_here(admission, "job", job_id, "-o", "json")).stdout)
+    for j in (listed, one):
+        assert j["state"] == "queued"
+        assert (j["spec"]["kind"], j["spec"]["priority"], j["spec"]["locality"]) == ("training", "high", "prefer_local")
+    table = await _cli_here(admission, "jobs")
+    (row,) = [line for line in table.stdout.splitlines() if job_id in line]
+    assert f" {listed['state']} " in row
+    submitted = await _cli_here(admission, "submit", "--tenant", "search", "--project", "train", "--kind",
+                                "fine_tune", "-o", "json")
+    assert json.loads(submitted.stdout)["state"] == "queued", submitted.stdout
+    resubmit = await _cli(admission, "submit", "-f", "-", "-o", "json",
+                          stdin=json.dumps(one["spec"]))
+    assert resubmit.returncode == 0, resubmit.stderr
+    again = json.loads((await _cli_here(admission, "job", json.loads(resubmit.stdout)["job_id"], "-o", "json")).stdout)
+    assert (again["spec"]["kind"], again["spec"]["priority"], again["spec"]["locality"]) == ("training", "high",
+                                                                                           "prefer_local")
+
+
+async def test_a_filter_matching_nothing_prints_nothing_and_says_why_on_stderr(admission):
+    await _submit_many(admission, [pb.JobSpec(tenant="search", project="train") for _ in range(2)])
+    out = await _cli(admission, "jobs", "--state", "held", "--tenant", "x")
+    assert out.returncode == 0 and out.stdout == "", out.stdout
+    assert "no jobs match --tenant x --state held; `fedsched jobs` without filters lists 2" in out.stderr
+    as_json = await _cli(admission, "jobs", "--name", "nothing-*", "-o", "json")
+    assert as_json.returncode == 0 and json.loads(as_json.stdout) == []
+    assert "no jobs match --name 'nothing-*'" in as_json.stderr
+    unfiltered = await _cli(admission, "jobs", "--tenant", "search")
+    assert unfiltered.returncode == 0 and unfiltered.stderr == "" and "2 of 2 matching jobs" in unfiltered.stdout

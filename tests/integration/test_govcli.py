@@ -122,3 +122,46 @@ async def test_with_an_expected_version_a_concurrent_change_refuses_the_edit(adm
     assert e.value.exit_code == 1
     search = await _tenant(admission, "search")
     assert search.cross_region == "forbidden" and "eval" not in search.projects
+
+
+async def test_approvals_pages_newest_first_and_an_empty_filter_says_so(admission):
+    """`fedsched approvals --newest-first --limit 2` pages through every request once, newest
+    first, the footer giving the next token; a filter matching nothing prints nothing on stdout
+    and names the filters on stderr; long reasons end in an ellipsis."""
+    import json
+    import time
+
+    from fedsched.clock import to_datetime
+    from fedsched.events import ApprovalRequested, make_event
+    from tests.builders import until
+
+    ids = [f"ap-{i:020x}" for i in range(5)]
+    for i, approval_id in enumerate(ids):  # requested one second apart, oldest first
+        request = make_event("approval.requested", ApprovalRequested(
+            approval_id=approval_id, home_region="cn-north-1", proposed_region="cn-east-1",
+            proposed_cluster="cn-east-1-c1", reason="home region full; " + "x" * 200,
+            expires_at=to_datetime(time.time() + 3600)),
+            producer="scheduler", occurred_at=time.time() - 100 + i, tenant="search", project="train",
+            job_id=f"j-{i}", actor="scheduler")
+        await admission.bus.publish(admission.bus.subjects.approval("search", "train"), request)
+    assert await until(lambda: len(admission.approvals.by_id) == 5)
+    seen, token, pages = [], "", 0
+    while True:
+        out = await _cli(admission, "approvals", "--newest-first", "--limit", "2",
+                         *(["--page-token", token] if token else []))
+        assert out.returncode == 0, out.stderr
+        seen += [line.split("│")[1].strip() for line in out.stdout.splitlines() if line.startswith("│ ap-")]
+        pages += 1
+        footer = out.stdout.strip().splitlines()[-1]
+        assert " of 5 matching requests shown" in footer, out.stdout
+        if "--page-token" not in footer:
+            break
+        token = footer.split("--page-token ", 1)[1].strip()
+    assert seen == list(reversed(ids)) and pages == 3
+    assert "…" in out.stdout and "x" * 100 not in out.stdout
+    listed = json.loads((await _cli(admission, "approvals", "-o", "json")).stdout)
+    assert [a["approval_id"] for a in listed["approvals"]] == ids and {a["state"] for a in listed["approvals"]} == {
+        "pending"}
+    none = await _cli(admission, "approvals", "--state", "approved", "--tenant", "search")
+    assert none.returncode == 0 and none.stdout == ""
+    assert "no approval requests match --tenant search --state approved" in none.stderr

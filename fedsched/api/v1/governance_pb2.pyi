@@ -25,6 +25,12 @@ class ApprovalState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     APPROVAL_STATE_APPROVED: _ClassVar[ApprovalState]
     APPROVAL_STATE_REJECTED: _ClassVar[ApprovalState]
     APPROVAL_STATE_EXPIRED: _ClassVar[ApprovalState]
+
+class ApprovalOrder(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    APPROVAL_ORDER_UNSPECIFIED: _ClassVar[ApprovalOrder]
+    APPROVAL_ORDER_OLDEST_FIRST: _ClassVar[ApprovalOrder]
+    APPROVAL_ORDER_NEWEST_FIRST: _ClassVar[ApprovalOrder]
 CROSS_REGION_MODE_UNSPECIFIED: CrossRegionMode
 CROSS_REGION_MODE_FORBIDDEN: CrossRegionMode
 CROSS_REGION_MODE_APPROVAL: CrossRegionMode
@@ -34,6 +40,9 @@ APPROVAL_STATE_PENDING: ApprovalState
 APPROVAL_STATE_APPROVED: ApprovalState
 APPROVAL_STATE_REJECTED: ApprovalState
 APPROVAL_STATE_EXPIRED: ApprovalState
+APPROVAL_ORDER_UNSPECIFIED: ApprovalOrder
+APPROVAL_ORDER_OLDEST_FIRST: ApprovalOrder
+APPROVAL_ORDER_NEWEST_FIRST: ApprovalOrder
 
 class JobClass(_message.Message):
     __slots__ = ("name", "kinds", "residency_tags", "cross_region")
@@ -264,20 +273,28 @@ class Approval(_message.Message):
     def __init__(self, approval_id: _Optional[str] = ..., job_id: _Optional[str] = ..., tenant: _Optional[str] = ..., project: _Optional[str] = ..., state: _Optional[_Union[ApprovalState, str]] = ..., home_region: _Optional[str] = ..., proposed_region: _Optional[str] = ..., proposed_cluster: _Optional[str] = ..., card_model: _Optional[str] = ..., reason: _Optional[str] = ..., cost: _Optional[str] = ..., home_cost: _Optional[str] = ..., currency: _Optional[str] = ..., transfer_seconds: _Optional[float] = ..., requested_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., decided_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., decided_by: _Optional[str] = ..., comment: _Optional[str] = ..., policy_version: _Optional[str] = ..., decision_policy_version: _Optional[str] = ...) -> None: ...
 
 class ListApprovalsRequest(_message.Message):
-    __slots__ = ("tenant", "states", "page_size")
+    __slots__ = ("tenant", "states", "page_size", "order", "page_token")
     TENANT_FIELD_NUMBER: _ClassVar[int]
     STATES_FIELD_NUMBER: _ClassVar[int]
     PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    ORDER_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     tenant: str
     states: _containers.RepeatedScalarFieldContainer[ApprovalState]
     page_size: int
-    def __init__(self, tenant: _Optional[str] = ..., states: _Optional[_Iterable[_Union[ApprovalState, str]]] = ..., page_size: _Optional[int] = ...) -> None: ...
+    order: ApprovalOrder
+    page_token: str
+    def __init__(self, tenant: _Optional[str] = ..., states: _Optional[_Iterable[_Union[ApprovalState, str]]] = ..., page_size: _Optional[int] = ..., order: _Optional[_Union[ApprovalOrder, str]] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class ListApprovalsResponse(_message.Message):
-    __slots__ = ("approvals",)
+    __slots__ = ("approvals", "next_page_token", "total")
     APPROVALS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_FIELD_NUMBER: _ClassVar[int]
     approvals: _containers.RepeatedCompositeFieldContainer[Approval]
-    def __init__(self, approvals: _Optional[_Iterable[_Union[Approval, _Mapping]]] = ...) -> None: ...
+    next_page_token: str
+    total: int
+    def __init__(self, approvals: _Optional[_Iterable[_Union[Approval, _Mapping]]] = ..., next_page_token: _Optional[str] = ..., total: _Optional[int] = ...) -> None: ...
 
 class DecideApprovalRequest(_message.Message):
     __slots__ = ("approval_id", "comment")

@@ -31,6 +31,7 @@ class FakeApi:
     def __init__(self) -> None:
         self.decisions: list[tuple[str, str, bool, str]] = []
         self.requests: list[pb.ListJobsRequest] = []
+        self.more_decided: list[gpb.Approval] = []
 
     def _who(self, token: str) -> str:
         if token not in USERS:
@@ -64,14 +65,21 @@ class FakeApi:
         self._who(token)
         raise ApiError(grpc.StatusCode.UNIMPLEMENTED, "unimplemented")
 
-    async def list_approvals(self, token, states=(), page_size=200):
+    async def list_approvals(self, token, states=(), page_size=200, *, newest_first=False, page_token=""):
+        """Pages like admission's: ``page_token`` is here the index of the page's first request."""
         if self._who(token) == "submitter":
             raise ApiError(grpc.StatusCode.PERMISSION_DENIED, "submitter is not an approver")
         approvals = [gpb.Approval(approval_id=APPROVAL, job_id="j-1", tenant="ads", project="train",
                                   state=gpb.APPROVAL_STATE_PENDING, cost="3.6", currency="CNY"),
                      gpb.Approval(approval_id="ap-ffffffffffffffffffff", job_id="j-0", tenant="ads", project="train",
-                                  state=gpb.APPROVAL_STATE_EXPIRED, decided_by="scheduler")]
-        return gpb.ListApprovalsResponse(approvals=[a for a in approvals if not states or a.state in states])
+                                  state=gpb.APPROVAL_STATE_EXPIRED, decided_by="scheduler"), *self.more_decided]
+        matching = [a for a in approvals if not states or a.state in states]
+        if newest_first:
+            matching.sort(key=lambda a: (-a.decided_at.seconds, a.approval_id))
+        start = int(page_token or 0)
+        end = start + page_size
+        return gpb.ListApprovalsResponse(approvals=matching[start:end], total=len(matching),
+                                         next_page_token=str(end) if end < len(matching) else "")
 
     async def decide(self, token, approval_id, approve, comment=""):
         who = self._who(token)
@@ -165,6 +173,30 @@ async def test_an_approver_decides_and_a_non_approver_gets_403_from_the_api(clie
     r = await client.post(f"/approvals/{APPROVAL}/approve", data={"csrf": csrf}, allow_redirects=False)
     assert r.status == 403 and "submitter is not an approver of ads" in await r.text()
     assert len(client.fake.decisions) == 1
+
+
+async def test_decided_requests_show_newest_first_fifty_a_page(client):
+    """Issue 16 follow-up: the "decided" list used to show the first 1000 the API listed (the
+    oldest); now the newest decision comes first, 50 a page, "Older decisions" leads on."""
+    for i in range(119):  # with the fake's one expired request (decided at 0): 120, decided at 1..119 s
+        decided = gpb.Approval(approval_id=f"ap-{i:020x}", job_id=f"j-{i}", tenant="ads", project="train",
+                               state=gpb.APPROVAL_STATE_APPROVED, decided_by="ann")
+        decided.decided_at.FromSeconds(1 + i)
+        client.fake.more_decided.append(decided)
+    await _sign_in(client, "tok-approver")
+    seen, url, pages = [], "/approvals", 0
+    while url:
+        page = await (await client.get(url)).text()
+        pages += 1
+        decided_part = page.split("<h2>Decided</h2>", 1)[1]
+        rows = re.findall(r'<tr data-approval-id="(ap-[0-9a-f]{20})">', decided_part)
+        assert len(rows) == (50 if pages < 3 else 20)
+        seen += rows
+        assert "120 decided, newest first" in page
+        more = re.search(r'<a href="(/approvals\?decided_page=[^"]+)" rel="next">Older decisions', page)
+        url = more.group(1).replace("&amp;", "&") if more else ""
+    assert pages == 3
+    assert seen == [f"ap-{i:020x}" for i in reversed(range(119))] + ["ap-ffffffffffffffffffff"]
 
 
 async def test_api_refusals_become_http_statuses_and_a_rejected_token_signs_out(client):

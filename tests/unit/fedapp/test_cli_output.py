@@ -1,0 +1,65 @@
+"""The CLI's output rules: one spelling of every API enum (tables, filters, JSON) and the
+console's width in a pipe, with COLUMNS, and on a terminal."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+from rich.table import Table
+
+from fedapp.cli.text import PIPE_WIDTH, CliConsole
+from fedapp.cli.wire import enum_number, enum_word, enum_words, message_dict
+from fedsched.api.v1 import governance_pb2 as gpb
+from fedsched.api.v1 import jobs_pb2 as pb
+
+ENUMS = [pb.JobState, pb.JobKind, pb.PriorityClass, pb.Locality, pb.JobOrder, gpb.ApprovalState, gpb.CrossRegionMode]
+
+
+@pytest.mark.parametrize("enum", ENUMS, ids=lambda e: e.DESCRIPTOR.name)
+def test_every_word_names_its_value_and_back(enum):
+    words = enum_words(enum.DESCRIPTOR)
+    assert words and all(w == w.lower() and "_state_" not in w for w in words)
+    assert [enum_number(enum.DESCRIPTOR, w) for w in words] == [v.number for v in enum.DESCRIPTOR.values
+                                                                if v.number != 0]
+    assert enum_number(enum.DESCRIPTOR, "unspecified") is None
+
+
+@pytest.mark.parametrize("word, number", [("queued", pb.JOB_STATE_QUEUED), ("Awaiting-Approval",
+                                          pb.JOB_STATE_AWAITING_APPROVAL), ("JOB_STATE_QUEUED", None),
+                                          ("sleeping", None)], ids=["plain", "case-and-dash", "full-name", "unknown"])
+def test_state_words(word, number):
+    assert enum_number(pb.JobState.DESCRIPTOR, word) == number
+
+
+def test_message_dict_spells_enums_in_fields_lists_and_nested_messages():
+    job = pb.Job(job_id="j-1", state=pb.JOB_STATE_HELD,
+                 spec=pb.JobSpec(kind=pb.JOB_KIND_FINE_TUNE, priority=pb.PRIORITY_CLASS_BEST_EFFORT))
+    request = pb.ListJobsRequest(states=[pb.JOB_STATE_QUEUED, pb.JOB_STATE_RUNNING], order=pb.JOB_ORDER_OLDEST_FIRST)
+    assert message_dict(job) == {"job_id": "j-1", "state": "held",
+                                 "spec": {"kind": "fine_tune", "priority": "best_effort"}}
+    listed = message_dict(pb.ListJobsResponse(jobs=[job]))
+    assert listed["jobs"][0]["state"] == "held" and listed["jobs"][0]["spec"]["kind"] == "fine_tune"
+    assert message_dict(request) == {"states": ["queued", "running"], "order": "oldest_first"}
+    assert enum_word(pb.JobState.DESCRIPTOR, 999) == "999"  # a newer server's value is still shown
+
+
+def _render(console: CliConsole, buffer: io.StringIO) -> list[str]:
+    table = Table("job", "name")
+    table.add_row("j-1", "n" * 300)
+    console.print(table)
+    return buffer.getvalue().splitlines()
+
+
+def test_a_pipe_is_wide_columns_wins_and_a_terminal_keeps_its_width(monkeypatch):
+    monkeypatch.delenv("COLUMNS", raising=False)
+    pipe = io.StringIO()
+    lines = _render(CliConsole(file=pipe), pipe)
+    assert CliConsole(file=io.StringIO()).width == PIPE_WIDTH and "n" * 300 in lines[3]
+    monkeypatch.setenv("COLUMNS", "80")
+    narrow = io.StringIO()
+    assert max(len(line) for line in _render(CliConsole(file=narrow), narrow)) == 80
+    monkeypatch.delenv("COLUMNS")
+    tty = CliConsole(file=io.StringIO(), force_terminal=True, width=132)
+    assert tty.width == 132
+    assert CliConsole(file=io.StringIO(), force_terminal=True).width != PIPE_WIDTH
