@@ -397,18 +397,23 @@ def check_job_access(principal: Principal, rec: JobRecord, *, write: bool = Fals
     agent of the cluster the job's current attempt runs on. Cancellers: admins and submitters.
     Other services that show a job (e.g. an explain RPC) should call this too.
 
+    A caller who may not *see* the job is told it does not exist: the same
+    :class:`~fedsched.errors.NotFoundError` (code and message) as for an id nobody made, so a
+    per-job RPC never reveals that another tenant's job id exists (issue 14; the rule of
+    Kubernetes' and GitHub's APIs for objects outside the caller's scope). PERMISSION_DENIED is
+    kept for a caller who may see the job but not act on it.
+
     Raises:
-        PermissionDeniedError: naming the principal and the job's tenant/project.
+        NotFoundError: the caller may not read the job (``NotFoundError("job", job_id)``).
+        PermissionDeniedError: ``write`` and the caller may read but not cancel it.
     """
     spec = rec.spec
-    if write:
-        allowed = principal.can_cancel(spec.tenant, spec.project)
-    else:
-        allowed = principal.can_read(spec.tenant, spec.project) or (
-            rec.current is not None and principal.agent_of(rec.current.cluster))
-    if not allowed:
-        verb = "cancel" if write else "read"
-        raise PermissionDeniedError(f"{principal.name} may not {verb} jobs of {spec.tenant}/{spec.project}")
+    visible = principal.can_read(spec.tenant, spec.project) or (
+        rec.current is not None and principal.agent_of(rec.current.cluster))
+    if not visible and not (write and principal.can_cancel(spec.tenant, spec.project)):
+        raise NotFoundError("job", rec.job_id)
+    if write and not principal.can_cancel(spec.tenant, spec.project):
+        raise PermissionDeniedError(f"{principal.name} may not cancel jobs of {spec.tenant}/{spec.project}")
 
 
 def job_to_pb(rec: JobRecord) -> pb.Job:
@@ -868,7 +873,7 @@ class JobServicer(pb_grpc.JobServiceServicer):
         try:
             check_job_access(principal, existing)
             which = f"job {existing.job_id}"
-        except PermissionDeniedError:
+        except (NotFoundError, PermissionDeniedError):
             which = "another job"
         raise AlreadyExistsError(f"request_id {rid!r} of {principal.name} in {spec.tenant}/{spec.project} already "
                                  f"made {which} with a different spec; use a new request_id for a new job")
@@ -934,8 +939,8 @@ class JobServicer(pb_grpc.JobServiceServicer):
         from the ended-jobs read model (:mod:`services.admission.ended`).
 
         Raises:
-            ValidationError: not a job id. NotFoundError: no such job.
-            PermissionDeniedError: the caller may not read it.
+            ValidationError: not a job id. NotFoundError: no such job, or one the caller may not
+                read (the same error: :func:`check_job_access`).
         """
         try:
             return self._get(job_id)
