@@ -120,8 +120,14 @@ def screened(d: Delivery, prefix: str) -> Delivery:
     sender = sender_of(prefix, d.subject)
     tokens = d.subject.split(".")
     if len(tokens) == 3 and tokens[:2] == [prefix, "deadletter"]:
-        allowed = {EventType.BUS_DEAD_LETTER} if sender.startswith("agent-") else DLQ_TYPES
-        event_id = business_event_id("dlq", d.subject, d.stream_sequence or env.event_id)
+        agent = sender.startswith("agent-")
+        allowed = {EventType.BUS_DEAD_LETTER} if agent else DLQ_TYPES
+        # A service's dead letters and security records have ids deterministic per refused message
+        # (fedsched.trust.rejection_events, Bus.dead_letter): keyed on that id, the same refusal
+        # published again -- a consumer re-reading the stream after a restart, past JetStream's
+        # duplicate window -- is the same row. An agent's ids are not trusted: keyed on the
+        # dead-letter stream's own sequence.
+        event_id = business_event_id("dlq", d.subject, (d.stream_sequence or env.event_id) if agent else env.event_id)
         if env.known_type in allowed:
             stand_in = env.model_copy(update=dict(event_id=event_id, producer=sender, actor=sender, region="", zone="",
                                                   cluster="", tenant="", project="", job_id="", attempt=0))

@@ -10,7 +10,8 @@ from fedsched.pricing import load_price_catalog
 from fedsched.store import AsyncStore
 from services.audit.service import AuditService
 from services.billing.service import BillingService
-from tests.builders import placement_of, until
+from fedsched.bus import Bus
+from tests.builders import placement_of, unique, until
 
 START = datetime(2023, 3, 1, 12, 0, tzinfo=UTC).timestamp()
 R = "cn-east-1"
@@ -118,3 +119,51 @@ async def test_an_agents_dead_letter_subject_cannot_put_events_into_the_audit_lo
     rows = store.query(f"SELECT type, producer, tenant, job_id, event_id != '{fake.event_id}' "
                        f"FROM {store.database}.events ORDER BY type").rows
     assert rows == [("bus.dead_letter", "agent-" + C2, "", "", 1)] * 2
+
+
+async def _count(store, where: str) -> int:
+    return store.query(f"SELECT count() FROM {store.database}.events WHERE {where}").scalar()
+
+
+async def test_a_refusal_repeated_after_a_restart_adds_no_audit_row(nats_server, store):
+    """Issue 14: billing refuses an invented end, then (restarted with its durable reset) reads
+    the stream again and refuses it again -- past JetStream's duplicate window, so the second
+    refusal really reaches the dead-letter stream. Audit still holds one dead letter and one
+    security record from billing (before: 2 -> 4 rows)."""
+    window = 0.3
+    bus = await Bus.connect(nats_server.url, unique("t"), name="test", duplicate_window_s=window)
+    await bus.ensure_streams()
+    astore = AsyncStore(store)
+    audit = AuditService(bus, astore, linger_s=0.02)
+    billing = BillingService(bus, astore, load_price_catalog(), linger_s=0.02)
+    tasks = [asyncio.create_task(audit.run()), asyncio.create_task(billing.run())]
+    invented = _status("job.finished", job="invented", cluster=C2, at=START + 600)
+    await bus.publish(bus.subjects.status(R, C2), invented)
+    dlq = f"{bus.prefix.upper()}_DLQ"
+    by_billing = "producer = 'billing' AND type IN ('bus.dead_letter', 'security.rejected_message')"
+
+    async def recorded():
+        return await _count(store, by_billing) == 2 and await audit.lag() == 0
+    try:
+        assert await until(recorded, timeout=20, interval=0.05)
+        billing.stop()
+        await tasks.pop()
+        await bus.js.delete_consumer(billing.consumer.stream, billing.consumer.durable)
+        await asyncio.sleep(2 * window)  # past the duplicate window: JetStream no longer drops the repeat
+        again = BillingService(bus, astore, load_price_catalog(), linger_s=0.02)
+        tasks.append(asyncio.create_task(again.run()))
+
+        async def refused_again():
+            return again.rejected == 1 and (await bus.js.stream_info(dlq)).state.messages == 4
+        assert await until(refused_again, timeout=20, interval=0.05)
+
+        async def drained():
+            return await audit.lag() == 0
+        assert await until(drained, timeout=20, interval=0.05)
+        assert await _count(store, by_billing) == 2
+    finally:
+        audit.stop()
+        for c in (billing, *([again] if "again" in locals() else [])):
+            c.stop()
+        await asyncio.gather(*tasks)
+        await bus.close()
