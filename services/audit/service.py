@@ -14,6 +14,15 @@ Events of a type this build does not know (a newer producer) are stored like any
 log keeps what was said even when no reader here understands it yet. What an agent says for
 another cluster, and anything on a dead-letter subject, is recorded as what it is, attributed to
 the subject's sender (:func:`screened`).
+
+Audit applies the consumers' trust checks itself (:mod:`fedsched.trust`), from what it has: the
+subject against the envelope and the agent event types (:func:`screened`), and an agent's
+status against the placements in the log (:meth:`AuditService.screen_statuses`). A message
+they refuse is stored only as a ``security.rejected_message`` naming the claimed type, job and
+attempt in its payload -- never as the event it claims to be, so nothing that counts a job's
+events (``fedsched report``, the console's job page, ad-hoc SQL on ``events``) sees it. Audit
+needs no word from the other consumers, so the order in which it reads their refusals, and
+restarts, do not matter.
 """
 
 from __future__ import annotations
@@ -24,10 +33,13 @@ import logging
 from dataclasses import replace
 from datetime import datetime
 
+import nats.errors
+
 from fedsched.bus import Bus, Delivery, DurableConsumer
 from fedsched.clock import as_utc
 from fedsched.dispatch import EventTable
-from fedsched.events import (DeadLetter, Envelope, EventType, InventorySnapshot, JobPending, JobPlaced,
+from fedsched.errors import UnavailableError
+from fedsched.events import (DeadLetter, Envelope, EventType, InventorySnapshot, JobPending, JobPlaced, JobStatus,
                              SecurityRejected, business_event_id, make_event)
 from fedsched.trust import agent_subject, check_subject, sender_of
 from fedsched.metrics import WriterMetrics
@@ -142,6 +154,19 @@ def screened(d: Delivery, prefix: str) -> Delivery:
     reason = check_subject(prefix, d.subject, env)
     if reason is None:
         return d
+    return refused(d, prefix, reason)
+
+
+def refused(d: Delivery, prefix: str, reason: str) -> Delivery:
+    """The stand-in audit records for ``d``, an agent's message it refuses for ``reason``: a
+    ``security.rejected_message`` attributed to the agent of ``d``'s subject (region and cluster
+    of the subject, no tenant, project or job in the envelope -- nothing that counts a job's
+    events sees it), the claimed type, job, attempt and the original body in its payload, under
+    an id derived from the subject and the refused message (its stream sequence, else its event
+    id: the same message refused again is one row).
+    """
+    env = d.envelope
+    sender = sender_of(prefix, d.subject)
     _, region, cluster = agent_subject(prefix, d.subject)
     payload = SecurityRejected(consumer="audit", subject=d.subject, sender=sender, claimed_producer=env.producer,
                                claimed_region=env.region, claimed_cluster=env.cluster, event_type=env.type,
@@ -149,10 +174,42 @@ def screened(d: Delivery, prefix: str) -> Delivery:
                                stream_sequence=d.stream_sequence, reason=reason)
     stand_in = make_event(EventType.SECURITY_REJECTED_MESSAGE, payload, producer=sender,
                           occurred_at=env.occurred_at.timestamp(),
-                          event_id=business_event_id("security", "audit", d.subject, env.event_id),
+                          event_id=business_event_id("security", "audit", d.subject,
+                                                     d.stream_sequence or env.event_id),
                           region=region, cluster=cluster, actor=sender)
     stand_in = stand_in.model_copy(update=dict(payload={**stand_in.payload, "data": env.model_dump_json()[:65536]}))
     return replace(d, envelope=stand_in)
+
+
+#: An agent's report about one attempt of one shard: stored as itself only when the federation
+#: placed that attempt of that shard on the reporting cluster (:meth:`AuditService.screen_statuses`).
+SHARD_STATUSES = frozenset({EventType.JOB_STARTED, EventType.JOB_FINISHED, EventType.JOB_FAILED,
+                            EventType.JOB_REJECTED, EventType.JOB_STOPPED})
+
+#: The placements of some jobs, from the log itself (``job.placed`` on a placements subject).
+#: ``events`` is ordered by type first and has a bloom filter on ``job_id``: the read touches
+#: the granules of these jobs' placements, not the history.
+_PLACED_SQL = """
+    SELECT job_id, attempt, JSONExtractInt(payload, 'shard') AS shard, region, cluster FROM {db}.events
+    WHERE type = 'job.placed' AND job_id IN {jobs:Array(String)} AND startsWith(subject, {placements:String})"""
+
+
+def placement_reason(env: Envelope, shard: int, placed: dict[tuple[str, int, int], tuple[str, str]]) -> str | None:
+    """Why the status ``env`` (about ``shard``) contradicts the placements, or None when the
+    federation placed that attempt of that shard on ``env``'s region and cluster.
+
+    Args:
+        env: an agent's status (job_id, attempt, region, cluster are checked).
+        shard: its shard (from the payload).
+        placed: (job_id, attempt, shard) -> (region, cluster) of every known placement of the job.
+    """
+    where = placed.get((env.job_id, env.attempt, shard))
+    if where is None:
+        return f"attempt {env.attempt} (shard {shard}) of {env.job_id} was never placed"
+    if where != (env.region, env.cluster):
+        return (f"attempt {env.attempt} of {env.job_id} was placed on {where[0]}/{where[1]}, "
+                f"not on {env.region}/{env.cluster}")
+    return None
 
 
 class AuditService:
@@ -189,6 +246,7 @@ class AuditService:
             DecodeError: a payload does not validate (dead-lettered by the consumer).
         """
         deliveries = [screened(d, self.bus.prefix) for d in deliveries]
+        deliveries = await self.screen_statuses(deliveries)
         events = [event_row(d) for d in deliveries]
         decisions = [r for d in deliveries if (r := decision_row(d.envelope)) is not None]
         inventory = [r for d in deliveries for r in inventory_rows(d.envelope)]
@@ -203,6 +261,69 @@ class AuditService:
         # cluster's event id never takes the place of that cluster's event in the log
         with self.metrics.time_insert("events"):
             self.written += await self.store.insert_new("events", events, EVENT_COLUMNS, ("event_id", "subject"))
+
+    async def screen_statuses(self, deliveries: list[Delivery]) -> list[Delivery]:
+        """``deliveries`` with every agent status about an attempt the federation did not place
+        on the reporting cluster replaced by its :func:`refused` stand-in (issue 14: the log
+        never holds a refused message as the event it claims to be).
+
+        The placements are those of this batch and those already in ``events``: the stream
+        holds a placement before its statuses and audit's events consumer reads the whole
+        stream, so when every message before a status has been written (its acknowledgement
+        floor, or this batch), a placement not found was never made. A status whose earlier
+        messages are still outstanding (handed back after an outage) waits.
+
+        Raises:
+            UnavailableError: ClickHouse unreachable, or a status's placement may still be on
+                its way (the consumer hands the batch back and retries).
+        """
+        prefix = self.bus.prefix
+        checked = [i for i, d in enumerate(deliveries)
+                   if d.envelope.known_type in SHARD_STATUSES and d.envelope.job_id
+                   and (found := agent_subject(prefix, d.subject)) is not None and found[0] == "status"]
+        if not checked:
+            return deliveries
+        placements = self.bus.subjects.all("placements")[:-1]  # "<p>.placements."
+        placed: dict[tuple[str, int, int], tuple[str, str]] = {}
+        jobs = sorted({deliveries[i].envelope.job_id for i in checked})
+        sql = _PLACED_SQL.replace("{db}", self.store.store.database)
+        for job_id, attempt, shard, region, cluster in (
+                await self.store.query(sql, {"jobs": jobs, "placements": placements})).rows:
+            placed[(str(job_id), int(attempt), int(shard))] = (str(region), str(cluster))
+        for d in deliveries:  # placements of this batch (written with it)
+            e = d.envelope
+            if e.known_type == EventType.JOB_PLACED and d.subject.startswith(placements):
+                placed[(e.job_id, e.attempt, e.payload_as(JobPlaced).shard)] = (e.region, e.cluster)
+        out = list(deliveries)
+        floor: int | None = None
+        in_batch = {d.stream_sequence for d in deliveries}
+        for i in checked:
+            d = deliveries[i]
+            reason = placement_reason(d.envelope, d.envelope.payload_as(JobStatus).shard, placed)
+            if reason is None:
+                continue
+            if reason.endswith("never placed") and d.stream_sequence:
+                if floor is None:
+                    floor = await self._events_ack_floor()
+                if any(q not in in_batch for q in range(floor + 1, d.stream_sequence)):
+                    raise UnavailableError(f"waiting for the messages before {d.envelope.type} of "
+                                           f"{d.envelope.job_id} (stream sequence {d.stream_sequence})")
+            log.warning("audit: refused %s of %s on %s: %s", d.envelope.type, d.envelope.job_id, d.subject, reason)
+            out[i] = refused(d, prefix, reason)
+        return out
+
+    async def _events_ack_floor(self) -> int:
+        """The events consumer's acknowledgement floor (every message up to it is written).
+
+        Raises:
+            UnavailableError: NATS unreachable.
+        """
+        c = self.consumers[0]
+        try:
+            info = await self.bus.js.consumer_info(c.stream, c.durable)
+        except (nats.errors.Error, asyncio.TimeoutError, OSError) as e:
+            raise UnavailableError(f"cannot read the events consumer's progress: {e!r}") from e
+        return int(info.ack_floor.stream_seq or 0) if info.ack_floor else 0
 
     async def lag(self) -> int:
         """Events not yet written (all three consumers)."""

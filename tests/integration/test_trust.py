@@ -10,6 +10,7 @@ from fedsched.pricing import load_price_catalog
 from fedsched.store import AsyncStore
 from services.audit.service import AuditService
 from services.billing.service import BillingService
+from fedapp.web.reads import Reads
 from fedsched.bus import Bus
 from tests.builders import placement_of, unique, until
 
@@ -66,7 +67,7 @@ async def test_forged_ends_bill_nothing_and_the_real_end_is_billed_once(bus, sto
 
     async def audited():
         n = store.query(f"SELECT count() FROM {db}.events WHERE type = 'security.rejected_message'").scalar()
-        return n >= 4 and await audit.lag() == 0
+        return n >= 6 and await audit.lag() == 0
     assert await until(audited, timeout=20, interval=0.05)
     billing.stop(), audit.stop()
     await asyncio.gather(*tasks)
@@ -80,11 +81,24 @@ async def test_forged_ends_bill_nothing_and_the_real_end_is_billed_once(bus, sto
         f"envelope claims {R}/{C1} but arrived on status subject of {R}/{C2}",
         f"attempt 1 of j-1 was placed on {R}/{C1}, not on {R}/{C2}",
         "attempt 1 (shard 0) of invented was never placed"}
-    # audit itself records the claim for another cluster as what it is, attributed to c2's agent
+    # audit applies the same checks itself and records each forgery as what it is, attributed
+    # to c2's agent, for the same reasons
     by_audit = [r for r in sec if r[0] == f"agent/{R}/{C2}"]
-    assert len(by_audit) == 1 and by_audit[0][1] == C2
-    assert store.query(f"SELECT count() FROM {db}.events WHERE type = 'job.finished' AND job_id = 'j-1' "
-                       f"AND cluster = '{C1}'").scalar() == 1
+    assert len(by_audit) == 3 and all(r[1] == C2 for r in by_audit)
+    assert {r[3] for r in by_audit} == {r[3] for r in by_billing}
+    # ... and never as the event it claims to be: by job id the log holds only what happened
+    assert store.query(f"SELECT type, cluster FROM {db}.events WHERE job_id = 'j-1' "
+                       f"ORDER BY occurred_at, type").rows == [
+        ("job.placed", C1), ("job.started", C1), ("job.finished", C1), ("usage.recorded", C1)]
+    assert store.query(f"SELECT count() FROM {db}.events WHERE job_id = 'invented' OR tenant = 'victim'").scalar() == 0
+    claimed = store.query(f"SELECT JSONExtractString(payload, 'event_type'), JSONExtractString(payload, 'job_id') "
+                          f"FROM {db}.events WHERE type = 'security.rejected_message' AND producer = 'agent/{R}/{C2}' "
+                          f"ORDER BY 2, 1").rows
+    assert claimed == [("job.finished", "invented"), ("job.finished", "j-1"), ("job.finished", "j-1")]
+    # the console's job page counts the same
+    events, total = await Reads(store.query, db).job_events("j-1")
+    assert total == 4 and sorted(e.type for e in events) == ["job.finished", "job.placed", "job.started", "usage.recorded"]
+    assert not [e for e in events if e.type.startswith("REFUSED")]
 
 
 async def _keys(kv):
