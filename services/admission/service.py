@@ -72,6 +72,7 @@ from fedsched.api.v1 import jobs_pb2_grpc as pb_grpc
 from fedsched.auth import Principal
 from fedsched.bus import EXPECT_SEQUENCE, EXPECT_SUBJECT, Bus, Delivery, StreamFollower
 from fedsched.snapshots import SnapshotStore
+from fedsched.lease import read_tenure
 from fedsched.trust import Rejection, check_subject, rejection_events
 from fedsched.clock import Clock, SystemClock
 from fedsched.dispatch import EventTable, SkippedTypes
@@ -1513,7 +1514,9 @@ class AdmissionService:
         if self._snapshots is not None:
             await self._load_snapshot()
             self._snapshot_wall = self.wall.time()
+        await self._refresh_tenure()  # before the stream: a late order of a former scheduler is not folded
         self._tasks = [asyncio.create_task(self._events.run(), name="admission-events"),
+                       asyncio.create_task(self._tenure_loop(), name="admission-lease"),
                        asyncio.create_task(self._inventory.run(), name="admission-inventory"),
                        asyncio.create_task(self._policy_follower.run(), name="admission-policy"),
                        asyncio.create_task(self._spend_watcher.run(), name="admission-spend"),
@@ -1547,6 +1550,22 @@ class AdmissionService:
         log.info("admission: serving on port %d%s (%d jobs known, policy %s)", self.port,
                  " with TLS" + (" (client certificates required)" if self.tls.client_ca else "") if self.tls else "",
                  len(self.view.jobs), self.policy.version)
+
+    async def _refresh_tenure(self) -> None:
+        """Read the scheduler lease's current tenure into the job view (fencing of late orders,
+        :func:`~fedsched.lease.stale_order`); an unreachable NATS keeps the last one read."""
+        try:
+            self.view.tenure = await read_tenure(self.bus)
+        except UnavailableError as e:
+            log.info("admission: scheduler lease not read (%s)", e)
+
+    async def _tenure_loop(self, every_s: float = 0.5) -> None:
+        """Follow the scheduler lease (a read every ``every_s`` seconds) until stopped."""
+        while not self._stop.is_set():
+            try:
+                await asyncio.wait_for(self._stop.wait(), timeout=every_s)
+            except asyncio.TimeoutError:
+                await self._refresh_tenure()
 
     def _tls_hint(self) -> str:
         return (" Or are --tls-cert / --tls-key not a matching PEM certificate and key?" if self.tls is not None

@@ -17,10 +17,12 @@ consumer has not yet read up to it -- both consumers read one stream, in which t
 always precedes its statuses -- and is refused once it has: refused messages bill nothing,
 and are dead-lettered with the reason and recorded as ``security.rejected_message``.
 
-A placement whose scheduler-lease ``fencing_token`` is below the highest seen (a former active
-scheduler's late order, refused by its agent too) is neither booked nor billed; the highest token
-is kept in memory (after a billing restart the durable consumer resumes past what it
-acknowledged, so only orders newer than that are judged).
+A placement whose scheduler-lease ``fencing_token`` is stale (a former active scheduler's late
+order, refused by its agent too: :func:`~fedsched.lease.stale_order`) is neither booked nor
+billed: below the highest token seen (kept in memory), or below the lease's current tenure,
+read from the KV bucket before each batch of placements (:func:`~fedsched.lease.read_tenure`)
+and stored in the stream after that tenure began -- so a restarted billing, which has seen no
+token yet, refuses it too, and agrees with the agent however late either reads it.
 
 What a line is and costs is the pure core's business (:mod:`services.billing.usage`). The cycle
 of one batch (:meth:`BillingService.write`):
@@ -49,6 +51,7 @@ import json
 import logging
 from datetime import UTC, datetime
 from decimal import Decimal
+from typing import Awaitable, Callable
 
 import nats.errors
 import nats.js.errors
@@ -59,6 +62,7 @@ from fedsched.dispatch import SkippedTypes
 from fedsched.errors import UnavailableError
 from fedsched.events import EventType, JobPlaced, JobStatus, UsageRecorded, business_event_id, make_event
 from fedsched.metrics import WriterMetrics
+from fedsched.lease import Tenure, read_tenure, stale_order
 from fedsched.ports import retryable
 from fedsched.pricing import PriceCatalog, money
 from fedsched.store import AsyncStore
@@ -98,11 +102,14 @@ class BillingService:
         batch / max_wait_s / linger_s / ack_wait_s: consumer batching (size and time bounds)
             and redelivery (see :class:`~fedsched.bus.DurableConsumer`).
         metrics: where insert latency is timed (default: a registry of its own).
+        tenure: reads the scheduler lease's current tenure (default
+            :func:`~fedsched.lease.read_tenure` on ``bus``).
     """
 
     def __init__(self, bus: Bus, store: AsyncStore, prices: PriceCatalog, *, batch: int = 1000,
                  max_wait_s: float = 0.5, linger_s: float = 0.25, ack_wait_s: float = 60.0,
-                 metrics: WriterMetrics | None = None) -> None:
+                 metrics: WriterMetrics | None = None,
+                 tenure: Callable[[], Awaitable[Tenure | None]] | None = None) -> None:
         self.bus = bus
         self.metrics = metrics if metrics is not None else WriterMetrics("billing")
         self.store = store
@@ -120,16 +127,22 @@ class BillingService:
         self.rejected = 0  #: statuses refused by the trust checks
         self.highest_token = 0  #: scheduler-lease fencing of placements (see the module docstring)
         self.stale_orders = 0
+        self._read_tenure = tenure if tenure is not None else (lambda: read_tenure(bus))
+        self.tenure: Tenure | None = None  #: the scheduler lease's tenure, as last read
 
-    def stale_token(self, env) -> bool:
-        """Whether the placement ``env`` carries a scheduler-lease fencing token below the highest
-        seen (a former active scheduler's late order: neither booked nor billed); raises the
-        highest seen otherwise."""
-        token = env.payload_as(JobPlaced).fencing_token
-        if token < self.highest_token:
+    def _stale(self, d: Delivery) -> bool:
+        token = d.envelope.payload_as(JobPlaced).fencing_token
+        return stale_order(token, d.published_at, self.highest_token, self.tenure) is not None
+
+    def stale_token(self, d: Delivery) -> bool:
+        """Whether the placement ``d`` carries a stale scheduler-lease fencing token
+        (:func:`~fedsched.lease.stale_order` against the highest seen and :attr:`tenure`: a
+        former active scheduler's late order, neither booked nor billed); raises the highest
+        seen otherwise."""
+        if self._stale(d):
             self.stale_orders += 1
             return True
-        self.highest_token = token
+        self.highest_token = d.envelope.payload_as(JobPlaced).fencing_token
         return False
 
     def lines(self, deliveries: list[Delivery], placements: dict[str, PlacementRecord]) -> list[UsageLine]:
@@ -138,7 +151,7 @@ class BillingService:
         out = []
         for d in deliveries:
             env = d.envelope
-            if env.type == EventType.JOB_PLACED and self.stale_token(env):
+            if env.type == EventType.JOB_PLACED and self.stale_token(d):
                 continue
             price = BILLING_EVENTS.route(env.type, self.skipped)
             if price is None:
@@ -166,10 +179,9 @@ class BillingService:
         records = []
         for d in deliveries:
             if d.envelope.type == EventType.JOB_PLACED:  # a former active scheduler's late order: not booked
-                token = d.envelope.payload_as(JobPlaced).fencing_token
-                if token < self.highest_token:
+                if self._stale(d):
                     continue
-                self.highest_token = token
+                self.highest_token = d.envelope.payload_as(JobPlaced).fencing_token
             if (r := placement_record(d.envelope)) is not None:
                 records.append(r)
         if not records:
@@ -289,6 +301,8 @@ class BillingService:
             DecodeError: a payload does not validate (dead-lettered by the consumer).
         """
         placements = [d for d in deliveries if d.envelope.type == EventType.JOB_PLACED]
+        if placements:
+            self.tenure = await self._read_tenure()  # UnavailableError: the batch is retried
         await self.record_placements(placements)
         statuses = [d for d in deliveries if d.envelope.type != EventType.JOB_PLACED]
         statuses, placed = await self.screen(statuses)

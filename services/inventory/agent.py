@@ -38,10 +38,14 @@ placements and stop orders; a placement of a lower attempt is refused (``job.rej
 
 Fencing by scheduler lease (issue 14 item 9, :mod:`fedsched.lease`): the agent keeps the highest
 ``fencing_token`` seen on its placements and stop orders (restored by :meth:`ClusterAgent.rebuild`
-in stream order); a placement or stop order with a lower token -- a former active scheduler's
-order arriving after the new one's -- is refused: dead-lettered with the reason
-(``fed.deadletter.agent-<cluster>``, and from there ``bus.dead_letter`` in the audit log), never
-applied.
+in stream order), and before each batch of orders reads the lease's current tenure from the KV
+bucket (:func:`~fedsched.lease.read_tenure`), so an agent that has seen no order of a new active
+scheduler yet still knows its token. A placement or stop order with a token below the highest
+seen, or below the current tenure's and stored after that tenure began -- a former active
+scheduler's order (:func:`~fedsched.lease.stale_order`) -- is refused: dead-lettered with the
+reason "stale fencing token" (``fed.deadletter.agent-<cluster>``, and from there
+``bus.dead_letter`` in the audit log), never applied. :meth:`ClusterAgent.rebuild` judges its
+history by the same rule, so a restarted agent does not take such an order either.
 
 Gangs: a node that fails (drill :meth:`ClusterAgent.set_node_health`, an inventory refresh showing
 it unhealthy, or the backend reporting ``node_failed``) under any worker of a running attempt stops
@@ -56,7 +60,7 @@ import heapq
 import logging
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import AsyncIterator
+from typing import AsyncIterator, Awaitable, Callable
 
 from fedsched import telemetry
 from fedsched.bounded import RecentDict, RecentSet
@@ -69,6 +73,7 @@ from fedsched.events import (AgentReconciled, Heartbeat, InventorySnapshot, JobP
                              business_event_id, make_event)
 from fedsched.events import Envelope, EventType
 from fedsched.jobs import AttemptState, JobSpec
+from fedsched.lease import Tenure, read_tenure, stale_order
 from fedsched.logs import LogReply, LogRequest, chunks
 from fedsched.ports import Publisher
 from services.inventory.backend import (NODE_FAILED, TERMINAL_PHASES, AttemptKey, AttemptNotFound, AttemptSpec,
@@ -339,6 +344,8 @@ class ClusterAgent:
             stops the backend could not carry out).
         metrics: where running jobs, placements received and backend errors are counted (labels
             region and cluster; default: a registry of its own, served by nobody).
+        tenure: reads the scheduler lease's current tenure (None: the lease is not read, only the
+            highest token seen fences; default with a bus: :func:`~fedsched.lease.read_tenure`).
         retain_done: ended attempts remembered (``done``) and (job, shard) fencing records kept
             (``highest``), the newest of each; older ones are forgotten so memory does not grow
             with history (:mod:`fedsched.bounded`). A placement of an attempt forgotten that
@@ -348,7 +355,8 @@ class ClusterAgent:
     def __init__(self, bus: Bus | None, clock: Clock, cluster: ClusterDef, backend: Backend, *,
                  publisher: Publisher | None = None, subjects: Subjects | None = None,
                  heartbeat_interval_s: float = 1.0, snapshot_every: int = 10, tick_s: float = 0.01,
-                 metrics: AgentMetrics | None = None, retain_done: int = 100_000) -> None:
+                 metrics: AgentMetrics | None = None, retain_done: int = 100_000,
+                 tenure: Callable[[], Awaitable[Tenure | None]] | None = None) -> None:
         if bus is None and (publisher is None or subjects is None):
             raise ValueError("an agent without a bus needs a publisher and subjects")
         self.bus = bus
@@ -370,6 +378,10 @@ class ClusterAgent:
         #: fencing: the highest scheduler-lease token seen on placements and stop orders
         self.highest_token = 0
         self.stale_refused = 0  # orders refused for a stale fencing token
+        #: reads the scheduler lease's tenure before each batch of orders (None: not read)
+        self._read_tenure = tenure if tenure is not None else (
+            (lambda: read_tenure(bus)) if bus is not None else None)
+        self.tenure: Tenure | None = None  #: the scheduler lease's tenure, as last read
         #: (job, shard) -> key of the attempt running here (at most one after fencing)
         self._live: dict[tuple[str, int], tuple[str, int, int]] = {}
         #: reconcile actions of the last :meth:`rebuild`: (action, "job/attempt/shard")
@@ -536,10 +548,11 @@ class ClusterAgent:
         reconcile it with what the backend runs (:meth:`reconcile`)."""
         placements: dict[tuple[str, int, int], tuple[Delivery, JobPlaced]] = {}
         started: dict[tuple[str, int, int], float] = {}
+        tenure = await self._read_tenure() if self._read_tenure is not None else None
 
         def on_placed(d: Delivery, env: Envelope) -> None:
             p = env.payload_as(JobPlaced)
-            if p.fencing_token < self.highest_token:
+            if stale_order(p.fencing_token, d.published_at, self.highest_token, tenure) is not None:
                 return  # refused when it arrived (stale fencing token)
             self.highest_token = p.fencing_token
             placements[(env.job_id, env.attempt, p.shard)] = (d, p)
@@ -547,7 +560,7 @@ class ClusterAgent:
 
         def on_stop(d: Delivery, env: Envelope) -> None:
             stop = env.payload_as(JobStop)
-            if stop.fencing_token < self.highest_token:
+            if stale_order(stop.fencing_token, d.published_at, self.highest_token, tenure) is not None:
                 return
             self.highest_token = stop.fencing_token
             self._see_attempt(env.job_id, stop.shard, env.attempt)
@@ -784,6 +797,8 @@ class ClusterAgent:
             DecodeError: an event type the agent does not handle (dead-lettered).
             UnavailableError: the backend could not be reached (retryable): the batch is retried.
         """
+        if self._read_tenure is not None and any(d.envelope.known_type in ORDER_TYPES for d in deliveries):
+            self.tenure = await self._read_tenure()  # UnavailableError: the batch is retried
         for d in deliveries:
             env = d.envelope
             # continue the job's trace: status events carry this span's context
@@ -801,15 +816,17 @@ class ClusterAgent:
     async def _handle_stop(self, d: Delivery) -> None:
         await self._on_stop(d, d.envelope.payload_as(JobStop))
 
-    def _check_token(self, env: Envelope, token: int) -> None:
+    def _check_token(self, d: Delivery, token: int) -> None:
         """Fencing by scheduler lease: raise :class:`~fedsched.errors.DecodeError` (the consumer
-        dead-letters the order with the reason) when ``token`` is below the highest seen; else
-        remember it."""
-        if token < self.highest_token:
+        dead-letters the order with the reason) when the order ``d`` with ``token`` is stale
+        (:func:`~fedsched.lease.stale_order`: below the highest seen, or below the lease's
+        current tenure and stored after it began); else remember the token."""
+        env = d.envelope
+        reason = stale_order(token, d.published_at, self.highest_token, self.tenure)
+        if reason is not None:
             self.stale_refused += 1
-            raise DecodeError(f"stale fencing token: {env.type} of {env.job_id} attempt {env.attempt} carries "
-                              f"token {token}, {self.producer} has seen {self.highest_token} (a former active "
-                              f"scheduler's order)")
+            raise DecodeError(f"{reason}; {env.type} of {env.job_id} attempt {env.attempt} carries token {token}, "
+                              f"{self.producer} has seen {self.highest_token} (a former active scheduler's order)")
         self.highest_token = token
 
     def _see_attempt(self, job_id: str, shard: int, attempt: int) -> int:
@@ -850,7 +867,7 @@ class ClusterAgent:
         key = (env.job_id, env.attempt, placed.shard)
         if key in self.running or key in self.done:
             return  # redelivery: already handled
-        self._check_token(env, placed.fencing_token)
+        self._check_token(d, placed.fencing_token)
         self.metrics.received(self.cluster.region, self.cluster.name)
         now = self.clock.time()
         before = self._see_attempt(env.job_id, placed.shard, env.attempt)
@@ -892,7 +909,7 @@ class ClusterAgent:
         key = (env.job_id, env.attempt, stop.shard)
         if key in self.done and key not in self.running and stop.fencing_token < self.highest_token:
             return  # redelivery of an order already carried out
-        self._check_token(env, stop.fencing_token)
+        self._check_token(d, stop.fencing_token)
         self._see_attempt(env.job_id, stop.shard, env.attempt)
         live = self._live.get((env.job_id, stop.shard))
         now = self.clock.time()
@@ -1160,6 +1177,9 @@ class ClusterAgent:
 
 #: The agent's consumer of its placements subject: placements and stop orders. Another known
 #: type there is dead-lettered (it has no business on that subject); an unknown one is skipped.
+#: Orders of the active scheduler (fenced by its lease's token).
+ORDER_TYPES = frozenset({EventType.JOB_PLACED, EventType.JOB_STOP})
+
 PLACEMENT_EVENTS: EventTable = EventTable({
     EventType.JOB_PLACED: ClusterAgent._handle_placed,
     EventType.JOB_STOP: ClusterAgent._handle_stop,
