@@ -57,9 +57,9 @@ BUCKETS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "spend": (("billing",), ("admission",)),
     "placements": (("billing",), ("billing",)),
     "clock": ((), ("admission", "scheduler", "audit", "billing")),
-    # the scheduler replicas' lease (fedsched.lease); admission and billing read its tenure to
+    # the scheduler replicas' lease (fedsched.lease); admission, billing and audit read its tenure to
     # fence late orders (agents: a read-only grant of their own, below)
-    "leases": (("scheduler",), ("scheduler", "admission", "billing")),
+    "leases": (("scheduler",), ("scheduler", "admission", "billing", "audit")),
     "jobs_ended": (("admission",), ("admission",)),  # ended jobs that left admission's memory
 }
 

@@ -22,7 +22,9 @@ they refuse is stored only as a ``security.rejected_message`` naming the claimed
 attempt in its payload -- never as the event it claims to be, so nothing that counts a job's
 events (``fedsched report``, the console's job page, ad-hoc SQL on ``events``) sees it. Audit
 needs no word from the other consumers, so the order in which it reads their refusals, and
-restarts, do not matter.
+restarts, do not matter. A scheduler order with a stale fencing token (a former active
+scheduler's, refused by everyone: :meth:`AuditService.fence_orders`) is stored only as a
+``bus.dead_letter`` of ``audit`` holding it, so no job shows a placement nobody carried out.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import json
 import logging
 from dataclasses import replace
 from datetime import datetime
+from typing import Awaitable, Callable
 
 import nats.errors
 
@@ -40,7 +43,8 @@ from fedsched.clock import as_utc
 from fedsched.dispatch import EventTable
 from fedsched.errors import UnavailableError
 from fedsched.events import (DeadLetter, Envelope, EventType, InventorySnapshot, JobPending, JobPlaced, JobStatus,
-                             SecurityRejected, business_event_id, make_event)
+                             JobStop, SecurityRejected, business_event_id, make_event)
+from fedsched.lease import Tenure, read_tenure, stale_order
 from fedsched.trust import agent_subject, check_subject, sender_of
 from fedsched.metrics import WriterMetrics
 from fedsched.store import AsyncStore
@@ -212,6 +216,24 @@ def placement_reason(env: Envelope, shard: int, placed: dict[tuple[str, int, int
     return None
 
 
+def stale_stand_in(d: Delivery, reason: str) -> Delivery:
+    """The stand-in audit records for ``d``, a scheduler's order with a stale fencing token (a
+    former active scheduler's, refused by agents, billing and admission alike): a
+    ``bus.dead_letter`` of consumer ``audit`` with the reason and the original body, no tenant,
+    project or job in its envelope, under an id derived from the subject and the order's id."""
+    env = d.envelope
+    payload = DeadLetter(consumer="audit", subject=d.subject, stream_sequence=d.stream_sequence,
+                         reason=reason[:2000], data=env.model_dump_json()[:65536])
+    stand_in = make_event(EventType.BUS_DEAD_LETTER, payload, producer=env.producer,
+                          occurred_at=env.occurred_at.timestamp(),
+                          event_id=business_event_id("stale", "audit", d.subject, env.event_id), actor="audit")
+    return replace(d, envelope=stand_in)
+
+
+#: The active scheduler's orders (fenced by its lease's token) and their payloads.
+ORDERS = {EventType.JOB_PLACED: JobPlaced, EventType.JOB_STOP: JobStop}
+
+
 class AuditService:
     """Writes every event of the federation to ClickHouse.
 
@@ -224,10 +246,13 @@ class AuditService:
         ack_wait_s: JetStream redelivers a batch not acknowledged within this long (a writer
             that died mid-batch).
         metrics: where insert latency per table is timed (default: a registry of its own).
+        tenure: reads the scheduler lease's current tenure (default
+            :func:`~fedsched.lease.read_tenure` on ``bus``).
     """
 
     def __init__(self, bus: Bus, store: AsyncStore, *, batch: int = 2000, max_wait_s: float = 0.5,
-                 linger_s: float = 0.25, ack_wait_s: float = 60.0, metrics: WriterMetrics | None = None) -> None:
+                 linger_s: float = 0.25, ack_wait_s: float = 60.0, metrics: WriterMetrics | None = None,
+                 tenure: Callable[[], Awaitable[Tenure | None]] | None = None) -> None:
         self.bus = bus
         self.store = store
         self.metrics = metrics if metrics is not None else WriterMetrics("audit")
@@ -237,6 +262,8 @@ class AuditService:
             for suffix in ("EVENTS", "INVENTORY", "DLQ")
         ]
         self.written = 0
+        self.highest_token = 0  #: highest scheduler-lease fencing token on the orders written
+        self._read_tenure = tenure if tenure is not None else (lambda: read_tenure(bus))
 
     async def write(self, deliveries: list[Delivery]) -> None:
         """Insert the batch and its projections; return only after ClickHouse committed them.
@@ -246,6 +273,7 @@ class AuditService:
             DecodeError: a payload does not validate (dead-lettered by the consumer).
         """
         deliveries = [screened(d, self.bus.prefix) for d in deliveries]
+        deliveries = await self.fence_orders(deliveries)
         deliveries = await self.screen_statuses(deliveries)
         events = [event_row(d) for d in deliveries]
         decisions = [r for d in deliveries if (r := decision_row(d.envelope)) is not None]
@@ -261,6 +289,34 @@ class AuditService:
         # cluster's event id never takes the place of that cluster's event in the log
         with self.metrics.time_insert("events"):
             self.written += await self.store.insert_new("events", events, EVENT_COLUMNS, ("event_id", "subject"))
+
+    async def fence_orders(self, deliveries: list[Delivery]) -> list[Delivery]:
+        """``deliveries`` with every scheduler order whose fencing token is stale
+        (:func:`~fedsched.lease.stale_order`: below the highest seen, or below the lease's
+        current tenure, read once per batch of orders, and stored after it began) replaced by
+        its :func:`stale_stand_in`: the rule agents, billing and admission apply, so the log
+        never shows a placement nobody carried out.
+
+        Raises:
+            UnavailableError: the lease could not be read (the batch is retried).
+        """
+        placements = self.bus.subjects.all("placements")[:-1]
+        orders = [i for i, d in enumerate(deliveries)
+                  if d.envelope.known_type in ORDERS and d.subject.startswith(placements)]
+        if not orders:
+            return deliveries
+        tenure = await self._read_tenure()
+        out = list(deliveries)
+        for i in orders:
+            d = deliveries[i]
+            token = d.envelope.payload_as(ORDERS[d.envelope.known_type]).fencing_token
+            reason = stale_order(token, d.published_at, self.highest_token, tenure)
+            if reason is None:
+                self.highest_token = max(self.highest_token, token)
+                continue
+            log.warning("audit: %s of %s is not stored as such: %s", d.envelope.type, d.envelope.job_id, reason)
+            out[i] = stale_stand_in(d, reason)
+        return out
 
     async def screen_statuses(self, deliveries: list[Delivery]) -> list[Delivery]:
         """``deliveries`` with every agent status about an attempt the federation did not place

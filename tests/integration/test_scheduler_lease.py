@@ -142,6 +142,7 @@ async def test_an_agent_that_saw_no_order_of_the_new_holder_refuses_the_former_h
     from fedsched.store import AsyncStore
     from fedsched.jobs import JobState
     from services.admission.service import AdmissionService
+    from services.audit.service import AuditService
     from services.billing.service import BillingService
     from services.billing.usage import placement_key
     from tests.builders import policy_doc, store_policy
@@ -173,6 +174,8 @@ async def test_an_agent_that_saw_no_order_of_the_new_holder_refuses_the_former_h
     astore = AsyncStore(store)
     billing = BillingService(bus, astore, load_price_catalog(), linger_s=0.02)
     billing_task = asyncio.create_task(billing.run())
+    audit = AuditService(bus, astore, linger_s=0.02)
+    audit_task = asyncio.create_task(audit.run())
     await store_policy(bus, policy_doc())
     admission = AdmissionService(bus, SystemClock(), address="127.0.0.1:0")
     admission_task = asyncio.create_task(admission.run())
@@ -199,11 +202,24 @@ async def test_an_agent_that_saw_no_order_of_the_new_holder_refuses_the_former_h
                      what="admission folding the early order (and its start)")
         assert view.jobs["late"].state == JobState.QUEUED and view.jobs["late"].current is None
         assert view.stale_orders == 1
+
+        # the audit log holds the late order only as a dead letter of audit, never as a placement
+        deadline = time.monotonic() + 15
+        while await audit.lag():
+            assert time.monotonic() < deadline, "audit did not catch up"
+            await asyncio.sleep(0.02)
+        db = store.database
+        assert store.query(f"SELECT job_id FROM {db}.events WHERE type = 'job.placed' ORDER BY job_id").rows == [
+            ("early",)]
+        assert store.query(f"SELECT count() FROM {db}.events WHERE job_id = 'late'").scalar() == 1  # its submit
+        reasons = store.query(f"SELECT JSONExtractString(payload, 'reason') FROM {db}.events "
+                              f"WHERE type = 'bus.dead_letter' AND producer = 'scheduler'").rows
+        assert len(reasons) == 1 and f"below {b.token}" in reasons[0][0]
     finally:
         await dsub.unsubscribe()
-        for svc in (agent, billing, admission):
+        for svc in (agent, billing, admission, audit):
             svc.stop()
-        await asyncio.gather(agent_task, billing_task, admission_task, return_exceptions=True)
+        await asyncio.gather(agent_task, billing_task, admission_task, audit_task, return_exceptions=True)
         await b.release()
         await agent_bus.close()
 
