@@ -38,6 +38,7 @@ from typing import Awaitable, Callable
 
 import nats.errors
 
+from fedsched.bounded import RecentDict
 from fedsched.bus import Bus, Delivery, DurableConsumer
 from fedsched.clock import as_utc
 from fedsched.dispatch import EventTable
@@ -248,11 +249,14 @@ class AuditService:
         metrics: where insert latency per table is timed (default: a registry of its own).
         tenure: reads the scheduler lease's current tenure (default
             :func:`~fedsched.lease.read_tenure` on ``bus``).
+        retain_placements: placements kept in memory to judge statuses (the newest; the others
+            are read from ``events`` when needed).
     """
 
     def __init__(self, bus: Bus, store: AsyncStore, *, batch: int = 2000, max_wait_s: float = 0.5,
                  linger_s: float = 0.25, ack_wait_s: float = 60.0, metrics: WriterMetrics | None = None,
-                 tenure: Callable[[], Awaitable[Tenure | None]] | None = None) -> None:
+                 tenure: Callable[[], Awaitable[Tenure | None]] | None = None,
+                 retain_placements: int = 100_000) -> None:
         self.bus = bus
         self.store = store
         self.metrics = metrics if metrics is not None else WriterMetrics("audit")
@@ -263,6 +267,10 @@ class AuditService:
         ]
         self.written = 0
         self.highest_token = 0  #: highest scheduler-lease fencing token on the orders written
+        #: (job, attempt, shard) -> (region, cluster) of the newest placements read (bounded: older
+        #: ones are read back from ``events`` when a status needs them)
+        self._placed: RecentDict[tuple[str, int, int], tuple[str, str]] = RecentDict(retain_placements)
+        self.placement_queries = 0  #: batches whose statuses needed the log's placements
         self._read_tenure = tenure if tenure is not None else (lambda: read_tenure(bus))
 
     async def write(self, deliveries: list[Delivery]) -> None:
@@ -323,7 +331,8 @@ class AuditService:
         on the reporting cluster replaced by its :func:`refused` stand-in (issue 14: the log
         never holds a refused message as the event it claims to be).
 
-        The placements are those of this batch and those already in ``events``: the stream
+        The placements are those of this batch, the newest ones read (in memory, bounded) and
+        those already in ``events`` (asked only for statuses the memory cannot judge): the stream
         holds a placement before its statuses and audit's events consumer reads the whole
         stream, so when every message before a status has been written (its acknowledgement
         floor, or this batch), a placement not found was never made. A status whose earlier
@@ -340,16 +349,21 @@ class AuditService:
         if not checked:
             return deliveries
         placements = self.bus.subjects.all("placements")[:-1]  # "<p>.placements."
-        placed: dict[tuple[str, int, int], tuple[str, str]] = {}
-        jobs = sorted({deliveries[i].envelope.job_id for i in checked})
-        sql = _PLACED_SQL.replace("{db}", self.store.store.database)
-        for job_id, attempt, shard, region, cluster in (
-                await self.store.query(sql, {"jobs": jobs, "placements": placements})).rows:
-            placed[(str(job_id), int(attempt), int(shard))] = (str(region), str(cluster))
+        placed = self._placed
         for d in deliveries:  # placements of this batch (written with it)
             e = d.envelope
             if e.known_type == EventType.JOB_PLACED and d.subject.startswith(placements):
                 placed[(e.job_id, e.attempt, e.payload_as(JobPlaced).shard)] = (e.region, e.cluster)
+        # the log is asked only about statuses whose placement left (or never was in) memory
+        missing = sorted({deliveries[i].envelope.job_id for i in checked
+                          if (deliveries[i].envelope.job_id, deliveries[i].envelope.attempt,
+                              deliveries[i].envelope.payload_as(JobStatus).shard) not in placed})
+        if missing:
+            sql = _PLACED_SQL.replace("{db}", self.store.store.database)
+            self.placement_queries += 1
+            for job_id, attempt, shard, region, cluster in (
+                    await self.store.query(sql, {"jobs": missing, "placements": placements})).rows:
+                placed[(str(job_id), int(attempt), int(shard))] = (str(region), str(cluster))
         out = list(deliveries)
         floor: int | None = None
         in_batch = {d.stream_sequence for d in deliveries}
