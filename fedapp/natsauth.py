@@ -57,7 +57,9 @@ BUCKETS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "spend": (("billing",), ("admission",)),
     "placements": (("billing",), ("billing",)),
     "clock": ((), ("admission", "scheduler", "audit", "billing")),
-    "leases": (("scheduler",), ("scheduler",)),  # the scheduler replicas' lease (fedsched.lease)
+    # the scheduler replicas' lease (fedsched.lease); admission, billing and audit read its tenure to
+    # fence late orders (agents: a read-only grant of their own, below)
+    "leases": (("scheduler",), ("scheduler", "admission", "billing", "audit")),
     "jobs_ended": (("admission",), ("admission",)),  # ended jobs that left admission's memory
 }
 
@@ -203,7 +205,8 @@ def federation_users(prefix: str, clusters: Iterable[tuple[str, str]], *, js_dom
         api = []
         for a in _api_prefixes(js_domain):
             api += [f"{a}.CONSUMER.INFO.{events}.{user}", f"{a}.CONSUMER.CREATE.{events}.{user}.{placements}",
-                    f"{a}.CONSUMER.MSG.NEXT.{events}.{user}"]
+                    f"{a}.CONSUMER.MSG.NEXT.{events}.{user}",
+                    f"{a}.STREAM.MSG.GET.KV_{p}_leases"]  # the scheduler lease's tenure (fencing)
             if a == "$JS.API":
                 api.append(f"$JS.ACK.{events}.{user}.>")
             for kind, subject in (("p", placements), ("s", status)):
@@ -297,7 +300,8 @@ ACCOUNTS_HEADER = """\
 #
 # Agents are confined to fed.*.<region>.<cluster> and to three consumers on FED_EVENTS, each
 # pinned to one filter by its create subject (agent-<cluster>: its placements; the start-up
-# rebuild agent-<cluster>-rebuild-p / -s: its placements / its status), and get no stream API.
+# rebuild agent-<cluster>-rebuild-p / -s: its placements / its status), and get no stream API
+# but one read: the last message of the scheduler lease (KV_fed_leases), to fence late orders.
 # Their JetStream API grants are listed for $JS.API (agent connected to the region's servers)
 # and $JS.fed.API (agent with FEDSCHED_JS_DOMAIN=fed, behind its leaf node).
 #

@@ -23,8 +23,19 @@ The rules (:class:`Lease`) are those of Kubernetes' client-go leader election
   highest they have seen (Kleppmann, "How to do distributed locking", 2016), which stops a
   paused former holder whose orders arrive late. The bucket must never be deleted: a new one
   would count revisions from 1 again, below the tokens already on the bus.
+* **what receivers read** (:func:`read_tenure`, :func:`stale_order`) -- a receiver that has
+  not yet seen an order of the new holder would still take the old one's; so it also reads the
+  lease key itself: the current *tenure* is its fencing token and the server time it began
+  (the acquiring write's JetStream timestamp). Renewals carry both in the record (``token``,
+  ``since``: copied from the server, never the holder's clock); the acquiring write carries
+  neither (it is its own revision and time). An order is stale when its token is below the
+  highest seen on the stream, or below the current tenure's token *and stored in the stream
+  after that tenure began*: an order the former holder published while it held the lease is
+  not refused just because it is read late, so every receiver (agent, billing, admission,
+  audit), whenever it reads the order, agrees on it.
 * **release** -- a holder that stops writes ``holder = ""`` (CAS on its revision), so a
-  standby takes over without waiting ``ttl_s``.
+  standby takes over without waiting ``ttl_s``; to receivers the release begins a tenure of
+  nobody (token = its revision): an order the releaser stores after it is stale.
 * **resume** -- a replica that lost the lease only because its renewals could not reach the
   store (e.g. the KV stream electing a leader) and finds its own last write still the newest
   starts a new tenure at once (CAS on that revision, a new token), instead of waiting ``ttl_s``.
@@ -76,22 +87,33 @@ class LeaseRecord:
         holder: id of the replica holding it ("" = released).
         ttl_s: the holder's lease duration (seconds).
         revision: KV revision of this record (set by the store; 0 before writing).
+        token: fencing token of the tenure this record renews (0 = this write acquires: its
+            revision is the token).
+        since: server time (seconds since the epoch, UTC) the tenure began, copied from the
+            acquiring write's stream timestamp (0 = unknown).
     """
 
     holder: str
     ttl_s: float
     revision: int = 0
+    token: int = 0
+    since: float = 0.0
 
     def to_bytes(self) -> bytes:
-        """JSON body (``holder``, ``ttl_s``; the revision is the KV's)."""
-        return json.dumps({"holder": self.holder, "ttl_s": self.ttl_s}).encode()
+        """JSON body (``holder``, ``ttl_s``, and ``token``/``since`` once known; the revision is
+        the KV's)."""
+        body: dict = {"holder": self.holder, "ttl_s": self.ttl_s}
+        if self.token:
+            body.update(token=self.token, since=self.since)
+        return json.dumps(body).encode()
 
     @classmethod
     def from_bytes(cls, data: bytes, revision: int) -> "LeaseRecord":
         """Parse a stored record; an unreadable one counts as released (it can be taken over)."""
         try:
             body = json.loads(data or b"{}")
-            return cls(str(body.get("holder", "")), float(body.get("ttl_s", 0.0)), revision)
+            return cls(str(body.get("holder", "")), float(body.get("ttl_s", 0.0)), revision,
+                       int(body.get("token", 0)), float(body.get("since", 0.0)))
         except (ValueError, TypeError, AttributeError):
             return cls("", 0.0, revision)
 
@@ -132,10 +154,29 @@ _NATS_DOWN = (nats.errors.Error, asyncio.TimeoutError, OSError)
 
 
 class NatsLeaseStore:
-    """:class:`LeaseStore` on a NATS KV bucket (``nats.js.kv.KeyValue``)."""
+    """:class:`LeaseStore` on a NATS KV bucket (``nats.js.kv.KeyValue``).
 
-    def __init__(self, kv) -> None:
+    Args:
+        kv: the bucket.
+        js: the JetStream context and ``stream`` (``KV_<bucket>``) for :meth:`written_at`
+            (None: the time of a write is not read, renewals carry no ``since``).
+    """
+
+    def __init__(self, kv, *, js=None, stream: str = "") -> None:
         self.kv = kv
+        self.js = js
+        self.stream = stream
+
+    async def written_at(self, revision: int) -> float:
+        """Server time (epoch seconds) of the write ``revision`` (0.0 when it cannot be read)."""
+        if self.js is None or not self.stream:
+            return 0.0
+        try:
+            raw = await self.js.get_msg(self.stream, seq=revision)
+        except (nats.js.errors.NotFoundError, *_NATS_DOWN) as e:
+            log.info("lease: time of revision %d not read (%r)", revision, e)
+            return 0.0
+        return raw.time.timestamp() if raw.time else 0.0
 
     async def get(self, key: str) -> LeaseRecord | None:
         try:
@@ -178,6 +219,7 @@ class Lease:
 
     Attributes:
         token: fencing token of the current tenure (KV revision at acquisition; 0 = never held).
+        since: server time (epoch seconds) the current tenure began, written into renewals.
         active: whether this replica holds the lease (see :meth:`is_active` for the time check).
 
     Raises:
@@ -197,6 +239,7 @@ class Lease:
             raise ValueError(f"lease {key}: need 0 < renew_every_s ({self.renew_every_s}) < ttl_s - margin_s "
                              f"({ttl_s - self.margin_s})")
         self.token = 0
+        self.since = 0.0         # server time the current tenure began (its acquiring write's; 0 = unknown)
         self.active = False
         self.revision = 0        # our last successful write (while active)
         self.valid_until = 0.0   # clock seconds; active only before this
@@ -228,14 +271,16 @@ class Lease:
             await self._acquire()
         return self.is_active()
 
-    async def _write(self, create: bool, last: int) -> int:
-        record = LeaseRecord(self.holder, self.ttl_s)
+    async def _write(self, create: bool, last: int, *, renew: bool = False) -> int:
+        # a renewal names its tenure for receivers (read_tenure); an acquiring write is its own
+        record = LeaseRecord(self.holder, self.ttl_s, token=self.token if renew else 0,
+                             since=self.since if renew else 0.0)
         return await (self.store.create(self.key, record) if create else self.store.update(self.key, record, last))
 
     async def _renew(self) -> None:
         started = self.clock.time()
         try:
-            self.revision = await self._write(False, self.revision)
+            self.revision = await self._write(False, self.revision, renew=True)
         except LeaseConflict:
             self._lose("another replica wrote the lease")
             return
@@ -262,6 +307,8 @@ class Lease:
             log.info("lease %s: cannot acquire (%s)", self.key, e)
             return
         self.revision = self.token = revision
+        stamp = getattr(self.store, "written_at", None)  # the server's time of the acquiring write
+        self.since = await stamp(revision) if stamp is not None else 0.0
         self.renewed_at = started
         self.valid_until = started + self.ttl_s - self.margin_s
         self._seen = None
@@ -332,6 +379,68 @@ class Lease:
             await self.release()
 
 
+@dataclass(frozen=True, slots=True)
+class Tenure:
+    """The lease's current tenure, as a receiver of orders reads it (:func:`read_tenure`).
+
+    Attributes:
+        token: its fencing token (for a released lease: the release's revision).
+        since: server time (epoch seconds, UTC) it began -- or, when the holder could not read
+            that time, the time of its newest write (later: fewer orders judged stale).
+        holder: who holds it ("" = released).
+    """
+
+    token: int
+    since: float
+    holder: str = ""
+
+
+def stale_order(token: int, stored_at: float | None, highest_seen: int, tenure: Tenure | None) -> str | None:
+    """Why an order (placement or stop) with fencing ``token`` is stale, or None when it may be
+    carried out (the rule in the module docstring; Kleppmann 2016, with the lease read from the
+    store as well as the highest token seen).
+
+    Args:
+        token: the order's fencing token.
+        stored_at: when JetStream stored the order (epoch seconds; None = unknown: judged as
+            stored now, after any tenure began).
+        highest_seen: highest token on the orders this receiver read before, in stream order.
+        tenure: the lease's current tenure (None: no lease, a single scheduler).
+    """
+    if token < highest_seen:
+        return f"stale fencing token: {token} is below {highest_seen}, the highest seen on the stream"
+    if tenure is not None and token < tenure.token and (stored_at is None or stored_at >= tenure.since):
+        who = f"held by {tenure.holder}" if tenure.holder else "released"
+        return (f"stale fencing token: {token} is below {tenure.token}, the scheduler lease's current tenure "
+                f"({who}), which began before the order was stored")
+    return None
+
+
+async def read_tenure(bus, key: str = "scheduler") -> Tenure | None:
+    """The current tenure of the lease ``key`` in ``<prefix>_leases``, read from the bucket's
+    stream (``STREAM.MSG.GET`` of the key's last message: the record and its server time), or
+    None when there is no lease (no bucket, no key, or it was deleted). ``bus`` is a
+    :class:`fedsched.bus.Bus`.
+
+    Raises:
+        UnavailableError: NATS unreachable.
+    """
+    bucket = f"{bus.prefix}_leases"
+    try:
+        raw = await bus.js.get_msg(f"KV_{bucket}", subject=f"$KV.{bucket}.{key}")
+    except nats.js.errors.NotFoundError:
+        return None
+    except _NATS_DOWN as e:
+        raise UnavailableError(f"cannot read the lease {key}: {e!r}") from e
+    if (raw.headers or {}).get("KV-Operation") in ("DEL", "PURGE"):
+        return None
+    record = LeaseRecord.from_bytes(raw.data or b"", int(raw.seq or 0))
+    at = raw.time.timestamp() if raw.time else 0.0
+    if record.token:
+        return Tenure(record.token, record.since or at, record.holder)
+    return Tenure(record.revision, at, record.holder)
+
+
 class MonotonicClock:
     """``time.monotonic`` as a :class:`~fedsched.clock.Clock` (lease timing on one host)."""
 
@@ -348,7 +457,8 @@ async def nats_lease(bus, key: str, holder: str, *, ttl_s: float, clock: Clock |
     # that died must not outlast the lease it is trying to keep or take
     js = bus.nc.jetstream(timeout=min(2.0, ttl_s / 3), domain=getattr(bus, "js_domain", "") or None)
     kv = await js.key_value(f"{bus.prefix}_leases")
-    return Lease(NatsLeaseStore(kv), key, holder, clock or MonotonicClock(), ttl_s=ttl_s)
+    store = NatsLeaseStore(kv, js=js, stream=f"KV_{bus.prefix}_leases")
+    return Lease(store, key, holder, clock or MonotonicClock(), ttl_s=ttl_s)
 
 
 class StreamFencing:
@@ -389,9 +499,16 @@ class StreamFencing:
     def stale(self, token: int, stream_sequence: int) -> bool:
         """Whether the order carrying ``token`` at ``stream_sequence`` is a former holder's late
         order (see the class docstring); records the token either way."""
+        return self.above(token, stream_sequence) > 0
+
+    def above(self, token: int, stream_sequence: int) -> int:
+        """The highest token above ``token`` that precedes ``stream_sequence`` in the stream (0:
+        none -- the order is not stale by this rule); records the token. What
+        :func:`stale_order` takes as ``highest_seen`` from a consumer that handles messages out of
+        stream order."""
         first = self._first.get(token)
         if first is None or stream_sequence < first:
             self._first[token] = stream_sequence
             if len(self._first) > self.keep:
                 del self._first[min(self._first)]
-        return any(t > token and s < stream_sequence for t, s in self._first.items())
+        return max((t for t, s in self._first.items() if t > token and s < stream_sequence), default=0)

@@ -134,7 +134,8 @@ class Rejection:
         subject: the subject it arrived on.
         envelope: the decoded envelope.
         reason: why it was refused.
-        stream_sequence: its stream sequence (0 if unknown: then the event ids are random).
+        stream_sequence: its stream sequence (0 if unknown: the event ids then derive from its
+            event id instead).
         data: its raw body ("" = the envelope's JSON).
         headers: its headers.
     """
@@ -167,9 +168,13 @@ def rejection_events(subjects: Subjects, r: Rejection, occurred_at: float) -> li
         consumer=r.consumer, subject=r.subject, sender=sender_of(subjects.prefix, r.subject),
         claimed_producer=env.producer, claimed_region=env.region, claimed_cluster=env.cluster, event_type=env.type,
         event_id=env.event_id, job_id=env.job_id, attempt=env.attempt, stream_sequence=seq, reason=r.reason[:2000])
-    # the id the bus gives a dead letter of this stream message (fedsched.bus.Bus.dead_letter)
-    dead_id = business_event_id("dead_letter", r.consumer, r.subject, seq) if seq else None
-    security_id = business_event_id("security", r.consumer, r.subject, seq) if seq else None
+    # the id the bus gives a dead letter of this stream message (fedsched.bus.Bus.dead_letter);
+    # without a stream sequence, the refused message's own id: deterministic either way, so a
+    # consumer refusing the same message again (redelivery, a re-read after a restart) publishes
+    # the same events, which JetStream and audit store once
+    key = seq if seq else f"msg:{env.event_id}"
+    dead_id = business_event_id("dead_letter", r.consumer, r.subject, key)
+    security_id = business_event_id("security", r.consumer, r.subject, key)
     found = agent_subject(subjects.prefix, r.subject)  # indexed under the sender, not the claim
     routing = dict(region=found[1], cluster=found[2], actor=r.consumer) if found else dict(actor=r.consumer)
     return [

@@ -939,7 +939,7 @@ class WatchExit:
     FAILED = 3         # the job ended FAILED
     CANCELLED = 4      # the job ended CANCELLED
     TIMEOUT = 5        # --timeout passed before the job ended
-    NOT_FOUND = 6      # no such job (another tenant's job you may not read: PERMISSION_DENIED, ERROR)
+    NOT_FOUND = 6      # no such job, or one you may not read (the same answer: no existence leak)
     UNAVAILABLE = 7    # admission unreachable, or the stream broke
 
 

@@ -110,9 +110,9 @@ class Reads:
         db = self.database
         total = (await self._run(f"SELECT count() FROM {db}.events WHERE job_id = {{job:String}}",
                                  {"job": job_id})).rows[0][0]
-        # a message a consumer refused (fedsched.trust: e.g. an agent's status for a job not placed
-        # on its cluster) is in the log as what it claimed to be; its security.rejected_message
-        # names it by (event id, subject): such events are shown as refused, never as the job's own
+        # audit stores a refused message only as a security.rejected_message without the job id
+        # (services.audit.service); a log written before it did may hold one as what it claimed
+        # to be, named by (event id, subject) in such a record: shown as refused, never as the job's own
         rows = (await self._run(
             f"SELECT occurred_at AS at, type, producer, actor, region, cluster, attempt, payload, "
             f"(event_id, subject) IN (SELECT JSONExtractString(payload, 'event_id'), "

@@ -51,9 +51,13 @@ from fedsched.dispatch import EventTable, SkippedTypes
 from fedsched.events import (ApprovalDecided, ApprovalRequested, Envelope, EventType, JobCancelRequested, JobHeld,
                              JobPending, JobPlaced, JobPriorityChanged, JobStatus, JobStop, JobSubmitted)
 from fedsched.jobs import TERMINAL_STATES, AttemptState, JobSpec, JobState, StopReason
+from fedsched.lease import Tenure, stale_order
 from fedsched.trust import ATTEMPT_STATUSES, PlacedAttempt, Rejection, check_placement, check_subject
 
 log = logging.getLogger(__name__)
+
+#: The active scheduler's orders (fenced by its lease's token) and their payloads.
+_ORDERS = {EventType.JOB_PLACED: JobPlaced, EventType.JOB_STOP: JobStop}
 
 
 @dataclass
@@ -268,6 +272,9 @@ class JobView:
         #: stop orders; an order with a lower one (a former active scheduler's) is not folded
         self.highest_token = 0
         self.stale_orders = 0
+        #: the scheduler lease's current tenure, kept fresh by the service (None: not read); an
+        #: order below it and stored after it began is not folded either (fedsched.lease.stale_order)
+        self.tenure: Tenure | None = None
         #: tenant -> stream sequence of the newest ``job.submitted`` of that tenant folded here
         #: (the compare-and-set point of budgeted submissions across admission replicas)
         self.last_submitted: dict[str, int] = {}
@@ -276,7 +283,9 @@ class JobView:
         """Fold one delivered event (follower callback).
 
         A message whose envelope contradicts its subject or the job's placements
-        (:mod:`fedsched.trust`) changes nothing and is added to :attr:`rejections`.
+        (:mod:`fedsched.trust`) changes nothing and is added to :attr:`rejections`; an order
+        with a stale fencing token (below the highest seen, or below :attr:`tenure` and stored
+        after it began) changes nothing and is counted in :attr:`stale_orders`.
         """
         self.applied_seq = max(self.applied_seq, d.stream_sequence)
         env = d.envelope
@@ -289,6 +298,13 @@ class JobView:
             self.rejections.append(Rejection("admission-jobs", d.subject, env, reason, d.stream_sequence,
                                              headers=tuple(sorted(d.headers.items()))))
             return
+        if self.tenure is not None and env.known_type in _ORDERS:
+            token = env.payload_as(_ORDERS[env.known_type]).fencing_token
+            stale = stale_order(token, d.published_at, 0, self.tenure)  # (the highest seen: _fence)
+            if stale is not None:
+                self.stale_orders += 1
+                log.warning("admission-jobs: not folding %s of %s: %s", env.type, env.job_id, stale)
+                return
         self.apply(env)
         if env.type == EventType.JOB_SUBMITTED and env.tenant:
             self.note_submitted(env.tenant, d.stream_sequence)

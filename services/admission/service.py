@@ -72,6 +72,7 @@ from fedsched.api.v1 import jobs_pb2_grpc as pb_grpc
 from fedsched.auth import Principal
 from fedsched.bus import EXPECT_SEQUENCE, EXPECT_SUBJECT, Bus, Delivery, StreamFollower
 from fedsched.snapshots import SnapshotStore
+from fedsched.lease import read_tenure
 from fedsched.trust import Rejection, check_subject, rejection_events
 from fedsched.clock import Clock, SystemClock
 from fedsched.dispatch import EventTable, SkippedTypes
@@ -397,18 +398,23 @@ def check_job_access(principal: Principal, rec: JobRecord, *, write: bool = Fals
     agent of the cluster the job's current attempt runs on. Cancellers: admins and submitters.
     Other services that show a job (e.g. an explain RPC) should call this too.
 
+    A caller who may not *see* the job is told it does not exist: the same
+    :class:`~fedsched.errors.NotFoundError` (code and message) as for an id nobody made, so a
+    per-job RPC never reveals that another tenant's job id exists (issue 14; the rule of
+    Kubernetes' and GitHub's APIs for objects outside the caller's scope). PERMISSION_DENIED is
+    kept for a caller who may see the job but not act on it.
+
     Raises:
-        PermissionDeniedError: naming the principal and the job's tenant/project.
+        NotFoundError: the caller may not read the job (``NotFoundError("job", job_id)``).
+        PermissionDeniedError: ``write`` and the caller may read but not cancel it.
     """
     spec = rec.spec
-    if write:
-        allowed = principal.can_cancel(spec.tenant, spec.project)
-    else:
-        allowed = principal.can_read(spec.tenant, spec.project) or (
-            rec.current is not None and principal.agent_of(rec.current.cluster))
-    if not allowed:
-        verb = "cancel" if write else "read"
-        raise PermissionDeniedError(f"{principal.name} may not {verb} jobs of {spec.tenant}/{spec.project}")
+    visible = principal.can_read(spec.tenant, spec.project) or (
+        rec.current is not None and principal.agent_of(rec.current.cluster))
+    if not visible and not (write and principal.can_cancel(spec.tenant, spec.project)):
+        raise NotFoundError("job", rec.job_id)
+    if write and not principal.can_cancel(spec.tenant, spec.project):
+        raise PermissionDeniedError(f"{principal.name} may not cancel jobs of {spec.tenant}/{spec.project}")
 
 
 def job_to_pb(rec: JobRecord) -> pb.Job:
@@ -868,7 +874,7 @@ class JobServicer(pb_grpc.JobServiceServicer):
         try:
             check_job_access(principal, existing)
             which = f"job {existing.job_id}"
-        except PermissionDeniedError:
+        except (NotFoundError, PermissionDeniedError):
             which = "another job"
         raise AlreadyExistsError(f"request_id {rid!r} of {principal.name} in {spec.tenant}/{spec.project} already "
                                  f"made {which} with a different spec; use a new request_id for a new job")
@@ -934,8 +940,8 @@ class JobServicer(pb_grpc.JobServiceServicer):
         from the ended-jobs read model (:mod:`services.admission.ended`).
 
         Raises:
-            ValidationError: not a job id. NotFoundError: no such job.
-            PermissionDeniedError: the caller may not read it.
+            ValidationError: not a job id. NotFoundError: no such job, or one the caller may not
+                read (the same error: :func:`check_job_access`).
         """
         try:
             return self._get(job_id)
@@ -1508,7 +1514,9 @@ class AdmissionService:
         if self._snapshots is not None:
             await self._load_snapshot()
             self._snapshot_wall = self.wall.time()
+        await self._refresh_tenure()  # before the stream: a late order of a former scheduler is not folded
         self._tasks = [asyncio.create_task(self._events.run(), name="admission-events"),
+                       asyncio.create_task(self._tenure_loop(), name="admission-lease"),
                        asyncio.create_task(self._inventory.run(), name="admission-inventory"),
                        asyncio.create_task(self._policy_follower.run(), name="admission-policy"),
                        asyncio.create_task(self._spend_watcher.run(), name="admission-spend"),
@@ -1542,6 +1550,22 @@ class AdmissionService:
         log.info("admission: serving on port %d%s (%d jobs known, policy %s)", self.port,
                  " with TLS" + (" (client certificates required)" if self.tls.client_ca else "") if self.tls else "",
                  len(self.view.jobs), self.policy.version)
+
+    async def _refresh_tenure(self) -> None:
+        """Read the scheduler lease's current tenure into the job view (fencing of late orders,
+        :func:`~fedsched.lease.stale_order`); an unreachable NATS keeps the last one read."""
+        try:
+            self.view.tenure = await read_tenure(self.bus)
+        except UnavailableError as e:
+            log.info("admission: scheduler lease not read (%s)", e)
+
+    async def _tenure_loop(self, every_s: float = 0.5) -> None:
+        """Follow the scheduler lease (a read every ``every_s`` seconds) until stopped."""
+        while not self._stop.is_set():
+            try:
+                await asyncio.wait_for(self._stop.wait(), timeout=every_s)
+            except asyncio.TimeoutError:
+                await self._refresh_tenure()
 
     def _tls_hint(self) -> str:
         return (" Or are --tls-cert / --tls-key not a matching PEM certificate and key?" if self.tls is not None

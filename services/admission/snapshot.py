@@ -2,8 +2,9 @@
 
 Kept: the job view (every job in memory -- open ones and the retained ended ones -- as
 :func:`~services.admission.ended.record_doc`, the order in which the retained ones ended, the
-tombstones, jobs per state), the approval requests, and the spend summed from usage events (the
-budget fallback while billing has no KV figure). Derived on restore: the submit-time and
+tombstones, jobs per state, the highest scheduler-lease fencing token seen), the approval
+requests, and the spend summed from usage events (the budget fallback while billing has no KV
+figure). Derived on restore: the submit-time and
 request indexes, the open jobs per tenant. Not kept: inventory (read from its own stream, newest
 per cluster), the policy (its own KV), billing's spend figures (their own KV bucket).
 
@@ -41,6 +42,8 @@ def admission_state(view: Any, approvals: Any, spend: Any) -> dict[str, Any]:
         "approvals": [asdict(a) for a in approvals.by_id.values()],
         "spend_events": [[tenant, month, str(amount)] for (tenant, month), amount in
                          getattr(spend, "from_events", {}).items()],
+        # scheduler-lease fencing: a restart from this checkpoint still refuses an order below it
+        "highest_token": view.highest_token,
     }
 
 
@@ -76,4 +79,5 @@ def restore_admission(view: Any, approvals: Any, spend: Any, state: dict[str, An
     if hasattr(spend, "from_events"):
         for tenant, month, amount in state["spend_events"]:
             spend.from_events[(tenant, month)] = Decimal(amount)
+    view.highest_token = max(view.highest_token, int(state.get("highest_token", 0)))  # absent in older checkpoints
     view.applied_seq = applied_seq

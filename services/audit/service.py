@@ -14,6 +14,17 @@ Events of a type this build does not know (a newer producer) are stored like any
 log keeps what was said even when no reader here understands it yet. What an agent says for
 another cluster, and anything on a dead-letter subject, is recorded as what it is, attributed to
 the subject's sender (:func:`screened`).
+
+Audit applies the consumers' trust checks itself (:mod:`fedsched.trust`), from what it has: the
+subject against the envelope and the agent event types (:func:`screened`), and an agent's
+status against the placements in the log (:meth:`AuditService.screen_statuses`). A message
+they refuse is stored only as a ``security.rejected_message`` naming the claimed type, job and
+attempt in its payload -- never as the event it claims to be, so nothing that counts a job's
+events (``fedsched report``, the console's job page, ad-hoc SQL on ``events``) sees it. Audit
+needs no word from the other consumers, so the order in which it reads their refusals, and
+restarts, do not matter. A scheduler order with a stale fencing token (a former active
+scheduler's, refused by everyone: :meth:`AuditService.fence_orders`) is stored only as a
+``bus.dead_letter`` of ``audit`` holding it, so no job shows a placement nobody carried out.
 """
 
 from __future__ import annotations
@@ -23,12 +34,18 @@ import json
 import logging
 from dataclasses import replace
 from datetime import datetime
+from typing import Awaitable, Callable
 
+import nats.errors
+
+from fedsched.bounded import RecentDict
 from fedsched.bus import Bus, Delivery, DurableConsumer
 from fedsched.clock import as_utc
 from fedsched.dispatch import EventTable
-from fedsched.events import (DeadLetter, Envelope, EventType, InventorySnapshot, JobPending, JobPlaced,
-                             SecurityRejected, business_event_id, make_event)
+from fedsched.errors import UnavailableError
+from fedsched.events import (DeadLetter, Envelope, EventType, InventorySnapshot, JobPending, JobPlaced, JobStatus,
+                             JobStop, SecurityRejected, business_event_id, make_event)
+from fedsched.lease import StreamFencing, Tenure, read_tenure, stale_order
 from fedsched.trust import agent_subject, check_subject, sender_of
 from fedsched.metrics import WriterMetrics
 from fedsched.store import AsyncStore
@@ -120,8 +137,14 @@ def screened(d: Delivery, prefix: str) -> Delivery:
     sender = sender_of(prefix, d.subject)
     tokens = d.subject.split(".")
     if len(tokens) == 3 and tokens[:2] == [prefix, "deadletter"]:
-        allowed = {EventType.BUS_DEAD_LETTER} if sender.startswith("agent-") else DLQ_TYPES
-        event_id = business_event_id("dlq", d.subject, d.stream_sequence or env.event_id)
+        agent = sender.startswith("agent-")
+        allowed = {EventType.BUS_DEAD_LETTER} if agent else DLQ_TYPES
+        # A service's dead letters and security records have ids deterministic per refused message
+        # (fedsched.trust.rejection_events, Bus.dead_letter): keyed on that id, the same refusal
+        # published again -- a consumer re-reading the stream after a restart, past JetStream's
+        # duplicate window -- is the same row. An agent's ids are not trusted: keyed on the
+        # dead-letter stream's own sequence.
+        event_id = business_event_id("dlq", d.subject, (d.stream_sequence or env.event_id) if agent else env.event_id)
         if env.known_type in allowed:
             stand_in = env.model_copy(update=dict(event_id=event_id, producer=sender, actor=sender, region="", zone="",
                                                   cluster="", tenant="", project="", job_id="", attempt=0))
@@ -136,6 +159,19 @@ def screened(d: Delivery, prefix: str) -> Delivery:
     reason = check_subject(prefix, d.subject, env)
     if reason is None:
         return d
+    return refused(d, prefix, reason)
+
+
+def refused(d: Delivery, prefix: str, reason: str) -> Delivery:
+    """The stand-in audit records for ``d``, an agent's message it refuses for ``reason``: a
+    ``security.rejected_message`` attributed to the agent of ``d``'s subject (region and cluster
+    of the subject, no tenant, project or job in the envelope -- nothing that counts a job's
+    events sees it), the claimed type, job, attempt and the original body in its payload, under
+    an id derived from the subject and the refused message (its stream sequence, else its event
+    id: the same message refused again is one row).
+    """
+    env = d.envelope
+    sender = sender_of(prefix, d.subject)
     _, region, cluster = agent_subject(prefix, d.subject)
     payload = SecurityRejected(consumer="audit", subject=d.subject, sender=sender, claimed_producer=env.producer,
                                claimed_region=env.region, claimed_cluster=env.cluster, event_type=env.type,
@@ -143,10 +179,60 @@ def screened(d: Delivery, prefix: str) -> Delivery:
                                stream_sequence=d.stream_sequence, reason=reason)
     stand_in = make_event(EventType.SECURITY_REJECTED_MESSAGE, payload, producer=sender,
                           occurred_at=env.occurred_at.timestamp(),
-                          event_id=business_event_id("security", "audit", d.subject, env.event_id),
+                          event_id=business_event_id("security", "audit", d.subject,
+                                                     d.stream_sequence or env.event_id),
                           region=region, cluster=cluster, actor=sender)
     stand_in = stand_in.model_copy(update=dict(payload={**stand_in.payload, "data": env.model_dump_json()[:65536]}))
     return replace(d, envelope=stand_in)
+
+
+#: An agent's report about one attempt of one shard: stored as itself only when the federation
+#: placed that attempt of that shard on the reporting cluster (:meth:`AuditService.screen_statuses`).
+SHARD_STATUSES = frozenset({EventType.JOB_STARTED, EventType.JOB_FINISHED, EventType.JOB_FAILED,
+                            EventType.JOB_REJECTED, EventType.JOB_STOPPED})
+
+#: The placements of some jobs, from the log itself (``job.placed`` on a placements subject).
+#: ``events`` is ordered by type first and has a bloom filter on ``job_id``: the read touches
+#: the granules of these jobs' placements, not the history.
+_PLACED_SQL = """
+    SELECT job_id, attempt, JSONExtractInt(payload, 'shard') AS shard, region, cluster FROM {db}.events
+    WHERE type = 'job.placed' AND job_id IN {jobs:Array(String)} AND startsWith(subject, {placements:String})"""
+
+
+def placement_reason(env: Envelope, shard: int, placed: dict[tuple[str, int, int], tuple[str, str]]) -> str | None:
+    """Why the status ``env`` (about ``shard``) contradicts the placements, or None when the
+    federation placed that attempt of that shard on ``env``'s region and cluster.
+
+    Args:
+        env: an agent's status (job_id, attempt, region, cluster are checked).
+        shard: its shard (from the payload).
+        placed: (job_id, attempt, shard) -> (region, cluster) of every known placement of the job.
+    """
+    where = placed.get((env.job_id, env.attempt, shard))
+    if where is None:
+        return f"attempt {env.attempt} (shard {shard}) of {env.job_id} was never placed"
+    if where != (env.region, env.cluster):
+        return (f"attempt {env.attempt} of {env.job_id} was placed on {where[0]}/{where[1]}, "
+                f"not on {env.region}/{env.cluster}")
+    return None
+
+
+def stale_stand_in(d: Delivery, reason: str) -> Delivery:
+    """The stand-in audit records for ``d``, a scheduler's order with a stale fencing token (a
+    former active scheduler's, refused by agents, billing and admission alike): a
+    ``bus.dead_letter`` of consumer ``audit`` with the reason and the original body, no tenant,
+    project or job in its envelope, under an id derived from the subject and the order's id."""
+    env = d.envelope
+    payload = DeadLetter(consumer="audit", subject=d.subject, stream_sequence=d.stream_sequence,
+                         reason=reason[:2000], data=env.model_dump_json()[:65536])
+    stand_in = make_event(EventType.BUS_DEAD_LETTER, payload, producer=env.producer,
+                          occurred_at=env.occurred_at.timestamp(),
+                          event_id=business_event_id("stale", "audit", d.subject, env.event_id), actor="audit")
+    return replace(d, envelope=stand_in)
+
+
+#: The active scheduler's orders (fenced by its lease's token) and their payloads.
+ORDERS = {EventType.JOB_PLACED: JobPlaced, EventType.JOB_STOP: JobStop}
 
 
 class AuditService:
@@ -161,10 +247,16 @@ class AuditService:
         ack_wait_s: JetStream redelivers a batch not acknowledged within this long (a writer
             that died mid-batch).
         metrics: where insert latency per table is timed (default: a registry of its own).
+        tenure: reads the scheduler lease's current tenure (default
+            :func:`~fedsched.lease.read_tenure` on ``bus``).
+        retain_placements: placements kept in memory to judge statuses (the newest; the others
+            are read from ``events`` when needed).
     """
 
     def __init__(self, bus: Bus, store: AsyncStore, *, batch: int = 2000, max_wait_s: float = 0.5,
-                 linger_s: float = 0.25, ack_wait_s: float = 60.0, metrics: WriterMetrics | None = None) -> None:
+                 linger_s: float = 0.25, ack_wait_s: float = 60.0, metrics: WriterMetrics | None = None,
+                 tenure: Callable[[], Awaitable[Tenure | None]] | None = None,
+                 retain_placements: int = 100_000) -> None:
         self.bus = bus
         self.store = store
         self.metrics = metrics if metrics is not None else WriterMetrics("audit")
@@ -174,6 +266,13 @@ class AuditService:
             for suffix in ("EVENTS", "INVENTORY", "DLQ")
         ]
         self.written = 0
+        #: scheduler-lease fencing tokens on the orders written, judged in stream order
+        self.fencing = StreamFencing()
+        #: (job, attempt, shard) -> (region, cluster) of the newest placements read (bounded: older
+        #: ones are read back from ``events`` when a status needs them)
+        self._placed: RecentDict[tuple[str, int, int], tuple[str, str]] = RecentDict(retain_placements)
+        self.placement_queries = 0  #: batches whose statuses needed the log's placements
+        self._read_tenure = tenure if tenure is not None else (lambda: read_tenure(bus))
 
     async def write(self, deliveries: list[Delivery]) -> None:
         """Insert the batch and its projections; return only after ClickHouse committed them.
@@ -183,6 +282,8 @@ class AuditService:
             DecodeError: a payload does not validate (dead-lettered by the consumer).
         """
         deliveries = [screened(d, self.bus.prefix) for d in deliveries]
+        deliveries = await self.fence_orders(deliveries)
+        deliveries = await self.screen_statuses(deliveries)
         events = [event_row(d) for d in deliveries]
         decisions = [r for d in deliveries if (r := decision_row(d.envelope)) is not None]
         inventory = [r for d in deliveries for r in inventory_rows(d.envelope)]
@@ -197,6 +298,102 @@ class AuditService:
         # cluster's event id never takes the place of that cluster's event in the log
         with self.metrics.time_insert("events"):
             self.written += await self.store.insert_new("events", events, EVENT_COLUMNS, ("event_id", "subject"))
+
+    async def fence_orders(self, deliveries: list[Delivery]) -> list[Delivery]:
+        """``deliveries`` with every scheduler order whose fencing token is stale
+        (:func:`~fedsched.lease.stale_order`: a higher token precedes it in the stream, or below the lease's
+        current tenure, read once per batch of orders, and stored after it began) replaced by
+        its :func:`stale_stand_in`: the rule agents, billing and admission apply, so the log
+        never shows a placement nobody carried out.
+
+        Raises:
+            UnavailableError: the lease could not be read (the batch is retried).
+        """
+        placements = self.bus.subjects.all("placements")[:-1]
+        orders = [i for i, d in enumerate(deliveries)
+                  if d.envelope.known_type in ORDERS and d.subject.startswith(placements)]
+        if not orders:
+            return deliveries
+        tenure = await self._read_tenure()
+        out = list(deliveries)
+        for i in orders:
+            d = deliveries[i]
+            token = d.envelope.payload_as(ORDERS[d.envelope.known_type]).fencing_token
+            reason = stale_order(token, d.published_at, self.fencing.above(token, d.stream_sequence), tenure)
+            if reason is None:
+                continue
+            log.warning("audit: %s of %s is not stored as such: %s", d.envelope.type, d.envelope.job_id, reason)
+            out[i] = stale_stand_in(d, reason)
+        return out
+
+    async def screen_statuses(self, deliveries: list[Delivery]) -> list[Delivery]:
+        """``deliveries`` with every agent status about an attempt the federation did not place
+        on the reporting cluster replaced by its :func:`refused` stand-in (issue 14: the log
+        never holds a refused message as the event it claims to be).
+
+        The placements are those of this batch, the newest ones read (in memory, bounded) and
+        those already in ``events`` (asked only for statuses the memory cannot judge): the stream
+        holds a placement before its statuses and audit's events consumer reads the whole
+        stream, so when every message before a status has been written (its acknowledgement
+        floor, or this batch), a placement not found was never made. A status whose earlier
+        messages are still outstanding (handed back after an outage) waits.
+
+        Raises:
+            UnavailableError: ClickHouse unreachable, or a status's placement may still be on
+                its way (the consumer hands the batch back and retries).
+        """
+        prefix = self.bus.prefix
+        checked = [i for i, d in enumerate(deliveries)
+                   if d.envelope.known_type in SHARD_STATUSES and d.envelope.job_id
+                   and (found := agent_subject(prefix, d.subject)) is not None and found[0] == "status"]
+        if not checked:
+            return deliveries
+        placements = self.bus.subjects.all("placements")[:-1]  # "<p>.placements."
+        placed = self._placed
+        for d in deliveries:  # placements of this batch (written with it)
+            e = d.envelope
+            if e.known_type == EventType.JOB_PLACED and d.subject.startswith(placements):
+                placed[(e.job_id, e.attempt, e.payload_as(JobPlaced).shard)] = (e.region, e.cluster)
+        # the log is asked only about statuses whose placement left (or never was in) memory
+        missing = sorted({deliveries[i].envelope.job_id for i in checked
+                          if (deliveries[i].envelope.job_id, deliveries[i].envelope.attempt,
+                              deliveries[i].envelope.payload_as(JobStatus).shard) not in placed})
+        if missing:
+            sql = _PLACED_SQL.replace("{db}", self.store.store.database)
+            self.placement_queries += 1
+            for job_id, attempt, shard, region, cluster in (
+                    await self.store.query(sql, {"jobs": missing, "placements": placements})).rows:
+                placed[(str(job_id), int(attempt), int(shard))] = (str(region), str(cluster))
+        out = list(deliveries)
+        floor: int | None = None
+        in_batch = {d.stream_sequence for d in deliveries}
+        for i in checked:
+            d = deliveries[i]
+            reason = placement_reason(d.envelope, d.envelope.payload_as(JobStatus).shard, placed)
+            if reason is None:
+                continue
+            if reason.endswith("never placed") and d.stream_sequence:
+                if floor is None:
+                    floor = await self._events_ack_floor()
+                if any(q not in in_batch for q in range(floor + 1, d.stream_sequence)):
+                    raise UnavailableError(f"waiting for the messages before {d.envelope.type} of "
+                                           f"{d.envelope.job_id} (stream sequence {d.stream_sequence})")
+            log.warning("audit: refused %s of %s on %s: %s", d.envelope.type, d.envelope.job_id, d.subject, reason)
+            out[i] = refused(d, prefix, reason)
+        return out
+
+    async def _events_ack_floor(self) -> int:
+        """The events consumer's acknowledgement floor (every message up to it is written).
+
+        Raises:
+            UnavailableError: NATS unreachable.
+        """
+        c = self.consumers[0]
+        try:
+            info = await self.bus.js.consumer_info(c.stream, c.durable)
+        except (nats.errors.Error, asyncio.TimeoutError, OSError) as e:
+            raise UnavailableError(f"cannot read the events consumer's progress: {e!r}") from e
+        return int(info.ack_floor.stream_seq or 0) if info.ack_floor else 0
 
     async def lag(self) -> int:
         """Events not yet written (all three consumers)."""

@@ -17,13 +17,14 @@ consumer has not yet read up to it -- both consumers read one stream, in which t
 always precedes its statuses -- and is refused once it has: refused messages bill nothing,
 and are dead-lettered with the reason and recorded as ``security.rejected_message``.
 
-A placement whose scheduler-lease ``fencing_token`` is stale *in stream order* (a higher token
-precedes it in the stream: a former active scheduler's late order, refused by its agent too) is
-neither booked nor billed (:class:`~fedsched.lease.StreamFencing`; the consumer handles messages
-out of stream order after a batch is handed back, so "below the highest handled so far" would
-refuse valid orders). The tokens are kept in memory (after a billing restart the durable
-consumer resumes past what it acknowledged, so only orders newer than that are judged). The book
-keeps, per attempt, the placement with the highest token (a put over a lower one only).
+A placement whose scheduler-lease ``fencing_token`` is stale (a former active scheduler's late
+order, refused by its agent too: :func:`~fedsched.lease.stale_order`) is neither booked nor
+billed: a higher token precedes it in the stream (:class:`~fedsched.lease.StreamFencing`, kept in
+memory: judged in stream order, because the consumer handles messages out of stream order after
+a batch is handed back), or it is below the lease's current tenure, read from the KV bucket
+before each batch of placements (:func:`~fedsched.lease.read_tenure`), and stored in the stream
+after that tenure began -- so a restarted billing, which has seen no token yet, refuses it too,
+and agrees with the agent however late either reads it.
 
 What a line is and costs is the pure core's business (:mod:`services.billing.usage`). The cycle
 of one batch (:meth:`BillingService.write`):
@@ -52,6 +53,7 @@ import json
 import logging
 from datetime import UTC, datetime
 from decimal import Decimal
+from typing import Awaitable, Callable
 
 import nats.errors
 import nats.js.errors
@@ -60,9 +62,9 @@ from fedsched import telemetry
 from fedsched.bus import Bus, Delivery, DurableConsumer
 from fedsched.dispatch import SkippedTypes
 from fedsched.errors import UnavailableError
-from fedsched.lease import StreamFencing
 from fedsched.events import EventType, JobPlaced, JobStatus, UsageRecorded, business_event_id, make_event
 from fedsched.metrics import WriterMetrics
+from fedsched.lease import StreamFencing, Tenure, read_tenure, stale_order
 from fedsched.ports import retryable
 from fedsched.pricing import PriceCatalog, money
 from fedsched.store import AsyncStore
@@ -102,11 +104,14 @@ class BillingService:
         batch / max_wait_s / linger_s / ack_wait_s: consumer batching (size and time bounds)
             and redelivery (see :class:`~fedsched.bus.DurableConsumer`).
         metrics: where insert latency is timed (default: a registry of its own).
+        tenure: reads the scheduler lease's current tenure (default
+            :func:`~fedsched.lease.read_tenure` on ``bus``).
     """
 
     def __init__(self, bus: Bus, store: AsyncStore, prices: PriceCatalog, *, batch: int = 1000,
                  max_wait_s: float = 0.5, linger_s: float = 0.25, ack_wait_s: float = 60.0,
-                 metrics: WriterMetrics | None = None) -> None:
+                 metrics: WriterMetrics | None = None,
+                 tenure: Callable[[], Awaitable[Tenure | None]] | None = None) -> None:
         self.bus = bus
         self.metrics = metrics if metrics is not None else WriterMetrics("billing")
         self.store = store
@@ -124,16 +129,23 @@ class BillingService:
         self.rejected = 0  #: statuses refused by the trust checks
         self.fencing = StreamFencing()  #: scheduler-lease fencing of placements (see the module docstring)
         self.stale_orders = 0
+        self._read_tenure = tenure if tenure is not None else (lambda: read_tenure(bus))
+        self.tenure: Tenure | None = None  #: the scheduler lease's tenure, as last read
 
     @property
     def highest_token(self) -> int:
         """The highest scheduler-lease fencing token seen on a placement."""
         return self.fencing.highest
 
+    def _stale(self, d: Delivery) -> bool:
+        token = d.envelope.payload_as(JobPlaced).fencing_token
+        return stale_order(token, d.published_at, self.fencing.above(token, d.stream_sequence), self.tenure) is not None
+
     def stale_token(self, d: Delivery) -> bool:
-        """Whether the placement delivered as ``d`` is a former active scheduler's late order (a
-        higher fencing token precedes it in the stream: neither booked nor billed)."""
-        if self.fencing.stale(d.envelope.payload_as(JobPlaced).fencing_token, d.stream_sequence):
+        """Whether the placement ``d`` carries a stale scheduler-lease fencing token
+        (:func:`~fedsched.lease.stale_order` in stream order and against :attr:`tenure`: a former
+        active scheduler's late order, neither booked nor billed)."""
+        if self._stale(d):
             self.stale_orders += 1
             return True
         return False
@@ -171,8 +183,7 @@ class BillingService:
         """
         records = []
         for d in deliveries:
-            if d.envelope.type == EventType.JOB_PLACED and self.fencing.stale(
-                    d.envelope.payload_as(JobPlaced).fencing_token, d.stream_sequence):
+            if d.envelope.type == EventType.JOB_PLACED and self._stale(d):
                 continue  # a former active scheduler's late order: not booked (counted by lines())
             if (r := placement_record(d.envelope)) is not None:
                 records.append(r)
@@ -293,6 +304,8 @@ class BillingService:
             DecodeError: a payload does not validate (dead-lettered by the consumer).
         """
         placements = [d for d in deliveries if d.envelope.type == EventType.JOB_PLACED]
+        if placements:
+            self.tenure = await self._read_tenure()  # UnavailableError: the batch is retried
         await self.record_placements(placements)
         statuses = [d for d in deliveries if d.envelope.type != EventType.JOB_PLACED]
         statuses, placed = await self.screen(statuses)

@@ -38,11 +38,17 @@ placements and stop orders; a placement of a lower attempt is refused (``job.rej
 
 Fencing by scheduler lease (issue 14 item 9, :mod:`fedsched.lease`): the agent keeps the
 ``fencing_token``s seen on its placements and stop orders with where each first appears in the
-stream (:class:`~fedsched.lease.StreamFencing`, restored by :meth:`ClusterAgent.rebuild`); a
-placement or stop order preceded in the stream by one with a higher token -- a former active
-scheduler's order published after the new one's -- is refused: dead-lettered with the reason
-(``fed.deadletter.agent-<cluster>``, and from there ``bus.dead_letter`` in the audit log), never
-applied.
+stream (:class:`~fedsched.lease.StreamFencing`, restored by :meth:`ClusterAgent.rebuild`), and
+before each batch of orders reads the lease's current tenure from the KV bucket
+(:func:`~fedsched.lease.read_tenure`), so an agent that has seen no order of a new active
+scheduler yet still knows its token. A placement or stop order preceded in the stream by one with
+a higher token, or with a token below the current tenure's and stored after that tenure began -- a
+former active scheduler's order (:func:`~fedsched.lease.stale_order`) -- is refused: dead-lettered
+with the reason "stale fencing token" (``fed.deadletter.agent-<cluster>``, and from there
+``bus.dead_letter`` in the audit log), never applied. Judged in stream order (an order handed back
+during an outage and redelivered after a newer holder's is still carried out).
+:meth:`ClusterAgent.rebuild` judges its history by the same rule, so a restarted agent does not
+take such an order either.
 
 Gangs: a node that fails (drill :meth:`ClusterAgent.set_node_health`, an inventory refresh showing
 it unhealthy, or the backend reporting ``node_failed``) under any worker of a running attempt stops
@@ -57,7 +63,7 @@ import heapq
 import logging
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import AsyncIterator
+from typing import AsyncIterator, Awaitable, Callable
 
 from fedsched import telemetry
 from fedsched.bounded import RecentDict, RecentSet
@@ -65,12 +71,12 @@ from fedsched.bus import Bus, Delivery, DurableConsumer, StreamFollower
 from fedsched.clock import Clock, to_datetime
 from fedsched.dispatch import EventTable, SkippedTypes
 from fedsched.errors import DecodeError, UnavailableError
-from fedsched.lease import StreamFencing
 from fedsched.metrics import AgentMetrics
 from fedsched.events import (AgentReconciled, Heartbeat, InventorySnapshot, JobPlaced, JobStatus, JobStop, NodeInventory, Subjects,
                              business_event_id, make_event)
 from fedsched.events import Envelope, EventType
 from fedsched.jobs import AttemptState, JobSpec
+from fedsched.lease import StreamFencing, Tenure, read_tenure, stale_order
 from fedsched.logs import LogReply, LogRequest, chunks
 from fedsched.ports import Publisher
 from services.inventory.backend import (NODE_FAILED, TERMINAL_PHASES, AttemptKey, AttemptNotFound, AttemptSpec,
@@ -341,6 +347,8 @@ class ClusterAgent:
             stops the backend could not carry out).
         metrics: where running jobs, placements received and backend errors are counted (labels
             region and cluster; default: a registry of its own, served by nobody).
+        tenure: reads the scheduler lease's current tenure (None: the lease is not read, only the
+            highest token seen fences; default with a bus: :func:`~fedsched.lease.read_tenure`).
         retain_done: ended attempts remembered (``done``) and (job, shard) fencing records kept
             (``highest``), the newest of each; older ones are forgotten so memory does not grow
             with history (:mod:`fedsched.bounded`). A placement of an attempt forgotten that
@@ -350,7 +358,8 @@ class ClusterAgent:
     def __init__(self, bus: Bus | None, clock: Clock, cluster: ClusterDef, backend: Backend, *,
                  publisher: Publisher | None = None, subjects: Subjects | None = None,
                  heartbeat_interval_s: float = 1.0, snapshot_every: int = 10, tick_s: float = 0.01,
-                 metrics: AgentMetrics | None = None, retain_done: int = 100_000) -> None:
+                 metrics: AgentMetrics | None = None, retain_done: int = 100_000,
+                 tenure: Callable[[], Awaitable[Tenure | None]] | None = None) -> None:
         if bus is None and (publisher is None or subjects is None):
             raise ValueError("an agent without a bus needs a publisher and subjects")
         self.bus = bus
@@ -372,6 +381,10 @@ class ClusterAgent:
         #: fencing: the scheduler-lease tokens seen on placements and stop orders, judged in stream order
         self.fencing = StreamFencing()
         self.stale_refused = 0  # orders refused for a stale fencing token
+        #: reads the scheduler lease's tenure before each batch of orders (None: not read)
+        self._read_tenure = tenure if tenure is not None else (
+            (lambda: read_tenure(bus)) if bus is not None else None)
+        self.tenure: Tenure | None = None  #: the scheduler lease's tenure, as last read
         #: (job, shard) -> key of the attempt running here (at most one after fencing)
         self._live: dict[tuple[str, int], tuple[str, int, int]] = {}
         #: reconcile actions of the last :meth:`rebuild`: (action, "job/attempt/shard")
@@ -538,17 +551,20 @@ class ClusterAgent:
         reconcile it with what the backend runs (:meth:`reconcile`)."""
         placements: dict[tuple[str, int, int], tuple[Delivery, JobPlaced]] = {}
         started: dict[tuple[str, int, int], float] = {}
+        tenure = await self._read_tenure() if self._read_tenure is not None else None
 
         def on_placed(d: Delivery, env: Envelope) -> None:
             p = env.payload_as(JobPlaced)
-            if self.fencing.stale(p.fencing_token, d.stream_sequence):
+            if stale_order(p.fencing_token, d.published_at, self.fencing.above(p.fencing_token, d.stream_sequence),
+                           tenure) is not None:
                 return  # refused when it arrived (stale fencing token)
             placements[(env.job_id, env.attempt, p.shard)] = (d, p)
             self._see_attempt(env.job_id, p.shard, env.attempt)
 
         def on_stop(d: Delivery, env: Envelope) -> None:
             stop = env.payload_as(JobStop)
-            if self.fencing.stale(stop.fencing_token, d.stream_sequence):
+            if stale_order(stop.fencing_token, d.published_at,
+                           self.fencing.above(stop.fencing_token, d.stream_sequence), tenure) is not None:
                 return
             self._see_attempt(env.job_id, stop.shard, env.attempt)
 
@@ -784,6 +800,8 @@ class ClusterAgent:
             DecodeError: an event type the agent does not handle (dead-lettered).
             UnavailableError: the backend could not be reached (retryable): the batch is retried.
         """
+        if self._read_tenure is not None and any(d.envelope.known_type in ORDER_TYPES for d in deliveries):
+            self.tenure = await self._read_tenure()  # UnavailableError: the batch is retried
         for d in deliveries:
             env = d.envelope
             # continue the job's trace: status events carry this span's context
@@ -808,15 +826,16 @@ class ClusterAgent:
 
     def _check_token(self, d: Delivery, token: int) -> None:
         """Fencing by scheduler lease: raise :class:`~fedsched.errors.DecodeError` (the consumer
-        dead-letters the order with the reason) when a higher token precedes the order ``d`` in
-        the stream (:class:`~fedsched.lease.StreamFencing`: judged in stream order, so an order
-        handed back during an outage and redelivered after a newer holder's is not refused)."""
+        dead-letters the order with the reason) when the order ``d`` with ``token`` is stale
+        (:func:`~fedsched.lease.stale_order`: a higher token precedes it in the stream -- judged
+        in stream order, :class:`~fedsched.lease.StreamFencing` -- or it is below the lease's
+        current tenure and stored after it began)."""
         env = d.envelope
-        if self.fencing.stale(token, d.stream_sequence):
+        reason = stale_order(token, d.published_at, self.fencing.above(token, d.stream_sequence), self.tenure)
+        if reason is not None:
             self.stale_refused += 1
-            raise DecodeError(f"stale fencing token: {env.type} of {env.job_id} attempt {env.attempt} carries "
-                              f"token {token}, {self.producer} has seen {self.highest_token} (a former active "
-                              f"scheduler's order)")
+            raise DecodeError(f"{reason}; {env.type} of {env.job_id} attempt {env.attempt} carries token {token}, "
+                              f"{self.producer} has seen {self.highest_token} (a former active scheduler's order)")
 
     def _see_attempt(self, job_id: str, shard: int, attempt: int) -> int:
         """Record ``attempt`` for fencing; returns the highest attempt seen before it."""
@@ -1166,6 +1185,9 @@ class ClusterAgent:
 
 #: The agent's consumer of its placements subject: placements and stop orders. Another known
 #: type there is dead-lettered (it has no business on that subject); an unknown one is skipped.
+#: Orders of the active scheduler (fenced by its lease's token).
+ORDER_TYPES = frozenset({EventType.JOB_PLACED, EventType.JOB_STOP})
+
 PLACEMENT_EVENTS: EventTable = EventTable({
     EventType.JOB_PLACED: ClusterAgent._handle_placed,
     EventType.JOB_STOP: ClusterAgent._handle_stop,

@@ -85,6 +85,8 @@ def scheduler_state(svc: Any) -> dict[str, Any]:
                                [st.pending.approval_id, st.pending.region, st.pending.cluster, st.pending.expires_at]}
                       for job_id, st in gov.state.items()},
         "started": gov.started,
+        # scheduler-lease fencing: a restart from this checkpoint still refuses an order below it
+        "highest_token": svc.highest_token,
     }
 
 
@@ -145,5 +147,6 @@ def restore_scheduler(svc: Any, state: dict[str, Any], applied_seq: int, job_cls
                                          PendingApproval(*pending) if pending is not None else None,
                                          set(st["granted"]), st["home"])
     gov.started = {job_id: float(t) for job_id, t in state["started"].items()}
+    svc.highest_token = max(svc.highest_token, int(state.get("highest_token", 0)))  # absent in older checkpoints
     svc.applied_seq = applied_seq
     svc._dirty.set()

@@ -437,6 +437,9 @@ class SchedulerService:
                       "refused as stale; the %s_leases bucket must not be deleted", self.lease.token,
                       self.highest_token, self.bus.prefix if self.bus is not None else "<prefix>")
         self.fencing_token = self.lease.token
+        # our tenure is the floor from now on: every order of an earlier one stored before it
+        # began has just been folded; one read later was stored after it (fedsched.lease.stale_order)
+        self.highest_token = max(self.highest_token, self.fencing_token)
         self._takeover = False
         log.warning("scheduler: active with fencing token %d (stream read to %d)", self.fencing_token, last)
         return True

@@ -2,8 +2,11 @@
 
 Targets are tenant ``search`` resources: a job of search/train placed on cn-north-1-c1 and a
 pending cross-region approval request for it. "allowed" means the call passed authentication
-and authorization (it may still fail for business reasons, e.g. NOT_FOUND or
-FAILED_PRECONDITION); "denied" is PERMISSION_DENIED; "unauth" is UNAUTHENTICATED.
+and authorization (it may still fail for business reasons, e.g. FAILED_PRECONDITION, or
+NOT_FOUND on an RPC that does not target the job); "denied" is PERMISSION_DENIED (the caller
+may see the target but not do this); "hidden" is NOT_FOUND from a per-job RPC on the target
+job, which exists: the caller may not see it and is answered as if it did not exist (issue 14);
+"unauth" is UNAUTHENTICATED.
 """
 
 from __future__ import annotations
@@ -28,24 +31,24 @@ from tests.builders import Stubs, channel, policy_doc, store_policy, unique
 ROLES = ("none", "bad-token", "alice", "carol", "bob", "agent1", "root")
 #: who they are: no token; a token nobody holds; submitter of search; submitter of other tenants;
 #: approver of search and ads; agent of cn-north-1-c1; admin
-A, D, U = "allowed", "denied", "unauth"
+A, D, H, U = "allowed", "denied", "hidden", "unauth"
 
 #: rpc -> expected outcome per role, in ROLES order
 MATRIX: dict[str, tuple[str, ...]] = {
     "JobService.SubmitJob":          (U, U, A, D, D, D, A),
     "JobService.SubmitJobs":         (U, U, A, D, D, D, A),  # denied: the item's code (the call is OK)
-    "JobService.GetJob":             (U, U, A, D, A, A, A),
+    "JobService.GetJob":             (U, U, A, H, A, A, A),
     "JobService.ListJobs":           (U, U, A, D, A, D, A),
-    "JobService.WatchJob":           (U, U, A, D, A, A, A),
-    "JobService.ExplainJob":         (U, U, A, D, A, A, A),
-    "JobService.GetJobLogs":         (U, U, A, D, A, A, A),  # like GetJob (then UNAVAILABLE: no agent here)
-    "JobService.CancelJob":          (U, U, A, D, D, D, A),
-    # bulk actions answer per job: a job the caller may not write is "denied" (PERMISSION_DENIED,
-    # or NOT_FOUND when it may not even see it; see _bulk)
-    "JobService.CancelJobs":         (U, U, A, D, D, D, A),
-    "JobService.HoldJobs":           (U, U, A, D, D, D, A),
-    "JobService.ReleaseJobs":        (U, U, A, D, D, D, A),
-    "JobService.SetJobPriority":     (U, U, A, D, D, D, A),
+    "JobService.WatchJob":           (U, U, A, H, A, A, A),
+    "JobService.ExplainJob":         (U, U, A, H, A, A, A),
+    "JobService.GetJobLogs":         (U, U, A, H, A, A, A),  # like GetJob (then UNAVAILABLE: no agent here)
+    "JobService.CancelJob":          (U, U, A, H, D, D, A),
+    # bulk actions answer per job: PERMISSION_DENIED for a job the caller may see but not write,
+    # NOT_FOUND for one it may not see (by ids, seeing is can_read: the agent too; see _select)
+    "JobService.CancelJobs":         (U, U, A, H, D, H, A),
+    "JobService.HoldJobs":           (U, U, A, H, D, H, A),
+    "JobService.ReleaseJobs":        (U, U, A, H, D, H, A),
+    "JobService.SetJobPriority":     (U, U, A, H, D, D, A),
     # capacity and service health: any authenticated principal
     "ClusterService.ListClusters":   (U, U, A, A, A, A, A),
     "SystemService.GetStatus":       (U, U, A, A, A, A, A),
@@ -167,12 +170,11 @@ def _call(s: Stubs, rpc: str, w: World):
 
 async def _bulk(call):
     """A bulk action's answer for one job, as an RPC outcome: its per-job PERMISSION_DENIED or
-    NOT_FOUND (a job the caller may not see) is raised as PERMISSION_DENIED."""
+    NOT_FOUND (a job the caller may not see) is raised with that code."""
     resp = await call
-    if resp.results and resp.results[0].code in (grpc.StatusCode.PERMISSION_DENIED.value[0],
-                                                 grpc.StatusCode.NOT_FOUND.value[0]):
-        raise grpc.aio.AioRpcError(grpc.StatusCode.PERMISSION_DENIED, grpc.aio.Metadata(), grpc.aio.Metadata(),
-                                   resp.results[0].message)
+    for code in (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.NOT_FOUND):
+        if resp.results and resp.results[0].code == code.value[0]:
+            raise grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), resp.results[0].message)
     return resp
 
 
@@ -201,8 +203,13 @@ def _channel(port: int, role: str) -> grpc.aio.Channel:
     return channel(port, None if role == "none" else role)
 
 
+#: RPCs aimed at the target job (which exists): NOT_FOUND from them means "hidden"
+PER_JOB = frozenset(rpc for rpc in MATRIX if rpc.startswith("JobService.") and rpc not in (
+    "JobService.SubmitJob", "JobService.SubmitJobs", "JobService.ListJobs"))
+
+
 async def outcome(w: World, rpc: str, role: str) -> tuple[str, str]:
-    """(allowed / denied / unauth, the status code name)."""
+    """(allowed / denied / hidden / unauth, the status code name)."""
     async with _channel(w.svc.port, role) as ch:
         try:
             await _call(Stubs(ch), rpc, w)
@@ -212,6 +219,8 @@ async def outcome(w: World, rpc: str, role: str) -> tuple[str, str]:
         except grpc.aio.AioRpcError as e:
             code = e.code()
     assert code not in (grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL), (rpc, role, code)
+    if code == grpc.StatusCode.NOT_FOUND and rpc in PER_JOB:
+        return H, code.name
     return {grpc.StatusCode.PERMISSION_DENIED: D, grpc.StatusCode.UNAUTHENTICATED: U}.get(code, A), code.name
 
 
@@ -229,3 +238,28 @@ def test_the_matrix_covers_every_rpc_of_every_service():
     rpcs = {f"{s.name}.{m.name}" for d in (jobs_pb2.DESCRIPTOR, governance_pb2.DESCRIPTOR)
             for s in d.services_by_name.values() for m in s.methods}
     assert rpcs == set(MATRIX)
+
+
+async def _answer(w: World, rpc: str, job_id: str) -> tuple[grpc.StatusCode, str, tuple]:
+    """carol's (another tenant's submitter) answer to ``rpc`` on ``job_id``: code, details,
+    trailing metadata."""
+    target = World()
+    target.svc, target.job_id, target.approval_id, target.yaml = w.svc, job_id, w.approval_id, w.yaml
+    async with _channel(w.svc.port, "carol") as ch:
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await _call(Stubs(ch), rpc, target)
+    e = info.value
+    return e.code(), e.details(), tuple(e.trailing_metadata() or ())
+
+
+@pytest.mark.parametrize("rpc", sorted(PER_JOB - {"JobService.CancelJobs", "JobService.HoldJobs",
+                                                 "JobService.ReleaseJobs"}))
+async def test_another_tenants_job_is_answered_exactly_like_a_job_that_does_not_exist(world, rpc):
+    """No existence leak: the same code, details (but for the id asked) and trailing metadata."""
+    missing = "j-" + "0" * 20
+    assert missing not in world.svc.view.jobs
+    code, details, trailers = await _answer(world, rpc, world.job_id)
+    code_missing, details_missing, trailers_missing = await _answer(world, rpc, missing)
+    assert code == code_missing == grpc.StatusCode.NOT_FOUND
+    assert details.encode() == details_missing.replace(missing, world.job_id).encode()
+    assert trailers == trailers_missing

@@ -84,6 +84,15 @@ async def test_an_agent_cannot_publish_or_read_for_another_cluster(deployed_serv
             await agent.js.add_consumer(ops.stream_name("EVENTS"), api.ConsumerConfig(
                 name=f"agent-{C2}", durable_name=f"agent-{C2}", filter_subject=f"fed.placements.{R}.{C1}",
                 ack_policy=api.AckPolicy.EXPLICIT), timeout=1)
+        # ... but it may read the scheduler lease's tenure (fencing late orders), and only read it
+        from fedsched.lease import nats_lease, read_tenure
+        lease = await nats_lease(ops, "scheduler", "sched-a", ttl_s=1.5)
+        assert await lease.step()
+        tenure = await read_tenure(agent)
+        assert tenure is not None and tenure.token == lease.token
+        with pytest.raises((nats.errors.TimeoutError, nats.js.errors.Error)):
+            await agent.js.add_consumer(f"KV_{ops.prefix}_leases", api.ConsumerConfig(
+                name="peek", ack_policy=api.AckPolicy.EXPLICIT), timeout=1)
     finally:
         await agent.close()
         await ops.close()

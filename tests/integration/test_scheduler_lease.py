@@ -130,3 +130,116 @@ async def test_the_standby_takes_over_within_the_ttl_and_the_agent_refuses_the_d
         await asyncio.gather(a_task, b_task, agent_task, return_exceptions=True)
         for x in (a_bus, b_bus, agent_bus):
             await x.close()
+
+
+async def test_an_agent_that_saw_no_order_of_the_new_holder_refuses_the_former_holders_late_order(
+        bus, nats_server, store) -> None:
+    """Issue 14: A holds the lease, B takes it; A's order published afterwards reaches an agent
+    that has seen no order of B (nor any at all) -- it reads B's tenure from the lease KV and
+    refuses it ("stale fencing token", dead-lettered, never started). A's order published while
+    A held the lease and read only now is carried out. A billing and an admission started
+    afterwards (nothing seen, no checkpoint) judge both the same way."""
+    from fedsched.store import AsyncStore
+    from fedsched.jobs import JobState
+    from services.admission.service import AdmissionService
+    from services.audit.service import AuditService
+    from services.billing.service import BillingService
+    from services.billing.usage import placement_key
+    from tests.builders import policy_doc, store_policy
+
+    a = await nats_lease(bus, "scheduler", "sched-a", ttl_s=TTL)
+    assert await a.step()
+    job = spec(gpus=1)
+    now = time.time()
+    for job_id in ("early", "late"):
+        await bus.publish(bus.subjects.job("submitted", job.tenant, job.project), submitted(job_id, job, now))
+    sub = bus.subjects.placements(CLUSTER.region, CLUSTER.name)
+    await bus.publish(sub, placement("early", job, CLUSTER.name, CLUSTER.region, [("n0", (0,))],
+                                     fencing_token=a.token))
+    await a.release()
+    b = await nats_lease(bus, "scheduler", "sched-b", ttl_s=TTL)
+    assert await b.step() and b.token > a.token
+    await bus.publish(sub, placement("late", job, CLUSTER.name, CLUSTER.region, [("n0", (1,))],
+                                     fencing_token=a.token))
+    dead: list[DeadLetter] = []
+
+    async def on_dead(msg) -> None:
+        dead.append(Envelope.from_bytes(msg.data).payload_as(DeadLetter))
+
+    agent_bus = await Bus.connect(nats_server.url, bus.prefix, name="agent")
+    agent = ClusterAgent(agent_bus, SystemClock(), CLUSTER, StaticBackend(nodes("n"), clock=SystemClock(), runtime_s=None),
+                         heartbeat_interval_s=0.2, tick_s=0.02)
+    dsub = await bus.js.subscribe(bus.subjects.deadletter(agent.durable), cb=on_dead)
+    agent_task = asyncio.create_task(agent.run())
+    astore = AsyncStore(store)
+    billing = BillingService(bus, astore, load_price_catalog(), linger_s=0.02)
+    billing_task = asyncio.create_task(billing.run())
+    audit = AuditService(bus, astore, linger_s=0.02)
+    audit_task = asyncio.create_task(audit.run())
+    await store_policy(bus, policy_doc())
+    admission = AdmissionService(bus, SystemClock(), address="127.0.0.1:0")
+    admission_task = asyncio.create_task(admission.run())
+    try:
+        await _until(lambda: dead and ("early", 1, 0) in agent.running, what="the agent's two verdicts")
+        assert agent.highest_token == 0 or agent.highest_token == a.token
+        assert "stale fencing token" in dead[0].reason and f"below {b.token}" in dead[0].reason
+        assert ("late", 1, 0) not in agent.running and agent.stale_refused >= 1  # (a batch, then alone)
+
+        async def billed() -> bool:
+            return await billing.lag() == 0
+        deadline = time.monotonic() + 15
+        while not await billed():
+            assert time.monotonic() < deadline, "billing did not catch up"
+            await asyncio.sleep(0.02)
+        book = await bus.key_value("placements")
+        keys = set(await book.keys())
+        assert placement_key("early", 1, 0) in keys and placement_key("late", 1, 0) not in keys
+        assert billing.stale_orders == 1
+
+        await asyncio.wait_for(admission.ready.wait(), 20)
+        view = admission.view
+        await _until(lambda: "early" in view.jobs and view.jobs["early"].state == JobState.RUNNING,
+                     what="admission folding the early order (and its start)")
+        assert view.jobs["late"].state == JobState.QUEUED and view.jobs["late"].current is None
+        assert view.stale_orders == 1
+
+        # the audit log holds the late order only as a dead letter of audit, never as a placement
+        deadline = time.monotonic() + 15
+        while await audit.lag():
+            assert time.monotonic() < deadline, "audit did not catch up"
+            await asyncio.sleep(0.02)
+        db = store.database
+        assert store.query(f"SELECT job_id FROM {db}.events WHERE type = 'job.placed' ORDER BY job_id").rows == [
+            ("early",)]
+        assert store.query(f"SELECT count() FROM {db}.events WHERE job_id = 'late'").scalar() == 1  # its submit
+        reasons = store.query(f"SELECT JSONExtractString(payload, 'reason') FROM {db}.events "
+                              f"WHERE type = 'bus.dead_letter' AND producer = 'scheduler'").rows
+        assert len(reasons) == 1 and f"below {b.token}" in reasons[0][0]
+    finally:
+        await dsub.unsubscribe()
+        for svc in (agent, billing, admission, audit):
+            svc.stop()
+        await asyncio.gather(agent_task, billing_task, admission_task, audit_task, return_exceptions=True)
+        await b.release()
+        await agent_bus.close()
+
+
+async def test_receivers_read_the_same_tenure_before_and_after_a_renewal(bus) -> None:
+    """read_tenure on real NATS KV: the acquiring write is its own token and time; a renewal
+    (a new revision) names the same tenure and start, copied from the server."""
+    from fedsched.lease import read_tenure
+
+    assert await read_tenure(bus) is None  # no lease bucket yet
+    lease = await nats_lease(bus, "scheduler", "sched-a", ttl_s=TTL)
+    assert await read_tenure(bus) is None  # bucket, no key
+    assert await lease.step()
+    first = await read_tenure(bus)
+    assert first is not None and (first.token, first.holder) == (lease.token, "sched-a") and first.since > 0
+    assert abs(first.since - lease.since) < 1e-3
+    lease.renewed_at -= 10 * TTL  # due: the next step renews
+    await lease.step()
+    assert lease.revision > lease.token  # a new revision of the same tenure
+    assert await read_tenure(bus) == first
+    await lease.release()
+    released = await read_tenure(bus)
+    assert released.holder == "" and released.token > lease.token and released.since >= first.since

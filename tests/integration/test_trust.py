@@ -10,7 +10,9 @@ from fedsched.pricing import load_price_catalog
 from fedsched.store import AsyncStore
 from services.audit.service import AuditService
 from services.billing.service import BillingService
-from tests.builders import placement_of, until
+from fedapp.web.reads import Reads
+from fedsched.bus import Bus
+from tests.builders import placement_of, unique, until
 
 START = datetime(2023, 3, 1, 12, 0, tzinfo=UTC).timestamp()
 R = "cn-east-1"
@@ -65,7 +67,7 @@ async def test_forged_ends_bill_nothing_and_the_real_end_is_billed_once(bus, sto
 
     async def audited():
         n = store.query(f"SELECT count() FROM {db}.events WHERE type = 'security.rejected_message'").scalar()
-        return n >= 4 and await audit.lag() == 0
+        return n >= 6 and await audit.lag() == 0
     assert await until(audited, timeout=20, interval=0.05)
     billing.stop(), audit.stop()
     await asyncio.gather(*tasks)
@@ -79,11 +81,24 @@ async def test_forged_ends_bill_nothing_and_the_real_end_is_billed_once(bus, sto
         f"envelope claims {R}/{C1} but arrived on status subject of {R}/{C2}",
         f"attempt 1 of j-1 was placed on {R}/{C1}, not on {R}/{C2}",
         "attempt 1 (shard 0) of invented was never placed"}
-    # audit itself records the claim for another cluster as what it is, attributed to c2's agent
+    # audit applies the same checks itself and records each forgery as what it is, attributed
+    # to c2's agent, for the same reasons
     by_audit = [r for r in sec if r[0] == f"agent/{R}/{C2}"]
-    assert len(by_audit) == 1 and by_audit[0][1] == C2
-    assert store.query(f"SELECT count() FROM {db}.events WHERE type = 'job.finished' AND job_id = 'j-1' "
-                       f"AND cluster = '{C1}'").scalar() == 1
+    assert len(by_audit) == 3 and all(r[1] == C2 for r in by_audit)
+    assert {r[3] for r in by_audit} == {r[3] for r in by_billing}
+    # ... and never as the event it claims to be: by job id the log holds only what happened
+    assert store.query(f"SELECT type, cluster FROM {db}.events WHERE job_id = 'j-1' "
+                       f"ORDER BY occurred_at, type").rows == [
+        ("job.placed", C1), ("job.started", C1), ("job.finished", C1), ("usage.recorded", C1)]
+    assert store.query(f"SELECT count() FROM {db}.events WHERE job_id = 'invented' OR tenant = 'victim'").scalar() == 0
+    claimed = store.query(f"SELECT JSONExtractString(payload, 'event_type'), JSONExtractString(payload, 'job_id') "
+                          f"FROM {db}.events WHERE type = 'security.rejected_message' AND producer = 'agent/{R}/{C2}' "
+                          f"ORDER BY 2, 1").rows
+    assert claimed == [("job.finished", "invented"), ("job.finished", "j-1"), ("job.finished", "j-1")]
+    # the console's job page counts the same
+    events, total = await Reads(store.query, db).job_events("j-1")
+    assert total == 4 and sorted(e.type for e in events) == ["job.finished", "job.placed", "job.started", "usage.recorded"]
+    assert not [e for e in events if e.type.startswith("REFUSED")]
 
 
 async def _keys(kv):
@@ -118,3 +133,51 @@ async def test_an_agents_dead_letter_subject_cannot_put_events_into_the_audit_lo
     rows = store.query(f"SELECT type, producer, tenant, job_id, event_id != '{fake.event_id}' "
                        f"FROM {store.database}.events ORDER BY type").rows
     assert rows == [("bus.dead_letter", "agent-" + C2, "", "", 1)] * 2
+
+
+async def _count(store, where: str) -> int:
+    return store.query(f"SELECT count() FROM {store.database}.events WHERE {where}").scalar()
+
+
+async def test_a_refusal_repeated_after_a_restart_adds_no_audit_row(nats_server, store):
+    """Issue 14: billing refuses an invented end, then (restarted with its durable reset) reads
+    the stream again and refuses it again -- past JetStream's duplicate window, so the second
+    refusal really reaches the dead-letter stream. Audit still holds one dead letter and one
+    security record from billing (before: 2 -> 4 rows)."""
+    window = 0.3
+    bus = await Bus.connect(nats_server.url, unique("t"), name="test", duplicate_window_s=window)
+    await bus.ensure_streams()
+    astore = AsyncStore(store)
+    audit = AuditService(bus, astore, linger_s=0.02)
+    billing = BillingService(bus, astore, load_price_catalog(), linger_s=0.02)
+    tasks = [asyncio.create_task(audit.run()), asyncio.create_task(billing.run())]
+    invented = _status("job.finished", job="invented", cluster=C2, at=START + 600)
+    await bus.publish(bus.subjects.status(R, C2), invented)
+    dlq = f"{bus.prefix.upper()}_DLQ"
+    by_billing = "producer = 'billing' AND type IN ('bus.dead_letter', 'security.rejected_message')"
+
+    async def recorded():
+        return await _count(store, by_billing) == 2 and await audit.lag() == 0
+    try:
+        assert await until(recorded, timeout=20, interval=0.05)
+        billing.stop()
+        await tasks.pop()
+        await bus.js.delete_consumer(billing.consumer.stream, billing.consumer.durable)
+        await asyncio.sleep(2 * window)  # past the duplicate window: JetStream no longer drops the repeat
+        again = BillingService(bus, astore, load_price_catalog(), linger_s=0.02)
+        tasks.append(asyncio.create_task(again.run()))
+
+        async def refused_again():
+            return again.rejected == 1 and (await bus.js.stream_info(dlq)).state.messages == 4
+        assert await until(refused_again, timeout=20, interval=0.05)
+
+        async def drained():
+            return await audit.lag() == 0
+        assert await until(drained, timeout=20, interval=0.05)
+        assert await _count(store, by_billing) == 2
+    finally:
+        audit.stop()
+        for c in (billing, *([again] if "again" in locals() else [])):
+            c.stop()
+        await asyncio.gather(*tasks)
+        await bus.close()

@@ -124,3 +124,20 @@ def test_checkpoint_plus_tail_equals_a_full_read(cut):
     assert restored.book() == full.book()
     # what left memory after the cut went to the archive in both
     assert set(full.ended.pending) >= set(restored.ended.pending)
+
+
+def test_a_restart_from_a_checkpoint_still_refuses_an_order_below_the_highest_token_seen() -> None:
+    """Issue 14: the highest scheduler-lease fencing token seen is part of the checkpoint, so the
+    restarted view does not fold a former active scheduler's order that arrives after it."""
+    view = JobView()
+    for j in ("j1", "j2"):
+        view.apply(_ev("job.submitted", JobSubmitted(spec=SPEC, submitted_by="alice"), j, T0, actor="alice"))
+    view.apply(_ev("job.placed", JobPlaced(spec=SPEC, bindings=(WorkerBinding(worker=0, node="n0"),), fencing_token=9),
+                   "j1", T0 + 1, attempt=1, cluster="c1"))
+    state = admission_state(view, ApprovalView(), SpendBook())
+    restored = JobView()
+    restore_admission(restored, ApprovalView(), SpendBook(), state, applied_seq=3)
+    assert restored.highest_token == 9
+    restored.apply(_ev("job.placed", JobPlaced(spec=SPEC, bindings=(WorkerBinding(worker=0, node="n0"),),
+                                               fencing_token=4), "j2", T0 + 2, attempt=1, cluster="c1"))
+    assert restored.jobs["j2"].current is None and restored.stale_orders == 1

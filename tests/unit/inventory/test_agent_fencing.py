@@ -102,3 +102,27 @@ async def test_an_end_not_published_while_the_bus_is_away_is_reported_by_the_nex
     assert await agent.finish_due() == 1
     assert _types(publisher) == [("job.started", "j1"), ("job.finished", "j1")]
     assert agent.running == {} and sum(agent.ledger["n0"].gpu_free) == 8000
+
+
+async def test_an_order_below_the_leases_current_tenure_is_refused_before_any_order_of_the_new_holder() -> None:
+    """The agent has seen no order at all; the lease KV says tenure 9 began at t=100. The former
+    holder's order (token 5) stored at t=150 is refused; its order stored at t=50, while it held
+    the lease, and read only now, is carried out; the new holder's order is carried out."""
+    from fedsched.lease import Tenure
+
+    clock, publisher = FakeClock(), FakePublisher()
+
+    async def tenure():
+        return Tenure(9, 100.0, "sched-b")
+
+    agent = ClusterAgent(None, clock, CLUSTER, StaticBackend(nodes("n"), clock=clock, runtime_s=None),
+                         publisher=publisher, subjects=SUBJECTS, tenure=tenure)
+    late = placement("late", spec(gpus=1), CLUSTER.name, CLUSTER.region, [("n0", (0,))], fencing_token=5)
+    with pytest.raises(DecodeError, match="stale fencing token: 5 is below 9.*held by sched-b"):
+        await agent.handle([delivery(late, SUB, 2, 150.0)])
+    early = placement("early", spec(gpus=1), CLUSTER.name, CLUSTER.region, [("n0", (1,))], fencing_token=5)
+    await agent.handle([delivery(early, SUB, 1, 50.0)])
+    new = placement("new", spec(gpus=1), CLUSTER.name, CLUSTER.region, [("n0", (2,))], fencing_token=9)
+    await agent.handle([delivery(new, SUB, 3, 160.0)])
+    assert _types(publisher) == [("job.started", "early"), ("job.started", "new")]
+    assert agent.stale_refused == 1 and agent.highest_token == 9

@@ -167,3 +167,15 @@ async def test_a_corrupt_or_incompatible_checkpoint_is_refused_and_loads_nothing
         svc.restore(malformed)
     svc._forget_book()  # what load_snapshot does on this error before the full read
     assert not svc.jobs and not svc.queued and svc.applied_seq == 0
+
+
+async def test_the_highest_fencing_token_seen_survives_a_restart_from_a_checkpoint():
+    """Issue 14: a scheduler restarted from a checkpoint still refuses an order below the
+    highest scheduler-lease token it had seen (a former active scheduler's late order)."""
+    h = SchedulerHarness((ClusterSpec(A, node_list=nodes("a", count=3)),), reclaim_after_s=1e9)
+    h.submit("j1")
+    await h.cycle()
+    h.svc.highest_token = 7
+    svc = h._service()
+    svc.restore(h.svc.snapshot_bytes())
+    assert svc.highest_token == 7

@@ -137,3 +137,17 @@ async def test_a_new_tenure_waits_until_the_stream_is_read_to_its_end() -> None:
     h.svc.applied_seq = h.events[-1].stream_sequence
     assert await h.svc.catch_up(timeout_s=0.05) is True
     assert [d.type for d in await h.cycle()] == ["job.placed"]
+
+
+async def test_a_former_holders_order_read_after_the_takeover_is_not_folded_before_any_order_of_ours() -> None:
+    """Issue 14: the new active replica has published nothing yet; the former holder's order
+    (token below ours) that arrives after the catch-up is ignored: our tenure is the floor."""
+    store = FakeLeaseStore()
+    store.sequence = 20
+    h = _replica(store, "a", FakeClock())
+    h.submit("j1")  # no cycle runs: we order nothing
+    await _activate(h)
+    assert h.svc.highest_token == h.svc.lease.token
+    h._event(_stale_placement(h, "j1", h.svc.lease.token - 1), h.subjects.placements("cn-north-1", A))
+    assert h.svc.jobs["j1"].shards[0].state != ShardState.PLACED and h.svc.stale_orders == 1
+    assert h.svc.leading
