@@ -608,8 +608,8 @@ class ClusterAgent:
 
         * an observed attempt that is live in the ledger (placed, not ended, not older than the
           highest attempt seen for its job and shard) is adopted: it keeps running, it is reported
-          when it ends (and ``job.started`` is published if the cluster runs it and the bus did
-          not have it yet);
+          when it ends (and ``job.started`` is published, at the cluster's start time, if the
+          cluster runs or ran it and the bus did not have it yet);
         * a placed attempt that never started and the cluster does not have is left alone: its
           placement, if not acknowledged, is redelivered, else the scheduler reclaims it;
         * an observed attempt that is not (ended on the bus, older, unknown) is stopped and a
@@ -659,7 +659,9 @@ class ClusterAgent:
             if seen:
                 self._note("adopted", akey)
                 o = observed[akey]
-                if at is None and o.phase == Phase.RUNNING:
+                # started while no agent watched (still running, or already ended: its end is
+                # reported next, and is billed only from a start) -- the cluster's start time
+                if at is None and (o.phase == Phase.RUNNING or (o.phase in TERMINAL_PHASES and o.started_at is not None)):
                     job.started_at = o.started_at if o.started_at is not None else now
                     await self._status(EventType.JOB_STARTED, job.ref, placed, job.started_at,
                                        started_at=job.started_at, headers=d.headers)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from fedsched.events import JobPlaced, Subjects, WorkerBinding
+from fedsched.events import JobPlaced, JobStatus, Subjects, WorkerBinding
 from services.inventory.agent import ClusterAgent
 from services.inventory.backend import (NODE_FAILED, TERMINAL_PHASES, AttemptKey, AttemptNotFound, AttemptSpec, Backend,
                                         BackendError, Phase)
@@ -259,3 +259,31 @@ async def test_reconcile_adopts_a_placed_attempt_the_bus_never_saw_start(backend
     assert await running_keys(h) == {ran.key}
     await agent.finish_due()
     assert len(publisher.published) == 2  # not started twice
+
+
+async def test_reconcile_reports_the_start_of_an_attempt_that_ran_and_ended_while_no_agent_watched(backend_under_test):
+    """The agent launched an attempt and went down before publishing ``job.started``; the attempt
+    ran and ended before the next agent started. Adopted, its start is reported at the cluster's
+    start time and its end carries that start -- billing prices an end only from a start (the
+    Slurm e2e lost two compute lines this way under load)."""
+    h = backend_under_test
+    if not h.backend.durable:
+        pytest.skip("the trace cluster ends with its agent: nothing outlives it to adopt")
+    job = h.job(runtime_s=1)
+    ran = attempt_of(h, "ran", job, nodes=(h.nodes[0],))
+    await h.backend.launch(ran)
+    await h.advance(2)
+    seen = await h.statuses(lambda s: Phase.SUCCEEDED in phases(s, ran.key), timeout_s=60)
+    started = next(s.at for s in seen if s.key == ran.key and s.phase == Phase.RUNNING)
+    publisher = FakePublisher()
+    agent = ClusterAgent(None, h.clock, CLUSTER, h.backend, publisher=publisher, subjects=SUBJECTS)
+    await agent.refresh_inventory()
+    env = placement("ran", job, CLUSTER.name, CLUSTER.region, [(h.nodes[0], (0,))], card_model=h.card_model)
+    ledger = {("ran", 1, 0): (delivery(env, SUBJECTS.placements(CLUSTER.region, CLUSTER.name), 1, 0.0),
+                              env.payload_as(JobPlaced), None)}
+    await agent.reconcile(ledger)
+    assert agent.reconciled == [("adopted", str(ran.key))]
+    first = publisher.published[0].event
+    assert first.type == "job.started" and abs(first.payload_as(JobStatus).started_at.timestamp() - started) < 1.5
+    # its end (reported by on_status as the cluster's poll sees it) carries that start
+    assert agent.running[("ran", 1, 0)].started_at == first.payload_as(JobStatus).started_at.timestamp()
