@@ -488,9 +488,7 @@ class JobServicer(pb_grpc.JobServiceServicer):
         # tenant -> job id -> worst-case cost held while its job.submitted is being published (not in the view yet)
         self._holds: dict[str, dict[str, Decimal]] = {}
         view.listeners.append(self._job_changed)
-        for ids in view.open_by_tenant.values():
-            for job_id in ids:
-                self._job_changed(view.jobs[job_id])
+        self.rederive_budget_holds()
         self._tenant_locks: dict[str, asyncio.Lock] = {}  # budgeted submissions of a tenant, one at a time
         self.budget_conflicts = 0  # compare-and-set rounds lost to another replica (_submit_budgeted)
         #: asks an agent for logs: ``(subject, LogRequest) -> async iterator of LogReply``
@@ -525,6 +523,17 @@ class JobServicer(pb_grpc.JobServiceServicer):
             del inflight[rec.job_id]  # counted once: from the view from now on
             if not inflight:
                 del self._holds[tenant]
+
+    def rederive_budget_holds(self) -> None:
+        """Rebuild :attr:`budget_holds` from every open job in the view: after the view was
+        filled without its listeners (a checkpoint restore writes ``view.jobs`` directly) or
+        emptied (a malformed checkpoint). O(open jobs); costs are computed lazily as usual."""
+        self.budget_holds = BudgetHolds()
+        for ids in self.view.open_by_tenant.values():
+            for job_id in ids:
+                rec = self.view.jobs.get(job_id)
+                if rec is not None:
+                    self._job_changed(rec)
 
     def _worst_case(self, job_id: str, regions: set[str]) -> Decimal:
         """An open job's worst-case cost (what it holds of its tenant's budget), over the
@@ -1434,15 +1443,20 @@ class AdmissionService:
         except (KeyError, TypeError, ValueError) as e:
             self._forget_read_models()
             raise snapshots.SnapshotError(f"malformed admission snapshot: {e!r}") from e
+        # the restore filled view.jobs without the view's listeners: the budget holds of the
+        # restored open jobs are derived here (else a restart would let a tenant overspend)
+        self.servicer.rederive_budget_holds()
         self.snapshot_seq = snap.applied_seq
         return snap.applied_seq + 1
 
     def _forget_read_models(self) -> None:
         """Empty the job and approval views and the event spend (a checkpoint failed halfway)."""
-        by_state = self.view.by_state
+        by_state, listeners = self.view.by_state, self.view.listeners
         self.view.__init__(retain_ended=self.view.retain_ended, archive=self.view.archive,
                            retain_tombstones=self.view.tombstones.limit)
         self.view.by_state = by_state  # the metrics' scrape thread holds this dict: keep it, zeroed
+        self.view.listeners = listeners  # budget holds follow the view's changes from now on too
+        self.servicer.rederive_budget_holds()
         for state in by_state:
             by_state[state] = 0
         self.approvals.by_id.clear()
