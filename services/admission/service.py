@@ -1219,13 +1219,14 @@ class JobServicer(pb_grpc.JobServiceServicer):
             return
         seen = -1
         while True:
-            changed = self.view.changed(rec.job_id)
             if rec.version != seen:
                 seen = rec.version
                 yield job_to_pb(rec)
                 if rec.state in TERMINAL_STATES:
-                    return
-            await changed.wait()
+                    return  # no change event made for a watch that ends here (it would stay behind)
+                continue  # the job may have changed while the client took the state: look again
+            # no await between the version check and this: a change cannot slip between them
+            await self.view.changed(rec.job_id).wait()
 
 
 #: bulk action -> the verb of its subject, and the word for a job it was done to
