@@ -56,7 +56,7 @@ import uuid
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
-from typing import AsyncIterator, Iterator
+from typing import AsyncIterator, Callable, Iterator
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -80,7 +80,7 @@ from fedsched.errors import (AlreadyExistsError, AuthError, ConflictError, FedEr
                              UnavailableError, ValidationError)
 from fedsched.events import InventorySnapshot, JobCancelRequested, JobHeld, JobPriorityChanged, JobSubmitted, \
     SubmissionRejected, Subjects, business_event_id, make_event
-from fedsched.events import APPROVAL_OUTCOMES, Envelope, EventType
+from fedsched.events import APPROVAL_OUTCOMES, Envelope, EventType, random_event_id
 from fedsched.tenancy import Governance
 from fedsched.topology import KnownNames
 from fedsched.whatif import WhatIfReply, WhatIfRequest, request_what_if
@@ -334,6 +334,10 @@ def what_if_to_pb(reply: WhatIfReply, state: int) -> pb.ExplainJobResponse:
 
 #: Most items one SubmitJobs call may carry (``SubmitJobsRequest`` in the proto).
 MAX_BATCH = 1000
+
+#: SetJobPriority whose publish was acknowledged as a duplicate (the stream already holds that
+#: event) waits at most this many seconds for the job follower to fold it before answering
+PRIORITY_FOLD_WAIT_S = 5.0
 
 #: The refusals of a submission (recorded as ``submission.rejected``; a batch item's result).
 REFUSALS = (ValidationError, QuotaExceededError, PermissionDeniedError, ConflictError, AlreadyExistsError)
@@ -700,6 +704,10 @@ class JobServicer(pb_grpc.JobServiceServicer):
     async def _publish_one(self, a: "_Admitted") -> pb.SubmitJobResponse:
         """Publish an admitted submission and release its hold (the view holds the job then)."""
         try:
+            if a.rid:  # a retry after its job ended and left memory (and JetStream's dedup window)
+                archived = await self._archived(a.job_id)
+                if archived is not None:
+                    return self._retried(archived, a.spec, a.rid, a.principal)
             if a.gov.budget(a.spec.tenant) is not None:  # across admission replicas: compare-and-set
                 return await self._submit_budgeted(a.gov, a.spec, a.rid, a.principal, a.job_id, set(a.regions))
             return await self._publish_submission(a.gov, a.spec, a.rid, a.principal, a.job_id)
@@ -862,7 +870,30 @@ class JobServicer(pb_grpc.JobServiceServicer):
             existing = await self._await_job(job_id)
             return self._retried(existing, spec, rid, principal)
         self.view.apply(event)
-        return pb.SubmitJobResponse(job_id=job_id, state=STATE_TO_PB[self.view.jobs[job_id].state], duplicate=False)
+        rec = self.view.jobs.get(job_id)
+        if rec is None:  # the view refused it: the job ended and left memory (a tombstone)
+            archived = await self._archived(job_id)
+            if archived is None:
+                raise UnavailableError(f"job {job_id} of request_id {rid!r} ended and its record cannot be read "
+                                       f"now; retry")
+            return self._retried(archived, spec, rid, principal)
+        return pb.SubmitJobResponse(job_id=job_id, state=STATE_TO_PB[rec.state], duplicate=False)
+
+    async def _archived(self, job_id: str) -> JobRecord | None:
+        """The record of ``job_id`` if it ended and left the view (the ended-jobs store:
+        :mod:`services.admission.ended`, pending records first, then the ``fed_jobs_ended``
+        bucket); None if it is in the view or was never archived.
+
+        Raises:
+            UnavailableError: the view holds its tombstone but the store cannot give the
+                record now (a bus outage): answering "new job" would run it a second time.
+        """
+        if job_id in self.view.jobs:
+            return None
+        rec = await self.ended.get(job_id)
+        if rec is None and job_id in self.view.tombstones:
+            raise UnavailableError(f"job {job_id} ended and its record cannot be read now; retry")
+        return rec
 
     def _retried(self, existing: JobRecord, spec: JobSpec, rid: str, principal: Principal) -> pb.SubmitJobResponse:
         """The answer to a submission whose idempotency key (principal, tenant, project,
@@ -872,7 +903,10 @@ class JobServicer(pb_grpc.JobServiceServicer):
             AlreadyExistsError: the spec differs; the message names the existing job only when
                 the caller may read it.
         """
-        if existing.spec.model_dump(mode="json") == spec.model_dump(mode="json"):
+        # a job whose priority was changed since (SetJobPriority rewrites its spec) is still the
+        # one this request made: its priority is left out of the comparison then
+        ignore = {"priority"} if existing.priority_changes else set()
+        if existing.spec.model_dump(mode="json", exclude=ignore) == spec.model_dump(mode="json", exclude=ignore):
             return pb.SubmitJobResponse(job_id=existing.job_id, state=STATE_TO_PB[existing.state], duplicate=True)
         try:
             check_job_access(principal, existing)
@@ -1171,15 +1205,37 @@ class JobServicer(pb_grpc.JobServiceServicer):
         if new == rec.spec.priority:
             return job_to_pb(rec)
         gov = self.policy.current
+        # one id per request: a count read before the publish's await would give two concurrent
+        # calls the same id, and JetStream would drop the second as a duplicate
         event = make_event(EventType.JOB_PRIORITY_CHANGED,
                            JobPriorityChanged(previous=rec.spec.priority, priority=new, reason=request.reason),
-                           producer="admission", occurred_at=self.clock.time(),
-                           event_id=business_event_id(rec.job_id, "job.priority_changed", rec.priority_changes + 1),
+                           producer="admission", occurred_at=self.clock.time(), event_id=random_event_id(),
                            tenant=rec.spec.tenant, project=rec.spec.project, job_id=rec.job_id, actor=principal.name,
                            policy_version=gov.version if gov else "")
-        await self.publisher.publish(self.subjects.job("priority", rec.spec.tenant, rec.spec.project), event)
-        self.view.apply(event)
+        changes = rec.priority_changes
+        ack = await self.publisher.publish(self.subjects.job("priority", rec.spec.tenant, rec.spec.project), event)
+        if getattr(ack, "duplicate", False):
+            # the stream already holds an event with this id (a retried publish): what it says is
+            # folded by the follower, never this call's copy applied locally
+            await self._await_change(rec, lambda: rec.priority_changes > changes, PRIORITY_FOLD_WAIT_S)
+        else:
+            self.view.apply(event)
         return job_to_pb(rec)
+
+    async def _await_change(self, rec: JobRecord, done: Callable[[], bool], timeout_s: float) -> bool:
+        """Wait (at most ``timeout_s`` seconds) until ``done()`` holds for ``rec`` after one of
+        its changes in the view; True when it does."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while not done():
+            left = deadline - loop.time()
+            if left <= 0 or rec.state in TERMINAL_STATES:
+                return done()
+            try:
+                await asyncio.wait_for(self.view.changed(rec.job_id).wait(), left)
+            except asyncio.TimeoutError:
+                return done()
+        return True
 
     async def ExplainJob(self, request: pb.ExplainJobRequest, context) -> pb.ExplainJobResponse:
         return explain_to_pb(await self._read(request.job_id))
