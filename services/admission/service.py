@@ -72,7 +72,7 @@ from fedsched.api.v1 import jobs_pb2_grpc as pb_grpc
 from fedsched.auth import Principal
 from fedsched.bus import EXPECT_SEQUENCE, EXPECT_SUBJECT, Bus, Delivery, StreamFollower
 from fedsched.snapshots import SnapshotStore
-from fedsched.trust import Rejection, check_subject, rejection_events
+from fedsched.trust import Rejection, check_subject, dead_letter_room, rejection_events
 from fedsched.clock import Clock, SystemClock
 from fedsched.dispatch import EventTable, SkippedTypes
 from fedsched.errors import (AlreadyExistsError, AuthError, ConflictError, FedError, NotFoundError,
@@ -89,7 +89,7 @@ from fedsched.logs import LogRequest, request_logs
 from fedsched.metrics import AdmissionMetrics
 from fedsched.naming import check_name, is_name
 from fedsched.policystore import PolicyFollower, PolicyHolder
-from fedsched.ports import Publisher
+from fedsched.ports import Publisher, retryable
 from fedsched.pricing import PriceCatalog, load_price_catalog
 from services.admission.admin_servicers import ApprovalServicer, PolicyServicer, TenantServicer
 from services.admission.approvalview import ApprovalView
@@ -1423,12 +1423,16 @@ class AdmissionService:
 
     async def _publish_rejections(self) -> None:
         """Publish the dead letters and security records of the messages the job view refused
-        (:mod:`fedsched.trust`); a failure leaves them queued for the next event."""
+        (:mod:`fedsched.trust`, the refused message embedded up to the bus's
+        :func:`~fedsched.trust.dead_letter_room`); a failure for now (not acknowledged) leaves
+        them queued for the next event, one the bus refuses for good (``PublishResult.REFUSED``,
+        itself dead-lettered by the bus) is not tried again."""
         pending, self.view.rejections = self.view.rejections, []
+        room = dead_letter_room(getattr(self.bus, "max_payload", None))
         items = [(subject, event, None) for r in pending
-                 for subject, event in rejection_events(self.bus.subjects, r, self.clock.time())]
+                 for subject, event in rejection_events(self.bus.subjects, r, self.clock.time(), max_data=room)]
         ok = await self.bus.publish_many(items)
-        self.view.rejections = [r for i, r in enumerate(pending) if not all(ok[2 * i:2 * i + 2])] + \
+        self.view.rejections = [r for i, r in enumerate(pending) if any(map(retryable, ok[2 * i:2 * i + 2]))] + \
             self.view.rejections
 
     def _to_approvals(self, d: Delivery) -> None:

@@ -96,12 +96,12 @@ from fedsched.policystore import PolicyFollower, PolicyHolder
 from fedsched import snapshots
 from fedsched.snapshots import SnapshotStore
 from fedsched.version import package_version
-from fedsched.ports import Publisher, PublishResult
+from fedsched.ports import Publisher, PublishResult, retryable
 from fedsched.pricing import PriceCatalog
 from fedsched.tenancy import DEFAULT_RETRY_BUDGET, RetryBudgetDoc
 from fedsched.whatif import WHAT_IF_JOB_ID, ShardWhatIf, WhatIfReply, WhatIfRequest
 from fedsched.whatif import subject as what_if_subject
-from fedsched.trust import PlacedAttempt, Rejection, check_placement, check_subject, rejection_events
+from fedsched.trust import PlacedAttempt, Rejection, check_placement, check_subject, dead_letter_room, rejection_events
 from services.scheduler.approvals import TenancyGate
 from services.scheduler.checkpoint import STATE_VERSION, restore_scheduler, scheduler_state
 from services.scheduler.states import ACTIVE, Outcome, ShardState, StopReason
@@ -873,14 +873,20 @@ class SchedulerService:
         self._dirty.set()
 
     async def _publish_rejections(self) -> None:
-        """Publish the dead letters and security records of refused messages (kept on failure)."""
+        """Publish the dead letters and security records of refused messages (the message
+        embedded up to :func:`~fedsched.trust.dead_letter_room` of the bus's ``max_payload``);
+        kept when not acknowledged for now, dropped when the bus refuses one for good
+        (``PublishResult.REFUSED``: it dead-letters that itself; retrying would fail forever and
+        block checkpoints)."""
         pending, self.rejections = self.rejections, []
+        room = dead_letter_room(getattr(self.publisher, "max_payload", None))
         items = [(subject, event, None) for r in pending
-                 for subject, event in rejection_events(self.subjects, r, self.clock.time())]
+                 for subject, event in rejection_events(self.subjects, r, self.clock.time(), max_data=room)]
         if not items:
             return
         ok = await self.publisher.publish_many(items)
-        self.rejections = [r for i, r in enumerate(pending) if not all(ok[2 * i:2 * i + 2])] + self.rejections
+        self.rejections = [r for i, r in enumerate(pending) if any(map(retryable, ok[2 * i:2 * i + 2]))] + \
+            self.rejections
 
     def _apply_event(self, d: Delivery) -> None:
         self.applied_seq = d.stream_sequence
