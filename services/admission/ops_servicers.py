@@ -149,6 +149,10 @@ class SystemServicer(pb_grpc.SystemServiceServicer):
             lag = max(0, int(info.state.last_seq) - int(st.get("applied_seq", 0)))
         except Exception as e:  # noqa: BLE001 - the status itself is still worth showing
             log.info("status: EVENTS stream info: %r", e)
+        if st.get("lease_problem"):  # the lease holder refuses to lead: nothing is scheduled
+            return pb.ServiceStatus(name="scheduler", state="down", version=str(st.get("version", "")),
+                                    detail=f"not scheduling: {st['lease_problem']}", consumer_lag=lag,
+                                    last_seen_age_seconds=0.0)
         stale = st.get("stale") or []
         detail = (f"{st.get('cycles', 0)} cycles (last {st.get('last_cycle_ms', 0)} ms), queued {st.get('queued', 0)}, "
                   f"held {st.get('held', 0)}, placed {st.get('placed', 0)}, running {st.get('running', 0)}, "

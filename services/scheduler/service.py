@@ -310,6 +310,9 @@ class SchedulerService:
         #: highest fencing token seen on placements and stop orders read from the stream
         self.highest_token = 0
         self.stale_orders = 0  # orders read back with a token below the highest seen (ignored)
+        #: why this replica holds the lease but refuses to lead ("" = no problem): its token is
+        #: not above the highest on the bus (a recreated leases bucket); shown by status()
+        self.lease_problem = ""
         self._takeover = lease is not None  # a new tenure must read the stream to its end first
         self._stream_end = stream_end if stream_end is not None else self._bus_stream_end
         self.publisher: Publisher = inner if lease is None else FencedPublisher(inner, self._may_publish)
@@ -433,9 +436,17 @@ class SchedulerService:
         if self.applied_seq < last or not self.lease.is_active():
             return False
         if self.lease.token <= self.highest_token:  # the leases bucket was recreated: revisions restarted
-            log.error("scheduler: lease token %d is not above the highest on the bus (%d): every order would be "
-                      "refused as stale; the %s_leases bucket must not be deleted", self.lease.token,
-                      self.highest_token, self.bus.prefix if self.bus is not None else "<prefix>")
+            # leading would be useless and misleading: every order would be refused as stale
+            problem = (f"lease token {self.lease.token} is not above the highest fencing token on the bus "
+                       f"({self.highest_token}): the {self.bus.prefix if self.bus is not None else '<prefix>'}"
+                       f"_leases bucket was deleted and recreated, so its revisions restarted; refusing to lead")
+            if problem != self.lease_problem:
+                log.error("scheduler: %s. To recover, write the lease key until its revision passes %d (each "
+                          "write adds one) or restore the old bucket; never delete that bucket", problem,
+                          self.highest_token)
+            self.lease_problem = problem
+            return False
+        self.lease_problem = ""
         self.fencing_token = self.lease.token
         self._takeover = False
         log.warning("scheduler: active with fencing token %d (stream read to %d)", self.fencing_token, last)
@@ -684,9 +695,10 @@ class SchedulerService:
                 "last_cycle_ms": round(self.last_cycle_ms, 2), "unplaceable": unplaceable, "jobs": len(self.jobs),
                 "clusters": len(self.clusters), "stale": sorted(self._stale), "policy": self.policy.version,
                 "skipped_types": {name: c.as_dict() for name, c in self.skipped.items() if c.counts},
-                "role": "active" if self.leading else "standby", "fencing_token": self.fencing_token,
+                "role": "active" if self.leading else "refusing" if self.lease_problem else "standby",
+                "fencing_token": self.fencing_token,
                 "holder": self.lease.holder if self.lease is not None else "",
-                "stale_orders": self.stale_orders,
+                "stale_orders": self.stale_orders, "lease_problem": self.lease_problem,
                 "version": package_version(),
                 **{state.value: n for state, n in self.counts.items()}}
 
@@ -697,9 +709,9 @@ class SchedulerService:
         return [(info.region, info.name, now - info.seen_at) for info in tuple(self.clusters.values())]
 
     async def _on_status_request(self, msg) -> None:
-        if not self.leading:
+        if not self.leading and not self.lease_problem:
             return  # only the active replica answers (a standby's counts would mislead)
-        await msg.respond(json.dumps(self.status()).encode())
+        await msg.respond(json.dumps(self.status()).encode())  # or the lease holder refusing to lead: why
 
     async def _on_what_if_request(self, msg) -> None:
         try:
