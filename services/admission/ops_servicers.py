@@ -130,6 +130,10 @@ class SystemServicer(pb_grpc.SystemServiceServicer):
         out = pb.GetStatusResponse(version=version)
         out.services.append(pb.ServiceStatus(name="admission", state="ok", version=version, detail=detail,
                                              consumer_lag=lag, last_seen_age_seconds=0.0))
+        gone = self.clusters.prune(self.wall.time())  # decommissioned: silent beyond gone_after_s
+        if gone:
+            log.info("status: forgot %d clusters silent for over %g s: %s", len(gone), self.clusters.gone_after_s,
+                     ", ".join(gone))
         rest = await asyncio.gather(self._scheduler(), *(self._durables(n, d) for n, d in DURABLES.items()),
                                     *(self._agent(name) for name in sorted(self.clusters.clusters)))
         out.services.extend(rest)

@@ -1325,6 +1325,10 @@ class AdmissionService:
         logs_timeout_s: how long GetJobLogs waits for the agent (then UNAVAILABLE).
         stale_after_s: wall seconds after which a silent cluster shows unhealthy in
             ListClusters (the scheduler's freshness limit).
+        cluster_gone_after_s: wall seconds of silence after which a cluster is taken as
+            decommissioned: no longer listed by ListClusters nor reported down by GetStatus
+            (:class:`~services.admission.clusterview.ClusterView`); settings
+            ``cluster_gone_after_s``.
         wall: wall clock comparable with JetStream storage times (heartbeat ages; default the
             system clock).
         what_if_timeout_s: how long a dry run waits for the scheduler's what-if (then none).
@@ -1345,10 +1349,10 @@ class AdmissionService:
                  logs_timeout_s: float = 5.0, stale_after_s: float = 10.0, wall: Clock | None = None,
                  what_if_timeout_s: float = 2.0, metrics: AdmissionMetrics | None = None,
                  retain_ended: int = 10_000, snapshot_every_s: float = 0.0,
-                 snapshot_every_events: int = 200_000) -> None:
+                 snapshot_every_events: int = 200_000, cluster_gone_after_s: float = 3600.0) -> None:
         self.bus = bus
         self.wall: Clock = wall if wall is not None else SystemClock()
-        self.cluster_view = ClusterView(stale_after_s=stale_after_s)
+        self.cluster_view = ClusterView(stale_after_s=stale_after_s, gone_after_s=cluster_gone_after_s)
         self.address = address
         self.tls = tls
         self.policy = PolicyHolder()
