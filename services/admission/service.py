@@ -45,6 +45,7 @@ same key with a different spec is ALREADY_EXISTS (naming the job only to a calle
 from __future__ import annotations
 
 import asyncio
+import nats.js.errors
 import contextlib
 import fnmatch
 import functools
@@ -386,6 +387,20 @@ def _state_name(state: int) -> str:
     return pb.JobState.Name(state).removeprefix("JOB_STATE_").lower()
 
 
+async def last_sequence(bus: Bus, subjects: str, timeout_s: float = 2.0) -> int:
+    """Stream sequence of the newest message of the events stream on ``subjects`` (a filter,
+    wildcards allowed: JetStream's last-by-subject get), 0 when it has none.
+
+    Raises:
+        nats.errors.Error / TimeoutError: JetStream did not answer.
+    """
+    try:
+        msg = await asyncio.wait_for(bus.js.get_last_msg(bus.stream_name("EVENTS"), subjects), timeout_s)
+    except nats.js.errors.NotFoundError:
+        return 0
+    return int(msg.seq)
+
+
 def request_job_id(principal: str, tenant: str, project: str, request_id: str) -> str:
     """The job id of a submission with a ``request_id``: ``j-`` and 20 hex of SHA-256 over the
     idempotency key (principal, tenant, project, request id), JSON-encoded so no two keys
@@ -498,6 +513,10 @@ class JobServicer(pb_grpc.JobServiceServicer):
         #: asks an agent for logs: ``(subject, LogRequest) -> async iterator of LogReply``
         #: (:func:`fedsched.logs.request_logs` on the bus; None: GetJobLogs is UNAVAILABLE)
         self.request_logs = None
+        #: reads the stream sequence of the newest message on a subject filter of the events
+        #: stream (0: none): ``async (filter) -> int`` (:func:`last_sequence` on the bus; None:
+        #: a lost budget compare-and-set only waits for the view, see :meth:`_resync_last_submitted`)
+        self.last_submitted_seq = None
         #: asks the scheduler for a dry run's what-if: ``WhatIfRequest -> awaitable WhatIfReply | None``
         #: (:func:`fedsched.whatif.request_what_if` on the bus; None: dry runs have no what-if)
         self.what_if = None
@@ -783,11 +802,43 @@ class JobServicer(pb_grpc.JobServiceServicer):
                     self.budget_conflicts += 1
                 finally:
                     self._release(spec.tenant, job_id, hold)
+                if await self._resync_last_submitted(spec.tenant, subjects):
+                    continue  # the real last sequence is folded: check the budget again and retry
                 if not await self._await_submitted_after(spec.tenant, expected):
                     # nothing newer arrives: the tenant's older submissions left the stream
                     # (retention); the subject filter is then empty
                     self.view.last_submitted[spec.tenant] = 0
         raise UnavailableError(f"budget of {spec.tenant}: other admission replicas kept submitting first; retry")
+
+    async def _resync_last_submitted(self, tenant: str, subjects: str, timeout_s: float = 2.0) -> bool:
+        """After a lost compare-and-set: read the stream sequence of ``tenant``'s newest
+        ``job.submitted`` from JetStream (:attr:`last_submitted_seq` over ``subjects``), wait
+        (at most ``timeout_s``) until the view has folded the stream that far, and make it the
+        tenant's compare-and-set point. This is what a view restored from a checkpoint (which
+        does not keep :attr:`JobView.last_submitted`) or whose tenant's submissions left the
+        stream needs; a submission of another replica is folded first, so its worst case is held.
+
+        Returns:
+            True when the point is now the stream's (retry at once); False when JetStream could
+            not tell (no reader, an error: logged) or the view did not get that far in time.
+        """
+        if self.last_submitted_seq is None:
+            return False
+        try:
+            last = await self.last_submitted_seq(subjects)
+        except Exception as e:  # noqa: BLE001 - an outage: the older wait-and-retry path
+            log.warning("budget of %s: cannot read the last submission's sequence: %r", tenant, e)
+            return False
+        if last == self.view.last_submitted.get(tenant, 0):
+            return False  # the point was right: another submission is in flight (wait for it)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while self.view.applied_seq < last:
+            if loop.time() > deadline:
+                return False
+            await asyncio.sleep(0.002)
+        self.view.last_submitted[tenant] = last
+        return True
 
     async def _await_submitted_after(self, tenant: str, sequence: int, timeout_s: float = 2.0) -> bool:
         """Wait until the view has folded a submission of ``tenant`` newer than ``sequence``."""
@@ -1369,6 +1420,7 @@ class AdmissionService:
         self.servicer.ended = self.ended
         self.servicer.request_logs = functools.partial(request_logs, bus.nc, timeout_s=logs_timeout_s)
         self.servicer.what_if = functools.partial(request_what_if, bus.nc, bus.prefix, timeout_s=what_if_timeout_s)
+        self.servicer.last_submitted_seq = functools.partial(last_sequence, bus)
         self.tenants = TenantServicer(bus, clock, self.policy, self.spend, self.view, names=names)
         self.approval_servicer = ApprovalServicer(bus, bus.subjects, clock, self.policy, self.approvals, self.view)
         self.policy_servicer = PolicyServicer(bus, clock, self.policy, names)
