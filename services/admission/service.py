@@ -336,6 +336,11 @@ def what_if_to_pb(reply: WhatIfReply, state: int) -> pb.ExplainJobResponse:
 #: Most items one SubmitJobs call may carry (``SubmitJobsRequest`` in the proto).
 MAX_BATCH = 1000
 
+#: Most dry-run items of one SubmitJobs call that get the scheduler's what-if (each is a full
+#: decision on the scheduler's loop); later dry-run items get their verdict only (``what_if``
+#: unset), so one call's work on the scheduler is bounded
+MAX_WHAT_IF_PER_CALL = 20
+
 #: SetJobPriority whose publish was acknowledged as a duplicate (the stream already holds that
 #: event) waits at most this many seconds for the job follower to fold it before answering
 PRIORITY_FOLD_WAIT_S = 5.0
@@ -596,7 +601,8 @@ class JobServicer(pb_grpc.JobServiceServicer):
         holds count against later ones; one bad item never fails the others. The accepted
         items' ``job.submitted`` events are published together (all sent, then the acks awaited
         together), refusals are recorded as ``submission.rejected`` in one batch. Dry-run items
-        are answered as :meth:`SubmitJob` answers them.
+        are answered as :meth:`SubmitJob` answers them, except that only the first
+        :data:`MAX_WHAT_IF_PER_CALL` of them get the scheduler's what-if (the rest: the verdict).
 
         Returns:
             One :class:`SubmitJobsResult` per item, in request order: ``code`` 0 with the
@@ -617,11 +623,15 @@ class JobServicer(pb_grpc.JobServiceServicer):
         first_of: dict[str, int] = {}  # job id -> the batch item publishing it (a request_id given twice)
         repeats: list[tuple[int, _Admitted]] = []
         ask = [True]  # once the scheduler leaves a what-if unanswered, the batch's other dry runs do not wait
+        dry_runs = 0
         with _call_trace() as trace_id:
             await _send_trace_id(context, trace_id)
             for i, item in enumerate(request.items):
                 try:
                     if item.dry_run:
+                        if dry_runs >= MAX_WHAT_IF_PER_CALL:
+                            ask[0] = False  # bounded work on the scheduler: the verdict only from here
+                        dry_runs += 1
                         results[i] = pb.SubmitJobsResult(response=await self._dry_run(item, principal, ask=ask))
                         continue
                     admitted = self._admit(item, principal)

@@ -714,6 +714,11 @@ class SchedulerService:
         await msg.respond(json.dumps(self.status()).encode())  # or the lease holder refusing to lead: why
 
     async def _on_what_if_request(self, msg) -> None:
+        """Answer a dry run's what-if (:meth:`what_if`) -- only while leading: a standby's view
+        may lag and every replica running the decision would multiply the work (the requester
+        takes the leader's answer; with no leader it times out and the dry run has no what-if)."""
+        if not self.leading:
+            return
         try:
             request = WhatIfRequest.model_validate_json(msg.data)
         except ValueError as e:

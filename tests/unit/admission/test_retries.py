@@ -175,3 +175,34 @@ async def test_a_duplicate_ack_waits_for_the_stored_event_instead_of_applying_it
     servicer.view.apply(publisher.stored[0])  # the follower folds the stored event
     job = await asyncio.wait_for(call, 5)
     assert job.spec.priority == pb.PRIORITY_CLASS_HIGH
+
+
+# ---------------------------------------------------------------------------- item 11
+
+async def test_a_batch_asks_the_scheduler_for_at_most_max_what_if_per_call_dry_runs():
+    """Review item 11: 50 dry-run items in one SubmitJobs: the first MAX_WHAT_IF_PER_CALL get the
+    scheduler's what-if, the rest their verdict only; every item is answered."""
+    from fedsched.whatif import ShardWhatIf, WhatIfReply
+    from services.admission.service import MAX_WHAT_IF_PER_CALL
+
+    servicer = _servicer(FakePublisher())
+    asked = []
+
+    async def what_if(request):
+        asked.append(request)
+        return WhatIfReply(decisions=(ShardWhatIf(shard=0, outcome="placed", cluster="c1"),))
+
+    servicer.what_if = what_if
+    items = [pb.SubmitJobRequest(spec=_request(f"r{i}").spec, dry_run=True) for i in range(50)]
+    resp = await servicer.SubmitJobs(pb.SubmitJobsRequest(items=items), _Context())
+    assert len(asked) == MAX_WHAT_IF_PER_CALL < 50
+    assert [r.response.verdict for r in resp.results] == ["accepted"] * 50
+    assert [r.response.HasField("what_if") for r in resp.results] == [True] * MAX_WHAT_IF_PER_CALL + \
+        [False] * (50 - MAX_WHAT_IF_PER_CALL)
+
+
+class _Context:
+    """The gRPC context as SubmitJobs uses it (initial metadata only)."""
+
+    async def send_initial_metadata(self, metadata) -> None:
+        pass
