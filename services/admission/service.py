@@ -797,6 +797,8 @@ class JobServicer(pb_grpc.JobServiceServicer):
         lock = self._tenant_locks.setdefault(spec.tenant, asyncio.Lock())
         subjects = self.subjects.job("submitted", spec.tenant, spec.project).rsplit(".", 1)[0] + ".*"
         async with lock:
+            if spec.tenant not in self.view.last_submitted:  # unknown here (e.g. restored from a checkpoint)
+                await self._resync_last_submitted(spec.tenant, subjects)
             for _ in range(self.BUDGET_CAS_ROUNDS):
                 if rid:  # another replica may have stored this very request meanwhile
                     existing = self.view.find_request(principal.name, spec.tenant, spec.project, rid)
@@ -821,7 +823,8 @@ class JobServicer(pb_grpc.JobServiceServicer):
         raise UnavailableError(f"budget of {spec.tenant}: other admission replicas kept submitting first; retry")
 
     async def _resync_last_submitted(self, tenant: str, subjects: str, timeout_s: float = 2.0) -> bool:
-        """After a lost compare-and-set: read the stream sequence of ``tenant``'s newest
+        """After a lost compare-and-set, or before the first round when the tenant's point is
+        unknown here (a view restored from a checkpoint): read the stream sequence of ``tenant``'s newest
         ``job.submitted`` from JetStream (:attr:`last_submitted_seq` over ``subjects``), wait
         (at most ``timeout_s``) until the view has folded the stream that far, and make it the
         tenant's compare-and-set point. This is what a view restored from a checkpoint (which
@@ -839,7 +842,7 @@ class JobServicer(pb_grpc.JobServiceServicer):
         except Exception as e:  # noqa: BLE001 - an outage: the older wait-and-retry path
             log.warning("budget of %s: cannot read the last submission's sequence: %r", tenant, e)
             return False
-        if last == self.view.last_submitted.get(tenant, 0):
+        if tenant in self.view.last_submitted and last == self.view.last_submitted[tenant]:
             return False  # the point was right: another submission is in flight (wait for it)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s

@@ -243,3 +243,4 @@ async def test_a_restart_from_a_checkpoint_keeps_budget_holds_and_submits_at_onc
         codes = [await _submit(again.port, job) for _ in range(13)]
         assert codes == [grpc.StatusCode.OK] * 12 + [grpc.StatusCode.RESOURCE_EXHAUSTED]
         assert time.monotonic() - t0 < 20  # the old path: 2 s per lost round
+        assert again.servicer.budget_conflicts == 0  # the point was read before the first round
