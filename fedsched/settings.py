@@ -44,6 +44,10 @@ class Settings(BaseSettings):
         stale_after_s: a cluster whose newest heartbeat or inventory was stored longer ago than
             this (wall seconds) is excluded from scheduling, and its placed and running attempts
             are moved elsewhere (declared lost, reason ``cluster_lost``).
+        cluster_gone_after_s: a cluster silent for longer than this (wall seconds; default 1 h,
+            above ``stale_after_s``) is taken as decommissioned: ``fedsched clusters`` no longer
+            lists it and ``fedsched status`` no longer reports it down (nor exits 1 for it); a
+            message from it brings it back.
         schedule_interval_s: the scheduler's cycle period when something changed (wall seconds).
         reclaim_after_s: a placement its agent has not started after this long (wall seconds)
             is taken back and placed again elsewhere.
@@ -106,6 +110,7 @@ class Settings(BaseSettings):
     duplicate_window_s: float = Field(default=120, gt=0)
     heartbeat_interval_s: float = Field(default=1.0, gt=0)
     stale_after_s: float = Field(default=10.0, gt=0)
+    cluster_gone_after_s: float = Field(default=3600.0, gt=0)
     schedule_interval_s: float = Field(default=0.02, gt=0)
     reclaim_after_s: float = Field(default=30.0, gt=0)
     unschedulable_timeout_s: float = Field(default=86400.0, gt=0)

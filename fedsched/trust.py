@@ -149,7 +149,22 @@ class Rejection:
     headers: tuple[tuple[str, str], ...] = ()
 
 
-def rejection_events(subjects: Subjects, r: Rejection, occurred_at: float) -> list[tuple[str, Envelope]]:
+#: most characters of the refused message a dead letter embeds (also capped by the server's
+#: ``max_payload``: :func:`dead_letter_room`, the rule of :meth:`fedsched.bus.Bus.dead_letter`)
+MAX_DEAD_LETTER_DATA = 65536
+
+
+def dead_letter_room(max_payload: int | None) -> int:
+    """Characters of a refused message a dead letter may embed: ``max_payload // 8`` bytes of
+    the server (JSON may escape the body several-fold and the dead letter must fit), at most
+    :data:`MAX_DEAD_LETTER_DATA`; None (unknown, e.g. a fake publisher) gives that maximum."""
+    if not max_payload:
+        return MAX_DEAD_LETTER_DATA
+    return max(0, min(MAX_DEAD_LETTER_DATA, int(max_payload) // 8))
+
+
+def rejection_events(subjects: Subjects, r: Rejection, occurred_at: float, *,
+                     max_data: int = MAX_DEAD_LETTER_DATA) -> list[tuple[str, Envelope]]:
     """The ``bus.dead_letter`` and ``security.rejected_message`` events of a refusal, both on
     ``<p>.deadletter.<consumer>``, as ``(subject, event)``.
 
@@ -157,13 +172,15 @@ def rejection_events(subjects: Subjects, r: Rejection, occurred_at: float) -> li
         subjects: the federation's subjects.
         r: the refusal.
         occurred_at: business seconds of the refusal.
+        max_data: most characters of the refused message the dead letter embeds (pass
+            :func:`dead_letter_room` of the bus's ``max_payload``).
     """
     env = r.envelope
     seq = r.stream_sequence
     subject = subjects.deadletter(r.consumer)
     reason = f"rejected: {r.reason}"[:2000]
     dead = DeadLetter(consumer=r.consumer, subject=r.subject, stream_sequence=seq, deliveries=1, reason=reason,
-                      data=(r.data or env.model_dump_json())[:65536], headers=dict(r.headers))
+                      data=(r.data or env.model_dump_json())[:max_data], headers=dict(r.headers))
     security = SecurityRejected(
         consumer=r.consumer, subject=r.subject, sender=sender_of(subjects.prefix, r.subject),
         claimed_producer=env.producer, claimed_region=env.region, claimed_cluster=env.cluster, event_type=env.type,

@@ -82,10 +82,15 @@ class WhatIfReply(BaseModel):
 
 async def request_what_if(nc, prefix: str, request: WhatIfRequest, *, timeout_s: float = 1.0) -> WhatIfReply | None:
     """Ask the scheduler; None when none answers within ``timeout_s`` seconds or the answer is
-    not a :class:`WhatIfReply` (logged), so a dry run never fails for want of a scheduler."""
+    not a :class:`WhatIfReply` (logged), or the request fails on the bus (any
+    :class:`nats.errors.Error`, e.g. the connection closed or draining: logged), so a dry run
+    never fails for want of a scheduler."""
     try:
         msg = await nc.request(subject(prefix), request.model_dump_json().encode(), timeout=timeout_s)
     except (nats.errors.TimeoutError, nats.errors.NoRespondersError, TimeoutError):
+        return None
+    except nats.errors.Error as e:
+        log.warning("what-if: the request failed on the bus: %r", e)
         return None
     try:
         return WhatIfReply.model_validate_json(msg.data)

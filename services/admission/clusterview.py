@@ -82,10 +82,24 @@ class ClusterView:
     Args:
         stale_after_s: wall seconds after which a silent cluster is reported unhealthy (the
             scheduler's ``stale_after_s``, :class:`~fedsched.settings.Settings`).
+        gone_after_s: wall seconds after which a silent cluster is taken as decommissioned and
+            forgotten (:meth:`prune`; ``cluster_gone_after_s`` in the settings, default 1 h):
+            not listed, not reported down by ``fedsched status``; a message from it brings it
+            back.
     """
 
     stale_after_s: float = 10.0
     clusters: dict[str, _Cluster] = field(default_factory=dict)
+    gone_after_s: float = 3600.0
+
+    def prune(self, now_wall: float) -> list[str]:
+        """Forget every cluster silent for longer than :attr:`gone_after_s` (wall seconds);
+        the names forgotten, sorted. O(clusters)."""
+        gone = sorted(name for name, c in self.clusters.items()
+                      if now_wall - max(c.snapshot_at, c.heartbeat_at) > self.gone_after_s)
+        for name in gone:
+            del self.clusters[name]
+        return gone
 
     def apply(self, d: Delivery, now_wall: float) -> None:
         """Fold one inventory-stream delivery (snapshot or heartbeat; other types are ignored).
@@ -113,7 +127,9 @@ class ClusterView:
         return max(c.snapshot_at, c.heartbeat_at) if c is not None else -1.0
 
     def rows(self, now_wall: float, regions: frozenset[str] = frozenset()) -> list[ClusterRow]:
-        """Every cluster (of ``regions``; empty = all), sorted by region then cluster."""
+        """Every cluster (of ``regions``; empty = all) not gone (:meth:`prune`), sorted by
+        region then cluster."""
+        self.prune(now_wall)
         out = []
         for name, c in self.clusters.items():
             if regions and c.region not in regions:

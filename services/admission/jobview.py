@@ -585,6 +585,9 @@ class JobView:
         rec = self.jobs.pop(job_id, None)
         if rec is None:
             return
+        waiting = self._changed.pop(job_id, None)  # a watcher gone (cancelled) before the job ended
+        if waiting is not None:
+            waiting.set()
         if self.archive is not None:
             self.archive(rec)
         key = (rec.submitted_at, rec.job_id)

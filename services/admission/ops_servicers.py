@@ -130,6 +130,10 @@ class SystemServicer(pb_grpc.SystemServiceServicer):
         out = pb.GetStatusResponse(version=version)
         out.services.append(pb.ServiceStatus(name="admission", state="ok", version=version, detail=detail,
                                              consumer_lag=lag, last_seen_age_seconds=0.0))
+        gone = self.clusters.prune(self.wall.time())  # decommissioned: silent beyond gone_after_s
+        if gone:
+            log.info("status: forgot %d clusters silent for over %g s: %s", len(gone), self.clusters.gone_after_s,
+                     ", ".join(gone))
         rest = await asyncio.gather(self._scheduler(), *(self._durables(n, d) for n, d in DURABLES.items()),
                                     *(self._agent(name) for name in sorted(self.clusters.clusters)))
         out.services.extend(rest)
@@ -149,6 +153,10 @@ class SystemServicer(pb_grpc.SystemServiceServicer):
             lag = max(0, int(info.state.last_seq) - int(st.get("applied_seq", 0)))
         except Exception as e:  # noqa: BLE001 - the status itself is still worth showing
             log.info("status: EVENTS stream info: %r", e)
+        if st.get("lease_problem"):  # the lease holder refuses to lead: nothing is scheduled
+            return pb.ServiceStatus(name="scheduler", state="down", version=str(st.get("version", "")),
+                                    detail=f"not scheduling: {st['lease_problem']}", consumer_lag=lag,
+                                    last_seen_age_seconds=0.0)
         stale = st.get("stale") or []
         detail = (f"{st.get('cycles', 0)} cycles (last {st.get('last_cycle_ms', 0)} ms), queued {st.get('queued', 0)}, "
                   f"held {st.get('held', 0)}, placed {st.get('placed', 0)}, running {st.get('running', 0)}, "

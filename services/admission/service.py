@@ -45,6 +45,7 @@ same key with a different spec is ALREADY_EXISTS (naming the job only to a calle
 from __future__ import annotations
 
 import asyncio
+import nats.js.errors
 import contextlib
 import fnmatch
 import functools
@@ -56,7 +57,7 @@ import uuid
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
-from typing import AsyncIterator, Iterator
+from typing import AsyncIterator, Callable, Iterator
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -73,7 +74,7 @@ from fedsched.auth import Principal
 from fedsched.bus import EXPECT_SEQUENCE, EXPECT_SUBJECT, Bus, Delivery, StreamFollower
 from fedsched.snapshots import SnapshotStore
 from fedsched.lease import read_tenure
-from fedsched.trust import Rejection, check_subject, rejection_events
+from fedsched.trust import Rejection, check_subject, dead_letter_room, rejection_events
 from fedsched.clock import Clock, SystemClock
 from fedsched.dispatch import EventTable, SkippedTypes
 from fedsched.errors import (AlreadyExistsError, AuthError, ConflictError, FedError, NotFoundError,
@@ -81,7 +82,7 @@ from fedsched.errors import (AlreadyExistsError, AuthError, ConflictError, FedEr
                              UnavailableError, ValidationError)
 from fedsched.events import InventorySnapshot, JobCancelRequested, JobHeld, JobPriorityChanged, JobSubmitted, \
     SubmissionRejected, Subjects, business_event_id, make_event
-from fedsched.events import APPROVAL_OUTCOMES, Envelope, EventType
+from fedsched.events import APPROVAL_OUTCOMES, Envelope, EventType, random_event_id
 from fedsched.tenancy import Governance
 from fedsched.topology import KnownNames
 from fedsched.whatif import WhatIfReply, WhatIfRequest, request_what_if
@@ -90,7 +91,7 @@ from fedsched.logs import LogRequest, request_logs
 from fedsched.metrics import AdmissionMetrics
 from fedsched.naming import check_name, is_name
 from fedsched.policystore import PolicyFollower, PolicyHolder
-from fedsched.ports import Publisher
+from fedsched.ports import Publisher, retryable
 from fedsched.pricing import PriceCatalog, load_price_catalog
 from services.admission.admin_servicers import ApprovalServicer, PolicyServicer, TenantServicer
 from services.admission.approvalview import ApprovalView
@@ -336,6 +337,15 @@ def what_if_to_pb(reply: WhatIfReply, state: int) -> pb.ExplainJobResponse:
 #: Most items one SubmitJobs call may carry (``SubmitJobsRequest`` in the proto).
 MAX_BATCH = 1000
 
+#: Most dry-run items of one SubmitJobs call that get the scheduler's what-if (each is a full
+#: decision on the scheduler's loop); later dry-run items get their verdict only (``what_if``
+#: unset), so one call's work on the scheduler is bounded
+MAX_WHAT_IF_PER_CALL = 20
+
+#: SetJobPriority whose publish was acknowledged as a duplicate (the stream already holds that
+#: event) waits at most this many seconds for the job follower to fold it before answering
+PRIORITY_FOLD_WAIT_S = 5.0
+
 #: The refusals of a submission (recorded as ``submission.rejected``; a batch item's result).
 REFUSALS = (ValidationError, QuotaExceededError, PermissionDeniedError, ConflictError, AlreadyExistsError)
 
@@ -381,6 +391,20 @@ def _failed_item(e: FedError) -> pb.SubmitJobsResult:
 
 def _state_name(state: int) -> str:
     return pb.JobState.Name(state).removeprefix("JOB_STATE_").lower()
+
+
+async def last_sequence(bus: Bus, subjects: str, timeout_s: float = 2.0) -> int:
+    """Stream sequence of the newest message of the events stream on ``subjects`` (a filter,
+    wildcards allowed: JetStream's last-by-subject get), 0 when it has none.
+
+    Raises:
+        nats.errors.Error / TimeoutError: JetStream did not answer.
+    """
+    try:
+        msg = await asyncio.wait_for(bus.js.get_last_msg(bus.stream_name("EVENTS"), subjects), timeout_s)
+    except nats.js.errors.NotFoundError:
+        return 0
+    return int(msg.seq)
 
 
 def request_job_id(principal: str, tenant: str, project: str, request_id: str) -> str:
@@ -494,14 +518,16 @@ class JobServicer(pb_grpc.JobServiceServicer):
         # tenant -> job id -> worst-case cost held while its job.submitted is being published (not in the view yet)
         self._holds: dict[str, dict[str, Decimal]] = {}
         view.listeners.append(self._job_changed)
-        for ids in view.open_by_tenant.values():
-            for job_id in ids:
-                self._job_changed(view.jobs[job_id])
+        self.rederive_budget_holds()
         self._tenant_locks: dict[str, asyncio.Lock] = {}  # budgeted submissions of a tenant, one at a time
         self.budget_conflicts = 0  # compare-and-set rounds lost to another replica (_submit_budgeted)
         #: asks an agent for logs: ``(subject, LogRequest) -> async iterator of LogReply``
         #: (:func:`fedsched.logs.request_logs` on the bus; None: GetJobLogs is UNAVAILABLE)
         self.request_logs = None
+        #: reads the stream sequence of the newest message on a subject filter of the events
+        #: stream (0: none): ``async (filter) -> int`` (:func:`last_sequence` on the bus; None:
+        #: a lost budget compare-and-set only waits for the view, see :meth:`_resync_last_submitted`)
+        self.last_submitted_seq = None
         #: asks the scheduler for a dry run's what-if: ``WhatIfRequest -> awaitable WhatIfReply | None``
         #: (:func:`fedsched.whatif.request_what_if` on the bus; None: dry runs have no what-if)
         self.what_if = None
@@ -531,6 +557,17 @@ class JobServicer(pb_grpc.JobServiceServicer):
             del inflight[rec.job_id]  # counted once: from the view from now on
             if not inflight:
                 del self._holds[tenant]
+
+    def rederive_budget_holds(self) -> None:
+        """Rebuild :attr:`budget_holds` from every open job in the view: after the view was
+        filled without its listeners (a checkpoint restore writes ``view.jobs`` directly) or
+        emptied (a malformed checkpoint). O(open jobs); costs are computed lazily as usual."""
+        self.budget_holds = BudgetHolds()
+        for ids in self.view.open_by_tenant.values():
+            for job_id in ids:
+                rec = self.view.jobs.get(job_id)
+                if rec is not None:
+                    self._job_changed(rec)
 
     def _worst_case(self, job_id: str, regions: set[str]) -> Decimal:
         """An open job's worst-case cost (what it holds of its tenant's budget), over the
@@ -570,7 +607,8 @@ class JobServicer(pb_grpc.JobServiceServicer):
         holds count against later ones; one bad item never fails the others. The accepted
         items' ``job.submitted`` events are published together (all sent, then the acks awaited
         together), refusals are recorded as ``submission.rejected`` in one batch. Dry-run items
-        are answered as :meth:`SubmitJob` answers them.
+        are answered as :meth:`SubmitJob` answers them, except that only the first
+        :data:`MAX_WHAT_IF_PER_CALL` of them get the scheduler's what-if (the rest: the verdict).
 
         Returns:
             One :class:`SubmitJobsResult` per item, in request order: ``code`` 0 with the
@@ -591,11 +629,15 @@ class JobServicer(pb_grpc.JobServiceServicer):
         first_of: dict[str, int] = {}  # job id -> the batch item publishing it (a request_id given twice)
         repeats: list[tuple[int, _Admitted]] = []
         ask = [True]  # once the scheduler leaves a what-if unanswered, the batch's other dry runs do not wait
+        dry_runs = 0
         with _call_trace() as trace_id:
             await _send_trace_id(context, trace_id)
             for i, item in enumerate(request.items):
                 try:
                     if item.dry_run:
+                        if dry_runs >= MAX_WHAT_IF_PER_CALL:
+                            ask[0] = False  # bounded work on the scheduler: the verdict only from here
+                        dry_runs += 1
                         results[i] = pb.SubmitJobsResult(response=await self._dry_run(item, principal, ask=ask))
                         continue
                     admitted = self._admit(item, principal)
@@ -697,6 +739,10 @@ class JobServicer(pb_grpc.JobServiceServicer):
     async def _publish_one(self, a: "_Admitted") -> pb.SubmitJobResponse:
         """Publish an admitted submission and release its hold (the view holds the job then)."""
         try:
+            if a.rid:  # a retry after its job ended and left memory (and JetStream's dedup window)
+                archived = await self._archived(a.job_id)
+                if archived is not None:
+                    return self._retried(archived, a.spec, a.rid, a.principal)
             if a.gov.budget(a.spec.tenant) is not None:  # across admission replicas: compare-and-set
                 return await self._submit_budgeted(a.gov, a.spec, a.rid, a.principal, a.job_id, set(a.regions))
             return await self._publish_submission(a.gov, a.spec, a.rid, a.principal, a.job_id)
@@ -757,6 +803,8 @@ class JobServicer(pb_grpc.JobServiceServicer):
         lock = self._tenant_locks.setdefault(spec.tenant, asyncio.Lock())
         subjects = self.subjects.job("submitted", spec.tenant, spec.project).rsplit(".", 1)[0] + ".*"
         async with lock:
+            if spec.tenant not in self.view.last_submitted:  # unknown here (e.g. restored from a checkpoint)
+                await self._resync_last_submitted(spec.tenant, subjects)
             for _ in range(self.BUDGET_CAS_ROUNDS):
                 if rid:  # another replica may have stored this very request meanwhile
                     existing = self.view.find_request(principal.name, spec.tenant, spec.project, rid)
@@ -772,11 +820,44 @@ class JobServicer(pb_grpc.JobServiceServicer):
                     self.budget_conflicts += 1
                 finally:
                     self._release(spec.tenant, job_id, hold)
+                if await self._resync_last_submitted(spec.tenant, subjects):
+                    continue  # the real last sequence is folded: check the budget again and retry
                 if not await self._await_submitted_after(spec.tenant, expected):
                     # nothing newer arrives: the tenant's older submissions left the stream
                     # (retention); the subject filter is then empty
                     self.view.last_submitted[spec.tenant] = 0
         raise UnavailableError(f"budget of {spec.tenant}: other admission replicas kept submitting first; retry")
+
+    async def _resync_last_submitted(self, tenant: str, subjects: str, timeout_s: float = 2.0) -> bool:
+        """After a lost compare-and-set, or before the first round when the tenant's point is
+        unknown here (a view restored from a checkpoint): read the stream sequence of ``tenant``'s newest
+        ``job.submitted`` from JetStream (:attr:`last_submitted_seq` over ``subjects``), wait
+        (at most ``timeout_s``) until the view has folded the stream that far, and make it the
+        tenant's compare-and-set point. This is what a view restored from a checkpoint (which
+        does not keep :attr:`JobView.last_submitted`) or whose tenant's submissions left the
+        stream needs; a submission of another replica is folded first, so its worst case is held.
+
+        Returns:
+            True when the point is now the stream's (retry at once); False when JetStream could
+            not tell (no reader, an error: logged) or the view did not get that far in time.
+        """
+        if self.last_submitted_seq is None:
+            return False
+        try:
+            last = await self.last_submitted_seq(subjects)
+        except Exception as e:  # noqa: BLE001 - an outage: the older wait-and-retry path
+            log.warning("budget of %s: cannot read the last submission's sequence: %r", tenant, e)
+            return False
+        if tenant in self.view.last_submitted and last == self.view.last_submitted[tenant]:
+            return False  # the point was right: another submission is in flight (wait for it)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while self.view.applied_seq < last:
+            if loop.time() > deadline:
+                return False
+            await asyncio.sleep(0.002)
+        self.view.last_submitted[tenant] = last
+        return True
 
     async def _await_submitted_after(self, tenant: str, sequence: int, timeout_s: float = 2.0) -> bool:
         """Wait until the view has folded a submission of ``tenant`` newer than ``sequence``."""
@@ -859,7 +940,30 @@ class JobServicer(pb_grpc.JobServiceServicer):
             existing = await self._await_job(job_id)
             return self._retried(existing, spec, rid, principal)
         self.view.apply(event)
-        return pb.SubmitJobResponse(job_id=job_id, state=STATE_TO_PB[self.view.jobs[job_id].state], duplicate=False)
+        rec = self.view.jobs.get(job_id)
+        if rec is None:  # the view refused it: the job ended and left memory (a tombstone)
+            archived = await self._archived(job_id)
+            if archived is None:
+                raise UnavailableError(f"job {job_id} of request_id {rid!r} ended and its record cannot be read "
+                                       f"now; retry")
+            return self._retried(archived, spec, rid, principal)
+        return pb.SubmitJobResponse(job_id=job_id, state=STATE_TO_PB[rec.state], duplicate=False)
+
+    async def _archived(self, job_id: str) -> JobRecord | None:
+        """The record of ``job_id`` if it ended and left the view (the ended-jobs store:
+        :mod:`services.admission.ended`, pending records first, then the ``fed_jobs_ended``
+        bucket); None if it is in the view or was never archived.
+
+        Raises:
+            UnavailableError: the view holds its tombstone but the store cannot give the
+                record now (a bus outage): answering "new job" would run it a second time.
+        """
+        if job_id in self.view.jobs:
+            return None
+        rec = await self.ended.get(job_id)
+        if rec is None and job_id in self.view.tombstones:
+            raise UnavailableError(f"job {job_id} ended and its record cannot be read now; retry")
+        return rec
 
     def _retried(self, existing: JobRecord, spec: JobSpec, rid: str, principal: Principal) -> pb.SubmitJobResponse:
         """The answer to a submission whose idempotency key (principal, tenant, project,
@@ -869,7 +973,10 @@ class JobServicer(pb_grpc.JobServiceServicer):
             AlreadyExistsError: the spec differs; the message names the existing job only when
                 the caller may read it.
         """
-        if existing.spec.model_dump(mode="json") == spec.model_dump(mode="json"):
+        # a job whose priority was changed since (SetJobPriority rewrites its spec) is still the
+        # one this request made: its priority is left out of the comparison then
+        ignore = {"priority"} if existing.priority_changes else set()
+        if existing.spec.model_dump(mode="json", exclude=ignore) == spec.model_dump(mode="json", exclude=ignore):
             return pb.SubmitJobResponse(job_id=existing.job_id, state=STATE_TO_PB[existing.state], duplicate=True)
         try:
             check_job_access(principal, existing)
@@ -1168,15 +1275,37 @@ class JobServicer(pb_grpc.JobServiceServicer):
         if new == rec.spec.priority:
             return job_to_pb(rec)
         gov = self.policy.current
+        # one id per request: a count read before the publish's await would give two concurrent
+        # calls the same id, and JetStream would drop the second as a duplicate
         event = make_event(EventType.JOB_PRIORITY_CHANGED,
                            JobPriorityChanged(previous=rec.spec.priority, priority=new, reason=request.reason),
-                           producer="admission", occurred_at=self.clock.time(),
-                           event_id=business_event_id(rec.job_id, "job.priority_changed", rec.priority_changes + 1),
+                           producer="admission", occurred_at=self.clock.time(), event_id=random_event_id(),
                            tenant=rec.spec.tenant, project=rec.spec.project, job_id=rec.job_id, actor=principal.name,
                            policy_version=gov.version if gov else "")
-        await self.publisher.publish(self.subjects.job("priority", rec.spec.tenant, rec.spec.project), event)
-        self.view.apply(event)
+        changes = rec.priority_changes
+        ack = await self.publisher.publish(self.subjects.job("priority", rec.spec.tenant, rec.spec.project), event)
+        if getattr(ack, "duplicate", False):
+            # the stream already holds an event with this id (a retried publish): what it says is
+            # folded by the follower, never this call's copy applied locally
+            await self._await_change(rec, lambda: rec.priority_changes > changes, PRIORITY_FOLD_WAIT_S)
+        else:
+            self.view.apply(event)
         return job_to_pb(rec)
+
+    async def _await_change(self, rec: JobRecord, done: Callable[[], bool], timeout_s: float) -> bool:
+        """Wait (at most ``timeout_s`` seconds) until ``done()`` holds for ``rec`` after one of
+        its changes in the view; True when it does."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while not done():
+            left = deadline - loop.time()
+            if left <= 0 or rec.state in TERMINAL_STATES:
+                return done()
+            try:
+                await asyncio.wait_for(self.view.changed(rec.job_id).wait(), left)
+            except asyncio.TimeoutError:
+                return done()
+        return True
 
     async def ExplainJob(self, request: pb.ExplainJobRequest, context) -> pb.ExplainJobResponse:
         return explain_to_pb(await self._read(request.job_id))
@@ -1216,13 +1345,14 @@ class JobServicer(pb_grpc.JobServiceServicer):
             return
         seen = -1
         while True:
-            changed = self.view.changed(rec.job_id)
             if rec.version != seen:
                 seen = rec.version
                 yield job_to_pb(rec)
                 if rec.state in TERMINAL_STATES:
-                    return
-            await changed.wait()
+                    return  # no change event made for a watch that ends here (it would stay behind)
+                continue  # the job may have changed while the client took the state: look again
+            # no await between the version check and this: a change cannot slip between them
+            await self.view.changed(rec.job_id).wait()
 
 
 #: bulk action -> the verb of its subject, and the word for a job it was done to
@@ -1265,6 +1395,10 @@ class AdmissionService:
         logs_timeout_s: how long GetJobLogs waits for the agent (then UNAVAILABLE).
         stale_after_s: wall seconds after which a silent cluster shows unhealthy in
             ListClusters (the scheduler's freshness limit).
+        cluster_gone_after_s: wall seconds of silence after which a cluster is taken as
+            decommissioned: no longer listed by ListClusters nor reported down by GetStatus
+            (:class:`~services.admission.clusterview.ClusterView`); settings
+            ``cluster_gone_after_s``.
         wall: wall clock comparable with JetStream storage times (heartbeat ages; default the
             system clock).
         what_if_timeout_s: how long a dry run waits for the scheduler's what-if (then none).
@@ -1285,10 +1419,10 @@ class AdmissionService:
                  logs_timeout_s: float = 5.0, stale_after_s: float = 10.0, wall: Clock | None = None,
                  what_if_timeout_s: float = 2.0, metrics: AdmissionMetrics | None = None,
                  retain_ended: int = 10_000, snapshot_every_s: float = 0.0,
-                 snapshot_every_events: int = 200_000) -> None:
+                 snapshot_every_events: int = 200_000, cluster_gone_after_s: float = 3600.0) -> None:
         self.bus = bus
         self.wall: Clock = wall if wall is not None else SystemClock()
-        self.cluster_view = ClusterView(stale_after_s=stale_after_s)
+        self.cluster_view = ClusterView(stale_after_s=stale_after_s, gone_after_s=cluster_gone_after_s)
         self.address = address
         self.tls = tls
         self.policy = PolicyHolder()
@@ -1305,6 +1439,7 @@ class AdmissionService:
         self.servicer.ended = self.ended
         self.servicer.request_logs = functools.partial(request_logs, bus.nc, timeout_s=logs_timeout_s)
         self.servicer.what_if = functools.partial(request_what_if, bus.nc, bus.prefix, timeout_s=what_if_timeout_s)
+        self.servicer.last_submitted_seq = functools.partial(last_sequence, bus)
         self.tenants = TenantServicer(bus, clock, self.policy, self.spend, self.view, names=names)
         self.approval_servicer = ApprovalServicer(bus, bus.subjects, clock, self.policy, self.approvals, self.view)
         self.policy_servicer = PolicyServicer(bus, clock, self.policy, names)
@@ -1363,12 +1498,16 @@ class AdmissionService:
 
     async def _publish_rejections(self) -> None:
         """Publish the dead letters and security records of the messages the job view refused
-        (:mod:`fedsched.trust`); a failure leaves them queued for the next event."""
+        (:mod:`fedsched.trust`, the refused message embedded up to the bus's
+        :func:`~fedsched.trust.dead_letter_room`); a failure for now (not acknowledged) leaves
+        them queued for the next event, one the bus refuses for good (``PublishResult.REFUSED``,
+        itself dead-lettered by the bus) is not tried again."""
         pending, self.view.rejections = self.view.rejections, []
+        room = dead_letter_room(getattr(self.bus, "max_payload", None))
         items = [(subject, event, None) for r in pending
-                 for subject, event in rejection_events(self.bus.subjects, r, self.clock.time())]
+                 for subject, event in rejection_events(self.bus.subjects, r, self.clock.time(), max_data=room)]
         ok = await self.bus.publish_many(items)
-        self.view.rejections = [r for i, r in enumerate(pending) if not all(ok[2 * i:2 * i + 2])] + \
+        self.view.rejections = [r for i, r in enumerate(pending) if any(map(retryable, ok[2 * i:2 * i + 2]))] + \
             self.view.rejections
 
     def _to_approvals(self, d: Delivery) -> None:
@@ -1440,15 +1579,20 @@ class AdmissionService:
         except (KeyError, TypeError, ValueError) as e:
             self._forget_read_models()
             raise snapshots.SnapshotError(f"malformed admission snapshot: {e!r}") from e
+        # the restore filled view.jobs without the view's listeners: the budget holds of the
+        # restored open jobs are derived here (else a restart would let a tenant overspend)
+        self.servicer.rederive_budget_holds()
         self.snapshot_seq = snap.applied_seq
         return snap.applied_seq + 1
 
     def _forget_read_models(self) -> None:
         """Empty the job and approval views and the event spend (a checkpoint failed halfway)."""
-        by_state = self.view.by_state
+        by_state, listeners = self.view.by_state, self.view.listeners
         self.view.__init__(retain_ended=self.view.retain_ended, archive=self.view.archive,
                            retain_tombstones=self.view.tombstones.limit)
         self.view.by_state = by_state  # the metrics' scrape thread holds this dict: keep it, zeroed
+        self.view.listeners = listeners  # budget holds follow the view's changes from now on too
+        self.servicer.rederive_budget_holds()
         for state in by_state:
             by_state[state] = 0
         self.approvals.by_id.clear()

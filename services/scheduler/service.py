@@ -96,12 +96,12 @@ from fedsched.policystore import PolicyFollower, PolicyHolder
 from fedsched import snapshots
 from fedsched.snapshots import SnapshotStore
 from fedsched.version import package_version
-from fedsched.ports import Publisher, PublishResult
+from fedsched.ports import Publisher, PublishResult, retryable
 from fedsched.pricing import PriceCatalog
 from fedsched.tenancy import DEFAULT_RETRY_BUDGET, RetryBudgetDoc
 from fedsched.whatif import WHAT_IF_JOB_ID, ShardWhatIf, WhatIfReply, WhatIfRequest
 from fedsched.whatif import subject as what_if_subject
-from fedsched.trust import PlacedAttempt, Rejection, check_placement, check_subject, rejection_events
+from fedsched.trust import PlacedAttempt, Rejection, check_placement, check_subject, dead_letter_room, rejection_events
 from services.scheduler.approvals import TenancyGate
 from services.scheduler.checkpoint import STATE_VERSION, restore_scheduler, scheduler_state
 from services.scheduler.states import ACTIVE, Outcome, ShardState, StopReason
@@ -310,6 +310,9 @@ class SchedulerService:
         #: highest fencing token seen on placements and stop orders read from the stream
         self.highest_token = 0
         self.stale_orders = 0  # orders read back with a token below the highest seen (ignored)
+        #: why this replica holds the lease but refuses to lead ("" = no problem): its token is
+        #: not above the highest on the bus (a recreated leases bucket); shown by status()
+        self.lease_problem = ""
         self._takeover = lease is not None  # a new tenure must read the stream to its end first
         self._stream_end = stream_end if stream_end is not None else self._bus_stream_end
         self.publisher: Publisher = inner if lease is None else FencedPublisher(inner, self._may_publish)
@@ -433,9 +436,17 @@ class SchedulerService:
         if self.applied_seq < last or not self.lease.is_active():
             return False
         if self.lease.token <= self.highest_token:  # the leases bucket was recreated: revisions restarted
-            log.error("scheduler: lease token %d is not above the highest on the bus (%d): every order would be "
-                      "refused as stale; the %s_leases bucket must not be deleted", self.lease.token,
-                      self.highest_token, self.bus.prefix if self.bus is not None else "<prefix>")
+            # leading would be useless and misleading: every order would be refused as stale
+            problem = (f"lease token {self.lease.token} is not above the highest fencing token on the bus "
+                       f"({self.highest_token}): the {self.bus.prefix if self.bus is not None else '<prefix>'}"
+                       f"_leases bucket was deleted and recreated, so its revisions restarted; refusing to lead")
+            if problem != self.lease_problem:
+                log.error("scheduler: %s. To recover, write the lease key until its revision passes %d (each "
+                          "write adds one) or restore the old bucket; never delete that bucket", problem,
+                          self.highest_token)
+            self.lease_problem = problem
+            return False
+        self.lease_problem = ""
         self.fencing_token = self.lease.token
         # our tenure is the floor from now on: every order of an earlier one stored before it
         # began has just been folded; one read later was stored after it (fedsched.lease.stale_order)
@@ -687,9 +698,10 @@ class SchedulerService:
                 "last_cycle_ms": round(self.last_cycle_ms, 2), "unplaceable": unplaceable, "jobs": len(self.jobs),
                 "clusters": len(self.clusters), "stale": sorted(self._stale), "policy": self.policy.version,
                 "skipped_types": {name: c.as_dict() for name, c in self.skipped.items() if c.counts},
-                "role": "active" if self.leading else "standby", "fencing_token": self.fencing_token,
+                "role": "active" if self.leading else "refusing" if self.lease_problem else "standby",
+                "fencing_token": self.fencing_token,
                 "holder": self.lease.holder if self.lease is not None else "",
-                "stale_orders": self.stale_orders,
+                "stale_orders": self.stale_orders, "lease_problem": self.lease_problem,
                 "version": package_version(),
                 **{state.value: n for state, n in self.counts.items()}}
 
@@ -700,11 +712,16 @@ class SchedulerService:
         return [(info.region, info.name, now - info.seen_at) for info in tuple(self.clusters.values())]
 
     async def _on_status_request(self, msg) -> None:
-        if not self.leading:
+        if not self.leading and not self.lease_problem:
             return  # only the active replica answers (a standby's counts would mislead)
-        await msg.respond(json.dumps(self.status()).encode())
+        await msg.respond(json.dumps(self.status()).encode())  # or the lease holder refusing to lead: why
 
     async def _on_what_if_request(self, msg) -> None:
+        """Answer a dry run's what-if (:meth:`what_if`) -- only while leading: a standby's view
+        may lag and every replica running the decision would multiply the work (the requester
+        takes the leader's answer; with no leader it times out and the dry run has no what-if)."""
+        if not self.leading:
+            return
         try:
             request = WhatIfRequest.model_validate_json(msg.data)
         except ValueError as e:
@@ -876,14 +893,20 @@ class SchedulerService:
         self._dirty.set()
 
     async def _publish_rejections(self) -> None:
-        """Publish the dead letters and security records of refused messages (kept on failure)."""
+        """Publish the dead letters and security records of refused messages (the message
+        embedded up to :func:`~fedsched.trust.dead_letter_room` of the bus's ``max_payload``);
+        kept when not acknowledged for now, dropped when the bus refuses one for good
+        (``PublishResult.REFUSED``: it dead-letters that itself; retrying would fail forever and
+        block checkpoints)."""
         pending, self.rejections = self.rejections, []
+        room = dead_letter_room(getattr(self.publisher, "max_payload", None))
         items = [(subject, event, None) for r in pending
-                 for subject, event in rejection_events(self.subjects, r, self.clock.time())]
+                 for subject, event in rejection_events(self.subjects, r, self.clock.time(), max_data=room)]
         if not items:
             return
         ok = await self.publisher.publish_many(items)
-        self.rejections = [r for i, r in enumerate(pending) if not all(ok[2 * i:2 * i + 2])] + self.rejections
+        self.rejections = [r for i, r in enumerate(pending) if any(map(retryable, ok[2 * i:2 * i + 2]))] + \
+            self.rejections
 
     def _apply_event(self, d: Delivery) -> None:
         self.applied_seq = d.stream_sequence

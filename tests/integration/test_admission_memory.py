@@ -84,3 +84,34 @@ async def test_an_ended_job_that_left_memory_is_served_and_a_restart_from_the_ch
     finally:
         again.stop()
         await task
+
+
+async def test_a_request_id_retried_after_its_job_left_memory_is_a_duplicate_from_the_bucket(bus):
+    """Review item 3 on real NATS: a job ended and left memory, its tombstone gone too (many
+    jobs later): a retry of its request_id answers "duplicate" with the archived job from the
+    ended-jobs KV bucket before anything is published (past JetStream's duplicate window a
+    second job.submitted would be stored and the job re-run; within it the old path waited for
+    a job the view would never hold again and answered UNAVAILABLE)."""
+    await store_policy(bus, policy_doc())
+    svc, task = await _start(bus, retain_ended=1)
+    try:
+        async with channel(svc.port, "root") as ch:
+            stub = pb_grpc.JobServiceStub(ch)
+            request = pb.SubmitJobRequest(spec=pb.JobSpec(
+                tenant="search", project="train", kind=pb.JOB_KIND_TRAINING, gpus_per_worker=1, cpu_milli=4000,
+                memory_mib=8192, card_models=["T4"]), request_id="once")
+            first = await stub.SubmitJob(request)
+            await _run_to_end(bus, first.job_id, svc.view.jobs[first.job_id].spec)
+            other = await stub.SubmitJob(pb.SubmitJobRequest(spec=request.spec, request_id="other"))
+            await _run_to_end(bus, other.job_id, svc.view.jobs[other.job_id].spec)
+            assert await until(lambda: first.job_id in svc.view.tombstones and not svc.ended.pending)
+            del svc.view.tombstones[first.job_id]  # as if it had been pushed out by later jobs
+            info = await bus.js.stream_info(bus.stream_name("EVENTS"))
+            submitted_before = info.state.messages
+            again = await stub.SubmitJob(request)
+            assert (again.job_id, again.duplicate, again.state) == (first.job_id, True, pb.JOB_STATE_SUCCEEDED)
+            info = await bus.js.stream_info(bus.stream_name("EVENTS"))
+            assert info.state.messages == submitted_before  # nothing published for the retry
+    finally:
+        svc.stop()
+        await task

@@ -149,3 +149,80 @@ async def test_the_work_of_a_submission_does_not_grow_with_the_tenants_open_jobs
     # the new job is in the rules module, not counted here) -- whatever ``open_jobs`` is
     assert calls == {"judged": 10, "costed": 30}, calls
     assert len(servicer.view.open_by_tenant["search"]) == open_jobs + 11
+
+
+# ---------------------------------------------------------------------------- restart from a checkpoint
+
+SMALL_BUDGET = TENANTS.replace("{name: search, home_region: cn-north-1, projects: [train, serve, batch]}",
+                               "{name: search, home_region: cn-north-1, projects: [train, serve, batch], "
+                               "budget: {monthly: \"30\", currency: CNY}}")
+
+
+def _budget_servicer(view: JobView) -> JobServicer:
+    holder = PolicyHolder()
+    holder.set(StoredPolicy(Governance.of(policy_doc(tenants=SMALL_BUDGET)), 1))
+    return JobServicer(_Publisher(), FakeClock(), holder, view, None, {T4}, {"cn-north-1"}, SpendBook(),
+                       load_price_catalog())
+
+
+async def _accepted_until_refused(servicer: JobServicer, first: int) -> int:
+    principal = Principal("root", (Grant(role="admin"),))
+    for n in range(100):
+        try:
+            resp = await _submit(servicer, _request(first + n), principal)
+        except admission_service.QuotaExceededError:
+            return n
+        env = submitted(resp.job_id, spec(card_models=(T4,), estimated_duration_s=600), 1_700_000_001.0)
+        servicer.view.apply(env)  # the follower folds what was published
+    raise AssertionError("the budget never refused")
+
+
+def _restored_service(view: JobView):
+    """A new admission service's read models restored from a checkpoint of ``view`` through
+    :meth:`AdmissionService.restore` (the servicer is built first, over the still-empty view,
+    as the service does)."""
+    from fedsched import snapshots
+    from services.admission.approvalview import ApprovalView
+    from services.admission.service import ADMISSION_STATE_VERSION, AdmissionService
+    from services.admission.snapshot import admission_state
+    data = snapshots.encode("admission", ADMISSION_STATE_VERSION, 40,
+                            admission_state(view, ApprovalView(), SpendBook()))
+    new_view = JobView()
+    svc = SimpleNamespace(view=new_view, approvals=ApprovalView(), spend=SpendBook(), snapshot_seq=0)
+    svc.servicer = _budget_servicer(new_view)
+    svc._forget_read_models = lambda: AdmissionService._forget_read_models(svc)
+    AdmissionService.restore(svc, data)
+    return svc
+
+
+async def test_a_restore_from_a_checkpoint_keeps_the_budget_held_by_queued_jobs():
+    """20 queued jobs of 1 CNY each against a 30 CNY budget: 10 more pass before and after a
+    restart from a checkpoint (the restored jobs hold their worst case again)."""
+    view = JobView()
+    for i in range(20):
+        view.apply(submitted(f"j-{i:04d}", spec(card_models=(T4,), estimated_duration_s=600), 1_700_000_000.0))
+    before = await _accepted_until_refused(_budget_servicer(view), 0)
+    assert before == 10
+    fresh = JobView()
+    for i in range(20):
+        fresh.apply(submitted(f"j-{i:04d}", spec(card_models=(T4,), estimated_duration_s=600), 1_700_000_000.0))
+    svc = _restored_service(fresh)
+    assert len(svc.view.open_by_tenant["search"]) == 20
+    assert await _accepted_until_refused(svc.servicer, 100) == before
+
+
+async def test_a_malformed_checkpoint_leaves_the_budget_listener_in_place():
+    """A checkpoint that fails halfway empties the views; jobs folded afterwards still hold."""
+    from fedsched import snapshots
+    from services.admission.service import ADMISSION_STATE_VERSION, AdmissionService
+    from services.admission.approvalview import ApprovalView
+    view = JobView()
+    svc = SimpleNamespace(view=view, approvals=ApprovalView(), spend=SpendBook(), snapshot_seq=0)
+    svc.servicer = _budget_servicer(view)
+    svc._forget_read_models = lambda: AdmissionService._forget_read_models(svc)
+    bad = snapshots.encode("admission", ADMISSION_STATE_VERSION, 5, {"specs": [], "jobs": [{"nonsense": 1}]})
+    with pytest.raises(snapshots.SnapshotError):
+        AdmissionService.restore(svc, bad)
+    for i in range(20):
+        view.apply(submitted(f"j-{i:04d}", spec(card_models=(T4,), estimated_duration_s=600), 1_700_000_000.0))
+    assert await _accepted_until_refused(svc.servicer, 0) == 10

@@ -78,3 +78,58 @@ def test_queues_count_waiting_open_jobs_per_home_region_and_kind():
     jobs.apply(submitted("j3", spec(kind=JobKind.INFERENCE, home="cn-east-1", tenant="nlp"), EPOCH + 20))
     rows = [(q.region, q.kind, q.queued, q.oldest_wait_seconds) for q in queue_rows(jobs, EPOCH + 100)]
     assert rows == [("cn-east-1", "inference", 1, 80.0), ("cn-north-1", "training", 2, 100.0)]
+
+
+# ---------------------------------------------------------------------------- decommissioned clusters
+
+def _other(at, name="cn-north-1-c2", seq=5):
+    env = make_event("inventory.heartbeat", Heartbeat(running_jobs=0), producer="agent", occurred_at=at,
+                     region="cn-north-1", cluster=name)
+    return delivery(env, f"t.heartbeat.cn-north-1.{name}", seq, at)
+
+
+def test_a_cluster_silent_beyond_the_horizon_is_forgotten_and_comes_back_when_it_reports():
+    """Review item 8: a decommissioned cluster (silent over ``gone_after_s``) is no longer listed;
+    one merely stale still is (unhealthy); a message from it brings it back."""
+    cv = ClusterView(stale_after_s=10.0, gone_after_s=3600.0)
+    cv.apply(snap([node("a")], EPOCH), EPOCH)
+    cv.apply(_other(EPOCH + 3000), EPOCH + 3000)
+    rows = cv.rows(EPOCH + 3700)
+    assert [r.cluster for r in rows] == ["cn-north-1-c2"] and not rows[0].healthy  # c2 stale, c1 gone
+    assert C not in cv.clusters
+    cv.apply(beat(EPOCH + 3800, 1, seq=9), EPOCH + 3800)
+    assert {r.cluster for r in cv.rows(EPOCH + 3801)} == {C, "cn-north-1-c2"}
+
+
+async def test_status_does_not_report_a_decommissioned_cluster_down():
+    """GetStatus lists the agents of the clusters not gone: a cluster silent for 30 days is no
+    agent/... entry (so `fedsched status` does not exit 1 for it); a stale one is down."""
+    from types import SimpleNamespace
+
+    from fedsched.api.v1 import jobs_pb2 as pb
+    from services.admission.ops_servicers import SystemServicer
+    from tests.builders import FakeClock
+
+    class _NoBus:  # every bus question fails (this test is about the agents' entries only)
+        prefix = "t"
+
+        def stream_name(self, name):
+            return f"t_{name}"
+
+        def __getattr__(self, name):
+            async def fail(*a, **kw):
+                raise TimeoutError("no bus in this test")
+            return SimpleNamespace(request=fail, stream_info=fail, consumer_info=fail)
+
+    cv = ClusterView(stale_after_s=10.0, gone_after_s=3600.0)
+    cv.apply(snap([node("a")], EPOCH - 30 * 86400), EPOCH - 30 * 86400)
+    cv.apply(_other(EPOCH - 60), EPOCH - 60)
+    wall = FakeClock(EPOCH)  # the wall clock of the call
+
+    async def own():
+        return "admission", 0
+
+    svc = SystemServicer(_NoBus(), cv, wall, own, timeout_s=0.1)
+    resp = await svc.GetStatus(pb.GetStatusRequest(), None)
+    agents = {s.name: s.state for s in resp.services if s.name.startswith("agent/")}
+    assert agents == {"agent/cn-north-1/cn-north-1-c2": "down"}

@@ -177,3 +177,18 @@ def test_a_page_walks_only_what_it_needs(monkeypatch):
     assert _page(view, page_size=10).total == 2000 and len(visited) == 11  # the total by bisection
     visited.clear()
     assert _page(view, page_size=10, tenants=["search"]).total == 2000 and len(visited) == 2000 + 11  # one walk
+
+
+def test_total_counts_only_the_jobs_a_project_restricted_submitter_of_every_tenant_sees():
+    """A submitter of tenants ``*`` limited to project ``train`` reads every tenant but only that
+    project: ``total`` is the number of jobs it is shown, not every job in the time range."""
+    from fedsched.auth import Grant, Principal
+    who = Principal("carol", (Grant(role="submitter", tenants=frozenset({"*"}), projects=frozenset({"train"})),))
+    view = JobView()
+    _submit(view, "j-1", T0, tenant="search", project="train")
+    _submit(view, "j-2", T0 + 1, tenant="search", project="serve")
+    _submit(view, "j-3", T0 + 2, tenant="ads", project="train")
+    resp = _page(view, who=who)
+    assert sorted(_ids(resp)) == ["j-1", "j-3"]
+    assert resp.total == 2
+    assert _page(view).total == 3  # the admin's shortcut still counts all

@@ -151,3 +151,22 @@ async def test_a_former_holders_order_read_after_the_takeover_is_not_folded_befo
     h._event(_stale_placement(h, "j1", h.svc.lease.token - 1), h.subjects.placements("cn-north-1", A))
     assert h.svc.jobs["j1"].shards[0].state != ShardState.PLACED and h.svc.stale_orders == 1
     assert h.svc.leading
+
+
+async def test_a_token_not_above_the_highest_on_the_bus_refuses_to_lead_and_says_why() -> None:
+    """The leases bucket was recreated (revisions restarted below the tokens on the bus): the
+    holder does not lead (every order would be refused), and status() says so (review item 12)."""
+    store = FakeLeaseStore()
+    h = _replica(store, "a", FakeClock())
+    h.submit("j1")
+    h.svc.highest_token = 500  # orders of the former bucket's holders were read from the stream
+    assert await h.svc.lease.step()
+    assert await h.svc.catch_up(timeout_s=0.05) is False
+    assert not h.svc.leading and await h.cycle() == []
+    status = h.svc.status()
+    assert status["role"] == "refusing" and "not above the highest fencing token" in status["lease_problem"]
+    store.sequence = 600  # the operator wrote the key past the old tokens: the next tenure leads
+    await h.svc.lease.release()
+    assert await h.svc.lease.step()
+    assert await h.svc.catch_up(timeout_s=0.05) is True
+    assert h.svc.status()["lease_problem"] == "" and h.svc.status()["role"] == "active"

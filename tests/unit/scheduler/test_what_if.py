@@ -71,3 +71,40 @@ async def test_a_placement_abroad_for_a_tenant_that_needs_approval_is_marked():
     assert "approval" in ads.decisions[0].summary
     assert [(d.outcome, d.needs_approval) for d in search.decisions] == [("placed", False)]  # search: allowed
     assert _state(h) == before and not h.svc.governor.state  # no approval request was made
+
+
+class _Msg:
+    """A request message as the scheduler's handler gets it (records the answer)."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.answers: list[bytes] = []
+
+    async def respond(self, data: bytes) -> None:
+        self.answers.append(data)
+
+
+async def test_only_the_leading_replica_answers_what_if():
+    """Review item 11: a standby (lease held by another replica) leaves a what-if to the leader;
+    a leader answers."""
+    from fedsched.lease import Lease
+    from tests.builders import FakeClock, FakeLeaseStore
+
+    store = FakeLeaseStore()
+    other = Lease(store.client("x"), "scheduler", "x", FakeClock(), ttl_s=3.0)
+    assert await other.step()  # another replica leads
+    standby = SchedulerHarness([ClusterSpec("c1", node_list=nodes("a", gpus=4))],
+                               lease=Lease(store.client("a"), "scheduler", "a", FakeClock(), ttl_s=3.0),
+                               stream_end=_zero)
+    request = WhatIfRequest(spec=spec(gpus=2), submitted_at=standby.clock.time()).model_dump_json().encode()
+    msg = _Msg(request)
+    await standby.svc._on_what_if_request(msg)
+    assert msg.answers == []
+    leader = SchedulerHarness([ClusterSpec("c1", node_list=nodes("a", gpus=4))])  # no lease: it leads
+    msg = _Msg(request)
+    await leader.svc._on_what_if_request(msg)
+    assert len(msg.answers) == 1 and WhatIfReply.model_validate_json(msg.answers[0]).decisions
+
+
+async def _zero() -> int:
+    return 0

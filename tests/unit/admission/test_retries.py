@@ -1,0 +1,208 @@
+"""Idempotent retries and priority changes (review items 3, 4 and 7): a request_id retried after
+its job ended and left memory answers "duplicate" with the archived job and publishes nothing;
+a retry after the job's priority changed is still a duplicate; two concurrent SetJobPriority
+calls publish two events and the view ends as the stream says; a publish acknowledged as a
+duplicate is not applied locally but waited for."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+import pytest
+
+from fedsched import auth
+from fedsched.api.v1 import jobs_pb2 as pb
+from fedsched.auth import Grant, Principal
+from fedsched.errors import UnavailableError
+from fedsched.events import JobStatus, Subjects, make_event
+from fedsched.jobs import PriorityClass
+from fedsched.policystore import PolicyHolder, StoredPolicy
+from fedsched.pricing import load_price_catalog
+from fedsched.tenancy import Governance
+from services.admission.budgets import SpendBook
+from services.admission.ended import EndedJobs
+from services.admission.jobview import JobView
+from services.admission.service import JobServicer
+from tests.builders import FakeClock, FakePublisher, policy_doc, spec, submitted, until
+
+T0 = 1_700_000_000.0
+ROOT = Principal("root", (Grant(role="admin"),))
+
+
+def _servicer(publisher, *, retain_ended: int = 10) -> JobServicer:
+    holder = PolicyHolder()
+    holder.set(StoredPolicy(Governance.of(policy_doc()), 1))
+    ended = EndedJobs(None)
+    view = JobView(retain_ended=retain_ended, archive=ended.put)
+    servicer = JobServicer(publisher, FakeClock(), holder, view, None, set(), set(), SpendBook(),
+                           load_price_catalog(), subjects=Subjects("t"))
+    servicer.ended = ended
+    auth.CURRENT.set(ROOT)
+    return servicer
+
+
+def _request(rid: str) -> pb.SubmitJobRequest:
+    return pb.SubmitJobRequest(spec=pb.JobSpec(tenant="search", project="train", gpus_per_worker=1, cpu_milli=1000),
+                               request_id=rid)
+
+
+async def _submit(servicer: JobServicer, request: pb.SubmitJobRequest) -> pb.SubmitJobResponse:
+    admitted = servicer._admit(request, ROOT)
+    return admitted if isinstance(admitted, pb.SubmitJobResponse) else await servicer._publish_one(admitted)
+
+
+def _cancel(view: JobView, job_id: str) -> None:
+    job = view.jobs[job_id].spec
+    view.apply(make_event("job.cancelled", JobStatus(reason="cancelled"), producer="scheduler", occurred_at=T0 + 1,
+                          tenant=job.tenant, project=job.project, job_id=job_id, actor="scheduler"))
+
+
+def _submitted_events(publisher: FakePublisher) -> int:
+    return sum(1 for p in publisher.published if p.event.type == "job.submitted")
+
+
+async def _end_and_evict(servicer: JobServicer, job_id: str) -> None:
+    _cancel(servicer.view, job_id)
+    other = submitted("j-other", spec(), T0 + 2)
+    servicer.view.apply(other)
+    _cancel(servicer.view, "j-other")
+    assert job_id not in servicer.view.jobs and job_id in servicer.view.tombstones
+
+
+# ---------------------------------------------------------------------------- item 3
+
+async def test_a_retry_after_the_job_left_memory_is_a_duplicate_of_the_archived_job():
+    publisher = FakePublisher()
+    publisher.seen_ids = set()
+    servicer = _servicer(publisher, retain_ended=1)
+    first = await _submit(servicer, _request("r1"))
+    await _end_and_evict(servicer, first.job_id)
+    publisher.seen_ids.clear()  # past JetStream's duplicate window: the bus would store it again
+    again = await _submit(servicer, _request("r1"))
+    assert (again.job_id, again.duplicate, again.state) == (first.job_id, True, pb.JOB_STATE_CANCELLED)
+    assert _submitted_events(publisher) == 1  # no second job.submitted: no re-run
+
+
+async def test_a_retry_whose_archived_record_cannot_be_read_is_unavailable_not_a_new_job():
+    publisher = FakePublisher()
+    servicer = _servicer(publisher, retain_ended=1)
+    first = await _submit(servicer, _request("r1"))
+    await _end_and_evict(servicer, first.job_id)
+    servicer.ended.pending.clear()  # the store cannot give it now (a bus outage)
+    publisher.seen_ids.clear()
+    with pytest.raises(UnavailableError):
+        await _submit(servicer, _request("r1"))
+    assert _submitted_events(publisher) == 1
+
+
+async def test_a_publish_the_view_ignores_answers_from_the_archive_not_keyerror():
+    """The guard after apply: the job left memory between admission and the publish's ack."""
+    publisher = FakePublisher()
+    servicer = _servicer(publisher, retain_ended=1)
+    first = await _submit(servicer, _request("r1"))
+    await _end_and_evict(servicer, first.job_id)
+    admitted = servicer._admit(_request("r2"), ROOT)
+    resp = await servicer._publish_submission(admitted.gov, admitted.spec, "r1", ROOT, first.job_id)
+    assert (resp.job_id, resp.duplicate) == (first.job_id, True)
+
+
+# ---------------------------------------------------------------------------- item 7
+
+async def test_a_retry_after_a_priority_change_is_still_a_duplicate():
+    servicer = _servicer(FakePublisher())
+    first = await _submit(servicer, _request("r1"))
+    await servicer.SetJobPriority(pb.SetJobPriorityRequest(job_id=first.job_id, priority=pb.PRIORITY_CLASS_HIGH,
+                                                           reason="deadline"), None)
+    assert servicer.view.jobs[first.job_id].spec.priority == PriorityClass.HIGH
+    again = await _submit(servicer, _request("r1"))
+    assert (again.job_id, again.duplicate) == (first.job_id, True)
+
+
+# ---------------------------------------------------------------------------- item 4
+
+class _JetStreamLike:
+    """Acknowledges publishes after ``gate`` opens, dropping a repeated event id as JetStream's
+    duplicate window does (``ack.duplicate``); ``stored`` is the stream."""
+
+    def __init__(self, *, always_duplicate: bool = False) -> None:
+        self.subjects = Subjects("t")
+        self.gate = asyncio.Event()
+        self.stored: list = []
+        self.asked = 0
+        self.always_duplicate = always_duplicate
+
+    async def publish(self, subject, event, *, headers=None):
+        self.asked += 1
+        await self.gate.wait()
+        duplicate = self.always_duplicate or any(e.event_id == event.event_id for e in self.stored)
+        if not duplicate or self.always_duplicate and not self.stored:
+            self.stored.append(event)
+        return SimpleNamespace(duplicate=duplicate, seq=0)
+
+    async def publish_many(self, items):
+        return [True for _ in items]
+
+
+async def test_two_concurrent_priority_changes_are_two_events_and_the_view_follows_the_stream():
+    publisher = _JetStreamLike()
+    servicer = _servicer(publisher)
+    servicer.view.apply(submitted("j-1", spec(), T0))
+    calls = [asyncio.ensure_future(servicer.SetJobPriority(
+        pb.SetJobPriorityRequest(job_id="j-1", priority=p, reason="x"), None))
+        for p in (pb.PRIORITY_CLASS_HIGH, pb.PRIORITY_CLASS_LOW)]
+    assert await until(lambda: publisher.asked == 2, timeout=5)
+    publisher.gate.set()
+    await asyncio.gather(*calls)
+    assert len({e.event_id for e in publisher.stored}) == 2
+    fresh = JobView()  # what a follower folding the stream ends with
+    fresh.apply(submitted("j-1", spec(), T0))
+    for e in publisher.stored:
+        fresh.apply(e)
+    assert servicer.view.jobs["j-1"].spec.priority == fresh.jobs["j-1"].spec.priority
+
+
+async def test_a_duplicate_ack_waits_for_the_stored_event_instead_of_applying_its_own():
+    publisher = _JetStreamLike(always_duplicate=True)
+    servicer = _servicer(publisher)
+    servicer.view.apply(submitted("j-1", spec(), T0))
+    publisher.gate.set()
+    call = asyncio.ensure_future(servicer.SetJobPriority(
+        pb.SetJobPriorityRequest(job_id="j-1", priority=pb.PRIORITY_CLASS_HIGH, reason="x"), None))
+    assert await until(lambda: publisher.stored, timeout=5)
+    await asyncio.sleep(0)  # let the call see its ack  # noqa: a yield, not a wait for time
+    assert not call.done() and servicer.view.jobs["j-1"].spec.priority == PriorityClass.NORMAL
+    servicer.view.apply(publisher.stored[0])  # the follower folds the stored event
+    job = await asyncio.wait_for(call, 5)
+    assert job.spec.priority == pb.PRIORITY_CLASS_HIGH
+
+
+# ---------------------------------------------------------------------------- item 11
+
+async def test_a_batch_asks_the_scheduler_for_at_most_max_what_if_per_call_dry_runs():
+    """Review item 11: 50 dry-run items in one SubmitJobs: the first MAX_WHAT_IF_PER_CALL get the
+    scheduler's what-if, the rest their verdict only; every item is answered."""
+    from fedsched.whatif import ShardWhatIf, WhatIfReply
+    from services.admission.service import MAX_WHAT_IF_PER_CALL
+
+    servicer = _servicer(FakePublisher())
+    asked = []
+
+    async def what_if(request):
+        asked.append(request)
+        return WhatIfReply(decisions=(ShardWhatIf(shard=0, outcome="placed", cluster="c1"),))
+
+    servicer.what_if = what_if
+    items = [pb.SubmitJobRequest(spec=_request(f"r{i}").spec, dry_run=True) for i in range(50)]
+    resp = await servicer.SubmitJobs(pb.SubmitJobsRequest(items=items), _Context())
+    assert len(asked) == MAX_WHAT_IF_PER_CALL < 50
+    assert [r.response.verdict for r in resp.results] == ["accepted"] * 50
+    assert [r.response.HasField("what_if") for r in resp.results] == [True] * MAX_WHAT_IF_PER_CALL + \
+        [False] * (50 - MAX_WHAT_IF_PER_CALL)
+
+
+class _Context:
+    """The gRPC context as SubmitJobs uses it (initial metadata only)."""
+
+    async def send_initial_metadata(self, metadata) -> None:
+        pass
