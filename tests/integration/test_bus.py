@@ -215,3 +215,38 @@ async def test_a_bad_message_read_again_after_a_restart_is_dead_lettered_once(bu
     f.stop()
     await task
     assert len(dead) == 1 and dead[0].envelope.payload["data"] == "{not json"
+
+
+async def test_a_follower_re_reads_a_delivery_the_client_lost(bus, monkeypatch):
+    """Without acks, a message taken off the subscription and then dropped (a fetch cancelled by
+    its timeout while a long cycle held the loop) is gone for the server; the follower sees the
+    gap in the consumer's delivery sequence and re-reads from the stream: every message once, in
+    order. (A filtered follower: stream sequences of its messages have gaps of their own.)"""
+    import fedsched.bus as busmod
+
+    subject = bus.subjects.status("cn-north-1", "cn-north-1-c1")
+    other = bus.subjects.status("cn-north-1", "cn-north-1-c2")
+    for i in range(30):
+        await bus.publish(subject, _event(100 + i))
+        await bus.publish(other, _event(200 + i))
+    real = busmod.fetch_fast
+    dropped = []
+
+    async def lossy(sub, batch, max_wait_s):
+        msgs = await real(sub, batch, max_wait_s)
+        if not dropped and len(msgs) > 3:
+            dropped.append(msgs.pop(2).metadata.sequence.stream)  # taken off the queue, never handed over
+        return msgs
+
+    monkeypatch.setattr(busmod, "fetch_fast", lossy)
+    seen = []
+    f = StreamFollower(bus, "EVENTS", lambda d: seen.append(d.envelope.job_id), name="lossy", filter_subjects=[subject],
+                       batch=10)
+    task = asyncio.create_task(f.run())
+    deadline = time.monotonic() + 10
+    while len(seen) < 30 and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+    f.stop()
+    await task
+    assert dropped and f.gaps == 1
+    assert seen == [f"j-{100 + i}" for i in range(30)]
