@@ -289,6 +289,9 @@ class _Cycle:
         self.model_cache: dict[tuple, list[str]] = {}
         self.pending_memo: dict[tuple, tuple] = {}
         self.fits_empty_cache: dict[tuple, bool] = {}
+        # (cluster, whole request shape) -> (cluster version, fit or None, fit-only score values)
+        self.fit_cache: dict[tuple, tuple] = {}
+        self.fit_scored = [i for i, (sc, _) in enumerate(policy.weights) if getattr(sc, "score_scope", "job") == "fit"]
         # preemption under quotas: per-cluster summaries of evictable work, tenants' cohorts,
         # the rules covering each running work (all pure functions of the view)
         self.evict_summary: dict[str, tuple] = {}
@@ -372,6 +375,26 @@ class _Cycle:
         else:
             entry.add_misfit(self.cached("misfit", cluster, shape, lambda: ClusterEvaluation(
                 cluster.name, cluster.region, _insufficient(job, wc, models))))
+
+    def fit(self, job: QueuedJob, c: "Candidate") -> tuple[Fit | None, dict[int, float]]:
+        """The job's gang fit on candidate ``c`` (:meth:`~.fit.WorkingCluster.fit`, tentative)
+        and the values of the policy's scorers whose score reads only the cluster's state, the
+        fit and the request shape (``score_scope = "fit"``; by scorer index, filled by
+        :func:`_score`). A fit reads the whole request shape and the cluster's allocation, so
+        both are memoised per (cluster, shape) until the cluster's version changes: jobs of one
+        shape share them."""
+        if not self.caching:
+            return c.work.fit(job.spec, c.models), {}
+        s = job.spec
+        key = (c.cluster.name, c.shape, s.cpu_milli, s.memory_mib)
+        version = self.cluster_version.get(c.cluster.name, 0)
+        hit = self.fit_cache.get(key)
+        if hit is not None and hit[0] == version:
+            return hit[1], hit[2]
+        fit = c.work.fit(s, c.models)
+        scores: dict[int, float] = {}
+        self.fit_cache[key] = (version, fit, scores)
+        return fit, scores
 
     def models(self, job: QueuedJob, cluster: ClusterState) -> list[str]:
         """The job's candidate card models on ``cluster`` (cached per request shape)."""
@@ -575,8 +598,8 @@ def decide(view: View, queue: Iterable[QueuedJob], policy: Policy, *, cache: boo
                 limit = min(policy.prefer_local_max_wait_s,
                             transfer_seconds(job, cluster, cy.ctx) + policy.prefer_local_slack_s)
                 limit -= now - job.submitted_at  # the limit is on the whole wait, not per cycle
-                start = _home_start(job, cy, static_ok)
-                if start is not None and start - now <= limit:
+                start = _home_start(job, cy, static_ok, limit)
+                if start is not None:
                     evaluations.append(ClusterEvaluation(job.spec.home_region, job.spec.home_region, fail(
                         Reason.WAIT_FOR_HOME, f"home region frees up in ~{(start - now) / 60:.0f} min, no later "
                                               f"than moving the data to {cluster.name} would start it")))
@@ -738,10 +761,23 @@ def _set_cost_reference(job: QueuedJob, candidates: list[Candidate], cy: "_Cycle
                        cy.ctx)
 
 
-def _score(job: QueuedJob, c: Candidate, fit: Fit, cy: "_Cycle") -> tuple[tuple, float]:
-    """(terms, weighted total) of a fit: terms as (scorer name, value) rounded to 4 places."""
+def _score(job: QueuedJob, c: Candidate, fit: Fit, cy: "_Cycle", shared: dict[int, float]) -> tuple[tuple, float]:
+    """(terms, weighted total) of a fit: terms as (scorer name, value) rounded to 4 places.
+    ``shared`` holds the values of the fit-only scorers already computed for this fit (by
+    scorer index, :meth:`_Cycle.fit`); new ones are added to it."""
     weights = cy.policy.weights
-    values = [sc.score(job, c.cluster, fit, c.work, cy.ctx) for sc, _ in weights]
+    values = [sc.score(job, c.cluster, fit, c.work, cy.ctx) for sc, _ in weights] if not cy.fit_scored else None
+    if values is None:
+        values = []
+        fit_only = cy.fit_scored
+        for i, (sc, _) in enumerate(weights):
+            if i in fit_only:
+                v = shared.get(i)
+                if v is None:
+                    v = shared[i] = sc.score(job, c.cluster, fit, c.work, cy.ctx)
+            else:
+                v = sc.score(job, c.cluster, fit, c.work, cy.ctx)
+            values.append(v)
     terms = tuple((sc.name, round(v, 4)) for (sc, _), v in zip(weights, values))
     return terms, round(sum(w * v for (_, w), v in zip(weights, values)), 4)
 
@@ -778,13 +814,13 @@ def _branch_and_bound(job: QueuedJob, candidates: list[Candidate], cy: "_Cycle",
             if best is not None and (not best.beaten_by(bound, name) or capped):
                 _outscore(cy, [r[2].cluster for r in ranked[k:]], evaluations, exact=not capped)
                 break
-            fit = c.work.fit(job.spec, c.models)
+            fit, shared = cy.fit(job, c)
             if fit is None:
                 e = split.failed_for(job)[name] = ClusterEvaluation(name, c.cluster.region,
                                                                     _insufficient(job, c.work, c.models))
                 evaluations.append(e)
                 continue
-            terms, total = _score(job, c, fit, cy)
+            terms, total = _score(job, c, fit, cy, shared)
             evaluations.append(ClusterEvaluation(name, c.cluster.region, PASS, terms, total))
             scored += 1
             if best is None or best.beaten_by(total, name):
@@ -812,16 +848,38 @@ def _outscore(cy: "_Cycle", clusters: list[ClusterState], evaluations: list[Clus
         evaluations.append(e)
 
 
-def _home_start(job: QueuedJob, cy: _Cycle, static_ok: list[ClusterState]) -> float | None:
-    """Earliest estimated start in the job's home region (None if never)."""
+def _start(job: QueuedJob, cy: _Cycle, cluster: ClusterState) -> float | None:
+    """The job's estimated start on ``cluster`` (:func:`~.preempt.estimated_start`; None if
+    never), memoised per whole request shape until the cluster's allocation changes (it reads
+    the shape, the cluster's allocation and its timeline, which change together)."""
+    models = cy.models(job, cluster)
+    return cy.cached("start", cluster, _full_shape(job, models), lambda: estimated_start(
+        job.spec, models, cluster, cy.wc(cluster), cy.view.now, cy.timeline(cluster)))
+
+
+def _home_start(job: QueuedJob, cy: _Cycle, static_ok: list[ClusterState], limit: float) -> float | None:
+    """Earliest estimated start in the job's home region if it is at most ``limit`` seconds from
+    now (``start - now <= limit``), else None: work ending later is never released (the caller
+    only waits for home within the limit, so the answer is the same as a full search's)."""
+    if limit < 0:
+        return None  # a start is never before now
     best = None
+    now = cy.view.now
     for cluster in static_ok:
         if cluster.region != job.spec.home_region:
             continue
         models = cy.models(job, cluster)
-        start = cy.cached("start", cluster, _full_shape(job, models), lambda: estimated_start(
-            job.spec, models, cluster, cy.wc(cluster), cy.view.now, cy.timeline(cluster)))
-        if start is not None and (best is None or start < best):
+        key = ("start within", cluster.name, cy.cluster_version.get(cluster.name, 0), _full_shape(job, models))
+        held = cy.value_cache.get(key) if cy.caching else None
+        # held: (start, limit it was searched with); inf = not within that limit
+        if held is None or (held[0] == math.inf and held[1] < limit):
+            start = estimated_start(job.spec, models, cluster, cy.wc(cluster), now, cy.timeline(cluster),
+                                    within=limit)
+            held = (start, limit)
+            if cy.caching:
+                cy.value_cache[key] = held
+        start = held[0]
+        if start is not None and start - now <= limit and (best is None or start < best):
             best = start
     return best
 
@@ -873,8 +931,7 @@ def _reserve(job: QueuedJob, cy: _Cycle, static_ok: list[ClusterState], skey: tu
             continue
         if not cy.static_verdict(job, skey, cluster).passed:
             continue
-        start = estimated_start(job.spec, candidate_models(job, cluster), cluster, cy.wc(cluster), cy.view.now,
-                                cy.timeline(cluster))
+        start = _start(job, cy, cluster)
         if start is not None and (best is None or (start, cluster.name) < best):
             best = (start, cluster.name)
     if best is None:
