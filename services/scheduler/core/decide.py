@@ -291,6 +291,8 @@ class _Cycle:
         self.fits_empty_cache: dict[tuple, bool] = {}
         # (cluster, whole request shape) -> (cluster version, fit or None, fit-only score values)
         self.fit_cache: dict[tuple, tuple] = {}
+        self.shape_bounds: dict[tuple, tuple] = {}  # (scorer, cluster, shape) -> (cluster version, bound)
+        self.home_firsts: dict[str, ClusterEvaluation] = {}
         self.fit_scored = [i for i, (sc, _) in enumerate(policy.weights) if getattr(sc, "score_scope", "job") == "fit"]
         # preemption under quotas: per-cluster summaries of evictable work, tenants' cohorts,
         # the rules covering each running work (all pure functions of the view)
@@ -362,7 +364,7 @@ class _Cycle:
             changed = set(self.change_log[entry.log_pos:])
             entry.log_pos = len(self.change_log)
             for name in [n for n in entry.viable if n in changed]:
-                cluster, wc, models, _ = entry.viable[name]
+                cluster, wc, models = entry.viable[name][:3]
                 if not wc.could_fit(job.spec, models):
                     entry.misfit(cluster, _insufficient(job, wc, models))
         return entry
@@ -371,7 +373,10 @@ class _Cycle:
         wc, models = self.wc(cluster), self.models(job, cluster)
         shape = _shape(job, models)
         if wc.could_fit(job.spec, models):
-            entry.viable[cluster.name] = Candidate(cluster, wc, models, shape)
+            cheapest = models[0] if models else ""
+            unit = cluster.prices.get(cheapest, 0.0) if job.spec.gpus_per_worker else cluster.cpu_price_per_core_hour
+            entry.viable[cluster.name] = Candidate(cluster, wc, models, shape, (cheapest, cluster.prices.get(cheapest)),
+                                                   unit)
         else:
             entry.add_misfit(self.cached("misfit", cluster, shape, lambda: ClusterEvaluation(
                 cluster.name, cluster.region, _insufficient(job, wc, models))))
@@ -395,6 +400,13 @@ class _Cycle:
         scores: dict[int, float] = {}
         self.fit_cache[key] = (version, fit, scores)
         return fit, scores
+
+    def home_first(self, cluster: ClusterState) -> ClusterEvaluation:
+        """The shared "home goes first" verdict of ``cluster`` (one object per cycle)."""
+        e = self.home_firsts.get(cluster.name)
+        if e is None:
+            e = self.home_firsts[cluster.name] = ClusterEvaluation(cluster.name, cluster.region, _HOME_FIRST)
+        return e
 
     def models(self, job: QueuedJob, cluster: ClusterState) -> list[str]:
         """The job's candidate card models on ``cluster`` (cached per request shape)."""
@@ -583,8 +595,7 @@ def decide(view: View, queue: Iterable[QueuedJob], policy: Policy, *, cache: boo
             best = _branch_and_bound(job, group, cy, evaluations, split)             # 3
             if best is not None:
                 for later in groups[g + 1:]:  # abroad, not tried: every cluster still gets a verdict
-                    evaluations.extend(ClusterEvaluation(c.cluster.name, c.cluster.region, _HOME_FIRST)
-                                       for c in later)
+                    evaluations.extend(cy.home_first(c.cluster) for c in later)
                 break
         if best is None and avoided:  # failover found nowhere else: the failed cluster beats waiting
             retry = [c for c in avoided if c.cluster.name not in cy.reservations]
@@ -652,12 +663,17 @@ def decide(view: View, queue: Iterable[QueuedJob], policy: Policy, *, cache: boo
 
 class Candidate(NamedTuple):
     """A cluster a job's GPU shape may fit this cycle: the cluster, its working state, the card
-    models the job may use there (cheapest first) and the request's shape key."""
+    models the job may use there (cheapest first), the request's shape key, the cheapest
+    model and its list price there (``price_key``: what a ``region_price`` bound reads besides
+    the region) and the unit price the cost reference compares (currency per GPU-hour of the
+    cheapest model; CPU-only: per core-hour)."""
 
     cluster: ClusterState
     work: WorkingCluster
     models: list[str]
     shape: tuple
+    price_key: tuple = ("", None)
+    unit: float = 0.0
 
 
 class ScorerScope(NamedTuple):
@@ -700,16 +716,21 @@ class _Bounds:
         job, cy, cluster = self.job, self.cy, c.cluster
         if s.scope == "cluster":
             return s.scorer.bound(job, cluster, c.work, cy.ctx, c.models)
-        if s.scope == "cluster_shape":
-            return cy.cached(("bound", s.index), cluster, c.shape,
-                             lambda: s.scorer.bound(job, cluster, c.work, cy.ctx, c.models))
+        if s.scope == "cluster_shape":  # memoised until the cluster's allocation changes
+            if not cy.caching:
+                return s.scorer.bound(job, cluster, c.work, cy.ctx, c.models)
+            key = (s.index, cluster.name, c.shape)
+            version = cy.cluster_version.get(cluster.name, 0)
+            held = cy.shape_bounds.get(key)
+            if held is None or held[0] != version:
+                held = cy.shape_bounds[key] = (version, s.scorer.bound(job, cluster, c.work, cy.ctx, c.models))
+            return held[1]
         if s.scope == "const":
             key = (s.index,)
         elif s.scope == "region":
             key = (s.index, cluster.region)
         else:  # region_price
-            cheapest = c.models[0] if c.models else ""
-            key = (s.index, cluster.region, cheapest, cluster.prices.get(cheapest))
+            key = (s.index, cluster.region) + c.price_key
         value = self.shared.get(key)
         if value is None:
             value = self.shared[key] = s.scorer.bound(job, cluster, c.work, cy.ctx, c.models)
@@ -725,8 +746,8 @@ class _Bounds:
             elif s.scope == "region_price":  # one bound per distinct (cheapest model, its price)
                 distinct: dict[tuple, Candidate] = {}
                 for c in members:
-                    cheapest = c.models[0] if c.models else ""
-                    distinct.setdefault((cheapest, c.cluster.prices.get(cheapest)), c)
+                    if c.price_key not in distinct:
+                        distinct[c.price_key] = c
                 bound += s.weight * max(self.part(s, c) for c in distinct.values())
             else:
                 bound += s.weight * self.part(s, members[0])
@@ -749,14 +770,13 @@ def _set_cost_reference(job: QueuedJob, candidates: list[Candidate], cy: "_Cycle
     candidates (cheapest model each). Within a region the egress is the same, so cost rises with
     the unit price: one call per region, on its lowest-priced candidate, gives the same minimum
     as one per candidate."""
-    spec = job.spec
     lowest: dict[str, tuple[float, ClusterState, str]] = {}
     for c in candidates:
-        model = c.models[0] if c.models else ""
-        unit = c.cluster.prices.get(model, 0.0) if spec.gpus_per_worker else c.cluster.cpu_price_per_core_hour
-        held = lowest.get(c.cluster.region)
+        unit = c.unit  # (precomputed: the cheapest model's price, CPU-only: the core-hour price)
+        region = c.cluster.region
+        held = lowest.get(region)
         if held is None or unit < held[0]:
-            lowest[c.cluster.region] = (unit, c.cluster, model)
+            lowest[region] = (unit, c.cluster, c.price_key[0])
     set_cost_reference(job, min(cost_per_unit_hour(job, c, model, cy.ctx) for _, c, model in lowest.values()),
                        cy.ctx)
 
