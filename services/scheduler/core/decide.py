@@ -291,6 +291,10 @@ class _Cycle:
         self.fits_empty_cache: dict[tuple, bool] = {}
         # (cluster, whole request shape) -> (cluster version, fit or None, fit-only score values)
         self.fit_cache: dict[tuple, tuple] = {}
+        # work done on (cluster, request shape) pairs, for decide(stats=...): capacity checks
+        # (could_fit, on first sight and after the cluster changed) and gang fits computed
+        self.checks = 0
+        self.fits = 0
         self.shape_bounds: dict[tuple, tuple] = {}  # (scorer, cluster, shape) -> (cluster version, bound)
         self.home_firsts: dict[str, ClusterEvaluation] = {}
         self.fit_scored = [i for i, (sc, _) in enumerate(policy.weights) if getattr(sc, "score_scope", "job") == "fit"]
@@ -365,6 +369,7 @@ class _Cycle:
             entry.log_pos = len(self.change_log)
             for name in [n for n in entry.viable if n in changed]:
                 cluster, wc, models = entry.viable[name][:3]
+                self.checks += 1
                 if not wc.could_fit(job.spec, models):
                     entry.misfit(cluster, _insufficient(job, wc, models))
         return entry
@@ -372,6 +377,7 @@ class _Cycle:
     def _classify(self, job: QueuedJob, entry: _Split, cluster: ClusterState) -> None:
         wc, models = self.wc(cluster), self.models(job, cluster)
         shape = _shape(job, models)
+        self.checks += 1
         if wc.could_fit(job.spec, models):
             cheapest = models[0] if models else ""
             unit = cluster.prices.get(cheapest, 0.0) if job.spec.gpus_per_worker else cluster.cpu_price_per_core_hour
@@ -397,6 +403,7 @@ class _Cycle:
         if hit is not None and hit[0] == version:
             return hit[1], hit[2]
         fit = c.work.fit(s, c.models)
+        self.fits += 1
         scores: dict[int, float] = {}
         self.fit_cache[key] = (version, fit, scores)
         return fit, scores
@@ -519,7 +526,8 @@ class _Cycle:
         return v
 
 
-def decide(view: View, queue: Iterable[QueuedJob], policy: Policy, *, cache: bool = True) -> Decisions:
+def decide(view: View, queue: Iterable[QueuedJob], policy: Policy, *, cache: bool = True,
+           stats: dict[str, int] | None = None) -> Decisions:
     """Place what can be placed now; preempt or reserve for blocked jobs; explain the rest.
 
     Args:
@@ -529,6 +537,11 @@ def decide(view: View, queue: Iterable[QueuedJob], policy: Policy, *, cache: boo
         cache: share verdicts between jobs within the call (module docstring, "Caches"). False
             computes every verdict afresh: slower, and the same decisions (the property test of
             the caches uses it; nothing else should).
+        stats: if given, filled with the cycle's work on (cluster, request shape) pairs:
+            ``checks`` (capacity checks of a shape on a cluster: once per shape and cluster, and
+            again only after that cluster's allocation changed), ``fits`` (gang fits computed;
+            a fit is shared by the jobs of one whole request shape until the cluster changes),
+            ``changes`` (allocation changes: placements and evictions), ``jobs``.
 
     Returns:
         Placements in decision order (with their victims, if any), pending jobs with reasons,
@@ -658,6 +671,8 @@ def decide(view: View, queue: Iterable[QueuedJob], policy: Policy, *, cache: boo
             cy.pending_memo[memo_key] = (reason, frozen, fits_empty)
         pending.append(Pending(job, reason, frozen, fits_empty, queue_of(job, policy.fast_lane_s), reservation))   # 5
 
+    if stats is not None:
+        stats.update(checks=cy.checks, fits=cy.fits, changes=len(cy.change_log), jobs=len(placements) + len(pending))
     return Decisions(tuple(placements), tuple(pending), policy.version, tuple(cy.reservations.values()))
 
 

@@ -85,7 +85,7 @@ def estimated_start(spec: JobSpec, models: list[str], cluster: ClusterState, wor
     Args:
         timeline: the work holding ``work``'s resources (default ``cluster.running``); a cycle
             passes its own, without evicted victims and with the placements it just made.
-        within: seconds; when given, only work expected to end at most this long after ``now``
+        within: seconds (>= 0); when given, only work expected to end at most this long after ``now``
             (``end - now <= within``) is released: a later start is reported as ``math.inf``
             without being searched (the prefer_local wait only asks whether home frees up in time).
 
