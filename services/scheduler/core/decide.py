@@ -34,7 +34,12 @@ decide the same, ``tests/unit/test_scheduler_cache.py``):
   and memory request as well;
 * per-cluster values (misfit verdicts, score bounds, estimated starts): cluster, its allocation
   version, candidate models and the request shape each value reads (CPU and memory too for the
-  estimated start, which fits the whole request);
+  estimated start, which fits the whole request; a prefer_local job's home start is searched
+  only as far as its wait limit, and an "not within" answer is reused for limits no larger);
+* gang fits and the scores that read only the fit and the cluster (``score_scope = "fit"``:
+  packing, fragmentation, headroom): cluster, its allocation version and the whole request
+  shape, so jobs of one shape share them; the scores that read the job's data, home or
+  estimate (home, start, cost) are computed per job;
 * "fits if empty": filter keys, candidate-model inputs and the whole request shape;
 * preemption plans under quotas: cluster, its allocation version, the eviction epoch, tenant,
   priority, candidate models and the whole request (candidate pools and quota bounds per
@@ -256,6 +261,7 @@ class _Cycle:
         self.clusters = tuple(c if c.index is not None else replace(c, index=ClusterIndex.build(c.nodes))
                               for c in view.clusters)
         self.by_name = {c.name: c for c in self.clusters}
+        self.position = {c.name: i for i, c in enumerate(self.clusters)}
         prices = [p for c in self.clusters for p in c.prices.values() if p > 0]
         pairs = {(a, b): bps for a, b, bps in policy.region_bandwidth_bps}
         self.ctx = Context(view, policy.inter_region_bandwidth_bps, policy.egress_price_per_gb,
@@ -367,7 +373,10 @@ class _Cycle:
         if entry.log_pos < len(self.change_log):
             changed = set(self.change_log[entry.log_pos:])
             entry.log_pos = len(self.change_log)
-            for name in [n for n in entry.viable if n in changed]:
+            viable = entry.viable  # (in cluster order: the order misfits are recorded in)
+            hits = (sorted((n for n in changed if n in viable), key=self.position.__getitem__)
+                    if len(changed) < len(viable) else [n for n in viable if n in changed])
+            for name in hits:
                 cluster, wc, models = entry.viable[name][:3]
                 self.checks += 1
                 if not wc.could_fit(job.spec, models):
@@ -772,10 +781,15 @@ class _Bounds:
         """A region's candidates as (bound, name, candidate), best bound first (ties by name);
         the terms shared by the whole region are computed once."""
         scopes = self.cy.scopes
-        same = sum(s.weight * self.part(s, members[0]) for s in scopes if s.scope in ("const", "region"))
+        part = self.part
+        same = sum(s.weight * part(s, members[0]) for s in scopes if s.scope in ("const", "region"))
         varying = [s for s in scopes if s.scope not in ("const", "region")]
-        out = [(round(same + sum(s.weight * self.part(s, c) for s in varying), 9), c.cluster.name, c)
-               for c in members]
+        out = []
+        for c in members:
+            t = 0  # as sum(): the same additions in the same order
+            for s in varying:
+                t += s.weight * part(s, c)
+            out.append((round(same + t, 9), c.cluster.name, c))
         out.sort(key=lambda r: (-r[0], r[1]))
         return out
 
