@@ -587,7 +587,7 @@ def decide(view: View, queue: Iterable[QueuedJob], policy: Policy, *, cache: boo
             res = cy.reservations.get(cluster.name)
             if res is not None and _est_end(job, now) <= res.start_at:
                 res = None  # it ends before the reservation starts: backfill
-            if (cluster.name in job.avoid_clusters or res is not None) and cand.work.fit(job.spec, cand.models) is None:
+            if (cluster.name in job.avoid_clusters or res is not None) and cy.fit(job, cand)[0] is None:
                 # "avoided" and "reserved" only where it would fit: else the verdict is the misfit
                 # (what the split learns from other jobs, so it does not depend on the caches)
                 e = failed[cluster.name] = ClusterEvaluation(cluster.name, cluster.region,
