@@ -77,7 +77,13 @@ def normalised(d: Decisions) -> tuple:
     """The decisions with each job's verdicts sorted by cluster. For a placed job, a cluster
     that lost is "not chosen" whether its bound ruled it out or the cycle already knew the
     request does not fit there; "insufficient" details (free capacity when the cycle first saw
-    the cluster too small) are left out: the same rules as tests/unit/scheduler/test_cache.py."""
+    the cluster too small) are left out: the same rules as tests/unit/scheduler/test_cache.py.
+    The reason's list of counts is compared as a set: reasons with equal counts are listed in
+    the order the cycle met them, which the caches change (known, predates issue 15 item 5)."""
+    def summary(reason):
+        head, sep, counts = reason.rpartition(": ")
+        return head, sep, tuple(sorted(counts.split(", ")))
+
     def verdicts(evaluations, placed):
         out = []
         for e in evaluations:
@@ -90,7 +96,7 @@ def normalised(d: Decisions) -> tuple:
         return sorted(out)
     return (tuple((p.job.key, p.cluster, p.card_model, p.bindings, p.score, p.explanation, verdicts(p.evaluations, True))
                   for p in d.placements),
-            tuple((p.job.key, p.reason, p.fits_empty, p.reservation, verdicts(p.evaluations, False)) for p in d.pending),
+            tuple((p.job.key, summary(p.reason), p.fits_empty, p.reservation, verdicts(p.evaluations, False)) for p in d.pending),
             d.reservations)
 
 
