@@ -34,7 +34,12 @@ decide the same, ``tests/unit/test_scheduler_cache.py``):
   and memory request as well;
 * per-cluster values (misfit verdicts, score bounds, estimated starts): cluster, its allocation
   version, candidate models and the request shape each value reads (CPU and memory too for the
-  estimated start, which fits the whole request);
+  estimated start, which fits the whole request; a prefer_local job's home start is searched
+  only as far as its wait limit, and an "not within" answer is reused for limits no larger);
+* gang fits and the scores that read only the fit and the cluster (``score_scope = "fit"``:
+  packing, fragmentation, headroom): cluster, its allocation version and the whole request
+  shape, so jobs of one shape share them; the scores that read the job's data, home or
+  estimate (home, start, cost) are computed per job;
 * "fits if empty": filter keys, candidate-model inputs and the whole request shape;
 * preemption plans under quotas: cluster, its allocation version, the eviction epoch, tenant,
   priority, candidate models and the whole request (candidate pools and quota bounds per
@@ -256,6 +261,7 @@ class _Cycle:
         self.clusters = tuple(c if c.index is not None else replace(c, index=ClusterIndex.build(c.nodes))
                               for c in view.clusters)
         self.by_name = {c.name: c for c in self.clusters}
+        self.position = {c.name: i for i, c in enumerate(self.clusters)}
         prices = [p for c in self.clusters for p in c.prices.values() if p > 0]
         pairs = {(a, b): bps for a, b, bps in policy.region_bandwidth_bps}
         self.ctx = Context(view, policy.inter_region_bandwidth_bps, policy.egress_price_per_gb,
@@ -289,6 +295,15 @@ class _Cycle:
         self.model_cache: dict[tuple, list[str]] = {}
         self.pending_memo: dict[tuple, tuple] = {}
         self.fits_empty_cache: dict[tuple, bool] = {}
+        # (cluster, whole request shape) -> (cluster version, fit or None, fit-only score values)
+        self.fit_cache: dict[tuple, tuple] = {}
+        # work done on (cluster, request shape) pairs, for decide(stats=...): capacity checks
+        # (could_fit, on first sight and after the cluster changed) and gang fits computed
+        self.checks = 0
+        self.fits = 0
+        self.shape_bounds: dict[tuple, tuple] = {}  # (scorer, cluster, shape) -> (cluster version, bound)
+        self.home_firsts: dict[str, ClusterEvaluation] = {}
+        self.fit_scored = [i for i, (sc, _) in enumerate(policy.weights) if getattr(sc, "score_scope", "job") == "fit"]
         # preemption under quotas: per-cluster summaries of evictable work, tenants' cohorts,
         # the rules covering each running work (all pure functions of the view)
         self.evict_summary: dict[str, tuple] = {}
@@ -358,8 +373,12 @@ class _Cycle:
         if entry.log_pos < len(self.change_log):
             changed = set(self.change_log[entry.log_pos:])
             entry.log_pos = len(self.change_log)
-            for name in [n for n in entry.viable if n in changed]:
-                cluster, wc, models, _ = entry.viable[name]
+            viable = entry.viable  # (in cluster order: the order misfits are recorded in)
+            hits = (sorted((n for n in changed if n in viable), key=self.position.__getitem__)
+                    if len(changed) < len(viable) else [n for n in viable if n in changed])
+            for name in hits:
+                cluster, wc, models = entry.viable[name][:3]
+                self.checks += 1
                 if not wc.could_fit(job.spec, models):
                     entry.misfit(cluster, _insufficient(job, wc, models))
         return entry
@@ -367,11 +386,43 @@ class _Cycle:
     def _classify(self, job: QueuedJob, entry: _Split, cluster: ClusterState) -> None:
         wc, models = self.wc(cluster), self.models(job, cluster)
         shape = _shape(job, models)
+        self.checks += 1
         if wc.could_fit(job.spec, models):
-            entry.viable[cluster.name] = Candidate(cluster, wc, models, shape)
+            cheapest = models[0] if models else ""
+            unit = cluster.prices.get(cheapest, 0.0) if job.spec.gpus_per_worker else cluster.cpu_price_per_core_hour
+            entry.viable[cluster.name] = Candidate(cluster, wc, models, shape, (cheapest, cluster.prices.get(cheapest)),
+                                                   unit)
         else:
             entry.add_misfit(self.cached("misfit", cluster, shape, lambda: ClusterEvaluation(
                 cluster.name, cluster.region, _insufficient(job, wc, models))))
+
+    def fit(self, job: QueuedJob, c: "Candidate") -> tuple[Fit | None, dict[int, float]]:
+        """The job's gang fit on candidate ``c`` (:meth:`~.fit.WorkingCluster.fit`, tentative)
+        and the values of the policy's scorers whose score reads only the cluster's state, the
+        fit and the request shape (``score_scope = "fit"``; by scorer index, filled by
+        :func:`_score`). A fit reads the whole request shape and the cluster's allocation, so
+        both are memoised per (cluster, shape) until the cluster's version changes: jobs of one
+        shape share them."""
+        if not self.caching:
+            return c.work.fit(job.spec, c.models), {}
+        s = job.spec
+        key = (c.cluster.name, c.shape, s.cpu_milli, s.memory_mib)
+        version = self.cluster_version.get(c.cluster.name, 0)
+        hit = self.fit_cache.get(key)
+        if hit is not None and hit[0] == version:
+            return hit[1], hit[2]
+        fit = c.work.fit(s, c.models)
+        self.fits += 1
+        scores: dict[int, float] = {}
+        self.fit_cache[key] = (version, fit, scores)
+        return fit, scores
+
+    def home_first(self, cluster: ClusterState) -> ClusterEvaluation:
+        """The shared "home goes first" verdict of ``cluster`` (one object per cycle)."""
+        e = self.home_firsts.get(cluster.name)
+        if e is None:
+            e = self.home_firsts[cluster.name] = ClusterEvaluation(cluster.name, cluster.region, _HOME_FIRST)
+        return e
 
     def models(self, job: QueuedJob, cluster: ClusterState) -> list[str]:
         """The job's candidate card models on ``cluster`` (cached per request shape)."""
@@ -484,7 +535,8 @@ class _Cycle:
         return v
 
 
-def decide(view: View, queue: Iterable[QueuedJob], policy: Policy, *, cache: bool = True) -> Decisions:
+def decide(view: View, queue: Iterable[QueuedJob], policy: Policy, *, cache: bool = True,
+           stats: dict[str, int] | None = None) -> Decisions:
     """Place what can be placed now; preempt or reserve for blocked jobs; explain the rest.
 
     Args:
@@ -494,6 +546,11 @@ def decide(view: View, queue: Iterable[QueuedJob], policy: Policy, *, cache: boo
         cache: share verdicts between jobs within the call (module docstring, "Caches"). False
             computes every verdict afresh: slower, and the same decisions (the property test of
             the caches uses it; nothing else should).
+        stats: if given, filled with the cycle's work on (cluster, request shape) pairs:
+            ``checks`` (capacity checks of a shape on a cluster: once per shape and cluster, and
+            again only after that cluster's allocation changed), ``fits`` (gang fits computed;
+            a fit is shared by the jobs of one whole request shape until the cluster changes),
+            ``changes`` (allocation changes: placements and evictions), ``jobs``.
 
     Returns:
         Placements in decision order (with their victims, if any), pending jobs with reasons,
@@ -530,7 +587,7 @@ def decide(view: View, queue: Iterable[QueuedJob], policy: Policy, *, cache: boo
             res = cy.reservations.get(cluster.name)
             if res is not None and _est_end(job, now) <= res.start_at:
                 res = None  # it ends before the reservation starts: backfill
-            if (cluster.name in job.avoid_clusters or res is not None) and cand.work.fit(job.spec, cand.models) is None:
+            if (cluster.name in job.avoid_clusters or res is not None) and cy.fit(job, cand)[0] is None:
                 # "avoided" and "reserved" only where it would fit: else the verdict is the misfit
                 # (what the split learns from other jobs, so it does not depend on the caches)
                 e = failed[cluster.name] = ClusterEvaluation(cluster.name, cluster.region,
@@ -560,8 +617,7 @@ def decide(view: View, queue: Iterable[QueuedJob], policy: Policy, *, cache: boo
             best = _branch_and_bound(job, group, cy, evaluations, split)             # 3
             if best is not None:
                 for later in groups[g + 1:]:  # abroad, not tried: every cluster still gets a verdict
-                    evaluations.extend(ClusterEvaluation(c.cluster.name, c.cluster.region, _HOME_FIRST)
-                                       for c in later)
+                    evaluations.extend(cy.home_first(c.cluster) for c in later)
                 break
         if best is None and avoided:  # failover found nowhere else: the failed cluster beats waiting
             retry = [c for c in avoided if c.cluster.name not in cy.reservations]
@@ -575,8 +631,8 @@ def decide(view: View, queue: Iterable[QueuedJob], policy: Policy, *, cache: boo
                 limit = min(policy.prefer_local_max_wait_s,
                             transfer_seconds(job, cluster, cy.ctx) + policy.prefer_local_slack_s)
                 limit -= now - job.submitted_at  # the limit is on the whole wait, not per cycle
-                start = _home_start(job, cy, static_ok)
-                if start is not None and start - now <= limit:
+                start = _home_start(job, cy, static_ok, limit)
+                if start is not None:
                     evaluations.append(ClusterEvaluation(job.spec.home_region, job.spec.home_region, fail(
                         Reason.WAIT_FOR_HOME, f"home region frees up in ~{(start - now) / 60:.0f} min, no later "
                                               f"than moving the data to {cluster.name} would start it")))
@@ -624,17 +680,24 @@ def decide(view: View, queue: Iterable[QueuedJob], policy: Policy, *, cache: boo
             cy.pending_memo[memo_key] = (reason, frozen, fits_empty)
         pending.append(Pending(job, reason, frozen, fits_empty, queue_of(job, policy.fast_lane_s), reservation))   # 5
 
+    if stats is not None:
+        stats.update(checks=cy.checks, fits=cy.fits, changes=len(cy.change_log), jobs=len(placements) + len(pending))
     return Decisions(tuple(placements), tuple(pending), policy.version, tuple(cy.reservations.values()))
 
 
 class Candidate(NamedTuple):
     """A cluster a job's GPU shape may fit this cycle: the cluster, its working state, the card
-    models the job may use there (cheapest first) and the request's shape key."""
+    models the job may use there (cheapest first), the request's shape key, the cheapest
+    model and its list price there (``price_key``: what a ``region_price`` bound reads besides
+    the region) and the unit price the cost reference compares (currency per GPU-hour of the
+    cheapest model; CPU-only: per core-hour)."""
 
     cluster: ClusterState
     work: WorkingCluster
     models: list[str]
     shape: tuple
+    price_key: tuple = ("", None)
+    unit: float = 0.0
 
 
 class ScorerScope(NamedTuple):
@@ -677,16 +740,21 @@ class _Bounds:
         job, cy, cluster = self.job, self.cy, c.cluster
         if s.scope == "cluster":
             return s.scorer.bound(job, cluster, c.work, cy.ctx, c.models)
-        if s.scope == "cluster_shape":
-            return cy.cached(("bound", s.index), cluster, c.shape,
-                             lambda: s.scorer.bound(job, cluster, c.work, cy.ctx, c.models))
+        if s.scope == "cluster_shape":  # memoised until the cluster's allocation changes
+            if not cy.caching:
+                return s.scorer.bound(job, cluster, c.work, cy.ctx, c.models)
+            key = (s.index, cluster.name, c.shape)
+            version = cy.cluster_version.get(cluster.name, 0)
+            held = cy.shape_bounds.get(key)
+            if held is None or held[0] != version:
+                held = cy.shape_bounds[key] = (version, s.scorer.bound(job, cluster, c.work, cy.ctx, c.models))
+            return held[1]
         if s.scope == "const":
             key = (s.index,)
         elif s.scope == "region":
             key = (s.index, cluster.region)
         else:  # region_price
-            cheapest = c.models[0] if c.models else ""
-            key = (s.index, cluster.region, cheapest, cluster.prices.get(cheapest))
+            key = (s.index, cluster.region) + c.price_key
         value = self.shared.get(key)
         if value is None:
             value = self.shared[key] = s.scorer.bound(job, cluster, c.work, cy.ctx, c.models)
@@ -702,8 +770,8 @@ class _Bounds:
             elif s.scope == "region_price":  # one bound per distinct (cheapest model, its price)
                 distinct: dict[tuple, Candidate] = {}
                 for c in members:
-                    cheapest = c.models[0] if c.models else ""
-                    distinct.setdefault((cheapest, c.cluster.prices.get(cheapest)), c)
+                    if c.price_key not in distinct:
+                        distinct[c.price_key] = c
                 bound += s.weight * max(self.part(s, c) for c in distinct.values())
             else:
                 bound += s.weight * self.part(s, members[0])
@@ -713,10 +781,15 @@ class _Bounds:
         """A region's candidates as (bound, name, candidate), best bound first (ties by name);
         the terms shared by the whole region are computed once."""
         scopes = self.cy.scopes
-        same = sum(s.weight * self.part(s, members[0]) for s in scopes if s.scope in ("const", "region"))
+        part = self.part
+        same = sum(s.weight * part(s, members[0]) for s in scopes if s.scope in ("const", "region"))
         varying = [s for s in scopes if s.scope not in ("const", "region")]
-        out = [(round(same + sum(s.weight * self.part(s, c) for s in varying), 9), c.cluster.name, c)
-               for c in members]
+        out = []
+        for c in members:
+            t = 0  # as sum(): the same additions in the same order
+            for s in varying:
+                t += s.weight * part(s, c)
+            out.append((round(same + t, 9), c.cluster.name, c))
         out.sort(key=lambda r: (-r[0], r[1]))
         return out
 
@@ -726,22 +799,34 @@ def _set_cost_reference(job: QueuedJob, candidates: list[Candidate], cy: "_Cycle
     candidates (cheapest model each). Within a region the egress is the same, so cost rises with
     the unit price: one call per region, on its lowest-priced candidate, gives the same minimum
     as one per candidate."""
-    spec = job.spec
     lowest: dict[str, tuple[float, ClusterState, str]] = {}
     for c in candidates:
-        model = c.models[0] if c.models else ""
-        unit = c.cluster.prices.get(model, 0.0) if spec.gpus_per_worker else c.cluster.cpu_price_per_core_hour
-        held = lowest.get(c.cluster.region)
+        unit = c.unit  # (precomputed: the cheapest model's price, CPU-only: the core-hour price)
+        region = c.cluster.region
+        held = lowest.get(region)
         if held is None or unit < held[0]:
-            lowest[c.cluster.region] = (unit, c.cluster, model)
+            lowest[region] = (unit, c.cluster, c.price_key[0])
     set_cost_reference(job, min(cost_per_unit_hour(job, c, model, cy.ctx) for _, c, model in lowest.values()),
                        cy.ctx)
 
 
-def _score(job: QueuedJob, c: Candidate, fit: Fit, cy: "_Cycle") -> tuple[tuple, float]:
-    """(terms, weighted total) of a fit: terms as (scorer name, value) rounded to 4 places."""
+def _score(job: QueuedJob, c: Candidate, fit: Fit, cy: "_Cycle", shared: dict[int, float]) -> tuple[tuple, float]:
+    """(terms, weighted total) of a fit: terms as (scorer name, value) rounded to 4 places.
+    ``shared`` holds the values of the fit-only scorers already computed for this fit (by
+    scorer index, :meth:`_Cycle.fit`); new ones are added to it."""
     weights = cy.policy.weights
-    values = [sc.score(job, c.cluster, fit, c.work, cy.ctx) for sc, _ in weights]
+    values = [sc.score(job, c.cluster, fit, c.work, cy.ctx) for sc, _ in weights] if not cy.fit_scored else None
+    if values is None:
+        values = []
+        fit_only = cy.fit_scored
+        for i, (sc, _) in enumerate(weights):
+            if i in fit_only:
+                v = shared.get(i)
+                if v is None:
+                    v = shared[i] = sc.score(job, c.cluster, fit, c.work, cy.ctx)
+            else:
+                v = sc.score(job, c.cluster, fit, c.work, cy.ctx)
+            values.append(v)
     terms = tuple((sc.name, round(v, 4)) for (sc, _), v in zip(weights, values))
     return terms, round(sum(w * v for (_, w), v in zip(weights, values)), 4)
 
@@ -778,13 +863,13 @@ def _branch_and_bound(job: QueuedJob, candidates: list[Candidate], cy: "_Cycle",
             if best is not None and (not best.beaten_by(bound, name) or capped):
                 _outscore(cy, [r[2].cluster for r in ranked[k:]], evaluations, exact=not capped)
                 break
-            fit = c.work.fit(job.spec, c.models)
+            fit, shared = cy.fit(job, c)
             if fit is None:
                 e = split.failed_for(job)[name] = ClusterEvaluation(name, c.cluster.region,
                                                                     _insufficient(job, c.work, c.models))
                 evaluations.append(e)
                 continue
-            terms, total = _score(job, c, fit, cy)
+            terms, total = _score(job, c, fit, cy, shared)
             evaluations.append(ClusterEvaluation(name, c.cluster.region, PASS, terms, total))
             scored += 1
             if best is None or best.beaten_by(total, name):
@@ -812,16 +897,38 @@ def _outscore(cy: "_Cycle", clusters: list[ClusterState], evaluations: list[Clus
         evaluations.append(e)
 
 
-def _home_start(job: QueuedJob, cy: _Cycle, static_ok: list[ClusterState]) -> float | None:
-    """Earliest estimated start in the job's home region (None if never)."""
+def _start(job: QueuedJob, cy: _Cycle, cluster: ClusterState) -> float | None:
+    """The job's estimated start on ``cluster`` (:func:`~.preempt.estimated_start`; None if
+    never), memoised per whole request shape until the cluster's allocation changes (it reads
+    the shape, the cluster's allocation and its timeline, which change together)."""
+    models = cy.models(job, cluster)
+    return cy.cached("start", cluster, _full_shape(job, models), lambda: estimated_start(
+        job.spec, models, cluster, cy.wc(cluster), cy.view.now, cy.timeline(cluster)))
+
+
+def _home_start(job: QueuedJob, cy: _Cycle, static_ok: list[ClusterState], limit: float) -> float | None:
+    """Earliest estimated start in the job's home region if it is at most ``limit`` seconds from
+    now (``start - now <= limit``), else None: work ending later is never released (the caller
+    only waits for home within the limit, so the answer is the same as a full search's)."""
+    if limit < 0:
+        return None  # a start is never before now
     best = None
+    now = cy.view.now
     for cluster in static_ok:
         if cluster.region != job.spec.home_region:
             continue
         models = cy.models(job, cluster)
-        start = cy.cached("start", cluster, _full_shape(job, models), lambda: estimated_start(
-            job.spec, models, cluster, cy.wc(cluster), cy.view.now, cy.timeline(cluster)))
-        if start is not None and (best is None or start < best):
+        key = ("start within", cluster.name, cy.cluster_version.get(cluster.name, 0), _full_shape(job, models))
+        held = cy.value_cache.get(key) if cy.caching else None
+        # held: (start, limit it was searched with); inf = not within that limit
+        if held is None or (held[0] == math.inf and held[1] < limit):
+            start = estimated_start(job.spec, models, cluster, cy.wc(cluster), now, cy.timeline(cluster),
+                                    within=limit)
+            held = (start, limit)
+            if cy.caching:
+                cy.value_cache[key] = held
+        start = held[0]
+        if start is not None and start - now <= limit and (best is None or start < best):
             best = start
     return best
 
@@ -873,8 +980,7 @@ def _reserve(job: QueuedJob, cy: _Cycle, static_ok: list[ClusterState], skey: tu
             continue
         if not cy.static_verdict(job, skey, cluster).passed:
             continue
-        start = estimated_start(job.spec, candidate_models(job, cluster), cluster, cy.wc(cluster), cy.view.now,
-                                cy.timeline(cluster))
+        start = _start(job, cy, cluster)
         if start is not None and (best is None or (start, cluster.name) < best):
             best = (start, cluster.name)
     if best is None:

@@ -78,28 +78,37 @@ def expected_end(w: RunningWork, now: float) -> float:
 
 
 def estimated_start(spec: JobSpec, models: list[str], cluster: ClusterState, work: WorkingCluster,
-                    now: float, timeline: list[RunningWork] | None = None) -> float | None:
+                    now: float, timeline: list[RunningWork] | None = None,
+                    within: float | None = None) -> float | None:
     """Business time at which ``spec`` would fit on ``cluster`` (``now`` if it fits now).
 
     Args:
         timeline: the work holding ``work``'s resources (default ``cluster.running``); a cycle
             passes its own, without evicted victims and with the placements it just made.
+        within: seconds (>= 0); when given, only work expected to end at most this long after ``now``
+            (``end - now <= within``) is released: a later start is reported as ``math.inf``
+            without being searched (the prefer_local wait only asks whether home frees up in time).
 
     Returns:
-        The estimate, or None when it would not fit even after all work with an estimate ends.
+        The estimate; None when it would not fit even after all work with an estimate ends;
+        ``math.inf`` when ``within`` is given and it would not start within it.
     """
     if work.fit(spec, models) is not None:
         return now
+    ends = ((expected_end(w, now), w) for w in (cluster.running if timeline is None else timeline))
+    if within is not None:
+        ends = [(end, w) for end, w in ends if end - now <= within]
+        if not ends:
+            return math.inf
     trial = work.clone()
     search = _Search(spec)
-    for end, w in sorted(((expected_end(w, now), w) for w in (cluster.running if timeline is None else timeline)),
-                         key=lambda x: x[0]):
+    for end, w in sorted(ends, key=lambda x: x[0]):
         if math.isinf(end):
             break
         trial.release_work(w)
         if search.fit(trial, w, models) is not None:
             return end
-    return None
+    return math.inf if within is not None else None
 
 
 class _Search:

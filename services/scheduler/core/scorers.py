@@ -45,6 +45,10 @@ class _Bounded:
         return 1.0
 
 
+#: ``score_scope = "fit"`` says a scorer's score reads only the cluster's allocation, the fit
+#: and the request shape (not the job's data, home or estimate): decide() computes it once per
+#: (cluster allocation, fit) and shares it between jobs of that shape. The default is ``"job"``.
+#:
 #: ``bound_scope`` of a scorer says what its bound depends on, so decide() can compute it once
 #: per job for all clusters sharing that key: ``const``, ``region``, ``region_price`` (region and
 #: the price of the cheapest candidate card model), ``cluster_shape`` (the cluster's state and the
@@ -196,7 +200,8 @@ class Packing:
     gangs."""
 
     name = "packing"
-    bound_scope = "cluster_shape"  # depends on the cluster's free cards and the request's size
+    bound_scope = "cluster_shape"
+    score_scope = "fit"  # reads the fit's card model, the request's GPUs and the allocation  # depends on the cluster's free cards and the request's size
 
     def score(self, job, cluster, fit, work, ctx) -> float:
         return _used_after(job, fit, work)
@@ -253,6 +258,7 @@ class Fragmentation(_Bounded):
     ``dF`` the change of :func:`node_fragmentation` summed over the nodes it lands on."""
 
     name = "fragmentation"
+    score_scope = "fit"  # reads the fit's bindings and the nodes' free cards
 
     def __init__(self, mix: Mapping[int, float] = DEFAULT_TASK_MIX) -> None:
         self.mix = dict(mix)
@@ -275,6 +281,7 @@ class Headroom:
 
     name = "headroom"
     bound_scope = "cluster_shape"
+    score_scope = "fit"
 
     def score(self, job, cluster, fit, work, ctx) -> float:
         return 1.0 - _used_after(job, fit, work)

@@ -1,0 +1,189 @@
+"""Jobs of one request shape share the core's work within a cycle (issue 15, item 5).
+
+* the property: on random small federations whose queue holds many jobs of a few request
+  shapes that differ in what only the scores read (datasets, home region, estimate, locality,
+  waiting time), ``decide`` with its shared fits, fit-only scores, shape bounds and bounded
+  home-start search decides what an uncached ``decide`` decides;
+* ``estimated_start(within=L)`` gives a full search's answer when that is at most ``L`` seconds
+  away, else ``inf`` (the prefer_local wait only asks that);
+* counting: the capacity checks and gang fits of a cycle are bounded by request shapes x
+  (clusters + allocation changes), not by jobs x clusters.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+
+from fedsched.jobs import Dataset, JobSpec, Locality
+from services.scheduler.core import (ClusterState, Decisions, NodeState, QueuedJob, Reason, RunningWork, View,
+                                     build_policy, decide)
+from services.scheduler.core.fit import WorkingCluster
+from services.scheduler.core.preempt import estimated_start
+
+T4, V100 = "nvidia-t4-16gb", "nvidia-v100-32gb"
+MEM = {T4: 16, V100: 32}
+REGIONS = ("cn-north-1", "cn-east-1", "us-east-1")
+NOW = 1.7e9
+
+
+@st.composite
+def federation(draw, prices=(3.0,)):
+    """2-6 clusters over three regions (mixed card models, list prices from ``prices``, some work
+    running and ending soon or never) and 5-40 jobs drawn from 1-3 request shapes."""
+    clusters = []
+    for i in range(draw(st.integers(2, 6))):
+        region = draw(st.sampled_from(REGIONS))
+        models = draw(st.sampled_from(((T4,), (V100,), (T4, V100))))
+        nodes, running = [], []
+        for n in range(draw(st.integers(1, 3))):
+            model = models[n % len(models)]
+            free = []
+            for d in range(4):
+                used = draw(st.sampled_from((0, 0, 500, 1000)))
+                free.append(1000 - used)
+                if used:
+                    running.append(RunningWork(f"w{i}-{n}-{d}", 1, 0, "ads", 50, False, False, NOW - 600,
+                                               NOW + draw(st.sampled_from((120, 900, 7200, math.inf))), model,
+                                               ((n, (d,), used, 1000, 1024),)))
+            nodes.append(NodeState(f"c{i}-n{n}", model, MEM[model], tuple(free), 64000 - 1000 * len(running),
+                                   262144, 64000, 262144))
+        clusters.append(ClusterState(f"c{i}", region, region + "a", tuple(nodes),
+                                     prices={m: draw(st.sampled_from(prices)) for m in models},
+                                     running=tuple(running)))
+    shapes = [dict(gpus_per_worker=g, gpu_milli=m if g == 1 else 1000, workers=w, cpu_milli=c,
+                   card_models=draw(st.sampled_from(((), (T4,), (V100,)))))
+              for g, m, w, c in draw(st.lists(st.tuples(st.sampled_from((0, 1, 1, 2, 4)), st.sampled_from((250, 500, 1000)),
+                                                        st.sampled_from((1, 1, 2)), st.sampled_from((1000, 8000))),
+                                              min_size=1, max_size=3))]
+    queue = []
+    for k in range(draw(st.integers(5, 40))):
+        home = draw(st.sampled_from(REGIONS))
+        data = draw(st.sampled_from((0, 10**9, 5 * 10**11)))
+        spec = JobSpec(tenant="search", project="p", home_region=home,
+                       locality=draw(st.sampled_from((Locality.GLOBAL, Locality.PREFER_LOCAL, Locality.PREFER_LOCAL))),
+                       datasets=(Dataset(name=f"search/d{k}", home_region=draw(st.sampled_from(REGIONS)),
+                                         size_bytes=data),) if data else (),
+                       estimated_duration_s=draw(st.sampled_from((None, 600.0, 36000.0))),
+                       **draw(st.sampled_from(shapes)))
+        queue.append(QueuedJob(f"j{k}", 1, spec, NOW - draw(st.sampled_from((0, 600, 1700, 4000)))))
+    return View(tuple(clusters), NOW), queue
+
+
+def normalised(d: Decisions) -> tuple:
+    """The decisions with each job's verdicts sorted by cluster. For a placed job, a cluster
+    that lost is "not chosen" whether its bound ruled it out or the cycle already knew the
+    request does not fit there; "insufficient" details (free capacity when the cycle first saw
+    the cluster too small) are left out: the same rules as tests/unit/scheduler/test_cache.py.
+    The reason's list of counts is compared as a set: reasons with equal counts are listed in
+    the order the cycle met them, which the caches change (known, predates issue 15 item 5)."""
+    def summary(reason):
+        head, sep, counts = reason.rpartition(": ")
+        return head, sep, tuple(sorted(counts.split(", ")))
+
+    def verdicts(evaluations, placed):
+        out = []
+        for e in evaluations:
+            code = str(e.verdict.reason)
+            if placed and e.verdict.reason in (Reason.OUTSCORED, Reason.INSUFFICIENT):
+                code, detail = "not chosen", ""
+            else:
+                detail = "" if e.verdict.reason == Reason.INSUFFICIENT else e.verdict.detail
+            out.append((e.cluster, e.verdict.passed, code, detail, e.total))
+        return sorted(out)
+    return (tuple((p.job.key, p.cluster, p.card_model, p.bindings, p.score, p.explanation, verdicts(p.evaluations, True))
+                  for p in d.placements),
+            tuple((p.job.key, summary(p.reason), p.fits_empty, p.reservation, verdicts(p.evaluations, False)) for p in d.pending),
+            d.reservations)
+
+
+def _same_decisions(view: View, queue: list[QueuedJob], policy) -> None:
+    cached, uncached = normalised(decide(view, queue, policy)), normalised(decide(view, queue, policy, cache=False))
+    for part, (a, b) in enumerate(zip(cached, uncached)):  # the first difference, readably
+        for x, y in zip(a, b):
+            assert x == y, (part, x, y)
+    assert cached == uncached
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(case=federation(), name=st.sampled_from(("federated", "federated", "cheapest", "least-loaded")))
+def test_jobs_of_one_shape_sharing_fits_scores_and_bounds_decide_as_uncached(case, name):
+    """One list price everywhere and no egress charge: the cost term cannot tell clusters apart,
+    so the cost reference's known dependence on the caches (below) does not show."""
+    view, queue = case
+    _same_decisions(view, queue, build_policy(name, egress_price_per_gb=0.0))
+
+
+@pytest.mark.xfail(strict=False, reason=(
+    "known, predates issue 15 item 5 (the committed core before it fails the same way): the cost "
+    "reference (cheapest cost per GPU-hour among a job's candidates) leaves out clusters where the "
+    "cycle already saw the same whole request fail; without caches they are still candidates, so "
+    "with different prices the cost term, and then a placement, can differ"))
+@settings(max_examples=60, deadline=None, phases=[Phase.explicit, Phase.generate],
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(case=federation(prices=(2.0, 3.5, 6.0)), name=st.sampled_from(("federated", "cheapest")))
+def test_with_different_prices_the_cost_reference_does_not_depend_on_the_caches(case, name):
+    view, queue = case
+    _same_decisions(view, queue, build_policy(name))
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(case=federation(), within=st.sampled_from((0.0, 119.0, 120.0, 600.0, 900.0, 1e9)))
+def test_estimated_start_within_a_limit_is_the_full_search_cut_at_the_limit(case, within):
+    view, queue = case
+    for c in view.clusters:
+        for j in queue[:5]:
+            models = [m for m in (j.spec.card_models or (T4, V100)) if m in c.prices]
+            full = estimated_start(j.spec, models, c, WorkingCluster(c), NOW)
+            cut = estimated_start(j.spec, models, c, WorkingCluster(c), NOW, within=within)
+            if full is not None and full - NOW <= within:
+                assert cut == full
+            else:
+                assert cut == math.inf
+
+
+def _pool(n_clusters: int, busy: bool) -> View:
+    clusters = []
+    for i in range(n_clusters):
+        free = (0, 0, 0, 0) if busy else (1000, 1000, 1000, 1000)
+        nodes = tuple(NodeState(f"c{i}-n{n}", T4, 16, free, 64000, 262144, 64000, 262144) for n in range(4))
+        clusters.append(ClusterState(f"c{i:02d}", REGIONS[i % 3], REGIONS[i % 3] + "a", nodes,
+                                     prices={T4: 2.0 + i % 5}))
+    return View(tuple(clusters), NOW)
+
+
+def _queue(n_jobs: int) -> list[QueuedJob]:
+    """Jobs of 3 request shapes (1 card, half a card, 2 cards), each with its own dataset size
+    and home region (what only the scores read)."""
+    shapes = ((1, 1000), (1, 500), (2, 1000))
+    out = []
+    for k in range(n_jobs):
+        gpus, milli = shapes[k % 3]
+        spec = JobSpec(tenant="search", project="p", home_region=REGIONS[k % 3], gpus_per_worker=gpus,
+                       gpu_milli=milli, cpu_milli=1000, estimated_duration_s=3600.0 + k,
+                       datasets=(Dataset(name=f"search/d{k}", home_region=REGIONS[(k + 1) % 3],
+                                         size_bytes=10**9 + k),))
+        out.append(QueuedJob(f"j{k}", 1, spec, NOW - k))
+    return out
+
+
+def test_a_full_federation_checks_each_shape_once_per_cluster_however_many_jobs_wait():
+    for n_jobs in (30, 300):
+        stats: dict[str, int] = {}
+        d = decide(_pool(24, busy=True), _queue(n_jobs), build_policy("federated"), stats=stats)
+        assert not d.placements and len(d.pending) == n_jobs
+        assert stats["checks"] <= 3 * 24 and stats["fits"] == 0, stats  # 3 shapes x 24 clusters
+
+
+def test_placing_checks_and_fits_grow_with_shapes_times_changes_not_jobs_times_clusters():
+    clusters, n_jobs, shapes = 24, 300, 3
+    stats: dict[str, int] = {}
+    d = decide(_pool(clusters, busy=False), _queue(n_jobs), build_policy("federated"), stats=stats)
+    changes = stats["changes"]
+    assert changes == len(d.placements) > 50
+    assert stats["checks"] <= shapes * (clusters + changes), stats
+    assert stats["fits"] <= shapes * (clusters + changes), stats
+    assert stats["checks"] + stats["fits"] < n_jobs * clusters / 4, stats  # far below jobs x clusters
