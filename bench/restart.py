@@ -3,9 +3,10 @@ without snapshots (issue 15 item 3, issue 14 item 8).
 
 For each size N (cumulative: the stream grows from one size to the next) the bench
 
-1. publishes job submissions until N jobs are queued (straight onto the events stream, as
-   admission would: ``job.submitted`` per job; the jobs ask for a card model no cluster has, so
-   they stay queued and the scheduler publishes a ``job.pending`` for each, as it does live);
+1. publishes job submissions until N jobs are queued (straight onto the events stream, not
+   through gRPC, with the bytes and headers admission would publish: ``job.submitted`` per job,
+   see :func:`seed`; the jobs ask for a card model no cluster has, so they stay queued and the
+   scheduler publishes a ``job.pending`` for each, as it does live);
 2. runs a *seeder* scheduler and admission that fold the whole stream, let the scheduler make
    its first cycle (the pending decisions), then write a checkpoint each (figures: bytes, seconds);
 3. publishes one probe job that fits (1 T4 GPU) and measures, each in a fresh process (so RSS is
@@ -79,15 +80,48 @@ async def connect(url: str, prefix: str) -> Bus:
     return bus
 
 
-async def seed(bus: Bus, start: int, stop: int) -> float:
-    """Publish submissions of queued jobs ``start..stop-1``; seconds taken."""
+async def seed(bus: Bus, start: int, stop: int, batch: int = 20_000) -> float:
+    """Publish submissions of queued jobs ``start..stop-1``; seconds taken.
+
+    Straight into the events stream, not through gRPC (the bench measures restarts, not
+    admission's throughput: a million gRPC submits take the better part of an hour here), and
+    exactly as admission publishes them: the same envelope bytes (one
+    :func:`~fedsched.events.make_event` serialised once, its job id and business event id
+    substituted per job: the same JSON ``Envelope.to_bytes`` gives, checked below for the
+    first job), ``Nats-Msg-Id`` = the event id, a W3C ``traceparent`` each, on
+    ``<prefix>.jobs.submitted.<tenant>.<project>``; pipelined in batches of ``batch`` with
+    every ack awaited.
+    """
     t0 = time.perf_counter()
     spec = queued_spec()
     subject = bus.subjects.job("submitted", spec.tenant, spec.project)
-    batch = 2000
+    tmpl = submitted("J" * 8, spec)
+    head, tail = tmpl.to_bytes().replace(tmpl.event_id.encode(), b"\0").split(b"J" * 8)
+    ev_a, ev_b = head.split(b"\0")
+
+    def body(job_id: str, event_id: str) -> bytes:
+        return b"".join((ev_a, event_id.encode(), ev_b, job_id.encode(), tail))
+
+    first = f"q{start:07d}"  # the bytes are the envelope admission would publish (but for its time)
+    ours, theirs = (json.loads(b) for b in (body(first, business_event_id(first, "submitted")),
+                                            submitted(first, spec).to_bytes()))
+    assert {**ours, "occurred_at": ""} == {**theirs, "occurred_at": ""}, (ours, theirs)
+    stream = bus.stream_name("EVENTS")
+    have = (await bus.js.stream_info(stream)).state.messages
     for lo in range(start, stop, batch):
-        ok = await bus.publish_many([(subject, submitted(f"q{i:07d}", spec), None) for i in range(lo, min(stop, lo + batch))])
-        assert all(ok)
+        hi = min(stop, lo + batch)
+        for i in range(lo, hi):
+            job_id = f"q{i:07d}"
+            event_id = business_event_id(job_id, "submitted")
+            headers = {"Nats-Msg-Id": event_id, "traceparent": f"00-{os.urandom(16).hex()}-{os.urandom(8).hex()}-01"}
+            await bus.nc.publish(subject, body(job_id, event_id), headers=headers)
+        await bus.nc.flush(timeout=120)
+        have += hi - lo  # core publishes (no per-message ack round-trip): the stream's count is checked
+        deadline = time.monotonic() + 120
+        while (n := (await bus.js.stream_info(stream)).state.messages) < have:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the stream holds {n} messages, {have} were published")
+            await asyncio.sleep(0.05)
     return time.perf_counter() - t0
 
 
@@ -180,9 +214,11 @@ async def child(kind: str, url: str, prefix: str, snapshots_on: bool, probe: str
             "kib_per_job": round((rss - base) * 1024 / max(1, jobs), 2)}
 
 
-def run_child(kind: str, url: str, prefix: str, mode: str, probe: str) -> dict:
-    out = subprocess.run([sys.executable, __file__, "--child", kind, "--url", url, "--prefix", prefix,
-                          "--mode", mode, "--probe", probe], capture_output=True, text=True, cwd=ROOT, timeout=7200)
+def run_child(kind: str, url: str, prefix: str, mode: str, probe: str, profile: str = "") -> dict:
+    cmd = [sys.executable, __file__, "--child", kind, "--url", url, "--prefix", prefix, "--mode", mode, "--probe", probe]
+    if profile:
+        cmd += ["--profile", os.path.join(profile, f"{kind}-{mode}-{probe}.prof")]
+    out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=7200)
     if out.returncode != 0:
         raise RuntimeError(f"{kind} child failed:\n{out.stderr[-3000:]}")
     notes = [line.split(": ", 1)[-1] for line in out.stderr.splitlines() if "snapshot" in line]
@@ -217,7 +253,7 @@ async def main(args) -> None:
             print(json.dumps({"queued": n, "stream_events": last, "seed_s": round(seed_s, 1), **ck}), flush=True)
             for kind in ("scheduler", "admission"):
                 for mode in args.modes:
-                    r = run_child(kind, server.url, prefix, mode, probe)
+                    r = run_child(kind, server.url, prefix, mode, probe, args.profile)
                     print(json.dumps({"queued": n, "service": kind, "mode": mode, **r}), flush=True)
         await bus.close()
     finally:
@@ -236,10 +272,20 @@ if __name__ == "__main__":
     p.add_argument("--prefix")
     p.add_argument("--mode", choices=["full", "snapshot"])
     p.add_argument("--probe")
+    p.add_argument("--profile", default="", help="a directory: each child writes its cProfile stats there")
     a = p.parse_args()
     if a.child:
         import logging
         logging.basicConfig(level=logging.INFO, stream=sys.stderr)
-        print(json.dumps(asyncio.run(child(a.child, a.url, a.prefix, a.mode == "snapshot", a.probe))))
+        work = child(a.child, a.url, a.prefix, a.mode == "snapshot", a.probe)
+        if a.profile:
+            import cProfile
+
+            with cProfile.Profile() as prof:
+                result = asyncio.run(work)
+            prof.dump_stats(a.profile)
+        else:
+            result = asyncio.run(work)
+        print(json.dumps(result))
     else:
         asyncio.run(main(a))

@@ -19,7 +19,7 @@ from decimal import Decimal
 from typing import Any
 
 from fedsched.jobs import TERMINAL_STATES, JobSpec, JobState
-from fedsched.snapshots import ModelTable, load_models
+from fedsched.snapshots import ModelTable, collector_paused, load_models
 from services.admission.approvalview import ApprovalRecord
 from services.admission.ended import record_doc, record_from_doc
 
@@ -48,10 +48,18 @@ def restore_admission(view: Any, approvals: Any, spend: Any, state: dict[str, An
     """Load ``state`` (:func:`admission_state`) into new, empty views; they then reflect the
     stream up to ``applied_seq``.
 
+    Python's cyclic collector is paused meanwhile (:func:`fedsched.snapshots.collector_paused`).
+
     Raises:
         ValueError: the view already holds jobs; KeyError/TypeError/ValueError for a malformed
             state (the caller empties the views and reads the whole stream).
     """
+    with collector_paused():
+        _restore_admission(view, approvals, spend, state, applied_seq)
+
+
+def _restore_admission(view: Any, approvals: Any, spend: Any, state: dict[str, Any], applied_seq: int) -> None:
+    """The body of :func:`restore_admission`."""
     if view.jobs or view.applied_seq:
         raise ValueError("restore into a job view that has folded nothing")
     specs = load_models(state["specs"], JobSpec)

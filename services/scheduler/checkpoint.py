@@ -22,7 +22,7 @@ from typing import Any
 
 from fedsched.events import JobPlaced
 from fedsched.jobs import JobSpec
-from fedsched.snapshots import ModelTable, load_models
+from fedsched.snapshots import ModelTable, collector_paused, load_models
 from services.scheduler.approvals import JobApprovals, PendingApproval
 from services.scheduler.states import Outcome, ShardState
 
@@ -93,10 +93,19 @@ def restore_scheduler(svc: Any, state: dict[str, Any], applied_seq: int, job_cls
     it then reflects the stream up to ``applied_seq``. ``job_cls`` / ``shard_cls`` are the
     service's ``JobEntry`` / ``ShardEntry`` (passed in: this module does not import the service).
 
+    Python's cyclic collector is paused meanwhile (:func:`fedsched.snapshots.collector_paused`).
+
     Raises:
         ValueError: the service already holds jobs; KeyError/TypeError/ValueError for a malformed
             state (the caller falls back to the full read with a new service).
+
     """
+    with collector_paused():
+        _restore_scheduler(svc, state, applied_seq, job_cls, shard_cls)
+
+
+def _restore_scheduler(svc: Any, state: dict[str, Any], applied_seq: int, job_cls: type, shard_cls: type) -> None:
+    """The body of :func:`restore_scheduler`."""
     if svc.jobs or svc.applied_seq:
         raise ValueError("restore into a scheduler that has folded nothing")
     specs = load_models(state["specs"], JobSpec)
