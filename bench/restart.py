@@ -39,6 +39,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import nats.errors  # noqa: E402
+
 from fedsched.bus import Bus  # noqa: E402
 from fedsched.clock import SystemClock  # noqa: E402
 from fedsched.events import InventorySnapshot, JobSubmitted, NodeInventory, business_event_id, make_event  # noqa: E402
@@ -72,6 +74,17 @@ def submitted(job_id: str, spec: JobSpec):
     return make_event("job.submitted", JobSubmitted(spec=spec, submitted_by="bench"), producer="admission",
                       occurred_at=time.time(), event_id=business_event_id(job_id, "submitted"), tenant=spec.tenant,
                       project=spec.project, job_id=job_id, actor="bench")
+
+
+async def last_seq(bus: Bus) -> int:
+    """The events stream's last sequence (retried: a seeder's long first cycle holds this
+    process's loop for longer than a request's timeout)."""
+    for _ in range(60):
+        try:
+            return (await bus.js.stream_info(bus.stream_name("EVENTS"))).state.last_seq
+        except (nats.errors.TimeoutError, asyncio.TimeoutError):
+            continue
+    raise RuntimeError("the events stream does not answer")
 
 
 async def connect(url: str, prefix: str) -> Bus:
@@ -151,10 +164,10 @@ async def write_checkpoints(bus: Bus, n: int) -> dict:
     sched.on_cycle.append(cycled.set)
     task = asyncio.create_task(sched.run())
     await asyncio.wait_for(cycled.wait(), 3600)
-    last = (await bus.js.stream_info(bus.stream_name("EVENTS"))).state.last_seq
+    last = await last_seq(bus)
     while sched.busy or sched.applied_seq < last:  # its first cycle's pending decisions read back
         await asyncio.sleep(0.05)
-        last = (await bus.js.stream_info(bus.stream_name("EVENTS"))).state.last_seq
+        last = await last_seq(bus)
     t0 = time.perf_counter()
     assert await sched.maybe_snapshot(force=True)
     out["scheduler_snapshot_s"] = round(time.perf_counter() - t0, 2)
@@ -164,7 +177,7 @@ async def write_checkpoints(bus: Bus, n: int) -> dict:
     adm = admission(bus, True)
     task = asyncio.create_task(adm.run())
     await asyncio.wait_for(adm.ready.wait(), 3600)
-    last = (await bus.js.stream_info(bus.stream_name("EVENTS"))).state.last_seq
+    last = await last_seq(bus)
     while adm.view.applied_seq < last - 5:  # (the follower filters subjects: close to the last is caught up)
         await asyncio.sleep(0.1)
     t0 = time.perf_counter()
@@ -249,7 +262,7 @@ async def main(args) -> None:
             probe = f"probe{n}"
             spec = probe_spec()
             await bus.publish(bus.subjects.job("submitted", spec.tenant, spec.project), submitted(probe, spec))
-            last = (await bus.js.stream_info(bus.stream_name("EVENTS"))).state.last_seq
+            last = await last_seq(bus)
             print(json.dumps({"queued": n, "stream_events": last, "seed_s": round(seed_s, 1), **ck}), flush=True)
             for kind in ("scheduler", "admission"):
                 for mode in args.modes:
