@@ -41,6 +41,7 @@ sys.path.insert(0, str(ROOT))
 
 import nats.errors  # noqa: E402
 
+from fedsched import snapshots  # noqa: E402
 from fedsched.bus import Bus  # noqa: E402
 from fedsched.clock import SystemClock  # noqa: E402
 from fedsched.events import InventorySnapshot, JobSubmitted, NodeInventory, business_event_id, make_event  # noqa: E402
@@ -155,6 +156,53 @@ def admission(bus: Bus, snapshots_on: bool):
                             snapshot_every_events=10**12, retain_ended=10_000)
 
 
+class StallMeter:
+    """The longest time this process's event loop went without running a 1 ms ticker (ms):
+    how long something held the loop."""
+
+    def __init__(self) -> None:
+        self.max_ms = 0.0
+        self._task: asyncio.Task | None = None
+
+    async def _tick(self) -> None:
+        while True:
+            t = time.perf_counter()
+            await asyncio.sleep(0.001)
+            self.max_ms = max(self.max_ms, (time.perf_counter() - t) * 1000 - 1.0)
+
+    async def __aenter__(self) -> "StallMeter":
+        self._task = asyncio.create_task(self._tick())
+        await asyncio.sleep(0)
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
+
+
+async def checkpoint_figures(svc, name: str, out: dict) -> None:
+    """Write ``svc``'s checkpoint and note: seconds until written, the loop's longest stall
+    meanwhile (the fork; the child walks and encodes), the bytes, and -- for comparison -- the
+    seconds the same walk and encoding take when done on the loop (how long a checkpoint held
+    the loop before the fork)."""
+    async with StallMeter() as idle:  # the baseline: the machine's own scheduling noise
+        await asyncio.sleep(1.0)
+    out[f"{name}_idle_loop_stall_ms"] = round(idle.max_ms, 1)
+    t0 = time.perf_counter()
+    forked = snapshots.ForkedCapture(lambda: b"")  # the fork alone, at this process's size
+    out[f"{name}_fork_ms"] = round((time.perf_counter() - t0) * 1000, 1)
+    await forked.result()
+    async with StallMeter() as meter:
+        t0 = time.perf_counter()
+        assert await svc.maybe_snapshot(force=True)
+        out[f"{name}_snapshot_s"] = round(time.perf_counter() - t0, 2)
+    out[f"{name}_snapshot_loop_stall_ms"] = round(meter.max_ms, 1)
+    t0 = time.perf_counter()
+    out[f"{name}_snapshot_bytes"] = len(svc.snapshot_bytes())
+    out[f"{name}_walk_on_loop_s"] = round(time.perf_counter() - t0, 2)
+    out[f"{name}_rss_mib"] = round(rss_mib(), 1)
+
+
 async def write_checkpoints(bus: Bus, n: int) -> dict:
     """Seeder: fold everything, the scheduler's first cycle, then a checkpoint of each service."""
     out: dict = {}
@@ -168,22 +216,16 @@ async def write_checkpoints(bus: Bus, n: int) -> dict:
     while sched.busy or sched.applied_seq < last:  # its first cycle's pending decisions read back
         await asyncio.sleep(0.05)
         last = await last_seq(bus)
-    t0 = time.perf_counter()
-    assert await sched.maybe_snapshot(force=True)
-    out["scheduler_snapshot_s"] = round(time.perf_counter() - t0, 2)
-    out["scheduler_snapshot_bytes"] = len(sched.snapshot_bytes())
-    sched.stop()
+    sched.stop()  # (its periodic cycles would hold the loop too: measure the checkpoint alone)
     await task
+    await checkpoint_figures(sched, "scheduler", out)
     adm = admission(bus, True)
     task = asyncio.create_task(adm.run())
     await asyncio.wait_for(adm.ready.wait(), 3600)
     last = await last_seq(bus)
     while adm.view.applied_seq < last - 5:  # (the follower filters subjects: close to the last is caught up)
         await asyncio.sleep(0.1)
-    t0 = time.perf_counter()
-    assert await adm.maybe_snapshot(force=True)
-    out["admission_snapshot_s"] = round(time.perf_counter() - t0, 2)
-    out["admission_snapshot_bytes"] = len(adm.snapshot_bytes())
+    await checkpoint_figures(adm, "admission", out)
     adm.stop()
     await task
     return out
