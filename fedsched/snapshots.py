@@ -41,6 +41,7 @@ import json
 import logging
 import os
 import signal
+import warnings
 import zlib
 from collections.abc import Callable
 from contextlib import contextmanager
@@ -147,7 +148,12 @@ class ForkedCapture:
             self._data = build()
             return
         r, w = os.pipe()
-        pid = os.fork()
+        with warnings.catch_warnings():
+            # (3.12+ warns that forking a threaded process may deadlock the child: this child
+            # takes no lock another thread may hold -- it walks its own copy of Python objects,
+            # encodes, writes to a pipe and leaves with os._exit; a stuck one is killed)
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
         if pid == 0:  # the child: a frozen image of the service
             code = 1
             try:
@@ -188,10 +194,13 @@ class ForkedCapture:
         work = asyncio.ensure_future(asyncio.to_thread(self._collect, fd, pid))
         try:
             data, status = await asyncio.wait_for(asyncio.shield(work), self.timeout_s)
-        except (asyncio.TimeoutError, asyncio.CancelledError):
-            _kill(pid)  # its pipe closes: the reading thread ends
+        except asyncio.CancelledError:
+            _kill(pid)  # its pipe closes: the reading thread ends and reaps it
+            raise
+        except asyncio.TimeoutError:
+            _kill(pid)
             await asyncio.gather(work, return_exceptions=True)
-            raise SnapshotError("snapshot child timed out or was abandoned") from None
+            raise SnapshotError(f"snapshot child did not deliver within {self.timeout_s} s") from None
         if not os.WIFEXITED(status) or os.WEXITSTATUS(status) != 0:
             raise SnapshotError(f"snapshot child failed (wait status {status})")
         self._data = data
