@@ -210,8 +210,15 @@ async def write_checkpoints(bus: Bus, n: int) -> dict:
     sched.snapshot_every_s = 1e9
     cycled = asyncio.Event()
     sched.on_cycle.append(cycled.set)
+    t0 = time.perf_counter()  # the seeders read the whole stream: a full read's figures too
     task = asyncio.create_task(sched.run())
-    await asyncio.wait_for(cycled.wait(), 3600)
+    while not hasattr(sched, "_events"):
+        await asyncio.sleep(0.01)
+    await asyncio.wait_for(sched._events.caught_up.wait(), 7200)
+    out["seeder_scheduler_read_s"] = round(time.perf_counter() - t0, 1)
+    await asyncio.wait_for(cycled.wait(), 7200)
+    out["seeder_scheduler_first_cycle_done_s"] = round(time.perf_counter() - t0, 1)
+    out["seeder_scheduler_rss_mib"] = round(rss_mib(), 1)
     last = await last_seq(bus)
     while sched.busy or sched.applied_seq < last:  # its first cycle's pending decisions read back
         await asyncio.sleep(0.05)
@@ -220,8 +227,10 @@ async def write_checkpoints(bus: Bus, n: int) -> dict:
     await task
     await checkpoint_figures(sched, "scheduler", out)
     adm = admission(bus, True)
+    t0 = time.perf_counter()
     task = asyncio.create_task(adm.run())
-    await asyncio.wait_for(adm.ready.wait(), 3600)
+    await asyncio.wait_for(adm.ready.wait(), 7200)
+    out["seeder_admission_ready_s"] = round(time.perf_counter() - t0, 1)
     last = await last_seq(bus)
     while adm.view.applied_seq < last - 5:  # (the follower filters subjects: close to the last is caught up)
         await asyncio.sleep(0.1)
