@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import subprocess
@@ -226,6 +227,8 @@ async def write_checkpoints(bus: Bus, n: int) -> dict:
     sched.stop()  # (its periodic cycles would hold the loop too: measure the checkpoint alone)
     await task
     await checkpoint_figures(sched, "scheduler", out)
+    del sched, task  # (its memory is reused by the admission seeder: 1M jobs take GBs each)
+    gc.collect()
     adm = admission(bus, True)
     t0 = time.perf_counter()
     task = asyncio.create_task(adm.run())
