@@ -7,7 +7,8 @@ budget fallback while billing has no KV figure). Derived on restore: the submit-
 request indexes, the open jobs per tenant. Not kept: inventory (read from its own stream, newest
 per cluster), the policy (its own KV), billing's spend figures (their own KV bucket).
 
-A checkpoint is written only when every job that left the view before it is in the ended-jobs
+The service calls :func:`admission_state` in a forked child (:class:`fedsched.snapshots.ForkedCapture`),
+never on its event loop. A checkpoint is written only when every job that left the view before it is in the ended-jobs
 bucket (:meth:`services.admission.service.AdmissionService.maybe_snapshot`), so a restart from it
 loses no ended job.
 """

@@ -10,7 +10,9 @@ a full read must). What is not kept: unplaceable timers (they start again after 
 reclamation heap and the view's indexes (derived from the shards on restore), the inventory (read
 from its own stream, newest per cluster), refused messages not yet dead-lettered.
 
-:func:`scheduler_state` / :func:`restore_scheduler` are the two directions;
+The service calls :func:`scheduler_state` in a forked child (:class:`fedsched.snapshots.ForkedCapture`),
+never on its event loop: the walk is O(jobs in memory). :func:`scheduler_state` /
+:func:`restore_scheduler` are the two directions;
 ``tests/unit/scheduler/test_checkpoint.py`` checks that a snapshot plus the stream after it gives
 the book a full read gives.
 """
