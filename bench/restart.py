@@ -318,8 +318,8 @@ async def main(args) -> None:
             await bus.publish(bus.subjects.job("submitted", spec.tenant, spec.project), submitted(probe, spec))
             last = await last_seq(bus)
             print(json.dumps({"queued": n, "stream_events": last, "seed_s": round(seed_s, 1), **ck}), flush=True)
-            for kind in ("scheduler", "admission"):
-                for mode in args.modes:
+            for mode in sorted(args.modes, reverse=True):  # snapshot first: a full read's first cycle
+                for kind in ("scheduler", "admission"):  # publishes every pending reason again (a tail)
                     r = run_child(kind, server.url, prefix, mode, probe, args.profile)
                     print(json.dumps({"queued": n, "service": kind, "mode": mode, **r}), flush=True)
         await bus.close()
