@@ -7,19 +7,27 @@ For each size N (cumulative: the stream grows from one size to the next) the ben
    through gRPC, with the bytes and headers admission would publish: ``job.submitted`` per job,
    see :func:`seed`; the jobs ask for a card model no cluster has, so they stay queued and the
    scheduler publishes a ``job.pending`` for each, as it does live);
-2. runs a *seeder* scheduler and admission that fold the whole stream, let the scheduler make
-   its first cycle (the pending decisions), then write a checkpoint each (figures: bytes, seconds);
+2. runs a *seeder* scheduler and admission that fold the whole stream (``seeder_*``: a full
+   read's figures, in the bench's own process), let the scheduler make its first cycle (the
+   pending decisions), then write a checkpoint each (:func:`checkpoint_figures`: the fork alone,
+   the loop's longest stall while the checkpoint is written against an idle baseline, seconds
+   until written, bytes, and the seconds the same walk takes on the loop -- what a checkpoint
+   held the loop for before it was forked);
 3. publishes one probe job that fits (1 T4 GPU) and measures, each in a fresh process (so RSS is
    the service's own), a restart of
    * the scheduler: seconds to catch up with the stream (it would then accept a submit) and to
      place the probe, RSS after the placement;
    * admission: seconds until it serves gRPC (accepts a submit), RSS then;
-   once reading the whole stream (``full``) and once from the checkpoint plus the stream after
-   it (``snapshot``).
+   once from the checkpoint plus the stream after it (``snapshot``), then once reading the whole
+   stream (``full``; last, because its first cycle publishes every pending reason again).
 
 Figures depend on the machine (2 cores here, shared). Run::
 
-    python bench/restart.py --sizes 10000 100000 [--modes full snapshot] [--keep]
+    python bench/restart.py --sizes 10000 100000 [--modes full snapshot] [--keep] [--profile DIR]
+
+1,000,000 jobs (``--sizes 1000000 --modes snapshot``) needs ~10 GB for the seeders (a full
+read holds ~9 KiB per queued job in the scheduler) plus the forked child's copy-on-write pages
+while it walks the book; ``--profile DIR`` writes each child's cProfile stats.
 
 A child is this script with ``--child scheduler|admission``; it prints one JSON line.
 """
