@@ -235,7 +235,8 @@ async def write_checkpoints(bus: Bus, n: int) -> dict:
         await asyncio.sleep(0.05)
         last = await last_seq(bus)
     sched.stop()  # (its periodic cycles would hold the loop too: measure the checkpoint alone)
-    await task
+    task.cancel()  # (it sleeps interval_s after a cycle before it looks at stop())
+    await asyncio.gather(task, return_exceptions=True)
     await checkpoint_figures(sched, "scheduler", out, walk=n <= 100_000)
     del sched, task  # (its memory is reused by the admission seeder: 1M jobs take GBs each)
     gc.collect()
