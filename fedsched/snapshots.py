@@ -21,14 +21,30 @@ Wire format (:func:`encode` / :func:`decode`)::
 ``version`` is the service's own state schema version. A snapshot that cannot be read (corrupt,
 another format or version, another service) raises :class:`SnapshotError`; the service then
 logs a warning and falls back to the full read from sequence 1.
+
+Writing without stopping the service (:class:`ForkedCapture`): walking a million jobs to build
+the state document takes seconds, and the service's event loop must not stop for that. The
+capture is a ``fork()``: the child process holds a copy-on-write image of the service's memory
+as it was at that instant (the Redis ``BGSAVE`` technique), builds the state and encodes it
+there, and writes the bytes to a pipe; the parent's loop does one ``fork`` and reads the pipe
+in a worker thread, then uploads the bytes (the object store put yields between chunks). The
+work on the loop does not depend on how many jobs are held (the kernel copies the page tables
+during ``fork``: ~26 ms at 1.5 GiB RSS on the project's machine, against seconds of walking).
+Where ``fork`` is missing the state is built on the loop and encoded in a thread.
 """
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import logging
+import os
+import signal
+import warnings
 import zlib
+from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -71,7 +87,8 @@ def decode(data: bytes, service: str, version: int) -> Snapshot:
         SnapshotError: not a snapshot, or one of another format, service or state version.
     """
     try:
-        doc = json.loads(zlib.decompress(data))
+        with collector_paused():
+            doc = json.loads(zlib.decompress(data))
     except (zlib.error, json.JSONDecodeError, UnicodeDecodeError) as e:
         raise SnapshotError(f"corrupt snapshot: {e}") from e
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
@@ -84,6 +101,125 @@ def decode(data: bytes, service: str, version: int) -> Snapshot:
     if not isinstance(seq, int) or seq < 0 or not isinstance(state, dict):
         raise SnapshotError("snapshot without a sequence or state")
     return Snapshot(service, version, seq, str(doc.get("written_at", "")), state)
+
+
+@contextmanager
+def collector_paused():
+    """Pause Python's cyclic garbage collector for a bulk load (restoring a checkpoint).
+
+    A restore allocates millions of long-lived containers; each 700 allocations start a young
+    collection and every so many a full one over everything already loaded, which makes the
+    load superlinear (measured: a third of a restore's time at 50,000 jobs). Reference counting
+    still frees everything that is not a cycle; the collector resumes (if it was on) at the
+    end, error or not.
+    """
+    was_on = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_on:
+            gc.enable()
+
+
+class ForkedCapture:
+    """A snapshot captured at one instant and encoded in a forked child (module docstring).
+
+    ``ForkedCapture(build)`` forks at once (the capture instant: the child sees the service's
+    memory exactly as it was then, whatever the parent's loop does afterwards); the child
+    calls ``build()`` -- a function returning the snapshot's bytes, e.g. ``lambda:
+    encode(...)`` over the service's state -- writes them to a pipe and exits with
+    ``os._exit`` (no atexit handlers, no buffered output, no event loop run in the child).
+    :meth:`result` awaits the bytes without blocking the loop. Without ``os.fork`` (or with
+    ``in_child=False``) ``build`` runs at construction, on the caller's thread.
+
+    Args:
+        build: the snapshot's bytes; must not await nor touch sockets (it runs in the child).
+        timeout_s: the child is killed when it has not delivered within this many seconds.
+        in_child: False to build in this process (tests of the fallback).
+    """
+
+    def __init__(self, build: Callable[[], bytes], *, timeout_s: float = 900.0, in_child: bool = True) -> None:
+        self.timeout_s = timeout_s
+        self.pid = 0
+        self._fd = -1
+        self._data: bytes | None = None
+        if not in_child or not hasattr(os, "fork"):
+            self._data = build()
+            return
+        r, w = os.pipe()
+        with warnings.catch_warnings():
+            # (3.12+ warns that forking a threaded process may deadlock the child: this child
+            # takes no lock another thread may hold -- it walks its own copy of Python objects,
+            # encodes, writes to a pipe and leaves with os._exit; a stuck one is killed)
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
+        if pid == 0:  # the child: a frozen image of the service
+            code = 1
+            try:
+                os.close(r)
+                gc.disable()  # (a collection would touch, hence copy, every page of the image)
+                data = memoryview(build())
+                while data:
+                    data = data[os.write(w, data):]
+                code = 0
+            except BaseException:  # noqa: BLE001 - reported to the parent as a failed capture
+                code = 1
+            finally:
+                os._exit(code)
+        os.close(w)
+        self.pid, self._fd = pid, r
+
+    @staticmethod
+    def _collect(fd: int, pid: int) -> tuple[bytes, int]:
+        chunks = []
+        try:
+            while chunk := os.read(fd, 1 << 20):
+                chunks.append(chunk)
+        finally:
+            os.close(fd)
+        _, status = os.waitpid(pid, 0)
+        return b"".join(chunks), status
+
+    async def result(self) -> bytes:
+        """The snapshot's bytes.
+
+        Raises:
+            SnapshotError: the child failed, was killed or timed out (nothing to write).
+        """
+        if self._data is not None or self.pid == 0:
+            return self._data or b""
+        pid, fd = self.pid, self._fd
+        self.pid, self._fd = 0, -1
+        work = asyncio.ensure_future(asyncio.to_thread(self._collect, fd, pid))
+        try:
+            data, status = await asyncio.wait_for(asyncio.shield(work), self.timeout_s)
+        except asyncio.CancelledError:
+            _kill(pid)  # its pipe closes: the reading thread ends and reaps it
+            raise
+        except asyncio.TimeoutError:
+            _kill(pid)
+            await asyncio.gather(work, return_exceptions=True)
+            raise SnapshotError(f"snapshot child did not deliver within {self.timeout_s} s") from None
+        if not os.WIFEXITED(status) or os.WEXITSTATUS(status) != 0:
+            raise SnapshotError(f"snapshot child failed (wait status {status})")
+        self._data = data
+        return data
+
+    async def discard(self) -> None:
+        """Abandon the capture (kill the child, reap it)."""
+        if self.pid:
+            pid, fd = self.pid, self._fd
+            self.pid, self._fd = 0, -1
+            _kill(pid)
+            await asyncio.to_thread(self._collect, fd, pid)
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 class SnapshotStore:

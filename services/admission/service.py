@@ -1625,18 +1625,22 @@ class AdmissionService:
                           and now - self._snapshot_wall < self.snapshot_every_s):
             return False
         seq = self.view.applied_seq
-        state = admission_state(self.view, self.approvals, self.spend)
-        left = set(self.ended.pending)  # left the view before this state: must be stored first
-        await self.ended.flush()
-        if left & self.ended.pending.keys():
-            log.warning("admission: snapshot at sequence %d deferred: ended jobs not yet stored", seq)
-            return False
-        data = await asyncio.to_thread(snapshots.encode, "admission", ADMISSION_STATE_VERSION, seq, state)
+        # the read models as they are now, walked and encoded by a forked child (the loop's
+        # own work does not grow with the jobs held: fedsched.snapshots.ForkedCapture)
+        capture = snapshots.ForkedCapture(self.snapshot_bytes)
         try:
+            left = set(self.ended.pending)  # left the view before this state: must be stored first
+            await self.ended.flush()
+            if left & self.ended.pending.keys():
+                log.warning("admission: snapshot at sequence %d deferred: ended jobs not yet stored", seq)
+                return False
+            data = await capture.result()
             await self._snapshots.write(data)
         except Exception as e:  # noqa: BLE001 - a checkpoint is an optimisation; the stream is the truth
             log.warning("admission: snapshot at sequence %d not written: %s", seq, e)
             return False
+        finally:
+            await capture.discard()
         self.snapshot_seq, self._snapshot_wall = seq, now
         log.info("admission: snapshot at sequence %d (%d jobs, %d bytes)", seq, len(self.view.jobs), len(data))
         return True

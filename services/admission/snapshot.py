@@ -8,7 +8,8 @@ figure). Derived on restore: the submit-time and
 request indexes, the open jobs per tenant. Not kept: inventory (read from its own stream, newest
 per cluster), the policy (its own KV), billing's spend figures (their own KV bucket).
 
-A checkpoint is written only when every job that left the view before it is in the ended-jobs
+The service calls :func:`admission_state` in a forked child (:class:`fedsched.snapshots.ForkedCapture`),
+never on its event loop. A checkpoint is written only when every job that left the view before it is in the ended-jobs
 bucket (:meth:`services.admission.service.AdmissionService.maybe_snapshot`), so a restart from it
 loses no ended job.
 """
@@ -20,7 +21,7 @@ from decimal import Decimal
 from typing import Any
 
 from fedsched.jobs import TERMINAL_STATES, JobSpec, JobState
-from fedsched.snapshots import ModelTable, load_models
+from fedsched.snapshots import ModelTable, collector_paused, load_models
 from services.admission.approvalview import ApprovalRecord
 from services.admission.ended import record_doc, record_from_doc
 
@@ -51,10 +52,18 @@ def restore_admission(view: Any, approvals: Any, spend: Any, state: dict[str, An
     """Load ``state`` (:func:`admission_state`) into new, empty views; they then reflect the
     stream up to ``applied_seq``.
 
+    Python's cyclic collector is paused meanwhile (:func:`fedsched.snapshots.collector_paused`).
+
     Raises:
         ValueError: the view already holds jobs; KeyError/TypeError/ValueError for a malformed
             state (the caller empties the views and reads the whole stream).
     """
+    with collector_paused():
+        _restore_admission(view, approvals, spend, state, applied_seq)
+
+
+def _restore_admission(view: Any, approvals: Any, spend: Any, state: dict[str, Any], applied_seq: int) -> None:
+    """The body of :func:`restore_admission`."""
     if view.jobs or view.applied_seq:
         raise ValueError("restore into a job view that has folded nothing")
     specs = load_models(state["specs"], JobSpec)

@@ -10,7 +10,9 @@ a full read must). What is not kept: unplaceable timers (they start again after 
 reclamation heap and the view's indexes (derived from the shards on restore), the inventory (read
 from its own stream, newest per cluster), refused messages not yet dead-lettered.
 
-:func:`scheduler_state` / :func:`restore_scheduler` are the two directions;
+The service calls :func:`scheduler_state` in a forked child (:class:`fedsched.snapshots.ForkedCapture`),
+never on its event loop: the walk is O(jobs in memory). :func:`scheduler_state` /
+:func:`restore_scheduler` are the two directions;
 ``tests/unit/scheduler/test_checkpoint.py`` checks that a snapshot plus the stream after it gives
 the book a full read gives.
 """
@@ -22,7 +24,7 @@ from typing import Any
 
 from fedsched.events import JobPlaced
 from fedsched.jobs import JobSpec
-from fedsched.snapshots import ModelTable, load_models
+from fedsched.snapshots import ModelTable, collector_paused, load_models
 from services.scheduler.approvals import JobApprovals, PendingApproval
 from services.scheduler.states import Outcome, ShardState
 
@@ -95,10 +97,19 @@ def restore_scheduler(svc: Any, state: dict[str, Any], applied_seq: int, job_cls
     it then reflects the stream up to ``applied_seq``. ``job_cls`` / ``shard_cls`` are the
     service's ``JobEntry`` / ``ShardEntry`` (passed in: this module does not import the service).
 
+    Python's cyclic collector is paused meanwhile (:func:`fedsched.snapshots.collector_paused`).
+
     Raises:
         ValueError: the service already holds jobs; KeyError/TypeError/ValueError for a malformed
             state (the caller falls back to the full read with a new service).
+
     """
+    with collector_paused():
+        _restore_scheduler(svc, state, applied_seq, job_cls, shard_cls)
+
+
+def _restore_scheduler(svc: Any, state: dict[str, Any], applied_seq: int, job_cls: type, shard_cls: type) -> None:
+    """The body of :func:`restore_scheduler`."""
     if svc.jobs or svc.applied_seq:
         raise ValueError("restore into a scheduler that has folded nothing")
     specs = load_models(state["specs"], JobSpec)

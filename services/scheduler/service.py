@@ -391,6 +391,8 @@ class SchedulerService:
         self.snapshot_seq = 0  #: stream sequence of the last checkpoint written or loaded (0 = none)
         self._snapshot_wall = 0.0
         self._snapshots: SnapshotStore | None = None
+        self._snapshot_task: asyncio.Task | None = None
+        self._snapshot_lock = asyncio.Lock()
 
     # ------------------------------------------------------------------ inputs
 
@@ -560,7 +562,7 @@ class SchedulerService:
                     self.busy = False
                     for hook in self.on_cycle:
                         hook()
-                await self.maybe_snapshot()
+                self._snapshot_in_background()
                 await asyncio.sleep(self.interval_s)
         finally:
             lease_stop.set()  # the lease task releases the lease (a standby takes over at once)
@@ -574,6 +576,8 @@ class SchedulerService:
                     await sub.unsubscribe()
                 except Exception:  # noqa: BLE001 - connection may be closing
                     pass
+            if self._snapshot_task is not None:  # a checkpoint being written is finished, not torn
+                await asyncio.gather(self._snapshot_task, return_exceptions=True)
             lease_task = [t for t in tasks if t.get_name() == "scheduler-lease"]
             if lease_task:
                 await asyncio.wait(lease_task, timeout=2.0)
@@ -631,24 +635,43 @@ class SchedulerService:
 
     async def maybe_snapshot(self, *, force: bool = False) -> bool:
         """Write a checkpoint when one is due (``snapshot_every_s`` / ``snapshot_every_events``);
-        True when written. A failure is logged and retried at the next chance."""
+        True when written. A failure is logged and retried at the next chance.
+
+        The book is captured by a ``fork`` (:class:`fedsched.snapshots.ForkedCapture`): the
+        child walks and encodes it, so the loop's own work does not grow with the jobs held;
+        awaiting this only waits for the child and the upload (the run loop does that in a
+        background task, :meth:`_snapshot_in_background`)."""
         if self._snapshots is None or self.rejections or self.applied_seq <= self.snapshot_seq:
             return False
         now = self.liveness.time()
         if not force and (self.applied_seq - self.snapshot_seq < self.snapshot_every_events
                           and now - self._snapshot_wall < self.snapshot_every_s):
             return False
+        async with self._snapshot_lock:  # one write at a time: an older one never lands last
+            return await self._write_snapshot(now)
+
+    async def _write_snapshot(self, now: float) -> bool:
         seq = self.applied_seq
-        state = scheduler_state(self)
-        data = await asyncio.to_thread(snapshots.encode, "scheduler", STATE_VERSION, seq, state)
+        if seq <= self.snapshot_seq:
+            return False
+        capture = snapshots.ForkedCapture(self.snapshot_bytes)
         try:
+            data = await capture.result()
             await self._snapshots.write(data)
         except Exception as e:  # noqa: BLE001 - a checkpoint is an optimisation; the stream is the truth
             log.warning("scheduler: snapshot at sequence %d not written: %s", seq, e)
             return False
-        self.snapshot_seq, self._snapshot_wall = seq, now
+        finally:
+            await capture.discard()
+        self.snapshot_seq, self._snapshot_wall = max(self.snapshot_seq, seq), now
         log.info("scheduler: snapshot at sequence %d (%d jobs, %d bytes)", seq, len(self.jobs), len(data))
         return True
+
+    def _snapshot_in_background(self) -> None:
+        """Start :meth:`maybe_snapshot` as a task unless one is still writing (the cycle loop
+        never waits for a checkpoint)."""
+        if self._snapshot_task is None or self._snapshot_task.done():
+            self._snapshot_task = asyncio.create_task(self.maybe_snapshot(), name="scheduler-snapshot")
 
     def next_wake_s(self) -> float:
         """Wall seconds until the next cycle is due without any new event: when the freshest

@@ -141,3 +141,31 @@ def test_a_restart_from_a_checkpoint_still_refuses_an_order_below_the_highest_to
     restored.apply(_ev("job.placed", JobPlaced(spec=SPEC, bindings=(WorkerBinding(worker=0, node="n0"),),
                                                fencing_token=4), "j2", T0 + 2, attempt=1, cluster="c1"))
     assert restored.jobs["j2"].current is None and restored.stale_orders == 1
+
+
+async def test_a_forked_capture_walks_no_job_record_in_the_service_process(monkeypatch):
+    """Issue 15 item 3: admission's checkpoint (``AdmissionService.maybe_snapshot`` captures with
+    :class:`fedsched.snapshots.ForkedCapture`) walks the job records in the child only."""
+    from services.admission import snapshot as module
+
+    live = Admission()
+    for seq, env in enumerate(_stream(), 1):
+        live.feed(env, seq)
+    walked: list[str] = []
+    original = module.record_doc
+
+    def counted(rec, specs=None):
+        walked.append(rec.job_id)
+        return original(rec, specs)
+
+    monkeypatch.setattr(module, "record_doc", counted)
+
+    def build() -> bytes:
+        return snapshots.encode("admission", STATE_VERSION, live.view.applied_seq,
+                                admission_state(live.view, live.approvals, live.spend))
+
+    data = await snapshots.ForkedCapture(build).result()
+    assert walked == []
+    assert snapshots.decode(data, "admission", STATE_VERSION).state == snapshots.decode(build(), "admission",
+                                                                                          STATE_VERSION).state
+    assert len(walked) == len(live.view.jobs) > 0  # (built here: one visit per job)

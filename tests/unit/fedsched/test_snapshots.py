@@ -72,3 +72,17 @@ async def test_each_service_reads_and_writes_its_own_snapshots_only_under_the_de
                 await b.close()
     finally:
         server.stop()
+
+
+async def test_a_forked_capture_delivers_the_childs_bytes_and_reports_its_failure():
+    big = os.urandom(3 * 1024 * 1024)  # more than a pipe holds: read while the child writes
+    assert await snapshots.ForkedCapture(lambda: big).result() == big
+    assert await snapshots.ForkedCapture(lambda: b"x", in_child=False).result() == b"x"
+
+    def fails() -> bytes:
+        raise RuntimeError("boom")
+
+    with pytest.raises(SnapshotError):
+        await snapshots.ForkedCapture(fails).result()
+    with pytest.raises(SnapshotError):  # a child that does not deliver in time is killed
+        await snapshots.ForkedCapture(lambda: __import__("time").sleep(30) or b"", timeout_s=0.2).result()

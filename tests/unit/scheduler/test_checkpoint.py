@@ -179,3 +179,51 @@ async def test_the_highest_fencing_token_seen_survives_a_restart_from_a_checkpoi
     svc = h._service()
     svc.restore(h.svc.snapshot_bytes())
     assert svc.highest_token == 7
+
+
+class _Bucket:
+    """A snapshot store (fedsched.snapshots.SnapshotStore's write) that keeps what is written."""
+
+    def __init__(self) -> None:
+        self.written: list[bytes] = []
+
+    async def write(self, data: bytes) -> None:
+        self.written.append(data)
+
+
+@pytest.mark.parametrize("n", [10, 3000])
+async def test_a_checkpoint_walks_no_job_on_the_services_loop(n, monkeypatch):
+    """Issue 15 item 3: the loop's share of a checkpoint does not grow with the jobs held -- the
+    book is walked and encoded in a forked child; the parent process visits no shard."""
+    from services.scheduler import checkpoint
+
+    h = SchedulerHarness((ClusterSpec(A, node_list=nodes("a", count=1)),), reclaim_after_s=1e9)
+    for i in range(n):
+        h.submit(f"q{i}", card_models=("nvidia-a100-80gb",))  # no cluster has it: all stay queued
+    await h.cycle()
+    visited: list[str] = []
+    shard_doc = checkpoint._shard_doc
+
+    def counted(shard):
+        visited.append("shard")  # appended in whichever process walks the book
+        return shard_doc(shard)
+
+    monkeypatch.setattr(checkpoint, "_shard_doc", counted)
+    bucket = _Bucket()
+    h.svc._snapshots = bucket
+    assert await h.svc.maybe_snapshot(force=True)
+    assert visited == []  # the parent (the service's loop) walked nothing
+    snap = snapshots.decode(bucket.written[0], "scheduler", 1)
+    assert len(snap.state["jobs"]) == n and snap.applied_seq == h.svc.applied_seq == h.svc.snapshot_seq
+    assert snap.state == snapshots.decode(h.svc.snapshot_bytes(), "scheduler", 1).state  # the same book
+    assert len(visited) == n  # (the walk on the loop, for comparison: one visit per shard)
+
+
+async def test_the_capture_is_the_book_at_the_fork_not_after():
+    """What the loop changes after the checkpoint began is not in it (copy-on-write image)."""
+    h = SchedulerHarness((ClusterSpec(A, node_list=nodes("a", count=1)),), reclaim_after_s=1e9)
+    h.submit("before", card_models=("nvidia-a100-80gb",))
+    capture = snapshots.ForkedCapture(h.svc.snapshot_bytes)
+    h.submit("after", card_models=("nvidia-a100-80gb",))
+    snap = snapshots.decode(await capture.result(), "scheduler", 1)
+    assert [j["id"] for j in snap.state["jobs"]] == ["before"] and snap.applied_seq < h.svc.applied_seq
