@@ -580,6 +580,11 @@ def decide(view: View, queue: Iterable[QueuedJob], policy: Policy, *, cache: boo
                 shared_counts[e.verdict.reason] += 1
         shared_len = len(evaluations)
         candidates, avoided = [], []
+        # clusters where an earlier job's identical request did not fit: not fitted again, but
+        # still part of the cost reference, as they are when nothing is cached (there they fail
+        # only in the branch and bound, after the reference is set)
+        ghosts = [cand for name, cand in split.viable.items()
+                  if name in failed and name not in job.avoid_clusters and not _reserved(cy, job, name, now)]
         for cand in list(split.viable.values()):
             cluster = cand.cluster
             if cluster.name in failed:
@@ -612,9 +617,12 @@ def decide(view: View, queue: Iterable[QueuedJob], policy: Policy, *, cache: boo
         groups = ([[c for c in candidates if c.cluster.region == job.spec.home_region],
                    [c for c in candidates if c.cluster.region != job.spec.home_region]]
                   if home_first or ask_first else [candidates])
+        ghost_groups = ([[c for c in ghosts if c.cluster.region == job.spec.home_region],
+                         [c for c in ghosts if c.cluster.region != job.spec.home_region]]
+                        if home_first or ask_first else [ghosts])
         best = None
         for g, group in enumerate(groups):
-            best = _branch_and_bound(job, group, cy, evaluations, split)             # 3
+            best = _branch_and_bound(job, group, cy, evaluations, split, ghost_groups[g])  # 3
             if best is not None:
                 for later in groups[g + 1:]:  # abroad, not tried: every cluster still gets a verdict
                     evaluations.extend(cy.home_first(c.cluster) for c in later)
@@ -831,19 +839,28 @@ def _score(job: QueuedJob, c: Candidate, fit: Fit, cy: "_Cycle", shared: dict[in
     return terms, round(sum(w * v for (_, w), v in zip(weights, values)), 4)
 
 
+def _reserved(cy: "_Cycle", job: QueuedJob, name: str, now: float) -> bool:
+    """Whether cluster ``name`` is held by a reservation this job does not end before."""
+    res = cy.reservations.get(name)
+    return res is not None and _est_end(job, now) > res.start_at
+
+
 def _branch_and_bound(job: QueuedJob, candidates: list[Candidate], cy: "_Cycle",
-                      evaluations: list[ClusterEvaluation], split: "_Split") -> Best | None:
+                      evaluations: list[ClusterEvaluation], split: "_Split",
+                      ghosts: list[Candidate] = ()) -> Best | None:
     """The best-scoring fit among ``candidates``, fitting only those whose score bound could
     still beat the best found (exact, up to ``policy.max_scored_fits``: the same choice as
     fitting and scoring all of them; ``tests/unit/scheduler/test_policy.py`` checks it).
 
     Bounds come in two levels (:class:`_Bounds`): a region's and a cluster's; a region that
     cannot beat the best found is never expanded. Appends a verdict per candidate to
-    ``evaluations``; returns the best fit or None.
+    ``evaluations``; returns the best fit or None. ``ghosts``: clusters known not to fit this
+    request this cycle (not fitted), which still count in the cost reference, so the reference
+    does not depend on what the cycle cached.
     """
     if not candidates:
         return None
-    _set_cost_reference(job, candidates, cy)
+    _set_cost_reference(job, [*candidates, *ghosts], cy)
     bounds = _Bounds(job, cy)
     by_region: dict[str, list[Candidate]] = {}
     for c in candidates:
