@@ -145,5 +145,6 @@ def restore_scheduler(svc: Any, state: dict[str, Any], applied_seq: int, job_cls
                                          PendingApproval(*pending) if pending is not None else None,
                                          set(st["granted"]), st["home"])
     gov.started = {job_id: float(t) for job_id, t in state["started"].items()}
+    gov.index_pending()
     svc.applied_seq = applied_seq
     svc._dirty.set()

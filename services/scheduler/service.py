@@ -102,7 +102,7 @@ from fedsched.tenancy import DEFAULT_RETRY_BUDGET, RetryBudgetDoc
 from fedsched.whatif import WHAT_IF_JOB_ID, ShardWhatIf, WhatIfReply, WhatIfRequest
 from fedsched.whatif import subject as what_if_subject
 from fedsched.trust import PlacedAttempt, Rejection, check_placement, check_subject, rejection_events
-from services.scheduler.approvals import TenancyGate
+from services.scheduler.approvals import TenancyGate, placement_milli
 from services.scheduler.checkpoint import STATE_VERSION, restore_scheduler, scheduler_state
 from services.scheduler.states import ACTIVE, Outcome, ShardState, StopReason
 from services.scheduler.core import (ClusterEvaluation, ClusterIndex, ClusterState, NodeState, Pending, Placement,
@@ -213,15 +213,6 @@ class JobEntry:
         """Region of :attr:`placed`."""
         lead = self._lead
         return lead.region if lead else ""
-
-
-@dataclass(frozen=True)
-class ActiveShard:
-    """A placed or running shard as the governor's quota book counts it."""
-
-    tenant: str
-    region: str
-    placed: JobPlaced
 
 
 @dataclass
@@ -366,6 +357,11 @@ class SchedulerService:
         #: state (placed, running, stopping) -> cluster -> key -> (job, shard)
         self._on: dict[ShardState, dict[str, dict[tuple[str, int], tuple[JobEntry, ShardEntry]]]] = {
             ShardState.PLACED: {}, ShardState.RUNNING: {}, ShardState.STOPPING: {}}
+        # quota usage of placed/running shards as running totals (kept by _track, read by the
+        # quota book each cycle instead of walking self.active): key -> (tenant, model, region,
+        # milli-GPUs, the JobPlaced counted), and (tenant, model, region) -> milli-GPUs
+        self._quota_of: dict[tuple[str, int], tuple[str, str, str, int, JobPlaced]] = {}
+        self._quota_use: dict[tuple[str, str, str], int] = {}
         self._tracked: dict[tuple[str, int], tuple[str, ShardState]] = {}  # key -> (cluster, state) indexed under
         self._works: dict[str, dict[tuple[str, int], RunningWork]] = {}  # cluster -> started shard -> record
         self._work_use: dict[tuple[str, int], tuple[str, int, int, int]] = {}  # its (tenant, GPU, CPU, MiB) held
@@ -592,6 +588,7 @@ class SchedulerService:
         """Empty the job book and its indexes (after a checkpoint failed halfway through loading)."""
         for book in (self.jobs, self.queued, self.active, self.stopping, self.cancelling, self._ended, self.tombstones,
                      self.retries_used, self.governor.state, self.governor.started, self._tracked, self._works,
+                     self._quota_of, self._quota_use,
                      self._work_use, self._work_dirty, self._running_tuple, self._held, *self._on.values()):
             book.clear()
         self._unstarted_due.clear()
@@ -736,9 +733,7 @@ class SchedulerService:
         queue = [QueuedJob(WHAT_IF_JOB_ID, 1, spec, request.submitted_at, frozenset(), i, mode, 0.0)
                  for i in range(spec.shards)]
         view = self.view()
-        view = replace(view, quota=self.governor.quota_book(
-            ActiveShard(job.tenant, shard.region, shard.placed) for job, shard in self.active.values()
-            if shard.placed is not None))
+        view = replace(view, quota=self.governor.quota_book_of_totals(self._quota_use))
         narrowed = self.governor.narrow(queue, view)
         decisions = decide(view, narrowed, policy)
         now = self.clock.time()
@@ -815,9 +810,11 @@ class SchedulerService:
         """Keep the per-cluster indexes current for one shard (after any change of its state or
         placement): placed, running (with a placement) and stopping shards under ``_on[state]
         [cluster]``; a running one also gets a view record, built at the next :meth:`view`.
-        O(1); what the cycle reads instead of walking every job."""
+        O(1); what the cycle reads instead of walking every job. Also keeps the quota usage
+        totals (:meth:`_count_quota`)."""
         key = (job.job_id, shard.index)
         state = shard.state
+        self._count_quota(job, shard, key)
         if state in self._on and shard.cluster and (state == ShardState.STOPPING or shard.placed is not None):
             where = (shard.cluster, state)
         else:
@@ -838,6 +835,28 @@ class SchedulerService:
         if now == ShardState.RUNNING:
             self._work_dirty.setdefault(cluster, set()).add(key)
         self._tracked[key] = where
+
+    def _count_quota(self, job: JobEntry, shard: ShardEntry, key: tuple[str, int]) -> None:
+        """Keep :attr:`_quota_use` = the milli-GPUs (:func:`placement_milli`) of every placed or
+        running shard with a placement, per (tenant, card model, region): what
+        :meth:`TenancyGate.quota_book_of_totals` builds the cycle's quota book from. O(1)."""
+        placed = shard.placed if shard.state in ACTIVE else None
+        old = self._quota_of.get(key)
+        if old is not None and old[4] is placed and old[2] == shard.region:
+            return
+        use = self._quota_use
+        if old is not None:
+            k = old[:3]
+            left = use[k] - old[3]
+            if left:
+                use[k] = left
+            else:
+                del use[k]
+            del self._quota_of[key]
+        if placed is not None:
+            new = (job.tenant, placed.card_model, shard.region, placement_milli(placed.bindings), placed)
+            self._quota_of[key] = new
+            use[new[:3]] = use.get(new[:3], 0) + new[3]
 
     def _drop_work(self, cluster: str, key: tuple[str, int]) -> None:
         """Forget a shard's view record on ``cluster`` (and its usage)."""
@@ -1315,6 +1334,7 @@ class SchedulerService:
         self._expire_unschedulable(self.clock.time())
         await self._cancellations()
         expired = self.governor.expiries(self.jobs, self.clock.time())  # governance: approval timeouts
+        self._visit("approvals", self.governor.last_expiry_visits)
         if expired:
             await self.publisher.publish_many(expired)
         queue = self.queue()
@@ -1324,10 +1344,8 @@ class SchedulerService:
             return
         view = self.view()                                                           # 2
         if self.policy_holder.current is not None and self.policy_holder.current.quota_rules:
-            self._visit("quota", len(self.active))  # the quota book counts every placed or running shard
-        view = replace(view, quota=self.governor.quota_book(  # governance: quota usage
-            ActiveShard(job.tenant, shard.region, shard.placed) for job, shard in self.active.values()
-            if shard.placed is not None))
+            self._visit("quota", len(self._quota_use))  # running totals: one per (tenant, model, region)
+        view = replace(view, quota=self.governor.quota_book_of_totals(self._quota_use))  # governance: quota usage
         queue = self.governor.narrow(queue, view)  # governance: awaiting approval, home-only, quota room
         with tracer.start_as_current_span("scheduler.cycle", attributes={"queue": len(queue)}):
             decisions = decide(view, queue, self.policy)                             # 3
