@@ -336,6 +336,7 @@ class SchedulerService:
         self.last_cycle_ms = 0.0
         self.busy = False
         self._counterfactuals = 0
+        self._placement_counterfactuals = 0
         self.on_cycle: list = []  # callables run after every cycle (e.g. a replay driver's wake-up)
         self._dirty = asyncio.Event()
         #: messages refused by the trust checks (fedsched.trust), published at the next cycle
@@ -1290,23 +1291,32 @@ class SchedulerService:
 
         Kept on the shard while nothing it depends on changes (attempt, start, placement,
         progress, the cluster's node positions), so a cycle does not rebuild every running job;
-        a shard not started yet is expected to start ``now``, so it is rebuilt each time.
+        a shard not started yet is expected to start ``now``, so its record is rebuilt each time
+        (from its bindings, kept).
         """
         key = (shard.attempt, shard.started_at, shard.progress_s)
-        cached = shard.view_cache  # (key, placement, positions, work): the objects themselves, compared by identity
-        if cached is not None and cached[0] == key and cached[1] is p and cached[2] is info.position:
+        # (key, placement, positions, work or the bindings of an unstarted one): the objects
+        # themselves, compared by identity
+        cached = shard.view_cache
+        hit = cached is not None and cached[0] == key and cached[1] is p and cached[2] is info.position
+        if hit and shard.started_at is not None:
             return cached[3]
         spec = job.spec
         est = spec.estimated_duration_s
         left = max(0.0, est - shard.progress_s) if est is not None else math.inf
         start = shard.started_at if shard.started_at is not None else now
-        bindings = tuple((info.position.get(b.node, -1), tuple(b.gpu_indices), b.gpu_milli, b.cpu_milli,
-                          b.memory_mib) for b in p.bindings)
+        if hit:  # not started: only its expected end moves with ``now``; the bindings are kept
+            bindings = cached[3]
+        else:
+            bindings = tuple((info.position.get(b.node, -1), tuple(b.gpu_indices), b.gpu_milli, b.cpu_milli,
+                              b.memory_mib) for b in p.bindings)
         work = None if any(b[0] < 0 for b in bindings) else RunningWork(
             job.job_id, shard.attempt, shard.index, job.tenant, spec.priority_value, spec.preemptible,
             spec.checkpointable, shard.started_at, start + left, p.card_model, bindings)
         if shard.started_at is not None:
             shard.view_cache = (key, p, info.position, work)
+        elif not hit:
+            shard.view_cache = (key, p, info.position, bindings)
         return work
 
     def queue(self) -> list[QueuedJob]:
@@ -1351,7 +1361,7 @@ class SchedulerService:
             decisions = decide(view, queue, self.policy)                             # 3
         decisions, requests = self.governor.gate(decisions, self.jobs, view, self.clock.time())  # governance
         stops, places, pendings, pending_codes = [], [], [], []
-        self._counterfactuals = 0
+        self._counterfactuals = self._placement_counterfactuals = 0
         for p in decisions.placements:                                               # 4
             for victim in p.victims:
                 stops.append((victim, p))
@@ -1596,20 +1606,29 @@ class SchedulerService:
             transfer_bytes=p.transfer_bytes, price_per_gpu_hour=p.price_per_gpu_hour, shard=p.job.shard,
             evaluations=tuple(_evaluation(e) for e in p.evaluations), resume_from_s=p.job.progress_s,
             queue=p.queue, est_cost=p.est_cost, fencing_token=self.fencing_token,
-            counterfactual=placement_counterfactual(view, p, self.policy) if p.cross_region else "")
+            counterfactual=self._placement_counterfactual(view, p))
         event = make_event(EventType.JOB_PLACED, payload, producer="scheduler", occurred_at=self.clock.time(),
                            event_id=business_event_id(job.job_id, p.job.attempt, p.job.shard, "placed"),
                            region=p.region, zone=p.zone, cluster=p.cluster, tenant=job.tenant, project=job.project,
                            job_id=job.job_id, attempt=p.job.attempt, actor="scheduler", policy_version=policy_version)
-        with tracer.start_as_current_span("scheduler.place", context=telemetry.context_from(job.headers),
-                                          attributes={"job_id": job.job_id, "cluster": p.cluster}):
-            headers = telemetry.inject_headers()
+        headers = telemetry.child_headers(job.headers, "scheduler.place", job_id=job.job_id, cluster=p.cluster)
         return p, self.subjects.placements(p.region, p.cluster), event, headers
 
     #: counterfactuals cost a decide() per relaxation: only for jobs that waited this long (or can
     #: never run as asked), and at most this many per cycle
     COUNTERFACTUAL_AFTER_S = 60.0
     COUNTERFACTUALS_PER_CYCLE = 32
+
+    #: cross-region placements explained with a counterfactual (the home start estimate walks
+    #: the home clusters' work) per cycle; beyond it (a burst placing thousands abroad at once)
+    #: the placement carries none
+    PLACEMENT_COUNTERFACTUALS_PER_CYCLE = 64
+
+    def _placement_counterfactual(self, view: View, p: Placement) -> str:
+        if not p.cross_region or self._placement_counterfactuals >= self.PLACEMENT_COUNTERFACTUALS_PER_CYCLE:
+            return ""
+        self._placement_counterfactuals += 1
+        return placement_counterfactual(view, p, self.policy)
 
     def _counterfactual(self, view: View, pend: Pending) -> str:
         if pend.fits_empty and view.now - pend.job.submitted_at < self.COUNTERFACTUAL_AFTER_S:
