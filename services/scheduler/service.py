@@ -109,7 +109,7 @@ from services.scheduler.core import (ClusterEvaluation, ClusterIndex, ClusterSta
                                      Policy, QueuedJob, RunningWork, Usage, View, decide)
 from services.scheduler.core.snapshot import CapacityClasses
 from services.scheduler.core.explain import pending_counterfactual, placement_counterfactual
-from services.scheduler.core.queues import queue_of
+from services.scheduler.core.queues import effective_priority, queue_of
 
 log = logging.getLogger(__name__)
 tracer = telemetry.tracer("fedsched.scheduler")
@@ -276,6 +276,10 @@ class SchedulerService:
             and start from the newest checkpoint plus the stream after it. 0 = never (a start
             reads the whole stream).
         snapshot_every_events: see ``snapshot_every_s``.
+        max_jobs_per_cycle: queued shards one cycle hands to ``decide`` at most (see
+            :meth:`window`); the others wait for the next cycle (one ``interval_s`` later), so a
+            burst of thousands of submissions is placed in a stream of short cycles, not one long
+            one that publishes nothing until it ends.
 
     Memory is bounded by the live jobs plus these two retentions, not by the jobs ever seen
     (issue 15 item 2; ``tests/unit/scheduler/test_memory.py``).
@@ -290,10 +294,12 @@ class SchedulerService:
                  cross_region_mode: dict[str, str] | None = None, unschedulable_timeout_s: float = 86400.0,
                  metrics: SchedulerMetrics | None = None, lease: Lease | None = None, stream_end=None,
                  retain_ended: int = 1000, retain_tombstones: int = 200_000, snapshot_every_s: float = 0.0,
-                 snapshot_every_events: int = 100_000) -> None:
+                 snapshot_every_events: int = 100_000, max_jobs_per_cycle: int = 500) -> None:
         if bus is None and (publisher is None or subjects is None):
             raise ValueError("a scheduler without a bus needs a publisher and subjects")
         self.bus = bus
+        self.max_jobs_per_cycle = max(1, max_jobs_per_cycle)
+        self._window_blocked = False  # the last windowed cycle placed nothing: decide the whole queue next
         inner: Publisher = publisher if publisher is not None else bus
         self.lease = lease
         #: fencing token stamped on placements and stop orders (the lease's, once caught up)
@@ -1328,6 +1334,35 @@ class SchedulerService:
                           else self.cross_region_mode.get(job.tenant, "allowed"), shard.progress_s)
                 for job, shard in self.queued.values() if not job.cancel_requested]
 
+    def window(self, queue: list[QueuedJob], now: float) -> list[QueuedJob]:
+        """The part of ``queue`` one cycle decides: all of it up to :attr:`max_jobs_per_cycle`
+        shards, else the head of the order ``decide`` considers jobs in
+        (:class:`~services.scheduler.core.queues.FairOrder`: effective priority, then DRF among
+        tenants, each tenant's jobs oldest first): whole priority levels from the highest, each
+        tenant of a level given an equal part of the room left (its oldest shards, at least one).
+        The jobs the cycle does consider are then ordered exactly as in the full queue; the
+        others are decided in the next cycles. After a windowed cycle that placed nothing the
+        next cycle decides the whole queue (a blocked head must not keep the jobs behind it from
+        being placed or backfilled). Cost O(queue) (plus sorting each tenant's part).
+        """
+        cap = self.max_jobs_per_cycle
+        if len(queue) <= cap:
+            return queue
+        levels: dict[int, dict[str, list[QueuedJob]]] = {}
+        for qj in queue:
+            levels.setdefault(effective_priority(qj, now, self.policy), {}).setdefault(qj.spec.tenant, []).append(qj)
+        out: list[QueuedJob] = []
+        for level in sorted(levels, reverse=True):
+            room = cap - len(out)
+            if room <= 0:
+                break
+            tenants = levels[level]
+            part = max(1, room // len(tenants))
+            for jobs in tenants.values():
+                out.extend(jobs if len(jobs) <= part else
+                           heapq.nsmallest(part, jobs, key=lambda j: (j.submitted_at, j.key)))
+        return out
+
     async def cycle(self) -> None:
         """One scheduling cycle (see the module docstring); nothing while not :attr:`leading`."""
         if not self.leading:
@@ -1352,6 +1387,10 @@ class SchedulerService:
         self._visit("queue", len(self.queued))
         if not queue or not self.clusters:
             return
+        full = len(queue)
+        if not self._window_blocked:
+            queue = self.window(queue, self.clock.time())
+        windowed = len(queue) < full
         view = self.view()                                                           # 2
         if self.policy_holder.current is not None and self.policy_holder.current.quota_rules:
             self._visit("quota", len(self._quota_use))  # running totals: one per (tenant, model, region)
@@ -1360,6 +1399,9 @@ class SchedulerService:
         with tracer.start_as_current_span("scheduler.cycle", attributes={"queue": len(queue)}):
             decisions = decide(view, queue, self.policy)                             # 3
         decisions, requests = self.governor.gate(decisions, self.jobs, view, self.clock.time())  # governance
+        # a window that placed nothing (its head is blocked): the next cycle decides the whole
+        # queue, so jobs behind the window can still be placed or backfilled
+        self._window_blocked = windowed and not decisions.placements
         stops, places, pendings, pending_codes = [], [], [], []
         self._counterfactuals = self._placement_counterfactuals = 0
         for p in decisions.placements:                                               # 4
