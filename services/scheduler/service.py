@@ -175,6 +175,7 @@ class JobEntry:
     cancelled_sent: bool = False
     end_reason: str = ""  # why the scheduler itself ends it ("" = a cancellation someone asked for)
     shards: list[ShardEntry] = field(default_factory=list)
+    mode_cache: tuple | None = field(default=None, repr=False, compare=False)  # (governance, cross-region mode)
 
     @property
     def done(self) -> bool:
@@ -981,6 +982,7 @@ class SchedulerService:
         change = env.payload_as(JobPriorityChanged)
         if job.spec.priority != change.priority:
             job.spec = job.spec.model_copy(update={"priority": change.priority})
+            job.mode_cache = None  # a job class may match on it
             self._dirty.set()
 
     def _on_cancelled(self, env: Envelope, d: Delivery) -> None:
@@ -1329,9 +1331,17 @@ class SchedulerService:
         """Shards waiting for a placement (cross-region mode from the governance policy in force,
         else the ``cross_region_mode`` given at construction)."""
         gov = self.policy_holder.current
+
+        def mode(job: JobEntry) -> str:  # kept on the job per policy in force (not redone every cycle)
+            cached = job.mode_cache
+            if cached is not None and cached[0] is gov:
+                return cached[1]
+            m = gov.mode_for(job.spec)[0] if gov is not None else self.cross_region_mode.get(job.tenant, "allowed")
+            job.mode_cache = (gov, m)
+            return m
+
         return [QueuedJob(job.job_id, shard.attempt + 1, job.spec, job.submitted_at, frozenset(shard.avoid),
-                          shard.index, gov.mode_for(job.spec)[0] if gov is not None
-                          else self.cross_region_mode.get(job.tenant, "allowed"), shard.progress_s)
+                          shard.index, mode(job), shard.progress_s)
                 for job, shard in self.queued.values() if not job.cancel_requested]
 
     def window(self, queue: list[QueuedJob], now: float) -> list[QueuedJob]:
