@@ -163,6 +163,9 @@ class Bus:
         self.on_dead_letter: Callable[[str, str], None] | None = None
         #: key of this connection's message ids (b"" = the event id itself); see :meth:`msg_id`
         self.msg_id_key = b""
+        #: :meth:`publish_many` waits this long for a batch's pipelined acks, then sends the
+        #: unacknowledged ones again one by one (same message ids)
+        self.ack_timeout_s = 30.0
 
     def msg_id(self, subject: str, event: Envelope) -> str:
         """The ``Nats-Msg-Id`` of ``event`` on ``subject``: its event id, or -- with a
@@ -338,7 +341,8 @@ class Bus:
            event id, type, subject, size).
         2. The others are sent pipelined; one that cannot even be handed to the client (any
            error) fails alone.
-        3. Those whose ack does not arrive are retried one by one with :meth:`publish`; one the
+        3. Those whose ack does not arrive (within :attr:`ack_timeout_s` for the whole batch)
+           are retried one by one with :meth:`publish`; one the
            server refuses for itself (a JetStream API error other than 503, e.g. a stream's
            ``max_msg_size``) is dead-lettered like an oversized one.
 
@@ -372,7 +376,7 @@ class Bus:
                 raise
             except Exception as e:  # noqa: BLE001 - one message's failure is that message's only
                 futures.append(_failed(e))
-        results = await asyncio.gather(*futures, return_exceptions=True)
+        results = await _acks(futures, self.ack_timeout_s)
         out: list[PublishResult] = []
         for i, ((subject, event, extra), trace_ctx, result) in enumerate(zip(items, sent, results)):
             if i in refused:
@@ -486,6 +490,29 @@ async def fetch_fast(sub, batch: int, max_wait_s: float) -> list[Msg]:
 
 async def _failed(e: Exception):
     raise e
+
+
+async def _acks(futures: list[Any], timeout_s: float) -> list[Any]:
+    """Each future's result or exception, waiting at most ``timeout_s`` for them all; one not
+    done by then is cancelled and given as a ``TimeoutError`` (its message is then sent again,
+    under the same ``Nats-Msg-Id``: never a duplicate). A pipelined publish's ack has no
+    deadline of its own: an ack the server never sends (overloaded, a connection blip) would
+    otherwise hold the publisher -- a scheduler cycle -- for good."""
+    if not futures:
+        return []
+    tasks = [asyncio.ensure_future(f) for f in futures]
+    _, pending = await asyncio.wait(tasks, timeout=timeout_s)
+    for t in pending:
+        t.cancel()
+    out: list[Any] = []
+    for t in tasks:
+        if t in pending:
+            out.append(asyncio.TimeoutError(f"no JetStream ack within {timeout_s:g} s"))
+        elif t.cancelled():
+            out.append(asyncio.CancelledError())
+        else:
+            out.append(t.exception() or t.result())
+    return out
 
 
 def _stored_at(md) -> float | None:
