@@ -996,6 +996,16 @@ class SchedulerService:
         self._dirty.set()
 
     def _on_placed(self, env: Envelope, d: Delivery) -> None:
+        raw = env.payload
+        index, token = raw.get("shard", 0), raw.get("fencing_token", 0)
+        if type(index) is int and type(token) is int and token == self.highest_token:
+            # our own write-through read back (the common case, one per placement): the shard
+            # already holds this attempt, so the payload (spec, bindings, evaluations) is not
+            # parsed again -- the rule is the one below, decided on the two fields it reads
+            found = self._shard(env, index)
+            if found is not None and env.attempt == found[1].attempt and found[1].attempt_placed is not None:
+                self._fence(env, token)
+                return
         placed = env.payload_as(JobPlaced)
         found = self._shard(env, placed.shard)
         if found is None:
@@ -1433,7 +1443,7 @@ class SchedulerService:
                       if (item := self._stop_event(self.jobs[v.job_id], self.jobs[v.job_id].shards[v.shard],
                                                    StopReason.PREEMPTED, for_job=p.job.job_id)) is not None]
         results = await self.publisher.publish_many([item for _, item in stop_items] +
-                                              [(s, e, h) for _, s, e, h in places] +
+                                              [(s, e, h) for _, s, e, h, _ in places] +
                                               [(s, e, h) for _, _, (s, e, h) in pendings] + requests)
         if requests:  # governance: the jobs whose approval request was acknowledged now wait
             self.governor.confirm(requests, results[len(results) - len(requests):])
@@ -1447,11 +1457,10 @@ class SchedulerService:
                 shard.stop_sent = True
                 self._unbind(shard)
                 self._set(job, shard, ShardState.STOPPING)
-        for (p, subject, env, _), ok in zip(places, rest[:len(places)]):
+        for (p, subject, env, _, payload), ok in zip(places, rest[:len(places)]):
             job = self.jobs.get(p.job.job_id)
             if ok and job is not None:
-                self._bind(job, job.shards[p.job.shard], p.job.attempt, p.cluster, p.region, env.payload_as(JobPlaced),
-                           now_live)
+                self._bind(job, job.shards[p.job.shard], p.job.attempt, p.cluster, p.region, payload, now_live)
                 self.metrics.placed(p.region, p.cluster)
             elif ok is PublishResult.REFUSED:
                 self._placement_refused(self.jobs[p.job.job_id], p.job.shard, subject, env)
@@ -1664,7 +1673,7 @@ class SchedulerService:
                            region=p.region, zone=p.zone, cluster=p.cluster, tenant=job.tenant, project=job.project,
                            job_id=job.job_id, attempt=p.job.attempt, actor="scheduler", policy_version=policy_version)
         headers = telemetry.child_headers(job.headers, "scheduler.place", job_id=job.job_id, cluster=p.cluster)
-        return p, self.subjects.placements(p.region, p.cluster), event, headers
+        return p, self.subjects.placements(p.region, p.cluster), event, headers, payload
 
     #: counterfactuals cost a decide() per relaxation: only for jobs that waited this long (or can
     #: never run as asked), and at most this many per cycle
