@@ -344,6 +344,7 @@ class SchedulerService:
         self.busy = False
         self._counterfactuals = 0
         self._placement_counterfactuals = 0
+        self._home_starts: dict = {}
         self.on_cycle: list = []  # callables run after every cycle (e.g. a replay driver's wake-up)
         self._dirty = asyncio.Event()
         #: messages refused by the trust checks (fedsched.trust), published at the next cycle
@@ -1424,6 +1425,7 @@ class SchedulerService:
         self._window_blocked = windowed and not decisions.placements
         stops, places, pendings, pending_codes = [], [], [], []
         self._counterfactuals = self._placement_counterfactuals = 0
+        self._home_starts: dict = {}  # home start estimates on this cycle's view (placement counterfactuals)
         for p in decisions.placements:                                               # 4
             for victim in p.victims:
                 stops.append((victim, p))
@@ -1689,7 +1691,7 @@ class SchedulerService:
         if not p.cross_region or self._placement_counterfactuals >= self.PLACEMENT_COUNTERFACTUALS_PER_CYCLE:
             return ""
         self._placement_counterfactuals += 1
-        return placement_counterfactual(view, p, self.policy)
+        return placement_counterfactual(view, p, self.policy, self._home_starts)
 
     def _counterfactual(self, view: View, pend: Pending) -> str:
         if pend.fits_empty and view.now - pend.job.submitted_at < self.COUNTERFACTUAL_AFTER_S:
