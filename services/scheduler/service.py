@@ -1227,8 +1227,12 @@ class SchedulerService:
 
     # ------------------------------------------------------------------ the cycle
 
-    def view(self) -> View:
-        """The current resource view (immutable); heartbeat ages on the liveness clock.
+    def view(self, live_now: float | None = None) -> View:
+        """The current resource view (immutable); heartbeat ages on the liveness clock, at
+        ``live_now`` when given (a cycle passes the time it judges silence at,
+        :meth:`_live_now`: a scheduler whose followers lag must not find every cluster's
+        newest heartbeat read "too old" and leave the queue pending as ``inventory_stale``;
+        found by bench/e2e_throughput.py under CPU contention), else now.
 
         Incremental: a cluster's node states and capacity classes are rebuilt only for nodes
         whose allocation changed, the records of started work only for shards that started,
@@ -1238,7 +1242,7 @@ class SchedulerService:
         O(clusters + changes + placed-not-started), not O(jobs); counted in
         ``last_cycle_visit_counts["view"]``.
         """
-        now_live = self.liveness.time()
+        now_live = self.liveness.time() if live_now is None else live_now
         now = self.clock.time()
         visits = 0
         for info in self.clusters.values():  # node positions must be current before bindings map to them
@@ -1275,7 +1279,7 @@ class SchedulerService:
         held = {tenant: list(h) for tenant, h in self._held.items() if any(h)}
         clusters = []
         for info in sorted(self.clusters.values(), key=lambda c: c.name):
-            age = now_live - info.seen_at
+            age = max(0.0, now_live - info.seen_at)
             if info.cached is None:
                 info.cached = _cluster_state(info, self.prices)
             started = self._running_tuple.get(info.name)
@@ -1412,7 +1416,7 @@ class SchedulerService:
         if not self._window_blocked:
             queue = self.window(queue, self.clock.time())
         windowed = len(queue) < full
-        view = self.view()                                                           # 2
+        view = self.view(judged_at)                                                  # 2
         if self.policy_holder.current is not None and self.policy_holder.current.quota_rules:
             self._visit("quota", len(self._quota_use))  # running totals: one per (tenant, model, region)
         view = replace(view, quota=self.governor.quota_book_of_totals(self._quota_use))  # governance: quota usage
