@@ -856,16 +856,18 @@ class SchedulerService:
         use = self._quota_use
         if old is not None:
             k = old[:3]
-            left = use[k] - old[3]
+            left = use.get(k, 0) - old[3]
             if left:
                 use[k] = left
             else:
-                del use[k]
+                use.pop(k, None)
             del self._quota_of[key]
-        if placed is not None:
-            new = (job.tenant, placed.card_model, shard.region, placement_milli(placed.bindings), placed)
-            self._quota_of[key] = new
-            use[new[:3]] = use.get(new[:3], 0) + new[3]
+        if placed is not None and placed.card_model:  # CPU-only work holds no GPU quota
+            milli = placement_milli(placed.bindings)
+            if milli:
+                new = (job.tenant, placed.card_model, shard.region, milli, placed)
+                self._quota_of[key] = new
+                use[new[:3]] = use.get(new[:3], 0) + milli
 
     def _drop_work(self, cluster: str, key: tuple[str, int]) -> None:
         """Forget a shard's view record on ``cluster`` (and its usage)."""

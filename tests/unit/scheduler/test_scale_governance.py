@@ -81,9 +81,16 @@ async def test_quota_totals_equal_a_recount_through_starts_failures_reclaims_and
 
     for i in range(24):
         h.submit(f"j{i}", tenant=("search", "ads")[i % 2], gpus=1 + i % 3, retry_limit=3)
+    for i in range(4):  # CPU-only jobs hold no GPU quota (two of one tenant and region: one key)
+        h.submit(f"cpu{i}", tenant="search", gpus=0, gpu_milli=0)
     await h.cycle()
     check()
     assert svc._quota_use  # something is counted
+    assert all(h.shard(f"cpu{i}").state == ShardState.PLACED for i in range(4))
+    for i in range(4):  # they end one after another (the KeyError the replay found)
+        h.report(f"cpu{i}", "job.started")
+        h.report(f"cpu{i}", "job.finished")
+    check()
     for i in range(0, 24, 2):
         if h.shard(f"j{i}").state == ShardState.PLACED:
             h.report(f"j{i}", "job.started")
