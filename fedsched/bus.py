@@ -42,6 +42,7 @@ import hmac
 import json
 import logging
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Sequence
 
@@ -521,8 +522,34 @@ def _stored_at(md) -> float | None:
     return ts.timestamp() if ts is not None else None
 
 
+#: recently decoded stream messages, (stream, sequence) -> (bytes, envelope): the consumers and
+#: followers of one process (audit and billing in the store; every service when embedded) read
+#: the same messages, and an envelope is immutable, so each is decoded once, not once per reader
+_DECODED: "OrderedDict[tuple[str, int], tuple[bytes, Envelope]]" = OrderedDict()
+_DECODED_MAX = 8192
+
+
 def _decode(msg: Msg) -> Envelope:
-    return Envelope.from_bytes(msg.data)
+    """The envelope of a stream message (:meth:`Envelope.from_bytes`), shared with the other
+    readers of this process through :data:`_DECODED` (a hit must have the very same bytes).
+
+    Raises:
+        DecodeError: see :meth:`Envelope.from_bytes` (never cached).
+    """
+    data = msg.data
+    try:
+        md = msg.metadata
+        key = (md.stream, md.sequence.stream)
+    except Exception:  # noqa: BLE001 - not a JetStream message: nothing to share it by
+        return Envelope.from_bytes(data)
+    hit = _DECODED.get(key)
+    if hit is not None and hit[0] == data:
+        return hit[1]
+    env = Envelope.from_bytes(data)
+    _DECODED[key] = (data, env)
+    if len(_DECODED) > _DECODED_MAX:
+        _DECODED.popitem(last=False)
+    return env
 
 
 Handler = Callable[[list[Delivery]], Awaitable[None]]
