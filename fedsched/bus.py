@@ -42,6 +42,7 @@ import hmac
 import json
 import logging
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Sequence
 
@@ -163,6 +164,9 @@ class Bus:
         self.on_dead_letter: Callable[[str, str], None] | None = None
         #: key of this connection's message ids (b"" = the event id itself); see :meth:`msg_id`
         self.msg_id_key = b""
+        #: :meth:`publish_many` waits this long for a batch's pipelined acks, then sends the
+        #: unacknowledged ones again one by one (same message ids)
+        self.ack_timeout_s = 30.0
 
     def msg_id(self, subject: str, event: Envelope) -> str:
         """The ``Nats-Msg-Id`` of ``event`` on ``subject``: its event id, or -- with a
@@ -338,7 +342,8 @@ class Bus:
            event id, type, subject, size).
         2. The others are sent pipelined; one that cannot even be handed to the client (any
            error) fails alone.
-        3. Those whose ack does not arrive are retried one by one with :meth:`publish`; one the
+        3. Those whose ack does not arrive (within :attr:`ack_timeout_s` for the whole batch)
+           are retried one by one with :meth:`publish`; one the
            server refuses for itself (a JetStream API error other than 503, e.g. a stream's
            ``max_msg_size``) is dead-lettered like an oversized one.
 
@@ -372,7 +377,7 @@ class Bus:
                 raise
             except Exception as e:  # noqa: BLE001 - one message's failure is that message's only
                 futures.append(_failed(e))
-        results = await asyncio.gather(*futures, return_exceptions=True)
+        results = await _acks(futures, self.ack_timeout_s)
         out: list[PublishResult] = []
         for i, ((subject, event, extra), trace_ctx, result) in enumerate(zip(items, sent, results)):
             if i in refused:
@@ -488,14 +493,63 @@ async def _failed(e: Exception):
     raise e
 
 
+async def _acks(futures: list[Any], timeout_s: float) -> list[Any]:
+    """Each future's result or exception, waiting at most ``timeout_s`` for them all; one not
+    done by then is cancelled and given as a ``TimeoutError`` (its message is then sent again,
+    under the same ``Nats-Msg-Id``: never a duplicate). A pipelined publish's ack has no
+    deadline of its own: an ack the server never sends (overloaded, a connection blip) would
+    otherwise hold the publisher -- a scheduler cycle -- for good."""
+    if not futures:
+        return []
+    tasks = [asyncio.ensure_future(f) for f in futures]
+    _, pending = await asyncio.wait(tasks, timeout=timeout_s)
+    for t in pending:
+        t.cancel()
+    out: list[Any] = []
+    for t in tasks:
+        if t in pending:
+            out.append(asyncio.TimeoutError(f"no JetStream ack within {timeout_s:g} s"))
+        elif t.cancelled():
+            out.append(asyncio.CancelledError())
+        else:
+            out.append(t.exception() or t.result())
+    return out
+
+
 def _stored_at(md) -> float | None:
     """Wall seconds at which JetStream stored a message (its metadata timestamp), or None."""
     ts = getattr(md, "timestamp", None)
     return ts.timestamp() if ts is not None else None
 
 
+#: recently decoded stream messages, (stream, sequence) -> (bytes, envelope): the consumers and
+#: followers of one process (audit and billing in the store; every service when embedded) read
+#: the same messages, and an envelope is immutable, so each is decoded once, not once per reader
+_DECODED: "OrderedDict[tuple[str, int], tuple[bytes, Envelope]]" = OrderedDict()
+_DECODED_MAX = 8192
+
+
 def _decode(msg: Msg) -> Envelope:
-    return Envelope.from_bytes(msg.data)
+    """The envelope of a stream message (:meth:`Envelope.from_bytes`), shared with the other
+    readers of this process through :data:`_DECODED` (a hit must have the very same bytes).
+
+    Raises:
+        DecodeError: see :meth:`Envelope.from_bytes` (never cached).
+    """
+    data = msg.data
+    try:
+        md = msg.metadata
+        key = (md.stream, md.sequence.stream)
+    except Exception:  # noqa: BLE001 - not a JetStream message: nothing to share it by
+        return Envelope.from_bytes(data)
+    hit = _DECODED.get(key)
+    if hit is not None and hit[0] == data:
+        return hit[1]
+    env = Envelope.from_bytes(data)
+    _DECODED[key] = (data, env)
+    if len(_DECODED) > _DECODED_MAX:
+        _DECODED.popitem(last=False)
+    return env
 
 
 Handler = Callable[[list[Delivery]], Awaitable[None]]

@@ -36,6 +36,7 @@ TRACE_HEADERS = ("traceparent", "tracestate")
 _IDS = RandomIdGenerator()
 
 _configured = False
+_exporting = False  # a span processor exports spans (otel_exporter console/otlp)
 
 
 def setup_tracing(exporter: str = "none", service_name: str = "fedsched") -> None:
@@ -47,7 +48,7 @@ def setup_tracing(exporter: str = "none", service_name: str = "fedsched") -> Non
     Raises:
         RuntimeError: ``otlp`` asked for but ``opentelemetry-exporter-otlp-proto-grpc`` missing.
     """
-    global _configured
+    global _configured, _exporting
     if _configured:
         return
     provider = TracerProvider(resource=Resource.create({"service.name": service_name}))
@@ -61,6 +62,7 @@ def setup_tracing(exporter: str = "none", service_name: str = "fedsched") -> Non
         provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
     trace.set_tracer_provider(provider)
     _configured = True
+    _exporting = exporter != "none"
 
 
 def tracer(name: str) -> trace.Tracer:
@@ -122,6 +124,33 @@ def root_span(name: str, **attributes: str) -> Iterator[trace.Span]:
                                                         trace_flags=trace.TraceFlags(trace.TraceFlags.SAMPLED)))
     with trace.use_span(span, end_on_exit=True):
         yield span
+
+
+def child_headers(carrier: Mapping[str, str] | None, name: str, **attributes: str) -> dict[str, str]:
+    """Trace headers (``traceparent``, ``tracestate``) for work caused by ``carrier``'s trace
+    context: a child span named ``name`` of it, or a new root when ``carrier`` has none.
+
+    When spans are exported (:func:`setup_tracing` with ``console``/``otlp``) the span is a
+    recorded one with ``attributes``. Otherwise no span is recorded, so only its context is
+    made: the parent's trace id and flags with a new random span id (W3C trace context) --
+    what a recorded span would propagate, without the SDK's per-span cost (per placement in a
+    scheduling cycle).
+    """
+    if _exporting:
+        with trace.get_tracer("fedsched").start_as_current_span(name, context=context_from(carrier),
+                                                               attributes=attributes):
+            return inject_headers()
+    parent = carrier.get("traceparent", "") if carrier else ""
+    parts = parent.split("-")
+    if len(parts) == 4 and len(parts[1]) == 32 and parts[1] != "0" * 32 and len(parts[3]) == 2:
+        trace_id, flags = parts[1], parts[3]
+    else:
+        trace_id, flags = format(_IDS.generate_trace_id(), "032x"), "01"
+    out = {"traceparent": f"00-{trace_id}-{_IDS.generate_span_id():016x}-{flags}"}
+    state = carrier.get("tracestate") if carrier and trace_id == (parts[1] if len(parts) == 4 else "") else None
+    if state:
+        out["tracestate"] = state
+    return out
 
 
 def event_headers(extra: Mapping[str, str] | None, name: str) -> dict[str, str]:

@@ -492,10 +492,11 @@ class ClusterAgent:
                 self.ledger[n.name] = NodeLedger(n, list(n.gpu_free_milli) or [WHOLE] * n.gpus, n.cpu_milli,
                                                  n.memory_mib)
                 continue
-            if (led.inv.healthy, led.inv.unschedulable, led.inv.taints) != (n.healthy, n.unschedulable, n.taints):
-                self._changed.set()
-                if led.inv.healthy and not n.healthy:
-                    self._failed_nodes.add(n.name)
+            if (led.inv.healthy, led.inv.unschedulable, led.inv.taints) == (n.healthy, n.unschedulable, n.taints):
+                continue  # nothing to copy (every heartbeat reads every node: no copy per node per beat)
+            self._changed.set()
+            if led.inv.healthy and not n.healthy:
+                self._failed_nodes.add(n.name)
             led.inv = led.inv.model_copy(update={"healthy": n.healthy, "unschedulable": n.unschedulable,
                                                  "taints": n.taints})
 

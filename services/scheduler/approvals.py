@@ -21,7 +21,12 @@ publish). Its parts of the cycle:
    cross-region placement whose mode is ``approval`` (and whose region is not yet approved)
    becomes an ``approval.requested`` event instead, and the job waits;
 5. :meth:`TenancyGate.expiries` -- ``approval.expired`` for requests past their deadline: the job
-   falls back to its home queue.
+   falls back to its home queue. Deadlines are kept in a heap, so a cycle looks only at the
+   requests that are due (not at every approval ever asked for).
+
+The quota usage of placed and running work is kept as running totals per (tenant, card model,
+region) by the scheduler service as shards are bound and released
+(:meth:`TenancyGate.quota_book_of_totals`), so a cycle does not walk the active shards.
 
 Approval outcomes (approved / rejected / expired) share one event id per approval
 (:func:`~fedsched.events.approval_outcome_id`), so whichever is published first is the only
@@ -31,6 +36,7 @@ one; the gate folds outcomes from the stream, first one wins.
 from __future__ import annotations
 
 import hashlib
+import heapq
 import json
 import logging
 from dataclasses import dataclass, field, replace
@@ -125,6 +131,10 @@ class TenancyGate:
         self.state: dict[str, JobApprovals] = {}
         self.started: dict[str, float] = {}  # job -> business start of its running attempt
         self._policies: dict[tuple[Policy, str], Policy] = {}
+        # open requests by due time: (business s when an expiry is due, job id, approval id);
+        # an entry whose request was decided meanwhile is dropped when it comes up
+        self._due: list[tuple[float, str, str]] = []
+        self.last_expiry_visits = 0  #: heap entries the last :meth:`expiries` looked at
 
     # ------------------------------------------------------------------ folding events
 
@@ -154,7 +164,16 @@ class TenancyGate:
         st.requests += 1
         st.pending = PendingApproval(req.approval_id, req.proposed_region, req.proposed_cluster,
                                      req.expires_at.timestamp())
+        heapq.heappush(self._due, (st.pending.expires_at, env.job_id, req.approval_id))
         return True
+
+    def index_pending(self) -> None:
+        """Rebuild the deadline heap from :attr:`state` (after a checkpoint was loaded into it).
+        O(approvals), once."""
+        self._due = [(st.pending.expires_at if st.pending.expiry_sent_at is None
+                      else st.pending.expiry_sent_at + RESEND_EXPIRY_S, job_id, st.pending.approval_id)
+                     for job_id, st in self.state.items() if st.pending is not None]
+        heapq.heapify(self._due)
 
     def _on_outcome(self, env: Envelope) -> bool:
         t = env.type
@@ -241,6 +260,19 @@ class TenancyGate:
                                                   placement_milli(j.placed.bindings))
                                                  for j in jobs if j.placed is not None))
 
+    def quota_book_of_totals(self, totals: Mapping[tuple[str, str, str], int]) -> QuotaBook | None:
+        """Quota rules with the usage given as running totals (None = no quotas).
+
+        Args:
+            totals: (tenant, card model, region) -> milli-GPUs held by placed or running shards,
+                kept by the scheduler service as shards are bound and released. Cost
+                O(rules + distinct keys), independent of the number of shards.
+        """
+        gov = self.holder.current
+        if gov is None or not gov.quota_rules:
+            return None
+        return QuotaBook.build(gov.quota_rules, ((t, m, r, milli) for (t, m, r), milli in totals.items() if milli))
+
     def gate(self, decisions: Decisions, jobs: Mapping[str, Any], view: View, now: float) -> tuple[Decisions, list[Item]]:
         """Admit the cycle's placements in order against the quota; turn cross-region
         placements that need approval into requests (step 4 of the module docstring).
@@ -296,20 +328,36 @@ class TenancyGate:
 
     def expiries(self, jobs: Mapping[str, Any], now: float) -> list[Item]:
         """``approval.expired`` for open requests past their deadline (the job falls back to its
-        home queue once the event is folded back from the stream)."""
+        home queue once the event is folded back from the stream).
+
+        Looks only at the requests due by ``now`` (a heap by deadline; an expiry not yet read
+        back is due again :data:`RESEND_EXPIRY_S` after it was sent): cost O(due x log n), not
+        O(approvals); counted in :attr:`last_expiry_visits`.
+        """
         gov = self.holder.current
         items: list[Item] = []
-        for job_id, st in self.state.items():
-            pa = st.pending
-            if pa is None or pa.expires_at > now:
+        again: list[tuple[float, str, str]] = []
+        visits = 0
+        while self._due and self._due[0][0] <= now:
+            due = heapq.heappop(self._due)
+            visits += 1
+            _, job_id, approval_id = due
+            st = self.state.get(job_id)
+            pa = st.pending if st is not None else None
+            if pa is None or pa.approval_id != approval_id:
+                continue  # decided (or the job left) since
+            if pa.expires_at > now:  # not due after all (a heap entry older than the request)
+                again.append((pa.expires_at, job_id, approval_id))
                 continue
             entry = jobs.get(job_id)
             if entry is None or entry.state == ShardState.DONE:
                 st.pending = None
                 continue
             if pa.expiry_sent_at is not None and now - pa.expiry_sent_at < RESEND_EXPIRY_S:
+                again.append((pa.expiry_sent_at + RESEND_EXPIRY_S, job_id, approval_id))
                 continue
             pa.expiry_sent_at = now
+            again.append((now + RESEND_EXPIRY_S, job_id, approval_id))  # sent again unless read back by then
             timeout = gov.approval_timeout_s if gov else 0
             payload = ApprovalDecided(approval_id=pa.approval_id, proposed_region=pa.region,
                                       comment=f"no decision within {_duration(timeout)}; the job falls back to "
@@ -319,6 +367,9 @@ class TenancyGate:
                                cluster=pa.cluster, tenant=entry.tenant, project=entry.project, job_id=job_id,
                                attempt=entry.attempt, actor="scheduler", policy_version=self.holder.version)
             items.append((self.subjects.approval(entry.tenant, entry.project), event, entry.headers))
+        for due in again:
+            heapq.heappush(self._due, due)
+        self.last_expiry_visits = visits
         return items
 
     # ------------------------------------------------------------------ requests

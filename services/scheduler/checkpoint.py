@@ -159,5 +159,6 @@ def _restore_scheduler(svc: Any, state: dict[str, Any], applied_seq: int, job_cl
                                          set(st["granted"]), st["home"])
     gov.started = {job_id: float(t) for job_id, t in state["started"].items()}
     svc.highest_token = max(svc.highest_token, int(state.get("highest_token", 0)))  # absent in older checkpoints
+    gov.index_pending()
     svc.applied_seq = applied_seq
     svc._dirty.set()

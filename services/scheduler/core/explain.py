@@ -61,8 +61,14 @@ def pending_counterfactual(view: View, job: QueuedJob, policy: Policy) -> str:
     return ""
 
 
-def placement_counterfactual(view: View, placement: Placement, policy: Policy) -> str:
-    """For a cross-region placement: the estimated home start and cost difference ("" otherwise)."""
+def placement_counterfactual(view: View, placement: Placement, policy: Policy, starts: dict | None = None) -> str:
+    """For a cross-region placement: the estimated home start and cost difference ("" otherwise).
+
+    ``starts``: a memo of home-cluster start estimates shared by the calls made on one ``view``
+    (a scheduling cycle): keyed by cluster and the request shape a fit reads (card models,
+    workers, GPUs and milli-GPU per worker, CPU, memory), it saves walking the home clusters'
+    running work again for every job of the same shape. Same results with or without it.
+    """
     if not placement.cross_region:
         return ""
     job = placement.job
@@ -76,7 +82,14 @@ def placement_counterfactual(view: View, placement: Placement, policy: Policy) -
         models = candidate_models(job, cluster)
         if job.spec.gpus_per_worker and not models:
             continue
-        start = estimated_start(job.spec, models, cluster, WorkingCluster(cluster), view.now)
+        s = job.spec
+        key = (cluster.name, tuple(models), s.workers, s.gpus_per_worker, s.gpu_milli, s.cpu_milli, s.memory_mib)
+        if starts is not None and key in starts:
+            start = starts[key]
+        else:
+            start = estimated_start(s, models, cluster, WorkingCluster(cluster), view.now)
+            if starts is not None:
+                starts[key] = start
         if start is None:
             continue
         cost = estimated_cost(job, cluster, models[0] if models else "", ctx)

@@ -38,3 +38,21 @@ def test_trace_headers_keep_only_the_trace_context():
     assert telemetry.trace_headers({"traceparent": CAUSE, "tracestate": "a=b", "Nats-Msg-Id": "x"}) == {
         "traceparent": CAUSE, "tracestate": "a=b"}
     assert telemetry.trace_headers(None) == {}
+
+
+def test_child_headers_continue_the_parents_trace_with_a_new_span():
+    parent = {"traceparent": "00-" + "ab" * 16 + "-" + "cd" * 8 + "-01", "tracestate": "k=v"}
+    child = telemetry.child_headers(parent, "scheduler.place", job_id="j1")
+    version, trace_id, span_id, flags = child["traceparent"].split("-")
+    assert (version, trace_id, flags) == ("00", "ab" * 16, "01")
+    assert len(span_id) == 16 and span_id != "cd" * 8 and span_id != "0" * 16
+    assert child["tracestate"] == "k=v"
+    other = telemetry.child_headers(parent, "scheduler.place")
+    assert other["traceparent"].split("-")[2] != span_id  # a new span each time
+
+
+def test_child_headers_without_a_parent_start_a_new_trace():
+    for carrier in (None, {}, {"traceparent": "garbage"}, {"traceparent": "00-" + "0" * 32 + "-" + "1" * 16 + "-01"}):
+        child = telemetry.child_headers(carrier, "scheduler.place")
+        trace_id = telemetry.trace_id_of(child)
+        assert trace_id and trace_id != "0" * 32 and "tracestate" not in child
