@@ -34,7 +34,7 @@ from fedsched.api.v1 import jobs_pb2_grpc as pb_grpc
 from fedsched.tenancy import LimitsDoc
 from fedapp.client import TlsClient, call_metadata, resolve_token, sync_channel
 from fedapp.cli.jobfile import JobFileError, parse_job_file
-from fedapp.cli.text import Output, clip as _clip, console, err, error_line, styled
+from fedapp.cli.text import Output, clip as _clip, console, err, error_line, printable, safe, styled
 from fedapp.cli.wire import enum_number, enum_word, enum_words, message_dict
 
 
@@ -189,13 +189,13 @@ def attempt_history(job: pb.Job) -> list[str]:
         at = _ts(a.ended_at) or "?"
         if a.outcome == "lost":
             lines.append(f"failover: {where}attempt {a.attempt} lost on {a.cluster} at {at} "
-                         f"({a.reason or 'cluster_lost'}){moved}")
+                         f"({safe(a.reason) or 'cluster_lost'}){moved}")
         elif a.outcome == "stopped" and a.reason.split(" ", 1)[0] not in _ORDERED_STOPS:
             lines.append(f"reconciled: {where}attempt {a.attempt} on {a.cluster} stopped by its agent at {at} "
-                         f"({a.reason or 'no reason given'}){moved}")
+                         f"({safe(a.reason) or 'no reason given'}){moved}")
         else:
             lines.append(f"{a.outcome}: {where}attempt {a.attempt} on {a.cluster or '-'} at {at}"
-                         f"{' (' + a.reason + ')' if a.reason else ''}{moved}")
+                         f"{' (' + safe(a.reason) + ')' if a.reason else ''}{moved}")
     return lines
 
 
@@ -207,40 +207,59 @@ def _attempts_cell(job: pb.Job) -> str:
 
 def _jobs_table(jobs, width: int | None = None) -> Table:
     """The jobs table, fitted to the terminal (``width``, default the console's: the terminal's,
-    ``COLUMNS``, or :data:`~fedapp.cli.text.PIPE_WIDTH` in a pipe): job ids are never cut; names
-    and reasons end in an ellipsis when cut; other cells wrap. Below 150 columns names show at
-    most 20 characters and times drop the year and seconds; the ``ended`` column is left out
-    when no listed job has ended, and ``attempts`` below 110 columns."""
+    ``COLUMNS``, or :data:`~fedapp.cli.text.PIPE_WIDTH` in a pipe). Job ids and states are never
+    cut; names and reasons end in an ellipsis when cut; the reason takes what the other columns
+    leave (at least 12 characters). Below 150 columns names show at most 20 characters and times
+    drop the year and seconds; when the columns still do not fit, ``attempts``, ``ended``,
+    ``submitted``, ``where`` and ``tenant/project`` are left out, in that order. Text from the
+    server is shown with control characters escaped (:func:`~fedapp.cli.text.printable`)."""
     width = width or console.width
     short = width < 150
-    ended = any(j.ended_at.seconds for j in jobs)
-    # below 100 columns a borderless table (rich never shrinks a column below its minimum: with
-    # borders the minimums alone are wider than 80 columns)
-    table = Table() if width >= 100 else Table(box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
-    table.add_column("job", no_wrap=True, min_width=22)  # ids are copied from here: never cut them
-    table.add_column("tenant/project", overflow="fold", min_width=8)
-    table.add_column("name", overflow="ellipsis", no_wrap=True, max_width=20 if short else None, min_width=6)
-    table.add_column("state", overflow="fold", min_width=6)
-    table.add_column("where", overflow="fold", min_width=5)
-    table.add_column("GPUs", no_wrap=True)
-    if width >= 110:
-        table.add_column("attempts", overflow="fold", min_width=6)
-    table.add_column("submitted", overflow="fold", min_width=11 if short else 19)
-    if ended:
-        table.add_column("ended", overflow="fold", min_width=11 if short else 19)
-    table.add_column("reason", overflow="ellipsis", no_wrap=True, ratio=1, min_width=6)
     when = (lambda ts: _ts(ts)[5:16]) if short else _ts
-    for j in jobs:
-        s = j.spec
-        gpus = f"{s.workers}x{s.gpus_per_worker}" if s.gpu_milli in (0, 1000) else f"{s.workers}x{s.gpu_milli}m"
+    any_ended = any(j.ended_at.seconds for j in jobs)
+
+    def gpus(s) -> str:
+        return f"{s.workers}x{s.gpus_per_worker}" if s.gpu_milli in (0, 1000) else f"{s.workers}x{s.gpu_milli}m"
+
+    # (header, cell of a job, rich column options, drop rank: 0 = always shown)
+    columns = [
+        ("job", lambda j: j.job_id, dict(no_wrap=True), 0),  # ids are copied from here: never cut them
+        ("tenant/project", lambda j: f"{j.spec.tenant}/{j.spec.project}", dict(overflow="fold"), 5),
+        ("name", lambda j: j.spec.name or "-", dict(overflow="ellipsis", no_wrap=True), 0),
+        ("state", lambda j: _state(j.state), dict(no_wrap=True), 0),  # one word: never split
+        ("where", lambda j: j.cluster or "-", dict(overflow="fold"), 4),
+        ("GPUs", lambda j: gpus(j.spec), dict(no_wrap=True), 0),
+        ("attempts", _attempts_cell, dict(overflow="fold"), 1),
+        ("submitted", lambda j: when(j.submitted_at), dict(no_wrap=True), 3),
+    ] + ([("ended", lambda j: when(j.ended_at), dict(no_wrap=True), 2)] if any_ended else [])
+    cells = [[printable(cell(j)) for _, cell, _, _ in columns] for j in jobs]
+    need = [max([len(h)] + [len(row[i].plain) for row in cells]) for i, (h, _, _, _) in enumerate(columns)]
+    name_at = [h for h, *_ in columns].index("name")
+    if short:
+        need[name_at] = min(need[name_at], 20)
+    boxed = width >= 100
+    # below 100 columns a borderless table (its borders alone would take a tenth of the width)
+    per_column = 3 if boxed else 2
+    keep = list(range(len(columns)))
+    reason_min = 12
+
+    def others() -> int:
+        return sum(need[i] + per_column for i in keep) + per_column + 1
+
+    for rank in (1, 2, 3, 4, 5):
+        if others() + reason_min <= width:
+            break
+        keep = [i for i in keep if columns[i][3] != rank]
+    table = Table() if boxed else Table(box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+    for i in keep:
+        header, _, options, _ = columns[i]
+        table.add_column(header, min_width=min(need[i], 20) if i == name_at else need[i],
+                         max_width=20 if (i == name_at and short) else None, **options)
+    table.add_column("reason", overflow="ellipsis", no_wrap=True, max_width=max(reason_min, width - others()),
+                     min_width=6)
+    for j, row in zip(jobs, cells):
         reason = ("can never run as asked: " if j.unplaceable else "") + j.reason
-        row = [j.job_id, f"{s.tenant}/{s.project}", s.name or "-", _state(j.state), j.cluster or "-", gpus]
-        if width >= 110:
-            row.append(_attempts_cell(j))
-        row.append(when(j.submitted_at))
-        if ended:
-            row.append(when(j.ended_at))
-        table.add_row(*row, reason or "-")
+        table.add_row(*(row[i] for i in keep), printable(reason or "-"))
     return table
 
 
@@ -728,7 +747,7 @@ def job(job_id: str = typer.Argument(...), server: str = SERVER, output: Output 
         t = Table("attempt", "cluster", "region", "card model", "placed", "started", "ended", "outcome", "reason")
         for a in j.attempts:
             t.add_row(str(a.attempt), a.cluster, a.region, a.card_model, _ts(a.placed_at), _ts(a.started_at),
-                      _ts(a.ended_at), a.outcome, _clip(a.reason, 200))
+                      _ts(a.ended_at), a.outcome, safe(_clip(a.reason, 200)))
         console.print(t)
 
 
@@ -784,7 +803,7 @@ def _print_explain(resp: pb.ExplainJobResponse, *, title: bool = True) -> None:
         t = Table("cluster", "region", "verdict", "detail / scores", "total")
         for c in sorted(d.clusters, key=lambda c: (not c.passed, -(c.total if c.HasField("total") else 0))):
             detail = ", ".join(f"{k} {v:.2f}" for k, v in sorted(c.scores.items())) if c.passed else c.detail
-            t.add_row(c.cluster, c.region, "fits" if c.passed else c.reason, _clip(detail, 200),
+            t.add_row(c.cluster, c.region, "fits" if c.passed else c.reason, safe(_clip(detail, 200)),
                       f"{c.total:.3f}" if c.HasField("total") else "")
         console.print(t)
 
@@ -862,9 +881,9 @@ def _print_bulk(resp: pb.BulkJobsResponse, output: Output) -> None:
         return
     for r in resp.results:
         if r.code:
-            err.print(styled(f"{r.job_id} ", (_CODE_NAMES.get(r.code, str(r.code)), "red"), f": {r.message}"))
+            err.print(styled(f"{r.job_id} ", (_CODE_NAMES.get(r.code, str(r.code)), "red"), f": {printable(r.message).plain}"))
         else:
-            console.print(f"{r.job_id} {r.message}" + (f" ({_state(r.state)})" if r.state else ""))
+            console.print(f"{r.job_id} {safe(r.message)}" + (f" ({_state(r.state)})" if r.state else ""))
     failed = sum(1 for r in resp.results if r.code)
     console.print(f"{resp.succeeded} of {len(resp.results)} done" + (f", {failed} failed" if failed else ""))
 
@@ -971,7 +990,7 @@ def watch(job_id: str = typer.Argument(...),
                 if output == "json":
                     console.print_json(json.dumps(message_dict(j)))
                 else:
-                    console.print(f"{j.job_id} {_state(j.state)} {j.cluster or ''} {j.reason}")
+                    console.print(f"{j.job_id} {_state(j.state)} {j.cluster or ''} {safe(j.reason)}")
         except grpc.RpcError as e:
             code = e.code()
             if code == grpc.StatusCode.DEADLINE_EXCEEDED:

@@ -98,6 +98,25 @@ def clip(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
+_CONTROL = {c: f"\\x{c:02x}" for c in (*range(0x00, 0x20), *range(0x7f, 0xa0))}
+
+
+def printable(text: str) -> Text:
+    """``text`` as it may reach a terminal: control characters (C0, DEL, C1 -- e.g. an escape
+    sequence in a job's reason that would set the window title or clear the screen of whoever
+    lists the job) shown as ``\\xNN``, and never read as rich markup (a ``[red]`` in a reason
+    stays those characters). Returns a :class:`rich.text.Text` (its ``plain`` is the string)."""
+    return Text(text.translate(_CONTROL))
+
+
+def safe(text: str) -> str:
+    """``text`` for a rich markup string (``console.print(f"... {safe(x)}")``, a table cell):
+    control characters escaped as in :func:`printable` and markup characters escaped."""
+    from rich.markup import escape
+
+    return escape(text.translate(_CONTROL))
+
+
 def money(amount: object, currency: str = "") -> str:
     """An amount of money for people, to the cent (``"12.35 CNY"``): the exact stored value (a
     decimal string, Decimal, int or float) rounded half-to-even to 2 places; "-" for an empty

@@ -63,3 +63,49 @@ def test_a_pipe_is_wide_columns_wins_and_a_terminal_keeps_its_width(monkeypatch)
     tty = CliConsole(file=io.StringIO(), force_terminal=True, width=132)
     assert tty.width == 132
     assert CliConsole(file=io.StringIO(), force_terminal=True).width != PIPE_WIDTH
+
+
+def _table_text(jobs, width: int) -> str:
+    import io
+
+    from rich.console import Console
+
+    from fedapp.cli.jobs import _jobs_table
+
+    out = Console(width=width, file=io.StringIO(), force_terminal=False)
+    out.print(_jobs_table(jobs, width))
+    return out.file.getvalue()
+
+
+def _job(i: int, reason: str, state):
+    from google.protobuf.timestamp_pb2 import Timestamp
+
+    from fedsched.api.v1 import jobs_pb2 as pb
+
+    return pb.Job(job_id=f"j-{i:020d}", state=state, reason=reason, submitted_at=Timestamp(seconds=1_700_000_000),
+                  spec=pb.JobSpec(tenant="search", project="train", name="n" * 40, workers=1, gpus_per_worker=1))
+
+
+@pytest.mark.parametrize("width", [80, 100, 120, 160, 300])
+def test_a_long_reason_never_squeezes_ids_or_states_and_every_line_fits(width):
+    """A tryout found every pending job's long reason squeezing the state and other columns to
+    nothing (a cell that cannot wrap claims its whole length): the reason takes what is left."""
+    from fedsched.api.v1 import jobs_pb2 as pb
+
+    jobs = [_job(1, "no cluster fits: " + "insufficient gpus on c1 (free 0 of 8), " * 6, pb.JOB_STATE_QUEUED),
+            _job(2, "short", pb.JOB_STATE_SUCCEEDED)]
+    text = _table_text(jobs, width)
+    lines = text.splitlines()
+    assert all(len(line) <= width for line in lines)
+    for j, state in ((jobs[0], "queued"), (jobs[1], "succeeded")):
+        row = next(line for line in lines if j.job_id in line)  # the whole id, on one line with its state
+        assert f" {state} " in row
+    assert "no cluster" in text and ("…" in text or width >= 300)
+
+
+def test_control_characters_and_markup_in_a_reason_are_shown_not_obeyed():
+    from fedsched.api.v1 import jobs_pb2 as pb
+
+    text = _table_text([_job(1, "x\x1b]0;pwned\x07\x1b[2J [red]RED[/]", pb.JOB_STATE_HELD)], 200)
+    assert "\x1b" not in text and "\x07" not in text
+    assert "x\\x1b]0;pwned\\x07\\x1b[2J [red]RED[/]" in text
