@@ -76,15 +76,28 @@ def load_yaml(text: str, field: str, *, max_chars: int = MAX_YAML_CHARS) -> Any:
         raise ValidationError(field, f"not valid YAML: {e}") from e
 
 
-def read_text(path: Path, field: str) -> str:
-    """The UTF-8 text of a configuration file (a policy, a price catalog).
+def read_bounded(stream, max_chars: int) -> str | None:
+    """At most ``max_chars`` characters of the text ``stream`` (a file opened in text mode, or
+    stdin), or None when it holds more: the read stops there, so ``/dev/zero`` or ``yes |``
+    cannot fill the memory before the size check. Raises what the stream's ``read`` raises."""
+    text = stream.read(max_chars + 1)
+    return None if len(text) > max_chars else text
+
+
+def read_text(path: Path, field: str, *, max_chars: int = MAX_YAML_CHARS) -> str:
+    """The UTF-8 text of a configuration file (a policy, a price catalog, a topology), read at
+    most ``max_chars`` characters far.
 
     Raises:
-        ValidationError: unreadable or not UTF-8 (field ``field``).
+        ValidationError: unreadable, not UTF-8 or larger than ``max_chars`` (field ``field``).
     """
     try:
-        return Path(path).read_text("utf-8")
+        with open(path, encoding="utf-8") as f:
+            text = read_bounded(f, max_chars)
     except UnicodeDecodeError as e:
         raise ValidationError(field, f"{path} is not UTF-8 text (byte {e.start}); expected YAML") from e
     except OSError as e:
         raise ValidationError(field, f"cannot read {path}: {e.strerror or e}") from e
+    if text is None:
+        raise ValidationError(field, f"{path} is larger than {max_chars} characters")
+    return text

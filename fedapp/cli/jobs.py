@@ -33,7 +33,8 @@ from fedsched.api.v1 import jobs_pb2 as pb
 from fedsched.api.v1 import jobs_pb2_grpc as pb_grpc
 from fedsched.tenancy import LimitsDoc
 from fedapp.client import TlsClient, call_metadata, resolve_token, sync_channel
-from fedapp.cli.jobfile import JobFileError, parse_job_file
+from fedapp.cli.jobfile import MAX_FILE_CHARS, JobFileError, parse_job_file
+from fedsched.yamltext import read_bounded
 from fedapp.cli.text import Output, clip as _clip, console, err, error_line, printable, safe, styled
 from fedapp.cli.wire import enum_number, enum_word, enum_words, message_dict
 
@@ -438,10 +439,17 @@ def _chunks(requests: list[pb.SubmitJobRequest]) -> Iterator[list[pb.SubmitJobRe
 def _read_job_file(file: str) -> tuple[bool, list[pb.SubmitJobRequest]]:
     """The requests of job file ``file`` (``-`` = stdin); exit 2 naming the problem."""
     try:
-        text = sys.stdin.read() if file == "-" else Path(file).read_text("utf-8")
+        if file == "-":
+            text = read_bounded(sys.stdin, MAX_FILE_CHARS)
+        else:
+            with open(file, encoding="utf-8") as f:
+                text = read_bounded(f, MAX_FILE_CHARS)
     except (OSError, UnicodeDecodeError) as e:
         err.print(error_line("--file", f"cannot read {file}: {e}"))
         raise typer.Exit(2) from None
+    if text is None:  # (read only that far: /dev/zero or `yes |` cannot fill the memory)
+        err.print(error_line("--file", f"{file} is larger than {MAX_FILE_CHARS} characters"))
+        raise typer.Exit(2)
     try:
         return parse_job_file(text, "stdin" if file == "-" else file)
     except JobFileError as e:
