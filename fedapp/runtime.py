@@ -456,6 +456,9 @@ class System:
             UnavailableError: another process holds the lock.
         """
         data_dir.mkdir(parents=True, exist_ok=True)
+        # the data dir holds every tenant's events and usage (chDB writes its files 0644 under the
+        # umask), the NATS store and credentials: only this user may enter it
+        os.chmod(data_dir, 0o700)
         f = open(data_dir / ".lock", "a+")  # noqa: SIM115 - held open while running
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)

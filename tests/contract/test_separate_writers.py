@@ -113,6 +113,7 @@ async def test_on_the_embedded_engine_one_process_holds_the_writers(nats_server,
         out, _ = billing.communicate(timeout=60)
         assert billing.returncode != 0
         assert b"is in use by another fedsched process" in out
+        assert (data.stat().st_mode & 0o777) == 0o700  # every tenant's events and usage: this user only
     finally:
         _stop(audit)
     writers = _service("writers", nats_server.url, bus.prefix, data)
