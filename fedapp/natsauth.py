@@ -10,7 +10,9 @@ Every component connects as its own user and may publish and subscribe only wher
   subject to one filter (its placements, and for the start-up rebuild its placements and its
   status), and log requests addressed to it; no stream API at all;
 * ``ops`` -- the operator and the composition process (stream setup, the first policy, the replay
-  clock, ``fedsched sql`` over the bus): everything inside the federation's account.
+  clock, ``fedsched sql`` over the bus): everything inside the federation's account except
+  publishing on the agents' own subjects (status, inventory, heartbeats: what a cluster says of
+  itself only its agent may say).
 
 Replies go to each user's own inbox prefix ``_INBOX_<user>`` (:func:`inbox_prefix`), the only
 place below ``_INBOX`` it may subscribe, so no user reads another's replies; ``ops`` keeps the
@@ -80,7 +82,10 @@ class UserPermissions:
         responses: how it may answer requests made to it: "" = not at all, ``"true"`` =
             one reply per request, ``"stream"`` = up to 100000 replies within an hour (a log
             follow).
-        full: no permissions block at all (``ops``).
+        full: everything allowed (``ops``) except ``deny_publish``.
+        deny_publish: subjects a ``full`` user may not publish on (``ops``: the agents' own
+            subjects -- status, inventory, heartbeats are what each cluster says of itself, and
+            the operator's credentials must not speak for a cluster either).
     """
 
     user: str
@@ -89,6 +94,7 @@ class UserPermissions:
     subscribe: tuple[str, ...] = ()
     responses: str = ""
     full: bool = False
+    deny_publish: tuple[str, ...] = ()
 
 
 def agent_user(cluster: str) -> str:
@@ -165,8 +171,9 @@ def federation_users(prefix: str, clusters: Iterable[tuple[str, str]], *, js_dom
     events, inventory, dlq = f"{P}_EVENTS", f"{P}_INVENTORY", f"{P}_DLQ"
     dl = lambda *names: [f"{p}.deadletter.{n}" for n in names]  # noqa: E731
     users = [UserPermissions(OPS, "operators and the composition process: full access inside the federation's "
-                                  "account (nats CLI, stream setup, the first policy, replays, fedsched sql)",
-                             full=True)]
+                                  "account (nats CLI, stream setup, the first policy, replays, fedsched sql), "
+                                  "except speaking for a cluster (its agent's subjects)",
+                             full=True, deny_publish=(f"{p}.status.>", f"{p}.inventory.>", f"{p}.heartbeat.>"))]
     users.append(UserPermissions(
         "admission", "the front door: job requests, refusals, governance changes and approval decisions, log "
                      "requests to agents, dry runs' what-if and status requests to the scheduler; follows the events "
@@ -231,7 +238,10 @@ def _q(text: str) -> str:
 def _user_block(u: UserPermissions, password: str, indent: str) -> list[str]:
     out = [f"{indent}# ---- {u.user}: {u.comment}"]
     if u.full:
-        out.append(f"{indent}{{ user: {_q(u.user)}, password: {_q(password)} }}")
+        deny = ""
+        if u.deny_publish:
+            deny = f", permissions: {{ publish: {{ deny: [{', '.join(_q(x) for x in u.deny_publish)}] }} }}"
+        out.append(f"{indent}{{ user: {_q(u.user)}, password: {_q(password)}{deny} }}")
         return out
     i2, i3, i4 = indent + "  ", indent + "    ", indent + "      "
     out += [f"{indent}{{", f"{i2}user: {_q(u.user)}", f"{i2}password: {_q(password)}", f"{i2}permissions: {{",

@@ -136,3 +136,26 @@ async def test_a_forged_end_on_the_agents_own_subject_bills_nothing(deployed_ser
         await task
         for b in (agent1, agent2, billing_bus, ops):
             await b.close()
+
+
+async def test_the_operators_credentials_cannot_speak_for_a_cluster(deployed_server):
+    """A tryout published a job.finished on an agent's status subject with the ``ops`` user of the
+    data dir: admission marked the job succeeded and billing billed it. ``ops`` may do everything
+    else, but not publish what only a cluster's agent may say (status, inventory, heartbeats)."""
+    errors: list[Exception] = []
+    ops = await _connect(deployed_server, "ops", errors)
+    await ops.ensure_streams()
+    try:
+        for subject in (ops.subjects.status(R, C1), f"fed.inventory.{R}.{C1}", f"fed.heartbeat.{R}.{C1}"):
+            await ops.nc.publish(subject, _finished("j-forged", C1, START + 60).to_bytes())
+        await ops.nc.publish("fed.jobs.submitted", b"{}")  # (elsewhere it still may)
+        await ops.nc.flush()
+
+        def violations():
+            return [str(e).lower() for e in errors if "permissions violation" in str(e).lower()]
+        assert await until(lambda: len(violations()) == 3, timeout=10, interval=0.05)
+        info = await ops.js.stream_info(ops.stream_name("EVENTS"), subjects_filter="fed.>")
+        assert "fed.jobs.submitted" in (info.state.subjects or {})  # (the filter lists what is stored)
+        assert not any(s.startswith(("fed.status.", "fed.heartbeat.")) for s in info.state.subjects)
+    finally:
+        await ops.close()
