@@ -188,6 +188,17 @@ def up(
                          policy_file=policy_file, tls_cert=tls_cert, tls_key=tls_key, tls_client_ca=tls_client_ca)
     settings.metrics_port = None if no_metrics else metrics_port
     topo = _topology(topology, nodes)
+    # before anything starts (NATS, the data dir, the lease): a taken port is one line, not tracebacks
+    grpc_host, _, grpc_port = settings.grpc_address.rpartition(":")
+    taken = [(what, host, port, hint) for what, host, port, hint in (
+        ("gRPC", grpc_host, grpc_port, "--grpc-address HOST:PORT (port 0 = any free port)"),
+        ("web console", web_host, "" if no_web or processes else str(web_port), "--web-port (0 = any free port) or --no-web"))
+        if port.isdigit() and _port_taken(host, int(port))]
+    for what, host, port, hint in taken:
+        err.print(error_line("error:", f"the {what} address {host}:{port} is in use (another fedsched up?); "
+                                       f"stop that process or pass {hint}"))
+    if taken:
+        raise typer.Exit(1)
     if processes:
         _up_processes(settings, topo, policy, not no_agents, verbose)
         return
@@ -240,6 +251,27 @@ def up(
         asyncio.run(main())
     except FedError as e:
         _fail(e)
+
+
+def _port_taken(host: str, port: int) -> bool:
+    """Whether TCP ``host:port`` cannot be listened on now (port 0: never; ``[::1]`` and names allowed)."""
+    import socket
+
+    if port == 0:
+        return False
+    host = host.strip("[]") or "0.0.0.0"
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except OSError:
+        return False  # (an address that does not resolve: the server says so itself)
+    family, _, _, _, address = infos[0]
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError:
+            return True
+    return False
 
 
 def _print_metrics(system) -> None:
