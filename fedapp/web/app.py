@@ -359,7 +359,10 @@ async def jobs_page(request: web.Request) -> web.Response:
     (``page`` = the API's page token)."""
     api, token = _api(request)
     q = request.query
-    states = [s for s in q.getall("state", []) if s in STATES]
+    unknown = [s for s in q.getall("state", []) if s not in STATES]
+    if unknown:  # never drop a filter silently (the list would show every job)
+        raise web.HTTPBadRequest(text=f"unknown state {unknown[0]!r}; states: {', '.join(STATES)}")
+    states = q.getall("state", [])
     tenant, project = q.get("tenant", "").strip(), q.get("project", "").strip()
     req = pb.ListJobsRequest(tenant=tenant, project=project, page_size=PAGE_SIZE, page_token=q.get("page", ""),
                              states=[pb.JobState.Value("JOB_STATE_" + s.upper()) for s in states],

@@ -1028,11 +1028,12 @@ def _placement(job: QueuedJob, cluster: ClusterState, fit: Fit, total: float, te
     if victims:
         explanation = (f"{cluster.name} ({cluster.region}) after preempting {len(victims)} lower-priority job(s) "
                        f"({', '.join(v.job_id for v in victims[:3])}{'...' if len(victims) > 3 else ''}); "
-                       f"no cluster had room; {excluded} excluded")
+                       f"no cluster had room; {excluded} not chosen (see each verdict)")
     else:
         explanation = (f"{cluster.name} ({cluster.region}) scored {total:.3f} ["
                        + ", ".join(f"{n} {v:.2f}" for n, v in terms) + f"]; {len(passed) + 1} cluster(s) fit, "
-                       f"{excluded} excluded" + (f"; runner-up {runner.cluster} {runner.total:.3f}" if runner else ""))
+                       f"{excluded} not chosen (see each verdict)"
+                       + (f"; runner-up {runner.cluster} {runner.total:.3f}" if runner else ""))
     return Placement(
         job=job, cluster=cluster.name, region=cluster.region, zone=cluster.zone, card_model=fit.card_model,
         bindings=bindings, score=total, evaluations=tuple(evaluations),

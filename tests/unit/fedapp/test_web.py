@@ -212,7 +212,9 @@ async def test_api_refusals_become_http_statuses_and_a_rejected_token_signs_out(
 
 async def test_filters_reach_list_jobs_and_text_is_escaped(client):
     await _sign_in(client, "tok-admin")
-    r = await client.get("/jobs?state=queued&state=held&state=bogus&tenant=ads&project=train")
+    bogus = await client.get("/jobs?state=queued&state=bogus")  # never a silently dropped filter
+    assert bogus.status == 400 and "unknown state 'bogus'" in await bogus.text()
+    r = await client.get("/jobs?state=queued&state=held&tenant=ads&project=train")
     page = await r.text()
     request = client.fake.requests[-1]
     assert list(request.states) == [pb.JOB_STATE_QUEUED, pb.JOB_STATE_HELD]

@@ -235,4 +235,4 @@ def test_a_job_placed_at_home_first_gives_every_cluster_abroad_a_verdict_cached_
     placed = {p.job.job_id: p for p in uncached.placements}
     assert placed["asks"].cluster == "c0"
     assert {e.cluster for e in placed["asks"].evaluations} == {"c0", "c1", "c2"}
-    assert "2 excluded" in placed["asks"].explanation
+    assert "2 not chosen" in placed["asks"].explanation
