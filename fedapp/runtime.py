@@ -366,6 +366,7 @@ class System:
                                               snapshot_every_events=s.snapshot_every_events)
             self._spawn(self.admission.run(), "admission")
             task = self.tasks[-1]
+            self._sample_lag("admission", self.admission.lag_sources)
             ready = asyncio.create_task(self.admission.ready.wait())
             await asyncio.wait({task, ready}, return_when=asyncio.FIRST_COMPLETED)
             if task.done():
@@ -402,6 +403,8 @@ class System:
                                           snapshot_every_s=s.snapshot_every_s,
                                           snapshot_every_events=s.snapshot_every_events)
         self.schedulers.append(self.scheduler)
+        if self._replicas == 1:  # (one sample loop: the followers of whichever replica is first in the list)
+            self._sample_lag("scheduler", lambda: self.schedulers[0].lag_sources() if self.schedulers else [])
         self._spawn(self.scheduler.run(), "scheduler")
         self._scheduler_tasks[id(self.scheduler)] = self.tasks[-1]
         return self.scheduler

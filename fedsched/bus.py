@@ -802,6 +802,7 @@ class StreamFollower:
         self._sub = None
         self.handled = 0
         self.gaps = 0  #: deliveries found missing (each re-read from the stream)
+        self.pending = 0  #: messages after the last one handled (its JetStream num_pending)
         self._expect_delivery = 1  #: the consumer sequence the next delivery must carry
 
     async def _subscribe(self) -> None:
@@ -832,6 +833,11 @@ class StreamFollower:
     def stop(self) -> None:
         """Ask :meth:`run` to return."""
         self._stop.set()
+
+    async def lag(self) -> int:
+        """Messages of the stream (within the filter) not yet handled, as JetStream counted them
+        when the last one was delivered (0 once caught up); the ``consumer_lag_messages`` sample."""
+        return self.pending
 
     async def delete(self) -> None:
         """Delete a fixed-name follower's consumer now (random-name ones expire by themselves)."""
@@ -884,6 +890,7 @@ class StreamFollower:
         if seq < self.next_sequence:  # a redelivery from a consumer we already replaced
             return
         self.next_sequence = seq + 1
+        self.pending = int(md.num_pending or 0)
         try:
             env = _decode(msg)
             delivery = Delivery(env, msg.subject, dict(msg.headers or {}), seq, 1, None, _stored_at(md),

@@ -137,8 +137,8 @@ class ServiceMetrics:
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
         r = self.registry
         self.consumer_lag = Gauge(_name("consumer_lag_messages"),
-                                  "Messages of a durable consumer not yet acknowledged (pending + in flight; a "
-                                  "count), sampled from JetStream's consumer info every few seconds",
+                                  "Messages of a durable consumer not yet acknowledged (pending + in flight), or "
+                                  "of a stream follower not yet handled (a count), sampled every few seconds",
                                   ["consumer"], registry=r)
         self.dead_letters = Counter(_name("dead_letters"),
                                     "Messages given up on and sent to the dead-letter subject (a count), by "

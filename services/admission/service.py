@@ -57,7 +57,7 @@ import uuid
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
-from typing import AsyncIterator, Callable, Iterator
+from typing import AsyncIterator, Awaitable, Callable, Iterator
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -1484,6 +1484,12 @@ class AdmissionService:
         self._snapshot_wall = 0.0
         self._snapshots = SnapshotStore(bus, "admission") if snapshot_every_s > 0 else None
         self.skipped_inventory = SkippedTypes("admission-inventory")  #: unknown inventory event types skipped
+
+    def lag_sources(self) -> list[tuple[str, Callable[[], Awaitable[int]]]]:
+        """``(follower name, async lag())`` of the stream followers that feed this service (the
+        ``consumer_lag_messages`` samples; none before they exist)."""
+        followers = (getattr(self, "_events", None), getattr(self, "_inventory", None))
+        return [(f.name, f.lag) for f in followers if f is not None]
 
     def skipped_types(self) -> dict[str, dict[str, int]]:
         """Follower -> event type -> events skipped because this build does not know the type."""

@@ -81,6 +81,7 @@ import math
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field, replace
+from typing import Awaitable, Callable
 
 from fedsched import telemetry
 from fedsched.bus import Bus, Delivery, StreamFollower
@@ -400,6 +401,12 @@ class SchedulerService:
         self._snapshot_lock = asyncio.Lock()
 
     # ------------------------------------------------------------------ inputs
+
+    def lag_sources(self) -> list[tuple[str, Callable[[], Awaitable[int]]]]:
+        """``(follower name, async lag())`` of the stream followers that feed this service (the
+        ``consumer_lag_messages`` samples; none before they exist)."""
+        followers = (getattr(self, "_events", None), getattr(self, "_inventory", None))
+        return [(f.name, f.lag) for f in followers if f is not None]
 
     # ------------------------------------------------------------------ the lease
 

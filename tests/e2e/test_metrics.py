@@ -75,8 +75,10 @@ async def scraped(nats_server, chdb_path, tmp_path_factory):
             f"SELECT count() FROM {db}.events WHERE type = 'job.pending'").scalar())
         writers_drained = lambda s: s.total("fedsched_store_backlog_events") == 0 and s.samples.get(  # noqa: E731
             "fedsched_store_backlog_events")
+        lag_sampled = lambda s: bool(s.values("fedsched_consumer_lag_messages", "consumer"))  # noqa: E731
         out["scrapes"] = {
-            name: await scrape_until(url, writers_drained if name in ("audit", "billing") else lambda s: True)
+            name: await scrape_until(url, writers_drained if name in ("audit", "billing") else
+                                     lag_sampled if name in ("admission", "scheduler") else lambda s: True)
             for name, url in system.metrics_urls.items()}
 
     driver = ReplayDriver(ReplayOptions(nodes_csv=DATA / "openb_node_list_gpu_node.csv",
@@ -94,6 +96,12 @@ async def test_every_service_serves_its_own_endpoint(scraped):
         assert "fedsched_dead_letters" in s.families, name
         assert "fedsched_consumer_lag_messages" in s.families, name
         assert s.total("fedsched_dead_letters_total") == 0, name
+    # admission and the scheduler read the streams through followers: their lag has samples too
+    # (a tryout found only HELP/TYPE lines there)
+    for name, followers in (("admission", {"admission-jobs", "admission-inventory"}),
+                            ("scheduler", {"scheduler-events", "scheduler-inventory"})):
+        lags = out["scrapes"][name].values("fedsched_consumer_lag_messages", "consumer")
+        assert set(lags) == followers and all(v >= 0 for v in lags.values()), (name, lags)
 
 
 async def test_admission_jobs_by_state_and_grpc_calls(scraped):
