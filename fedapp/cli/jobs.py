@@ -211,7 +211,7 @@ def _jobs_table(jobs, width: int | None = None) -> Table:
     ``COLUMNS``, or :data:`~fedapp.cli.text.PIPE_WIDTH` in a pipe). Job ids and states are never
     cut; names and reasons end in an ellipsis when cut; the reason takes what the other columns
     leave (at least 12 characters). Below 150 columns names show at most 20 characters and times
-    drop the year and seconds; when the columns still do not fit, ``attempts``, ``ended``,
+    drop the year and seconds (times are UTC, as the headers say); when the columns still do not fit, ``attempts``, ``ended``,
     ``submitted``, ``where`` and ``tenant/project`` are left out, in that order. Text from the
     server is shown with control characters escaped (:func:`~fedapp.cli.text.printable`)."""
     width = width or console.width
@@ -231,8 +231,8 @@ def _jobs_table(jobs, width: int | None = None) -> Table:
         ("where", lambda j: j.cluster or "-", dict(overflow="fold"), 4),
         ("GPUs", lambda j: gpus(j.spec), dict(no_wrap=True), 0),
         ("attempts", _attempts_cell, dict(overflow="fold"), 1),
-        ("submitted", lambda j: when(j.submitted_at), dict(no_wrap=True), 3),
-    ] + ([("ended", lambda j: when(j.ended_at), dict(no_wrap=True), 2)] if any_ended else [])
+        ("submitted UTC", lambda j: when(j.submitted_at), dict(no_wrap=True), 3),
+    ] + ([("ended UTC", lambda j: when(j.ended_at), dict(no_wrap=True), 2)] if any_ended else [])
     cells = [[printable(cell(j)) for _, cell, _, _ in columns] for j in jobs]
     need = [max([len(h)] + [len(row[i].plain) for row in cells]) for i, (h, _, _, _) in enumerate(columns)]
     name_at = [h for h, *_ in columns].index("name")
@@ -876,6 +876,8 @@ def _bulk(verb: str, rpc: str, ids: list[str], tenant: list[str], project: list[
                 raise typer.Exit(1)
         resp = api.call(call, pb.BulkJobsRequest(selector=selector, reason=reason, dry_run=dry_run))
     _print_bulk(resp, output)
+    if not resp.results and by_filters:  # (exit 0: nothing to do is not a failure, but say so)
+        err.print("no job matches the selector; `fedsched jobs` with the same filters lists what it would act on")
     if any(r.code for r in resp.results):
         raise typer.Exit(1)
 

@@ -135,6 +135,8 @@ async def test_bulk_actions_ask_unless_yes_and_report_each_job(fed):
     assert code == 1 and "FAILED_PRECONDITION" in err
     code, _, err = await cli(system, "cancel")
     assert code == 2 and "give job ids" in err
+    code, out, err = await cli(system, "cancel", "--tenant", "nobody", "--yes")  # nothing matches: said, exit 0
+    assert code == 0 and "0 of 0 done" in out and "no job matches the selector" in err
     code, _, err = await cli(system, "cancel", ids[0], "--reason", "x" * 501)
     assert code == 2 and "at most 500" in err
 
