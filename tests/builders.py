@@ -779,3 +779,23 @@ class FakeLeaseStore:
             self.store.sequence += 1
             self.store.records[key] = _replace(record, revision=self.store.sequence)
             return self.store.sequence
+
+
+def comparable_verdicts(evaluations, placed: bool) -> list[tuple]:
+    """A job's per-cluster verdicts as a sorted list of ``(cluster, passed, code, detail, total)``
+    for comparing decisions made with and without the cycle's caches: the free-capacity details
+    of an "insufficient" verdict are left out (they describe the cluster when the cycle first
+    found it too small), and for a placed job a cluster that lost is "not chosen" whether its
+    score bound ruled it out ("outscored") or the cycle already knew the request does not fit
+    there ("insufficient") -- which one depends on what the cycle knew."""
+    from fedsched.reasons import Reason
+
+    out = []
+    for e in evaluations:
+        code = str(e.verdict.reason)
+        if placed and e.verdict.reason in (Reason.OUTSCORED, Reason.INSUFFICIENT):
+            code, detail = "not chosen", ""
+        else:
+            detail = "" if e.verdict.reason == Reason.INSUFFICIENT else e.verdict.detail
+        out.append((e.cluster, e.verdict.passed, code, detail, e.total))
+    return sorted(out)

@@ -20,7 +20,7 @@ from services.scheduler.core import (ClusterState, Decisions, NodeState, QueuedJ
                                      build_policy, decide)
 from services.scheduler.core.filters import Quota
 from fedsched.quota import QuotaBook, QuotaRule
-from tests.builders import cluster, job, node, view
+from tests.builders import cluster, comparable_verdicts, job, node, view
 
 T4, V100 = "nvidia-t4-16gb", "nvidia-v100-32gb"
 MEM = {T4: 16, V100: 32}
@@ -172,20 +172,10 @@ def normalised(d: Decisions) -> tuple:
     placed job, a cluster that lost is "outscored" when its score bound ruled it out before any
     fit, or "insufficient" when the cycle already knew the request does not fit there: both say
     "not chosen", and which one depends on what the cycle knew, so they compare equal."""
-    def verdicts(evaluations, placed):
-        out = []
-        for e in evaluations:
-            code = str(e.verdict.reason)
-            if placed and e.verdict.reason in (Reason.OUTSCORED, Reason.INSUFFICIENT):
-                code, detail = "not chosen", ""
-            else:
-                detail = "" if e.verdict.reason == Reason.INSUFFICIENT else e.verdict.detail
-            out.append((e.cluster, e.verdict.passed, code, detail, e.total))
-        return sorted(out)
     placements = tuple((p.job.key, p.cluster, p.card_model, p.bindings, p.score, p.queue, p.explanation,
-                        tuple((v.job_id, v.attempt, v.shard) for v in p.victims), verdicts(p.evaluations, True))
+                        tuple((v.job_id, v.attempt, v.shard) for v in p.victims), comparable_verdicts(p.evaluations, True))
                        for p in d.placements)
-    pending = tuple((p.job.key, p.reason, p.fits_empty, p.queue, p.reservation, verdicts(p.evaluations, False))
+    pending = tuple((p.job.key, p.reason, p.fits_empty, p.queue, p.reservation, comparable_verdicts(p.evaluations, False))
                     for p in d.pending)
     return placements, pending, d.reservations, d.policy_version
 

@@ -14,15 +14,15 @@ from __future__ import annotations
 
 import math
 
-import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from fedsched.jobs import Dataset, JobSpec, Locality
-from services.scheduler.core import (ClusterState, Decisions, NodeState, QueuedJob, Reason, RunningWork, View,
+from services.scheduler.core import (ClusterState, Decisions, NodeState, QueuedJob, RunningWork, View,
                                      build_policy, decide)
 from services.scheduler.core.fit import WorkingCluster
 from services.scheduler.core.preempt import estimated_start
+from tests.builders import comparable_verdicts
 
 T4, V100 = "nvidia-t4-16gb", "nvidia-v100-32gb"
 MEM = {T4: 16, V100: 32}
@@ -78,25 +78,15 @@ def normalised(d: Decisions) -> tuple:
     that lost is "not chosen" whether its bound ruled it out or the cycle already knew the
     request does not fit there; "insufficient" details (free capacity when the cycle first saw
     the cluster too small) are left out: the same rules as tests/unit/scheduler/test_cache.py.
-    The reason's list of counts is compared as a set: reasons with equal counts are listed in
+    (verdicts: tests.builders.comparable_verdicts.) The reason's list of counts is compared as a set: reasons with equal counts are listed in
     the order the cycle met them, which the caches change (known, predates issue 15 item 5)."""
     def summary(reason):
         head, sep, counts = reason.rpartition(": ")
         return head, sep, tuple(sorted(counts.split(", ")))
 
-    def verdicts(evaluations, placed):
-        out = []
-        for e in evaluations:
-            code = str(e.verdict.reason)
-            if placed and e.verdict.reason in (Reason.OUTSCORED, Reason.INSUFFICIENT):
-                code, detail = "not chosen", ""
-            else:
-                detail = "" if e.verdict.reason == Reason.INSUFFICIENT else e.verdict.detail
-            out.append((e.cluster, e.verdict.passed, code, detail, e.total))
-        return sorted(out)
-    return (tuple((p.job.key, p.cluster, p.card_model, p.bindings, p.score, p.explanation, verdicts(p.evaluations, True))
+    return (tuple((p.job.key, p.cluster, p.card_model, p.bindings, p.score, p.explanation, comparable_verdicts(p.evaluations, True))
                   for p in d.placements),
-            tuple((p.job.key, summary(p.reason), p.fits_empty, p.reservation, verdicts(p.evaluations, False)) for p in d.pending),
+            tuple((p.job.key, summary(p.reason), p.fits_empty, p.reservation, comparable_verdicts(p.evaluations, False)) for p in d.pending),
             d.reservations)
 
 
