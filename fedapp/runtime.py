@@ -753,3 +753,20 @@ def _json_default(value):
     if isinstance(value, (bytes, bytearray)):
         return value.decode("utf-8", errors="replace")
     return str(value)
+
+
+def data_dir_holder(data_dir: Path) -> str | None:
+    """The pid (as recorded) of the process holding ``data_dir``'s lock, or None when no process
+    holds it (nothing is created: a directory or lock file that does not exist is not held).
+    What :class:`System` refuses a second time with; ``up`` asks first, before anything starts."""
+    lock = Path(data_dir) / ".lock"
+    if not lock.exists():
+        return None
+    with open(lock, "a+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            f.seek(0)
+            return f.read().strip() or "?"
+        fcntl.flock(f, fcntl.LOCK_UN)
+    return None

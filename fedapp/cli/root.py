@@ -188,7 +188,15 @@ def up(
                          policy_file=policy_file, tls_cert=tls_cert, tls_key=tls_key, tls_client_ca=tls_client_ca)
     settings.metrics_port = None if no_metrics else metrics_port
     topo = _topology(topology, nodes)
-    # before anything starts (NATS, the data dir, the lease): a taken port is one line, not tracebacks
+    # before anything starts (NATS, the data dir, the lease): a data dir in use or a taken port is
+    # one line, not tracebacks (the data dir first: its holder also holds the ports)
+    from fedapp.runtime import data_dir_holder
+
+    holder = data_dir_holder(Path(settings.data_dir))
+    if holder is not None:
+        err.print(error_line("error:", f"data dir {settings.data_dir} is in use by another fedsched process "
+                                       f"(pid {holder}); stop it, or pass another --data-dir"))
+        raise typer.Exit(1)
     grpc_host, _, grpc_port = settings.grpc_address.rpartition(":")
     taken = [(what, host, port, hint) for what, host, port, hint in (
         ("gRPC", grpc_host, grpc_port, "--grpc-address HOST:PORT (port 0 = any free port)"),

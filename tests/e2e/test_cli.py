@@ -228,7 +228,8 @@ def _second_up_is_refused(data_dir: Path, grpc: str) -> None:
     other = data_dir / "other"
     same_port = subprocess.run([*FEDSCHED, "up", "--data-dir", str(other), "--grpc-address", grpc, "--no-agents"],
                                capture_output=True, text=True, timeout=90, env=env)
-    assert same_port.returncode == 1 and "cannot listen" in same_port.stderr, same_port.stderr
+    assert same_port.returncode == 1 and f"gRPC address {grpc} is in use" in same_port.stderr, same_port.stderr
+    assert "Traceback" not in same_port.stderr and not other.exists()  # said before anything started
 
 
 def test_killed_up_leaves_no_nats_server_behind(tmp_path):
