@@ -542,7 +542,7 @@ async def test_a_queued_job_cancelled_ends_at_the_cancel_with_its_reason_in_job_
         for out in (one, listed):
             assert out.returncode == 0, out.stderr
             row = _table_row(out.stdout, job_id)
-            assert (row["state"], row["ended"], row["reason"]) == ("cancelled", ended, "cancelled by alice: wrong dataset")
+            assert (row["state"], row["ended UTC"], row["reason"]) == ("cancelled", ended, "cancelled by alice: wrong dataset")
     finally:
         scheduler.stop()
         await task
