@@ -501,6 +501,12 @@ class StreamFencing:
         order (see the class docstring); records the token either way."""
         return self.above(token, stream_sequence) > 0
 
+    def judge(self, token: int, delivery, tenure: "Tenure | None") -> str | None:
+        """Why the order carrying ``token``, delivered as ``delivery`` (a
+        :class:`fedsched.bus.Delivery`: its stream sequence and stored time), is stale, or None
+        (:func:`stale_order` with the highest token preceding it in the stream); records the token."""
+        return stale_order(token, delivery.published_at, self.above(token, delivery.stream_sequence), tenure)
+
     def above(self, token: int, stream_sequence: int) -> int:
         """The highest token above ``token`` that precedes ``stream_sequence`` in the stream (0:
         none -- the order is not stale by this rule); records the token. What

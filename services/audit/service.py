@@ -45,7 +45,7 @@ from fedsched.dispatch import EventTable
 from fedsched.errors import UnavailableError
 from fedsched.events import (DeadLetter, Envelope, EventType, InventorySnapshot, JobPending, JobPlaced, JobStatus,
                              JobStop, SecurityRejected, business_event_id, make_event)
-from fedsched.lease import StreamFencing, Tenure, read_tenure, stale_order
+from fedsched.lease import StreamFencing, Tenure, read_tenure
 from fedsched.trust import agent_subject, check_subject, sender_of
 from fedsched.metrics import WriterMetrics
 from fedsched.store import AsyncStore
@@ -319,7 +319,7 @@ class AuditService:
         for i in orders:
             d = deliveries[i]
             token = d.envelope.payload_as(ORDERS[d.envelope.known_type]).fencing_token
-            reason = stale_order(token, d.published_at, self.fencing.above(token, d.stream_sequence), tenure)
+            reason = self.fencing.judge(token, d, tenure)
             if reason is None:
                 continue
             log.warning("audit: %s of %s is not stored as such: %s", d.envelope.type, d.envelope.job_id, reason)

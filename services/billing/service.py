@@ -64,7 +64,7 @@ from fedsched.dispatch import SkippedTypes
 from fedsched.errors import UnavailableError
 from fedsched.events import EventType, JobPlaced, JobStatus, UsageRecorded, business_event_id, make_event
 from fedsched.metrics import WriterMetrics
-from fedsched.lease import StreamFencing, Tenure, read_tenure, stale_order
+from fedsched.lease import StreamFencing, Tenure, read_tenure
 from fedsched.ports import retryable
 from fedsched.pricing import PriceCatalog, money
 from fedsched.store import AsyncStore
@@ -139,7 +139,7 @@ class BillingService:
 
     def _stale(self, d: Delivery) -> bool:
         token = d.envelope.payload_as(JobPlaced).fencing_token
-        return stale_order(token, d.published_at, self.fencing.above(token, d.stream_sequence), self.tenure) is not None
+        return self.fencing.judge(token, d, self.tenure) is not None
 
     def stale_token(self, d: Delivery) -> bool:
         """Whether the placement ``d`` carries a stale scheduler-lease fencing token

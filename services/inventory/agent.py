@@ -76,7 +76,7 @@ from fedsched.events import (AgentReconciled, Heartbeat, InventorySnapshot, JobP
                              business_event_id, make_event)
 from fedsched.events import Envelope, EventType
 from fedsched.jobs import AttemptState, JobSpec
-from fedsched.lease import StreamFencing, Tenure, read_tenure, stale_order
+from fedsched.lease import StreamFencing, Tenure, read_tenure
 from fedsched.logs import LogReply, LogRequest, chunks
 from fedsched.ports import Publisher
 from services.inventory.backend import (NODE_FAILED, TERMINAL_PHASES, AttemptKey, AttemptNotFound, AttemptSpec,
@@ -556,16 +556,14 @@ class ClusterAgent:
 
         def on_placed(d: Delivery, env: Envelope) -> None:
             p = env.payload_as(JobPlaced)
-            if stale_order(p.fencing_token, d.published_at, self.fencing.above(p.fencing_token, d.stream_sequence),
-                           tenure) is not None:
+            if self.fencing.judge(p.fencing_token, d, tenure) is not None:
                 return  # refused when it arrived (stale fencing token)
             placements[(env.job_id, env.attempt, p.shard)] = (d, p)
             self._see_attempt(env.job_id, p.shard, env.attempt)
 
         def on_stop(d: Delivery, env: Envelope) -> None:
             stop = env.payload_as(JobStop)
-            if stale_order(stop.fencing_token, d.published_at,
-                           self.fencing.above(stop.fencing_token, d.stream_sequence), tenure) is not None:
+            if self.fencing.judge(stop.fencing_token, d, tenure) is not None:
                 return
             self._see_attempt(env.job_id, stop.shard, env.attempt)
 
@@ -834,7 +832,7 @@ class ClusterAgent:
         in stream order, :class:`~fedsched.lease.StreamFencing` -- or it is below the lease's
         current tenure and stored after it began)."""
         env = d.envelope
-        reason = stale_order(token, d.published_at, self.fencing.above(token, d.stream_sequence), self.tenure)
+        reason = self.fencing.judge(token, d, self.tenure)
         if reason is not None:
             self.stale_refused += 1
             raise DecodeError(f"{reason}; {env.type} of {env.job_id} attempt {env.attempt} carries token {token}, "
