@@ -38,6 +38,7 @@ import socket
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from fedsched import telemetry
 from fedsched.bus import Bus
@@ -66,6 +67,19 @@ from services.scheduler.core import build_policy
 from services.scheduler.service import SchedulerService
 
 log = logging.getLogger(__name__)
+
+
+def scheduler_settings(s: Settings) -> dict[str, Any]:
+    """The :class:`~services.scheduler.service.SchedulerService` keyword arguments that come
+    from ``s`` (what every scheduler replica of :class:`System` is built with): staleness,
+    cycle period, reclaim and unschedulable timeouts, retentions (a tenth of
+    ``retain_ended_jobs``, at least 100, as whole entries; twenty times it as tombstones),
+    checkpoint cadence and ``max_jobs_per_cycle``."""
+    return dict(stale_after_s=s.stale_after_s, interval_s=s.schedule_interval_s, reclaim_after_s=s.reclaim_after_s,
+                unschedulable_timeout_s=s.unschedulable_timeout_s,
+                retain_ended=max(100, s.retain_ended_jobs // 10), retain_tombstones=20 * s.retain_ended_jobs,
+                snapshot_every_s=s.snapshot_every_s, snapshot_every_events=s.snapshot_every_events,
+                max_jobs_per_cycle=s.max_jobs_per_cycle)
 
 
 @dataclass
@@ -395,13 +409,7 @@ class System:
         lease = await nats_lease(bus, "scheduler", holder, ttl_s=s.scheduler_lease_ttl_s)
         self.scheduler = SchedulerService(bus, opts.clock,
                                           build_policy(opts.policy, **bandwidth), prices,
-                                          stale_after_s=s.stale_after_s, interval_s=s.schedule_interval_s,
-                                          reclaim_after_s=s.reclaim_after_s,
-                                          unschedulable_timeout_s=s.unschedulable_timeout_s, metrics=m, lease=lease,
-                                          retain_ended=max(100, s.retain_ended_jobs // 10),
-                                          retain_tombstones=20 * s.retain_ended_jobs,
-                                          snapshot_every_s=s.snapshot_every_s,
-                                          snapshot_every_events=s.snapshot_every_events)
+                                          metrics=m, lease=lease, **scheduler_settings(s))
         self.schedulers.append(self.scheduler)
         if self._replicas == 1:  # (one sample loop: the followers of whichever replica is first in the list)
             self._sample_lag("scheduler", lambda: self.schedulers[0].lag_sources() if self.schedulers else [])

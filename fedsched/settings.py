@@ -84,6 +84,12 @@ class Settings(BaseSettings):
             ``snapshot_every_events`` events, and start from the newest one plus the stream after
             it; 0 = never (a start reads the whole stream).
         snapshot_every_events: see ``snapshot_every_s``.
+        max_jobs_per_cycle: queued shards one scheduler cycle hands to ``decide`` at most
+            (default 500, > 0; environment ``FEDSCHED_MAX_JOBS_PER_CYCLE``); the rest wait for the
+            next cycle, one ``schedule_interval_s`` later, so a burst of submissions is placed in
+            a stream of short cycles that publish as they go (issue 15; the scheduler's
+            :meth:`~services.scheduler.service.SchedulerService.window`). Lower it when cycles
+            take too long on a large view; raise it when many small jobs queue behind each other.
         retain_ended_jobs: ended jobs admission keeps in memory (older ones are read from its
             ended-jobs KV bucket); the scheduler keeps a tenth of it (at least 100) as whole
             entries and tombstones for twenty times as many.
@@ -129,6 +135,7 @@ class Settings(BaseSettings):
     snapshot_every_s: float = Field(default=60.0, ge=0)
     snapshot_every_events: int = Field(default=200_000, ge=1)
     retain_ended_jobs: int = Field(default=10_000, ge=1)
+    max_jobs_per_cycle: int = Field(default=500, gt=0)
     metrics_host: str = "127.0.0.1"
 
     @field_validator("subject_prefix")

@@ -281,13 +281,15 @@ class SchedulerService:
         max_jobs_per_cycle: queued shards one cycle hands to ``decide`` at most (see
             :meth:`window`); the others wait for the next cycle (one ``interval_s`` later), so a
             burst of thousands of submissions is placed in a stream of short cycles, not one long
-            one that publishes nothing until it ends.
+            one that publishes nothing until it ends. Default 500, as the setting
+            :attr:`fedsched.settings.Settings.max_jobs_per_cycle` (``FEDSCHED_MAX_JOBS_PER_CYCLE``)
+            that ``fedsched up`` passes in.
 
     Memory is bounded by the live jobs plus these two retentions, not by the jobs ever seen
     (issue 15 item 2; ``tests/unit/scheduler/test_memory.py``).
 
     Raises:
-        ValueError: no bus and no publisher or subjects.
+        ValueError: no bus and no publisher or subjects; ``max_jobs_per_cycle`` <= 0.
     """
 
     def __init__(self, bus: Bus | None, clock: Clock, policy: Policy, prices: PriceCatalog, *,
@@ -300,7 +302,9 @@ class SchedulerService:
         if bus is None and (publisher is None or subjects is None):
             raise ValueError("a scheduler without a bus needs a publisher and subjects")
         self.bus = bus
-        self.max_jobs_per_cycle = max(1, max_jobs_per_cycle)
+        if max_jobs_per_cycle <= 0:
+            raise ValueError(f"max_jobs_per_cycle must be > 0 (got {max_jobs_per_cycle})")
+        self.max_jobs_per_cycle = max_jobs_per_cycle
         self._window_blocked = False  # the last windowed cycle placed nothing: decide the whole queue next
         inner: Publisher = publisher if publisher is not None else bus
         self.lease = lease

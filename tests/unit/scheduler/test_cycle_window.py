@@ -8,6 +8,12 @@ windowed cycle that placed nothing is followed by one over the whole queue.
 
 from __future__ import annotations
 
+import pytest
+from pydantic import ValidationError
+
+from fedapp.runtime import scheduler_settings
+from fedsched.settings import Settings
+from services.scheduler.service import SchedulerService
 from services.scheduler.states import ShardState
 from tests.builders import ClusterSpec, SchedulerHarness, nodes
 
@@ -51,3 +57,33 @@ async def test_a_blocked_window_lets_the_next_cycle_see_the_whole_queue():
     assert h.shard("small").state == ShardState.QUEUED  # not in the window, nothing placed
     await h.cycle()
     assert h.shard("small").state == ShardState.PLACED  # the whole queue was decided
+
+
+def test_max_jobs_per_cycle_is_a_setting_validated_above_zero_and_passed_to_the_scheduler(monkeypatch):
+    """Issue 15: ``FEDSCHED_MAX_JOBS_PER_CYCLE`` sets the window (default 500); 0, negatives and
+    non-numbers are refused by the settings and by the scheduler itself."""
+    monkeypatch.delenv("FEDSCHED_MAX_JOBS_PER_CYCLE", raising=False)
+    assert Settings().max_jobs_per_cycle == 500
+    monkeypatch.setenv("FEDSCHED_MAX_JOBS_PER_CYCLE", "3")
+    assert scheduler_settings(Settings())["max_jobs_per_cycle"] == 3
+    for bad in ("0", "-1", "many"):
+        monkeypatch.setenv("FEDSCHED_MAX_JOBS_PER_CYCLE", bad)
+        with pytest.raises(ValidationError, match="max_jobs_per_cycle"):
+            Settings()
+    with pytest.raises(ValueError, match="max_jobs_per_cycle must be > 0"):
+        SchedulerHarness((ClusterSpec(A, node_list=nodes("a", count=1)),), max_jobs_per_cycle=0)
+    assert SchedulerService.__init__.__kwdefaults__["max_jobs_per_cycle"] == Settings.model_fields[
+        "max_jobs_per_cycle"].default  # one documented default
+
+
+async def test_the_settings_window_is_what_a_cycle_decides(monkeypatch):
+
+    monkeypatch.setenv("FEDSCHED_MAX_JOBS_PER_CYCLE", "4")
+    h = SchedulerHarness((ClusterSpec(A, node_list=nodes("a", count=8)),), reclaim_after_s=1e9,
+                         max_jobs_per_cycle=scheduler_settings(Settings())["max_jobs_per_cycle"])
+    ids = [f"j{i}" for i in range(10)]
+    for job in ids:
+        h.submit(job)
+        h.advance(0.01)
+    await h.cycle()
+    assert _placed(h, ids) == set(ids[:4])  # the four oldest
