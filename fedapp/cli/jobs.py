@@ -19,6 +19,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Iterator, Optional
@@ -569,24 +570,91 @@ def _names(values: list[str]) -> list[str]:
 
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+#: An age: a positive decimal number and one unit letter, nothing else (no sign, no blanks).
+_AGE = re.compile(r"(?P<n>[0-9]+(?:\.[0-9]+)?)(?P<unit>[smhdw])")
+#: An ISO-8601 time starts with its calendar date (``fromisoformat`` alone also takes ``20261130``).
+_ISO_DATE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")
+#: The earliest time a filter may name (protobuf Timestamps count from the Unix epoch).
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+#: What ``--since`` / ``--until`` accept, as every refusal says it.
+WHEN_FORMS = ("an age before now, a positive number and a unit s, m, h, d or w (30m, 2h, 1.5d), or an "
+              "ISO-8601 time not in the future (2026-11-30T08:00:00Z; no zone = UTC)")
+
+
+class WhenError(ValueError):
+    """A ``--since`` / ``--until`` value that is not one of :data:`WHEN_FORMS`.
+
+    Attributes:
+        flag: the option (``--since``).
+        text: the value as given.
+        reason: what is wrong with it (the message adds the accepted forms).
+    """
+
+    def __init__(self, flag: str, text: str, reason: str) -> None:
+        super().__init__(f"{text!r} {reason}; accepted: {WHEN_FORMS}")
+        self.flag, self.text, self.reason = flag, text, reason
 
 
 def parse_when(text: str, flag: str, now: dt.datetime | None = None) -> dt.datetime:
-    """``--since`` / ``--until``: ISO-8601 (no timezone = UTC) or a relative age before now,
-    ``<number><s|m|h|d|w>`` (``90m``, ``2h``, ``1.5d``); exit 2 otherwise."""
-    now = now or dt.datetime.now(dt.UTC)
+    """``--since`` / ``--until``: a relative age before ``now`` (``<number><s|m|h|d|w>``:
+    ``90m``, ``2h``, ``1.5d``; the number > 0, no sign) or an ISO-8601 time (no zone = UTC) that
+    is not after ``now`` and not before 1970. Ages and times both give a timezone-aware UTC
+    datetime.
+
+    Raises:
+        WhenError: anything else, saying why and listing the accepted forms: a bare number
+            (``5``, ``0``: no unit), a sign (``-5m``, ``+5m``), a zero age, a word
+            (``yesterday``), a time in the future or before 1970.
+    """
+    now = (now or dt.datetime.now(dt.UTC)).astimezone(dt.UTC)
     t = text.strip()
-    if t and t[-1].lower() in _UNITS:
-        try:
-            return now - dt.timedelta(seconds=float(t[:-1]) * _UNITS[t[-1].lower()])
-        except ValueError:
-            pass
+    if not t:
+        raise WhenError(flag, text, "is empty")
+    age = _AGE.fullmatch(t)
+    if age:
+        seconds = float(age["n"]) * _UNITS[age["unit"]]
+        if seconds <= 0:
+            raise WhenError(flag, text, "is a zero age (it would name the present moment)")
+        if seconds > (now - _EPOCH).total_seconds():
+            raise WhenError(flag, text, "reaches back before 1970")
+        return now - dt.timedelta(seconds=seconds)
+    if t[0] in "+-" and _AGE.fullmatch(t[1:]):
+        raise WhenError(flag, text, "has a sign: an age counts back from now and takes none (write "
+                                    f"{t[1:]!r} for {t[1:]} ago)")
+    if re.fullmatch(r"[+-]?[0-9]+(?:\.[0-9]+)?", t):
+        raise WhenError(flag, text, "is a number without a unit")
+    if _AGE.fullmatch(t.lower()):
+        raise WhenError(flag, text, "has an upper-case unit (units are s, m, h, d, w; M is not months)")
+    if not _ISO_DATE.match(t):
+        raise WhenError(flag, text, "is neither an age nor an ISO-8601 time")
     try:
-        when = dt.datetime.fromisoformat(t.replace("Z", "+00:00"))
+        when = dt.datetime.fromisoformat(t[:-1] + "+00:00" if t.endswith(("Z", "z")) else t)
     except ValueError:
-        err.print(error_line(flag, f"{text!r}: want ISO-8601 (2026-11-30T08:00:00Z) or an age like 30m, 2h, 1d"))
+        raise WhenError(flag, text, "is not a valid ISO-8601 time") from None
+    when = when.replace(tzinfo=dt.UTC) if when.tzinfo is None else when.astimezone(dt.UTC)
+    if when > now:
+        raise WhenError(flag, text, f"is in the future (now is {now:%Y-%m-%dT%H:%M:%SZ})")
+    if when < _EPOCH:
+        raise WhenError(flag, text, "is before 1970")
+    return when
+
+
+def _time_range(since: str, until: str, now: dt.datetime | None = None
+                ) -> tuple[dt.datetime | None, dt.datetime | None]:
+    """``--since`` and ``--until`` parsed against one ``now``; exit 2 with the reason and the
+    accepted forms when either is not accepted, or when ``--until`` is not after ``--since``."""
+    now = now or dt.datetime.now(dt.UTC)
+    try:
+        lo = parse_when(since, "--since", now) if since else None
+        hi = parse_when(until, "--until", now) if until else None
+    except WhenError as e:
+        err.print(error_line(e.flag, str(e)))
         raise typer.Exit(2) from None
-    return when.replace(tzinfo=dt.UTC) if when.tzinfo is None else when
+    if lo is not None and hi is not None and hi <= lo:
+        err.print(error_line("--until", f"{until!r} ({hi:%Y-%m-%dT%H:%M:%SZ}) is not after --since {since!r} "
+                                        f"({lo:%Y-%m-%dT%H:%M:%SZ}): no job could match"))
+        raise typer.Exit(2)
+    return lo, hi
 
 
 def jobs(
@@ -599,9 +667,11 @@ def jobs(
     cluster: list[str] = typer.Option([], "--cluster", help="Cluster of the current/last attempt (repeatable)."),
     kind: list[str] = typer.Option([], "--kind", help="Job kind (repeatable): " + ", ".join(KINDS) + "."),
     name: str = typer.Option("", "--name", help="Job name pattern, shell-style glob (e.g. 'train-*')."),
-    since: str = typer.Option("", "--since", help="Submitted at or after: ISO-8601 (no timezone = UTC) or an age "
-                                                  "like 30m, 2h, 1d."),
-    until: str = typer.Option("", "--until", help="Submitted before: ISO-8601 or an age like 30m, 2h, 1d."),
+    since: str = typer.Option("", "--since", help="Submitted at or after: an age before now like 30m, 2h, 1.5d "
+                                                  "(units s, m, h, d, w) or a past ISO-8601 time (no timezone = "
+                                                  "UTC)."),
+    until: str = typer.Option("", "--until", help="Submitted before: an age like 30m, 2h, 1d or a past ISO-8601 "
+                                                  "time; after --since."),
     oldest_first: bool = typer.Option(False, "--oldest-first", help="Oldest first (default: newest first)."),
     limit: int = typer.Option(100, "--limit", min=1, max=1000, help="Page size (jobs per page)."),
     page_token: str = typer.Option("", "--page-token", help="Continue from this token (printed below a page; "
@@ -622,10 +692,11 @@ def jobs(
                                  kinds=_enum_flag(kind, pb.JobKind, "--kind"), name_pattern=name,
                                  page_size=limit, page_token=page_token,
                                  order=pb.JOB_ORDER_OLDEST_FIRST if oldest_first else pb.JOB_ORDER_NEWEST_FIRST)
-    if since:
-        request.submitted_after.FromDatetime(parse_when(since, "--since"))
-    if until:
-        request.submitted_before.FromDatetime(parse_when(until, "--until"))
+    lo, hi = _time_range(since, until)
+    if lo is not None:
+        request.submitted_after.FromDatetime(lo)
+    if hi is not None:
+        request.submitted_before.FromDatetime(hi)
     follow = all_pages or output == "json"
     with Api(server, token) as api:
         stub = pb_grpc.JobServiceStub(api.channel)

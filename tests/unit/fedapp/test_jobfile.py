@@ -9,7 +9,7 @@ import datetime as dt
 import pytest
 
 from fedapp.cli.jobfile import JobFileError, parse_job_file
-from fedapp.cli.jobs import parse_when, with_optional_values
+from fedapp.cli.jobs import WHEN_FORMS, WhenError, parse_when, with_optional_values
 from fedsched.api.v1 import jobs_pb2 as pb
 
 
@@ -88,6 +88,37 @@ def test_since_and_until_take_iso_8601_or_an_age():
     assert parse_when("90m", "--since", now) == now - dt.timedelta(minutes=90)
     assert parse_when("2026-11-30T08:00:00", "--since", now) == dt.datetime(2026, 11, 30, 8, tzinfo=dt.UTC)
     assert parse_when("2026-11-30T08:00:00+01:00", "--since", now).astimezone(dt.UTC).hour == 7
+    assert parse_when("2026-11-30T08:00:00Z", "--since", now) == dt.datetime(2026, 11, 30, 8, tzinfo=dt.UTC)
+    assert parse_when("1w", "--since", now).tzinfo is dt.UTC
+
+
+@pytest.mark.parametrize("text, reason", [
+    ("-5m", "has a sign"),
+    ("+5m", "has a sign"),
+    ("0", "a number without a unit"),
+    ("5", "a number without a unit"),
+    ("0s", "zero age"),
+    ("0.0h", "zero age"),
+    ("yesterday", "neither an age nor an ISO-8601 time"),
+    ("5 m", "neither an age nor an ISO-8601 time"),
+    ("1e3m", "neither an age nor an ISO-8601 time"),
+    ("infd", "neither an age nor an ISO-8601 time"),
+    ("5M", "upper-case unit"),
+    ("2026-11-30T12:00:01Z", "in the future"),
+    ("2027-01-01", "in the future"),
+    ("1969-12-31T23:59:59Z", "before 1970"),
+    ("100000w", "before 1970"),
+    ("2026-13-01", "not a valid ISO-8601 time"),
+    ("", "is empty"),
+], ids=lambda v: repr(v))
+def test_odd_since_values_are_refused_saying_why_and_the_accepted_forms(text, reason):
+    """Issue 14 follow-up: ``--since -5m`` (a future time), ``0``, ``5``, ``yesterday`` and future
+    times were accepted or refused without saying what would do."""
+    now = dt.datetime(2026, 11, 30, 12, 0, tzinfo=dt.UTC)
+    with pytest.raises(WhenError) as e:
+        parse_when(text, "--since", now)
+    assert reason in e.value.reason and e.value.flag == "--since"
+    assert str(e.value).endswith(WHEN_FORMS) and "30m, 2h, 1.5d" in str(e.value)
 
 
 def test_submit_batches_stay_under_the_request_limit_in_items_and_bytes():
