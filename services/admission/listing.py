@@ -8,9 +8,17 @@ plus what it returns -- never a sort of every job.
 
 The cursor is the ``(submitted_at, job_id)`` of the last job returned, not an offset: a job
 submitted while someone pages (it sorts after every existing job) neither shifts nor repeats
-what the next page holds. The token is ``base64url(JSON)`` of the cursor, a digest of the
-filters and order it was issued for, and the first page's total; a token used with other
-filters or another order is refused (INVALID_ARGUMENT ``page_token``).
+what the next page holds. The token is ``base64url(JSON)`` of the cursor and a digest of the
+filters and order it was issued for; a token used with other filters or another order is
+refused (INVALID_ARGUMENT ``page_token``).
+
+Every page's ``total`` is counted when that page is read, so a later page reports the jobs
+matching now, not when the first page was read (a token carried the first page's total until
+issue 14's follow-up: jobs submitted or changed meanwhile were missing from it). The count is
+two bisections when the only filter is the time range and the caller reads every job, else
+one walk of the range in the view -- bounded by what the view holds (the open jobs and the
+newest ``retain_ended`` ended ones, :class:`~services.admission.jobview.JobView`), never by the
+jobs ever seen.
 
 Filters combine as the proto says: AND across fields, OR within a repeated field; the old
 single ``tenant`` / ``project`` fields are ORed into ``tenants`` / ``projects``.
@@ -157,15 +165,18 @@ def _seconds(ts) -> float:
 @dataclass(frozen=True)
 class PageToken:
     """Where the next page starts: after ``cursor`` in the order; ``digest`` of the filters it
-    was issued for; ``total`` of the first page."""
+    was issued for. No total: each page counts its own (module docstring)."""
 
     cursor: tuple[float, str]
     digest: str
-    total: int
+
+    #: version 2 has no total; version 1 tokens (with the first page's total, ``n``) are still
+    #: read, their total ignored
+    VERSION = 2
 
     def encode(self) -> str:
         """The opaque text form."""
-        doc = {"v": 1, "t": self.cursor[0], "j": self.cursor[1], "f": self.digest, "n": self.total}
+        doc = {"v": self.VERSION, "t": self.cursor[0], "j": self.cursor[1], "f": self.digest}
         return base64.urlsafe_b64encode(json.dumps(doc, separators=(",", ":")).encode()).decode().rstrip("=")
 
     @classmethod
@@ -178,8 +189,8 @@ class PageToken:
         """
         try:
             doc = json.loads(base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)))
-            token = cls((float(doc["t"]), str(doc["j"])), str(doc["f"]), int(doc["n"]))
-            if doc.get("v") != 1 or not math.isfinite(token.cursor[0]) or token.total < 0:
+            token = cls((float(doc["t"]), str(doc["j"])), str(doc["f"]))
+            if doc.get("v") not in (1, cls.VERSION) or not math.isfinite(token.cursor[0]):
                 raise ValueError("bad token")
         except (ValueError, KeyError, TypeError, binascii.Error, UnicodeDecodeError) as e:
             raise ValidationError("page_token", "not a token returned by ListJobs") from e
@@ -224,9 +235,8 @@ def list_page(view: JobView, request: pb.ListJobsRequest, principal: Principal,
     Returns:
         Up to ``page_size`` jobs (default 100) and at most :data:`PAGE_BYTES` encoded (at least
         one job), the next page's token ("" on the last page) and the number of jobs matching
-        the filters, counted when the first page is read (later pages repeat it; without
-        filters other than the time range, for a caller who reads every tenant, by bisection,
-        else by one walk of the range).
+        the filters now, counted for every page (without filters other than the time range,
+        for a caller who reads every job, by bisection, else by one walk of the range).
 
     Raises:
         ValidationError: ``page_size`` over :data:`MAX_PAGE_SIZE`, a bad filter, a bad token or one
@@ -245,9 +255,7 @@ def list_page(view: JobView, request: pb.ListJobsRequest, principal: Principal,
         return rec is not None and f.matches(rec) and principal.can_read(rec.spec.tenant, rec.spec.project)
 
     jobs = view.jobs
-    if token is not None:
-        total = token.total
-    elif f.selects_by_time_only() and principal.reads_every_job():
+    if f.selects_by_time_only() and principal.reads_every_job():
         total = _range_size(view, f)  # two bisections: the caller reads every job, no other filter
     else:
         total = sum(1 for _, j in _walk(view, f, None) if visible(jobs.get(j)))
@@ -262,7 +270,7 @@ def list_page(view: JobView, request: pb.ListJobsRequest, principal: Principal,
         msg = to_pb(rec)
         cost = msg.ByteSize() + 8  # field tag and length prefix of a repeated message
         if len(out.jobs) >= size or (out.jobs and used + cost > PAGE_BYTES):
-            out.next_page_token = PageToken(last, digest, total).encode()
+            out.next_page_token = PageToken(last, digest).encode()
             return out
         out.jobs.append(msg)
         used += cost

@@ -5,6 +5,9 @@ walks only as far as it needs."""
 
 from __future__ import annotations
 
+import base64
+import json
+
 import pytest
 from google.protobuf.timestamp_pb2 import Timestamp
 
@@ -15,7 +18,7 @@ from fedsched.jobs import JobKind, JobSpec
 from fedsched.tenancy import Governance
 from services.admission import listing
 from services.admission.jobview import JobView
-from services.admission.service import job_to_pb
+from services.admission.service import job_to_pb, status_for
 from tests.builders import TOKENS, policy_doc
 
 T0 = 1_700_000_000.0
@@ -133,6 +136,43 @@ def test_a_token_is_bound_to_its_filters_and_order():
     with pytest.raises(ValidationError) as e:
         _page(view, page_token="garbage")
     assert e.value.field == "page_token"
+
+
+def test_every_page_reports_the_total_matching_now_not_the_first_pages():
+    """Issue 14 follow-up: the token carried the first page's total, so a later page reported a
+    stale one after jobs arrived or changed state."""
+    view = JobView()
+    for i in range(6):
+        _submit(view, f"j-{i}", T0 + i)
+    first = _page(view, page_size=2, states=[pb.JOB_STATE_QUEUED])
+    assert first.total == 6
+    for i in range(6, 9):  # three more queued jobs, and two of the first ones placed
+        _submit(view, f"j-{i}", T0 + i)
+    _place(view, "j-0", T0 + 20, "cn-north-1", "cn-north-1-c1")
+    _place(view, "j-5", T0 + 21, "cn-north-1", "cn-north-1-c1")
+    second = _page(view, page_size=2, states=[pb.JOB_STATE_QUEUED], page_token=first.next_page_token)
+    assert second.total == 6 + 3 - 2
+    assert _ids(second) == ["j-3", "j-2"]  # the cursor still holds: after j-4, queued ones only
+    unfiltered = _page(view, page_size=2, page_token=_page(view, page_size=2).next_page_token)
+    assert unfiltered.total == 9  # by bisection, also current
+
+
+def test_a_token_from_another_filter_is_invalid_argument_naming_page_token_and_old_tokens_still_page():
+    view = JobView()
+    for i in range(5):
+        _submit(view, f"j-{i}", T0 + i, tenant="search" if i % 2 else "ads")
+    token = _page(view, page_size=1, tenants=["ads"]).next_page_token
+    with pytest.raises(ValidationError) as e:
+        _page(view, page_size=1, tenants=["search"], page_token=token)
+    assert e.value.field == "page_token" and str(e.value).startswith("page_token: was issued for other filters")
+    assert status_for(e.value).name == "INVALID_ARGUMENT"
+    # a token issued before this change (version 1, with the first page's total) still pages;
+    # its total is ignored
+    doc = json.loads(base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)))
+    old = dict(doc, v=1, n=999)
+    old_token = base64.urlsafe_b64encode(json.dumps(old).encode()).decode().rstrip("=")
+    resp = _page(view, page_size=1, tenants=["ads"], page_token=old_token)
+    assert resp.total == 3 and _ids(resp) == ["j-2"]
 
 
 def test_a_page_stops_at_about_one_mib_and_every_job_still_comes_once():
