@@ -8,8 +8,10 @@ Routes (every page but ``/login``, ``/healthz`` and ``/static`` needs the sessio
 ``POST /logout``                            forget the token
 ``GET /jobs``                               ``ListJobs`` with filters (state, tenant, project),
                                             paged; ``?fragment=1`` = only the table (refresh)
-``GET /jobs/{job_id}``                      ``GetJob`` + ``ExplainJob`` (every cluster's verdict)
-                                            + the job's audited events and billed cost
+``GET /jobs/{job_id}``                      ``GetJob`` (spec, deadline, workload with secrets
+                                            by reference, datasets, annotations) + ``ExplainJob``
+                                            (every cluster's verdict) + the job's audited events
+                                            and billed cost
 ``GET /queues``, ``GET /clusters``          ``ClusterService.ListClusters``
 ``GET /approvals``                          pending and decided requests; approvers get buttons
 ``POST /approvals/{id}/{approve|reject}``   ``Approve`` / ``Reject`` with the user's token
@@ -135,6 +137,16 @@ def _age(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
+def _size(n: int) -> str:
+    """A byte count for people in binary units (``512 B``, ``1.5 GiB``)."""
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if value < 1024 or unit == "PiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{n} B"  # pragma: no cover - the loop returns
+
+
 def _gpus(spec: pb.JobSpec) -> str:
     workers = spec.workers if spec.HasField("workers") else 1
     gpus = spec.gpus_per_worker if spec.HasField("gpus_per_worker") else 1
@@ -147,7 +159,7 @@ def _templates() -> jinja2.Environment:
     env = jinja2.Environment(loader=jinja2.PackageLoader("fedapp.web", "templates"), autoescape=True,
                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
     env.filters.update(
-        ts=_ts, money=_money, age=_age, gpus=_gpus,
+        ts=_ts, money=_money, age=_age, gpus=_gpus, size=_size,
         state=lambda v: _enum(v, pb.JobState, "JOB_STATE_"),
         kind=lambda v: _enum(v, pb.JobKind, "JOB_KIND_"),
         priority=lambda v: _enum(v, pb.PriorityClass, "PRIORITY_CLASS_"),
@@ -472,10 +484,32 @@ async def approvals_page(request: web.Request) -> web.Response:
         except ApiError as e2:
             if e2.code != grpc.StatusCode.PERMISSION_DENIED:
                 raise
-    flash = (f"{q['decided']} {q.get('as', '')}" if q.get("decided") else "")
+    flash = _flash(q.get("as", ""), q.get("decided", ""), decided)
     return render(request, "approvals.html", pending=pending, decided=decided, awaiting=awaiting,
                   approver=approver, flash=flash, decided_total=decided_total, next_url=next_url,
                   first_page=not q.get("decided_page"))
+
+
+#: The approvals page's banners after a decision, chosen by the redirect's ``as`` code (the
+#: decided state); the text is ours, never the URL's. Any other code: no banner.
+FLASHES = {
+    "approved": "Request {approval_id} approved: the job may now be placed in the proposed region.",
+    "rejected": "Request {approval_id} rejected: the job stays in its home region.",
+}
+
+
+def _flash(code: str, approval_id: str, decided: list[gpb.Approval]) -> str:
+    """The banner for ``?decided=<approval id>&as=<code>`` (where :func:`decide` redirects): the
+    fixed message of ``code`` in :data:`FLASHES`, shown only when ``approval_id`` is a request on
+    this page decided so (a link cannot make the page claim a decision that was not made);
+    "" otherwise (an unknown code, an id not among the decided requests shown, no decision)."""
+    template = FLASHES.get(code)
+    if template is None or not approval_id:
+        return ""
+    state = gpb.ApprovalState.Value("APPROVAL_STATE_" + code.upper())
+    if not any(a.approval_id == approval_id and a.state == state for a in decided):
+        return ""
+    return template.format(approval_id=approval_id)
 
 
 async def decide(request: web.Request) -> web.Response:

@@ -21,10 +21,12 @@ import os
 import re
 import shutil
 import time
+from datetime import UTC
 from decimal import Decimal
 from pathlib import Path
 
 import pytest
+from google.protobuf.timestamp_pb2 import Timestamp
 
 from fedsched.api.v1 import governance_pb2 as gpb
 from fedsched.api.v1 import jobs_pb2 as pb
@@ -273,3 +275,53 @@ async def test_a_non_approver_sees_no_button_and_the_endpoint_answers_403(consol
     assert int(await row.get_attribute("data-queued")) >= 1
     await w.page.screenshot(path=str(shots / "queues-waiting.png"), full_page=True)
     assert w.problems == []
+
+
+async def test_the_approvals_banner_never_shows_text_from_the_url(console, chromium):
+    """Issue 14 follow-up: a link could make the approvals page announce any text
+    (``?decided=Your account is suspended``); banners are now fixed messages chosen by a code,
+    shown only for a decision the page lists."""
+    _, server, _ = console
+    w = await _signed_in(chromium, server.url, "bob")
+    for query in ("msg=Your%20account%20is%20suspended",
+                  "decided=Your%20account%20is%20suspended&as=approved",
+                  "decided=ap-00000000000000000000&as=Your%20account%20is%20suspended",
+                  "decided=ap-00000000000000000000&as=approved"):  # no such decision
+        response = await w.page.goto(f"{server.url}/approvals?{query}")
+        assert response.status == 200
+        assert await w.page.locator(".flash.ok").count() == 0, query
+        assert "suspended" not in await w.page.locator("main").inner_text(), query
+    assert w.problems == []
+
+
+async def test_the_job_page_shows_the_workload_datasets_annotations_and_deadline_as_text(console, chromium, shots):
+    """Issue 14 follow-up: the job page shows what the job runs (secrets by reference only),
+    its datasets, annotations and start deadline -- as text, never as markup."""
+    system, server, _ = console
+    deadline = Timestamp(seconds=int(system.options.clock.time()) + 7 * 86400)
+    spec = _spec("search", "train", 60, name="with-workload",
+                 datasets=[pb.Dataset(name="clicks-2026", home_region="cn-north-1", size_bytes=5 * 1024**3)],
+                 start_deadline=deadline,
+                 workload=pb.Workload(image="registry.example/train:2.0", command=["python", "-m", "train"],
+                                      args=["--tag", "<b>bold</b>"],
+                                      env={"MODE": "<img src=x id=injected onerror=alert(1)>"},
+                                      secret_env={"HF_TOKEN": "hf-credentials/token"}))
+    spec.annotations["owner"] = "<script>document.title='pwned'</script>"
+    async with channel(system.grpc_target, "alice") as ch:
+        job_id = (await Stubs(ch).jobs.SubmitJob(pb.SubmitJobRequest(spec=spec))).job_id
+    w = await _signed_in(chromium, server.url, "alice")
+    await w.page.goto(f"{server.url}/jobs/{job_id}")
+    await w.page.screenshot(path=str(shots / "job-workload.png"), full_page=True)
+    workload = await w.page.locator("#workload").inner_text()
+    assert "registry.example/train:2.0" in workload and "python -m train" in workload
+    assert "--tag <b>bold</b>" in workload
+    assert "<img src=x id=injected onerror=alert(1)>" in await w.page.locator("tr[data-env=MODE]").inner_text()
+    assert "hf-credentials/token" in await w.page.locator("tr[data-secret-env=HF_TOKEN]").inner_text()
+    assert await w.page.locator("#injected, #workload b, #annotations script").count() == 0
+    dataset = await w.page.locator("tr[data-dataset=clicks-2026]").inner_text()
+    assert "cn-north-1" in dataset and "5.0 GiB" in dataset
+    owner = await w.page.locator("tr[data-annotation=owner]").inner_text()
+    assert "<script>document.title='pwned'</script>" in owner and await w.page.title() != "pwned"
+    shown = await w.page.locator("#start-deadline").inner_text()
+    assert shown == deadline.ToDatetime(tzinfo=UTC).strftime("%Y-%m-%d %H:%M:%S") + " UTC"
+    assert w.problems == [] and w.foreign == []

@@ -54,6 +54,8 @@ class FakeApi:
 
     async def get_job(self, token, job_id):
         self._who(token)
+        if job_id == "j-full":
+            return FULL_JOB
         if job_id != "j-1":
             raise ApiError(grpc.StatusCode.NOT_FOUND, f"job {job_id} not found")
         return pb.Job(job_id="j-1", spec=pb.JobSpec(tenant="ads", project="train"), state=pb.JOB_STATE_QUEUED)
@@ -86,8 +88,12 @@ class FakeApi:
         if who == "submitter":
             raise ApiError(grpc.StatusCode.PERMISSION_DENIED, "submitter is not an approver of ads")
         self.decisions.append((who, approval_id, approve, comment))
-        return gpb.Approval(approval_id=approval_id,
-                            state=gpb.APPROVAL_STATE_APPROVED if approve else gpb.APPROVAL_STATE_REJECTED)
+        decided = gpb.Approval(approval_id=approval_id, job_id="j-1", tenant="ads", project="train",
+                               state=gpb.APPROVAL_STATE_APPROVED if approve else gpb.APPROVAL_STATE_REJECTED,
+                               decided_by=who)
+        decided.decided_at.FromSeconds(10_000)
+        self.more_decided.append(decided)
+        return decided
 
     async def policy_versions(self, token, limit=50):
         if self._who(token) != "admin":
@@ -95,6 +101,18 @@ class FakeApi:
         old = gpb.PolicyDocument(version="aaaaaaaaaaaa", yaml="quotas: []\n", applied_by="bootstrap")
         new = gpb.PolicyDocument(version="bbbbbbbbbbbb", yaml="quotas:\n- tenant: ads\n", applied_by="root")
         return gpb.ListPolicyVersionsResponse(versions=[new, old])
+
+
+FULL_JOB = pb.Job(job_id="j-full", state=pb.JOB_STATE_QUEUED, spec=pb.JobSpec(
+    tenant="ads", project="train", name="full",
+    workload=pb.Workload(image="registry.example/train:1.2", command=["python", "-m", "train"],
+                         args=["--lr", "<0.1>"], env={"MODE": "<img src=x onerror=alert(1)>"},
+                         secret_env={"HF_TOKEN": "hf-credentials/token"}, workdir="/work",
+                         checkpoint_uri="s3://ckpt/ads/full"),
+    annotations={"team": "<b>ranking</b>", "ticket": "OPS-1"},
+    datasets=[pb.Dataset(name="ads-logs", home_region="cn-north-1", size_bytes=3 * 1024**4)],
+    estimated_duration_seconds=5400))
+FULL_JOB.spec.start_deadline.FromSeconds(1_767_225_600)  # 2026-01-01T00:00:00Z
 
 
 def _down(sql, params):
@@ -175,6 +193,26 @@ async def test_an_approver_decides_and_a_non_approver_gets_403_from_the_api(clie
     assert len(client.fake.decisions) == 1
 
 
+async def test_the_approvals_banner_is_a_fixed_message_for_a_real_decision_never_text_from_the_url(client):
+    """Issue 14 follow-up: the banner's text came from the URL (escaped, but a link could make
+    the console say anything, e.g. ``?decided=Your account is suspended``)."""
+    await _sign_in(client, "tok-approver")
+    page = await (await client.get("/approvals")).text()
+    csrf = re.search(r'name="csrf" value="([0-9a-f]{64})"', page).group(1)
+    r = await client.post(f"/approvals/{APPROVAL}/approve", data={"csrf": csrf}, allow_redirects=False)
+    page = await (await client.get(r.headers["Location"])).text()
+    banner = re.findall(r'<p class="flash ok" role="status">([^<]*)</p>', page)
+    assert banner == [f"Request {APPROVAL} approved: the job may now be placed in the proposed region."]
+    for spoof in ("/approvals?msg=Your+account+is+suspended",
+                  "/approvals?decided=Your+account+is+suspended&as=approved",
+                  f"/approvals?decided={APPROVAL}&as=Your+account+is+suspended",
+                  f"/approvals?decided={APPROVAL}&as=rejected",  # it was approved: no false claim
+                  "/approvals?decided=ap-ffffffffffffffffffff&as=approved",  # expired, not approved
+                  f"/approvals?decided={APPROVAL}"):
+        page = await (await client.get(spoof)).text()
+        assert 'class="flash ok"' not in page and "suspended" not in page, spoof
+
+
 async def test_decided_requests_show_newest_first_fifty_a_page(client):
     """Issue 16 follow-up: the "decided" list used to show the first 1000 the API listed (the
     oldest); now the newest decision comes first, 50 a page, "Older decisions" leads on."""
@@ -222,6 +260,26 @@ async def test_filters_reach_list_jobs_and_text_is_escaped(client):
     assert "&lt;b&gt;bold&lt;/b&gt;" in page and "<b>bold</b>" not in page
     fragment = await (await client.get("/jobs?fragment=1")).text()
     assert "<html" not in fragment and 'data-job-id="j-1"' in fragment
+
+
+async def test_the_job_page_shows_workload_secret_references_datasets_annotations_and_deadline_escaped(client):
+    """Issue 14 follow-up: the job page lacked the workload, annotations, datasets and deadline."""
+    await _sign_in(client, "tok-submitter")
+    page = await (await client.get("/jobs/j-full")).text()
+    workload = page.split('id="workload"', 1)[1].split("</section>", 1)[0]
+    assert "registry.example/train:1.2" in workload and "python -m train" in workload
+    assert "--lr &lt;0.1&gt;" in workload and "/work" in workload and "s3://ckpt/ads/full" in workload
+    assert '<tr data-env="MODE">' in workload and "&lt;img src=x onerror=alert(1)&gt;" in workload
+    assert "<img" not in page
+    assert '<tr data-secret-env="HF_TOKEN">' in workload and "from secret <code>hf-credentials/token</code>" in workload
+    datasets = page.split('id="datasets"', 1)[1].split("</section>", 1)[0]
+    assert '<tr data-dataset="ads-logs">' in datasets and "cn-north-1" in datasets and "3.0 TiB" in datasets
+    annotations = page.split('id="annotations"', 1)[1].split("</section>", 1)[0]
+    assert "&lt;b&gt;ranking&lt;/b&gt;" in annotations and "<b>ranking</b>" not in page and "OPS-1" in annotations
+    assert '<dd id="start-deadline">2026-01-01 00:00:00 UTC</dd>' in page
+    assert "90 min" in page  # the estimated duration
+    plain = await (await client.get("/jobs/j-1")).text()  # a trace job: no workload, no deadline
+    assert "No workload" in plain and '<dd id="start-deadline">none</dd>' in plain and "No dataset." in plain
 
 
 async def test_pages_name_no_external_url_and_forbid_framing(client):
