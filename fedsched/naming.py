@@ -35,7 +35,7 @@ from functools import lru_cache
 from importlib import resources
 from typing import Iterable
 
-from fedsched.errors import InvalidName
+from fedsched.errors import InvalidName, ValidationError
 from fedsched.yamltext import load_yaml
 
 _LABEL = r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?"
@@ -95,6 +95,33 @@ def check_name(kind: str, value: str, field: str | None = None) -> str:
     if pattern.fullmatch(value) is None:
         raise InvalidName(kind, value, rule + _suggest(value), field)
     return value
+
+
+#: Names a "no such ..." message lists at most (then "and N more").
+MAX_LISTED = 30
+
+
+def check_known(kind: str, value: str, known: Iterable[str], field: str) -> str:
+    """Return ``value`` if it is one of ``known`` (a well-formed filter that names nothing
+    that exists would silently match nothing), else raise.
+
+    Args:
+        kind: what the name is (``region``, ``cluster``, ``tenant``), for the message.
+        value: the name given.
+        known: the names that exist now.
+        field: request field to name in the error (``regions[0]``).
+
+    Raises:
+        ValidationError: ``field``: ``no such region 'x'; known regions: a, b`` (at most
+            :data:`MAX_LISTED` names, sorted, then how many more).
+    """
+    names = sorted(set(known))
+    if value in names:
+        return value
+    listed = ", ".join(names[:MAX_LISTED]) or "none"
+    if len(names) > MAX_LISTED:
+        listed += f" and {len(names) - MAX_LISTED} more"
+    raise ValidationError(field, f"no such {kind} {value!r}; known {kind}s: {listed}")
 
 
 def is_name(kind: str, value: str) -> bool:

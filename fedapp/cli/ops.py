@@ -38,7 +38,8 @@ def clusters(region: list[str] = typer.Option([], "--region", help="Only this re
     job kind.
 
     Whole cards: a card partly taken by a shared job counts as allocated. Allocations come from
-    the agents' latest inventory (published every few heartbeats).
+    the agents' latest inventory (published every few heartbeats). A --region that names no
+    region of the federation is an error listing the known ones (exit 1).
     """
     with Api(server, token) as api:
         resp = api.call(pb_grpc.ClusterServiceStub(api.channel).ListClusters, pb.ListClustersRequest(regions=region))
@@ -69,7 +70,10 @@ def clusters(region: list[str] = typer.Option([], "--region", help="Only this re
                       _age(c.heartbeat_age_seconds) if first else "", f"{c.nodes_schedulable}/{c.nodes}" if first else "",
                       card.card_model, str(card.gpus_total), str(card.gpus_allocated), str(card.gpus_free),
                       str(c.running_jobs) if first else "")
-    console.print(t)
+    if resp.clusters:
+        console.print(t)
+    else:  # a known region (the server refuses unknown ones) whose agents have not reported
+        console.print(f"no cluster {'of ' + ', '.join(region) + ' ' if region else ''}has reported yet")
     if resp.queues:
         q = Table("home region", "kind", "waiting", "oldest wait", box=box.SIMPLE_HEAD, pad_edge=False)
         for row in resp.queues:

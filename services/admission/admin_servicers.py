@@ -43,7 +43,7 @@ from fedsched.tenancy import (WILDCARD, Governance, GrantDoc, PolicyDoc, Princip
                                  parse_policy, parse_policy_data, policy_version, public_view, resolve_card, to_yaml,
                                  with_principal)
 from fedsched.jobs import JobState, Locality
-from fedsched.naming import check_name
+from fedsched.naming import check_known, check_name
 from fedsched.policystore import PolicyHolder, StoredPolicy, announce, read_history, read_policy, write_policy
 from fedsched.ports import Publisher
 from fedsched.quota import QuotaBook
@@ -334,6 +334,8 @@ class TenantServicer(gpb_grpc.TenantServiceServicer):
         elif principal.readable_tenants() == frozenset():
             raise PermissionDeniedError(f"{principal.name} has no tenant rights")
         gov = self._gov()
+        if request.tenant:  # an admin may read any tenant: a typo would list nothing, silently
+            check_known("tenant", request.tenant, gov.tenants, "tenant")
         book = self._usage(gov)
         out = [quota_to_pb(q, book.used.get(i, 0)) for i, q in enumerate(gov.doc.quotas)
                if (not request.tenant or q.tenant == request.tenant) and principal.can_read(q.tenant)]
@@ -503,6 +505,9 @@ class ApprovalServicer(gpb_grpc.ApprovalServiceServicer):
             check_name("tenant", request.tenant, "tenant")
             if not principal.can_approve(request.tenant):
                 raise PermissionDeniedError(f"{principal.name} is not an approver of {request.tenant}")
+            gov = self.policy.current
+            if gov is not None:  # an admin approves for any tenant: a typo would list nothing, silently
+                check_known("tenant", request.tenant, gov.tenants, "tenant")
         elif not principal.is_admin and not any(g.role == "approver" for g in principal.grants):
             raise PermissionDeniedError(f"{principal.name} is not an approver")
         size = request.page_size or 100

@@ -39,7 +39,7 @@ from typing import Callable, Iterator
 from fedsched.api.v1 import jobs_pb2 as pb
 from fedsched.auth import Principal
 from fedsched.errors import PermissionDeniedError, ValidationError
-from fedsched.naming import check_name
+from fedsched.naming import check_known, check_name
 from services.admission.convert import KIND_FROM_PB, STATE_TO_PB
 from services.admission.jobview import JobRecord, JobView
 
@@ -158,6 +158,43 @@ class JobFilter:
         return True
 
 
+@dataclass(frozen=True)
+class FilterNames:
+    """The names that exist now, so that a well-formed filter naming none of them is an error
+    instead of an empty page (issue 14 follow-up). None = that filter is not checked.
+
+    Attributes:
+        tenants: the policy's tenants; checked only for a caller who reads every job (an admin):
+            anyone else naming a tenant they may not read is refused by
+            :meth:`JobFilter.check_access` already, known or not.
+        regions / clusters: the federation's regions and clusters (topology and reports).
+    """
+
+    tenants: frozenset[str] | None = None
+    regions: frozenset[str] | None = None
+    clusters: frozenset[str] | None = None
+
+    def check(self, request: pb.ListJobsRequest, principal: Principal) -> None:
+        """Raise for the first filter value that names nothing that exists.
+
+        Raises:
+            ValidationError: ``tenant`` / ``tenants[i]`` / ``regions[i]`` / ``clusters[i]``:
+                ``no such ... 'x'; known ...: a, b``.
+        """
+        checks = [("region", self.regions, [("regions", list(request.regions))]),
+                  ("cluster", self.clusters, [("clusters", list(request.clusters))])]
+        if principal.reads_every_job():
+            checks.insert(0, ("tenant", self.tenants,
+                              [("tenant", [request.tenant] if request.tenant else []),
+                               ("tenants", list(request.tenants))]))
+        for kind, known, fields in checks:
+            if known is None:
+                continue
+            for field, values in fields:
+                for i, v in enumerate(values):
+                    check_known(kind, v, known, field if field == "tenant" else f"{field}[{i}]")
+
+
 def _seconds(ts) -> float:
     return ts.seconds + ts.nanos / 1e9
 
@@ -226,11 +263,12 @@ def _walk(view: JobView, f: JobFilter, cursor: tuple[float, str] | None) -> Iter
 
 
 def list_page(view: JobView, request: pb.ListJobsRequest, principal: Principal,
-              to_pb: Callable[[JobRecord], pb.Job]) -> pb.ListJobsResponse:
+              to_pb: Callable[[JobRecord], pb.Job], *, names: FilterNames | None = None) -> pb.ListJobsResponse:
     """One page of ``request`` for ``principal`` (see the module docstring).
 
     Args:
         to_pb: the wire form of a job (``job_to_pb``).
+        names: what the tenant, region and cluster filters may name (None: not checked).
 
     Returns:
         Up to ``page_size`` jobs (default 100) and at most :data:`PAGE_BYTES` encoded (at least
@@ -239,7 +277,8 @@ def list_page(view: JobView, request: pb.ListJobsRequest, principal: Principal,
         for a caller who reads every job, by bisection, else by one walk of the range).
 
     Raises:
-        ValidationError: ``page_size`` over :data:`MAX_PAGE_SIZE`, a bad filter, a bad token or one
+        ValidationError: ``page_size`` over :data:`MAX_PAGE_SIZE`, a bad filter, a filter naming
+            a tenant, region or cluster that does not exist (``names``), a bad token or one
             issued for other filters or order.
         PermissionDeniedError: see :meth:`JobFilter.check_access`.
     """
@@ -248,6 +287,8 @@ def list_page(view: JobView, request: pb.ListJobsRequest, principal: Principal,
         raise ValidationError("page_size", f"must be <= {MAX_PAGE_SIZE}")
     f = JobFilter.from_request(request)
     f.check_access(principal)
+    if names is not None:
+        names.check(request, principal)
     digest = f.digest()
     token = PageToken.decode(request.page_token, digest) if request.page_token else None
 

@@ -12,13 +12,13 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from typing import Callable
+from typing import Callable, Iterable
 
 from fedsched.api.v1 import jobs_pb2 as pb
 from fedsched.api.v1 import jobs_pb2_grpc as pb_grpc
 from fedsched.clock import Clock
 from fedsched.jobs import JobState
-from fedsched.naming import check_name
+from fedsched.naming import check_known, check_name
 from fedsched.version import package_version
 from services.admission.clusterview import ClusterView
 from services.admission.jobview import JobView
@@ -55,17 +55,32 @@ class ClusterServicer(pb_grpc.ClusterServiceServicer):
         view: the job view (queue lengths).
         clock: business clock (queue waits).
         wall: wall clock comparable with JetStream storage times (heartbeat ages).
+        known_regions: ``() -> the regions that exist`` (admission's topology or reported
+            regions); with the regions of the clusters in ``clusters`` they are what a filter
+            may name. None: any well-formed name is taken (an unknown one lists nothing).
     """
 
-    def __init__(self, clusters: ClusterView, view: JobView, clock: Clock, wall: Clock) -> None:
+    def __init__(self, clusters: ClusterView, view: JobView, clock: Clock, wall: Clock, *,
+                 known_regions: Callable[[], Iterable[str]] | None = None) -> None:
         self.clusters = clusters
         self.view = view
         self.clock = clock
         self.wall = wall
+        self.known_regions = known_regions
 
     async def ListClusters(self, request: pb.ListClustersRequest, context) -> pb.ListClustersResponse:
-        """Raises ValidationError (``regions[i]``) for a malformed region name."""
+        """Clusters and queues, of the ``regions`` asked for (empty = all). A known region
+        without any cluster reporting yet is an empty answer, not an error.
+
+        Raises:
+            ValidationError: ``regions[i]``: a malformed region name, or one that names no
+                region of the federation (the message lists the known ones).
+        """
         regions = frozenset(check_name("region", r, f"regions[{i}]") for i, r in enumerate(request.regions))
+        if regions and self.known_regions is not None:
+            known = set(self.known_regions()) | {c.region for c in self.clusters.clusters.values()}
+            for i, r in enumerate(request.regions):
+                check_known("region", r, known, f"regions[{i}]")
         out = pb.ListClustersResponse()
         for row in self.clusters.rows(self.wall.time(), regions):
             out.clusters.append(pb.ClusterSummary(

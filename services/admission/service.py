@@ -57,7 +57,7 @@ import uuid
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
-from typing import AsyncIterator, Awaitable, Callable, Iterator
+from typing import Any, AsyncIterator, Awaitable, Callable, Iterator
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -103,7 +103,7 @@ from services.admission.ended import EndedJobs
 from services.admission.snapshot import STATE_VERSION as ADMISSION_STATE_VERSION
 from services.admission.snapshot import admission_state, restore_admission
 from services.admission.jobview import Decision, JobRecord, JobView
-from services.admission.listing import list_page
+from services.admission.listing import FilterNames, list_page
 from services.admission.ops_servicers import ClusterServicer, SystemServicer
 from services.admission.rules import (ClusterCapacity, check_budget, check_can_ever_run, check_quota_can_fit,
                                       worst_case_cost)
@@ -407,6 +407,21 @@ async def last_sequence(bus: Bus, subjects: str, timeout_s: float = 2.0) -> int:
     return int(msg.seq)
 
 
+async def stored_event(bus: Bus, seq: int, timeout_s: float = 2.0) -> Envelope | None:
+    """The event stored at stream sequence ``seq`` of the events stream (JetStream's direct get
+    by sequence), None when the stream no longer holds it (retention).
+
+    Raises:
+        nats.errors.Error / TimeoutError: JetStream did not answer.
+        pydantic.ValidationError: what is stored there is not an envelope.
+    """
+    try:
+        msg = await asyncio.wait_for(bus.js.get_msg(bus.stream_name("EVENTS"), seq=seq), timeout_s)
+    except nats.js.errors.NotFoundError:
+        return None
+    return Envelope.from_bytes(msg.data)
+
+
 def request_job_id(principal: str, tenant: str, project: str, request_id: str) -> str:
     """The job id of a submission with a ``request_id``: ``j-`` and 20 hex of SHA-256 over the
     idempotency key (principal, tenant, project, request id), JSON-encoded so no two keys
@@ -528,6 +543,13 @@ class JobServicer(pb_grpc.JobServiceServicer):
         #: stream (0: none): ``async (filter) -> int`` (:func:`last_sequence` on the bus; None:
         #: a lost budget compare-and-set only waits for the view, see :meth:`_resync_last_submitted`)
         self.last_submitted_seq = None
+        #: reads the event stored at a stream sequence: ``async (seq) -> Envelope | None``
+        #: (:func:`stored_event` on the bus; None: a publish acknowledged as a duplicate waits
+        #: for the view instead, see :meth:`_duplicate_ack`)
+        self.stored_event = None
+        #: how long a submission acknowledged as a duplicate waits for the view to show the
+        #: stored job when it cannot read it from the stream (seconds)
+        self.duplicate_wait_s = 10.0
         #: asks the scheduler for a dry run's what-if: ``WhatIfRequest -> awaitable WhatIfReply | None``
         #: (:func:`fedsched.whatif.request_what_if` on the bus; None: dry runs have no what-if)
         self.what_if = None
@@ -718,8 +740,7 @@ class JobServicer(pb_grpc.JobServiceServicer):
             raise PermissionDeniedError(f"{principal.name} may not submit jobs for {tenant.name}/{raw.project or '?'}")
         spec = spec_from_pb(raw, limits=limits, default_home=tenant.home_region,
                             known_models=frozenset(self.known_models))
-        regions = (set(self.names.regions) if self.names is not None
-                   else self.known_regions | {t.home_region for t in gov.tenants.values()})
+        regions = self.region_names(gov)
         for field, values in (("spec.home_region", [spec.home_region]), ("spec.allowed_regions", spec.allowed_regions),
                               ("spec.forbidden_regions", spec.forbidden_regions)):
             for r in values:
@@ -735,6 +756,24 @@ class JobServicer(pb_grpc.JobServiceServicer):
         check_can_ever_run(spec, self.clusters, regions)
         held = self._check_and_hold(gov, spec, job_id, regions, hold=hold)
         return _Admitted(gov, spec, rid, principal, job_id, held, frozenset(regions))
+
+    def region_names(self, gov: Governance | None = None) -> set[str]:
+        """The regions that exist: the topology's (:attr:`names`), or without one the regions
+        agents reported plus the tenants' home regions of ``gov`` (default: the policy in force)."""
+        if self.names is not None:
+            return set(self.names.regions)
+        gov = gov if gov is not None else self.policy.current
+        return self.known_regions | ({t.home_region for t in gov.tenants.values()} if gov is not None else set())
+
+    def cluster_names(self) -> set[str]:
+        """The clusters that exist: the topology's plus those agents report (latest inventory)."""
+        return set(self.names.clusters if self.names is not None else ()) | set(self.clusters)
+
+    def filter_names(self) -> FilterNames:
+        """What ListJobs' tenant, region and cluster filters may name (:class:`FilterNames`)."""
+        gov = self.policy.current
+        return FilterNames(tenants=frozenset(gov.tenants) if gov is not None else None,
+                           regions=frozenset(self.region_names(gov)), clusters=frozenset(self.cluster_names()))
 
     async def _publish_one(self, a: "_Admitted") -> pb.SubmitJobResponse:
         """Publish an admitted submission and release its hold (the view holds the job then)."""
@@ -923,6 +962,8 @@ class JobServicer(pb_grpc.JobServiceServicer):
             ValidationError: ``spec``: the event is larger than the bus server carries (its
                 ``max_payload``, e.g. a server configured below the default 1 MB).
             SequenceConflictError: the compare-and-set condition failed.
+            UnavailableError: the bus did not acknowledge (the message names the job and says
+                whether a retry is safe); see also :meth:`_duplicate_ack`.
         """
         event = make_event(EventType.JOB_SUBMITTED, JobSubmitted(spec=spec, request_id=rid, submitted_by=principal.name),
                            producer="admission", occurred_at=self.clock.time(),
@@ -934,11 +975,16 @@ class JobServicer(pb_grpc.JobServiceServicer):
         except PayloadTooLargeError as e:
             raise ValidationError("spec", f"the job is too large for this federation's bus: its submission is "
                                           f"{e.size} bytes, the bus carries at most {e.max_payload}") from e
+        except UnavailableError as e:  # not acknowledged: say what is known, and how to retry safely
+            retry = (f"retry with the same request_id {rid!r}: it answers with job {job_id} if it was stored and "
+                     f"never makes a second one" if rid else
+                     "it may still have been stored; a retry without a request_id may make a second job")
+            raise UnavailableError(f"job {job_id} was not confirmed: the bus did not acknowledge its submission "
+                                   f"({e.message}); {retry}") from e
         if getattr(ack, "seq", None):
             self.view.note_submitted(spec.tenant, int(ack.seq))
-        if getattr(ack, "duplicate", False):  # the same key was published first by another call: its job is the one in the stream
-            existing = await self._await_job(job_id)
-            return self._retried(existing, spec, rid, principal)
+        if getattr(ack, "duplicate", False):  # the stream already held this submission's event id
+            return await self._duplicate_ack(event, ack, spec, rid, principal)
         self.view.apply(event)
         rec = self.view.jobs.get(job_id)
         if rec is None:  # the view refused it: the job ended and left memory (a tombstone)
@@ -948,6 +994,53 @@ class JobServicer(pb_grpc.JobServiceServicer):
                                        f"now; retry")
             return self._retried(archived, spec, rid, principal)
         return pb.SubmitJobResponse(job_id=job_id, state=STATE_TO_PB[rec.state], duplicate=False)
+
+    async def _duplicate_ack(self, event: Envelope, ack: Any, spec: JobSpec, rid: str,
+                             principal: Principal) -> pb.SubmitJobResponse:
+        """The answer to a ``job.submitted`` publish that JetStream acknowledged as a duplicate:
+        the stream already holds an event with its id (the idempotency key's), stored either by
+        this very call (a slow acknowledgement: the bus retried the publish with the same
+        message id after a timeout, and the first try had been stored) or by another call with
+        the same key.
+
+        1. Read the stored event at the acknowledgement's sequence (:attr:`stored_event`;
+           JetStream's duplicate acknowledgement carries the first copy's sequence) and fold it
+           into the view if the follower has not yet -- folding is idempotent, so the follower's
+           later copy changes nothing.
+        2. The stored event equal to this call's own (same spec, time, actor, policy version)
+           is this call's submission: answered as accepted (``duplicate`` false). Anything
+           else is another call's: answered as a retry of it (:meth:`_retried`: the job, or
+           ALREADY_EXISTS for another spec).
+        3. Without a reader, or when it fails, wait for the view (:meth:`_await_job`).
+
+        Before issue 15's follow-up this always waited for the view and, when the follower was
+        slow, answered UNAVAILABLE "submitted by a concurrent call but is not visible yet" to a
+        call whose own job was stored; the client's retry was then told "duplicate" of a job it
+        had never seen accepted.
+
+        Raises:
+            AlreadyExistsError: the stored submission has another spec.
+            UnavailableError: the stored event can be neither read nor seen in the view in time.
+        """
+        job_id = event.job_id
+        stored = None
+        seq = int(getattr(ack, "seq", 0) or 0)
+        if self.stored_event is not None and seq:
+            try:
+                stored = await self.stored_event(seq)
+            except Exception as e:  # noqa: BLE001 - an outage or a foreign message: wait for the view instead
+                log.warning("submission %s: cannot read the stored event at sequence %d: %r", job_id, seq, e)
+        if stored is not None and stored.event_id == event.event_id and stored.type == event.type:
+            self.view.apply(stored)
+            rec = self.view.jobs.get(job_id)
+            if rec is None:  # the job already ended and left memory
+                rec = await self._archived(job_id)
+            if rec is not None:
+                if stored == event:  # this call's own submission, stored before its ack was lost
+                    return pb.SubmitJobResponse(job_id=job_id, state=STATE_TO_PB[rec.state], duplicate=False)
+                return self._retried(rec, spec, rid, principal)
+        existing = await self._await_job(job_id, self.duplicate_wait_s)
+        return self._retried(existing, spec, rid, principal)
 
     async def _archived(self, job_id: str) -> JobRecord | None:
         """The record of ``job_id`` if it ended and left the view (the ended-jobs store:
@@ -997,7 +1090,9 @@ class JobServicer(pb_grpc.JobServiceServicer):
         while job_id not in self.view.jobs:
             remaining = deadline - loop.time()
             if remaining <= 0:
-                raise UnavailableError(f"job {job_id} was submitted by a concurrent call but is not visible yet; retry")
+                raise UnavailableError(f"job {job_id} is stored in the event stream but admission cannot read it "
+                                       f"back yet; retry with the same request_id: it answers with this job and "
+                                       f"never makes a second one")
             try:
                 await asyncio.wait_for(self.view.changed(job_id).wait(), remaining)
             except asyncio.TimeoutError:
@@ -1066,7 +1161,7 @@ class JobServicer(pb_grpc.JobServiceServicer):
         """A page of the jobs the caller may read that match the filters, newest first unless
         asked otherwise (:func:`services.admission.listing.list_page`: opaque tokens bound to
         the filters, ``(submitted_at, job_id)`` cursors, pages of at most ~1 MiB)."""
-        return list_page(self.view, request, auth.current(), job_to_pb)
+        return list_page(self.view, request, auth.current(), job_to_pb, names=self.filter_names())
 
     async def CancelJob(self, request: pb.CancelJobRequest, context) -> pb.CancelJobResponse:
         principal = auth.current()
@@ -1440,6 +1535,7 @@ class AdmissionService:
         self.servicer.request_logs = functools.partial(request_logs, bus.nc, timeout_s=logs_timeout_s)
         self.servicer.what_if = functools.partial(request_what_if, bus.nc, bus.prefix, timeout_s=what_if_timeout_s)
         self.servicer.last_submitted_seq = functools.partial(last_sequence, bus)
+        self.servicer.stored_event = functools.partial(stored_event, bus)
         self.tenants = TenantServicer(bus, clock, self.policy, self.spend, self.view, names=names)
         self.approval_servicer = ApprovalServicer(bus, bus.subjects, clock, self.policy, self.approvals, self.view)
         self.policy_servicer = PolicyServicer(bus, clock, self.policy, names)
@@ -1457,7 +1553,8 @@ class AdmissionService:
         gpb_grpc.add_TenantServiceServicer_to_server(self.tenants, self.server)
         gpb_grpc.add_ApprovalServiceServicer_to_server(self.approval_servicer, self.server)
         gpb_grpc.add_PolicyServiceServicer_to_server(self.policy_servicer, self.server)
-        self.cluster_servicer = ClusterServicer(self.cluster_view, self.view, clock, self.wall)
+        self.cluster_servicer = ClusterServicer(self.cluster_view, self.view, clock, self.wall,
+                                                known_regions=self.servicer.region_names)
         pb_grpc.add_ClusterServiceServicer_to_server(self.cluster_servicer, self.server)
         self.system_servicer = SystemServicer(bus, self.cluster_view, self.wall, self._own_status)
         pb_grpc.add_SystemServiceServicer_to_server(self.system_servicer, self.server)

@@ -578,3 +578,39 @@ async def test_submit_sets_the_workload_from_flags_and_job_shows_it_with_secrets
         assert text in shown.stdout, (text, shown.stdout)
     no_image = await _cli(*base, "--env", "A=1")
     assert no_image.returncode == 2 and "--image" in no_image.stderr
+
+
+class _LostFirstAck:
+    """The real bus whose first acknowledgement of each publish is lost: the event is stored,
+    then the same publish is sent again (as :meth:`fedsched.bus.Bus.publish` retries after a
+    timeout, same message id) and JetStream answers with its duplicate acknowledgement."""
+
+    def __init__(self, bus: Bus) -> None:
+        self.bus = bus
+        self.acks: list = []
+
+    async def publish(self, subject, event, *, headers=None):
+        await self.bus.publish(subject, event, headers=headers)  # stored; its ack "timed out"
+        ack = await self.bus.publish(subject, event, headers=headers)
+        self.acks.append(ack)
+        return ack
+
+    async def publish_many(self, items):
+        return await self.bus.publish_many(items)
+
+
+async def test_a_submission_whose_ack_was_lost_is_answered_accepted_and_its_retry_is_the_same_job(admission, stub,
+                                                                                                  bus):
+    """Issue 15 follow-up: a slow ack made the bus retry; JetStream's duplicate ack then made
+    admission answer as if another call had made the job (UNAVAILABLE while its view lagged,
+    else ``duplicate``), so the client never saw its job accepted."""
+    admission.servicer.publisher = _LostFirstAck(bus)
+    req = pb.SubmitJobRequest(spec=good(), request_id="slow-ack-1")
+    first = await stub.SubmitJob(req)
+    assert admission.servicer.publisher.acks[0].duplicate  # the path under test was taken
+    assert (first.state, first.duplicate) == (pb.JOB_STATE_QUEUED, False)
+    again = await stub.SubmitJob(req)
+    assert (again.job_id, again.duplicate) == (first.job_id, True)
+    sub = await bus.js.pull_subscribe(f"{bus.prefix}.jobs.submitted.>", stream=bus.stream_name("EVENTS"))
+    stored = [Envelope.from_bytes(m.data) for m in await sub.fetch(10, timeout=2)]
+    assert [e.job_id for e in stored] == [first.job_id]

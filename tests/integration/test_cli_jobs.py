@@ -350,11 +350,47 @@ async def test_json_output_spells_enums_as_the_table_and_the_filters_do(admissio
 
 async def test_a_filter_matching_nothing_prints_nothing_and_says_why_on_stderr(admission):
     await _submit_many(admission, [pb.JobSpec(tenant="search", project="train") for _ in range(2)])
-    out = await _cli(admission, "jobs", "--state", "held", "--tenant", "x")
+    out = await _cli(admission, "jobs", "--state", "held", "--tenant", "ads")  # a known tenant without such jobs
     assert out.returncode == 0 and out.stdout == "", out.stdout
-    assert "no jobs match --tenant x --state held; `fedsched jobs` without filters lists 2" in out.stderr
+    assert "no jobs match --tenant ads --state held; `fedsched jobs` without filters lists 2" in out.stderr
     as_json = await _cli(admission, "jobs", "--name", "nothing-*", "-o", "json")
     assert as_json.returncode == 0 and json.loads(as_json.stdout) == []
     assert "no jobs match --name 'nothing-*'" in as_json.stderr
     unfiltered = await _cli(admission, "jobs", "--tenant", "search")
     assert unfiltered.returncode == 0 and unfiltered.stderr == "" and "2 of 2 matching jobs" in unfiltered.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (("clusters", "--region", "cn-nowhere-9"), "regions[0]: no such region 'cn-nowhere-9'; known regions: "),
+    (("jobs", "--region", "cn-nowhere-9"), "regions[0]: no such region 'cn-nowhere-9'; known regions: "),
+    (("jobs", "--cluster", "cn-north-1-c9"), "clusters[0]: no such cluster 'cn-north-1-c9'; known clusters:"),
+    (("jobs", "--tenant", "search,serach"), "tenants[1]: no such tenant 'serach'; known tenants: "),
+    (("quota", "--tenant", "serach"), "tenant: no such tenant 'serach'; known tenants: "),
+    (("approvals", "--tenant", "serach"), "tenant: no such tenant 'serach'; known tenants: "),
+], ids=["clusters-region", "jobs-region", "jobs-cluster", "jobs-tenant", "quota-tenant", "approvals-tenant"])
+async def test_a_filter_naming_nothing_that_exists_is_an_error_listing_the_known_names(admission, args, message):
+    """Issue 14 follow-up: ``fedsched clusters --region <well-formed but unknown>`` printed an
+    empty table and exited 0; so did other list filters naming nothing (for an admin)."""
+    result = await _cli_here(admission, *args)
+    assert result.returncode == 1, (result.stdout, result.stderr)
+    assert f"INVALID_ARGUMENT: {message}" in " ".join(result.stderr.split()), result.stderr
+    if "region" in message:
+        assert "cn-north-1" in result.stderr  # the known ones are listed
+
+
+async def test_a_known_name_that_matches_nothing_is_still_an_empty_answer(admission):
+    """The other side of the judgement: a valid filter with an empty result is not an error."""
+    empty = await _cli_here(admission, "jobs", "--region", "cn-north-1", "-o", "json")
+    assert empty.returncode == 0 and _json_ids(empty) == []
+    clusters = await _cli_here(admission, "clusters", "--region", "cn-north-1", "-o", "json")
+    assert clusters.returncode == 0, clusters.stderr
+    # a non-admin naming a tenant they may not read is refused as before (known or not: no leak)
+    async with channel(admission.port, "alice") as ch:
+        with pytest.raises(Exception) as e:
+            await pb_grpc.JobServiceStub(ch).ListJobs(pb.ListJobsRequest(tenants=["no-such-tenant"]))
+    assert e.value.code().name == "PERMISSION_DENIED"
+
+
+async def test_clusters_of_a_known_region_without_reports_says_so_and_exits_0(admission):
+    out = await _cli_here(admission, "clusters", "--region", "cn-north-1")
+    assert out.returncode == 0 and "no cluster of cn-north-1 has reported yet" in out.stdout, out.stdout

@@ -175,6 +175,31 @@ def test_a_token_from_another_filter_is_invalid_argument_naming_page_token_and_o
     assert resp.total == 3 and _ids(resp) == ["j-2"]
 
 
+def test_filters_naming_nothing_that_exists_are_refused_and_known_ones_that_match_nothing_are_empty():
+    view = JobView()
+    _submit(view, "j-1", T0)
+    names = listing.FilterNames(tenants=frozenset({"search", "ads"}), regions=frozenset({"cn-north-1"}),
+                                clusters=frozenset({"cn-north-1-c1"}))
+
+    def page(who=ROOT, **kw):
+        return listing.list_page(view, pb.ListJobsRequest(**kw), who, job_to_pb, names=names)
+
+    for kw, field, said in [
+        (dict(regions=["cn-north-1", "cn-nowhere-9"]), "regions[1]", "no such region 'cn-nowhere-9'; known regions: "
+                                                                     "cn-north-1"),
+        (dict(clusters=["cn-north-1-c9"]), "clusters[0]", "no such cluster 'cn-north-1-c9'"),
+        (dict(tenant="serach"), "tenant", "no such tenant 'serach'; known tenants: ads, search"),
+        (dict(tenants=["search", "serach"]), "tenants[1]", "no such tenant 'serach'"),
+    ]:
+        with pytest.raises(ValidationError) as e:
+            page(**kw)
+        assert (e.value.field, e.value.reason) == (field, said) or (e.value.field == field and said in e.value.reason)
+    assert _ids(page(regions=["cn-north-1"])) == []  # known, nothing placed there: empty, not an error
+    assert _ids(page(tenants=["ads"])) == []
+    with pytest.raises(PermissionDeniedError):  # a non-admin: refused as for any tenant they may not read
+        page(who=ALICE, tenants=["serach"])
+
+
 def test_a_page_stops_at_about_one_mib_and_every_job_still_comes_once():
     view = JobView()
     annotations = {f"k{i}": "x" * 1024 for i in range(64)}  # ~66 KB per job, the most JobSpec allows

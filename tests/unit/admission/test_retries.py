@@ -14,8 +14,8 @@ import pytest
 from fedsched import auth
 from fedsched.api.v1 import jobs_pb2 as pb
 from fedsched.auth import Grant, Principal
-from fedsched.errors import UnavailableError
-from fedsched.events import JobStatus, Subjects, make_event
+from fedsched.errors import AlreadyExistsError, UnavailableError
+from fedsched.events import EventType, JobStatus, JobSubmitted, Subjects, business_event_id, make_event
 from fedsched.jobs import PriorityClass
 from fedsched.policystore import PolicyHolder, StoredPolicy
 from fedsched.pricing import load_price_catalog
@@ -23,7 +23,7 @@ from fedsched.tenancy import Governance
 from services.admission.budgets import SpendBook
 from services.admission.ended import EndedJobs
 from services.admission.jobview import JobView
-from services.admission.service import JobServicer
+from services.admission.service import JobServicer, request_job_id
 from tests.builders import FakeClock, FakePublisher, policy_doc, spec, submitted, until
 
 T0 = 1_700_000_000.0
@@ -206,3 +206,125 @@ class _Context:
 
     async def send_initial_metadata(self, metadata) -> None:
         pass
+
+
+# ---------------------------------------------------------------------------- issue 15 follow-up: slow acks
+
+class _SlowAckStream:
+    """A publisher shaped like :meth:`fedsched.bus.Bus.publish` over a JetStream whose
+    acknowledgements are slow: the first try of a publish is stored but its ack times out, so
+    the bus tries again with the same message id and gets JetStream's duplicate ack, carrying
+    the first copy's sequence. Publishes wait for ``gate`` (a slow bus). ``stored`` is the
+    stream (sequence = index + 1); :meth:`read` is JetStream's get by sequence. Nobody folds
+    the stream into admission's view: its follower is behind."""
+
+    def __init__(self, *, lose_acks: bool = True) -> None:
+        self.gate = asyncio.Event()
+        self.gate.set()
+        self.stored: list = []
+        self.lose_acks = lose_acks
+        self.asked = 0
+
+    async def publish(self, subject, event, *, headers=None):
+        self.asked += 1
+        await self.gate.wait()
+        for seq, e in enumerate(self.stored, 1):
+            if e.event_id == event.event_id:
+                return SimpleNamespace(duplicate=True, seq=seq)
+        self.stored.append(event)
+        return SimpleNamespace(duplicate=self.lose_acks, seq=len(self.stored))
+
+    async def publish_many(self, items):
+        return [True for _ in items]
+
+    async def read(self, seq):
+        return self.stored[seq - 1] if 0 < seq <= len(self.stored) else None
+
+
+def _submitted_in(stream: _SlowAckStream) -> list:
+    return [e for e in stream.stored if e.type == "job.submitted"]
+
+
+async def test_a_submission_whose_ack_was_slow_is_accepted_at_once_and_its_retry_returns_the_same_job():
+    """The first answer was UNAVAILABLE "submitted by a concurrent call but is not visible yet"
+    (there was no other call: the bus's own retry got the duplicate ack), and the client's
+    retry was then a "duplicate" of a job it had never seen accepted."""
+    stream = _SlowAckStream()
+    servicer = _servicer(stream)
+    servicer.stored_event = stream.read
+    servicer.duplicate_wait_s = 0.5
+    first = await _submit(servicer, _request("r1"))
+    assert (first.job_id, first.state, first.duplicate) == (
+        request_job_id("root", "search", "train", "r1"), pb.JOB_STATE_QUEUED, False)
+    assert first.job_id in servicer.view.jobs  # folded from the stored event, not waited for
+    again = await _submit(servicer, _request("r1"))
+    assert (again.job_id, again.duplicate) == (first.job_id, True)
+    assert len(_submitted_in(stream)) == 1
+    servicer.view.apply(stream.stored[0])  # the follower's copy, later: changes nothing
+    assert len(servicer.view.by_submitted) == 1
+
+
+async def test_a_client_that_gave_up_on_a_slow_publish_gets_its_job_from_the_retry():
+    """The client's deadline passes while the publish waits (gRPC cancels the call); the bus
+    stored it anyway. The retry with the same request_id returns that job, not a second one."""
+    stream = _SlowAckStream(lose_acks=False)
+    servicer = _servicer(stream)
+    servicer.stored_event = stream.read
+    stream.gate.clear()
+    call = asyncio.ensure_future(_submit(servicer, _request("r1")))
+    assert await until(lambda: stream.asked == 1, timeout=5)
+    call.cancel()  # the client gave up; JetStream stores what was sent
+    stream.gate.set()
+    stream.stored.append(servicer_event := _event_of(servicer, "r1"))
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    retry = await _submit(servicer, _request("r1"))
+    assert retry.job_id == servicer_event.job_id and retry.state == pb.JOB_STATE_QUEUED
+    assert len(_submitted_in(stream)) == 1
+
+
+def _event_of(servicer: JobServicer, rid: str):
+    """The ``job.submitted`` a submit of :func:`_request` ``(rid)`` publishes (as admission makes it)."""
+    admitted = servicer._admit(_request(rid), ROOT)
+    servicer._release(admitted.spec.tenant, admitted.job_id, admitted.held)
+    return make_event(EventType.JOB_SUBMITTED, JobSubmitted(spec=admitted.spec, request_id=rid, submitted_by="root"),
+                      producer="admission", occurred_at=servicer.clock.time(),
+                      event_id=business_event_id(admitted.job_id, "submitted"), tenant="search", project="train",
+                      job_id=admitted.job_id, actor="root", policy_version=admitted.gov.version)
+
+
+async def test_a_stored_submission_with_another_spec_under_the_key_is_already_exists_not_unavailable():
+    stream = _SlowAckStream(lose_acks=False)
+    servicer = _servicer(stream)
+    servicer.stored_event = stream.read
+    other = _event_of(servicer, "r1")
+    other.payload["spec"]["cpu_milli"] = 2000  # another call's spec under the same key
+    stream.stored.append(other)
+    with pytest.raises(AlreadyExistsError, match="different spec"):
+        await _submit(servicer, _request("r1"))
+    assert len(_submitted_in(stream)) == 1
+
+
+async def test_without_a_stream_reader_a_slow_follower_gets_an_honest_unavailable_then_the_job():
+    stream = _SlowAckStream()
+    servicer = _servicer(stream)
+    servicer.duplicate_wait_s = 0.1  # nobody folds the stream meanwhile
+    with pytest.raises(UnavailableError) as e:
+        await _submit(servicer, _request("r1"))
+    assert "is stored in the event stream" in e.value.message and "same request_id" in e.value.message
+    assert "concurrent call" not in e.value.message
+    servicer.view.apply(stream.stored[0])  # the follower catches up
+    retry = await _submit(servicer, _request("r1"))
+    assert retry.job_id == stream.stored[0].job_id and len(_submitted_in(stream)) == 1
+
+
+async def test_an_unacknowledged_submission_says_whether_a_retry_is_safe():
+    servicer = _servicer(FakePublisher(refuse=lambda subject, event: True))
+    with pytest.raises(UnavailableError) as e:
+        await _submit(servicer, _request("r1"))
+    job_id = request_job_id("root", "search", "train", "r1")
+    assert f"job {job_id} was not confirmed" in e.value.message and "same request_id 'r1'" in e.value.message
+    request = _request("")
+    with pytest.raises(UnavailableError) as e:
+        await _submit(servicer, request)
+    assert "a retry without a request_id may make a second job" in e.value.message
