@@ -173,26 +173,33 @@ class FilterNames:
     tenants: frozenset[str] | None = None
     regions: frozenset[str] | None = None
     clusters: frozenset[str] | None = None
+    #: tenant -> its projects (projects are checked like tenants: for a caller who reads every
+    #: job, against the named tenants' projects, or every tenant's when none is named)
+    projects: dict[str, frozenset[str]] | None = None
 
     def check(self, request: pb.ListJobsRequest, principal: Principal) -> None:
         """Raise for the first filter value that names nothing that exists.
 
         Raises:
-            ValidationError: ``tenant`` / ``tenants[i]`` / ``regions[i]`` / ``clusters[i]``:
-                ``no such ... 'x'; known ...: a, b``.
+            ValidationError: ``tenant`` / ``tenants[i]`` / ``project`` / ``projects[i]`` /
+                ``regions[i]`` / ``clusters[i]``: ``no such ... 'x'; known ...: a, b``.
         """
         checks = [("region", self.regions, [("regions", list(request.regions))]),
                   ("cluster", self.clusters, [("clusters", list(request.clusters))])]
         if principal.reads_every_job():
-            checks.insert(0, ("tenant", self.tenants,
-                              [("tenant", [request.tenant] if request.tenant else []),
-                               ("tenants", list(request.tenants))]))
+            named = {t for t in (request.tenant, *request.tenants) if t}
+            projects = (None if self.projects is None else
+                        frozenset(p for t, ps in self.projects.items() if not named or t in named for p in ps))
+            checks[:0] = [("tenant", self.tenants, [("tenant", [request.tenant] if request.tenant else []),
+                                                    ("tenants", list(request.tenants))]),
+                          ("project", projects, [("project", [request.project] if request.project else []),
+                                                 ("projects", list(request.projects))])]
         for kind, known, fields in checks:
             if known is None:
                 continue
             for field, values in fields:
                 for i, v in enumerate(values):
-                    check_known(kind, v, known, field if field == "tenant" else f"{field}[{i}]")
+                    check_known(kind, v, known, field if field in ("tenant", "project") else f"{field}[{i}]")
 
 
 def _seconds(ts) -> float:

@@ -770,9 +770,11 @@ class JobServicer(pb_grpc.JobServiceServicer):
         return set(self.names.clusters if self.names is not None else ()) | set(self.clusters)
 
     def filter_names(self) -> FilterNames:
-        """What ListJobs' tenant, region and cluster filters may name (:class:`FilterNames`)."""
+        """What ListJobs' tenant, project, region and cluster filters may name (:class:`FilterNames`)."""
         gov = self.policy.current
         return FilterNames(tenants=frozenset(gov.tenants) if gov is not None else None,
+                           projects=({t.name: frozenset(t.projects) for t in gov.tenants.values()}
+                                     if gov is not None else None),
                            regions=frozenset(self.region_names(gov)), clusters=frozenset(self.cluster_names()))
 
     async def _publish_one(self, a: "_Admitted") -> pb.SubmitJobResponse:

@@ -365,9 +365,11 @@ async def test_a_filter_matching_nothing_prints_nothing_and_says_why_on_stderr(a
     (("jobs", "--region", "cn-nowhere-9"), "regions[0]: no such region 'cn-nowhere-9'; known regions: "),
     (("jobs", "--cluster", "cn-north-1-c9"), "clusters[0]: no such cluster 'cn-north-1-c9'; known clusters:"),
     (("jobs", "--tenant", "search,serach"), "tenants[1]: no such tenant 'serach'; known tenants: "),
+    (("jobs", "--tenant", "search", "--project", "trian"), "projects[0]: no such project 'trian'; known projects: "),
     (("quota", "--tenant", "serach"), "tenant: no such tenant 'serach'; known tenants: "),
     (("approvals", "--tenant", "serach"), "tenant: no such tenant 'serach'; known tenants: "),
-], ids=["clusters-region", "jobs-region", "jobs-cluster", "jobs-tenant", "quota-tenant", "approvals-tenant"])
+], ids=["clusters-region", "jobs-region", "jobs-cluster", "jobs-tenant", "jobs-project", "quota-tenant",
+        "approvals-tenant"])
 async def test_a_filter_naming_nothing_that_exists_is_an_error_listing_the_known_names(admission, args, message):
     """Issue 14 follow-up: ``fedsched clusters --region <well-formed but unknown>`` printed an
     empty table and exited 0; so did other list filters naming nothing (for an admin)."""

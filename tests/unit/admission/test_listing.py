@@ -179,7 +179,8 @@ def test_filters_naming_nothing_that_exists_are_refused_and_known_ones_that_matc
     view = JobView()
     _submit(view, "j-1", T0)
     names = listing.FilterNames(tenants=frozenset({"search", "ads"}), regions=frozenset({"cn-north-1"}),
-                                clusters=frozenset({"cn-north-1-c1"}))
+                                clusters=frozenset({"cn-north-1-c1"}),
+                                projects={"search": frozenset({"train"}), "ads": frozenset({"serve"})})
 
     def page(who=ROOT, **kw):
         return listing.list_page(view, pb.ListJobsRequest(**kw), who, job_to_pb, names=names)
@@ -190,12 +191,16 @@ def test_filters_naming_nothing_that_exists_are_refused_and_known_ones_that_matc
         (dict(clusters=["cn-north-1-c9"]), "clusters[0]", "no such cluster 'cn-north-1-c9'"),
         (dict(tenant="serach"), "tenant", "no such tenant 'serach'; known tenants: ads, search"),
         (dict(tenants=["search", "serach"]), "tenants[1]", "no such tenant 'serach'"),
+        (dict(project="trian"), "project", "no such project 'trian'; known projects: serve, train"),
+        (dict(tenants=["search"], projects=["serve"]), "projects[0]", "no such project 'serve'; known projects: "
+                                                                      "train"),  # a project of another tenant
     ]:
         with pytest.raises(ValidationError) as e:
             page(**kw)
         assert (e.value.field, e.value.reason) == (field, said) or (e.value.field == field and said in e.value.reason)
     assert _ids(page(regions=["cn-north-1"])) == []  # known, nothing placed there: empty, not an error
     assert _ids(page(tenants=["ads"])) == []
+    assert _ids(page(projects=["serve"])) == []
     with pytest.raises(PermissionDeniedError):  # a non-admin: refused as for any tenant they may not read
         page(who=ALICE, tenants=["serach"])
 
