@@ -34,7 +34,7 @@ from hashlib import sha256
 from importlib import resources
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import unquote, urlencode
 
 import grpc
 import jinja2
@@ -312,8 +312,27 @@ def _api(request: web.Request) -> tuple[Api, str]:
 
 
 def _safe_next(target: str) -> str:
-    """Only a path on this site (no scheme, no host, no protocol-relative ``//``)."""
-    return target if target.startswith("/") and not target.startswith("//") and "\\" not in target else "/jobs"
+    """``target`` when it is a path on this site, else ``/jobs`` (the home page).
+
+    A same-site path starts with exactly one ``/`` (not ``//`` or ``/\\``, which browsers read as
+    another host) and holds no backslash and no non-printable character (a tab, CR, LF or VT is
+    stripped or refused by browsers and HTTP libraries: ``/<TAB>/evil`` becomes ``//evil``); the
+    same holds after percent-decoding (up to 3 rounds; a value still encoded after that is refused).
+    Source of the rule: OWASP "Unvalidated Redirects and Forwards" cheat sheet.
+    """
+    forms = [target]
+    for _ in range(3):
+        decoded = unquote(forms[-1])
+        if decoded == forms[-1]:
+            break
+        forms.append(decoded)
+    else:
+        return "/jobs"
+    for form in forms:
+        if (not form.startswith("/") or form.startswith(("//", "/\\")) or "\\" in form
+                or not form.isprintable()):
+            return "/jobs"
+    return target
 
 
 async def login_page(request: web.Request) -> web.Response:

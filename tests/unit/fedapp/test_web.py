@@ -146,6 +146,27 @@ async def test_sign_in_checks_the_token_and_keeps_it_in_an_httponly_strict_cooki
     assert cookie["path"] == "/"
 
 
+@pytest.mark.parametrize("target", [
+    "/\t/example.com", "/\r\nSet-Cookie: x=1", "/\x0b/example.com", "/\n", "//example.com", "/\\example.com",
+    "https://example.com/", "example.com", "/%09/example.com", "/%2F/example.com", "/%5Cexample.com",
+    "/%250d%250aX: 1", "/jobs\\..\\x", "/\u2028/example.com",
+], ids=["tab", "crlf", "vt", "lf", "protocol-relative", "slash-backslash", "absolute", "relative",
+        "encoded-tab", "encoded-slash", "encoded-backslash", "double-encoded-crlf", "backslash", "line-separator"])
+async def test_sign_in_redirects_only_to_a_same_site_path(client, target):
+    csrf = await _csrf(client)
+    r = await client.post("/login", data={"csrf": csrf, "token": "tok-admin", "next": target}, allow_redirects=False)
+    assert r.status == 303 and r.headers["Location"] == "/jobs", (r.status, r.headers.get("Location"))
+
+
+async def test_sign_in_keeps_a_same_site_path_with_its_query(client):
+    csrf = await _csrf(client)
+    target = "/jobs?state=queued&tenant=a%25b"
+    r = await client.post("/login", data={"csrf": csrf, "token": "tok-admin", "next": target}, allow_redirects=False)
+    assert r.status == 303 and r.headers["Location"] == target
+    page = await (await client.get("/login?" + "next=%2F%0D%0AX%3A%201")).text()
+    assert 'name="next" value="/jobs"' in page
+
+
 async def test_every_post_needs_the_forms_csrf_token(client):
     await _sign_in(client, "tok-approver")
     r = await client.post(f"/approvals/{APPROVAL}/approve", data={"csrf": "0" * 64}, allow_redirects=False)
