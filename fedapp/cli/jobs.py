@@ -802,6 +802,11 @@ def _print_explain(resp: pb.ExplainJobResponse, *, title: bool = True) -> None:
         console.print(styled(head, (d.outcome, "bold"), f" {d.cluster or ''} {('(' + d.region + ')') if d.region else ''}"
                              f" queue {d.queue or '-'} policy {d.policy_version or '-'}"))
         console.print(f"  {d.summary}", highlight=False)
+        if d.approval_id:
+            console.print(styled("  ", ("proposed, awaiting approval:", "yellow"),
+                                 f" request {safe(d.approval_id)} decides by {_ts(d.approval_expires_at)} UTC; "
+                                 "without a decision by then the job goes back to its home region's queue"),
+                          highlight=False)
         if d.outcome == "pending" and not d.fits_empty:
             console.print(styled("  ", ("can never run as asked:", "red"),
                                  " no cluster could hold it even if it were empty; waiting will not help "

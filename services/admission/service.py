@@ -310,8 +310,10 @@ def decision_to_pb(shard: int, d: Decision) -> pb.ShardDecision:
     msg = pb.ShardDecision(shard=shard, outcome=d.outcome, summary=d.reason, cluster=d.cluster,
                            region=d.region, queue=d.queue, counterfactual=d.counterfactual,
                            policy_version=d.policy_version, fits_empty=d.fits_empty,
-                           reserved_cluster=d.reserved_cluster)
+                           reserved_cluster=d.reserved_cluster, approval_id=d.approval_id)
     msg.decided_at.CopyFrom(_ts(d.at))
+    if d.approval_expires_at is not None:
+        msg.approval_expires_at.CopyFrom(_ts(d.approval_expires_at))
     for e in d.evaluations:
         v = pb.ClusterVerdict(cluster=str(e.get("cluster", "")), region=str(e.get("region", "")),
                               passed=bool(e.get("passed")), reason=str(e.get("reason", "")),

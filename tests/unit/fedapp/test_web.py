@@ -167,6 +167,24 @@ async def test_sign_in_keeps_a_same_site_path_with_its_query(client):
     assert 'name="next" value="/jobs"' in page
 
 
+async def test_the_job_page_shows_a_proposal_awaiting_approval_and_its_verdicts(client):
+    from google.protobuf.timestamp_pb2 import Timestamp
+
+    async def explain(token, job_id):
+        d = pb.ShardDecision(outcome="awaiting_approval", summary="home region cn-north-1: full", cluster="east-c1",
+                             region="cn-east-1", queue="training", approval_id=APPROVAL,
+                             approval_expires_at=Timestamp(seconds=1_700_003_600))
+        d.clusters.add(cluster="north-c1", region="cn-north-1", passed=False, reason="insufficient_free_resources")
+        return pb.ExplainJobResponse(job_id=job_id, state=pb.JOB_STATE_AWAITING_APPROVAL, decisions=[d])
+
+    client.fake.explain = explain
+    await _sign_in(client, "tok-admin")
+    page = await (await client.get("/jobs/j-1")).text()
+    assert "awaiting_approval on cn-east-1 / east-c1" in page and f"<code>{APPROVAL}</code>" in page
+    assert "2023-11-14 23:13:20" in page and "insufficient_free_resources" in page
+    assert "has not decided" not in page
+
+
 async def test_every_post_needs_the_forms_csrf_token(client):
     await _sign_in(client, "tok-approver")
     r = await client.post(f"/approvals/{APPROVAL}/approve", data={"csrf": "0" * 64}, allow_redirects=False)
