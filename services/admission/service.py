@@ -1314,7 +1314,8 @@ class JobServicer(pb_grpc.JobServiceServicer):
 
     async def GetJobLogs(self, request: pb.GetJobLogsRequest, context) -> AsyncIterator[pb.LogChunk]:
         """The output of one attempt, proxied from the agent of its cluster (authorised like
-        GetJob). Raises NotFoundError (unknown job, shard, attempt or worker) and
+        GetJob). Raises NotFoundError (unknown job, shard, attempt or worker), ConflictError
+        (FAILED_PRECONDITION: the attempt's backend keeps no logs, e.g. the trace backend) and
         UnavailableError (no agent answer within the timeout, or its backend failed)."""
         rec = self._get(request.job_id)
         if request.shard >= len(rec.shards):
@@ -1335,6 +1336,8 @@ class JobServicer(pb_grpc.JobServiceServicer):
                 missing = NotFoundError("attempt", f"{rec.job_id}/{att.attempt}")
                 missing.args = (reply.error or missing.args[0],)  # the agent's words say what is missing
                 raise missing
+            if reply.code == "no_logs":  # the attempt exists; its cluster's backend keeps no logs
+                raise ConflictError(reply.error or f"the backend of {att.cluster} keeps no logs")
             if reply.code:
                 raise UnavailableError(reply.error or f"the agent of {att.cluster} could not read the logs")
             if reply.data:
