@@ -55,6 +55,7 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
 from typing import AsyncIterator, Awaitable, Callable, Iterator
@@ -290,6 +291,23 @@ ErrorInterceptor = GatewayInterceptor
 def _is_abort(e: BaseException) -> bool:
     # grpc.aio's context.abort raises an internal exception type; let it through untouched.
     return type(e).__name__ in ("AbortError", "_AbortError") or isinstance(e, grpc.aio.AbortError)
+
+
+def check_start_deadline(spec: JobSpec, now: float) -> None:
+    """Refuse a job whose ``start_deadline`` is not after ``now`` (business POSIX seconds): it
+    could never start in time, and accepting it would only queue a job that scores 0 and is then
+    dropped. Rule as Slurm's ``sbatch --deadline`` (a deadline in the past is refused at submit);
+    Kueue has no start deadline. A retry of an earlier request is answered before this check.
+
+    Raises:
+        ValidationError: ``spec.start_deadline`` at or before ``now``, naming both in UTC.
+    """
+    if spec.start_deadline is None or spec.start_deadline.timestamp() > now:
+        return
+    at = datetime.fromtimestamp(now, UTC)
+    raise ValidationError("spec.start_deadline",
+                          f"{spec.start_deadline:%Y-%m-%dT%H:%M:%SZ} is not after now ({at:%Y-%m-%dT%H:%M:%SZ}): "
+                          "the job could never start by then; give a later deadline or none")
 
 
 def explain_to_pb(rec: JobRecord) -> pb.ExplainJobResponse:
@@ -710,10 +728,11 @@ class JobServicer(pb_grpc.JobServiceServicer):
         raw = request.spec
         tenant = gov.tenant(raw.tenant)
         if tenant is None:
-            check_name("tenant", raw.tenant, "spec.tenant")
+            # suggest only a tenant that exists and that the caller may see
+            check_name("tenant", raw.tenant, "spec.tenant", known=[t for t in gov.tenants if principal.can_read(t)])
             raise ValidationError("spec.tenant", f"unknown tenant {raw.tenant!r}")
         if raw.project and raw.project not in tenant.projects:
-            check_name("project", raw.project, "spec.project")
+            check_name("project", raw.project, "spec.project", known=tenant.projects)
             raise ValidationError("spec.project", f"tenant {tenant.name} has no project {raw.project!r} "
                                                   f"(has {', '.join(sorted(tenant.projects))})")
         if not principal.can_submit(tenant.name, raw.project):
@@ -732,6 +751,7 @@ class JobServicer(pb_grpc.JobServiceServicer):
             existing = self.view.find_request(principal.name, spec.tenant, spec.project, rid)
             if existing is not None:
                 return self._retried(existing, spec, rid, principal)
+        check_start_deadline(spec, self.clock.time())
         check_quota_can_fit(gov, spec, self.known_models, regions)
         job_id = request_job_id(principal.name, spec.tenant, spec.project, rid) if rid else "j-" + uuid.uuid4().hex[:20]
         check_can_ever_run(spec, self.clusters, regions)
