@@ -466,7 +466,7 @@ class SchedulerService:
         # began has just been folded; one read later was stored after it (fedsched.lease.stale_order)
         self.highest_token = max(self.highest_token, self.fencing_token)
         self._takeover = False
-        log.warning("scheduler: active with fencing token %d (stream read to %d)", self.fencing_token, last)
+        log.info("scheduler: active with fencing token %d (stream read to %d)", self.fencing_token, last)
         return True
 
     def _fence(self, env: Envelope, token: int) -> bool:
