@@ -379,8 +379,9 @@ async def jobs_page(request: web.Request) -> web.Response:
     api, token = _api(request)
     q = request.query
     unknown = [s for s in q.getall("state", []) if s not in STATES]
-    if unknown:  # never drop a filter silently (the list would show every job)
-        raise web.HTTPBadRequest(text=f"unknown state {unknown[0]!r}; states: {', '.join(STATES)}")
+    if unknown:  # never drop a filter silently (the list would show every job): the console's error page
+        return render(request, "error.html", status=400, title=_TITLES[400],
+                      message=f"Unknown state {unknown[0]!r} in the filter; states: {', '.join(STATES)}.")
     states = q.getall("state", [])
     tenant, project = q.get("tenant", "").strip(), q.get("project", "").strip()
     req = pb.ListJobsRequest(tenant=tenant, project=project, page_size=PAGE_SIZE, page_token=q.get("page", ""),

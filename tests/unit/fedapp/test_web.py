@@ -185,6 +185,16 @@ async def test_the_job_page_shows_a_proposal_awaiting_approval_and_its_verdicts(
     assert "has not decided" not in page
 
 
+async def test_an_unknown_state_filter_is_the_consoles_400_page_with_the_text_escaped(client):
+    await _sign_in(client, "tok-admin")
+    r = await client.get("/jobs", params={"state": "<b>bogus</b>"})
+    page = await r.text()
+    assert r.status == 400 and r.content_type == "text/html"
+    assert "Unknown state &#39;&lt;b&gt;bogus&lt;/b&gt;&#39;" in page and "<b>bogus" not in page
+    assert 'href="/static/console.css"' in page and "queued" in page  # the console's page, listing the states
+    assert not client.fake.requests  # nothing was asked of the API
+
+
 async def test_every_post_needs_the_forms_csrf_token(client):
     await _sign_in(client, "tok-approver")
     r = await client.post(f"/approvals/{APPROVAL}/approve", data={"csrf": "0" * 64}, allow_redirects=False)
@@ -252,7 +262,7 @@ async def test_api_refusals_become_http_statuses_and_a_rejected_token_signs_out(
 async def test_filters_reach_list_jobs_and_text_is_escaped(client):
     await _sign_in(client, "tok-admin")
     bogus = await client.get("/jobs?state=queued&state=bogus")  # never a silently dropped filter
-    assert bogus.status == 400 and "unknown state 'bogus'" in await bogus.text()
+    assert bogus.status == 400 and "Unknown state &#39;bogus&#39;" in await bogus.text()
     r = await client.get("/jobs?state=queued&state=held&tenant=ads&project=train")
     page = await r.text()
     request = client.fake.requests[-1]
