@@ -569,6 +569,10 @@ class ApprovalRequested(_Payload):
         cost / currency: estimated cost of the proposed run (GPU-hours x price + egress), and
             ``home_cost`` of the same run at home list prices ("" = unknown).
         expires_at: business time after which the job falls back to its home queue.
+        evaluations: every cluster the scheduler considered for the proposal (as in
+            :class:`JobPlaced`: verdict, reason, score terms), so ``explain`` shows why it was
+            proposed; () from schedulers older than this field.
+        queue: the queue the proposal was made in ("" from older schedulers).
     """
 
     approval_id: str
@@ -583,6 +587,8 @@ class ApprovalRequested(_Payload):
     home_cost: str = ""
     currency: str = "CNY"
     expires_at: UtcDatetime
+    evaluations: tuple[dict[str, Any], ...] = ()
+    queue: str = ""
 
 
 class ApprovalDecided(_Payload):

@@ -294,6 +294,7 @@ class Lease:
         started = self.clock.time()
         try:
             current = await self.store.get(self.key)
+            previous = current.holder if current is not None and current.holder != self.holder else ""
             if current is None:
                 revision = await self._write(True, 0)
             elif current.holder == "" or self._expired(current, started) or self._still_ours(current):
@@ -313,7 +314,10 @@ class Lease:
         self.valid_until = started + self.ttl_s - self.margin_s
         self._seen = None
         self.active = True
-        log.warning("lease %s: acquired by %s (fencing token %d)", self.key, self.holder, self.token)
+        # routine (a first start, our own restart, a released lease): INFO; taking over from
+        # another holder that stopped renewing is a failover worth a WARNING
+        log.log(logging.WARNING if previous else logging.INFO, "lease %s: acquired by %s (fencing token %d)%s",
+                self.key, self.holder, self.token, f", taking over from {previous}" if previous else "")
         for cb in self.on_change:
             cb(True)
 

@@ -7,8 +7,9 @@ that inbox, the last one with ``eof``. Each reply's ``data`` is at most ``max_ch
 UTF-8 (whole lines, ``\\n``-terminated, except a single line longer than the bound, which is cut).
 
 Errors travel in the reply: ``code`` ``not_found`` (the agent does not know the attempt or the
-worker) or ``unavailable`` (its backend could not be read); admission maps them to gRPC
-NOT_FOUND / UNAVAILABLE, and a request no agent answers within its timeout to UNAVAILABLE.
+worker), ``no_logs`` (the attempt ran there but its backend keeps no logs: the trace backend) or
+``unavailable`` (its backend could not be read); admission maps them to gRPC NOT_FOUND /
+FAILED_PRECONDITION / UNAVAILABLE, and a request no agent answers within its timeout to UNAVAILABLE.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ class LogReply(BaseModel):
 
     data: str = ""
     eof: bool = False
-    code: Literal["", "not_found", "unavailable"] = ""
+    code: Literal["", "not_found", "no_logs", "unavailable"] = ""
     error: str = ""
 
 

@@ -29,7 +29,9 @@ whitespace so a valid name can never change a subject's shape.
 
 from __future__ import annotations
 
+import difflib
 import re
+import unicodedata
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
@@ -72,28 +74,66 @@ RULES: dict[str, tuple[re.Pattern[str], str]] = {
 KINDS = tuple(RULES)
 
 
-def _suggest(value: str) -> str:
-    guess = re.sub(r"[^a-z0-9-]+", "-", value.strip().lower()).strip("-")
+#: Characters a canonical form turns into ``-`` (separators people use in names).
+_SEPARATORS = frozenset(" \t_.-/:")
+
+
+def _canonical_guess(value: str) -> str:
+    """``value`` lower-cased with separators (blank, ``_``, ``.``, ``/``, ``:``) as ``-`` and
+    accented Latin letters without their accent (``é`` -> ``e``); "" when any other character
+    would have to be dropped or replaced (``sеarch`` with a Cyrillic ``е``: guessing ``s-arch``
+    would suggest a name nobody meant)."""
+    out = []
+    for c in value.strip():
+        if c.isascii() and c.isalnum():
+            out.append(c.lower())
+        elif c in _SEPARATORS:
+            out.append("-")
+        else:
+            base = unicodedata.normalize("NFKD", c)
+            letters = [b for b in base if not unicodedata.combining(b)]
+            if len(letters) != 1 or not (letters[0].isascii() and letters[0].isalnum()):
+                return ""
+            out.append(letters[0].lower())
+    return re.sub(r"-{2,}", "-", "".join(out)).strip("-")
+
+
+def _suggest(kind: str, value: str, known: Iterable[str] | None = None) -> str:
+    """`` (did you mean 'x'?)`` or "" when no suggestion would help. With ``known`` (the names
+    that exist), only the closest of them (difflib ratio >= 0.75, compared with ``value``
+    lower-cased and folded as far as it folds); without, the canonical form of ``value``
+    (:func:`_canonical_guess`) when it fits the kind's rule."""
+    pattern, _ = RULES[kind]
+    guess = _canonical_guess(value)
+    if known is not None:
+        names = sorted(set(known))
+        close = difflib.get_close_matches(guess or value.strip().lower(), names, n=1, cutoff=0.75)
+        guess = close[0] if close else ""
+    elif guess and pattern.fullmatch(guess) is None:
+        guess = ""
     return f" (did you mean {guess!r}?)" if guess and guess != value else ""
 
 
-def check_name(kind: str, value: str, field: str | None = None) -> str:
+def check_name(kind: str, value: str, field: str | None = None, known: Iterable[str] | None = None) -> str:
     """Return ``value`` if it is a canonical name of ``kind``, else raise.
 
     Args:
         kind: one of :data:`KINDS`.
         value: the name to check.
         field: request field to name in the error (defaults to ``kind``).
+        known: the names of this kind that exist (tenants of the policy, ...): the error
+            suggests only one of them; None = suggest the canonical form of ``value``.
 
     Raises:
-        InvalidName: the value breaks the kind's rule; the message gives the rule and a guess.
+        InvalidName: the value breaks the kind's rule; the message gives the rule and a guess
+            when one would help (never a name that does not exist when ``known`` is given).
         KeyError: ``kind`` is not a naming kind (a programming error).
     """
     pattern, rule = RULES[kind]
     if not isinstance(value, str) or not value:
         raise InvalidName(kind, str(value), "must not be empty; " + rule, field)
     if pattern.fullmatch(value) is None:
-        raise InvalidName(kind, value, rule + _suggest(value), field)
+        raise InvalidName(kind, value, rule + _suggest(kind, value, known), field)
     return value
 
 

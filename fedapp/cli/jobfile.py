@@ -13,6 +13,13 @@ Values: enums by their short lower-case name as the CLI prints them (``kind: fin
 booleans must be quoted). Sizes and counts are plain integers in the proto's units
 (``cpu_milli`` milli-cores, ``memory_mib`` MiB, ``size_bytes`` bytes, ``min_gpu_memory_gib`` GiB).
 
+Numbers for ``double`` fields may also be written as text (YAML 1.1 reads ``1e300`` without a
+dot as a string): ``duration: 1e300`` is the number 1e300, then range-checked (finite; admission
+applies its own limits). A list or mapping with more entries than admission ever accepts
+(:data:`MAX_ENTRIES`, e.g. 64 annotations) is refused while the file is being read, before any
+entry is built or checked: a 200,000-annotation file fails in milliseconds, not after seconds of
+parsing.
+
 Every problem raises :class:`JobFileError` naming the position and key, e.g.
 ``jobs[2].gpu_per_worker: unknown field; did you mean gpus_per_worker?``.
 """
@@ -21,7 +28,11 @@ from __future__ import annotations
 
 import datetime as dt
 import difflib
+import math
+import re
 from typing import Any
+
+import yaml
 
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import Message
@@ -40,6 +51,17 @@ FLAG_ALIASES = {"gpus": "gpus_per_worker", "card_model": "card_models", "duratio
 
 #: Keys of a job mapping that are not JobSpec fields (SubmitJobRequest's).
 REQUEST_KEYS = ("request_id",)
+
+#: Most entries admission ever accepts per repeated/map field (proto field names), so a file
+#: with more is refused before its entries are built. Sources: ``services.admission.convert.Limits``
+#: (card models 32, regions 64, residency tags 32, annotations 64), the policy's ceiling for
+#: ``limits.max_datasets`` (``fedsched.tenancy.LimitsDoc``: <= 1024; the default is 64) and the
+#: Workload limits of ``jobs.proto`` (command + args <= 256 items, env + secret_env <= 128 names).
+MAX_ENTRIES = {"card_models": 32, "allowed_regions": 64, "forbidden_regions": 64, "residency_tags": 32,
+               "annotations": 64, "datasets": 1024, "command": 256, "args": 256, "env": 128, "secret_env": 128}
+
+#: A decimal number written as text (no ``nan``/``inf``, no ``_``, no hex).
+_NUMBER = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
 
 
 class JobFileError(ValueError):
@@ -93,9 +115,17 @@ def _scalar(field: FieldDescriptor, value: Any, where: str) -> Any:
             raise JobFileError(f"{where}: {value} is out of range 0..{top}")
         return value
     if t == FieldDescriptor.TYPE_DOUBLE:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
+        if isinstance(value, str) and _NUMBER.fullmatch(value.strip()):
+            value = value.strip()  # YAML 1.1 reads 1e300 (no dot) as text
+        elif isinstance(value, bool) or not isinstance(value, (int, float)):
             raise JobFileError(f"{where}: want a number, got {value!r}")
-        return float(value)
+        try:
+            number = float(value)
+        except OverflowError:  # an int beyond any double
+            number = math.inf
+        if not math.isfinite(number):
+            raise JobFileError(f"{where}: {value!r} is out of range (want a finite number)")
+        return number
     if t == FieldDescriptor.TYPE_ENUM:
         return _enum_value(field, value, where)
     raise JobFileError(f"{where}: unsupported field type")  # pragma: no cover - the proto has no other
@@ -173,6 +203,8 @@ def parse_job_file(text: str, source: str = "file") -> tuple[bool, list[pb.Submi
     Raises:
         JobFileError: not YAML/JSON, empty, or any job not as described in the module docstring.
     """
+    if len(text) <= MAX_FILE_CHARS:  # (a larger one is refused by load_yaml)
+        check_entry_counts(text)
     try:
         doc = load_yaml(text, source, max_chars=MAX_FILE_CHARS)
     except ValidationError as e:
@@ -193,6 +225,65 @@ def parse_job_file(text: str, source: str = "file") -> tuple[bool, list[pb.Submi
         return False, [_request(doc, "job")]
     raise JobFileError(f"{source}: want a job mapping or a list of them, got {type(doc).__name__}")
 
+
+class _Frame:
+    """A list or mapping open in :func:`check_entry_counts`."""
+
+    __slots__ = ("is_map", "where", "limit", "entries", "expect_key", "key")
+
+    def __init__(self, is_map: bool, where: str, limit: int | None) -> None:
+        self.is_map, self.where, self.limit = is_map, where, limit
+        self.entries, self.expect_key, self.key = 0, True, ""
+
+
+def _field_name(key: str) -> str:
+    name = key.replace("-", "_")
+    return FLAG_ALIASES.get(name, name)
+
+
+def check_entry_counts(text: str) -> None:
+    """Refuse a job file whose list or mapping under a field of :data:`MAX_ENTRIES` has more
+    entries than allowed, reading only the parser's event stream (libyaml's when installed) and
+    stopping at the first entry too many: nothing is built and no entry is checked first.
+    Positions are named as the rest of the file's errors (``job.annotations``,
+    ``jobs[3].workload.env``). Text that is not YAML is left for :func:`parse_job_file` to report.
+
+    Raises:
+        JobFileError: ``<position>: at most N entries ...``.
+    """
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    frames: list[_Frame] = []
+    node_events = (yaml.ScalarEvent, yaml.AliasEvent, yaml.MappingStartEvent, yaml.SequenceStartEvent)
+    try:
+        for event in yaml.parse(text, Loader=loader):
+            if isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+                frames.pop()
+                continue
+            if not isinstance(event, node_events):
+                continue
+            parent = frames[-1] if frames else None
+            field, where = None, ""
+            if parent is None:  # the document: one job, or the list of jobs
+                where = "jobs" if isinstance(event, yaml.SequenceStartEvent) else "job"
+            elif parent.is_map and parent.expect_key:  # a key
+                parent.expect_key = False
+                parent.key = str(event.value) if isinstance(event, yaml.ScalarEvent) else "?"
+                where = f"{parent.where}.?"
+            else:  # a value or a list item: one entry of its parent
+                if parent.is_map:
+                    parent.expect_key = True
+                    field = _field_name(parent.key)
+                    where = "jobs" if (len(frames) == 1 and parent.key == "jobs") else f"{parent.where}.{parent.key}"
+                else:
+                    where = f"{parent.where}[{parent.entries}]"
+                parent.entries += 1
+                if parent.limit is not None and parent.entries > parent.limit:
+                    raise JobFileError(f"{parent.where}: at most {parent.limit} entries (admission's limit); "
+                                       "this file has more")
+            if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+                frames.append(_Frame(isinstance(event, yaml.MappingStartEvent), where, MAX_ENTRIES.get(field or "")))
+    except yaml.YAMLError:
+        return  # parse_job_file reports it with its position
 
 def _request(doc: Any, where: str) -> pb.SubmitJobRequest:
     spec = pb.JobSpec()

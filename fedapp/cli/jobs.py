@@ -820,6 +820,7 @@ def job(job_id: str = typer.Argument(...), server: str = SERVER, output: Output 
         console.print_json(json.dumps(message_dict(j)))
         return
     _print_jobs([j], output)
+    _print_spec(j.spec)
     if j.spec.HasField("workload"):
         _print_workload(j.spec.workload)
     if j.attempts:
@@ -830,20 +831,65 @@ def job(job_id: str = typer.Argument(...), server: str = SERVER, output: Output 
         console.print(t)
 
 
+#: Annotations and datasets ``job`` lists before saying how many more there are (admission
+#: allows 64 of each; the JSON output has all).
+SPEC_ROWS_MAX = 64
+
+
+def _print_spec(s: pb.JobSpec) -> None:
+    """What the jobs table leaves out of a spec, as key/value lines: start deadline (UTC),
+    estimated duration (s), retry limit, preemptible / checkpointable, maximum price per GPU-hour
+    (0 = none), regions, card models, residency tags, datasets (size in bytes, GB shown) and
+    annotations. Text from the server goes through :func:`~fedapp.cli.text.safe` (control
+    characters escaped, never read as markup); long values end in an ellipsis."""
+    t = Table("spec", "value", show_header=False)
+
+    def row(key: str, value: str) -> None:
+        t.add_row(safe(key), safe(_clip(value, 200)))
+
+    row("kind / priority", f"{enum_word(pb.JobKind.DESCRIPTOR, s.kind)} / "
+                           f"{enum_word(pb.PriorityClass.DESCRIPTOR, s.priority)}")
+    row("start deadline", f"{_ts(s.start_deadline)} UTC" if s.start_deadline.seconds else "none")
+    if s.estimated_duration_seconds:
+        row("estimated duration", f"{s.estimated_duration_seconds:g} s")
+    row("retry limit", str(s.retry_limit))
+    row("preemptible", "yes" if s.preemptible else "no")
+    row("checkpointable", "yes" if s.checkpointable else "no")
+    row("max price / GPU-hour", f"{s.max_price_per_gpu_hour:g}" if s.max_price_per_gpu_hour else "no limit")
+    row("home region", s.home_region or "-")
+    if s.allowed_regions:
+        row("allowed regions", ", ".join(s.allowed_regions))
+    if s.forbidden_regions:
+        row("forbidden regions", ", ".join(s.forbidden_regions))
+    if s.card_models:
+        row("card models", ", ".join(s.card_models))
+    if s.residency_tags:
+        row("residency tags", ", ".join(s.residency_tags))
+    for d in s.datasets[:SPEC_ROWS_MAX]:
+        row(f"dataset {d.name}", f"{d.size_bytes / 1e9:g} GB in {d.home_region or '-'}")
+    for k, v in sorted(s.annotations.items())[:SPEC_ROWS_MAX]:
+        row(f"annotation {k}", v)
+    for what, n in (("datasets", len(s.datasets)), ("annotations", len(s.annotations))):
+        if n > SPEC_ROWS_MAX:
+            row(f"... {n - SPEC_ROWS_MAX} more {what}", "see -o json")
+    console.print(t)
+
+
 def _print_workload(w: pb.Workload) -> None:
-    """The workload as key/value lines; secret variables show their reference (``secret-name/key``)."""
+    """The workload as key/value lines; secret variables show their reference (``secret-name/key``).
+    Values are shown escaped (:func:`~fedapp.cli.text.safe`)."""
     t = Table("workload", "value", show_header=False)
-    t.add_row("image", w.image)
+    t.add_row("image", safe(w.image))
     if w.command or w.args:
-        t.add_row("argv", json.dumps(list(w.command) + list(w.args)))
+        t.add_row("argv", safe(json.dumps(list(w.command) + list(w.args))))
     for k, v in sorted(w.env.items()):
-        t.add_row(f"env {k}", _clip(v, 200))
+        t.add_row(safe(f"env {k}"), safe(_clip(v, 200)))
     for k, ref in sorted(w.secret_env.items()):
-        t.add_row(f"env {k}", f"secret {ref}")
+        t.add_row(safe(f"env {k}"), safe(f"secret {ref}"))
     if w.workdir:
-        t.add_row("workdir", w.workdir)
+        t.add_row("workdir", safe(w.workdir))
     if w.checkpoint_uri:
-        t.add_row("checkpoint", w.checkpoint_uri)
+        t.add_row("checkpoint", safe(w.checkpoint_uri))
     console.print(t)
 
 
@@ -873,6 +919,11 @@ def _print_explain(resp: pb.ExplainJobResponse, *, title: bool = True) -> None:
         console.print(styled(head, (d.outcome, "bold"), f" {d.cluster or ''} {('(' + d.region + ')') if d.region else ''}"
                              f" queue {d.queue or '-'} policy {d.policy_version or '-'}"))
         console.print(f"  {d.summary}", highlight=False)
+        if d.approval_id:
+            console.print(styled("  ", ("proposed, awaiting approval:", "yellow"),
+                                 f" request {safe(d.approval_id)} decides by {_ts(d.approval_expires_at)} UTC; "
+                                 "without a decision by then the job goes back to its home region's queue"),
+                          highlight=False)
         if d.outcome == "pending" and not d.fits_empty:
             console.print(styled("  ", ("can never run as asked:", "red"),
                                  " no cluster could hold it even if it were empty; waiting will not help "

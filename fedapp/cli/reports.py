@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from datetime import datetime
+from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
 from typing import Any, Optional
@@ -22,9 +22,8 @@ from fedapp.cli.sql import ask_store, running_system
 from fedsched.errors import FedError, UnavailableError
 from fedsched.store import QueryResult
 
+from fedapp.cli.when import time_option
 from fedapp.cli.text import Output, console, err, error_line, strict_json, styled
-
-_TIME_FORMATS = ["%Y-%m-%d", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M:%S", "%Y-%m-%dT%H:%M"]
 
 
 def store_query(data_dir: Path, clickhouse_url: str, database: str):
@@ -111,10 +110,14 @@ def register(app: typer.Typer) -> None:
 
     @app.command()
     def report(
-        start: Optional[datetime] = typer.Option(None, "--from", formats=_TIME_FORMATS,
-                                                 help="Window start (UTC); default: the first event."),
-        end: Optional[datetime] = typer.Option(None, "--to", formats=_TIME_FORMATS,
-                                               help="Window end (UTC, exclusive); default: just after the last event."),
+        start_text: str = typer.Option("", "--from", show_default=False,
+                                       help="Window start: ISO-8601 (2026-11-30, 2026-11-30T22:55:00Z, "
+                                            "...+09:00; no zone = UTC) or an age (2h, 1.5d); default: the "
+                                            "first event."),
+        end_text: str = typer.Option("", "--to", show_default=False,
+                                     help="Window end (exclusive), same forms; a date alone = the end of that "
+                                          "day (--from 2026-11-30 --to 2026-11-30 is that day); default: just "
+                                          "after the last event."),
         html: Optional[Path] = typer.Option(None, "--html", help="Also write one self-contained HTML page with charts."),
         only: list[str] = typer.Option([], "--only", help="Only this report (repeatable); see --list."),
         bucket: Optional[int] = typer.Option(None, "--bucket", min=1,
@@ -145,8 +148,12 @@ def register(app: typer.Typer) -> None:
         from fedapp.reports.html import html_page
         from fedapp.reports.run import Window
 
+        now = datetime.now(UTC)
+        start = time_option(start_text, "--from", now)
+        end = time_option(end_text, "--to", now, end_of_day=True)
         if start is not None and end is not None and start >= end:
-            err.print(error_line("--from", f"{start} is not before --to {end}"))
+            err.print(error_line("--from", f"{start:%Y-%m-%d %H:%M:%S} UTC is not before --to "
+                                           f"{end:%Y-%m-%d %H:%M:%S} UTC"))
             raise typer.Exit(2)
         if list_reports:
             for q in REPORTS:

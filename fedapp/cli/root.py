@@ -464,7 +464,7 @@ def replay(
                                   help="Give up after this many wall seconds: the report covers what happened, "
                                        "and the exit code is 2."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress (a bar on a terminal, else a line every "
-                                                              "10 s)."),
+                                                              "3 s while the figures change)."),
     metrics_port: Optional[int] = typer.Option(None, "--metrics-port", min=0, max=65535,
                                                help="Serve each service's Prometheus metrics during the replay on "
                                                     "consecutive ports from this one (0 = free ports); default off."),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import time
 from typing import Callable, Iterator
 
 from rich.console import Console
@@ -12,27 +13,41 @@ from rich.table import Table
 from fedapp.cli.text import money
 
 
+#: Wall seconds between two plain progress lines (not a terminal: logs and pipes).
+PLAIN_EVERY_S = 3.0
+
+
+def progress_line(p) -> str:
+    """One plain progress line: trace day, submitted of total, and the jobs in each state."""
+    return (f"trace day {p.trace_now_s / 86400:6.1f}/{p.trace_end_s / 86400:.1f}: submitted "
+            f"{p.submitted}/{p.total}, running {p.running}, finished {p.finished}, failed {p.failed}, "
+            f"cancelled {p.cancelled}, rejected {p.rejected}, unplaceable {p.unplaceable}")
+
+
 @contextlib.contextmanager
-def progress_display(console: Console, *, enabled: bool = True, quiet: bool = False) -> Iterator[Callable]:
+def progress_display(console: Console, *, enabled: bool = True, quiet: bool = False,
+                     every_s: float = PLAIN_EVERY_S, clock: Callable[[], float] = time.monotonic) -> Iterator[Callable]:
     """A context whose value is ``update(progress)``; renders a rich progress bar if enabled,
-    else a plain line every ~10 seconds of wall time (for logs and pipes), or nothing if quiet."""
+    else (logs and pipes) a plain line at the first update, then at most one every ``every_s``
+    wall seconds (``clock``: monotonic seconds) and only when the figures changed, and the last
+    figures once more at the end if they were not the last line printed; nothing if quiet."""
     if quiet:
         yield lambda p: None
         return
     if not enabled:
-        import time
-
-        last = [0.0]
+        state = {"at": None, "printed": "", "latest": ""}
 
         def plain(p) -> None:
-            now = time.monotonic()
-            if now - last[0] >= 10:
-                last[0] = now
-                console.print(f"trace day {p.trace_now_s / 86400:6.1f}/{p.trace_end_s / 86400:.1f}: submitted "
-                              f"{p.submitted}/{p.total}, running {p.running}, finished {p.finished}, failed {p.failed}, "
-                              f"cancelled {p.cancelled}, rejected {p.rejected}, unplaceable {p.unplaceable}", highlight=False)
+            line = progress_line(p)
+            state["latest"] = line
+            now = clock()
+            if line != state["printed"] and (state["at"] is None or now - state["at"] >= every_s):
+                state["at"], state["printed"] = now, line
+                console.print(line, highlight=False)
 
         yield plain
+        if state["latest"] and state["latest"] != state["printed"]:
+            console.print(state["latest"], highlight=False)
         return
     bar = Progress(TextColumn("[bold]replay"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[detail]}"),
                    TimeElapsedColumn(), console=console, transient=False)

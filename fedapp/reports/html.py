@@ -187,6 +187,27 @@ def bar_chart(name: str, title: str, categories: Sequence[str], series: dict[str
     return _figure(name, "bar", title, "".join(out), drawn, list(series))
 
 
+#: Spacings of time-axis ticks (seconds), smallest first: round seconds, minutes, hours, days.
+TICK_STEPS_S = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 2 * 3600, 3 * 3600, 6 * 3600,
+                12 * 3600, 86400, 2 * 86400, 7 * 86400, 14 * 86400, 30 * 86400, 90 * 86400, 180 * 86400,
+                365 * 86400)
+
+
+def time_ticks(t0: datetime, t1: datetime, max_ticks: int = 6) -> list[tuple[datetime, str]]:
+    """Time-axis ticks for the span [``t0``, ``t1``] (naive UTC or aware): the smallest step of
+    :data:`TICK_STEPS_S` giving at most ``max_ticks`` ticks, at multiples of the step since the
+    Unix epoch (round minutes, hours, days), each labelled at the step's resolution
+    (``%H:%M:%S`` below a minute, ``%m-%d %H:%M`` below a day, ``%Y-%m-%d`` from a day), so no
+    two labels are equal. A span holding no multiple of even the largest step gets ``t0``."""
+    epoch = datetime(1970, 1, 1) if t0.tzinfo is None else datetime(1970, 1, 1, tzinfo=UTC)
+    a, b = (t0 - epoch).total_seconds(), (t1 - epoch).total_seconds()
+    step = next((s for s in TICK_STEPS_S if math.floor(b / s) - math.ceil(a / s) + 1 <= max_ticks),
+                TICK_STEPS_S[-1])
+    label = "%H:%M:%S" if step < 60 else "%m-%d %H:%M" if step < 86400 else "%Y-%m-%d"
+    ticks = [epoch + timedelta(seconds=k * step) for k in range(math.ceil(a / step), math.floor(b / step) + 1)]
+    return [(t, t.strftime(label)) for t in ticks] or [(t0, t0.strftime(label))]
+
+
 def line_chart(name: str, title: str, times: Sequence[datetime], series: dict[str, Sequence[Any]],
                unit: str = "") -> str:
     """Lines over time: one polyline per series (None values break nothing: they are skipped)."""
@@ -211,11 +232,9 @@ def line_chart(name: str, title: str, times: Sequence[datetime], series: dict[st
         out.append(f'<line class="grid" x1="{left}" y1="{py(v):.1f}" x2="{width - right}" y2="{py(v):.1f}"/>')
         out.append(f'<text class="muted" x="{left - 6}" y="{py(v) + 4:.1f}" text-anchor="end">{_esc(fmt(v, unit))}</text>')
         v += step
-    date_fmt = "%Y-%m-%d" if span > 3 * 86400 else "%m-%d %H:%M"
-    for i in range(6):
-        t = t0 + timedelta(seconds=span * i / 5)
+    for t, label in time_ticks(t0, t1):
         out.append(f'<text class="muted" x="{px(t):.1f}" y="{height - 8}" text-anchor="middle">'
-                   f'{_esc(t.strftime(date_fmt))}</text>')
+                   f'{_esc(label)}</text>')
     out.append(f'<line class="axis" x1="{left}" y1="{top_pad + plot_h}" x2="{width - right}" y2="{top_pad + plot_h}"/>')
     for si, (sname, vs) in enumerate(series.items()):
         pts = [(px(t), py(_num(v))) for t, v in zip(times, vs) if _num(v) is not None]

@@ -36,7 +36,7 @@ from hashlib import sha256
 from importlib import resources
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import unquote, urlencode
 
 import grpc
 import jinja2
@@ -324,8 +324,27 @@ def _api(request: web.Request) -> tuple[Api, str]:
 
 
 def _safe_next(target: str) -> str:
-    """Only a path on this site (no scheme, no host, no protocol-relative ``//``)."""
-    return target if target.startswith("/") and not target.startswith("//") and "\\" not in target else "/jobs"
+    """``target`` when it is a path on this site, else ``/jobs`` (the home page).
+
+    A same-site path starts with exactly one ``/`` (not ``//`` or ``/\\``, which browsers read as
+    another host) and holds no backslash and no non-printable character (a tab, CR, LF or VT is
+    stripped or refused by browsers and HTTP libraries: ``/<TAB>/evil`` becomes ``//evil``); the
+    same holds after percent-decoding (up to 3 rounds; a value still encoded after that is refused).
+    Source of the rule: OWASP "Unvalidated Redirects and Forwards" cheat sheet.
+    """
+    forms = [target]
+    for _ in range(3):
+        decoded = unquote(forms[-1])
+        if decoded == forms[-1]:
+            break
+        forms.append(decoded)
+    else:
+        return "/jobs"
+    for form in forms:
+        if (not form.startswith("/") or form.startswith(("//", "/\\")) or "\\" in form
+                or not form.isprintable()):
+            return "/jobs"
+    return target
 
 
 async def login_page(request: web.Request) -> web.Response:
@@ -372,8 +391,9 @@ async def jobs_page(request: web.Request) -> web.Response:
     api, token = _api(request)
     q = request.query
     unknown = [s for s in q.getall("state", []) if s not in STATES]
-    if unknown:  # never drop a filter silently (the list would show every job)
-        raise web.HTTPBadRequest(text=f"unknown state {unknown[0]!r}; states: {', '.join(STATES)}")
+    if unknown:  # never drop a filter silently (the list would show every job): the console's error page
+        return render(request, "error.html", status=400, title=_TITLES[400],
+                      message=f"Unknown state {unknown[0]!r} in the filter; states: {', '.join(STATES)}.")
     states = q.getall("state", [])
     tenant, project = q.get("tenant", "").strip(), q.get("project", "").strip()
     req = pb.ListJobsRequest(tenant=tenant, project=project, page_size=PAGE_SIZE, page_token=q.get("page", ""),

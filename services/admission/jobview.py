@@ -42,7 +42,7 @@ import bisect
 import logging
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from fedsched.bounded import RecentDict
@@ -102,6 +102,8 @@ class Decision:
     queue: str = ""
     fits_empty: bool = True
     reserved_cluster: str = ""
+    approval_id: str = ""  #: outcome "awaiting_approval": the request opened for the proposal
+    approval_expires_at: float | None = None  #: its deadline (business s)
 
 
 @dataclass
@@ -391,6 +393,10 @@ class JobView:
         for sh in waiting:
             sh.state = JobState.AWAITING_APPROVAL
             sh.reason = f"awaiting approval {req.approval_id} to run in {req.proposed_region}: {req.reason}"
+            sh.decision = Decision("awaiting_approval", env.occurred_at.timestamp(), req.reason, req.evaluations,
+                                   env.policy_version, cluster=req.proposed_cluster, region=req.proposed_region,
+                                   queue=req.queue, approval_id=req.approval_id,
+                                   approval_expires_at=req.expires_at.timestamp())
         rec.policy_version = env.policy_version
         return True
 
@@ -406,6 +412,9 @@ class JobView:
                 EventType.APPROVAL_REJECTED: f"cross-region run rejected by {env.actor}; waits in its home region",
                 EventType.APPROVAL_EXPIRED: "approval timed out; back in its home region's queue",
             }[env.type]
+            if sh.decision is not None and sh.decision.outcome == "awaiting_approval":  # the proposal, answered
+                sh.decision = replace(sh.decision, outcome="approval_" + str(env.type).rsplit(".", 1)[-1],
+                                      reason=f"{sh.reason} (proposed: {sh.decision.reason})")
         return True
 
     def _on_cancelled(self, rec: JobRecord, env: Envelope) -> bool:

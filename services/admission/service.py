@@ -55,6 +55,7 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
 from typing import Any, AsyncIterator, Awaitable, Callable, Iterator
@@ -292,6 +293,23 @@ def _is_abort(e: BaseException) -> bool:
     return type(e).__name__ in ("AbortError", "_AbortError") or isinstance(e, grpc.aio.AbortError)
 
 
+def check_start_deadline(spec: JobSpec, now: float) -> None:
+    """Refuse a job whose ``start_deadline`` is not after ``now`` (business POSIX seconds): it
+    could never start in time, and accepting it would only queue a job that scores 0 and is then
+    dropped. Rule as Slurm's ``sbatch --deadline`` (a deadline in the past is refused at submit);
+    Kueue has no start deadline. A retry of an earlier request is answered before this check.
+
+    Raises:
+        ValidationError: ``spec.start_deadline`` at or before ``now``, naming both in UTC.
+    """
+    if spec.start_deadline is None or spec.start_deadline.timestamp() > now:
+        return
+    at = datetime.fromtimestamp(now, UTC)
+    raise ValidationError("spec.start_deadline",
+                          f"{spec.start_deadline:%Y-%m-%dT%H:%M:%SZ} is not after now ({at:%Y-%m-%dT%H:%M:%SZ}): "
+                          "the job could never start by then; give a later deadline or none")
+
+
 def explain_to_pb(rec: JobRecord) -> pb.ExplainJobResponse:
     """The wire form of a job's latest decisions."""
     out = pb.ExplainJobResponse(job_id=rec.job_id, state=STATE_TO_PB[rec.state])
@@ -310,8 +328,10 @@ def decision_to_pb(shard: int, d: Decision) -> pb.ShardDecision:
     msg = pb.ShardDecision(shard=shard, outcome=d.outcome, summary=d.reason, cluster=d.cluster,
                            region=d.region, queue=d.queue, counterfactual=d.counterfactual,
                            policy_version=d.policy_version, fits_empty=d.fits_empty,
-                           reserved_cluster=d.reserved_cluster)
+                           reserved_cluster=d.reserved_cluster, approval_id=d.approval_id)
     msg.decided_at.CopyFrom(_ts(d.at))
+    if d.approval_expires_at is not None:
+        msg.approval_expires_at.CopyFrom(_ts(d.approval_expires_at))
     for e in d.evaluations:
         v = pb.ClusterVerdict(cluster=str(e.get("cluster", "")), region=str(e.get("region", "")),
                               passed=bool(e.get("passed")), reason=str(e.get("reason", "")),
@@ -730,10 +750,11 @@ class JobServicer(pb_grpc.JobServiceServicer):
         raw = request.spec
         tenant = gov.tenant(raw.tenant)
         if tenant is None:
-            check_name("tenant", raw.tenant, "spec.tenant")
+            # suggest only a tenant that exists and that the caller may see
+            check_name("tenant", raw.tenant, "spec.tenant", known=[t for t in gov.tenants if principal.can_read(t)])
             raise ValidationError("spec.tenant", f"unknown tenant {raw.tenant!r}")
         if raw.project and raw.project not in tenant.projects:
-            check_name("project", raw.project, "spec.project")
+            check_name("project", raw.project, "spec.project", known=tenant.projects)
             raise ValidationError("spec.project", f"tenant {tenant.name} has no project {raw.project!r} "
                                                   f"(has {', '.join(sorted(tenant.projects))})")
         if not principal.can_submit(tenant.name, raw.project):
@@ -751,6 +772,7 @@ class JobServicer(pb_grpc.JobServiceServicer):
             existing = self.view.find_request(principal.name, spec.tenant, spec.project, rid)
             if existing is not None:
                 return self._retried(existing, spec, rid, principal)
+        check_start_deadline(spec, self.clock.time())
         check_quota_can_fit(gov, spec, self.known_models, regions)
         job_id = request_job_id(principal.name, spec.tenant, spec.project, rid) if rid else "j-" + uuid.uuid4().hex[:20]
         check_can_ever_run(spec, self.clusters, regions)
@@ -1409,7 +1431,8 @@ class JobServicer(pb_grpc.JobServiceServicer):
 
     async def GetJobLogs(self, request: pb.GetJobLogsRequest, context) -> AsyncIterator[pb.LogChunk]:
         """The output of one attempt, proxied from the agent of its cluster (authorised like
-        GetJob). Raises NotFoundError (unknown job, shard, attempt or worker) and
+        GetJob). Raises NotFoundError (unknown job, shard, attempt or worker), ConflictError
+        (FAILED_PRECONDITION: the attempt's backend keeps no logs, e.g. the trace backend) and
         UnavailableError (no agent answer within the timeout, or its backend failed)."""
         rec = self._get(request.job_id)
         if request.shard >= len(rec.shards):
@@ -1430,6 +1453,8 @@ class JobServicer(pb_grpc.JobServiceServicer):
                 missing = NotFoundError("attempt", f"{rec.job_id}/{att.attempt}")
                 missing.args = (reply.error or missing.args[0],)  # the agent's words say what is missing
                 raise missing
+            if reply.code == "no_logs":  # the attempt exists; its cluster's backend keeps no logs
+                raise ConflictError(reply.error or f"the backend of {att.cluster} keeps no logs")
             if reply.code:
                 raise UnavailableError(reply.error or f"the agent of {att.cluster} could not read the logs")
             if reply.data:

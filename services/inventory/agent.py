@@ -80,7 +80,8 @@ from fedsched.lease import StreamFencing, Tenure, read_tenure
 from fedsched.logs import LogReply, LogRequest, chunks
 from fedsched.ports import Publisher
 from services.inventory.backend import (NODE_FAILED, TERMINAL_PHASES, AttemptKey, AttemptNotFound, AttemptSpec,
-                                        AttemptStatus, Backend, BackendError, ObservedAttempt, Phase)
+                                        AttemptStatus, Backend, BackendError, NoLogsKept, ObservedAttempt,
+                                        Phase)
 from services.inventory.trace import ClusterDef
 
 log = logging.getLogger(__name__)
@@ -151,7 +152,8 @@ class _TraceAttempt:
 
 
 TRACE_FAILURE = "exited with failure (trace outcome)"  #: message of a trace attempt that fails
-TRACE_NO_LOGS = "trace backend: job {key} runs no workload, so there are no logs for trace jobs"
+TRACE_NO_LOGS = ("the trace backend keeps no logs: attempt {key} ran no workload (a simulated run from a trace); "
+                 "logs exist for attempts on kubernetes and slurm clusters")
 
 
 class TraceBackend:
@@ -266,12 +268,14 @@ class TraceBackend:
                 pass
 
     async def logs(self, key: AttemptKey, worker: int | None = None, follow: bool = False) -> AsyncIterator[str]:
+        """Raises :class:`NoLogsKept` for every attempt the agent knows ran here (the agent
+        checks that first; this backend forgets ended attempts beyond :attr:`REMEMBER_ENDED`),
+        AttemptNotFound for a worker outside a remembered attempt's gang."""
         workers = len(self._live[key].spec.bindings) if key in self._live else self._ended.get(key)
-        if workers is None:
-            raise AttemptNotFound(f"attempt {key} is not on this cluster")
-        if worker is not None and not 0 <= worker < max(workers, 1):
+        if workers is not None and worker is not None and not 0 <= worker < max(workers, 1):
             raise AttemptNotFound(f"attempt {key} has no worker {worker} (workers 0..{workers - 1})")
-        yield TRACE_NO_LOGS.format(key=key)
+        raise NoLogsKept(TRACE_NO_LOGS.format(key=key))
+        yield  # an async generator, like every backend's logs
 
     # -- drills and the trace's rules
 
@@ -738,7 +742,8 @@ class ClusterAgent:
     async def serve_logs(self, request: LogRequest) -> AsyncIterator[LogReply]:
         """Answer a log request: replies of at most ``request.max_chunk_bytes`` of output, the
         last with ``eof``; an attempt that never ran here, or an unknown worker, gives one reply
-        with code ``not_found``; a backend error one with ``unavailable``."""
+        with code ``not_found``; a backend that keeps no logs (trace) one with ``no_logs``; a
+        backend error one with ``unavailable``."""
         key = (request.job_id, request.attempt, request.shard)
         if key not in self.running and key not in self.done:
             yield LogReply(eof=True, code="not_found",
@@ -755,6 +760,9 @@ class ClusterAgent:
                     lines = []
         except AttemptNotFound as e:
             yield LogReply(eof=True, code="not_found", error=str(e))
+            return
+        except NoLogsKept as e:
+            yield LogReply(eof=True, code="no_logs", error=f"{self.cluster.name}: {e}")
             return
         except BackendError as e:
             self._backend_error("logs")

@@ -216,6 +216,12 @@ class AttemptNotFound(BackendError):
         super().__init__(message, retryable=False)
 
 
+class NoLogsKept(Exception):
+    """The backend keeps no logs at all (the trace backend runs no workload): not a failure of
+    the cluster and not a missing attempt. The agent answers ``no_logs`` (admission:
+    FAILED_PRECONDITION with this message)."""
+
+
 class BackendUnavailable(BackendError):
     """The cluster's API did not answer (timeout, connection refused, 5xx). Retryable."""
 
@@ -291,6 +297,7 @@ class Backend(Protocol):
 
         Raises:
             AttemptNotFound: unknown attempt or worker.
+            NoLogsKept: this backend keeps no logs (the trace backend).
             BackendError: the cluster could not be read.
         """
         ...

@@ -65,6 +65,15 @@ Item = tuple[str, Envelope, dict[str, str] | None]  #: (subject, event, headers)
 RESEND_EXPIRY_S = 5.0
 
 
+def evaluation_record(e: ClusterEvaluation) -> dict[str, Any]:
+    """One cluster's verdict as the bus carries it (``JobPlaced``, ``JobPending`` and
+    ``ApprovalRequested`` ``evaluations``): cluster, region, passed, reason (a
+    :class:`fedsched.reasons.Reason` value or ""), detail, score terms and their total."""
+    return {"cluster": e.cluster, "region": e.region, "passed": e.verdict.passed,
+            "reason": e.verdict.reason.value if e.verdict.reason else "", "detail": e.verdict.detail,
+            "scores": dict(e.scores), "total": e.total}
+
+
 @dataclass
 class PendingApproval:
     """An open request: its id, the proposed region/cluster, its deadline (business s)."""
@@ -407,7 +416,8 @@ class TenancyGate:
         payload = ApprovalRequested(
             approval_id=approval_id, home_region=home, proposed_region=p.region, proposed_cluster=p.cluster,
             card_model=p.card_model, reason=reason, estimated_wait_s=wait, transfer_s=p.transfer_s, cost=cost,
-            home_cost=home_cost, currency=self.prices.currency, expires_at=to_datetime(now + gov.approval_timeout_s))
+            home_cost=home_cost, currency=self.prices.currency, expires_at=to_datetime(now + gov.approval_timeout_s),
+            evaluations=tuple(evaluation_record(e) for e in p.evaluations), queue=p.queue)
         event = make_event(EventType.APPROVAL_REQUESTED, payload, producer="scheduler", occurred_at=now, event_id=event_id,
                            region=p.region, zone=p.zone, cluster=p.cluster, tenant=entry.tenant,
                            project=entry.project, job_id=p.job.job_id, attempt=p.job.attempt, actor="scheduler",

@@ -103,7 +103,7 @@ from fedsched.tenancy import DEFAULT_RETRY_BUDGET, RetryBudgetDoc
 from fedsched.whatif import WHAT_IF_JOB_ID, ShardWhatIf, WhatIfReply, WhatIfRequest
 from fedsched.whatif import subject as what_if_subject
 from fedsched.trust import PlacedAttempt, Rejection, check_placement, check_subject, dead_letter_room, rejection_events
-from services.scheduler.approvals import TenancyGate, placement_milli
+from services.scheduler.approvals import TenancyGate, evaluation_record, placement_milli
 from services.scheduler.checkpoint import STATE_VERSION, restore_scheduler, scheduler_state
 from services.scheduler.states import ACTIVE, Outcome, ShardState, StopReason
 from services.scheduler.core import (ClusterEvaluation, ClusterIndex, ClusterState, NodeState, Pending, Placement,
@@ -470,7 +470,7 @@ class SchedulerService:
         # began has just been folded; one read later was stored after it (fedsched.lease.stale_order)
         self.highest_token = max(self.highest_token, self.fencing_token)
         self._takeover = False
-        log.warning("scheduler: active with fencing token %d (stream read to %d)", self.fencing_token, last)
+        log.info("scheduler: active with fencing token %d (stream read to %d)", self.fencing_token, last)
         return True
 
     def _fence(self, env: Envelope, token: int) -> bool:
@@ -1898,9 +1898,7 @@ def _resume_point(shard: ShardEntry, at: float, checkpoint_interval_s: float) ->
 
 
 def _evaluation(e: ClusterEvaluation) -> dict:
-    return {"cluster": e.cluster, "region": e.region, "passed": e.verdict.passed,
-            "reason": e.verdict.reason.value if e.verdict.reason else "", "detail": e.verdict.detail,
-            "scores": dict(e.scores), "total": e.total}
+    return evaluation_record(e)
 
 
 def _capacity_key(snap: InventorySnapshot) -> tuple:

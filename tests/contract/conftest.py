@@ -147,10 +147,12 @@ class BackendHarness:
         nodes: names of (at least two) healthy GPU nodes of one card model on its cluster.
         card_model: their canonical card model.
         gpus_per_node: whole GPUs each of them has.
+        keeps_logs: False for a backend that keeps no logs (its ``logs`` raises NoLogsKept).
     """
 
     backend = None
     clock = None
+    keeps_logs = True
     nodes: tuple[str, ...] = ()
     card_model: str = ""
     gpus_per_node: int = 0
@@ -198,7 +200,10 @@ class BackendHarness:
 
 
 class TraceHarness(BackendHarness):
-    """The trace backend on a FakeClock: time passes only in :meth:`advance`."""
+    """The trace backend on a FakeClock: time passes only in :meth:`advance`. It runs no
+    workload, so it keeps no logs."""
+
+    keeps_logs = False
 
     def __init__(self) -> None:
         from services.inventory.agent import TraceBackend

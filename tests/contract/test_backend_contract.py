@@ -13,7 +13,7 @@ import pytest
 from fedsched.events import JobPlaced, JobStatus, Subjects, WorkerBinding
 from services.inventory.agent import ClusterAgent
 from services.inventory.backend import (NODE_FAILED, TERMINAL_PHASES, AttemptKey, AttemptNotFound, AttemptSpec, Backend,
-                                        BackendError, Phase)
+                                        BackendError, NoLogsKept, Phase)
 from services.inventory.trace import ClusterDef
 from tests.builders import FakePublisher, delivery, placement
 
@@ -186,12 +186,16 @@ async def test_logs_of_an_attempt_and_not_found_errors(backend_under_test):
     a = attempt_of(h, "logged", h.job(runtime_s=5))
     await h.backend.launch(a)
     await h.statuses(lambda s: Phase.RUNNING in phases(s, a.key))
+    with pytest.raises(AttemptNotFound):
+        [line async for line in h.backend.logs(a.key, 7)]
+    if not h.keeps_logs:  # says so for its attempts, never an empty output or "not found"
+        with pytest.raises(NoLogsKept):
+            [line async for line in h.backend.logs(a.key, 0)]
+        return
     lines = await until_lines(h, a.key)
     assert lines and all(isinstance(line, str) and "\n" not in line for line in lines)
     with pytest.raises(AttemptNotFound):
         [line async for line in h.backend.logs(AttemptKey("unknown", 1, 0))]
-    with pytest.raises(AttemptNotFound):
-        [line async for line in h.backend.logs(a.key, 7)]
 
 
 async def test_reconcile_adopts_the_live_attempt_and_stops_the_orphan(backend_under_test):

@@ -39,13 +39,13 @@ async def _logs(stub, **kw) -> list[pb.LogChunk]:
     return [c async for c in stub.GetJobLogs(pb.GetJobLogsRequest(**kw))]
 
 
-async def test_logs_of_a_trace_job_say_there_are_none(running_job):
+async def test_logs_of_a_trace_job_say_the_backend_keeps_none(running_job):
     _, stub, job_id = running_job
     for kw in ({}, {"attempt": 1}, {"attempt": 1, "worker": 1}):
-        got = await _logs(stub, job_id=job_id, **kw)
-        assert [(c.attempt, c.cluster) for c in got] == [(1, CLUSTER)]
-        assert got[0].data.endswith("\n") and got[0].data.count("\n") == 1
-        assert "no logs for trace jobs" in got[0].data
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await _logs(stub, job_id=job_id, **kw)
+        assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION, e.value.details()
+        assert "trace backend keeps no logs" in e.value.details() and CLUSTER in e.value.details()
 
 
 @pytest.mark.parametrize("kw, missing", [

@@ -165,6 +165,8 @@ BAD = [
     ("zero shards", req(good(kind=pb.JOB_KIND_BATCH, shards=0)), "root", IA, "spec.shards"),
     ("shards of a training job", req(good(shards=2)), "root", IA, "spec"),
     ("start deadline out of range", req(good(start_deadline=FAR)), "root", IA, "spec.start_deadline"),
+    ("start deadline in the past", req(good(start_deadline=Timestamp(seconds=1_600_000_000))), "root", IA,
+     "spec.start_deadline"),
     # enums
     ("unknown kind", req(good(kind=42)), "root", IA, "spec.kind"),
     ("unknown priority", req(good(priority=42)), "root", IA, "spec.priority"),
@@ -288,6 +290,21 @@ async def test_bad_submission_gets_its_exact_status_naming_the_field(shared_admi
         assert e.value.details().startswith(field + ":"), e.value.details()
         key = "fedsched-limit" if code == RE else "fedsched-field"
         assert dict(e.value.trailing_metadata()).get(key) == field
+
+
+@pytest.mark.parametrize("tenant, who, hint", [
+    ("s\u0435arch", "root", "(did you mean 'search'?)"),  # a Cyrillic е: the tenant that exists
+    ("s\u0435arch", "dave", "(did you mean 'search'?)"),  # dave submits to search
+    ("\u0430ds", "dave", None),  # ads exists, but dave may not see it: no suggestion
+    ("s\u0435\u0430\u0433\u0441h", "root", None),  # nothing close exists
+], ids=["root", "submitter-of-it", "tenant-not-visible", "nothing-close"])
+async def test_an_invalid_tenant_name_suggests_only_a_tenant_the_caller_may_see(shared_admission, tenant, who, hint):
+    async with channel(shared_admission.port, who) as ch:
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await pb_grpc.JobServiceStub(ch).SubmitJob(req(good(tenant=tenant)), timeout=10)
+    details = e.value.details()
+    assert e.value.code() == IA and details.startswith("spec.tenant:"), details
+    assert (hint in details) if hint else ("did you mean" not in details), details
 
 
 def test_the_bad_request_table_is_big_enough():

@@ -446,7 +446,7 @@ class ClusterVerdict(_message.Message):
     def __init__(self, cluster: _Optional[str] = ..., region: _Optional[str] = ..., passed: _Optional[bool] = ..., reason: _Optional[str] = ..., detail: _Optional[str] = ..., scores: _Optional[_Mapping[str, float]] = ..., total: _Optional[float] = ...) -> None: ...
 
 class ShardDecision(_message.Message):
-    __slots__ = ("shard", "outcome", "summary", "cluster", "region", "queue", "clusters", "counterfactual", "policy_version", "decided_at", "fits_empty", "reserved_cluster")
+    __slots__ = ("shard", "outcome", "summary", "cluster", "region", "queue", "clusters", "counterfactual", "policy_version", "decided_at", "fits_empty", "reserved_cluster", "approval_id", "approval_expires_at")
     SHARD_FIELD_NUMBER: _ClassVar[int]
     OUTCOME_FIELD_NUMBER: _ClassVar[int]
     SUMMARY_FIELD_NUMBER: _ClassVar[int]
@@ -459,6 +459,8 @@ class ShardDecision(_message.Message):
     DECIDED_AT_FIELD_NUMBER: _ClassVar[int]
     FITS_EMPTY_FIELD_NUMBER: _ClassVar[int]
     RESERVED_CLUSTER_FIELD_NUMBER: _ClassVar[int]
+    APPROVAL_ID_FIELD_NUMBER: _ClassVar[int]
+    APPROVAL_EXPIRES_AT_FIELD_NUMBER: _ClassVar[int]
     shard: int
     outcome: str
     summary: str
@@ -471,7 +473,9 @@ class ShardDecision(_message.Message):
     decided_at: _timestamp_pb2.Timestamp
     fits_empty: bool
     reserved_cluster: str
-    def __init__(self, shard: _Optional[int] = ..., outcome: _Optional[str] = ..., summary: _Optional[str] = ..., cluster: _Optional[str] = ..., region: _Optional[str] = ..., queue: _Optional[str] = ..., clusters: _Optional[_Iterable[_Union[ClusterVerdict, _Mapping]]] = ..., counterfactual: _Optional[str] = ..., policy_version: _Optional[str] = ..., decided_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., fits_empty: _Optional[bool] = ..., reserved_cluster: _Optional[str] = ...) -> None: ...
+    approval_id: str
+    approval_expires_at: _timestamp_pb2.Timestamp
+    def __init__(self, shard: _Optional[int] = ..., outcome: _Optional[str] = ..., summary: _Optional[str] = ..., cluster: _Optional[str] = ..., region: _Optional[str] = ..., queue: _Optional[str] = ..., clusters: _Optional[_Iterable[_Union[ClusterVerdict, _Mapping]]] = ..., counterfactual: _Optional[str] = ..., policy_version: _Optional[str] = ..., decided_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., fits_empty: _Optional[bool] = ..., reserved_cluster: _Optional[str] = ..., approval_id: _Optional[str] = ..., approval_expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class ExplainJobRequest(_message.Message):
     __slots__ = ("job_id",)

@@ -174,7 +174,8 @@ class JobServiceServicer:
     def GetJobLogs(self, request, context):
         """The output of one attempt of a job (its workers' logs), from the agent of the attempt's
         cluster. Authorised like GetJob. NOT_FOUND: unknown job, attempt or worker; UNAVAILABLE: the
-        agent did not answer in time. Trace jobs answer with one line saying they have no logs.
+        agent did not answer in time; FAILED_PRECONDITION: the attempt ran on a backend that keeps no
+        logs (the trace backend), the message says so.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -179,3 +179,48 @@ def test_refolding_the_same_events_changes_nothing():
            [(a.outcome, a.ended_at, a.reason) for a in twice.attempts]
     assert (once.state, once.ended_at, once.reason) == (twice.state, twice.ended_at, twice.reason)
     assert [a.outcome for a in once.attempts] == ["reclaimed", "cancelled"]
+
+
+def _approval_requested(at, approval_id="ap-0123456789abcdef0123"):
+    from fedsched.clock import to_datetime
+    from fedsched.events import ApprovalRequested
+    evaluations = ({"cluster": "east-c1", "region": "cn-east-1", "passed": True, "reason": "", "detail": "",
+                    "scores": {"price": 0.9}, "total": 0.9},
+                   {"cluster": "north-c1", "region": "cn-north-1", "passed": False,
+                    "reason": "insufficient_free_resources", "detail": "0 of 1 GPU free", "scores": {}, "total": None})
+    return make_event("approval.requested", ApprovalRequested(
+        approval_id=approval_id, home_region="cn-north-1", proposed_region="cn-east-1", proposed_cluster="east-c1",
+        reason="home region cn-north-1: full; east-c1 (cn-east-1) can run it now", expires_at=to_datetime(at + 3600),
+        evaluations=evaluations, queue="training"),
+        producer="scheduler", occurred_at=at, tenant="search", project="train", job_id=JOB, region="cn-east-1",
+        cluster="east-c1", actor="scheduler", policy_version="v7")
+
+
+def test_a_job_awaiting_approval_explains_the_proposal_and_its_verdicts():
+    from fedsched.api.v1 import jobs_pb2 as pb
+    from services.admission.service import explain_to_pb
+    ev = Events()
+    view = _fold(ev.submitted(), _approval_requested(T0 + 10))
+    out = explain_to_pb(view.jobs[JOB])
+    assert out.state == pb.JOB_STATE_AWAITING_APPROVAL
+    (d,) = out.decisions
+    assert (d.outcome, d.cluster, d.region, d.queue, d.policy_version) == (
+        "awaiting_approval", "east-c1", "cn-east-1", "training", "v7")
+    assert d.summary.startswith("home region cn-north-1: full") and d.approval_id == "ap-0123456789abcdef0123"
+    assert d.approval_expires_at.seconds == int(T0 + 3610) and d.decided_at.seconds == int(T0 + 10)
+    assert {c.cluster: (c.passed, c.reason) for c in d.clusters} == {
+        "east-c1": (True, ""), "north-c1": (False, "insufficient_free_resources")}
+
+
+def test_an_answered_proposal_is_no_longer_awaiting_approval():
+    from fedsched.events import ApprovalDecided, approval_outcome_id
+    from services.admission.service import explain_to_pb
+    ev = Events()
+    rejected = make_event("approval.rejected", ApprovalDecided(approval_id="ap-0123456789abcdef0123",
+                                                               proposed_region="cn-east-1"),
+                          producer="admission", occurred_at=T0 + 20, tenant="search", project="train", job_id=JOB,
+                          event_id=approval_outcome_id("ap-0123456789abcdef0123"), actor="bob")
+    view = _fold(ev.submitted(), _approval_requested(T0 + 10), rejected)
+    (d,) = explain_to_pb(view.jobs[JOB]).decisions
+    assert d.outcome == "approval_rejected" and d.summary.startswith("cross-region run rejected by bob")
+    assert len(d.clusters) == 2

@@ -109,3 +109,49 @@ def test_control_characters_and_markup_in_a_reason_are_shown_not_obeyed():
     text = _table_text([_job(1, "x\x1b]0;pwned\x07\x1b[2J [red]RED[/]", pb.JOB_STATE_HELD)], 200)
     assert "\x1b" not in text and "\x07" not in text
     assert "x\\x1b]0;pwned\\x07\\x1b[2J [red]RED[/]" in text
+
+
+def _awaiting_approval() -> pb.ExplainJobResponse:
+    from google.protobuf.timestamp_pb2 import Timestamp
+
+    d = pb.ShardDecision(outcome="awaiting_approval", summary="home region cn-north-1: full; east-c1 can run it now",
+                         cluster="east-c1", region="cn-east-1", queue="training", policy_version="v7",
+                         approval_id="ap-0123456789abcdef0123", approval_expires_at=Timestamp(seconds=1_700_003_600))
+    d.clusters.add(cluster="east-c1", region="cn-east-1", passed=True, total=0.9, scores={"price": 0.9})
+    d.clusters.add(cluster="north-c1", region="cn-north-1", passed=False, reason="insufficient_free_resources",
+                   detail="0 of 1 GPU free")
+    return pb.ExplainJobResponse(job_id="j-1", state=pb.JOB_STATE_AWAITING_APPROVAL, decisions=[d])
+
+
+def test_explain_shows_a_proposal_awaiting_approval_with_its_request_deadline_and_verdicts(monkeypatch):
+    from fedapp.cli import jobs as cli_jobs
+
+    out = io.StringIO()
+    monkeypatch.setattr(cli_jobs, "console", CliConsole(file=out, width=200))
+    cli_jobs._print_explain(_awaiting_approval())
+    text = out.getvalue()
+    assert "awaiting_approval east-c1 (cn-east-1) queue training" in text
+    assert "request ap-0123456789abcdef0123 decides by 2023-11-14 23:13:20 UTC" in text
+    assert "north-c1" in text and "insufficient_free_resources" in text and "not decided" not in text
+
+
+def test_job_shows_the_specs_deadline_retries_flags_price_datasets_and_annotations_escaped(monkeypatch):
+    from google.protobuf.timestamp_pb2 import Timestamp
+
+    from fedapp.cli import jobs as cli_jobs
+
+    spec = pb.JobSpec(tenant="search", project="train", start_deadline=Timestamp(seconds=1_700_003_600),
+                      retry_limit=3, preemptible=True, checkpointable=False, max_price_per_gpu_hour=7.5,
+                      estimated_duration_seconds=7200, home_region="cn-north-1",
+                      datasets=[pb.Dataset(name="corpus", home_region="cn-east-1", size_bytes=900 * 10**9)],
+                      annotations={"team": "ranking", "note": "x\x1b]0;pwned\x07 [red]RED[/]"})
+    out = io.StringIO()
+    monkeypatch.setattr(cli_jobs, "console", CliConsole(file=out, width=200))
+    cli_jobs._print_spec(spec)
+    text = out.getvalue()
+    lines = {line.split("│")[1].strip(): line.split("│")[2].strip() for line in text.splitlines() if line.count("│") == 3}
+    assert lines["start deadline"] == "2023-11-14 23:13:20 UTC" and lines["retry limit"] == "3"
+    assert (lines["preemptible"], lines["checkpointable"]) == ("yes", "no")
+    assert lines["max price / GPU-hour"] == "7.5" and lines["estimated duration"] == "7200 s"
+    assert lines["dataset corpus"] == "900 GB in cn-east-1" and lines["annotation team"] == "ranking"
+    assert lines["annotation note"] == "x\\x1b]0;pwned\\x07 [red]RED[/]" and "\x1b" not in text

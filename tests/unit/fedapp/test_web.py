@@ -164,6 +164,55 @@ async def test_sign_in_checks_the_token_and_keeps_it_in_an_httponly_strict_cooki
     assert cookie["path"] == "/"
 
 
+@pytest.mark.parametrize("target", [
+    "/\t/example.com", "/\r\nSet-Cookie: x=1", "/\x0b/example.com", "/\n", "//example.com", "/\\example.com",
+    "https://example.com/", "example.com", "/%09/example.com", "/%2F/example.com", "/%5Cexample.com",
+    "/%250d%250aX: 1", "/jobs\\..\\x", "/\u2028/example.com",
+], ids=["tab", "crlf", "vt", "lf", "protocol-relative", "slash-backslash", "absolute", "relative",
+        "encoded-tab", "encoded-slash", "encoded-backslash", "double-encoded-crlf", "backslash", "line-separator"])
+async def test_sign_in_redirects_only_to_a_same_site_path(client, target):
+    csrf = await _csrf(client)
+    r = await client.post("/login", data={"csrf": csrf, "token": "tok-admin", "next": target}, allow_redirects=False)
+    assert r.status == 303 and r.headers["Location"] == "/jobs", (r.status, r.headers.get("Location"))
+
+
+async def test_sign_in_keeps_a_same_site_path_with_its_query(client):
+    csrf = await _csrf(client)
+    target = "/jobs?state=queued&tenant=a%25b"
+    r = await client.post("/login", data={"csrf": csrf, "token": "tok-admin", "next": target}, allow_redirects=False)
+    assert r.status == 303 and r.headers["Location"] == target
+    page = await (await client.get("/login?" + "next=%2F%0D%0AX%3A%201")).text()
+    assert 'name="next" value="/jobs"' in page
+
+
+async def test_the_job_page_shows_a_proposal_awaiting_approval_and_its_verdicts(client):
+    from google.protobuf.timestamp_pb2 import Timestamp
+
+    async def explain(token, job_id):
+        d = pb.ShardDecision(outcome="awaiting_approval", summary="home region cn-north-1: full", cluster="east-c1",
+                             region="cn-east-1", queue="training", approval_id=APPROVAL,
+                             approval_expires_at=Timestamp(seconds=1_700_003_600))
+        d.clusters.add(cluster="north-c1", region="cn-north-1", passed=False, reason="insufficient_free_resources")
+        return pb.ExplainJobResponse(job_id=job_id, state=pb.JOB_STATE_AWAITING_APPROVAL, decisions=[d])
+
+    client.fake.explain = explain
+    await _sign_in(client, "tok-admin")
+    page = await (await client.get("/jobs/j-1")).text()
+    assert "awaiting_approval on cn-east-1 / east-c1" in page and f"<code>{APPROVAL}</code>" in page
+    assert "2023-11-14 23:13:20" in page and "insufficient_free_resources" in page
+    assert "has not decided" not in page
+
+
+async def test_an_unknown_state_filter_is_the_consoles_400_page_with_the_text_escaped(client):
+    await _sign_in(client, "tok-admin")
+    r = await client.get("/jobs", params={"state": "<b>bogus</b>"})
+    page = await r.text()
+    assert r.status == 400 and r.content_type == "text/html"
+    assert "Unknown state &#39;&lt;b&gt;bogus&lt;/b&gt;&#39;" in page and "<b>bogus" not in page
+    assert 'href="/static/console.css"' in page and "queued" in page  # the console's page, listing the states
+    assert not client.fake.requests  # nothing was asked of the API
+
+
 async def test_every_post_needs_the_forms_csrf_token(client):
     await _sign_in(client, "tok-approver")
     r = await client.post(f"/approvals/{APPROVAL}/approve", data={"csrf": "0" * 64}, allow_redirects=False)
@@ -251,7 +300,7 @@ async def test_api_refusals_become_http_statuses_and_a_rejected_token_signs_out(
 async def test_filters_reach_list_jobs_and_text_is_escaped(client):
     await _sign_in(client, "tok-admin")
     bogus = await client.get("/jobs?state=queued&state=bogus")  # never a silently dropped filter
-    assert bogus.status == 400 and "unknown state 'bogus'" in await bogus.text()
+    assert bogus.status == 400 and "Unknown state &#39;bogus&#39;" in await bogus.text()
     r = await client.get("/jobs?state=queued&state=held&tenant=ads&project=train")
     page = await r.text()
     request = client.fake.requests[-1]

@@ -154,3 +154,18 @@ async def test_a_cut_off_holder_does_not_resume_over_a_standby_that_took_over() 
     assert history[-1][1] == [True]
     store.down.discard("a")
     assert await a.step() is False and b.is_active()
+
+
+async def test_a_routine_acquisition_is_info_and_a_takeover_from_a_silent_holder_a_warning(caplog) -> None:
+    import logging
+
+    store, clock, a, b = _pair()
+    with caplog.at_level(logging.INFO, logger="fedsched.lease"):
+        await a.step()
+        await b.step()
+        a.abandon()
+        await _run(clock, [b], 2 * TTL, tick=0.1)
+    acquired = [(r.levelno, r.getMessage()) for r in caplog.records if "acquired" in r.getMessage()]
+    assert acquired == [(logging.INFO, "lease scheduler: acquired by a (fencing token 1)"),
+                        (logging.WARNING, f"lease scheduler: acquired by b (fencing token {b.token}), "
+                                          "taking over from a")]

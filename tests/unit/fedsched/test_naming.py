@@ -93,3 +93,23 @@ def test_valid_names_are_safe_subject_tokens():
 def test_error_suggests_the_canonical_form():
     with pytest.raises(InvalidName, match="did you mean 'cn-north-1'"):
         naming.check_name("region", "CN_North_1")
+
+
+@pytest.mark.parametrize("value, known, suggested", [
+    ("CN_North_1", None, "cn-north-1"),  # case and separators: the canonical form
+    ("Café", None, "cafe"),  # an accent folds away
+    ("s\u0435arch", None, None),  # a Cyrillic е: 's-arch' would help nobody
+    ("s\u0435arch", ["ads", "search"], "search"),  # the closest name that exists
+    ("Search", ["ads", "search"], "search"),
+    ("s\u0435arch", ["ads", "video"], None),  # nothing close exists: no suggestion
+    ("CN_North_1", [], None),  # with the names given, only one of them
+    ("--", None, None),
+], ids=["separators", "accent", "cyrillic", "cyrillic-known", "case-known", "nothing-close", "none-known", "empty"])
+def test_a_suggestion_is_a_canonical_form_or_an_existing_name_or_nothing(value, known, suggested):
+    with pytest.raises(InvalidName) as e:
+        naming.check_name("tenant", value, known=known)
+    message = str(e.value)
+    if suggested is None:
+        assert "did you mean" not in message
+    else:
+        assert f"did you mean {suggested!r}?" in message

@@ -103,3 +103,15 @@ def test_placements_of_one_cycle_are_admitted_in_order_against_the_quota():
     assert len(kept.placements) == 2
     (held,) = [p for p in kept.pending if p.reason.startswith("held: quota_exceeded")]
     assert "quota search/*/*: 2 GPU in use + 1 GPU > 2 GPU guaranteed" in held.reason
+
+
+def test_an_approval_request_carries_every_clusters_verdict_of_the_proposal():
+    gov = tenancy_gate()
+    job = gate_entry("j-new")
+    view = _view(home_free=0)
+    decisions = decide(view, gov.narrow([queued_of(job)], view), gov.effective_policy(BASE))
+    _, items = gov.gate(decisions, {job.job_id: job}, view, NOW)
+    req = items[0][1].payload
+    verdicts = {e["cluster"]: (e["passed"], e["reason"]) for e in req["evaluations"]}
+    assert verdicts == {"cn-east-1-c1": (True, ""), "cn-north-1-c1": (False, "insufficient_free_resources")}
+    assert req["queue"] == decisions.placements[0].queue != ""

@@ -1,0 +1,93 @@
+"""Time options of the CLI (``report --from/--to``, and any new one): one parser for all.
+
+Every time option takes what ``jobs --since`` takes (:func:`fedapp.cli.jobs.parse_when`, called,
+not copied): an ISO-8601 time (``2026-11-30``, ``2026-11-30T22:55:00Z``, ``...+09:00``; no zone =
+UTC) or an age before now (``90m``, ``2h``, ``1.5d``). This module adds, around that parser:
+
+* a date alone as the *end* of a window means the end of that day (``--from 2026-11-30 --to
+  2026-11-30`` is that one day, [00:00, 24:00) UTC);
+* one typed error, :class:`TimeOptionError`, for every refusal, including values out of the
+  datetime range (``99999999d``, ``1e20s``, ``infm``: an ``OverflowError`` inside the parser)
+  and times before 1970 (protobuf Timestamps and the audit log start there).
+
+Errors::
+
+    ValueError
+    └── TimeOptionError      flag, text, reason
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+
+import typer
+
+from fedapp.cli.jobs import parse_when  # the one parser (``jobs --since``)
+from fedapp.cli.text import err, error_line
+
+#: A calendar date without a time of day.
+_DATE_ONLY = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")
+#: The earliest time an option may name (Unix epoch: protobuf Timestamps, the audit log).
+EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+#: What every time option accepts, as refusals say it.
+FORMS = ("an ISO-8601 time (2026-11-30, 2026-11-30T22:55:00Z, 2026-11-30T22:55:00+09:00; no zone = UTC) "
+         "or an age before now (30m, 2h, 1.5d)")
+
+
+class TimeOptionError(ValueError):
+    """A time option's value that is not one of :data:`FORMS` or is out of range.
+
+    Attributes:
+        flag: the option (``--from``).
+        text: the value as given.
+        reason: what is wrong with it.
+    """
+
+    def __init__(self, flag: str, text: str, reason: str) -> None:
+        super().__init__(f"{text!r} {reason}; accepted: {FORMS}")
+        self.flag, self.text, self.reason = flag, text, reason
+
+
+def parse_time(text: str, flag: str, now: dt.datetime | None = None, *, end_of_day: bool = False) -> dt.datetime:
+    """``text`` as a timezone-aware UTC datetime, by the parser of ``jobs --since``.
+
+    Args:
+        text: the option's value.
+        flag: the option's name (for the error).
+        now: the present moment ages count back from (default: the wall clock, UTC).
+        end_of_day: a date alone (``2026-11-30``) means the end of that day (the next midnight
+            UTC), for the exclusive end of a window.
+
+    Raises:
+        TimeOptionError: not a time or age the parser accepts (its own refusal's text as the
+            reason), an age reaching beyond the datetime range, or a time before 1970.
+        typer.Exit: (code 2, message printed) from the parser itself, for a value it refuses
+            while it still reports refusals that way.
+    """
+    now = (now or dt.datetime.now(dt.UTC)).astimezone(dt.UTC)
+    try:
+        when = parse_when(text, flag, now)
+    except OverflowError:
+        raise TimeOptionError(flag, text, "is out of range (an age that reaches back beyond year 1)") from None
+    except ValueError as e:  # the parser's typed refusal (a ValueError subclass)
+        raise TimeOptionError(flag, text, getattr(e, "reason", str(e))) from None
+    when = when.astimezone(dt.UTC)
+    if when < EPOCH:
+        raise TimeOptionError(flag, text, "is before 1970")
+    if end_of_day and _DATE_ONLY.fullmatch(text.strip()):
+        when += dt.timedelta(days=1)
+    return when
+
+
+def time_option(text: str | None, flag: str, now: dt.datetime | None = None, *,
+                end_of_day: bool = False) -> dt.datetime | None:
+    """:func:`parse_time` for a command: None for an unset option; a refusal is printed as
+    ``<flag> <message>`` on stderr and exits 2."""
+    if text is None or text == "":
+        return None
+    try:
+        return parse_time(text, flag, now, end_of_day=end_of_day)
+    except TimeOptionError as e:
+        err.print(error_line(e.flag, str(e)))
+        raise typer.Exit(2) from None
