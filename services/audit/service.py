@@ -282,8 +282,11 @@ class AuditService:
         batch: maximum events per insert.
         max_wait_s: how long an idle fetch waits.
         linger_s: time bound of a batch (collect up to ``batch`` events for this long).
-        ack_wait_s: JetStream redelivers a batch not acknowledged within this long (a writer
-            that died mid-batch).
+        ack_wait_s: JetStream redelivers a batch not acknowledged within this long after the
+            writer's last progress report (a writer that died mid-batch: its successor, or
+            another replica, writes the batch within this long; a slow insert keeps its batch
+            by reporting progress: :class:`~fedsched.bus.DurableConsumer`). Writes are keyed
+            (event id and subject), so a redelivered batch adds no row.
         metrics: where insert latency per table is timed (default: a registry of its own).
         tenure: reads the scheduler lease's current tenure (default
             :func:`~fedsched.lease.read_tenure` on ``bus``).
@@ -292,7 +295,7 @@ class AuditService:
     """
 
     def __init__(self, bus: Bus, store: AsyncStore, *, batch: int = 2000, max_wait_s: float = 0.5,
-                 linger_s: float = 0.25, ack_wait_s: float = 60.0, metrics: WriterMetrics | None = None,
+                 linger_s: float = 0.25, ack_wait_s: float = 5.0, metrics: WriterMetrics | None = None,
                  tenure: Callable[[], Awaitable[Tenure | None]] | None = None,
                  retain_placements: int = 100_000) -> None:
         self.bus = bus
