@@ -14,28 +14,31 @@ import time
 
 from fedsched.bus import Bus
 from fedsched.store import AsyncStore
+from fedsched.pricing import load_price_catalog
 from services.audit.service import AuditService
-from tests.builders import spec, submitted, until
+from services.billing.service import BillingService
+from tests.builders import placement, spec, status_event, submitted, until
 
 ACK_WAIT = 2.0
 N = 40
 
 
 class _HeldStore:
-    """The real store, except that an ``events`` insert waits until :attr:`release` is set.
+    """The real store, except that an insert into ``table`` waits until :attr:`release` is set.
 
     Attributes:
-        held: sizes of the ``events`` batches that reached the insert.
+        held: sizes of the batches that reached that insert.
     """
 
-    def __init__(self, real: AsyncStore) -> None:
+    def __init__(self, real: AsyncStore, table: str = "events") -> None:
         self.real = real
         self.store = real.store
+        self.table = table
         self.release = asyncio.Event()
         self.held: list[int] = []
 
     async def insert_new(self, table, rows, columns, key) -> int:
-        if table == "events":
+        if table == self.table:
             self.held.append(len(rows))
             await self.release.wait()
         return await self.real.insert_new(table, rows, columns, key)
@@ -163,3 +166,56 @@ async def test_a_slow_insert_keeps_its_batch_while_another_replica_runs(nats_ser
 
 async def _lag_zero(audit: AuditService) -> bool:
     return await audit.lag() == 0
+
+
+async def test_billing_killed_mid_insert_is_completed_by_its_successor_once(nats_server, bus, store) -> None:
+    """Billing dies holding a batch of ended attempts (its ``usage`` insert in progress); its
+    successor (defaults: 5 s ack wait) is handed them again and bills every attempt exactly
+    once, with the month's spend recomputed from the lines."""
+    t0 = 1.7e9
+    jobs = 20
+    job = spec(gpus=1)
+    for i in range(jobs):
+        placed = placement(f"b{i}", job, "cn-north-1-c1", "cn-north-1", [("n0", (0,))], at=t0)
+        await bus.publish(bus.subjects.placements("cn-north-1", "cn-north-1-c1"), placed)
+    real = AsyncStore(store)
+    dead_bus = await Bus.connect(nats_server.url, bus.prefix, name="billing-1")
+    held = _HeldStore(real, "usage")
+    first = BillingService(dead_bus, held, load_price_catalog(), linger_s=0.05)
+    first_task = asyncio.create_task(first.run())
+    assert await until(lambda: first.transfer_consumer.processed == jobs, timeout=20, interval=0.05)
+    for i in range(jobs):  # the ends arrive once every placement is booked
+        placed = placement(f"b{i}", job, "cn-north-1-c1", "cn-north-1", [("n0", (0,))], at=t0)
+        await bus.publish(bus.subjects.status("cn-north-1", "cn-north-1-c1"),
+                          status_event("job.finished", placed, t0 + 3601, started_at=t0 + 1))
+    assert await until(lambda: held.held, timeout=20, interval=0.05)
+    in_hand = held.held[0]
+    await _kill(first_task, dead_bus)
+    successor = BillingService(bus, real, load_price_catalog(), linger_s=0.05)
+    consumer = successor.consumer
+    seen: list[int] = []
+    handler = consumer.handler
+
+    async def spying(deliveries):
+        seen.extend(d.deliveries for d in deliveries)
+        return await handler(deliveries)
+    consumer.handler = spying
+    task = asyncio.create_task(successor.run())
+    db = store.database
+    try:
+        assert await until(lambda: store.query(f"SELECT count() FROM {db}.usage").scalar() == jobs,
+                           timeout=30, interval=0.05)
+        assert await until(lambda: _billing_lag_zero(successor), timeout=20, interval=0.05)
+        assert sum(1 for n in seen if n > 1) == in_hand  # the dead writer's batch, handed over again
+        assert store.query(f"SELECT count(DISTINCT usage_id) FROM {db}.usage").scalar() == jobs
+        month = store.query(f"SELECT sum(cost) FROM {db}.usage").scalar()
+        kv = await bus.key_value("spend")
+        key = next(k for k in await kv.keys())
+        assert (await kv.get(key)).value.decode() == f"{month:.6f}"
+    finally:
+        successor.stop()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def _billing_lag_zero(billing: BillingService) -> bool:
+    return await billing.lag() == 0
