@@ -472,7 +472,14 @@ async def approvals_page(request: web.Request) -> web.Response:
         except ApiError as e2:
             if e2.code != grpc.StatusCode.PERMISSION_DENIED:
                 raise
-    flash = (f"{q['decided']} {q.get('as', '')}" if q.get("decided") else "")
+    # the banner after a decision names the approval and the state the API lists for it: the
+    # URL only says which approval, never what to print (a crafted ?decided=...&as=... link
+    # must not put words in the console's mouth)
+    flash = ""
+    if q.get("decided"):
+        found = next((a for a in (*decided, *pending) if a.approval_id == q["decided"]), None)
+        if found is not None:
+            flash = f"{found.approval_id} {_enum(found.state, gpb.ApprovalState, 'APPROVAL_STATE_')}"
     return render(request, "approvals.html", pending=pending, decided=decided, awaiting=awaiting,
                   approver=approver, flash=flash, decided_total=decided_total, next_url=next_url,
                   first_page=not q.get("decided_page"))

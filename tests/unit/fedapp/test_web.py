@@ -271,3 +271,17 @@ def test_payload_summaries_and_running_totals():
     assert summarize_payload("not json") == "not json"
     assert len(summarize_payload('{"x": "' + "y" * 500 + '"}')) <= 160
     assert cumulative([Decimal("0.10"), Decimal("0"), Decimal("0.25")]) == pytest.approx([0.10, 0.10, 0.35])
+
+
+async def test_the_decision_banner_shows_what_the_api_lists_never_what_the_url_says(client):
+    """Issue 14 (left at stop 10): ``/approvals?decided=<id>&as=<text>`` printed both as given, so
+    a crafted link showed any words in the console's green banner. The banner now names the
+    approval and the state the API lists for it, and nothing for an approval it does not list."""
+    await _sign_in(client, "tok-approver")
+    spoof = await (await client.get("/approvals", params={"decided": "Budget raised to 1M CNY,",
+                                                          "as": "approved by finance"})).text()
+    assert 'class="flash ok"' not in spoof and "approved by finance" not in spoof
+    real = await (await client.get("/approvals", params={"decided": "ap-ffffffffffffffffffff",
+                                                         "as": "approved"})).text()
+    banner = re.search(r'<p class="flash ok" role="status">([^<]*)</p>', real).group(1)
+    assert banner == "ap-ffffffffffffffffffff expired"  # the listed state, not the URL's "approved"
