@@ -100,9 +100,10 @@ async def _successor_writes_what_the_dead_writer_held(nats_server, bus, store, a
     try:
         assert await until(lambda: _events(store) == N, timeout=30, interval=0.05)
         took = time.monotonic() - killed_at
-        # the successor got the dead writer's batch again (delivered twice) and the rest once
+        # the successor got the dead writer's batch again (delivered twice; a message a fetch of
+        # the dead writer was handed as it died comes again too) and the rest once
         redelivered = [seq for seq, n in seen if n > 1]
-        assert len(redelivered) == in_hand and len({seq for seq, _ in seen}) == N
+        assert len(redelivered) >= in_hand and len({seq for seq, _ in seen}) == N
         assert took < ack_wait + 5, took  # before: the old ack wait, 60 s
         assert store.query(f"SELECT count(DISTINCT event_id) FROM {store.database}.events").scalar() == N
     finally:
@@ -136,6 +137,7 @@ async def test_a_slow_insert_keeps_its_batch_while_another_replica_runs(nats_ser
     held = _HeldStore(real)
     slow_bus = await Bus.connect(nats_server.url, bus.prefix, name="audit-slow")
     slow = AuditService(slow_bus, held, linger_s=0.05, ack_wait_s=ACK_WAIT)
+    in_slow = _spy(slow)
     slow_task = asyncio.create_task(slow.run())
     assert await until(lambda: held.held, timeout=20)
     other = AuditService(bus, real, linger_s=0.05, ack_wait_s=ACK_WAIT)
@@ -148,9 +150,12 @@ async def test_a_slow_insert_keeps_its_batch_while_another_replica_runs(nats_ser
         # (or until the other replica is handed a message again: what happened without them)
         assert await until(lambda: reports.progress_reports >= 12 * in_hand or any(n > 1 for _, n in seen),
                            timeout=30, interval=0.05)
-        # it wrote only what the slow one did not hold, and was never handed the held batch again
-        assert await until(lambda: len(seen) >= N - in_hand, timeout=20, interval=0.05)
-        assert len(seen) == N - in_hand and [n for _, n in seen if n > 1] == []
+        # it wrote what the slow one did not hold, and was never handed the held batch
+        batch = {seq for seq, _ in in_slow}
+        assert len(batch) == in_hand
+        assert await until(lambda: batch | {seq for seq, _ in seen} == set(range(1, N + 1)), timeout=20,
+                           interval=0.05)
+        assert not batch & {seq for seq, _ in seen}
         held.release.set()
         assert await until(lambda: _events(store) == N, timeout=20, interval=0.05)
         assert await until(lambda: _lag_zero(slow), timeout=20, interval=0.05)
@@ -206,7 +211,7 @@ async def test_billing_killed_mid_insert_is_completed_by_its_successor_once(nats
         assert await until(lambda: store.query(f"SELECT count() FROM {db}.usage").scalar() == jobs,
                            timeout=30, interval=0.05)
         assert await until(lambda: _billing_lag_zero(successor), timeout=20, interval=0.05)
-        assert sum(1 for n in seen if n > 1) == in_hand  # the dead writer's batch, handed over again
+        assert sum(1 for n in seen if n > 1) >= in_hand  # the dead writer's batch, handed over again
         assert store.query(f"SELECT count(DISTINCT usage_id) FROM {db}.usage").scalar() == jobs
         month = store.query(f"SELECT sum(cost) FROM {db}.usage").scalar()
         kv = await bus.key_value("spend")
