@@ -573,7 +573,19 @@ class DurableConsumer:
         max_wait_s: how long a fetch waits for the first message.
         linger_s: after the first message, keep collecting up to ``batch`` for this long (0 =
             hand over what is there at once; > 0 makes fewer, bigger inserts).
-        ack_wait_s: JetStream redelivers after this long without an ack.
+        ack_wait_s: JetStream redelivers a message after this long without an ack or a progress
+            report. While a batch is in hand (from its fetch until it is acknowledged or handed
+            back) the consumer reports progress (``+WPI``, :meth:`nats.aio.msg.Msg.in_progress`)
+            on each of its messages every ``ack_wait_s / 4``, so a slow handler (a long insert)
+            keeps its batch, and a consumer that died (``kill -9``: its heartbeats stop) loses its
+            unacknowledged messages to its successor -- or to another replica sharing the durable
+            -- within ``ack_wait_s``. A short ``ack_wait_s`` (the writers: 5 s) thus makes recovery
+            prompt without a live replica's batch ever being redelivered while it is handled (short
+            of an event-loop stall of about ``ack_wait_s``). An existing durable with another
+            ack wait is updated to this one when the consumer subscribes.
+
+    Attributes:
+        progress_reports: progress reports (``+WPI``) sent, one per message and heartbeat.
     """
 
     def __init__(self, bus: Bus, stream_suffix: str, durable: str, filter_subjects: Sequence[str], handler: Handler,
@@ -594,6 +606,7 @@ class DurableConsumer:
         self._sub = None
         self.processed = 0
         self.dead_lettered = 0
+        self.progress_reports = 0
         self._backoff = 0.1
 
     def _config(self) -> api.ConsumerConfig:
@@ -613,15 +626,38 @@ class DurableConsumer:
         return config
 
     async def _subscribe(self) -> None:
-        self._sub = await self.bus.js.pull_subscribe_bind(durable=self.durable, stream=self.stream) \
-            if await self._exists() else await self._create()
+        info = await self._info()
+        if info is None:
+            self._sub = await self._create()
+            return
+        configured = getattr(info.config, "ack_wait", None)
+        if configured is not None and abs(float(configured) - self.ack_wait_s) > 1e-3:
+            # a durable made with another ack wait (an older build: 60 s) keeps it until updated
+            log.info("consumer %s: ack wait %.1fs -> %.1fs", self.durable, float(configured), self.ack_wait_s)
+            await self.bus.js.add_consumer(self.stream, self._config())
+        self._sub = await self.bus.js.pull_subscribe_bind(durable=self.durable, stream=self.stream)
 
-    async def _exists(self) -> bool:
+    async def _info(self):
+        """The durable's consumer info, None if it does not exist."""
         try:
-            await self.bus.js.consumer_info(self.stream, self.durable)
-            return True
+            return await self.bus.js.consumer_info(self.stream, self.durable)
         except nats.js.errors.NotFoundError:
-            return False
+            return None
+
+    async def _heartbeat(self, msgs: list[Msg]) -> None:
+        """Report progress on every message of ``msgs`` (the list grows while a batch lingers)
+        every ``ack_wait_s / 4`` until cancelled; a report that cannot be sent is skipped (the
+        next one, or the redelivery, follows)."""
+        every = self.ack_wait_s / 4
+        while True:
+            await asyncio.sleep(every)
+            for msg in list(msgs):
+                try:
+                    await msg.in_progress()
+                    self.progress_reports += 1
+                except Exception as e:  # noqa: BLE001 - a dropped connection: redelivery takes over
+                    log.debug("consumer %s: progress report failed: %r", self.durable, e)
+                    break
 
     async def _create(self):
         await self.bus.js.add_consumer(self.stream, self._config())
@@ -657,17 +693,23 @@ class DurableConsumer:
                     msgs = await fetch_fast(self._sub, self.batch, self.max_wait_s)
                 except (nats.errors.TimeoutError, asyncio.TimeoutError):
                     continue
-                deadline = time.monotonic() + self.linger_s
-                while len(msgs) < self.batch and (left := deadline - time.monotonic()) > 0:
-                    try:
-                        msgs += await fetch_fast(self._sub, self.batch - len(msgs), left)
-                    except (nats.errors.TimeoutError, asyncio.TimeoutError):
+                heartbeat = asyncio.create_task(self._heartbeat(msgs), name=f"progress-{self.durable}")
+                try:
+                    deadline = time.monotonic() + self.linger_s
+                    while len(msgs) < self.batch and (left := deadline - time.monotonic()) > 0:
+                        try:
+                            msgs += await fetch_fast(self._sub, self.batch - len(msgs), left)
+                        except (nats.errors.TimeoutError, asyncio.TimeoutError):
+                            break
+                    if self._stop.is_set():  # stopped while fetching: hand the messages back, untouched
+                        for msg in msgs:
+                            await msg.nak()
                         break
-                if self._stop.is_set():  # stopped while fetching: hand the messages back, untouched
-                    for msg in msgs:
-                        await msg.nak()
-                    break
-                await self._handle(msgs)
+                    await self._handle(msgs)
+                finally:
+                    heartbeat.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await heartbeat
                 self._backoff = 0.1
             except asyncio.CancelledError:
                 raise

@@ -33,6 +33,17 @@ The rules (:class:`Lease`) are those of Kubernetes' client-go leader election
   after that tenure began*: an order the former holder published while it held the lease is
   not refused just because it is read late, so every receiver (agent, billing, admission,
   audit), whenever it reads the order, agrees on it.
+* **tenure history** -- the current tenure alone misses an order of tenure t1 stored after t2
+  began and judged after t3 began by a receiver that saw nothing of t2 (t1 < t3, but it was
+  stored before t3 began). So every record also carries the recent earlier tenures
+  (``tenures``: ``(token, since)``, oldest first, at most :data:`TENURE_HISTORY`): an acquiring
+  write carries its predecessor's list plus the tenure of the record it replaces (its
+  ``token``/``since``, or -- a record that began a tenure itself, an acquisition or a release --
+  its own revision and stream time); renewals and releases carry their tenure's list on. An
+  order with token ``t`` is stale iff some tenure with a token above ``t`` -- the current one or
+  a remembered one -- began at or before the order was stored (:func:`stale_order`). Orders
+  older than the remembered tenures are judged by the oldest remembered one (and by the
+  stream-order rule of :class:`StreamFencing`).
 * **release** -- a holder that stops writes ``holder = ""`` (CAS on its revision), so a
   standby takes over without waiting ``ttl_s``; to receivers the release begins a tenure of
   nobody (token = its revision): an order the releaser stores after it is stale.
@@ -55,7 +66,7 @@ import asyncio
 import json
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Protocol
 
 import nats.errors
@@ -65,6 +76,22 @@ from fedsched.clock import Clock
 from fedsched.errors import UnavailableError
 
 log = logging.getLogger(__name__)
+
+
+#: earlier tenures a lease record carries (``LeaseRecord.tenures``): orders of a holder this
+#: many takeovers back are judged by the oldest one remembered
+TENURE_HISTORY = 16
+
+
+def _tenure_history(previous: "LeaseRecord | None", previous_at: float) -> tuple[tuple[int, float], ...]:
+    """The ``tenures`` an acquiring write carries: ``previous``'s list plus ``previous``'s own
+    tenure (its ``token``/``since``, or for a record that began one -- acquisition, release --
+    its revision and ``previous_at``, the server time of that write; 0 = unknown), the newest
+    :data:`TENURE_HISTORY`. Empty when there was no record."""
+    if previous is None:
+        return ()
+    own = (previous.token, previous.since) if previous.token else (previous.revision, previous_at)
+    return (*previous.tenures, own)[-TENURE_HISTORY:]
 
 
 class LeaseConflict(Exception):
@@ -91,6 +118,9 @@ class LeaseRecord:
             revision is the token).
         since: server time (seconds since the epoch, UTC) the tenure began, copied from the
             acquiring write's stream timestamp (0 = unknown).
+        tenures: the tenures before this record's, ``(token, server seconds it began; 0 =
+            unknown)``, oldest first, at most :data:`TENURE_HISTORY` (the module docstring's
+            "tenure history").
     """
 
     holder: str
@@ -98,24 +128,33 @@ class LeaseRecord:
     revision: int = 0
     token: int = 0
     since: float = 0.0
+    tenures: tuple[tuple[int, float], ...] = ()
 
     def to_bytes(self) -> bytes:
-        """JSON body (``holder``, ``ttl_s``, and ``token``/``since`` once known; the revision is
-        the KV's)."""
+        """JSON body (``holder``, ``ttl_s``, ``token``/``since`` once known, ``tenures`` when
+        any; the revision is the KV's)."""
         body: dict = {"holder": self.holder, "ttl_s": self.ttl_s}
         if self.token:
             body.update(token=self.token, since=self.since)
+        if self.tenures:
+            body["tenures"] = [[t, s] for t, s in self.tenures[-TENURE_HISTORY:]]
         return json.dumps(body).encode()
 
     @classmethod
     def from_bytes(cls, data: bytes, revision: int) -> "LeaseRecord":
-        """Parse a stored record; an unreadable one counts as released (it can be taken over)."""
+        """Parse a stored record; an unreadable one counts as released (it can be taken over),
+        an unreadable ``tenures`` list as empty (the newest :data:`TENURE_HISTORY` are kept)."""
         try:
             body = json.loads(data or b"{}")
-            return cls(str(body.get("holder", "")), float(body.get("ttl_s", 0.0)), revision,
-                       int(body.get("token", 0)), float(body.get("since", 0.0)))
+            record = cls(str(body.get("holder", "")), float(body.get("ttl_s", 0.0)), revision,
+                         int(body.get("token", 0)), float(body.get("since", 0.0)))
         except (ValueError, TypeError, AttributeError):
             return cls("", 0.0, revision)
+        try:
+            tenures = tuple((int(t), float(at)) for t, at in body.get("tenures", ())[-TENURE_HISTORY:])
+        except (ValueError, TypeError):
+            tenures = ()
+        return replace(record, tenures=tenures)
 
 
 class LeaseStore(Protocol):
@@ -220,6 +259,7 @@ class Lease:
     Attributes:
         token: fencing token of the current tenure (KV revision at acquisition; 0 = never held).
         since: server time (epoch seconds) the current tenure began, written into renewals.
+        history: the earlier tenures ``(token, since)`` our writes carry (``LeaseRecord.tenures``).
         active: whether this replica holds the lease (see :meth:`is_active` for the time check).
 
     Raises:
@@ -240,6 +280,7 @@ class Lease:
                              f"({ttl_s - self.margin_s})")
         self.token = 0
         self.since = 0.0         # server time the current tenure began (its acquiring write's; 0 = unknown)
+        self.history: tuple[tuple[int, float], ...] = ()  # earlier tenures, carried by every write of ours
         self.active = False
         self.revision = 0        # our last successful write (while active)
         self.valid_until = 0.0   # clock seconds; active only before this
@@ -271,11 +312,18 @@ class Lease:
             await self._acquire()
         return self.is_active()
 
-    async def _write(self, create: bool, last: int, *, renew: bool = False) -> int:
-        # a renewal names its tenure for receivers (read_tenure); an acquiring write is its own
+    async def _write(self, create: bool, last: int, *, renew: bool = False,
+                     history: tuple[tuple[int, float], ...] = ()) -> int:
+        # a renewal names its tenure for receivers (read_tenure); an acquiring write is its own;
+        # both carry the earlier tenures (``history``; a renewal: ours)
         record = LeaseRecord(self.holder, self.ttl_s, token=self.token if renew else 0,
-                             since=self.since if renew else 0.0)
+                             since=self.since if renew else 0.0, tenures=self.history if renew else history)
         return await (self.store.create(self.key, record) if create else self.store.update(self.key, record, last))
+
+    async def _written_at(self, revision: int) -> float:
+        """Server time of the write ``revision`` (0.0 when the store cannot say)."""
+        stamp = getattr(self.store, "written_at", None)
+        return await stamp(revision) if stamp is not None else 0.0
 
     async def _renew(self) -> None:
         started = self.clock.time()
@@ -296,9 +344,12 @@ class Lease:
             current = await self.store.get(self.key)
             previous = current.holder if current is not None and current.holder != self.holder else ""
             if current is None:
+                history: tuple[tuple[int, float], ...] = ()
                 revision = await self._write(True, 0)
             elif current.holder == "" or self._expired(current, started) or self._still_ours(current):
-                revision = await self._write(False, current.revision)
+                at = 0.0 if current.token else await self._written_at(current.revision)
+                history = _tenure_history(current, at)
+                revision = await self._write(False, current.revision, history=history)
             else:
                 return
         except LeaseConflict:
@@ -308,8 +359,8 @@ class Lease:
             log.info("lease %s: cannot acquire (%s)", self.key, e)
             return
         self.revision = self.token = revision
-        stamp = getattr(self.store, "written_at", None)  # the server's time of the acquiring write
-        self.since = await stamp(revision) if stamp is not None else 0.0
+        self.since = await self._written_at(revision)  # the server's time of the acquiring write
+        self.history = history
         self.renewed_at = started
         self.valid_until = started + self.ttl_s - self.margin_s
         self._seen = None
@@ -361,7 +412,9 @@ class Lease:
             return
         self.active = False
         try:
-            await self.store.update(self.key, LeaseRecord("", self.ttl_s), self.revision)
+            # a tenure of nobody begins: it carries ours on (its own is its revision and time)
+            history = (*self.history, (self.token, self.since))[-TENURE_HISTORY:]
+            await self.store.update(self.key, LeaseRecord("", self.ttl_s, tenures=history), self.revision)
         except (LeaseConflict, UnavailableError) as e:
             log.info("lease %s: release not written (%s)", self.key, e)
         for cb in self.on_change:
@@ -392,31 +445,43 @@ class Tenure:
         since: server time (epoch seconds, UTC) it began -- or, when the holder could not read
             that time, the time of its newest write (later: fewer orders judged stale).
         holder: who holds it ("" = released).
+        history: the earlier tenures the lease record remembers, ``(token, since)`` oldest first
+            (at most :data:`TENURE_HISTORY`; an unknown start is read as the next known one:
+            later, so fewer orders are judged stale).
     """
 
     token: int
     since: float
     holder: str = ""
+    history: tuple[tuple[int, float], ...] = ()
 
 
 def stale_order(token: int, stored_at: float | None, highest_seen: int, tenure: Tenure | None) -> str | None:
     """Why an order (placement or stop) with fencing ``token`` is stale, or None when it may be
     carried out (the rule in the module docstring; Kleppmann 2016, with the lease read from the
-    store as well as the highest token seen).
+    store as well as the highest token seen): stale iff ``token`` is below ``highest_seen``, or
+    some tenure with a higher token -- the current one or one in ``tenure.history`` -- began at
+    or before the order was stored.
 
     Args:
         token: the order's fencing token.
         stored_at: when JetStream stored the order (epoch seconds; None = unknown: judged as
             stored now, after any tenure began).
         highest_seen: highest token on the orders this receiver read before, in stream order.
-        tenure: the lease's current tenure (None: no lease, a single scheduler).
+        tenure: the lease's current tenure with its history (None: no lease, a single scheduler).
     """
     if token < highest_seen:
         return f"stale fencing token: {token} is below {highest_seen}, the highest seen on the stream"
-    if tenure is not None and token < tenure.token and (stored_at is None or stored_at >= tenure.since):
+    if tenure is None:
+        return None
+    if token < tenure.token and (stored_at is None or stored_at >= tenure.since):
         who = f"held by {tenure.holder}" if tenure.holder else "released"
         return (f"stale fencing token: {token} is below {tenure.token}, the scheduler lease's current tenure "
                 f"({who}), which began before the order was stored")
+    for later, since in tenure.history:
+        if token < later and (stored_at is None or stored_at >= since):
+            return (f"stale fencing token: {token} is below {later}, an earlier tenure of the scheduler lease "
+                    f"(since {since:.3f}), which began before the order was stored")
     return None
 
 
@@ -440,9 +505,25 @@ async def read_tenure(bus, key: str = "scheduler") -> Tenure | None:
         return None
     record = LeaseRecord.from_bytes(raw.data or b"", int(raw.seq or 0))
     at = raw.time.timestamp() if raw.time else 0.0
+    return tenure_of(record, at)
+
+
+def tenure_of(record: LeaseRecord, written_at: float) -> Tenure:
+    """The tenure a receiver reads from ``record``, the lease key's newest record, written at
+    server time ``written_at`` (epoch seconds): its ``token``/``since`` (a renewal), else its own
+    revision and ``written_at`` (an acquisition or a release), with ``record.tenures`` as the
+    history -- an unknown start (0) taken as the next known later one (the current tenure's at
+    the latest): later, so fewer orders are judged stale."""
     if record.token:
-        return Tenure(record.token, record.since or at, record.holder)
-    return Tenure(record.revision, at, record.holder)
+        current = Tenure(record.token, record.since or written_at, record.holder)
+    else:
+        current = Tenure(record.revision, written_at, record.holder)
+    history: list[tuple[int, float]] = []
+    later = current.since
+    for token, since in reversed(record.tenures):
+        later = since if since else later
+        history.append((token, later))
+    return replace(current, history=tuple(reversed(history)))
 
 
 class MonotonicClock:

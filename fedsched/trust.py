@@ -17,8 +17,11 @@ those subjects checks, in this order:
 
 A message failing a check is refused: it changes nothing, is dead-lettered with the reason
 (``bus.dead_letter``) and recorded as a ``security.rejected_message`` (:func:`rejection_events`,
-both on the refusing consumer's dead-letter subject, ids deterministic per consumer and stream
-message so a re-read after a restart records it once).
+both on the refusing consumer's dead-letter subject). Ids are deterministic, so a re-read after a
+restart records a refusal once: the dead letter's per consumer and stream message (each
+consumer's own record), the security record's per refused message only
+(:func:`security_event_id`), so audit stores one security event per forged message however many
+consumers refuse it.
 
 Everything here is pure: no I/O, no clock.
 """
@@ -163,10 +166,25 @@ def dead_letter_room(max_payload: int | None) -> int:
     return max(0, min(MAX_DEAD_LETTER_DATA, int(max_payload) // 8))
 
 
+def security_event_id(subject: str, stream_sequence: int, event_id: str) -> str:
+    """The id of the ``security.rejected_message`` of a refused message, the same whichever
+    consumer refuses it (audit included, :func:`services.audit.service.refused`): derived from
+    the subject it arrived on and its stream sequence, else (0: unknown) from its claimed event id.
+
+    Args:
+        subject: the refused message's subject.
+        stream_sequence: its sequence in its stream (0 = unknown).
+        event_id: its envelope's event id (used only without a stream sequence).
+    """
+    key = stream_sequence if stream_sequence else f"msg:{event_id}"
+    return business_event_id("security", subject, key)
+
+
 def rejection_events(subjects: Subjects, r: Rejection, occurred_at: float, *,
                      max_data: int = MAX_DEAD_LETTER_DATA) -> list[tuple[str, Envelope]]:
     """The ``bus.dead_letter`` and ``security.rejected_message`` events of a refusal, both on
-    ``<p>.deadletter.<consumer>``, as ``(subject, event)``.
+    ``<p>.deadletter.<consumer>``, as ``(subject, event)``. The dead letter's id is per consumer
+    and message; the security event's is per message only (:func:`security_event_id`).
 
     Args:
         subjects: the federation's subjects.
@@ -188,10 +206,11 @@ def rejection_events(subjects: Subjects, r: Rejection, occurred_at: float, *,
     # the id the bus gives a dead letter of this stream message (fedsched.bus.Bus.dead_letter);
     # without a stream sequence, the refused message's own id: deterministic either way, so a
     # consumer refusing the same message again (redelivery, a re-read after a restart) publishes
-    # the same events, which JetStream and audit store once
+    # the same events, which JetStream and audit store once. The dead letter is this consumer's
+    # record (one per consumer); the security event is the message's (one whoever refuses it)
     key = seq if seq else f"msg:{env.event_id}"
     dead_id = business_event_id("dead_letter", r.consumer, r.subject, key)
-    security_id = business_event_id("security", r.consumer, r.subject, key)
+    security_id = security_event_id(r.subject, seq, env.event_id)
     found = agent_subject(subjects.prefix, r.subject)  # indexed under the sender, not the claim
     routing = dict(region=found[1], cluster=found[2], actor=r.consumer) if found else dict(actor=r.consumer)
     return [

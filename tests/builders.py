@@ -733,12 +733,16 @@ class FakeLeaseStore:
     """A :class:`~fedsched.lease.LeaseStore` in memory with NATS KV's compare-and-set rules:
     revisions come from one counter for the whole store (a KV bucket's stream sequence), ``create``
     fails when the key exists, ``update(last=N)`` when its revision is not N. ``down`` holds the
-    names of clients (see :meth:`client`) whose calls fail as an outage would."""
+    names of clients (see :meth:`client`) whose calls fail as an outage would. With a ``clock``
+    every write is stamped with its time, as JetStream stamps a KV write, and clients answer
+    ``written_at`` (else 0.0: unknown)."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: "FakeClock | None" = None) -> None:
         self.records: dict[str, Any] = {}
         self.sequence = 0
         self.down: set[str] = set()
+        self.clock = clock
+        self.times: dict[int, float] = {}  # revision -> server time of the write (with a clock)
 
     def client(self, name: str) -> "FakeLeaseStore._Client":
         """The store as one replica sees it (so an outage can hit one replica only)."""
@@ -773,10 +777,16 @@ class FakeLeaseStore:
                 raise LeaseConflict(key, f"revision is not {last}")
             return self._put(key, record)
 
+        async def written_at(self, revision: int) -> float:
+            # as NatsLeaseStore.written_at: 0.0 (unknown) when it cannot be read
+            return 0.0 if self.name in self.store.down else self.store.times.get(revision, 0.0)
+
         def _put(self, key: str, record) -> int:
             from dataclasses import replace as _replace
 
             self.store.sequence += 1
+            if self.store.clock is not None:
+                self.store.times[self.store.sequence] = self.store.clock.time()
             self.store.records[key] = _replace(record, revision=self.store.sequence)
             return self.store.sequence
 

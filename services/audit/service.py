@@ -22,9 +22,12 @@ they refuse is stored only as a ``security.rejected_message`` naming the claimed
 attempt in its payload -- never as the event it claims to be, so nothing that counts a job's
 events (``fedsched report``, the console's job page, ad-hoc SQL on ``events``) sees it. Audit
 needs no word from the other consumers, so the order in which it reads their refusals, and
-restarts, do not matter. A scheduler order with a stale fencing token (a former active
-scheduler's, refused by everyone: :meth:`AuditService.fence_orders`) is stored only as a
-``bus.dead_letter`` of ``audit`` holding it, so no job shows a placement nobody carried out.
+restarts, do not matter; their security records of a message are keyed like audit's own
+(:func:`security_record`), so one forged message is one ``security.rejected_message`` row however
+many consumers refuse it (their ``bus.dead_letter`` rows stay one per consumer). A scheduler
+order with a stale fencing token (a former active scheduler's, refused by everyone:
+:meth:`AuditService.fence_orders`) is stored only as a ``bus.dead_letter`` of ``audit`` holding
+it, so no job shows a placement nobody carried out.
 """
 
 from __future__ import annotations
@@ -42,11 +45,11 @@ from fedsched.bounded import RecentDict
 from fedsched.bus import Bus, Delivery, DurableConsumer
 from fedsched.clock import as_utc
 from fedsched.dispatch import EventTable
-from fedsched.errors import UnavailableError
+from fedsched.errors import DecodeError, UnavailableError
 from fedsched.events import (DeadLetter, Envelope, EventType, InventorySnapshot, JobPending, JobPlaced, JobStatus,
                              JobStop, SecurityRejected, business_event_id, make_event)
 from fedsched.lease import StreamFencing, Tenure, read_tenure
-from fedsched.trust import agent_subject, check_subject, sender_of
+from fedsched.trust import agent_subject, check_subject, security_event_id, sender_of
 from fedsched.metrics import WriterMetrics
 from fedsched.store import AsyncStore
 
@@ -129,6 +132,8 @@ def screened(d: Delivery, prefix: str) -> Delivery:
       the subject and the stream sequence (a dead letter can never take a real event's id). Anything
       but a ``bus.dead_letter`` -- and, from an agent's subject, anything but a dead letter at all
       -- is recorded as a ``bus.dead_letter`` holding the body, never as the event it claims to be.
+      A service's ``security.rejected_message`` is recorded as the security event of the message
+      it names (:func:`security_record`: one row per refused message, whoever refused it).
     * On an agent's subject an envelope that names another region/cluster, or a type agents may
       not send there, is recorded as a ``security.rejected_message`` attributed to the agent
       (the original body in the payload's ``data``), not as the event it claims to be.
@@ -145,12 +150,17 @@ def screened(d: Delivery, prefix: str) -> Delivery:
         # duplicate window -- is the same row. An agent's ids are not trusted: keyed on the
         # dead-letter stream's own sequence.
         event_id = business_event_id("dlq", d.subject, (d.stream_sequence or env.event_id) if agent else env.event_id)
-        if env.known_type in allowed:
+        record = (security_record(d, prefix, sender)
+                  if env.known_type == EventType.SECURITY_REJECTED_MESSAGE and not agent else None)
+        if record is not None:
+            return record
+        if env.known_type in allowed - {EventType.SECURITY_REJECTED_MESSAGE}:
             stand_in = env.model_copy(update=dict(event_id=event_id, producer=sender, actor=sender, region="", zone="",
                                                   cluster="", tenant="", project="", job_id="", attempt=0))
         else:
+            what = "a valid security record" if env.known_type in allowed else "a dead letter"
             payload = DeadLetter(consumer=sender, subject=d.subject, stream_sequence=d.stream_sequence,
-                                 reason=f"not a dead letter: a {env.type} envelope (claimed producer "
+                                 reason=f"not {what}: a {env.type} envelope (claimed producer "
                                         f"{env.producer!r}) on a dead-letter subject",
                                  data=env.model_dump_json()[:65536])
             stand_in = make_event(EventType.BUS_DEAD_LETTER, payload, producer=sender,
@@ -162,13 +172,42 @@ def screened(d: Delivery, prefix: str) -> Delivery:
     return refused(d, prefix, reason)
 
 
+def security_record(d: Delivery, prefix: str, consumer: str) -> Delivery | None:
+    """The audit record of a service's ``security.rejected_message`` ``d`` (arrived on
+    ``<p>.deadletter.<consumer>``): the security event of the refused message it names, the
+    same row whichever consumer -- audit itself included (:func:`refused`) -- refused that
+    message, so one forged message is one security event in the log. None when its payload is
+    not a valid :class:`~fedsched.events.SecurityRejected` (the caller records it as a dead letter).
+
+    The row is keyed as :func:`refused` keys audit's own: id
+    :func:`~fedsched.trust.security_event_id` of the refused message (recomputed from the
+    payload, never the envelope's id), subject = the refused message's subject; attributed to the
+    sender that subject names (``agent/<region>/<cluster>``, with that region and cluster; else
+    the refusing consumer), actor = the refusing consumer, no tenant, project or job in the envelope.
+    """
+    env = d.envelope
+    try:
+        p = env.payload_as(SecurityRejected)
+    except DecodeError:
+        return None
+    found = agent_subject(prefix, p.subject)
+    region, cluster = (found[1], found[2]) if found else ("", "")
+    producer = sender_of(prefix, p.subject) or consumer
+    stand_in = env.model_copy(update=dict(
+        event_id=security_event_id(p.subject, p.stream_sequence, p.event_id), producer=producer, actor=consumer,
+        region=region, zone="", cluster=cluster, tenant="", project="", job_id="", attempt=0))
+    return replace(d, envelope=stand_in, subject=p.subject)
+
+
 def refused(d: Delivery, prefix: str, reason: str) -> Delivery:
     """The stand-in audit records for ``d``, an agent's message it refuses for ``reason``: a
     ``security.rejected_message`` attributed to the agent of ``d``'s subject (region and cluster
-    of the subject, no tenant, project or job in the envelope -- nothing that counts a job's
-    events sees it), the claimed type, job, attempt and the original body in its payload, under
-    an id derived from the subject and the refused message (its stream sequence, else its event
-    id: the same message refused again is one row).
+    of the subject, actor ``audit``: the refusing consumer; no tenant, project or job in the
+    envelope -- nothing that counts a job's events sees it), the claimed type, job, attempt and
+    the original body in its payload, under an id derived from the subject and the refused
+    message (its stream sequence, else its event id: :func:`~fedsched.trust.security_event_id`),
+    the id every other consumer's security record of that message has (:func:`security_record`):
+    the message refused again, or by several consumers, is one row.
     """
     env = d.envelope
     sender = sender_of(prefix, d.subject)
@@ -179,9 +218,8 @@ def refused(d: Delivery, prefix: str, reason: str) -> Delivery:
                                stream_sequence=d.stream_sequence, reason=reason)
     stand_in = make_event(EventType.SECURITY_REJECTED_MESSAGE, payload, producer=sender,
                           occurred_at=env.occurred_at.timestamp(),
-                          event_id=business_event_id("security", "audit", d.subject,
-                                                     d.stream_sequence or env.event_id),
-                          region=region, cluster=cluster, actor=sender)
+                          event_id=security_event_id(d.subject, d.stream_sequence, env.event_id),
+                          region=region, cluster=cluster, actor="audit")
     stand_in = stand_in.model_copy(update=dict(payload={**stand_in.payload, "data": env.model_dump_json()[:65536]}))
     return replace(d, envelope=stand_in)
 
@@ -244,8 +282,11 @@ class AuditService:
         batch: maximum events per insert.
         max_wait_s: how long an idle fetch waits.
         linger_s: time bound of a batch (collect up to ``batch`` events for this long).
-        ack_wait_s: JetStream redelivers a batch not acknowledged within this long (a writer
-            that died mid-batch).
+        ack_wait_s: JetStream redelivers a batch not acknowledged within this long after the
+            writer's last progress report (a writer that died mid-batch: its successor, or
+            another replica, writes the batch within this long; a slow insert keeps its batch
+            by reporting progress: :class:`~fedsched.bus.DurableConsumer`). Writes are keyed
+            (event id and subject), so a redelivered batch adds no row.
         metrics: where insert latency per table is timed (default: a registry of its own).
         tenure: reads the scheduler lease's current tenure (default
             :func:`~fedsched.lease.read_tenure` on ``bus``).
@@ -254,7 +295,7 @@ class AuditService:
     """
 
     def __init__(self, bus: Bus, store: AsyncStore, *, batch: int = 2000, max_wait_s: float = 0.5,
-                 linger_s: float = 0.25, ack_wait_s: float = 60.0, metrics: WriterMetrics | None = None,
+                 linger_s: float = 0.25, ack_wait_s: float = 5.0, metrics: WriterMetrics | None = None,
                  tenure: Callable[[], Awaitable[Tenure | None]] | None = None,
                  retain_placements: int = 100_000) -> None:
         self.bus = bus

@@ -102,14 +102,17 @@ class BillingService:
         store: the ClickHouse store (async wrapper).
         prices: the price catalog.
         batch / max_wait_s / linger_s / ack_wait_s: consumer batching (size and time bounds)
-            and redelivery (see :class:`~fedsched.bus.DurableConsumer`).
+            and redelivery: a batch is redelivered ``ack_wait_s`` after the writer's last progress
+            report (a writer that died: its successor or another replica bills it within that;
+            see :class:`~fedsched.bus.DurableConsumer`). Lines are keyed on ``usage_id`` and spend
+            is recomputed, so a redelivered batch bills nothing twice.
         metrics: where insert latency is timed (default: a registry of its own).
         tenure: reads the scheduler lease's current tenure (default
             :func:`~fedsched.lease.read_tenure` on ``bus``).
     """
 
     def __init__(self, bus: Bus, store: AsyncStore, prices: PriceCatalog, *, batch: int = 1000,
-                 max_wait_s: float = 0.5, linger_s: float = 0.25, ack_wait_s: float = 60.0,
+                 max_wait_s: float = 0.5, linger_s: float = 0.25, ack_wait_s: float = 5.0,
                  metrics: WriterMetrics | None = None,
                  tenure: Callable[[], Awaitable[Tenure | None]] | None = None) -> None:
         self.bus = bus

@@ -4,6 +4,7 @@ user, and a replay runs through it without a single permission violation."""
 
 import json
 import stat
+import time
 from urllib.parse import urlparse
 
 import pytest
@@ -14,10 +15,11 @@ from fedsched.api.v1 import jobs_pb2 as pb
 from fedsched.api.v1 import jobs_pb2_grpc as pb_grpc
 from fedapp.replay.driver import ReplayDriver, ReplayOptions
 from fedapp.runtime import System, SystemOptions
+from fedsched.events import Envelope, JobStatus, make_event, random_event_id
 from fedsched.settings import Settings
 from fedsched.store import open_store
 from services.inventory.trace import TraceNode
-from tests.builders import DATA, unique
+from tests.builders import DATA, unique, until
 
 pytestmark = pytest.mark.e2e
 
@@ -110,3 +112,71 @@ async def test_a_data_dir_from_the_shared_password_days_resumes_with_its_streams
 async def _until_known(system, job_id: str) -> bool:
     from tests.builders import until
     return await until(lambda: job_id in system.scheduler.jobs, timeout=10, interval=0.05)
+
+
+async def test_one_forged_status_is_one_security_event_whoever_refuses_it(tmp_path, chdb_path):
+    """Issue 14: every consumer of a status subject (scheduler, admission, billing, audit) refuses
+    a forged status; the services each publish their own dead letter and a security record; the
+    audit log holds one dead letter per service and one ``security.rejected_message`` for the
+    message (before: one per refusing consumer, 4 here)."""
+    settings = Settings(data_dir=tmp_path, clickhouse_path=chdb_path, clickhouse_database=unique("db"),
+                        grpc_address="127.0.0.1:0", heartbeat_interval_s=0.2)
+    cluster = "cn-north-1-c1"
+    nodes = [TraceNode("a-0", 64000, 262144, 2, "nvidia-t4-16gb", 16)]
+    system = System(SystemOptions(settings=settings, split={cluster: nodes}))
+    await system.start()
+    try:
+        agent = next(b for b in system.buses if b.nc.connected_url.username == "agent-" + cluster)
+        # the agent of c1, on its own status subject (all its NATS user may publish on), speaks for c9
+        forged = make_event("job.finished", JobStatus(card_model="nvidia-t4-16gb", gpu_milli=1000, kind="training"),
+                            producer="agent/cn-north-1-c9", occurred_at=time.time(), event_id=random_event_id(),
+                            region="cn-north-1", zone="cn-north-1a", cluster="cn-north-1-c9", tenant="search",
+                            project="train", job_id="j-forged", attempt=1)
+        subject = agent.subjects.status("cn-north-1", cluster)
+        ack = await agent.js.publish(subject, forged.to_bytes(), headers={"Nats-Msg-Id": forged.event_id})
+        db = settings.clickhouse_database
+        about = (f"JSONExtractString(payload, 'subject') = '{subject}' "
+                 f"AND JSONExtractUInt(payload, 'stream_sequence') = {int(ack.seq)}")
+        dlq = system.control.stream_name("DLQ")
+
+        async def refused_by_all() -> bool:
+            # scheduler, admission and billing each published a dead letter and a security record
+            refusers = {m async for m in _dlq_senders(system.control, dlq)}
+            if not all(any(r.startswith(s) for r in refusers) for s in ("scheduler", "admission", "billing")):
+                return False
+            await system.drain_writers(timeout_s=30)
+            dead = system.read_query(f"SELECT count() FROM {db}.events WHERE type = 'bus.dead_letter' AND {about}")
+            return dead.rows[0][0] == len(refusers)
+        assert await until(refused_by_all, timeout=60, interval=0.2)
+        # each service's security record of the message has the same id (JetStream drops the
+        # repeats inside its duplicate window; audit keys on it beyond that), and audit's own too
+        assert await _dlq_count(system.control, dlq, "security.rejected_message") >= 1
+        rows = system.read_query(f"SELECT producer, cluster, actor FROM {db}.events "
+                                 f"WHERE type = 'security.rejected_message' AND {about}").rows
+        assert len(rows) == 1, rows
+        assert rows[0][:2] == ("agent/cn-north-1/" + cluster, cluster)
+        assert system.read_query(f"SELECT count() FROM {db}.events "
+                                 f"WHERE type = 'security.rejected_message'").rows[0][0] == 1
+        assert system.read_query(f"SELECT count() FROM {db}.events WHERE job_id = 'j-forged'").rows[0][0] == 0
+    finally:
+        await system.stop()
+
+
+async def _dlq_messages(bus, stream: str):
+    """Every message of the dead-letter stream, decoded."""
+    last = (await bus.js.stream_info(stream)).state.last_seq
+    for seq in range(1, int(last) + 1):
+        try:
+            raw = await bus.js.get_msg(stream, seq=seq)
+        except Exception:  # noqa: BLE001 - a deleted message
+            continue
+        yield raw.subject, Envelope.from_bytes(raw.data)
+
+
+async def _dlq_senders(bus, stream: str):
+    async for subject, _ in _dlq_messages(bus, stream):
+        yield subject.rsplit(".", 1)[-1]
+
+
+async def _dlq_count(bus, stream: str, type_: str) -> int:
+    return sum([1 async for _, e in _dlq_messages(bus, stream) if e.type == type_])

@@ -243,3 +243,56 @@ async def test_receivers_read_the_same_tenure_before_and_after_a_renewal(bus) ->
     await lease.release()
     released = await read_tenure(bus)
     assert released.holder == "" and released.token > lease.token and released.since >= first.since
+
+
+async def test_an_order_stored_between_two_takeovers_is_refused_by_an_agent_that_saw_neither(bus, nats_server) -> None:
+    """Issue 14: three holders A, B, C. A dies (no release) and B takes over after the TTL; A's
+    order published now is stored in B's tenure; B hands over to C. An agent started only then
+    (it saw no order of B, nor any) reads C's tenure -- which began after A's order was stored --
+    and, from the history the lease record carries, B's: the order is refused ("below B's
+    token"), never started. A's order stored while A held the lease is carried out."""
+    from fedsched.lease import read_tenure
+
+    a = await nats_lease(bus, "scheduler", "sched-a", ttl_s=TTL)
+    assert await a.step()
+    job = spec(gpus=1)
+    now = time.time()
+    for job_id in ("early", "between"):
+        await bus.publish(bus.subjects.job("submitted", job.tenant, job.project), submitted(job_id, job, now))
+    sub = bus.subjects.placements(CLUSTER.region, CLUSTER.name)
+    await bus.publish(sub, placement("early", job, CLUSTER.name, CLUSTER.region, [("n0", (0,))],
+                                     fencing_token=a.token))
+    a.abandon()  # killed: no release, B waits the TTL out
+    b = await nats_lease(bus, "scheduler", "sched-b", ttl_s=TTL)
+    deadline = time.monotonic() + 4 * TTL
+    while not await b.step():
+        assert time.monotonic() < deadline, "B did not take over"
+        await asyncio.sleep(0.05)
+    await bus.publish(sub, placement("between", job, CLUSTER.name, CLUSTER.region, [("n0", (1,))],
+                                     fencing_token=a.token))
+    await b.release()
+    c = await nats_lease(bus, "scheduler", "sched-c", ttl_s=TTL)
+    assert await c.step() and c.token > b.token > a.token
+    tenure = await read_tenure(bus)
+    assert tenure.token == c.token and [t for t, _ in tenure.history][:2] == [a.token, b.token]
+    dead: list[DeadLetter] = []
+
+    async def on_dead(msg) -> None:
+        dead.append(Envelope.from_bytes(msg.data).payload_as(DeadLetter))
+
+    agent_bus = await Bus.connect(nats_server.url, bus.prefix, name="agent")
+    agent = ClusterAgent(agent_bus, SystemClock(), CLUSTER, StaticBackend(nodes("n"), clock=SystemClock(), runtime_s=None),
+                         heartbeat_interval_s=0.2, tick_s=0.02)
+    dsub = await bus.js.subscribe(bus.subjects.deadletter(agent.durable), cb=on_dead)
+    agent_task = asyncio.create_task(agent.run())
+    try:
+        await _until(lambda: dead and ("early", 1, 0) in agent.running, what="the agent's two verdicts")
+        assert agent.highest_token in (0, a.token)  # it saw no order of B or C
+        assert "stale fencing token" in dead[0].reason and f"below {b.token}" in dead[0].reason, dead[0].reason
+        assert ("between", 1, 0) not in agent.running and agent.stale_refused >= 1
+    finally:
+        await dsub.unsubscribe()
+        agent.stop()
+        await asyncio.gather(agent_task, return_exceptions=True)
+        await c.release()
+        await agent_bus.close()

@@ -378,3 +378,17 @@ def test_payload_summaries_and_running_totals():
     assert summarize_payload("not json") == "not json"
     assert len(summarize_payload('{"x": "' + "y" * 500 + '"}')) <= 160
     assert cumulative([Decimal("0.10"), Decimal("0"), Decimal("0.25")]) == pytest.approx([0.10, 0.10, 0.35])
+
+
+async def test_the_decision_banner_shows_what_the_api_lists_never_what_the_url_says(client):
+    """Issue 14 (left at stop 10): ``/approvals?decided=<id>&as=<text>`` printed both as given, so
+    a crafted link showed any words in the console's green banner. A banner is now a fixed
+    message, shown only for an approval the API lists in the state the link names."""
+    await _sign_in(client, "tok-approver")
+    spoof = await (await client.get("/approvals", params={"decided": "Budget raised to 1M CNY,",
+                                                          "as": "approved by finance"})).text()
+    assert 'class="flash ok"' not in spoof and "approved by finance" not in spoof
+    real = await (await client.get("/approvals", params={"decided": "ap-ffffffffffffffffffff",
+                                                         "as": "approved"})).text()
+    # the API lists it as expired: the URL's "approved" is not believed, so no banner at all
+    assert 'class="flash ok"' not in real and "ap-ffffffffffffffffffff approved" not in real
