@@ -85,6 +85,13 @@ from services.inventory.backend import (NODE_FAILED, TERMINAL_PHASES, AttemptKey
 from services.inventory.trace import ClusterDef
 
 log = logging.getLogger(__name__)
+
+#: seconds JetStream waits for an agent's ack of a placement or stop order before redelivering it.
+#: The consumer reports progress every quarter of it while a handler runs (a slow ``sbatch`` or
+#: pod create keeps its order), so a short wait only shortens recovery: orders an agent killed
+#: -9 had fetched but not acknowledged reach its successor within about this long, not the
+#: scheduler's reclaim of placements "never started".
+PLACEMENT_ACK_WAIT_S = 5.0
 tracer = telemetry.tracer("fedsched.agent")
 
 WHOLE = 1000
@@ -435,7 +442,7 @@ class ClusterAgent:
         """
         consumer = self._consumer or DurableConsumer(
             self.bus, "EVENTS", self.durable, [self.subjects.placements(self.cluster.region, self.cluster.name)],
-            self.handle)
+            self.handle, ack_wait_s=PLACEMENT_ACK_WAIT_S)
         return await consumer.lag()
 
     def _backend_error(self, operation: str) -> None:
@@ -450,7 +457,7 @@ class ClusterAgent:
         await self.rebuild()
         self._consumer = DurableConsumer(
             self.bus, "EVENTS", self.durable, [self.subjects.placements(self.cluster.region, self.cluster.name)],
-            self.handle, batch=64, max_wait_s=0.2)
+            self.handle, batch=64, max_wait_s=0.2, ack_wait_s=PLACEMENT_ACK_WAIT_S)
         await self.publish_snapshot()
         if self.holding:
             self._consumer.stop()
@@ -530,7 +537,7 @@ class ClusterAgent:
         if self._consumer is not None and not self.holding and not self._stop.is_set():
             self._consumer = DurableConsumer(
                 self.bus, "EVENTS", self.durable, [self.subjects.placements(self.cluster.region, self.cluster.name)],
-                self.handle, batch=64, max_wait_s=0.2)
+                self.handle, batch=64, max_wait_s=0.2, ack_wait_s=PLACEMENT_ACK_WAIT_S)
             self._spawned.append(asyncio.create_task(self._consumer.run(), name=f"{self.durable}-consumer"))
 
     def set_node_health(self, node: str, healthy: bool) -> None:

@@ -150,9 +150,12 @@ async def test_a_silent_clusters_running_jobs_move_once_and_are_billed_once(case
         returned_at = time.time()
         agents[A].resume()  # A comes back still running its copies: the stop orders wait for it
         assert await until(lambda: not agents[A].running, timeout=10)
-        stopped_by_agent = {m for m in sent if m[0] > returned_at and m[2] == "job.stopped"
-                            and m[3] == f"agent/{A}"}
-        assert len(stopped_by_agent) == len(job_ids)  # its report (dropped by JetStream as a duplicate)
+
+        def stopped_by_agent() -> set:  # the captured publishes arrive asynchronously
+            return {m for m in sent if m[0] > returned_at and m[2] == "job.stopped" and m[3] == f"agent/{A}"}
+
+        await until(lambda: len(stopped_by_agent()) >= len(job_ids), timeout=10)
+        assert len(stopped_by_agent()) == len(job_ids)  # its report (dropped by JetStream as a duplicate)
         assert await until(lambda: all(j.state == pb.JOB_STATE_SUCCEEDED for j in sampler.current.values()),
                            timeout=40)
         sampling.cancel()
