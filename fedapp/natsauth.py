@@ -9,14 +9,16 @@ Every component connects as its own user and may publish and subscribe only wher
   its dead-letter subjects, three consumers on the events stream each pinned by its create
   subject to one filter (its placements, and for the start-up rebuild its placements and its
   status), and log requests addressed to it; no stream API at all;
-* ``ops`` -- the operator and the composition process (stream setup, the first policy, the replay
-  clock, ``fedsched sql`` over the bus): everything inside the federation's account except
-  publishing on the agents' own subjects (status, inventory, heartbeats: what a cluster says of
-  itself only its agent may say).
+* ``ops`` -- the operator and the composition process: reads everything, but publishes only what
+  its jobs need (:func:`ops_user`): stream setup, the first policy (``policy.applied`` of the
+  bootstrap), the replay clock, ``fedsched sql``/``report`` requests and the answers of the store
+  it holds. It speaks for no service and no cluster: placements, job requests, usage, decisions
+  and status have exactly the publishers the design gives them (issue 14, tryout of item 1).
 
 Replies go to each user's own inbox prefix ``_INBOX_<user>`` (:func:`inbox_prefix`), the only
 place below ``_INBOX`` it may subscribe, so no user reads another's replies; ``ops`` keeps the
-default ``_INBOX`` (it may subscribe everywhere).
+default ``_INBOX`` (it may subscribe everywhere, and publish below ``_INBOX.`` only: its own
+requests' inboxes, so it can answer the CLI's store queries and no service's requests).
 
 The embedded server (:func:`embedded_authorization`) gets exactly the table's users (in its
 global account rather than ``FED``: that is where its JetStream store keeps the streams) with random
@@ -55,10 +57,11 @@ SERVICES = ("admission", "scheduler", "audit", "billing")
 
 #: KV buckets (suffix after ``<prefix>_``) -> (writers, readers).
 BUCKETS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    "policy": (("admission",), ("admission", "scheduler", "audit", "billing")),
+    # ops: the first policy (fedsched.policystore.bootstrap, in the composition process)
+    "policy": (("admission", "ops"), ("admission", "scheduler", "audit", "billing")),
     "spend": (("billing",), ("admission",)),
     "placements": (("billing",), ("billing",)),
-    "clock": ((), ("admission", "scheduler", "audit", "billing")),
+    "clock": (("ops",), ("admission", "scheduler", "audit", "billing")),  # a replay's clock (ops writes)
     # the scheduler replicas' lease (fedsched.lease); admission, billing and audit read its tenure to
     # fence late orders (agents: a read-only grant of their own, below)
     "leases": (("scheduler",), ("scheduler", "admission", "billing", "audit")),
@@ -158,6 +161,48 @@ def _buckets(prefix: str, user: str) -> list[str]:
     return out
 
 
+def ops_user(prefix: str) -> UserPermissions:
+    """The operator's user ``ops`` (the CLI, the ``nats`` CLI, the composition process of
+    ``fedsched up``): subscribes everywhere and reads every stream, bucket and consumer, but
+    publishes only what those need -- the issue 14 tryout published a copied ``job.placed`` on a
+    cluster's placement subject as ``ops`` and every consumer took it for the scheduler's.
+
+    What ``ops`` publishes, and why (everything else is a permissions violation):
+
+    * ``<p>.governance.policy``: ``policy.applied`` of the first policy
+      (:func:`fedsched.policystore.bootstrap`, run by the composition process), and the policy
+      bucket (``BUCKETS``) it writes;
+    * the clock bucket: a replay's clock (:func:`fedsched.clocksync.publish_clock`);
+    * ``<p>.svc.store.query``: ``fedsched sql``/``report``/``web`` requests and the one-store ping
+      (``System._check_one_store_per_bus``); ``_INBOX.>``: the answers of the store the composition
+      process holds, to the requesters' inboxes -- only ``ops`` connections use the default
+      ``_INBOX`` (every other user has ``_INBOX_<user>``), so it can answer no service's request;
+    * ``<p>.deadletter.ops|replay-driver``: what its own followers cannot decode (the replay
+      driver follows the events stream);
+    * JetStream: account info, create/update of the federation's three streams (``ensure_streams``,
+      ``nats stream edit``), and every read -- stream info/names/list, message get, direct get,
+      consumers (create, pull, ack, flow control, info, delete) on any stream.
+
+    Not granted: any business subject (``jobs``, ``placements``, ``decisions``, ``status``,
+    ``inventory``, ``heartbeat``, ``billing.usage``, ``admission.rejected``, tenant and approval
+    governance, ``logs``), the other buckets' writes, and stream delete/purge/message delete.
+    """
+    p, P = prefix, prefix.upper()
+    streams = [f"{P}_{suffix}" for suffix in ("EVENTS", "INVENTORY", "DLQ")]
+    return UserPermissions(
+        OPS, "operators and the composition process: reads everything; publishes only stream setup, the first "
+             "policy, the replay clock, store queries and their answers (fedapp.natsauth.ops_user) -- never "
+             "for a service or a cluster",
+        publish=(f"{p}.governance.policy", f"{p}.svc.store.query", "_INBOX.>", f"{p}.deadletter.ops",
+                 f"{p}.deadletter.replay-driver", "$JS.API.INFO",
+                 *(f"$JS.API.STREAM.{verb}.{s}" for s in streams for verb in ("CREATE", "UPDATE")),
+                 "$JS.API.STREAM.INFO.*", "$JS.API.STREAM.NAMES", "$JS.API.STREAM.LIST", "$JS.API.STREAM.MSG.GET.*",
+                 "$JS.API.DIRECT.GET.>", "$JS.API.CONSUMER.>", "$JS.ACK.>", "$JS.FC.>",
+                 *(s for s in _buckets(p, OPS) if s.startswith(("$KV.", "$JS.API.STREAM.CREATE.",
+                                                                "$JS.API.STREAM.UPDATE.")))),
+        subscribe=(">",))
+
+
 def federation_users(prefix: str, clusters: Iterable[tuple[str, str]], *, js_domain: str = "") -> list[UserPermissions]:
     """The users of a federation and their permissions (the one table).
 
@@ -170,10 +215,7 @@ def federation_users(prefix: str, clusters: Iterable[tuple[str, str]], *, js_dom
     p, P = prefix, prefix.upper()
     events, inventory, dlq = f"{P}_EVENTS", f"{P}_INVENTORY", f"{P}_DLQ"
     dl = lambda *names: [f"{p}.deadletter.{n}" for n in names]  # noqa: E731
-    users = [UserPermissions(OPS, "operators and the composition process: full access inside the federation's "
-                                  "account (nats CLI, stream setup, the first policy, replays, fedsched sql), "
-                                  "except speaking for a cluster (its agent's subjects)",
-                             full=True, deny_publish=(f"{p}.status.>", f"{p}.inventory.>", f"{p}.heartbeat.>"))]
+    users = [ops_user(prefix)]
     users.append(UserPermissions(
         "admission", "the front door: job requests, refusals, governance changes and approval decisions, log "
                      "requests to agents, dry runs' what-if and status requests to the scheduler; follows the events "
@@ -314,6 +356,11 @@ ACCOUNTS_HEADER = """\
 # but one read: the last message of the scheduler lease (KV_fed_leases), to fence late orders.
 # Their JetStream API grants are listed for $JS.API (agent connected to the region's servers)
 # and $JS.fed.API (agent with FEDSCHED_JS_DOMAIN=fed, behind its leaf node).
+#
+# ops (operators, the CLI, the composition process) reads everything but publishes only stream
+# setup, the first policy (fed.governance.policy, fed_policy), the replay clock (fed_clock),
+# store queries (fed.svc.store.query) and their answers: never a placement, job request, usage
+# record, decision or status -- each subject family has exactly the publishers listed above.
 #
 # Replies go to the connection's inbox prefix: every user has its own, _INBOX_<user>, and may
 # subscribe only below it (FEDSCHED_INBOX_PREFIX; deploy/compose, deploy/k8s), so no user can
