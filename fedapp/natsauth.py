@@ -181,11 +181,19 @@ def ops_user(prefix: str) -> UserPermissions:
       driver follows the events stream);
     * JetStream: account info, create/update of the federation's three streams (``ensure_streams``,
       ``nats stream edit``), and every read -- stream info/names/list, message get, direct get,
-      consumers (create, pull, ack, flow control, info, delete) on any stream.
+      consumers (create, pull, flow control, info, delete) on any stream. Its own readers
+      (:class:`fedsched.bus.StreamFollower`, KV watches) acknowledge nothing, so it gets no
+      ``$JS.ACK``: seeing every delivery (it subscribes everywhere), it could otherwise
+      acknowledge or terminate another consumer's messages before their effect is committed.
 
     Not granted: any business subject (``jobs``, ``placements``, ``decisions``, ``status``,
     ``inventory``, ``heartbeat``, ``billing.usage``, ``admission.rejected``, tenant and approval
-    governance, ``logs``), the other buckets' writes, and stream delete/purge/message delete.
+    governance, ``logs``), the other buckets' writes, acknowledgements, and stream
+    delete/purge/message delete.
+
+    Not closed by this table: a user that may create or update a stream (``ops`` here, and every
+    service, for ``ensure_streams``) can give it a ``subject_transform`` or ``republish`` and so
+    have the server store a message on any subject; that grant is trusted like the credentials.
     """
     p, P = prefix, prefix.upper()
     streams = [f"{P}_{suffix}" for suffix in ("EVENTS", "INVENTORY", "DLQ")]
@@ -197,7 +205,7 @@ def ops_user(prefix: str) -> UserPermissions:
                  f"{p}.deadletter.replay-driver", "$JS.API.INFO",
                  *(f"$JS.API.STREAM.{verb}.{s}" for s in streams for verb in ("CREATE", "UPDATE")),
                  "$JS.API.STREAM.INFO.*", "$JS.API.STREAM.NAMES", "$JS.API.STREAM.LIST", "$JS.API.STREAM.MSG.GET.*",
-                 "$JS.API.DIRECT.GET.>", "$JS.API.CONSUMER.>", "$JS.ACK.>", "$JS.FC.>",
+                 "$JS.API.DIRECT.GET.>", "$JS.API.CONSUMER.>", "$JS.FC.>",
                  *(s for s in _buckets(p, OPS) if s.startswith(("$KV.", "$JS.API.STREAM.CREATE.",
                                                                 "$JS.API.STREAM.UPDATE.")))),
         subscribe=(">",))

@@ -110,3 +110,5 @@ def test_ops_reads_everything_and_answers_only_its_own_inbox():
         assert any(_matches(a, read) for a in ops.publish), read
     assert any(_matches(a, "_INBOX.abc.1") for a in ops.publish)  # the CLI's store queries (ops' inbox)
     assert not any(_matches(a, "_INBOX_admission.abc") for a in ops.publish)  # no service's request
+    # it sees every delivery: it may not acknowledge (or terminate) another consumer's messages
+    assert not any(_matches(a, "$JS.ACK.FED_EVENTS.audit-events.1.7.7.1700000000000000000.0") for a in ops.publish)
