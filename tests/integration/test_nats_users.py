@@ -28,11 +28,20 @@ START = datetime(2023, 3, 1, 12, 0, tzinfo=UTC).timestamp()
 def deployed_server(tmp_path):
     """A nats-server with JetStream and the deployment's accounts (dev passwords ``dev-<user>``)."""
     server = EmbeddedNats(tmp_path / "nats", accounts=DEPLOY.read_text(),
-                          passwords={u: f"dev-{u}" for u in ("ops", "scheduler", "billing", f"agent-{C1}",
-                                                             f"agent-{C2}")})
+                          passwords={u: f"dev-{u}" for u in ("ops", "admission", "scheduler", "billing",
+                                                             f"agent-{C1}", f"agent-{C2}")})
     server.start()
     yield server
     server.stop()
+
+
+async def _set_up(server: EmbeddedNats) -> None:
+    """Make the streams as ``fedsched up`` does: with the setup user's credentials (ops may not)."""
+    from fedapp.natsauth import SETUP_USER
+
+    setup = await _connect(server, SETUP_USER)
+    await setup.ensure_streams()
+    await setup.close()
 
 
 async def _connect(server: EmbeddedNats, user: str, errors: list[Exception] | None = None) -> Bus:
@@ -54,8 +63,8 @@ def _finished(job: str, cluster: str, at: float) -> object:
 
 
 async def test_an_agent_cannot_publish_or_read_for_another_cluster(deployed_server):
+    await _set_up(deployed_server)
     ops = await _connect(deployed_server, "ops")
-    await ops.ensure_streams()
     errors: list[Exception] = []
     agent = await _connect(deployed_server, f"agent-{C2}", errors)
     try:
@@ -107,8 +116,8 @@ async def test_a_forged_end_on_the_agents_own_subject_bills_nothing(deployed_ser
     from tests.builders import unique
 
     store = open_store(chdb_path=chdb_path, database=unique("db"))
+    await _set_up(deployed_server)
     ops = await _connect(deployed_server, "ops")
-    await ops.ensure_streams()
     billing_bus = await _connect(deployed_server, "billing")
     agent1, agent2 = await _connect(deployed_server, f"agent-{C1}"), await _connect(deployed_server, f"agent-{C2}")
     billing = BillingService(billing_bus, AsyncStore(store), load_price_catalog(), linger_s=0.02)
@@ -169,8 +178,8 @@ async def test_the_operators_credentials_cannot_speak_for_a_cluster_or_a_service
     tried to run it, the job showed a fake attempt). ``ops`` publishes only what its jobs need:
     every subject family has exactly the publishers the design names (fedapp/natsauth.py)."""
     errors: list[Exception] = []
+    await _set_up(ops_server)
     ops = await _connect(ops_server, "ops", errors)
-    await ops.ensure_streams()
     forged = _finished("j-forged", C1, START + 60)
     placement = placement_of(forged, at=START)
     refused = {  # subject -> who alone may publish there
@@ -185,8 +194,16 @@ async def test_the_operators_credentials_cannot_speak_for_a_cluster_or_a_service
         ops.subjects.status(R, C1): f"agent-{C1}",
         ops.subjects.inventory(R, C1): f"agent-{C1}",
         ops.subjects.heartbeat(R, C1): f"agent-{C1}",
+        ops.subjects.governance_policy(): "admission",
         "$KV.fed_spend.search": "billing",
         "$KV.fed_leases.scheduler": "scheduler",
+        "$KV.fed_policy.policy": "admission",
+        "$KV.fed_clock.clock": "admission",
+        # no stream configuration: a subject transform or republish would store anything anywhere
+        "$JS.API.STREAM.UPDATE.FED_EVENTS": "the services",
+        "$JS.API.STREAM.UPDATE.FED_DLQ": "the services",
+        "$JS.API.STREAM.CREATE.FORGE": "nobody",
+        "$JS.API.STREAM.CREATE.KV_fed_clock": "admission",
         "$JS.API.STREAM.PURGE.FED_EVENTS": "nobody",
         "$JS.API.STREAM.DELETE.FED_EVENTS": "nobody",
         "$JS.API.STREAM.MSG.DELETE.FED_EVENTS": "nobody",
@@ -206,16 +223,21 @@ async def test_the_operators_credentials_cannot_speak_for_a_cluster_or_a_service
         # through JetStream as well: a refused publish is never acknowledged
         with pytest.raises((nats.errors.TimeoutError, nats.errors.NoRespondersError)):
             await ops.js.publish(ops.subjects.placements(R, C1), placement.to_bytes(), timeout=1)
-        # what ops does need still works: streams (above), the first policy, the replay clock,
-        # store queries (a request; its own inbox), reading any stream and bucket
+        # the setup user (fedsched up's setup connection) stores the first policy and a replay's
+        # clock; ops reads them, asks the store (a request on its own inbox), reads any stream
+        from fedapp.natsauth import SETUP_USER
         from fedsched.clocksync import ClockState, publish_clock, read_clock
         from fedsched.policystore import bootstrap, read_policy
         from fedsched.tenancy import bundled_policy_text
 
-        token = await bootstrap(ops, bundled_policy_text(), ops_server.store_dir / "admin.token", now=START)
+        setup = await _connect(ops_server, SETUP_USER)
+        try:
+            token = await bootstrap(setup, bundled_policy_text(), ops_server.store_dir / "admin.token", now=START)
+            state = ClockState(anchor_wall=START, anchor_business=START, speed=60.0)
+            await publish_clock(setup, state)
+        finally:
+            await setup.close()
         assert token and await read_policy(ops) is not None
-        state = ClockState(anchor_wall=START, anchor_business=START, speed=60.0)
-        await publish_clock(ops, state)
         assert await read_clock(ops) == state
         with pytest.raises(nats.errors.NoRespondersError):
             await ops.nc.request("fed.svc.store.query", b'{"ping": true}', timeout=2)

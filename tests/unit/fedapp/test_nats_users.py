@@ -85,7 +85,7 @@ def test_each_subject_family_has_exactly_the_publishers_the_design_names():
         "fed.admission.rejected": {"admission"},
         "fed.governance.tenant.search": {"admission"},
         "fed.governance.approval.search.train": {"admission", "scheduler"},
-        "fed.governance.policy": {"admission", "ops"},  # ops: the first policy (bootstrap)
+        "fed.governance.policy": {"admission"},  # (the first policy too: fedsched up's setup user)
         "fed.billing.usage.search": {"billing"},
         "fed.status.cn-north-1.cn-north-1-c1": {"agent-cn-north-1-c1", "scheduler"},
         "fed.inventory.cn-north-1.cn-north-1-c1": {"agent-cn-north-1-c1"},
@@ -94,7 +94,10 @@ def test_each_subject_family_has_exactly_the_publishers_the_design_names():
         "$KV.fed_spend.search": {"billing"},
         "$KV.fed_leases.scheduler": {"scheduler"},
         "$KV.fed_placements.j-1": {"billing"},
-        "$KV.fed_clock.clock": {"ops"},
+        "$KV.fed_clock.clock": {"admission"},  # a replay's clock (the setup user)
+        # stream configuration (a subject transform or republish stores anything anywhere): the
+        # services, for ensure_streams -- never ops, never an agent
+        "$JS.API.STREAM.UPDATE.FED_EVENTS": {"admission", "scheduler", "audit", "billing"},
         "$JS.API.STREAM.PURGE.FED_EVENTS": set(),
         "$JS.API.STREAM.DELETE.FED_EVENTS": set(),
         "$JS.API.STREAM.MSG.DELETE.FED_EVENTS": set(),
@@ -110,5 +113,6 @@ def test_ops_reads_everything_and_answers_only_its_own_inbox():
         assert any(_matches(a, read) for a in ops.publish), read
     assert any(_matches(a, "_INBOX.abc.1") for a in ops.publish)  # the CLI's store queries (ops' inbox)
     assert not any(_matches(a, "_INBOX_admission.abc") for a in ops.publish)  # no service's request
+    assert not [a for a in ops.publish if ".STREAM.CREATE." in a or ".STREAM.UPDATE." in a or a.startswith("$KV.")]
     # it sees every delivery: it may not acknowledge (or terminate) another consumer's messages
     assert not any(_matches(a, "$JS.ACK.FED_EVENTS.audit-events.1.7.7.1700000000000000000.0") for a in ops.publish)
