@@ -9,14 +9,17 @@ Every component connects as its own user and may publish and subscribe only wher
   its dead-letter subjects, three consumers on the events stream each pinned by its create
   subject to one filter (its placements, and for the start-up rebuild its placements and its
   status), and log requests addressed to it; no stream API at all;
-* ``ops`` -- the operator and the composition process (stream setup, the first policy, the replay
-  clock, ``fedsched sql`` over the bus): everything inside the federation's account except
-  publishing on the agents' own subjects (status, inventory, heartbeats: what a cluster says of
-  itself only its agent may say).
+* ``ops`` -- the operator, the CLI and the composition process's control connection: reads
+  everything, but publishes only what its jobs need (:func:`ops_user`): ``fedsched sql``/``report``
+  requests and the answers of the store it holds. It speaks for no service and no cluster, and may
+  configure no stream: placements, job requests, usage, decisions and status have exactly the
+  publishers the design gives them (issue 14, tryout of item 1). The composition process sets the
+  federation up (streams, the first policy, a replay's clock) as :data:`SETUP_USER`.
 
 Replies go to each user's own inbox prefix ``_INBOX_<user>`` (:func:`inbox_prefix`), the only
 place below ``_INBOX`` it may subscribe, so no user reads another's replies; ``ops`` keeps the
-default ``_INBOX`` (it may subscribe everywhere).
+default ``_INBOX`` (it may subscribe everywhere, and publish below ``_INBOX.`` only: its own
+requests' inboxes, so it can answer the CLI's store queries and no service's requests).
 
 The embedded server (:func:`embedded_authorization`) gets exactly the table's users (in its
 global account rather than ``FED``: that is where its JetStream store keeps the streams) with random
@@ -53,12 +56,20 @@ OPS = "ops"
 #: The central services, each one user.
 SERVICES = ("admission", "scheduler", "audit", "billing")
 
+#: The user the composition process of ``fedsched up`` sets the federation up as (streams, the
+#: first policy, a replay's clock; ``System.setup`` in :mod:`fedapp.runtime`): the front door,
+#: whose job storing the first policy is anyway. Not ``ops``: whoever may create or update a
+#: stream may give it a subject transform or a republish and so have the server store a message
+#: on any subject -- a placement, a submission, a usage record.
+SETUP_USER = "admission"
+
 #: KV buckets (suffix after ``<prefix>_``) -> (writers, readers).
 BUCKETS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "policy": (("admission",), ("admission", "scheduler", "audit", "billing")),
     "spend": (("billing",), ("admission",)),
     "placements": (("billing",), ("billing",)),
-    "clock": ((), ("admission", "scheduler", "audit", "billing")),
+    # a replay's clock: written by the composition's setup connection (SETUP_USER)
+    "clock": (("admission",), ("admission", "scheduler", "audit", "billing")),
     # the scheduler replicas' lease (fedsched.lease); admission, billing and audit read its tenure to
     # fence late orders (agents: a read-only grant of their own, below)
     "leases": (("scheduler",), ("scheduler", "admission", "billing", "audit")),
@@ -158,6 +169,48 @@ def _buckets(prefix: str, user: str) -> list[str]:
     return out
 
 
+def ops_user(prefix: str) -> UserPermissions:
+    """The operator's user ``ops`` (the CLI, the ``nats`` CLI, the control connection of the
+    composition process of ``fedsched up``): subscribes everywhere and reads every stream, bucket
+    and consumer, but publishes only what those need -- the issue 14 tryout published a copied
+    ``job.placed`` on a cluster's placement subject as ``ops`` and every consumer took it for the
+    scheduler's.
+
+    What ``ops`` publishes, and why (everything else is a permissions violation):
+
+    * ``<p>.svc.store.query``: ``fedsched sql``/``report``/``web`` requests and the one-store ping
+      (``System._check_one_store_per_bus``); ``_INBOX.>``: the answers of the store the composition
+      process holds, to the requesters' inboxes -- only ``ops`` connections use the default
+      ``_INBOX`` or ``_INBOX_ops`` (every other user has ``_INBOX_<user>``), so it can answer no
+      service's request;
+    * ``<p>.deadletter.ops|replay-driver``: what its own followers cannot decode (the replay
+      driver follows the events stream);
+    * JetStream: account info and every read -- stream info/names/list, message get, direct get,
+      consumers (create, pull, flow control, info, delete) on any stream. Its own readers
+      (:class:`fedsched.bus.StreamFollower`, KV watches) acknowledge nothing, so it gets no
+      ``$JS.ACK``: seeing every delivery (it subscribes everywhere), it could otherwise
+      acknowledge or terminate another consumer's messages before their effect is committed.
+
+    Not granted: any business subject (``jobs``, ``placements``, ``decisions``, ``status``,
+    ``inventory``, ``heartbeat``, ``billing.usage``, ``admission.rejected``, ``governance``,
+    ``logs``), any bucket write, acknowledgements, and stream create/update/delete/purge/message
+    delete: a stream created or updated with a ``subject_transform`` or a ``republish`` makes the
+    server store a message on any subject (a tryout did so: ``fed.svc.store.query`` stored as
+    ``fed.placements.<r>.<c>``). The services keep that grant for ``ensure_streams``; it is
+    trusted like their credentials. Operators change streams (``nats stream edit``) with a
+    service's or the system account's credentials.
+    """
+    p = prefix
+    return UserPermissions(
+        OPS, "operators, the CLI and the composition's control connection: reads everything; publishes only "
+             "store queries and their answers (fedapp.natsauth.ops_user) -- never for a service or a cluster, "
+             "and configures no stream",
+        publish=(f"{p}.svc.store.query", "_INBOX.>", "_INBOX_ops.>", f"{p}.deadletter.ops", f"{p}.deadletter.replay-driver",
+                 "$JS.API.INFO", "$JS.API.STREAM.INFO.*", "$JS.API.STREAM.NAMES", "$JS.API.STREAM.LIST",
+                 "$JS.API.STREAM.MSG.GET.*", "$JS.API.DIRECT.GET.>", "$JS.API.CONSUMER.>", "$JS.FC.>"),
+        subscribe=(">",))
+
+
 def federation_users(prefix: str, clusters: Iterable[tuple[str, str]], *, js_domain: str = "") -> list[UserPermissions]:
     """The users of a federation and their permissions (the one table).
 
@@ -170,10 +223,7 @@ def federation_users(prefix: str, clusters: Iterable[tuple[str, str]], *, js_dom
     p, P = prefix, prefix.upper()
     events, inventory, dlq = f"{P}_EVENTS", f"{P}_INVENTORY", f"{P}_DLQ"
     dl = lambda *names: [f"{p}.deadletter.{n}" for n in names]  # noqa: E731
-    users = [UserPermissions(OPS, "operators and the composition process: full access inside the federation's "
-                                  "account (nats CLI, stream setup, the first policy, replays, fedsched sql), "
-                                  "except speaking for a cluster (its agent's subjects)",
-                             full=True, deny_publish=(f"{p}.status.>", f"{p}.inventory.>", f"{p}.heartbeat.>"))]
+    users = [ops_user(prefix)]
     users.append(UserPermissions(
         "admission", "the front door: job requests, refusals, governance changes and approval decisions, log "
                      "requests to agents, dry runs' what-if and status requests to the scheduler; follows the events "
@@ -304,7 +354,7 @@ ACCOUNTS_HEADER = """\
 #   fed.logs.<region>.<cluster>          admission -> that cluster's agent: log requests
 # KV buckets (stream KV_<bucket>, subjects $KV.<bucket>.>): fed_policy (admission writes, the
 # services read), fed_spend (billing writes, admission reads), fed_placements (billing's
-# placement book), fed_clock (a replay's clock; ops writes), fed_jobs_ended (admission's ended
+# placement book), fed_clock (a replay's clock; written by the setup connection, as admission), fed_jobs_ended (admission's ended
 # jobs that left its memory). Object stores (stream OBJ_<bucket>, subjects $O.<bucket>.>):
 # fed_snapshot_admission / fed_snapshot_scheduler (each service's restart checkpoint, its own only).
 #
@@ -314,6 +364,12 @@ ACCOUNTS_HEADER = """\
 # but one read: the last message of the scheduler lease (KV_fed_leases), to fence late orders.
 # Their JetStream API grants are listed for $JS.API (agent connected to the region's servers)
 # and $JS.fed.API (agent with FEDSCHED_JS_DOMAIN=fed, behind its leaf node).
+#
+# ops (operators, the CLI, the composition process's control connection) reads everything but
+# publishes only store queries (fed.svc.store.query) and their answers: never a placement, job
+# request, usage record, decision or status -- each subject family has exactly the publishers
+# listed above -- and configures no stream (a stream's subject transform or republish would store
+# a message on any subject). `fedsched up` sets the federation up as admission.
 #
 # Replies go to the connection's inbox prefix: every user has its own, _INBOX_<user>, and may
 # subscribe only below it (FEDSCHED_INBOX_PREFIX; deploy/compose, deploy/k8s), so no user can

@@ -151,6 +151,10 @@ class System:
         self.billing: BillingService | None = None
         self.agents: list[ClusterAgent] = []
         self.control: Bus | None = None
+        #: the connection that sets the federation up (streams, the first policy, a replay's clock):
+        #: admission's user where the local users are known (``ops`` may create no stream: a stream's
+        #: subject transform or republish would let it publish anywhere), else ``control``
+        self.setup: Bus | None = None
         self._query_sub = None
         self.failed = asyncio.Event()
         self.failure: BaseException | None = None
@@ -186,8 +190,9 @@ class System:
     def _user_of(self, name: str) -> str:
         """The NATS user a connection named ``name`` logs in as (:mod:`fedapp.natsauth`): the
         service's own (``admission``, ``scheduler``, ``audit``, ``billing``, ``agent-<cluster>``),
-        and ``ops`` for the composition's control connection."""
-        return natsauth.OPS if name == "control" else name
+        ``ops`` for the composition's control connection and :data:`~fedapp.natsauth.SETUP_USER`
+        for its ``setup`` connection."""
+        return {"control": natsauth.OPS, "setup": natsauth.SETUP_USER}.get(name, name)
 
     def _url_for(self, user: str) -> tuple[str, str]:
         """(URL, inbox prefix) of ``user``'s connections: its own credentials and inbox when this
@@ -300,10 +305,11 @@ class System:
         elif _loopback_without_user(self.nats_url):  # a service beside a local `fedsched up`
             self.nats_users = natsauth.LocalUsers(Path(s.data_dir)).load()
         self.control = await self._bus("control")
+        self.setup = await self._bus("setup") if natsauth.SETUP_USER in self.nats_users else self.control
         if set(opts.services) != {"agents"}:
             # agents (beside their clusters, confined by NATS permissions) never create or change
             # streams: they wait for the central services to have made them
-            await self.control.ensure_streams()
+            await self.setup.ensure_streams()
         if "admission" in wants:  # the front door stores the first policy (and keeps the admin token)
             policy_text = opts.policy_text or (read_text(Path(s.policy_file), "policy_file") if s.policy_file
                                                else bundled_policy_text())
@@ -312,7 +318,7 @@ class System:
                     policy_text = policy_for_topology(policy_text, opts.topology)
                 # the first-start policy must name only the topology's regions and clusters
                 check_topology_names(parse_policy(policy_text), KnownNames.of(opts.topology), prefix="policy.")
-            self.admin_token = await bootstrap(self.control, policy_text, s.admin_token_path, now=opts.clock.time())
+            self.admin_token = await bootstrap(self.setup, policy_text, s.admin_token_path, now=opts.clock.time())
         if wants & {"audit", "billing"}:
             self.sync_store = await asyncio.to_thread(open_store_from, s)
             self.store = AsyncStore(self.sync_store)

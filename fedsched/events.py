@@ -660,6 +660,23 @@ def approval_outcome_id(approval_id: str) -> str:
     (an approval racing its timeout, or two approvers, can never both win)."""
     return business_event_id(approval_id, "outcome")
 
+def payload_error(env: Envelope) -> str | None:
+    """Why ``env``'s payload does not validate against its type's model in :data:`PAYLOADS`, or
+    None when it does -- or when this build does not know the type (kept as said; see the module
+    docstring). The one rule for every type: what :meth:`Envelope.payload_as` with the registry's
+    model would raise (e.g. ``"usage.recorded payload invalid: gpu_seconds: Field required"``
+    for a ``{}`` payload), so a reader that checks every event up front (audit) refuses exactly
+    what a reader of that one type (admission, billing) dead-letters when it parses it."""
+    event_type = env.known_type
+    if event_type is None:
+        return None
+    try:
+        env.payload_as(PAYLOADS[event_type])
+    except DecodeError as e:
+        return e.reason
+    return None
+
+
 PayloadT = Any  # typing alias for payload_as (a _Payload subclass)
 
 

@@ -162,7 +162,7 @@ class ReplayDriver:
         for name, url in self.system.metrics_urls.items():
             log.info("replay: %s metrics on %s", name, url)
         try:
-            await publish_clock(self.system.control, self.clock.state)
+            await publish_clock(self.system.setup, self.clock.state)
             await self._wait_for_clusters(len(self.system.agents), {n.card_model for n in nodes if n.card_model})
             follower = StreamFollower(self.system.control, "EVENTS", self._on_event, name="replay-driver",
                                       filter_subjects=[self.system.control.subjects.all("status"),
@@ -323,7 +323,7 @@ class ReplayDriver:
             if target > self.clock.time():
                 state = self.clock.jump_to(target)
                 self.progress.jumps += 1
-                await publish_clock(self.system.control, state)
+                await publish_clock(self.system.setup, state)
             await asyncio.sleep(0)
         if pending_submits:
             await asyncio.gather(*pending_submits, return_exceptions=True)

@@ -11,7 +11,12 @@ second row. When ClickHouse is unavailable the
 consumer backs off and the backlog stays in JetStream.
 
 Events of a type this build does not know (a newer producer) are stored like any other: the
-log keeps what was said even when no reader here understands it yet. What an agent says for
+log keeps what was said even when no reader here understands it yet. An event of a known type
+whose payload does not validate against its model (:func:`~fedsched.events.payload_error`, one
+rule for every type) is not stored as that event: it is dead-lettered with the reason on
+``<p>.deadletter.audit-<stream>`` (stored from there as a ``bus.dead_letter`` of audit), as
+admission and billing dead-letter it -- a ``usage.recorded`` with an empty payload never
+becomes a usage row on its job (:meth:`AuditService.drop_malformed`). What an agent says for
 another cluster, and anything on a dead-letter subject, is recorded as what it is, attributed to
 the subject's sender (:func:`screened`).
 
@@ -47,7 +52,7 @@ from fedsched.clock import as_utc
 from fedsched.dispatch import EventTable
 from fedsched.errors import DecodeError, UnavailableError
 from fedsched.events import (DeadLetter, Envelope, EventType, InventorySnapshot, JobPending, JobPlaced, JobStatus,
-                             JobStop, SecurityRejected, business_event_id, make_event)
+                             JobStop, SecurityRejected, business_event_id, make_event, payload_error)
 from fedsched.lease import StreamFencing, Tenure, read_tenure
 from fedsched.trust import agent_subject, check_subject, security_event_id, sender_of
 from fedsched.metrics import WriterMetrics
@@ -307,6 +312,7 @@ class AuditService:
             for suffix in ("EVENTS", "INVENTORY", "DLQ")
         ]
         self.written = 0
+        self.malformed = 0  #: events dead-lettered for a payload that does not validate
         #: scheduler-lease fencing tokens on the orders written, judged in stream order
         self.fencing = StreamFencing()
         #: (job, attempt, shard) -> (region, cluster) of the newest placements read (bounded: older
@@ -319,10 +325,11 @@ class AuditService:
         """Insert the batch and its projections; return only after ClickHouse committed them.
 
         Raises:
-            UnavailableError: ClickHouse cannot be reached (the consumer backs off and retries).
-            DecodeError: a payload does not validate (dead-lettered by the consumer).
+            UnavailableError: ClickHouse or NATS cannot be reached (the consumer backs off and
+                retries the batch).
         """
         deliveries = [screened(d, self.bus.prefix) for d in deliveries]
+        deliveries = await self.drop_malformed(deliveries)
         deliveries = await self.fence_orders(deliveries)
         deliveries = await self.screen_statuses(deliveries)
         events = [event_row(d) for d in deliveries]
@@ -339,6 +346,35 @@ class AuditService:
         # cluster's event id never takes the place of that cluster's event in the log
         with self.metrics.time_insert("events"):
             self.written += await self.store.insert_new("events", events, EVENT_COLUMNS, ("event_id", "subject"))
+
+    async def drop_malformed(self, deliveries: list[Delivery]) -> list[Delivery]:
+        """``deliveries`` without those whose payload does not validate against its type's model
+        (:func:`~fedsched.events.payload_error`; every known type, the same rule), each
+        dead-lettered first with the reason on ``<p>.deadletter.<the consumer's durable>`` (its
+        id is derived from the stream message: a batch retried after an outage publishes the same
+        dead letter, stored once). Audit's own stand-ins (:func:`screened`) are built valid.
+
+        Raises:
+            UnavailableError: the dead letter could not be published (the batch is retried).
+        """
+        out = []
+        for d in deliveries:
+            reason = payload_error(d.envelope)
+            if reason is None:
+                out.append(d)
+                continue
+            await self.bus.dead_letter(self._durable_of(d), d.msg, reason, subject=d.subject,
+                                       data=d.envelope.to_bytes(), headers=d.headers)
+            self.malformed += 1
+        return out
+
+    def _durable_of(self, d: Delivery) -> str:
+        """The name of the durable ``d`` came through (``audit`` when it is not a stream message)."""
+        try:
+            stream = d.msg.metadata.stream
+        except Exception:  # noqa: BLE001 - no JetStream metadata (a fake delivery)
+            return "audit"
+        return next((c.durable for c in self.consumers if c.stream == stream), "audit")
 
     async def fence_orders(self, deliveries: list[Delivery]) -> list[Delivery]:
         """``deliveries`` with every scheduler order whose fencing token is stale

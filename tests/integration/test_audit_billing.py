@@ -253,3 +253,48 @@ def _cli_call(system, method: str, request):
     with Api(system.grpc_target, system.admin_token) as api:
         resp = api.call(getattr(gpb_grpc.PolicyServiceStub(api.channel), method), request)
         return trace_id_of(api.trace), resp
+
+
+async def test_a_malformed_payload_of_any_known_type_is_dead_lettered_by_audit_not_stored_as_that_event(bus, store):
+    """Issue 14 tryout: a ``usage.recorded`` with payload ``{}`` was stored as an ordinary usage
+    row on its job while admission dead-lettered it, and a malformed ``job.placed`` was
+    dead-lettered by audit: one rule now, every known type's payload against its model."""
+    from fedsched.events import UsageRecorded
+
+    astore = AsyncStore(store)
+    audit = AuditService(bus, astore, linger_s=0.05)
+    task = asyncio.create_task(audit.run())
+    routing = dict(tenant="nlp", project="train", job_id="j-2", attempt=1, region="cn-east-1", cluster="cn-east-1-c1")
+    good = make_event("usage.recorded", UsageRecorded(gpu_seconds=7200.0, cost="10.8"), producer="billing",
+                      occurred_at=START + 3600, event_id=business_event_id("usage", "j-2", 1), **routing)
+    empty_usage = good.model_copy(update=dict(event_id=business_event_id("forged", 1), payload={}))
+    bad_usage = good.model_copy(update=dict(event_id=business_event_id("forged", 2),
+                                            payload={"gpu_seconds": "many", "cost": "1"}))
+    placed = placement_of(_status("job.finished", job="j-2"))
+    bad_placed = placed.model_copy(update=dict(payload={"shard": 0}))
+    await bus.publish(bus.subjects.usage("nlp"), empty_usage)
+    await bus.publish(bus.subjects.usage("nlp"), good)
+    await bus.publish(bus.subjects.usage("nlp"), bad_usage)
+    await bus.publish(bus.subjects.placements("cn-east-1", "cn-east-1-c1"), bad_placed)
+    db = store.database
+
+    def dead_letters():
+        return store.query(f"SELECT JSONExtractString(payload, 'reason') AS reason FROM {db}.events "
+                           f"WHERE type = 'bus.dead_letter' ORDER BY reason").rows
+
+    assert await until(lambda: len(dead_letters()) == 3, timeout=20, interval=0.05), dead_letters()
+    audit.stop()
+    await task
+    reasons = [r for (r,) in dead_letters()]
+    assert reasons == ["job.placed payload invalid: spec: Field required",
+                       "usage.recorded payload invalid: gpu_seconds: Field required",
+                       "usage.recorded payload invalid: gpu_seconds: Input should be a valid number, unable to parse "
+                       "string as a number"], reasons
+    # counting the job's usage in the log sees the valid record only; no placement of j-2 is shown
+    rows = store.query(f"SELECT type, event_id FROM {db}.events WHERE job_id = 'j-2' ORDER BY type").rows
+    assert rows == [("usage.recorded", good.event_id)]
+    assert store.query(f"SELECT count() FROM {db}.decisions WHERE job_id = 'j-2'").scalar() == 0
+    # dead-lettered once each, on audit's own dead-letter subjects (the consumer's name)
+    info = await bus.js.stream_info(bus.stream_name("DLQ"), subjects_filter=bus.subjects.all("deadletter"))
+    assert info.state.subjects == {bus.subjects.deadletter("audit-events"): 3}
+    assert audit.malformed == 3

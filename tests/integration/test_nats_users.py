@@ -28,10 +28,20 @@ START = datetime(2023, 3, 1, 12, 0, tzinfo=UTC).timestamp()
 def deployed_server(tmp_path):
     """A nats-server with JetStream and the deployment's accounts (dev passwords ``dev-<user>``)."""
     server = EmbeddedNats(tmp_path / "nats", accounts=DEPLOY.read_text(),
-                          passwords={u: f"dev-{u}" for u in ("ops", "billing", f"agent-{C1}", f"agent-{C2}")})
+                          passwords={u: f"dev-{u}" for u in ("ops", "admission", "scheduler", "billing",
+                                                             f"agent-{C1}", f"agent-{C2}")})
     server.start()
     yield server
     server.stop()
+
+
+async def _set_up(server: EmbeddedNats) -> None:
+    """Make the streams as ``fedsched up`` does: with the setup user's credentials (ops may not)."""
+    from fedapp.natsauth import SETUP_USER
+
+    setup = await _connect(server, SETUP_USER)
+    await setup.ensure_streams()
+    await setup.close()
 
 
 async def _connect(server: EmbeddedNats, user: str, errors: list[Exception] | None = None) -> Bus:
@@ -53,8 +63,8 @@ def _finished(job: str, cluster: str, at: float) -> object:
 
 
 async def test_an_agent_cannot_publish_or_read_for_another_cluster(deployed_server):
+    await _set_up(deployed_server)
     ops = await _connect(deployed_server, "ops")
-    await ops.ensure_streams()
     errors: list[Exception] = []
     agent = await _connect(deployed_server, f"agent-{C2}", errors)
     try:
@@ -86,8 +96,10 @@ async def test_an_agent_cannot_publish_or_read_for_another_cluster(deployed_serv
                 ack_policy=api.AckPolicy.EXPLICIT), timeout=1)
         # ... but it may read the scheduler lease's tenure (fencing late orders), and only read it
         from fedsched.lease import nats_lease, read_tenure
-        lease = await nats_lease(ops, "scheduler", "sched-a", ttl_s=1.5)
+        scheduler = await _connect(deployed_server, "scheduler")  # the lease's only writer
+        lease = await nats_lease(scheduler, "scheduler", "sched-a", ttl_s=1.5)
         assert await lease.step()
+        await scheduler.close()
         tenure = await read_tenure(agent)
         assert tenure is not None and tenure.token == lease.token
         with pytest.raises((nats.errors.TimeoutError, nats.js.errors.Error)):
@@ -104,16 +116,17 @@ async def test_a_forged_end_on_the_agents_own_subject_bills_nothing(deployed_ser
     from tests.builders import unique
 
     store = open_store(chdb_path=chdb_path, database=unique("db"))
+    await _set_up(deployed_server)
     ops = await _connect(deployed_server, "ops")
-    await ops.ensure_streams()
     billing_bus = await _connect(deployed_server, "billing")
     agent1, agent2 = await _connect(deployed_server, f"agent-{C1}"), await _connect(deployed_server, f"agent-{C2}")
     billing = BillingService(billing_bus, AsyncStore(store), load_price_catalog(), linger_s=0.02)
     task = asyncio.create_task(billing.run())
     try:
         real = _finished("j-1", C1, START + 3600)
-        scheduler_placement = placement_of(real, at=START - 60)
-        await ops.publish(ops.subjects.placements(R, C1), scheduler_placement)
+        scheduler = await _connect(deployed_server, "scheduler")
+        await scheduler.publish(scheduler.subjects.placements(R, C1), placement_of(real, at=START - 60))
+        await scheduler.close()
         # the forger even uses the message id an unkeyed publisher would give the real end, to
         # have JetStream drop it as a duplicate; the real agent's ids are keyed (Bus.msg_id)
         agent1.msg_id_key = b"agent-1's own secret"
@@ -138,24 +151,104 @@ async def test_a_forged_end_on_the_agents_own_subject_bills_nothing(deployed_ser
             await b.close()
 
 
-async def test_the_operators_credentials_cannot_speak_for_a_cluster(deployed_server):
-    """A tryout published a job.finished on an agent's status subject with the ``ops`` user of the
-    data dir: admission marked the job succeeded and billing billed it. ``ops`` may do everything
-    else, but not publish what only a cluster's agent may say (status, inventory, heartbeats)."""
+@pytest.fixture(params=["deployment", "embedded"])
+def ops_server(request, tmp_path):
+    """A nats-server with the permission table as the deployment renders it (``accounts.conf``,
+    account ``FED``) and as ``fedsched up`` does (:func:`fedapp.natsauth.embedded_authorization`,
+    the global account): the same grants must hold in both."""
+    from fedapp import natsauth
+
+    if request.param == "deployment":
+        server = EmbeddedNats(tmp_path / "nats", accounts=DEPLOY.read_text(),
+                              passwords={u: f"dev-{u}" for u in ("ops", "admission", "scheduler", "billing")})
+    else:
+        users = natsauth.federation_users("fed", [(R, C1)])
+        passwords = {u.user: f"pw-{u.user}" for u in users}
+        server = EmbeddedNats(tmp_path / "nats", accounts=natsauth.embedded_authorization(users, passwords),
+                              passwords=passwords)
+    server.start()
+    yield server
+    server.stop()
+
+
+async def test_the_operators_credentials_cannot_speak_for_a_cluster_or_a_service(ops_server):
+    """Tryouts published, with the ``ops`` user of the data dir, a job.finished on an agent's
+    status subject (admission marked the job succeeded, billing billed it) and a copied
+    job.placed on a cluster's placement subject (audit stored it as the scheduler's, the agent
+    tried to run it, the job showed a fake attempt). ``ops`` publishes only what its jobs need:
+    every subject family has exactly the publishers the design names (fedapp/natsauth.py)."""
     errors: list[Exception] = []
-    ops = await _connect(deployed_server, "ops", errors)
-    await ops.ensure_streams()
+    await _set_up(ops_server)
+    ops = await _connect(ops_server, "ops", errors)
+    forged = _finished("j-forged", C1, START + 60)
+    placement = placement_of(forged, at=START)
+    refused = {  # subject -> who alone may publish there
+        ops.subjects.placements(R, C1): "scheduler",
+        ops.subjects.job("submitted", "search", "train"): "admission",
+        ops.subjects.job("cancel", "search", "train"): "admission",
+        ops.subjects.usage("search"): "billing",
+        ops.subjects.decisions("search", "train"): "scheduler",
+        ops.subjects.admission_rejected(): "admission",
+        ops.subjects.governance_tenant("search"): "admission",
+        ops.subjects.approval("search", "train"): "admission",
+        ops.subjects.status(R, C1): f"agent-{C1}",
+        ops.subjects.inventory(R, C1): f"agent-{C1}",
+        ops.subjects.heartbeat(R, C1): f"agent-{C1}",
+        ops.subjects.governance_policy(): "admission",
+        "$KV.fed_spend.search": "billing",
+        "$KV.fed_leases.scheduler": "scheduler",
+        "$KV.fed_policy.policy": "admission",
+        "$KV.fed_clock.clock": "admission",
+        # no stream configuration: a subject transform or republish would store anything anywhere
+        "$JS.API.STREAM.UPDATE.FED_EVENTS": "the services",
+        "$JS.API.STREAM.UPDATE.FED_DLQ": "the services",
+        "$JS.API.STREAM.CREATE.FORGE": "nobody",
+        "$JS.API.STREAM.CREATE.KV_fed_clock": "admission",
+        "$JS.API.STREAM.PURGE.FED_EVENTS": "nobody",
+        "$JS.API.STREAM.DELETE.FED_EVENTS": "nobody",
+        "$JS.API.STREAM.MSG.DELETE.FED_EVENTS": "nobody",
+        "$JS.ACK.FED_EVENTS.audit-events.1.7.7.1700000000000000000.0": "audit",  # another consumer's ack
+    }
     try:
-        for subject in (ops.subjects.status(R, C1), f"fed.inventory.{R}.{C1}", f"fed.heartbeat.{R}.{C1}"):
-            await ops.nc.publish(subject, _finished("j-forged", C1, START + 60).to_bytes())
-        await ops.nc.publish("fed.jobs.submitted", b"{}")  # (elsewhere it still may)
+        for subject in refused:
+            await ops.nc.publish(subject, placement.to_bytes())
         await ops.nc.flush()
 
-        def violations():
-            return [str(e).lower() for e in errors if "permissions violation" in str(e).lower()]
-        assert await until(lambda: len(violations()) == 3, timeout=10, interval=0.05)
-        info = await ops.js.stream_info(ops.stream_name("EVENTS"), subjects_filter="fed.>")
-        assert "fed.jobs.submitted" in (info.state.subjects or {})  # (the filter lists what is stored)
-        assert not any(s.startswith(("fed.status.", "fed.heartbeat.")) for s in info.state.subjects)
+        def violations():  # (nats-py lower-cases the server's error)
+            return {str(e).split('"')[1] for e in errors if "permissions violation" in str(e).lower()}
+        expected = {s.lower() for s in refused}
+        assert await until(lambda: violations() == expected, timeout=10, interval=0.05), expected - violations()
+        info = await ops.js.stream_info(ops.stream_name("EVENTS"))
+        assert info.state.messages == 0
+        # through JetStream as well: a refused publish is never acknowledged
+        with pytest.raises((nats.errors.TimeoutError, nats.errors.NoRespondersError)):
+            await ops.js.publish(ops.subjects.placements(R, C1), placement.to_bytes(), timeout=1)
+        # the setup user (fedsched up's setup connection) stores the first policy and a replay's
+        # clock; ops reads them, asks the store (a request on its own inbox), reads any stream
+        from fedapp.natsauth import SETUP_USER
+        from fedsched.clocksync import ClockState, publish_clock, read_clock
+        from fedsched.policystore import bootstrap, read_policy
+        from fedsched.tenancy import bundled_policy_text
+
+        setup = await _connect(ops_server, SETUP_USER)
+        try:
+            token = await bootstrap(setup, bundled_policy_text(), ops_server.store_dir / "admin.token", now=START)
+            state = ClockState(anchor_wall=START, anchor_business=START, speed=60.0)
+            await publish_clock(setup, state)
+        finally:
+            await setup.close()
+        assert token and await read_policy(ops) is not None
+        assert await read_clock(ops) == state
+        with pytest.raises(nats.errors.NoRespondersError):
+            await ops.nc.request("fed.svc.store.query", b'{"ping": true}', timeout=2)
+        events = await ops.js.stream_info(ops.stream_name("EVENTS"), subjects_filter="fed.>")
+        assert events.state.subjects == {"fed.governance.policy": 1}
+        # the real publishers still may (same table)
+        scheduler = await _connect(ops_server, "scheduler")
+        try:
+            await scheduler.publish(scheduler.subjects.placements(R, C1), placement)
+        finally:
+            await scheduler.close()
+        assert violations() == expected  # nothing ops needs was refused
     finally:
         await ops.close()

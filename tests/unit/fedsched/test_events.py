@@ -114,3 +114,21 @@ def test_keyed_message_ids_are_deterministic_and_unguessable_without_the_key():
     assert keyed != bus.msg_id("fed.status.r.c2", e)
     bus.msg_id_key = b"k2"
     assert bus.msg_id("fed.status.r.c", e) != keyed
+
+
+@pytest.mark.parametrize("type_,payload,error", [
+    pytest.param("usage.recorded", {}, "usage.recorded payload invalid: gpu_seconds: Field required", id="usage-empty"),
+    pytest.param("usage.recorded", {"gpu_seconds": 1.5, "cost": "0.2"}, None, id="usage-valid"),
+    pytest.param("job.placed", {"shard": 0}, "job.placed payload invalid: spec: Field required", id="placed-no-spec"),
+    pytest.param("inventory.heartbeat", {"sequence": "x"}, "inventory.heartbeat payload invalid: sequence: Input "
+                 "should be a valid integer, unable to parse string as an integer", id="heartbeat-bad-field"),
+    pytest.param("inventory.heartbeat", {}, None, id="heartbeat-defaults"),
+    pytest.param("job.future_thing", {"anything": 1}, None, id="unknown-type-kept"),
+])
+def test_payload_error_is_one_rule_for_every_known_type(type_, payload, error):
+    from datetime import UTC, datetime
+
+    from fedsched.events import Envelope, payload_error
+    env = Envelope(event_id="e" * 32, type=type_, occurred_at=datetime(2023, 3, 1, tzinfo=UTC), producer="x",
+                   payload=payload)
+    assert payload_error(env) == error

@@ -49,8 +49,9 @@ async def test_each_service_reads_and_writes_its_own_snapshots_only_under_the_de
                           passwords=passwords)
     server.start()
     try:
-        ops = await Bus.connect(server.client_url_for("ops"), "fed", name="ops")
-        await ops.ensure_streams()
+        setup = await Bus.connect(server.client_url_for(natsauth.SETUP_USER), "fed", name="setup",
+                                inbox_prefix=natsauth.inbox_prefix(natsauth.SETUP_USER))
+        await setup.ensure_streams()
         sched = await Bus.connect(server.client_url_for("scheduler"), "fed", name="scheduler",
                                   inbox_prefix=natsauth.inbox_prefix("scheduler"))
         adm = await Bus.connect(server.client_url_for("admission"), "fed", name="admission",
@@ -68,7 +69,7 @@ async def test_each_service_reads_and_writes_its_own_snapshots_only_under_the_de
             ended = EndedJobs(adm)  # and admission's ended-jobs bucket works under its user
             assert await ended.get("j-00000000000000000000") is None
         finally:
-            for b in (sched, adm, ops):
+            for b in (sched, adm, setup):
                 await b.close()
     finally:
         server.stop()
