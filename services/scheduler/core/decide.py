@@ -221,7 +221,7 @@ class _Split:
     last use need a new look.
     """
 
-    __slots__ = ("epoch", "log_pos", "viable", "misfits", "counts", "failed")
+    __slots__ = ("epoch", "log_pos", "viable", "misfits", "counts", "failed", "sets")
 
     def __init__(self, epoch: int, log_pos: int) -> None:
         self.epoch = epoch
@@ -230,6 +230,9 @@ class _Split:
         self.misfits: list[ClusterEvaluation] = []
         self.counts: Counter = Counter()  # reasons of the misfits
         self.failed: dict[tuple[int, int], dict[str, ClusterEvaluation]] = {}
+        #: (CPU and memory request, clusters taken out) -> :class:`_CandidateSet`; emptied
+        #: whenever ``viable`` or a ``failed`` dict changes (what every set is derived from)
+        self.sets: dict[tuple, _CandidateSet] = {}
 
     def add_misfit(self, evaluation: ClusterEvaluation) -> None:
         """Record a cluster the shape surely does not fit."""
@@ -241,7 +244,28 @@ class _Split:
         evaluation = ClusterEvaluation(cluster.name, cluster.region, verdict)
         if self.viable.pop(cluster.name, None) is not None:
             self.add_misfit(evaluation)
+            if self.sets:
+                self.sets = {}
         return evaluation
+
+    def fail(self, job: QueuedJob, name: str, evaluation: ClusterEvaluation) -> ClusterEvaluation:
+        """Record that the job's whole request did not fit viable cluster ``name``."""
+        self.failed_for(job)[name] = evaluation
+        if self.sets:
+            self.sets = {}
+        return evaluation
+
+    def candidate_set(self, job: QueuedJob, out: tuple[str, ...], cy: "_Cycle") -> "_CandidateSet":
+        """The :class:`_CandidateSet` of the job's CPU and memory request without the clusters
+        ``out`` (avoided or reserved for it; in cluster order), built once until ``viable``
+        or the failed fits change (not kept when the cycle does not cache)."""
+        key = (job.spec.cpu_milli, job.spec.memory_mib, out)
+        got = self.sets.get(key) if cy.caching else None
+        if got is None:
+            got = _CandidateSet(self, self.failed_for(job), out)
+            if cy.caching:
+                self.sets[key] = got
+        return got
 
     def failed_for(self, job: QueuedJob) -> dict[str, ClusterEvaluation]:
         """Viable clusters where a whole fit of this CPU and memory request failed (a fit reads
@@ -251,6 +275,80 @@ class _Split:
         if failed is None:
             failed = self.failed[key] = {}
         return failed
+
+
+class _CandidateSet:
+    """A split's clusters as one CPU and memory request sees them (private): the verdicts of
+    viable clusters where that whole request already failed (``failed_evals``), the clusters
+    still to fit (``cands``) and the failed ones that still count in the cost reference
+    (``ghosts``), both without the clusters taken out for the job (avoided, reserved), in
+    cluster order; and their :class:`_Group`\ s. Derived from the split alone, so jobs of the
+    request share it until the split changes."""
+
+    __slots__ = ("failed_evals", "cands", "ghosts", "groups")
+
+    def __init__(self, split: _Split, failed: dict[str, ClusterEvaluation], out: tuple[str, ...]) -> None:
+        viable = split.viable
+        self.failed_evals = tuple(e for name, e in failed.items() if name in viable)
+        self.cands = [c for name, c in viable.items() if name not in failed and name not in out]
+        self.ghosts = [c for name, c in viable.items() if name in failed and name not in out]
+        self.groups: dict[tuple, _Group] = {}
+
+    def group(self, home: str | None, at_home: bool = True) -> "_Group":
+        """All candidates (``home`` None), or those in (``at_home``) or outside region ``home``."""
+        key = (home, at_home)
+        got = self.groups.get(key)
+        if got is None:
+            if home is None:
+                got = _Group(self.cands, self.ghosts)
+            else:
+                got = _Group([c for c in self.cands if (c.cluster.region == home) == at_home],
+                             [c for c in self.ghosts if (c.cluster.region == home) == at_home])
+            self.groups[key] = got
+        return got
+
+
+class _Group:
+    """Candidates one branch and bound searches, arranged once for every job that searches
+    them (private): by region (candidate order), each region's candidates with distinct
+    cheapest-model prices (what a ``region_price`` bound reads), per region the candidate with
+    the lowest unit price among candidates and ghosts (the cost reference's), and each region's
+    "outscored" verdicts, built on first use."""
+
+    __slots__ = ("cands", "ghosts", "regions", "reps", "lowest", "outscored")
+
+    def __init__(self, cands: list["Candidate"], ghosts: list["Candidate"]) -> None:
+        self.cands = cands
+        self.ghosts = ghosts
+        regions: dict[str, list[Candidate]] = {}
+        reps: dict[str, dict[tuple, Candidate]] = {}
+        for c in cands:
+            region = c.cluster.region
+            regions.setdefault(region, []).append(c)
+            distinct = reps.setdefault(region, {})
+            if c.price_key not in distinct:
+                distinct[c.price_key] = c
+        self.regions = regions
+        self.reps = {region: tuple(d.values()) for region, d in reps.items()}
+        lowest: dict[str, tuple[float, ClusterState, str]] = {}
+        for c in (*cands, *ghosts):
+            unit = c.unit  # (precomputed: the cheapest model's price, CPU-only: the core-hour price)
+            region = c.cluster.region
+            held = lowest.get(region)
+            if held is None or unit < held[0]:
+                lowest[region] = (unit, c.cluster, c.price_key[0])
+        self.lowest = tuple((cluster, model) for _, cluster, model in lowest.values())
+        self.outscored: dict[tuple, tuple[ClusterEvaluation, ...]] = {}
+
+    def outscore(self, cy: "_Cycle", region: str, exact: bool) -> tuple[ClusterEvaluation, ...]:
+        """The "outscored" verdicts of every candidate of ``region`` (candidate order)."""
+        key = (region, exact)
+        got = self.outscored.get(key)
+        if got is None:
+            got = []
+            _outscore(cy, [c.cluster for c in self.regions[region]], got, exact=exact)
+            got = self.outscored[key] = tuple(got)
+        return got
 
 
 class _Cycle:
@@ -573,63 +671,63 @@ def decide(view: View, queue: Iterable[QueuedJob], policy: Policy, *, cache: boo
         split = cy.split(job, skey, eligible)
         evaluations.extend(split.misfits)  # clusters it surely does not fit now: shared verdicts
         failed = split.failed_for(job)  # and those where the same whole request did not fit
-        shared_counts = cy.static_counts[skey] + split.counts
-        for name, e in failed.items():
-            if name in split.viable:  # (else it is among the misfits now)
-                evaluations.append(e)
-                shared_counts[e.verdict.reason] += 1
+        viable = split.viable
+        # clusters taken out for this job, in cluster order: avoided (an earlier attempt failed
+        # there) or held by a reservation it is not estimated to end before
+        out: tuple[str, ...] = ()
+        if job.avoid_clusters or cy.reservations:
+            end = _est_end(job, now)
+            taken = {n for n in job.avoid_clusters if n in viable}
+            taken.update(n for n, r in cy.reservations.items() if end > r.start_at and n in viable)
+            out = tuple(sorted(taken, key=cy.position.__getitem__))
+        # the candidates and what jobs of this request learnt of them, shared until they change:
+        # viable clusters where an earlier job's identical request did not fit are not fitted
+        # again ("ghosts"), but still part of the cost reference, as they are when nothing is
+        # cached (there they fail only in the branch and bound, after the reference is set)
+        cset = split.candidate_set(job, out, cy)
+        failed_evals = cset.failed_evals
+        evaluations.extend(failed_evals)
         shared_len = len(evaluations)
-        candidates, avoided = [], []
-        # clusters where an earlier job's identical request did not fit: not fitted again, but
-        # still part of the cost reference, as they are when nothing is cached (there they fail
-        # only in the branch and bound, after the reference is set)
-        ghosts = [cand for name, cand in split.viable.items()
-                  if name in failed and name not in job.avoid_clusters and not _reserved(cy, job, name, now)]
-        for cand in list(split.viable.values()):
-            cluster = cand.cluster
-            if cluster.name in failed:
+        avoided = []
+        for name in out:
+            if name in failed:
                 continue
-            res = cy.reservations.get(cluster.name)
+            cand = viable[name]
+            cluster = cand.cluster
+            res = cy.reservations.get(name)
             if res is not None and _est_end(job, now) <= res.start_at:
                 res = None  # it ends before the reservation starts: backfill
-            if (cluster.name in job.avoid_clusters or res is not None) and cy.fit(job, cand)[0] is None:
+            if cy.fit(job, cand)[0] is None:
                 # "avoided" and "reserved" only where it would fit: else the verdict is the misfit
                 # (what the split learns from other jobs, so it does not depend on the caches)
-                e = failed[cluster.name] = ClusterEvaluation(cluster.name, cluster.region,
-                                                             _insufficient(job, cand.work, cand.models))
-                evaluations.append(e)
+                evaluations.append(split.fail(job, name, ClusterEvaluation(
+                    name, cluster.region, _insufficient(job, cand.work, cand.models))))
                 continue
-            if cluster.name in job.avoid_clusters:
-                evaluations.append(ClusterEvaluation(cluster.name, cluster.region,
+            if name in job.avoid_clusters:
+                evaluations.append(ClusterEvaluation(name, cluster.region,
                                                      fail(Reason.AVOIDED, "an earlier attempt failed here")))
                 avoided.append(cand)
                 continue
-            if res is not None:
-                evaluations.append(ClusterEvaluation(cluster.name, cluster.region, fail(
-                    Reason.RESERVED, f"held for {res.job_key} from ~{(res.start_at - now) / 60:.0f} min; "
-                                     f"this job is not estimated to end before")))
-                continue
-            candidates.append(cand)
+            evaluations.append(ClusterEvaluation(name, cluster.region, fail(
+                Reason.RESERVED, f"held for {res.job_key} from ~{(res.start_at - now) / 60:.0f} min; "
+                                 f"this job is not estimated to end before")))
         home_first = job.spec.locality == Locality.PREFER_LOCAL
         # a job whose tenant must ask before going abroad runs at home whenever home can take it
         # now: an approver is asked only when going abroad is the alternative to waiting
         ask_first = job.cross_region == "approval"
-        groups = ([[c for c in candidates if c.cluster.region == job.spec.home_region],
-                   [c for c in candidates if c.cluster.region != job.spec.home_region]]
-                  if home_first or ask_first else [candidates])
-        ghost_groups = ([[c for c in ghosts if c.cluster.region == job.spec.home_region],
-                         [c for c in ghosts if c.cluster.region != job.spec.home_region]]
-                        if home_first or ask_first else [ghosts])
+        groups = ([cset.group(job.spec.home_region, True), cset.group(job.spec.home_region, False)]
+                  if home_first or ask_first else [cset.group(None)])
         best = None
+        passed: list[ClusterEvaluation] = []  # the clusters that fit and were scored
         for g, group in enumerate(groups):
-            best = _branch_and_bound(job, group, cy, evaluations, split, ghost_groups[g])  # 3
+            best = _branch_and_bound(job, group, cy, evaluations, split, passed)  # 3
             if best is not None:
                 for later in groups[g + 1:]:  # abroad, not tried: every cluster still gets a verdict
-                    evaluations.extend(cy.home_first(c.cluster) for c in later)
+                    evaluations.extend(cy.home_first(c.cluster) for c in later.cands)
                 break
         if best is None and avoided:  # failover found nowhere else: the failed cluster beats waiting
             retry = [c for c in avoided if c.cluster.name not in cy.reservations]
-            best = _branch_and_bound(job, retry, cy, evaluations, split)
+            best = _branch_and_bound(job, _Group(retry, []), cy, evaluations, split, passed)
 
         if best is not None:
             cluster, fit, wc, terms, total = best.cluster, best.fit, best.work, best.terms, best.total
@@ -650,7 +748,7 @@ def decide(view: View, queue: Iterable[QueuedJob], policy: Policy, *, cache: boo
                     continue
             wc.commit(fit)
             cy.record(job, cluster, fit, ())
-            placements.append(_placement(job, cluster, fit, total, terms, evaluations, cy, ()))
+            placements.append(_placement(job, cluster, fit, total, terms, evaluations, cy, (), passed))
             order.placed(job)
             continue
 
@@ -677,6 +775,9 @@ def decide(view: View, queue: Iterable[QueuedJob], policy: Policy, *, cache: boo
                 and now - job.submitted_at >= policy.reserve_after_s):
             cy.reserve_tries += 1
             reservation = _reserve(job, cy, static_ok, skey)
+        shared_counts = cy.static_counts[skey] + split.counts
+        for e in failed_evals:
+            shared_counts[e.verdict.reason] += 1
         counts = shared_counts + Counter(e.verdict.reason for e in evaluations[shared_len:] if not e.verdict.passed)
         reason = summarise_counts(counts)
         if reservation is not None:
@@ -768,19 +869,17 @@ class _Bounds:
             value = self.shared[key] = s.scorer.bound(job, cluster, c.work, cy.ctx, c.models)
         return value
 
-    def region(self, members: list[Candidate]) -> float:
-        """An upper bound of the total score on any of a region's candidates: its shared terms,
-        the best price term of its clusters, and 1 for every cluster-specific term."""
+    def region(self, group: _Group, region: str) -> float:
+        """An upper bound of the total score on any of a region's candidates in ``group``: its
+        shared terms, the best price term of its clusters, and 1 for every cluster-specific
+        term."""
         bound = 0.0
+        members = group.regions[region]
         for s in self.cy.scopes:
             if s.scope in ("cluster", "cluster_shape"):
                 bound += s.weight  # at most 1
             elif s.scope == "region_price":  # one bound per distinct (cheapest model, its price)
-                distinct: dict[tuple, Candidate] = {}
-                for c in members:
-                    if c.price_key not in distinct:
-                        distinct[c.price_key] = c
-                bound += s.weight * max(self.part(s, c) for c in distinct.values())
+                bound += s.weight * max(self.part(s, c) for c in group.reps[region])
             else:
                 bound += s.weight * self.part(s, members[0])
         return bound
@@ -800,22 +899,6 @@ class _Bounds:
             out.append((round(same + t, 9), c.cluster.name, c))
         out.sort(key=lambda r: (-r[0], r[1]))
         return out
-
-
-def _set_cost_reference(job: QueuedJob, candidates: list[Candidate], cy: "_Cycle") -> None:
-    """The cost scale of this job's cost scores: the cheapest cost per GPU-hour among its
-    candidates (cheapest model each). Within a region the egress is the same, so cost rises with
-    the unit price: one call per region, on its lowest-priced candidate, gives the same minimum
-    as one per candidate."""
-    lowest: dict[str, tuple[float, ClusterState, str]] = {}
-    for c in candidates:
-        unit = c.unit  # (precomputed: the cheapest model's price, CPU-only: the core-hour price)
-        region = c.cluster.region
-        held = lowest.get(region)
-        if held is None or unit < held[0]:
-            lowest[region] = (unit, c.cluster, c.price_key[0])
-    set_cost_reference(job, min(cost_per_unit_hour(job, c, model, cy.ctx) for _, c, model in lowest.values()),
-                       cy.ctx)
 
 
 def _score(job: QueuedJob, c: Candidate, fit: Fit, cy: "_Cycle", shared: dict[int, float]) -> tuple[tuple, float]:
@@ -845,36 +928,39 @@ def _reserved(cy: "_Cycle", job: QueuedJob, name: str, now: float) -> bool:
     return res is not None and _est_end(job, now) > res.start_at
 
 
-def _branch_and_bound(job: QueuedJob, candidates: list[Candidate], cy: "_Cycle",
-                      evaluations: list[ClusterEvaluation], split: "_Split",
-                      ghosts: list[Candidate] = ()) -> Best | None:
-    """The best-scoring fit among ``candidates``, fitting only those whose score bound could
-    still beat the best found (exact, up to ``policy.max_scored_fits``: the same choice as
-    fitting and scoring all of them; ``tests/unit/scheduler/test_policy.py`` checks it).
+def _branch_and_bound(job: QueuedJob, group: _Group, cy: "_Cycle", evaluations: list[ClusterEvaluation],
+                      split: "_Split", passed: list[ClusterEvaluation]) -> Best | None:
+    """The best-scoring fit among the ``group``'s candidates, fitting only those whose score
+    bound could still beat the best found (exact, up to ``policy.max_scored_fits``: the same
+    choice as fitting and scoring all of them; ``tests/unit/scheduler/test_policy.py`` checks
+    it).
+
+    The cost scale is set first: the cheapest cost per GPU-hour among the candidates and the
+    group's ghosts (clusters known not to fit this request this cycle, not fitted, which still
+    count, so the reference does not depend on what the cycle cached); within a region the
+    egress is the same, so cost rises with the unit price: one look per region, at its
+    lowest-priced candidate (:class:`_Group`), gives the same minimum as one per candidate.
 
     Bounds come in two levels (:class:`_Bounds`): a region's and a cluster's; a region that
-    cannot beat the best found is never expanded. Appends a verdict per candidate to
-    ``evaluations``; returns the best fit or None. ``ghosts``: clusters known not to fit this
-    request this cycle (not fitted), which still count in the cost reference, so the reference
-    does not depend on what the cycle cached.
+    cannot beat the best found is never expanded (its verdicts are the group's shared
+    "outscored" ones). Appends a verdict per candidate to ``evaluations`` (and the passing ones,
+    fitted and scored, to ``passed`` too); returns the best fit or None.
     """
-    if not candidates:
+    if not group.cands:
         return None
-    _set_cost_reference(job, [*candidates, *ghosts], cy)
+    ctx = cy.ctx
+    set_cost_reference(job, min(cost_per_unit_hour(job, c, model, ctx) for c, model in group.lowest), ctx)
     bounds = _Bounds(job, cy)
-    by_region: dict[str, list[Candidate]] = {}
-    for c in candidates:
-        by_region.setdefault(c.cluster.region, []).append(c)
-    regions = sorted((-round(bounds.region(members), 9), region) for region, members in by_region.items())
+    regions = sorted((-round(bounds.region(group, region), 9), region) for region in group.regions)
     best: Best | None = None
     scored = 0
     limit = cy.policy.max_scored_fits
     for neg_bound, region in regions:
         capped = bool(limit and scored >= limit)
         if best is not None and (best.total > -neg_bound or capped):
-            _outscore(cy, [c.cluster for c in by_region[region]], evaluations, exact=not capped)
+            evaluations.extend(group.outscore(cy, region, not capped))
             continue
-        ranked = bounds.ranked(by_region[region])
+        ranked = bounds.ranked(group.regions[region])
         for k, (bound, name, c) in enumerate(ranked):
             capped = bool(limit and scored >= limit)
             if best is not None and (not best.beaten_by(bound, name) or capped):
@@ -882,12 +968,13 @@ def _branch_and_bound(job: QueuedJob, candidates: list[Candidate], cy: "_Cycle",
                 break
             fit, shared = cy.fit(job, c)
             if fit is None:
-                e = split.failed_for(job)[name] = ClusterEvaluation(name, c.cluster.region,
-                                                                    _insufficient(job, c.work, c.models))
-                evaluations.append(e)
+                evaluations.append(split.fail(job, name, ClusterEvaluation(name, c.cluster.region,
+                                                                           _insufficient(job, c.work, c.models))))
                 continue
             terms, total = _score(job, c, fit, cy, shared)
-            evaluations.append(ClusterEvaluation(name, c.cluster.region, PASS, terms, total))
+            e = ClusterEvaluation(name, c.cluster.region, PASS, terms, total)
+            evaluations.append(e)
+            passed.append(e)
             scored += 1
             if best is None or best.beaten_by(total, name):
                 best = Best(c.cluster, fit, c.work, terms, total)
@@ -1019,12 +1106,18 @@ def _fits_somewhere_empty(job: QueuedJob, clusters: list[ClusterState], cy: _Cyc
 
 
 def _placement(job: QueuedJob, cluster: ClusterState, fit: Fit, total: float, terms: tuple,
-               evaluations: list[ClusterEvaluation], cy: _Cycle, victims: tuple[RunningWork, ...]) -> Placement:
+               evaluations: list[ClusterEvaluation], cy: _Cycle, victims: tuple[RunningWork, ...],
+               scored: list[ClusterEvaluation] | None = None) -> Placement:
+    """The placement of ``job`` on ``cluster`` with its one-line explanation. ``scored``: the
+    evaluations that passed, if the caller kept them (else they are looked up in
+    ``evaluations``)."""
     bindings = tuple(NodeBinding(b.worker, cluster.nodes[b.node].name, b.devices, b.gpu_milli, b.cpu_milli,
                                  b.memory_mib) for b in fit.bindings)
-    passed = sorted((e for e in evaluations if e.total is not None and e.cluster != cluster.name), key=lambda e: -e.total)
+    if scored is None:
+        scored = [e for e in evaluations if e.verdict.passed]
+    passed = sorted((e for e in scored if e.total is not None and e.cluster != cluster.name), key=lambda e: -e.total)
     runner = passed[0] if passed else None
-    excluded = sum(1 for e in evaluations if not e.verdict.passed)
+    excluded = len(evaluations) - len(scored)
     if victims:
         explanation = (f"{cluster.name} ({cluster.region}) after preempting {len(victims)} lower-priority job(s) "
                        f"({', '.join(v.job_id for v in victims[:3])}{'...' if len(victims) > 3 else ''}); "

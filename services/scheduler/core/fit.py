@@ -117,7 +117,7 @@ class WorkingCluster:
         index: the cluster's index (default: ``cluster.idx()``).
     """
 
-    __slots__ = ("state", "gpu_free", "cpu_free", "mem_free", "by_model", "cpu_order", "_stats", "scan_nodes_up_to", "_pending",
+    __slots__ = ("state", "gpu_free", "cpu_free", "mem_free", "by_model", "cpu_order", "_stats", "_summaries", "scan_nodes_up_to", "_pending",
                  "_pool", "_source", "_classes")
 
     def __init__(self, cluster: ClusterState, *, empty: bool = False, index: ClusterIndex | None = None) -> None:
@@ -140,6 +140,9 @@ class WorkingCluster:
         # pool -> [free milli-GPU, idle cards, {idle cards on a node: nodes}, {largest free share on a
         # node: nodes}, capacity milli-GPU], kept by _take once the pool's classes exist
         self._stats: dict[str, list] = {}
+        #: pool -> its :meth:`summary`, until the pool's next allocation change (many request
+        #: shapes check one changed cluster)
+        self._summaries: dict[str, tuple[int, int, int]] = {}
         #: pools of at most this many nodes are searched node by node (same result, less work)
         self.scan_nodes_up_to = SCAN_NODES_UP_TO
         #: pool -> node -> its signature in the pool's classes: nodes changed since the classes
@@ -193,10 +196,14 @@ class WorkingCluster:
         """(largest free share on one card, most idle cards on one node, idle cards in all) for
         ``model``. Used to reject quickly; O(distinct values), kept as nodes change.
         """
+        got = self._summaries.get(model)
+        if got is not None:
+            return got
         if model not in self.by_model:
             return (0, 0, 0)
         stats = self._stats_of(model)
-        return (max(stats[3]) if stats[3] else 0, max(stats[2]) if stats[2] else 0, stats[1])
+        got = self._summaries[model] = (max(stats[3]) if stats[3] else 0, max(stats[2]) if stats[2] else 0, stats[1])
+        return got
 
     # ------------------------------------------------------------------ queries
 
@@ -422,6 +429,7 @@ class WorkingCluster:
         self.cpu_free[i] -= sign * b.cpu_milli
         self.mem_free[i] -= sign * b.memory_mib
         if pool is not None:  # its class changes when the classes are next read (_flush)
+            self._summaries.pop(pool, None)
             pending = self._pending.get(pool)
             if pending is None:
                 pending = self._pending[pool] = {}
@@ -446,6 +454,7 @@ class WorkingCluster:
         other.scan_nodes_up_to = self.scan_nodes_up_to
         other._pending = {p: dict(d) for p, d in self._pending.items() if d}
         other._stats = {p: [st[0], st[1], dict(st[2]), dict(st[3]), st[4]] for p, st in self._stats.items()}
+        other._summaries = dict(self._summaries)
         return other
 
     def release_work(self, work, sign: int = -1) -> None:
