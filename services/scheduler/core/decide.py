@@ -369,6 +369,7 @@ class _Cycle:
         self.policy = policy
         self.scopes = [ScorerScope(i, sc, w, getattr(sc, "bound_scope", "cluster"))
                        for i, (sc, w) in enumerate(policy.weights)]
+        self.varying_scopes = [s for s in self.scopes if s.scope not in ("const", "region")]
         # cluster -> lowest priority of its preemptible work (clusters without any are absent)
         self.lowest_victim = {c.name: min(w.priority for w in c.running if w.preemptible)
                               for c in self.clusters if any(w.preemptible for w in c.running)}
@@ -393,13 +394,13 @@ class _Cycle:
         self.model_cache: dict[tuple, list[str]] = {}
         self.pending_memo: dict[tuple, tuple] = {}
         self.fits_empty_cache: dict[tuple, bool] = {}
-        # (cluster, whole request shape) -> (cluster version, fit or None, fit-only score values)
-        self.fit_cache: dict[tuple, tuple] = {}
+        # (cluster, GPU shape) -> the candidates' slot (Candidate.slot): their gang fits and
+        # fit-only scores per CPU and memory request, and their cluster-and-shape bounds
+        self.slots: dict[tuple, dict] = {}
         # work done on (cluster, request shape) pairs, for decide(stats=...): capacity checks
         # (could_fit, on first sight and after the cluster changed) and gang fits computed
         self.checks = 0
         self.fits = 0
-        self.shape_bounds: dict[tuple, tuple] = {}  # (scorer, cluster, shape) -> (cluster version, bound)
         self.home_firsts: dict[str, ClusterEvaluation] = {}
         self.fit_scored = [i for i, (sc, _) in enumerate(policy.weights) if getattr(sc, "score_scope", "job") == "fit"]
         # preemption under quotas: per-cluster summaries of evictable work, tenants' cohorts,
@@ -488,8 +489,11 @@ class _Cycle:
         if wc.could_fit(job.spec, models):
             cheapest = models[0] if models else ""
             unit = cluster.prices.get(cheapest, 0.0) if job.spec.gpus_per_worker else cluster.cpu_price_per_core_hour
+            slot = self.slots.get((cluster.name, shape))
+            if slot is None:
+                slot = self.slots[(cluster.name, shape)] = {}
             entry.viable[cluster.name] = Candidate(cluster, wc, models, shape, (cheapest, cluster.prices.get(cheapest)),
-                                                   unit)
+                                                   unit, slot)
         else:
             entry.add_misfit(self.cached("misfit", cluster, shape, lambda: ClusterEvaluation(
                 cluster.name, cluster.region, _insufficient(job, wc, models))))
@@ -504,15 +508,16 @@ class _Cycle:
         if not self.caching:
             return c.work.fit(job.spec, c.models), {}
         s = job.spec
-        key = (c.cluster.name, c.shape, s.cpu_milli, s.memory_mib)
+        key = ("fit", s.cpu_milli, s.memory_mib)
         version = self.cluster_version.get(c.cluster.name, 0)
-        hit = self.fit_cache.get(key)
+        slot = c.slot
+        hit = slot.get(key)
         if hit is not None and hit[0] == version:
             return hit[1], hit[2]
         fit = c.work.fit(s, c.models)
         self.fits += 1
         scores: dict[int, float] = {}
-        self.fit_cache[key] = (version, fit, scores)
+        slot[key] = (version, fit, scores)
         return fit, scores
 
     def home_first(self, cluster: ClusterState) -> ClusterEvaluation:
@@ -807,6 +812,10 @@ class Candidate(NamedTuple):
     shape: tuple
     price_key: tuple = ("", None)
     unit: float = 0.0
+    #: memo of what reads the cluster and the GPU shape (shared by every candidate of that pair
+    #: this cycle): ``("fit", CPU, memory)`` -> (cluster version, fit, fit-only scores), scorer
+    #: index -> (cluster version, ``cluster_shape`` bound)
+    slot: dict | None = None
 
 
 class ScorerScope(NamedTuple):
@@ -837,68 +846,93 @@ class Best(NamedTuple):
 
 class _Bounds:
     """Upper bounds of a job's score terms on its candidates, each computed once per the extent
-    its scorer declares (:class:`ScorerScope`); cluster-and-shape bounds live in the cycle's
-    cache."""
+    its scorer declares (:class:`ScorerScope`); cluster-and-shape bounds live in the
+    candidates' slots (memoised until the cluster's allocation changes)."""
 
     def __init__(self, job: QueuedJob, cy: "_Cycle") -> None:
         self.job, self.cy = job, cy
-        self.shared: dict[tuple, float] = {}
+        self.shared: dict[int, float] = {}  # const scopes' values
+        self.regions: dict[str, tuple[list, dict]] = {}  # region -> _region_terms
 
-    def part(self, s: ScorerScope, c: Candidate) -> float:
-        """The bound of scorer ``s`` on candidate ``c`` (in [0, 1])."""
-        job, cy, cluster = self.job, self.cy, c.cluster
-        if s.scope == "cluster":
-            return s.scorer.bound(job, cluster, c.work, cy.ctx, c.models)
-        if s.scope == "cluster_shape":  # memoised until the cluster's allocation changes
-            if not cy.caching:
-                return s.scorer.bound(job, cluster, c.work, cy.ctx, c.models)
-            key = (s.index, cluster.name, c.shape)
-            version = cy.cluster_version.get(cluster.name, 0)
-            held = cy.shape_bounds.get(key)
-            if held is None or held[0] != version:
-                held = cy.shape_bounds[key] = (version, s.scorer.bound(job, cluster, c.work, cy.ctx, c.models))
-            return held[1]
-        if s.scope == "const":
-            key = (s.index,)
-        elif s.scope == "region":
-            key = (s.index, cluster.region)
-        else:  # region_price
-            key = (s.index, cluster.region) + c.price_key
-        value = self.shared.get(key)
-        if value is None:
-            value = self.shared[key] = s.scorer.bound(job, cluster, c.work, cy.ctx, c.models)
-        return value
+    def _region_terms(self, group: _Group, region: str) -> tuple[list, dict]:
+        """The job's terms shared by a region's candidates in ``group``: per scope, its weighted
+        value where one value holds for the whole region (``const``, ``region``; None for the
+        others), and the ``region_price`` bounds by (scope index, cheapest model, its price)."""
+        got = self.regions.get(region)
+        if got is None:
+            job, cy = self.job, self.cy
+            ctx = cy.ctx
+            first = group.regions[region][0]
+            values: list = []
+            prices: dict[tuple, float] = {}
+            for s in cy.scopes:
+                scope = s.scope
+                if scope == "region":
+                    values.append(s.scorer.bound(job, first.cluster, first.work, ctx, first.models))
+                elif scope == "const":
+                    value = self.shared.get(s.index)
+                    if value is None:
+                        value = self.shared[s.index] = s.scorer.bound(job, first.cluster, first.work, ctx,
+                                                                      first.models)
+                    values.append(value)
+                else:
+                    values.append(None)
+                    if scope == "region_price":  # one bound per distinct (cheapest model, its price)
+                        for c in group.reps[region]:
+                            prices[(s.index, *c.price_key)] = s.scorer.bound(job, c.cluster, c.work, ctx, c.models)
+            got = self.regions[region] = (values, prices)
+        return got
 
     def region(self, group: _Group, region: str) -> float:
         """An upper bound of the total score on any of a region's candidates in ``group``: its
         shared terms, the best price term of its clusters, and 1 for every cluster-specific
         term."""
+        values, prices = self._region_terms(group, region)
         bound = 0.0
-        members = group.regions[region]
-        for s in self.cy.scopes:
-            if s.scope in ("cluster", "cluster_shape"):
+        for s, value in zip(self.cy.scopes, values):
+            if value is not None:
+                bound += s.weight * value
+            elif s.scope == "region_price":
+                bound += s.weight * max([prices[(s.index, *c.price_key)] for c in group.reps[region]])
+            else:  # cluster, cluster_shape
                 bound += s.weight  # at most 1
-            elif s.scope == "region_price":  # one bound per distinct (cheapest model, its price)
-                bound += s.weight * max(self.part(s, c) for c in group.reps[region])
-            else:
-                bound += s.weight * self.part(s, members[0])
         return bound
 
-    def ranked(self, members: list[Candidate]) -> list[tuple[float, str, Candidate]]:
-        """A region's candidates as (bound, name, candidate), best bound first (ties by name);
-        the terms shared by the whole region are computed once."""
-        scopes = self.cy.scopes
-        part = self.part
-        same = sum(s.weight * part(s, members[0]) for s in scopes if s.scope in ("const", "region"))
-        varying = [s for s in scopes if s.scope not in ("const", "region")]
+    def ranked(self, group: _Group, region: str) -> list[tuple[float, str, Candidate]]:
+        """A region's candidates in ``group`` as (bound, name, candidate), best bound first
+        (ties by name); the terms shared by the whole region are computed once."""
+        cy = self.cy
+        values, prices = self._region_terms(group, region)
+        same = 0  # as sum(): the same additions in the same order
+        for s, value in zip(cy.scopes, values):
+            if s.scope in ("const", "region"):
+                same += s.weight * value
+        varying = cy.varying_scopes
+        caching = cy.caching
+        versions = cy.cluster_version
         out = []
-        for c in members:
-            t = 0  # as sum(): the same additions in the same order
+        for c in group.regions[region]:
+            t = 0
             for s in varying:
-                t += s.weight * part(s, c)
+                scope = s.scope
+                if scope == "region_price":
+                    t += s.weight * prices[(s.index, *c.price_key)]
+                elif scope == "cluster_shape" and caching:  # memoised until the cluster's allocation changes
+                    version = versions.get(c.cluster.name, 0)
+                    held = c.slot.get(s.index)
+                    if held is None or held[0] != version:
+                        held = c.slot[s.index] = (version, s.scorer.bound(self.job, c.cluster, c.work, cy.ctx,
+                                                                          c.models))
+                    t += s.weight * held[1]
+                else:
+                    t += s.weight * s.scorer.bound(self.job, c.cluster, c.work, cy.ctx, c.models)
             out.append((round(same + t, 9), c.cluster.name, c))
-        out.sort(key=lambda r: (-r[0], r[1]))
+        out.sort(key=_by_bound)
         return out
+
+
+def _by_bound(r: tuple) -> tuple:
+    return -r[0], r[1]
 
 
 def _score(job: QueuedJob, c: Candidate, fit: Fit, cy: "_Cycle", shared: dict[int, float]) -> tuple[tuple, float]:
@@ -960,7 +994,7 @@ def _branch_and_bound(job: QueuedJob, group: _Group, cy: "_Cycle", evaluations: 
         if best is not None and (best.total > -neg_bound or capped):
             evaluations.extend(group.outscore(cy, region, not capped))
             continue
-        ranked = bounds.ranked(group.regions[region])
+        ranked = bounds.ranked(group, region)
         for k, (bound, name, c) in enumerate(ranked):
             capped = bool(limit and scored >= limit)
             if best is not None and (not best.beaten_by(bound, name) or capped):
