@@ -118,7 +118,7 @@ class WorkingCluster:
     """
 
     __slots__ = ("state", "gpu_free", "cpu_free", "mem_free", "by_model", "cpu_order", "_stats", "_summaries", "scan_nodes_up_to", "_pending",
-                 "_pool", "_source", "_classes")
+                 "_pool", "_source", "_classes", "_shared")
 
     def __init__(self, cluster: ClusterState, *, empty: bool = False, index: ClusterIndex | None = None) -> None:
         self.state = cluster
@@ -137,6 +137,9 @@ class WorkingCluster:
         self._pool = index.pool if len(index.pool) == len(cluster.nodes) else tuple(pool_of(n) for n in cluster.nodes)
         self._source = source.pools
         self._classes: dict[str, dict[tuple, _Class]] = {}
+        #: pools whose classes (the dict and its classes) another working cluster shares since
+        #: a :meth:`clone`: copied before they change (copy-on-write)
+        self._shared: set[str] = set()
         # pool -> [free milli-GPU, idle cards, {idle cards on a node: nodes}, {largest free share on a
         # node: nodes}, capacity milli-GPU], kept by _take once the pool's classes exist
         self._stats: dict[str, list] = {}
@@ -163,6 +166,9 @@ class WorkingCluster:
                 stats[4] += len(devices) * WHOLE * k
         pending = self._pending.get(pool)
         if pending:
+            if pool in self._shared:  # shared with a clone (or its original): copy before changing
+                got = self._classes[pool] = {sig: c.copy() for sig, c in got.items()}
+                self._shared.discard(pool)
             self._flush(pool, got, pending)
         return got
 
@@ -450,7 +456,10 @@ class WorkingCluster:
         other.cpu_order = self.cpu_order
         other._pool = self._pool
         other._source = self._source
-        other._classes = {p: {sig: c.copy() for sig, c in classes.items()} for p, classes in self._classes.items()}
+        # classes are shared until either side changes them (copy-on-write, :meth:`classes`)
+        other._classes = dict(self._classes)
+        self._shared.update(self._classes)
+        other._shared = set(self._classes)
         other.scan_nodes_up_to = self.scan_nodes_up_to
         other._pending = {p: dict(d) for p, d in self._pending.items() if d}
         other._stats = {p: [st[0], st[1], dict(st[2]), dict(st[3]), st[4]] for p, st in self._stats.items()}
