@@ -402,7 +402,7 @@ class _Cycle:
         self.checks = 0
         self.fits = 0
         self.home_firsts: dict[str, ClusterEvaluation] = {}
-        self.fit_scored = [i for i, (sc, _) in enumerate(policy.weights) if getattr(sc, "score_scope", "job") == "fit"]
+        self.fit_scored = {i for i, (sc, _) in enumerate(policy.weights) if getattr(sc, "score_scope", "job") == "fit"}
         # preemption under quotas: per-cluster summaries of evictable work, tenants' cohorts,
         # the rules covering each running work (all pure functions of the view)
         self.evict_summary: dict[str, tuple] = {}
@@ -476,22 +476,35 @@ class _Cycle:
             hits = (sorted((n for n in changed if n in viable), key=self.position.__getitem__)
                     if len(changed) < len(viable) else [n for n in viable if n in changed])
             for name in hits:
-                cluster, wc, models = entry.viable[name][:3]
-                self.checks += 1
-                if not wc.could_fit(job.spec, models):
-                    entry.misfit(cluster, _insufficient(job, wc, models))
+                cand = entry.viable[name]
+                if not self.could_fit(job, cand.cluster, cand.work, cand.models, cand.slot):
+                    entry.misfit(cand.cluster, _insufficient(job, cand.work, cand.models))
         return entry
+
+    def could_fit(self, job: QueuedJob, cluster: ClusterState, wc: WorkingCluster, models: list[str],
+                  slot: dict) -> bool:
+        """:meth:`~.fit.WorkingCluster.could_fit` of the job's GPU shape on ``cluster``, memoised
+        in the (cluster, shape) ``slot`` until the cluster's allocation changes: every split of
+        the shape (jobs that differ in what the filters read) shares it."""
+        if not self.caching:
+            self.checks += 1
+            return wc.could_fit(job.spec, models)
+        version = self.cluster_version.get(cluster.name, 0)
+        held = slot.get("could")
+        if held is None or held[0] != version:
+            self.checks += 1
+            held = slot["could"] = (version, wc.could_fit(job.spec, models))
+        return held[1]
 
     def _classify(self, job: QueuedJob, entry: _Split, cluster: ClusterState) -> None:
         wc, models = self.wc(cluster), self.models(job, cluster)
         shape = _shape(job, models)
-        self.checks += 1
-        if wc.could_fit(job.spec, models):
+        slot = self.slots.get((cluster.name, shape))
+        if slot is None:
+            slot = self.slots[(cluster.name, shape)] = {}
+        if self.could_fit(job, cluster, wc, models, slot):
             cheapest = models[0] if models else ""
             unit = cluster.prices.get(cheapest, 0.0) if job.spec.gpus_per_worker else cluster.cpu_price_per_core_hour
-            slot = self.slots.get((cluster.name, shape))
-            if slot is None:
-                slot = self.slots[(cluster.name, shape)] = {}
             entry.viable[cluster.name] = Candidate(cluster, wc, models, shape, (cheapest, cluster.prices.get(cheapest)),
                                                    unit, slot)
         else:
@@ -903,10 +916,7 @@ class _Bounds:
         (ties by name); the terms shared by the whole region are computed once."""
         cy = self.cy
         values, prices = self._region_terms(group, region)
-        same = 0  # as sum(): the same additions in the same order
-        for s, value in zip(cy.scopes, values):
-            if s.scope in ("const", "region"):
-                same += s.weight * value
+        same = sum([s.weight * value for s, value in zip(cy.scopes, values) if s.scope in ("const", "region")])
         varying = cy.varying_scopes
         caching = cy.caching
         versions = cy.cluster_version
@@ -939,21 +949,20 @@ def _score(job: QueuedJob, c: Candidate, fit: Fit, cy: "_Cycle", shared: dict[in
     """(terms, weighted total) of a fit: terms as (scorer name, value) rounded to 4 places.
     ``shared`` holds the values of the fit-only scorers already computed for this fit (by
     scorer index, :meth:`_Cycle.fit`); new ones are added to it."""
-    weights = cy.policy.weights
-    values = [sc.score(job, c.cluster, fit, c.work, cy.ctx) for sc, _ in weights] if not cy.fit_scored else None
-    if values is None:
-        values = []
-        fit_only = cy.fit_scored
-        for i, (sc, _) in enumerate(weights):
-            if i in fit_only:
-                v = shared.get(i)
-                if v is None:
-                    v = shared[i] = sc.score(job, c.cluster, fit, c.work, cy.ctx)
-            else:
-                v = sc.score(job, c.cluster, fit, c.work, cy.ctx)
-            values.append(v)
-    terms = tuple((sc.name, round(v, 4)) for (sc, _), v in zip(weights, values))
-    return terms, round(sum(w * v for (_, w), v in zip(weights, values)), 4)
+    cluster, work, ctx = c.cluster, c.work, cy.ctx
+    fit_only = cy.fit_scored
+    terms = []
+    weighted = []
+    for i, (sc, w) in enumerate(cy.policy.weights):
+        if i in fit_only:
+            v = shared.get(i)
+            if v is None:
+                v = shared[i] = sc.score(job, cluster, fit, work, ctx)
+        else:
+            v = sc.score(job, cluster, fit, work, ctx)
+        terms.append((sc.name, round(v, 4)))
+        weighted.append(w * v)
+    return tuple(terms), round(sum(weighted), 4)
 
 
 def _reserved(cy: "_Cycle", job: QueuedJob, name: str, now: float) -> bool:
