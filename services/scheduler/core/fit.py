@@ -118,7 +118,7 @@ class WorkingCluster:
     """
 
     __slots__ = ("state", "gpu_free", "cpu_free", "mem_free", "by_model", "cpu_order", "_stats", "_summaries", "scan_nodes_up_to", "_pending",
-                 "_pool", "_source", "_classes", "_shared")
+                 "_pool", "_source", "_classes", "_shared", "_nodes_shared")
 
     def __init__(self, cluster: ClusterState, *, empty: bool = False, index: ClusterIndex | None = None) -> None:
         self.state = cluster
@@ -140,6 +140,9 @@ class WorkingCluster:
         #: pools whose classes (the dict and its classes) another working cluster shares since
         #: a :meth:`clone`: copied before they change (copy-on-write)
         self._shared: set[str] = set()
+        #: the per-node lists (``gpu_free``, ``cpu_free``, ``mem_free``) are shared with a clone
+        #: (or its original) since a :meth:`clone`: copied before the first change
+        self._nodes_shared = False
         # pool -> [free milli-GPU, idle cards, {idle cards on a node: nodes}, {largest free share on a
         # node: nodes}, capacity milli-GPU], kept by _take once the pool's classes exist
         self._stats: dict[str, list] = {}
@@ -424,6 +427,9 @@ class WorkingCluster:
         return Binding(worker, i, devices, WHOLE, cpu, mem)
 
     def _take(self, b: Binding, sign: int = 1) -> None:
+        if self._nodes_shared:  # copy-on-write (:meth:`clone`)
+            self.gpu_free, self.cpu_free, self.mem_free = list(self.gpu_free), list(self.cpu_free), list(self.mem_free)
+            self._nodes_shared = False
         i = b.node
         pool = self._pool[i] if i < len(self._pool) else None
         old = (self.gpu_free[i], self.cpu_free[i], self.mem_free[i])
@@ -449,14 +455,14 @@ class WorkingCluster:
         """An independent copy (for what-ifs: preemption, estimated start)."""
         other = WorkingCluster.__new__(WorkingCluster)
         other.state = self.state
-        other.gpu_free = list(self.gpu_free)
-        other.cpu_free = list(self.cpu_free)
-        other.mem_free = list(self.mem_free)
+        # per-node lists and classes are shared until either side changes them (copy-on-write:
+        # :meth:`_take`, :meth:`classes`)
+        other.gpu_free, other.cpu_free, other.mem_free = self.gpu_free, self.cpu_free, self.mem_free
+        self._nodes_shared = other._nodes_shared = True
         other.by_model = self.by_model
         other.cpu_order = self.cpu_order
         other._pool = self._pool
         other._source = self._source
-        # classes are shared until either side changes them (copy-on-write, :meth:`classes`)
         other._classes = dict(self._classes)
         self._shared.update(self._classes)
         other._shared = set(self._classes)
