@@ -507,9 +507,14 @@ class _Cycle:
             unit = cluster.prices.get(cheapest, 0.0) if job.spec.gpus_per_worker else cluster.cpu_price_per_core_hour
             entry.viable[cluster.name] = Candidate(cluster, wc, models, shape, (cheapest, cluster.prices.get(cheapest)),
                                                    unit, slot)
-        else:
-            entry.add_misfit(self.cached("misfit", cluster, shape, lambda: ClusterEvaluation(
-                cluster.name, cluster.region, _insufficient(job, wc, models))))
+        else:  # the verdict as first found at this allocation, shared by the shape's splits
+            version = self.cluster_version.get(cluster.name, 0)
+            held = slot.get("misfit") if self.caching else None
+            if held is None or held[0] != version:
+                held = (version, ClusterEvaluation(cluster.name, cluster.region, _insufficient(job, wc, models)))
+                if self.caching:
+                    slot["misfit"] = held
+            entry.add_misfit(held[1])
 
     def fit(self, job: QueuedJob, c: "Candidate") -> tuple[Fit | None, dict[int, float]]:
         """The job's gang fit on candidate ``c`` (:meth:`~.fit.WorkingCluster.fit`, tentative)
@@ -826,8 +831,9 @@ class Candidate(NamedTuple):
     price_key: tuple = ("", None)
     unit: float = 0.0
     #: memo of what reads the cluster and the GPU shape (shared by every candidate of that pair
-    #: this cycle): ``("fit", CPU, memory)`` -> (cluster version, fit, fit-only scores), scorer
-    #: index -> (cluster version, ``cluster_shape`` bound)
+    #: this cycle), each with the cluster version it holds for: ``"could"`` -> capacity check,
+    #: ``"misfit"`` -> the "does not fit" verdict, ``("fit", CPU, memory)`` -> (fit, fit-only
+    #: scores), scorer index -> ``cluster_shape`` bound
     slot: dict | None = None
 
 
