@@ -31,15 +31,21 @@ decide the same, ``tests/unit/test_scheduler_cache.py``):
 * candidate card models: allowed models, on-card memory, price ceiling, cluster;
 * the viable/misfit split: filter keys, candidate-model inputs and the GPU shape (workers, GPUs
   per worker, share), invalidated by changes of capacity; whole fits that failed there, per CPU
-  and memory request as well;
-* per-cluster values (misfit verdicts, score bounds, estimated starts): cluster, its allocation
-  version, candidate models and the request shape each value reads (CPU and memory too for the
+  and memory request as well; and, per CPU and memory request and clusters taken out for the
+  job (avoided, reserved), its candidate set -- candidates, ghosts, failed verdicts, per-region
+  groups with their lowest-priced candidates and "outscored" verdicts (:class:`_CandidateSet`,
+  :class:`_Group`) -- rebuilt only when the split's viable clusters or failed fits change;
+* per (cluster, GPU shape) "slot", each value with the cluster's allocation version it holds
+  for (:class:`Candidate`): the capacity check and "does not fit" verdict (shared by every
+  split of the shape), cluster-and-shape score bounds, gang fits per CPU and memory request;
+* per-cluster values (estimated starts, preemption plans): cluster, its allocation version,
+  candidate models and the request shape each value reads (CPU and memory too for the
   estimated start, which fits the whole request; a prefer_local job's home start is searched
   only as far as its wait limit, and an "not within" answer is reused for limits no larger);
 * gang fits and the scores that read only the fit and the cluster (``score_scope = "fit"``:
   packing, fragmentation, headroom): cluster, its allocation version and the whole request
   shape, so jobs of one shape share them; the scores that read the job's data, home or
-  estimate (home, start, cost) are computed per job;
+  estimate (home, start, cost) are computed per job, their region-wide bounds once per region;
 * "fits if empty": filter keys, candidate-model inputs and the whole request shape;
 * preemption plans under quotas: cluster, its allocation version, the eviction epoch, tenant,
   priority, candidate models and the whole request (candidate pools and quota bounds per
