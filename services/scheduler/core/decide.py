@@ -403,6 +403,8 @@ class _Cycle:
         # (cluster, GPU shape) -> the candidates' slot (Candidate.slot): their gang fits and
         # fit-only scores per CPU and memory request, and their cluster-and-shape bounds
         self.slots: dict[tuple, dict] = {}
+        # (candidate-model inputs, GPU shape) -> cluster -> (models, shape, slot, price key, unit)
+        self.infos: dict[tuple, dict[str, tuple]] = {}
         # work done on (cluster, request shape) pairs, for decide(stats=...): capacity checks
         # (could_fit, on first sight and after the cluster changed) and gang fits computed
         self.checks = 0
@@ -472,8 +474,11 @@ class _Cycle:
         entry = self.splits.get(key) if self.caching else None
         if entry is None or entry.epoch != self.epoch:
             entry = self.splits[key] = _Split(self.epoch, len(self.change_log))
+            infos = self.infos.get(key[1:]) if self.caching else None
+            if infos is None:
+                infos = self.infos[key[1:]] = {}
             for cluster in eligible:
-                self._classify(job, entry, cluster)
+                self._classify(job, entry, cluster, infos)
             return entry
         if entry.log_pos < len(self.change_log):
             changed = set(self.change_log[entry.log_pos:])
@@ -502,17 +507,24 @@ class _Cycle:
             held = slot["could"] = (version, wc.could_fit(job.spec, models))
         return held[1]
 
-    def _classify(self, job: QueuedJob, entry: _Split, cluster: ClusterState) -> None:
-        wc, models = self.wc(cluster), self.models(job, cluster)
-        shape = _shape(job, models)
-        slot = self.slots.get((cluster.name, shape))
-        if slot is None:
-            slot = self.slots[(cluster.name, shape)] = {}
-        if self.could_fit(job, cluster, wc, models, slot):
+    def _classify(self, job: QueuedJob, entry: _Split, cluster: ClusterState, infos: dict[str, tuple]) -> None:
+        """Put ``cluster`` among the split's viable clusters or its misfits. ``infos``: what the
+        job's candidate-model inputs and GPU shape give per cluster (models, shape, slot, price
+        key, unit price), shared by every split of that shape."""
+        wc = self.wc(cluster)
+        info = infos.get(cluster.name)
+        if info is None:
+            models = self.models(job, cluster)
+            shape = _shape(job, models)
+            slot = self.slots.get((cluster.name, shape))
+            if slot is None:
+                slot = self.slots[(cluster.name, shape)] = {}
             cheapest = models[0] if models else ""
             unit = cluster.prices.get(cheapest, 0.0) if job.spec.gpus_per_worker else cluster.cpu_price_per_core_hour
-            entry.viable[cluster.name] = Candidate(cluster, wc, models, shape, (cheapest, cluster.prices.get(cheapest)),
-                                                   unit, slot)
+            info = infos[cluster.name] = (models, shape, slot, (cheapest, cluster.prices.get(cheapest)), unit)
+        models, shape, slot, price_key, unit = info
+        if self.could_fit(job, cluster, wc, models, slot):
+            entry.viable[cluster.name] = Candidate(cluster, wc, models, shape, price_key, unit, slot)
         else:  # the verdict as first found at this allocation, shared by the shape's splits
             version = self.cluster_version.get(cluster.name, 0)
             held = slot.get("misfit") if self.caching else None
