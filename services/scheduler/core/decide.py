@@ -941,17 +941,24 @@ class _Bounds:
         cy = self.cy
         values, prices = self._region_terms(group, region)
         same = sum([s.weight * value for s, value in zip(cy.scopes, values) if s.scope in ("const", "region")])
-        varying = cy.varying_scopes
         caching = cy.caching
         versions = cy.cluster_version
+        # per varying scope: 0 = region_price (weighted bounds by price key), 1 = cluster_shape
+        # (memoised in the slots), 2 = computed per cluster
+        plan = []
+        for s in cy.varying_scopes:
+            if s.scope == "region_price":
+                plan.append((0, s, {c.price_key: s.weight * prices[(s.index, *c.price_key)]
+                                    for c in group.reps[region]}))
+            else:
+                plan.append((1 if s.scope == "cluster_shape" and caching else 2, s, None))
         out = []
         for c in group.regions[region]:
             t = 0
-            for s in varying:
-                scope = s.scope
-                if scope == "region_price":
-                    t += s.weight * prices[(s.index, *c.price_key)]
-                elif scope == "cluster_shape" and caching:  # memoised until the cluster's allocation changes
+            for kind, s, weighted in plan:
+                if kind == 0:
+                    t += weighted[c.price_key]
+                elif kind == 1:  # memoised until the cluster's allocation changes
                     version = versions.get(c.cluster.name, 0)
                     held = c.slot.get(s.index)
                     if held is None or held[0] != version:
