@@ -24,6 +24,11 @@ for nodes whose allocation changed); building them is not part of the cycle time
 machine wall time varies with load: compare the ``cpu s`` column (``per cpu-s`` = decisions per
 CPU-second, the rate issue 15's figures use).
 
+``--digest`` adds a column: a hash of every placement (cluster, card model, bindings, score,
+explanation, cost) and every pending job (reason, reservation), each with every cluster's verdict
+(code, detail, score terms) in order -- a change meant to be a pure speed-up must leave it as it
+was.
+
 Targets (issue 4): >= 10,000 decisions/s at 64 clusters with 10,000 pending jobs, and that
 cycle under 1 s; issue 15: the same at 100 x 5,000 nodes in the busy (``full``) and steady states.
 """
@@ -31,6 +36,7 @@ cycle under 1 s; issue 15: the same at 100 x 5,000 nodes in the busy (``full``) 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import statistics
 import time
 from importlib import resources
@@ -84,6 +90,21 @@ def build_queue(n_jobs: int, regions: tuple[str, ...]) -> list[QueuedJob]:
     return queue
 
 
+def digest(d) -> str:
+    """A short hash of every decision of ``d`` with every cluster's verdict, in order."""
+    h = hashlib.sha256()
+    for p in d.placements:
+        h.update(repr((p.job.key, p.cluster, p.card_model, p.bindings, p.score, p.explanation, p.est_cost,
+                       p.transfer_s, [(e.cluster, e.region, e.verdict.reason, e.verdict.detail, e.scores, e.total)
+                                      for e in p.evaluations])).encode())
+    for p in d.pending:
+        h.update(repr((p.job.key, p.reason, p.fits_empty, p.queue, p.reservation,
+                       [(e.cluster, e.region, e.verdict.reason, e.verdict.detail, e.scores, e.total)
+                        for e in p.evaluations])).encode())
+    h.update(repr(d.reservations).encode())
+    return h.hexdigest()[:16]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--clusters", default="8,64,256")
@@ -91,10 +112,11 @@ def main() -> None:
     ap.add_argument("--jobs", default="1000,5000,10000")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--scenarios", default="full,steady,filling")
+    ap.add_argument("--digest", action="store_true", help="print a hash of every decision and verdict")
     args = ap.parse_args()
     policy = build_policy("federated")
     print(f"{'scenario':>8} {'clusters':>8} {'pending':>8} {'placed':>7} {'cycle s (median)':>17} {'cpu s':>10} "
-          f"{'decisions/s':>12} {'per cpu-s':>10}")
+          f"{'decisions/s':>12} {'per cpu-s':>10}" + (f" {'digest':>16}" if args.digest else ""))
     for scenario, n_clusters in ((sc, int(x)) for sc in args.scenarios.split(",") for x in args.clusters.split(",")):
         t_build = time.perf_counter()
         view = build_view(n_clusters, args.nodes, scenario=scenario)
@@ -102,7 +124,7 @@ def main() -> None:
         regions = tuple(dict.fromkeys(c.region for c in view.clusters))
         for n_jobs in (int(x) for x in args.jobs.split(",")):
             queue = build_queue(n_jobs, regions)
-            times, cpu, placed = [], [], 0
+            times, cpu, placed, d = [], [], 0, None
             for _ in range(args.repeat):
                 t0, c0 = time.perf_counter(), time.process_time()
                 d = decide(view, queue, policy)
@@ -111,7 +133,7 @@ def main() -> None:
                 placed = len(d.placements)
             t, c = statistics.median(times), statistics.median(cpu)
             print(f"{scenario:>8} {n_clusters:>8} {n_jobs:>8} {placed:>7} {t:>17.3f} {c:>10.3f} {n_jobs / t:>12,.0f} "
-                  f"{n_jobs / c:>10,.0f}", flush=True)
+                  f"{n_jobs / c:>10,.0f}" + (f" {digest(d):>16}" if args.digest else ""), flush=True)
 
 
 if __name__ == "__main__":

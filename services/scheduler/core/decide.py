@@ -31,15 +31,21 @@ decide the same, ``tests/unit/test_scheduler_cache.py``):
 * candidate card models: allowed models, on-card memory, price ceiling, cluster;
 * the viable/misfit split: filter keys, candidate-model inputs and the GPU shape (workers, GPUs
   per worker, share), invalidated by changes of capacity; whole fits that failed there, per CPU
-  and memory request as well;
-* per-cluster values (misfit verdicts, score bounds, estimated starts): cluster, its allocation
-  version, candidate models and the request shape each value reads (CPU and memory too for the
+  and memory request as well; and, per CPU and memory request and clusters taken out for the
+  job (avoided, reserved), its candidate set -- candidates, ghosts, failed verdicts, per-region
+  groups with their lowest-priced candidates and "outscored" verdicts (:class:`_CandidateSet`,
+  :class:`_Group`) -- rebuilt only when the split's viable clusters or failed fits change;
+* per (cluster, GPU shape) "slot", each value with the cluster's allocation version it holds
+  for (:class:`Candidate`): the capacity check and "does not fit" verdict (shared by every
+  split of the shape), cluster-and-shape score bounds, gang fits per CPU and memory request;
+* per-cluster values (estimated starts, preemption plans): cluster, its allocation version,
+  candidate models and the request shape each value reads (CPU and memory too for the
   estimated start, which fits the whole request; a prefer_local job's home start is searched
   only as far as its wait limit, and an "not within" answer is reused for limits no larger);
 * gang fits and the scores that read only the fit and the cluster (``score_scope = "fit"``:
   packing, fragmentation, headroom): cluster, its allocation version and the whole request
   shape, so jobs of one shape share them; the scores that read the job's data, home or
-  estimate (home, start, cost) are computed per job;
+  estimate (home, start, cost) are computed per job, their region-wide bounds once per region;
 * "fits if empty": filter keys, candidate-model inputs and the whole request shape;
 * preemption plans under quotas: cluster, its allocation version, the eviction epoch, tenant,
   priority, candidate models and the whole request (candidate pools and quota bounds per
@@ -221,7 +227,7 @@ class _Split:
     last use need a new look.
     """
 
-    __slots__ = ("epoch", "log_pos", "viable", "misfits", "counts", "failed")
+    __slots__ = ("epoch", "log_pos", "viable", "misfits", "counts", "failed", "sets")
 
     def __init__(self, epoch: int, log_pos: int) -> None:
         self.epoch = epoch
@@ -230,6 +236,9 @@ class _Split:
         self.misfits: list[ClusterEvaluation] = []
         self.counts: Counter = Counter()  # reasons of the misfits
         self.failed: dict[tuple[int, int], dict[str, ClusterEvaluation]] = {}
+        #: (CPU and memory request, clusters taken out) -> :class:`_CandidateSet`; emptied
+        #: whenever ``viable`` or a ``failed`` dict changes (what every set is derived from)
+        self.sets: dict[tuple, _CandidateSet] = {}
 
     def add_misfit(self, evaluation: ClusterEvaluation) -> None:
         """Record a cluster the shape surely does not fit."""
@@ -241,7 +250,28 @@ class _Split:
         evaluation = ClusterEvaluation(cluster.name, cluster.region, verdict)
         if self.viable.pop(cluster.name, None) is not None:
             self.add_misfit(evaluation)
+            if self.sets:
+                self.sets = {}
         return evaluation
+
+    def fail(self, job: QueuedJob, name: str, evaluation: ClusterEvaluation) -> ClusterEvaluation:
+        """Record that the job's whole request did not fit viable cluster ``name``."""
+        self.failed_for(job)[name] = evaluation
+        if self.sets:
+            self.sets = {}
+        return evaluation
+
+    def candidate_set(self, job: QueuedJob, out: tuple[str, ...], cy: "_Cycle") -> "_CandidateSet":
+        """The :class:`_CandidateSet` of the job's CPU and memory request without the clusters
+        ``out`` (avoided or reserved for it; in cluster order), built once until ``viable``
+        or the failed fits change (not kept when the cycle does not cache)."""
+        key = (job.spec.cpu_milli, job.spec.memory_mib, out)
+        got = self.sets.get(key) if cy.caching else None
+        if got is None:
+            got = _CandidateSet(self, self.failed_for(job), out)
+            if cy.caching:
+                self.sets[key] = got
+        return got
 
     def failed_for(self, job: QueuedJob) -> dict[str, ClusterEvaluation]:
         """Viable clusters where a whole fit of this CPU and memory request failed (a fit reads
@@ -251,6 +281,80 @@ class _Split:
         if failed is None:
             failed = self.failed[key] = {}
         return failed
+
+
+class _CandidateSet:
+    """A split's clusters as one CPU and memory request sees them (private): the verdicts of
+    viable clusters where that whole request already failed (``failed_evals``), the clusters
+    still to fit (``cands``) and the failed ones that still count in the cost reference
+    (``ghosts``), both without the clusters taken out for the job (avoided, reserved), in
+    cluster order; and their :class:`_Group`\ s. Derived from the split alone, so jobs of the
+    request share it until the split changes."""
+
+    __slots__ = ("failed_evals", "cands", "ghosts", "groups")
+
+    def __init__(self, split: _Split, failed: dict[str, ClusterEvaluation], out: tuple[str, ...]) -> None:
+        viable = split.viable
+        self.failed_evals = tuple(e for name, e in failed.items() if name in viable)
+        self.cands = [c for name, c in viable.items() if name not in failed and name not in out]
+        self.ghosts = [c for name, c in viable.items() if name in failed and name not in out]
+        self.groups: dict[tuple, _Group] = {}
+
+    def group(self, home: str | None, at_home: bool = True) -> "_Group":
+        """All candidates (``home`` None), or those in (``at_home``) or outside region ``home``."""
+        key = (home, at_home)
+        got = self.groups.get(key)
+        if got is None:
+            if home is None:
+                got = _Group(self.cands, self.ghosts)
+            else:
+                got = _Group([c for c in self.cands if (c.cluster.region == home) == at_home],
+                             [c for c in self.ghosts if (c.cluster.region == home) == at_home])
+            self.groups[key] = got
+        return got
+
+
+class _Group:
+    """Candidates one branch and bound searches, arranged once for every job that searches
+    them (private): by region (candidate order), each region's candidates with distinct
+    cheapest-model prices (what a ``region_price`` bound reads), per region the candidate with
+    the lowest unit price among candidates and ghosts (the cost reference's), and each region's
+    "outscored" verdicts, built on first use."""
+
+    __slots__ = ("cands", "ghosts", "regions", "reps", "lowest", "outscored")
+
+    def __init__(self, cands: list["Candidate"], ghosts: list["Candidate"]) -> None:
+        self.cands = cands
+        self.ghosts = ghosts
+        regions: dict[str, list[Candidate]] = {}
+        reps: dict[str, dict[tuple, Candidate]] = {}
+        for c in cands:
+            region = c.cluster.region
+            regions.setdefault(region, []).append(c)
+            distinct = reps.setdefault(region, {})
+            if c.price_key not in distinct:
+                distinct[c.price_key] = c
+        self.regions = regions
+        self.reps = {region: tuple(d.values()) for region, d in reps.items()}
+        lowest: dict[str, tuple[float, ClusterState, str]] = {}
+        for c in (*cands, *ghosts):
+            unit = c.unit  # (precomputed: the cheapest model's price, CPU-only: the core-hour price)
+            region = c.cluster.region
+            held = lowest.get(region)
+            if held is None or unit < held[0]:
+                lowest[region] = (unit, c.cluster, c.price_key[0])
+        self.lowest = tuple((cluster, model) for _, cluster, model in lowest.values())
+        self.outscored: dict[tuple, tuple[ClusterEvaluation, ...]] = {}
+
+    def outscore(self, cy: "_Cycle", region: str, exact: bool) -> tuple[ClusterEvaluation, ...]:
+        """The "outscored" verdicts of every candidate of ``region`` (candidate order)."""
+        key = (region, exact)
+        got = self.outscored.get(key)
+        if got is None:
+            got = []
+            _outscore(cy, [c.cluster for c in self.regions[region]], got, exact=exact)
+            got = self.outscored[key] = tuple(got)
+        return got
 
 
 class _Cycle:
@@ -271,6 +375,7 @@ class _Cycle:
         self.policy = policy
         self.scopes = [ScorerScope(i, sc, w, getattr(sc, "bound_scope", "cluster"))
                        for i, (sc, w) in enumerate(policy.weights)]
+        self.varying_scopes = [s for s in self.scopes if s.scope not in ("const", "region")]
         # cluster -> lowest priority of its preemptible work (clusters without any are absent)
         self.lowest_victim = {c.name: min(w.priority for w in c.running if w.preemptible)
                               for c in self.clusters if any(w.preemptible for w in c.running)}
@@ -295,15 +400,17 @@ class _Cycle:
         self.model_cache: dict[tuple, list[str]] = {}
         self.pending_memo: dict[tuple, tuple] = {}
         self.fits_empty_cache: dict[tuple, bool] = {}
-        # (cluster, whole request shape) -> (cluster version, fit or None, fit-only score values)
-        self.fit_cache: dict[tuple, tuple] = {}
+        # (cluster, GPU shape) -> the candidates' slot (Candidate.slot): their gang fits and
+        # fit-only scores per CPU and memory request, and their cluster-and-shape bounds
+        self.slots: dict[tuple, dict] = {}
+        # (candidate-model inputs, GPU shape) -> cluster -> (models, shape, slot, price key, unit)
+        self.infos: dict[tuple, dict[str, tuple]] = {}
         # work done on (cluster, request shape) pairs, for decide(stats=...): capacity checks
         # (could_fit, on first sight and after the cluster changed) and gang fits computed
         self.checks = 0
         self.fits = 0
-        self.shape_bounds: dict[tuple, tuple] = {}  # (scorer, cluster, shape) -> (cluster version, bound)
         self.home_firsts: dict[str, ClusterEvaluation] = {}
-        self.fit_scored = [i for i, (sc, _) in enumerate(policy.weights) if getattr(sc, "score_scope", "job") == "fit"]
+        self.fit_scored = {i for i, (sc, _) in enumerate(policy.weights) if getattr(sc, "score_scope", "job") == "fit"}
         # preemption under quotas: per-cluster summaries of evictable work, tenants' cohorts,
         # the rules covering each running work (all pure functions of the view)
         self.evict_summary: dict[str, tuple] = {}
@@ -367,8 +474,11 @@ class _Cycle:
         entry = self.splits.get(key) if self.caching else None
         if entry is None or entry.epoch != self.epoch:
             entry = self.splits[key] = _Split(self.epoch, len(self.change_log))
+            infos = self.infos.get(key[1:]) if self.caching else None
+            if infos is None:
+                infos = self.infos[key[1:]] = {}
             for cluster in eligible:
-                self._classify(job, entry, cluster)
+                self._classify(job, entry, cluster, infos)
             return entry
         if entry.log_pos < len(self.change_log):
             changed = set(self.change_log[entry.log_pos:])
@@ -377,24 +487,52 @@ class _Cycle:
             hits = (sorted((n for n in changed if n in viable), key=self.position.__getitem__)
                     if len(changed) < len(viable) else [n for n in viable if n in changed])
             for name in hits:
-                cluster, wc, models = entry.viable[name][:3]
-                self.checks += 1
-                if not wc.could_fit(job.spec, models):
-                    entry.misfit(cluster, _insufficient(job, wc, models))
+                cand = entry.viable[name]
+                if not self.could_fit(job, cand.cluster, cand.work, cand.models, cand.slot):
+                    entry.misfit(cand.cluster, _insufficient(job, cand.work, cand.models))
         return entry
 
-    def _classify(self, job: QueuedJob, entry: _Split, cluster: ClusterState) -> None:
-        wc, models = self.wc(cluster), self.models(job, cluster)
-        shape = _shape(job, models)
-        self.checks += 1
-        if wc.could_fit(job.spec, models):
+    def could_fit(self, job: QueuedJob, cluster: ClusterState, wc: WorkingCluster, models: list[str],
+                  slot: dict) -> bool:
+        """:meth:`~.fit.WorkingCluster.could_fit` of the job's GPU shape on ``cluster``, memoised
+        in the (cluster, shape) ``slot`` until the cluster's allocation changes: every split of
+        the shape (jobs that differ in what the filters read) shares it."""
+        if not self.caching:
+            self.checks += 1
+            return wc.could_fit(job.spec, models)
+        version = self.cluster_version.get(cluster.name, 0)
+        held = slot.get("could")
+        if held is None or held[0] != version:
+            self.checks += 1
+            held = slot["could"] = (version, wc.could_fit(job.spec, models))
+        return held[1]
+
+    def _classify(self, job: QueuedJob, entry: _Split, cluster: ClusterState, infos: dict[str, tuple]) -> None:
+        """Put ``cluster`` among the split's viable clusters or its misfits. ``infos``: what the
+        job's candidate-model inputs and GPU shape give per cluster (models, shape, slot, price
+        key, unit price), shared by every split of that shape."""
+        wc = self.wc(cluster)
+        info = infos.get(cluster.name)
+        if info is None:
+            models = self.models(job, cluster)
+            shape = _shape(job, models)
+            slot = self.slots.get((cluster.name, shape))
+            if slot is None:
+                slot = self.slots[(cluster.name, shape)] = {}
             cheapest = models[0] if models else ""
             unit = cluster.prices.get(cheapest, 0.0) if job.spec.gpus_per_worker else cluster.cpu_price_per_core_hour
-            entry.viable[cluster.name] = Candidate(cluster, wc, models, shape, (cheapest, cluster.prices.get(cheapest)),
-                                                   unit)
-        else:
-            entry.add_misfit(self.cached("misfit", cluster, shape, lambda: ClusterEvaluation(
-                cluster.name, cluster.region, _insufficient(job, wc, models))))
+            info = infos[cluster.name] = (models, shape, slot, (cheapest, cluster.prices.get(cheapest)), unit)
+        models, shape, slot, price_key, unit = info
+        if self.could_fit(job, cluster, wc, models, slot):
+            entry.viable[cluster.name] = Candidate(cluster, wc, models, shape, price_key, unit, slot)
+        else:  # the verdict as first found at this allocation, shared by the shape's splits
+            version = self.cluster_version.get(cluster.name, 0)
+            held = slot.get("misfit") if self.caching else None
+            if held is None or held[0] != version:
+                held = (version, ClusterEvaluation(cluster.name, cluster.region, _insufficient(job, wc, models)))
+                if self.caching:
+                    slot["misfit"] = held
+            entry.add_misfit(held[1])
 
     def fit(self, job: QueuedJob, c: "Candidate") -> tuple[Fit | None, dict[int, float]]:
         """The job's gang fit on candidate ``c`` (:meth:`~.fit.WorkingCluster.fit`, tentative)
@@ -406,15 +544,16 @@ class _Cycle:
         if not self.caching:
             return c.work.fit(job.spec, c.models), {}
         s = job.spec
-        key = (c.cluster.name, c.shape, s.cpu_milli, s.memory_mib)
+        key = ("fit", s.cpu_milli, s.memory_mib)
         version = self.cluster_version.get(c.cluster.name, 0)
-        hit = self.fit_cache.get(key)
+        slot = c.slot
+        hit = slot.get(key)
         if hit is not None and hit[0] == version:
             return hit[1], hit[2]
         fit = c.work.fit(s, c.models)
         self.fits += 1
         scores: dict[int, float] = {}
-        self.fit_cache[key] = (version, fit, scores)
+        slot[key] = (version, fit, scores)
         return fit, scores
 
     def home_first(self, cluster: ClusterState) -> ClusterEvaluation:
@@ -573,63 +712,63 @@ def decide(view: View, queue: Iterable[QueuedJob], policy: Policy, *, cache: boo
         split = cy.split(job, skey, eligible)
         evaluations.extend(split.misfits)  # clusters it surely does not fit now: shared verdicts
         failed = split.failed_for(job)  # and those where the same whole request did not fit
-        shared_counts = cy.static_counts[skey] + split.counts
-        for name, e in failed.items():
-            if name in split.viable:  # (else it is among the misfits now)
-                evaluations.append(e)
-                shared_counts[e.verdict.reason] += 1
+        viable = split.viable
+        # clusters taken out for this job, in cluster order: avoided (an earlier attempt failed
+        # there) or held by a reservation it is not estimated to end before
+        out: tuple[str, ...] = ()
+        if job.avoid_clusters or cy.reservations:
+            end = _est_end(job, now)
+            taken = {n for n in job.avoid_clusters if n in viable}
+            taken.update(n for n, r in cy.reservations.items() if end > r.start_at and n in viable)
+            out = tuple(sorted(taken, key=cy.position.__getitem__))
+        # the candidates and what jobs of this request learnt of them, shared until they change:
+        # viable clusters where an earlier job's identical request did not fit are not fitted
+        # again ("ghosts"), but still part of the cost reference, as they are when nothing is
+        # cached (there they fail only in the branch and bound, after the reference is set)
+        cset = split.candidate_set(job, out, cy)
+        failed_evals = cset.failed_evals
+        evaluations.extend(failed_evals)
         shared_len = len(evaluations)
-        candidates, avoided = [], []
-        # clusters where an earlier job's identical request did not fit: not fitted again, but
-        # still part of the cost reference, as they are when nothing is cached (there they fail
-        # only in the branch and bound, after the reference is set)
-        ghosts = [cand for name, cand in split.viable.items()
-                  if name in failed and name not in job.avoid_clusters and not _reserved(cy, job, name, now)]
-        for cand in list(split.viable.values()):
-            cluster = cand.cluster
-            if cluster.name in failed:
+        avoided = []
+        for name in out:
+            if name in failed:
                 continue
-            res = cy.reservations.get(cluster.name)
+            cand = viable[name]
+            cluster = cand.cluster
+            res = cy.reservations.get(name)
             if res is not None and _est_end(job, now) <= res.start_at:
                 res = None  # it ends before the reservation starts: backfill
-            if (cluster.name in job.avoid_clusters or res is not None) and cy.fit(job, cand)[0] is None:
+            if cy.fit(job, cand)[0] is None:
                 # "avoided" and "reserved" only where it would fit: else the verdict is the misfit
                 # (what the split learns from other jobs, so it does not depend on the caches)
-                e = failed[cluster.name] = ClusterEvaluation(cluster.name, cluster.region,
-                                                             _insufficient(job, cand.work, cand.models))
-                evaluations.append(e)
+                evaluations.append(split.fail(job, name, ClusterEvaluation(
+                    name, cluster.region, _insufficient(job, cand.work, cand.models))))
                 continue
-            if cluster.name in job.avoid_clusters:
-                evaluations.append(ClusterEvaluation(cluster.name, cluster.region,
+            if name in job.avoid_clusters:
+                evaluations.append(ClusterEvaluation(name, cluster.region,
                                                      fail(Reason.AVOIDED, "an earlier attempt failed here")))
                 avoided.append(cand)
                 continue
-            if res is not None:
-                evaluations.append(ClusterEvaluation(cluster.name, cluster.region, fail(
-                    Reason.RESERVED, f"held for {res.job_key} from ~{(res.start_at - now) / 60:.0f} min; "
-                                     f"this job is not estimated to end before")))
-                continue
-            candidates.append(cand)
+            evaluations.append(ClusterEvaluation(name, cluster.region, fail(
+                Reason.RESERVED, f"held for {res.job_key} from ~{(res.start_at - now) / 60:.0f} min; "
+                                 f"this job is not estimated to end before")))
         home_first = job.spec.locality == Locality.PREFER_LOCAL
         # a job whose tenant must ask before going abroad runs at home whenever home can take it
         # now: an approver is asked only when going abroad is the alternative to waiting
         ask_first = job.cross_region == "approval"
-        groups = ([[c for c in candidates if c.cluster.region == job.spec.home_region],
-                   [c for c in candidates if c.cluster.region != job.spec.home_region]]
-                  if home_first or ask_first else [candidates])
-        ghost_groups = ([[c for c in ghosts if c.cluster.region == job.spec.home_region],
-                         [c for c in ghosts if c.cluster.region != job.spec.home_region]]
-                        if home_first or ask_first else [ghosts])
+        groups = ([cset.group(job.spec.home_region, True), cset.group(job.spec.home_region, False)]
+                  if home_first or ask_first else [cset.group(None)])
         best = None
+        passed: list[ClusterEvaluation] = []  # the clusters that fit and were scored
         for g, group in enumerate(groups):
-            best = _branch_and_bound(job, group, cy, evaluations, split, ghost_groups[g])  # 3
+            best = _branch_and_bound(job, group, cy, evaluations, split, passed)  # 3
             if best is not None:
                 for later in groups[g + 1:]:  # abroad, not tried: every cluster still gets a verdict
-                    evaluations.extend(cy.home_first(c.cluster) for c in later)
+                    evaluations.extend(cy.home_first(c.cluster) for c in later.cands)
                 break
         if best is None and avoided:  # failover found nowhere else: the failed cluster beats waiting
             retry = [c for c in avoided if c.cluster.name not in cy.reservations]
-            best = _branch_and_bound(job, retry, cy, evaluations, split)
+            best = _branch_and_bound(job, _Group(retry, []), cy, evaluations, split, passed)
 
         if best is not None:
             cluster, fit, wc, terms, total = best.cluster, best.fit, best.work, best.terms, best.total
@@ -650,7 +789,7 @@ def decide(view: View, queue: Iterable[QueuedJob], policy: Policy, *, cache: boo
                     continue
             wc.commit(fit)
             cy.record(job, cluster, fit, ())
-            placements.append(_placement(job, cluster, fit, total, terms, evaluations, cy, ()))
+            placements.append(_placement(job, cluster, fit, total, terms, evaluations, cy, (), passed))
             order.placed(job)
             continue
 
@@ -677,6 +816,9 @@ def decide(view: View, queue: Iterable[QueuedJob], policy: Policy, *, cache: boo
                 and now - job.submitted_at >= policy.reserve_after_s):
             cy.reserve_tries += 1
             reservation = _reserve(job, cy, static_ok, skey)
+        shared_counts = cy.static_counts[skey] + split.counts
+        for e in failed_evals:
+            shared_counts[e.verdict.reason] += 1
         counts = shared_counts + Counter(e.verdict.reason for e in evaluations[shared_len:] if not e.verdict.passed)
         reason = summarise_counts(counts)
         if reservation is not None:
@@ -706,6 +848,11 @@ class Candidate(NamedTuple):
     shape: tuple
     price_key: tuple = ("", None)
     unit: float = 0.0
+    #: memo of what reads the cluster and the GPU shape (shared by every candidate of that pair
+    #: this cycle), each with the cluster version it holds for: ``"could"`` -> capacity check,
+    #: ``"misfit"`` -> the "does not fit" verdict, ``("fit", CPU, memory)`` -> (fit, fit-only
+    #: scores), scorer index -> ``cluster_shape`` bound
+    slot: dict | None = None
 
 
 class ScorerScope(NamedTuple):
@@ -736,107 +883,117 @@ class Best(NamedTuple):
 
 class _Bounds:
     """Upper bounds of a job's score terms on its candidates, each computed once per the extent
-    its scorer declares (:class:`ScorerScope`); cluster-and-shape bounds live in the cycle's
-    cache."""
+    its scorer declares (:class:`ScorerScope`); cluster-and-shape bounds live in the
+    candidates' slots (memoised until the cluster's allocation changes)."""
 
     def __init__(self, job: QueuedJob, cy: "_Cycle") -> None:
         self.job, self.cy = job, cy
-        self.shared: dict[tuple, float] = {}
+        self.shared: dict[int, float] = {}  # const scopes' values
+        self.regions: dict[str, tuple[list, dict]] = {}  # region -> _region_terms
 
-    def part(self, s: ScorerScope, c: Candidate) -> float:
-        """The bound of scorer ``s`` on candidate ``c`` (in [0, 1])."""
-        job, cy, cluster = self.job, self.cy, c.cluster
-        if s.scope == "cluster":
-            return s.scorer.bound(job, cluster, c.work, cy.ctx, c.models)
-        if s.scope == "cluster_shape":  # memoised until the cluster's allocation changes
-            if not cy.caching:
-                return s.scorer.bound(job, cluster, c.work, cy.ctx, c.models)
-            key = (s.index, cluster.name, c.shape)
-            version = cy.cluster_version.get(cluster.name, 0)
-            held = cy.shape_bounds.get(key)
-            if held is None or held[0] != version:
-                held = cy.shape_bounds[key] = (version, s.scorer.bound(job, cluster, c.work, cy.ctx, c.models))
-            return held[1]
-        if s.scope == "const":
-            key = (s.index,)
-        elif s.scope == "region":
-            key = (s.index, cluster.region)
-        else:  # region_price
-            key = (s.index, cluster.region) + c.price_key
-        value = self.shared.get(key)
-        if value is None:
-            value = self.shared[key] = s.scorer.bound(job, cluster, c.work, cy.ctx, c.models)
-        return value
+    def _region_terms(self, group: _Group, region: str) -> tuple[list, dict]:
+        """The job's terms shared by a region's candidates in ``group``: per scope, its weighted
+        value where one value holds for the whole region (``const``, ``region``; None for the
+        others), and the ``region_price`` bounds by (scope index, cheapest model, its price)."""
+        got = self.regions.get(region)
+        if got is None:
+            job, cy = self.job, self.cy
+            ctx = cy.ctx
+            first = group.regions[region][0]
+            values: list = []
+            prices: dict[tuple, float] = {}
+            for s in cy.scopes:
+                scope = s.scope
+                if scope == "region":
+                    values.append(s.scorer.bound(job, first.cluster, first.work, ctx, first.models))
+                elif scope == "const":
+                    value = self.shared.get(s.index)
+                    if value is None:
+                        value = self.shared[s.index] = s.scorer.bound(job, first.cluster, first.work, ctx,
+                                                                      first.models)
+                    values.append(value)
+                else:
+                    values.append(None)
+                    if scope == "region_price":  # one bound per distinct (cheapest model, its price)
+                        for c in group.reps[region]:
+                            prices[(s.index, *c.price_key)] = s.scorer.bound(job, c.cluster, c.work, ctx, c.models)
+            got = self.regions[region] = (values, prices)
+        return got
 
-    def region(self, members: list[Candidate]) -> float:
-        """An upper bound of the total score on any of a region's candidates: its shared terms,
-        the best price term of its clusters, and 1 for every cluster-specific term."""
+    def region(self, group: _Group, region: str) -> float:
+        """An upper bound of the total score on any of a region's candidates in ``group``: its
+        shared terms, the best price term of its clusters, and 1 for every cluster-specific
+        term."""
+        values, prices = self._region_terms(group, region)
         bound = 0.0
-        for s in self.cy.scopes:
-            if s.scope in ("cluster", "cluster_shape"):
+        for s, value in zip(self.cy.scopes, values):
+            if value is not None:
+                bound += s.weight * value
+            elif s.scope == "region_price":
+                bound += s.weight * max([prices[(s.index, *c.price_key)] for c in group.reps[region]])
+            else:  # cluster, cluster_shape
                 bound += s.weight  # at most 1
-            elif s.scope == "region_price":  # one bound per distinct (cheapest model, its price)
-                distinct: dict[tuple, Candidate] = {}
-                for c in members:
-                    if c.price_key not in distinct:
-                        distinct[c.price_key] = c
-                bound += s.weight * max(self.part(s, c) for c in distinct.values())
-            else:
-                bound += s.weight * self.part(s, members[0])
         return bound
 
-    def ranked(self, members: list[Candidate]) -> list[tuple[float, str, Candidate]]:
-        """A region's candidates as (bound, name, candidate), best bound first (ties by name);
-        the terms shared by the whole region are computed once."""
-        scopes = self.cy.scopes
-        part = self.part
-        same = sum(s.weight * part(s, members[0]) for s in scopes if s.scope in ("const", "region"))
-        varying = [s for s in scopes if s.scope not in ("const", "region")]
+    def ranked(self, group: _Group, region: str) -> list[tuple[float, str, Candidate]]:
+        """A region's candidates in ``group`` as (bound, name, candidate), best bound first
+        (ties by name); the terms shared by the whole region are computed once."""
+        cy = self.cy
+        values, prices = self._region_terms(group, region)
+        same = sum([s.weight * value for s, value in zip(cy.scopes, values) if s.scope in ("const", "region")])
+        caching = cy.caching
+        versions = cy.cluster_version
+        # per varying scope: 0 = region_price (weighted bounds by price key), 1 = cluster_shape
+        # (memoised in the slots), 2 = computed per cluster
+        plan = []
+        for s in cy.varying_scopes:
+            if s.scope == "region_price":
+                plan.append((0, s, {c.price_key: s.weight * prices[(s.index, *c.price_key)]
+                                    for c in group.reps[region]}))
+            else:
+                plan.append((1 if s.scope == "cluster_shape" and caching else 2, s, None))
         out = []
-        for c in members:
-            t = 0  # as sum(): the same additions in the same order
-            for s in varying:
-                t += s.weight * part(s, c)
+        for c in group.regions[region]:
+            t = 0
+            for kind, s, weighted in plan:
+                if kind == 0:
+                    t += weighted[c.price_key]
+                elif kind == 1:  # memoised until the cluster's allocation changes
+                    version = versions.get(c.cluster.name, 0)
+                    held = c.slot.get(s.index)
+                    if held is None or held[0] != version:
+                        held = c.slot[s.index] = (version, s.scorer.bound(self.job, c.cluster, c.work, cy.ctx,
+                                                                          c.models))
+                    t += s.weight * held[1]
+                else:
+                    t += s.weight * s.scorer.bound(self.job, c.cluster, c.work, cy.ctx, c.models)
             out.append((round(same + t, 9), c.cluster.name, c))
-        out.sort(key=lambda r: (-r[0], r[1]))
+        out.sort(key=_by_bound)
         return out
 
 
-def _set_cost_reference(job: QueuedJob, candidates: list[Candidate], cy: "_Cycle") -> None:
-    """The cost scale of this job's cost scores: the cheapest cost per GPU-hour among its
-    candidates (cheapest model each). Within a region the egress is the same, so cost rises with
-    the unit price: one call per region, on its lowest-priced candidate, gives the same minimum
-    as one per candidate."""
-    lowest: dict[str, tuple[float, ClusterState, str]] = {}
-    for c in candidates:
-        unit = c.unit  # (precomputed: the cheapest model's price, CPU-only: the core-hour price)
-        region = c.cluster.region
-        held = lowest.get(region)
-        if held is None or unit < held[0]:
-            lowest[region] = (unit, c.cluster, c.price_key[0])
-    set_cost_reference(job, min(cost_per_unit_hour(job, c, model, cy.ctx) for _, c, model in lowest.values()),
-                       cy.ctx)
+def _by_bound(r: tuple) -> tuple:
+    return -r[0], r[1]
 
 
 def _score(job: QueuedJob, c: Candidate, fit: Fit, cy: "_Cycle", shared: dict[int, float]) -> tuple[tuple, float]:
     """(terms, weighted total) of a fit: terms as (scorer name, value) rounded to 4 places.
     ``shared`` holds the values of the fit-only scorers already computed for this fit (by
     scorer index, :meth:`_Cycle.fit`); new ones are added to it."""
-    weights = cy.policy.weights
-    values = [sc.score(job, c.cluster, fit, c.work, cy.ctx) for sc, _ in weights] if not cy.fit_scored else None
-    if values is None:
-        values = []
-        fit_only = cy.fit_scored
-        for i, (sc, _) in enumerate(weights):
-            if i in fit_only:
-                v = shared.get(i)
-                if v is None:
-                    v = shared[i] = sc.score(job, c.cluster, fit, c.work, cy.ctx)
-            else:
-                v = sc.score(job, c.cluster, fit, c.work, cy.ctx)
-            values.append(v)
-    terms = tuple((sc.name, round(v, 4)) for (sc, _), v in zip(weights, values))
-    return terms, round(sum(w * v for (_, w), v in zip(weights, values)), 4)
+    cluster, work, ctx = c.cluster, c.work, cy.ctx
+    fit_only = cy.fit_scored
+    terms = []
+    weighted = []
+    for i, (sc, w) in enumerate(cy.policy.weights):
+        if i in fit_only:
+            v = shared.get(i)
+            if v is None:
+                v = shared[i] = sc.score(job, cluster, fit, work, ctx)
+        else:
+            v = sc.score(job, cluster, fit, work, ctx)
+        terms.append((sc.name, round(v, 4)))
+        weighted.append(w * v)
+    return tuple(terms), round(sum(weighted), 4)
 
 
 def _reserved(cy: "_Cycle", job: QueuedJob, name: str, now: float) -> bool:
@@ -845,36 +1002,39 @@ def _reserved(cy: "_Cycle", job: QueuedJob, name: str, now: float) -> bool:
     return res is not None and _est_end(job, now) > res.start_at
 
 
-def _branch_and_bound(job: QueuedJob, candidates: list[Candidate], cy: "_Cycle",
-                      evaluations: list[ClusterEvaluation], split: "_Split",
-                      ghosts: list[Candidate] = ()) -> Best | None:
-    """The best-scoring fit among ``candidates``, fitting only those whose score bound could
-    still beat the best found (exact, up to ``policy.max_scored_fits``: the same choice as
-    fitting and scoring all of them; ``tests/unit/scheduler/test_policy.py`` checks it).
+def _branch_and_bound(job: QueuedJob, group: _Group, cy: "_Cycle", evaluations: list[ClusterEvaluation],
+                      split: "_Split", passed: list[ClusterEvaluation]) -> Best | None:
+    """The best-scoring fit among the ``group``'s candidates, fitting only those whose score
+    bound could still beat the best found (exact, up to ``policy.max_scored_fits``: the same
+    choice as fitting and scoring all of them; ``tests/unit/scheduler/test_policy.py`` checks
+    it).
+
+    The cost scale is set first: the cheapest cost per GPU-hour among the candidates and the
+    group's ghosts (clusters known not to fit this request this cycle, not fitted, which still
+    count, so the reference does not depend on what the cycle cached); within a region the
+    egress is the same, so cost rises with the unit price: one look per region, at its
+    lowest-priced candidate (:class:`_Group`), gives the same minimum as one per candidate.
 
     Bounds come in two levels (:class:`_Bounds`): a region's and a cluster's; a region that
-    cannot beat the best found is never expanded. Appends a verdict per candidate to
-    ``evaluations``; returns the best fit or None. ``ghosts``: clusters known not to fit this
-    request this cycle (not fitted), which still count in the cost reference, so the reference
-    does not depend on what the cycle cached.
+    cannot beat the best found is never expanded (its verdicts are the group's shared
+    "outscored" ones). Appends a verdict per candidate to ``evaluations`` (and the passing ones,
+    fitted and scored, to ``passed`` too); returns the best fit or None.
     """
-    if not candidates:
+    if not group.cands:
         return None
-    _set_cost_reference(job, [*candidates, *ghosts], cy)
+    ctx = cy.ctx
+    set_cost_reference(job, min(cost_per_unit_hour(job, c, model, ctx) for c, model in group.lowest), ctx)
     bounds = _Bounds(job, cy)
-    by_region: dict[str, list[Candidate]] = {}
-    for c in candidates:
-        by_region.setdefault(c.cluster.region, []).append(c)
-    regions = sorted((-round(bounds.region(members), 9), region) for region, members in by_region.items())
+    regions = sorted((-round(bounds.region(group, region), 9), region) for region in group.regions)
     best: Best | None = None
     scored = 0
     limit = cy.policy.max_scored_fits
     for neg_bound, region in regions:
         capped = bool(limit and scored >= limit)
         if best is not None and (best.total > -neg_bound or capped):
-            _outscore(cy, [c.cluster for c in by_region[region]], evaluations, exact=not capped)
+            evaluations.extend(group.outscore(cy, region, not capped))
             continue
-        ranked = bounds.ranked(by_region[region])
+        ranked = bounds.ranked(group, region)
         for k, (bound, name, c) in enumerate(ranked):
             capped = bool(limit and scored >= limit)
             if best is not None and (not best.beaten_by(bound, name) or capped):
@@ -882,12 +1042,13 @@ def _branch_and_bound(job: QueuedJob, candidates: list[Candidate], cy: "_Cycle",
                 break
             fit, shared = cy.fit(job, c)
             if fit is None:
-                e = split.failed_for(job)[name] = ClusterEvaluation(name, c.cluster.region,
-                                                                    _insufficient(job, c.work, c.models))
-                evaluations.append(e)
+                evaluations.append(split.fail(job, name, ClusterEvaluation(name, c.cluster.region,
+                                                                           _insufficient(job, c.work, c.models))))
                 continue
             terms, total = _score(job, c, fit, cy, shared)
-            evaluations.append(ClusterEvaluation(name, c.cluster.region, PASS, terms, total))
+            e = ClusterEvaluation(name, c.cluster.region, PASS, terms, total)
+            evaluations.append(e)
+            passed.append(e)
             scored += 1
             if best is None or best.beaten_by(total, name):
                 best = Best(c.cluster, fit, c.work, terms, total)
@@ -1019,12 +1180,18 @@ def _fits_somewhere_empty(job: QueuedJob, clusters: list[ClusterState], cy: _Cyc
 
 
 def _placement(job: QueuedJob, cluster: ClusterState, fit: Fit, total: float, terms: tuple,
-               evaluations: list[ClusterEvaluation], cy: _Cycle, victims: tuple[RunningWork, ...]) -> Placement:
+               evaluations: list[ClusterEvaluation], cy: _Cycle, victims: tuple[RunningWork, ...],
+               scored: list[ClusterEvaluation] | None = None) -> Placement:
+    """The placement of ``job`` on ``cluster`` with its one-line explanation. ``scored``: the
+    evaluations that passed, if the caller kept them (else they are looked up in
+    ``evaluations``)."""
     bindings = tuple(NodeBinding(b.worker, cluster.nodes[b.node].name, b.devices, b.gpu_milli, b.cpu_milli,
                                  b.memory_mib) for b in fit.bindings)
-    passed = sorted((e for e in evaluations if e.total is not None and e.cluster != cluster.name), key=lambda e: -e.total)
+    if scored is None:
+        scored = [e for e in evaluations if e.verdict.passed]
+    passed = sorted((e for e in scored if e.total is not None and e.cluster != cluster.name), key=lambda e: -e.total)
     runner = passed[0] if passed else None
-    excluded = sum(1 for e in evaluations if not e.verdict.passed)
+    excluded = len(evaluations) - len(scored)
     if victims:
         explanation = (f"{cluster.name} ({cluster.region}) after preempting {len(victims)} lower-priority job(s) "
                        f"({', '.join(v.job_id for v in victims[:3])}{'...' if len(victims) > 3 else ''}); "

@@ -117,8 +117,8 @@ class WorkingCluster:
         index: the cluster's index (default: ``cluster.idx()``).
     """
 
-    __slots__ = ("state", "gpu_free", "cpu_free", "mem_free", "by_model", "cpu_order", "_stats", "scan_nodes_up_to", "_pending",
-                 "_pool", "_source", "_classes")
+    __slots__ = ("state", "gpu_free", "cpu_free", "mem_free", "by_model", "cpu_order", "_stats", "_summaries", "scan_nodes_up_to", "_pending",
+                 "_pool", "_source", "_classes", "_shared", "_nodes_shared")
 
     def __init__(self, cluster: ClusterState, *, empty: bool = False, index: ClusterIndex | None = None) -> None:
         self.state = cluster
@@ -137,9 +137,18 @@ class WorkingCluster:
         self._pool = index.pool if len(index.pool) == len(cluster.nodes) else tuple(pool_of(n) for n in cluster.nodes)
         self._source = source.pools
         self._classes: dict[str, dict[tuple, _Class]] = {}
+        #: pools whose classes (the dict and its classes) another working cluster shares since
+        #: a :meth:`clone`: copied before they change (copy-on-write)
+        self._shared: set[str] = set()
+        #: the per-node lists (``gpu_free``, ``cpu_free``, ``mem_free``) are shared with a clone
+        #: (or its original) since a :meth:`clone`: copied before the first change
+        self._nodes_shared = False
         # pool -> [free milli-GPU, idle cards, {idle cards on a node: nodes}, {largest free share on a
         # node: nodes}, capacity milli-GPU], kept by _take once the pool's classes exist
         self._stats: dict[str, list] = {}
+        #: pool -> its :meth:`summary`, until the pool's next allocation change (many request
+        #: shapes check one changed cluster)
+        self._summaries: dict[str, tuple[int, int, int]] = {}
         #: pools of at most this many nodes are searched node by node (same result, less work)
         self.scan_nodes_up_to = SCAN_NODES_UP_TO
         #: pool -> node -> its signature in the pool's classes: nodes changed since the classes
@@ -160,6 +169,9 @@ class WorkingCluster:
                 stats[4] += len(devices) * WHOLE * k
         pending = self._pending.get(pool)
         if pending:
+            if pool in self._shared:  # shared with a clone (or its original): copy before changing
+                got = self._classes[pool] = {sig: c.copy() for sig, c in got.items()}
+                self._shared.discard(pool)
             self._flush(pool, got, pending)
         return got
 
@@ -193,10 +205,14 @@ class WorkingCluster:
         """(largest free share on one card, most idle cards on one node, idle cards in all) for
         ``model``. Used to reject quickly; O(distinct values), kept as nodes change.
         """
+        got = self._summaries.get(model)
+        if got is not None:
+            return got
         if model not in self.by_model:
             return (0, 0, 0)
         stats = self._stats_of(model)
-        return (max(stats[3]) if stats[3] else 0, max(stats[2]) if stats[2] else 0, stats[1])
+        got = self._summaries[model] = (max(stats[3]) if stats[3] else 0, max(stats[2]) if stats[2] else 0, stats[1])
+        return got
 
     # ------------------------------------------------------------------ queries
 
@@ -411,6 +427,9 @@ class WorkingCluster:
         return Binding(worker, i, devices, WHOLE, cpu, mem)
 
     def _take(self, b: Binding, sign: int = 1) -> None:
+        if self._nodes_shared:  # copy-on-write (:meth:`clone`)
+            self.gpu_free, self.cpu_free, self.mem_free = list(self.gpu_free), list(self.cpu_free), list(self.mem_free)
+            self._nodes_shared = False
         i = b.node
         pool = self._pool[i] if i < len(self._pool) else None
         old = (self.gpu_free[i], self.cpu_free[i], self.mem_free[i])
@@ -422,6 +441,7 @@ class WorkingCluster:
         self.cpu_free[i] -= sign * b.cpu_milli
         self.mem_free[i] -= sign * b.memory_mib
         if pool is not None:  # its class changes when the classes are next read (_flush)
+            self._summaries.pop(pool, None)
             pending = self._pending.get(pool)
             if pending is None:
                 pending = self._pending[pool] = {}
@@ -435,17 +455,21 @@ class WorkingCluster:
         """An independent copy (for what-ifs: preemption, estimated start)."""
         other = WorkingCluster.__new__(WorkingCluster)
         other.state = self.state
-        other.gpu_free = list(self.gpu_free)
-        other.cpu_free = list(self.cpu_free)
-        other.mem_free = list(self.mem_free)
+        # per-node lists and classes are shared until either side changes them (copy-on-write:
+        # :meth:`_take`, :meth:`classes`)
+        other.gpu_free, other.cpu_free, other.mem_free = self.gpu_free, self.cpu_free, self.mem_free
+        self._nodes_shared = other._nodes_shared = True
         other.by_model = self.by_model
         other.cpu_order = self.cpu_order
         other._pool = self._pool
         other._source = self._source
-        other._classes = {p: {sig: c.copy() for sig, c in classes.items()} for p, classes in self._classes.items()}
+        other._classes = dict(self._classes)
+        self._shared.update(self._classes)
+        other._shared = set(self._classes)
         other.scan_nodes_up_to = self.scan_nodes_up_to
         other._pending = {p: dict(d) for p, d in self._pending.items() if d}
         other._stats = {p: [st[0], st[1], dict(st[2]), dict(st[3]), st[4]] for p, st in self._stats.items()}
+        other._summaries = dict(self._summaries)
         return other
 
     def release_work(self, work, sign: int = -1) -> None:

@@ -198,3 +198,35 @@ def test_a_clone_and_its_original_change_independently(c, first, second):
             assert twin.gpu_free[b.node] == other.gpu_free[b.node]
     assert other.fit(second, list(MODELS)) == other.fit(second, list(MODELS), only=set(range(len(c.nodes))))
     assert wc.fit(first, list(MODELS)) == wc.fit(first, list(MODELS), only=set(range(len(c.nodes))))
+
+
+def test_a_clone_copies_a_pools_classes_only_when_that_pool_changes():
+    """Counting: a clone copies no capacity class and no per-node list; the first change of a
+    pool on either side copies that pool's classes alone (and the per-node lists), on that
+    side, once (a what-if that releases work on one card model never pays for the others)."""
+    c = cluster("c1", nodes=tuple(node(f"t{i}", T4, 2, free=(1000, 500 * (i % 3))) for i in range(12))
+                + tuple(node(f"g{i}", G2, 4) for i in range(12)))
+    wc = WorkingCluster(c)
+    t4_before = {sig: set(cls.members) for sig, cls in wc.classes(T4).items()}
+    wc.classes(G2)
+    other = wc.clone()
+    assert all(other._classes[p] is wc._classes[p] for p in (T4, G2))  # shared: nothing copied
+    assert other.gpu_free is wc.gpu_free and other.cpu_free is wc.cpu_free  # per-node lists too
+    nodes_before = list(wc.gpu_free)
+    one = JobSpec(tenant="search", project="train", home_region="cn-north-1", gpus_per_worker=1, gpu_milli=1000,
+                  cpu_milli=1000)
+    fit = other.fit(one, [T4])
+    assert fit is not None and fit.card_model == T4
+    other.commit(fit)
+    copied = other.classes(T4)
+    assert copied is not wc._classes[T4]  # the clone's changed pool is its own now
+    assert other._classes[G2] is wc._classes[G2]  # the untouched pool is still shared
+    assert {sig: set(cls.members) for sig, cls in wc.classes(T4).items()} == t4_before  # the original as it was
+    assert other.gpu_free is not wc.gpu_free and wc.gpu_free == nodes_before != other.gpu_free
+    again = other.fit(one, [T4])
+    other.commit(again)
+    assert other.classes(T4) is copied  # a second change copies nothing more
+    fit = wc.fit(one, [T4])  # the original changes the pool it shared before the clone copied it: its own copy
+    wc.commit(fit)
+    assert wc.classes(T4) is not copied and wc._classes[G2] is other._classes[G2]
+    assert sum(len(cls.members) for cls in wc.classes(T4).values()) == 12

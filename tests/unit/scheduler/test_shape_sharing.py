@@ -177,6 +177,23 @@ def test_a_full_federation_checks_each_shape_once_per_cluster_however_many_jobs_
         assert stats["checks"] <= 3 * 24 and stats["fits"] == 0, stats  # 3 shapes x 24 clusters
 
 
+def test_jobs_of_one_shape_that_differ_in_what_filters_read_share_each_clusters_capacity_check():
+    """Counting: the capacity check of a GPU shape on a cluster is shared by jobs whose filter
+    keys differ (home region, locality: each its own split of the viable clusters), so a busy
+    federation is checked once per cluster, not once per split and cluster."""
+    clusters = 24
+    queue = []
+    for k in range(120):
+        spec = JobSpec(tenant="search", project="p", home_region=REGIONS[k % 3], gpus_per_worker=1, gpu_milli=1000,
+                       cpu_milli=1000, locality=(Locality.GLOBAL, Locality.PREFER_LOCAL)[k // 3 % 2],
+                       estimated_duration_s=3600.0 + k)
+        queue.append(QueuedJob(f"j{k}", 1, spec, NOW - k))
+    stats: dict[str, int] = {}
+    d = decide(_pool(clusters, busy=True), queue, build_policy("federated"), stats=stats)
+    assert not d.placements and len(d.pending) == len(queue)
+    assert stats["checks"] == clusters, stats  # 6 splits (3 homes x 2 localities) x 24 clusters before
+
+
 def test_placing_checks_and_fits_grow_with_shapes_times_changes_not_jobs_times_clusters():
     clusters, n_jobs, shapes = 24, 300, 3
     stats: dict[str, int] = {}
