@@ -647,11 +647,15 @@ class DurableConsumer:
     async def _heartbeat(self, msgs: list[Msg]) -> None:
         """Report progress on every message of ``msgs`` (the list grows while a batch lingers)
         every ``ack_wait_s / 4`` until cancelled; a report that cannot be sent is skipped (the
-        next one, or the redelivery, follows)."""
+        next one, or the redelivery, follows). A message already acknowledged, handed back (nak,
+        with or without a delay) or terminated gets no more reports: a progress report after a
+        nak would restart the server's full ack wait instead of the nak's delay."""
         every = self.ack_wait_s / 4
         while True:
             await asyncio.sleep(every)
             for msg in list(msgs):
+                if msg.is_acked:  # nats.py: set by ack, nak and term alike
+                    continue
                 try:
                     await msg.in_progress()
                     self.progress_reports += 1

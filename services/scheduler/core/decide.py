@@ -288,7 +288,7 @@ class _CandidateSet:
     viable clusters where that whole request already failed (``failed_evals``), the clusters
     still to fit (``cands``) and the failed ones that still count in the cost reference
     (``ghosts``), both without the clusters taken out for the job (avoided, reserved), in
-    cluster order; and their :class:`_Group`\ s. Derived from the split alone, so jobs of the
+    cluster order; and their groups (:class:`_Group`). Derived from the split alone, so jobs of the
     request share it until the split changes."""
 
     __slots__ = ("failed_evals", "cands", "ghosts", "groups")
