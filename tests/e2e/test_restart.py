@@ -16,8 +16,10 @@ pytestmark = pytest.mark.e2e
 
 
 def _system(data_dir, chdb_path, database, clock) -> System:
+    # writer_ack_wait_s: the first system stops (its embedded NATS with it) while audit and billing
+    # hold a just-fetched batch; the restarted NATS redelivers it only after the ack wait (60 s default)
     settings = Settings(data_dir=data_dir, clickhouse_path=chdb_path, clickhouse_database=database,
-                        grpc_address="127.0.0.1:0", heartbeat_interval_s=0.2)
+                        grpc_address="127.0.0.1:0", heartbeat_interval_s=0.2, writer_ack_wait_s=3.0)
     return System(SystemOptions(settings=settings, clock=clock, nodes_csv=DATA / "openb_node_list_gpu_node.csv"))
 
 
