@@ -16,10 +16,17 @@ import asyncio
 import json
 from pathlib import Path
 
-from fedsched.bus import redact
 from fedapp.client import resolve_token, running_store, with_local_credentials
 from fedsched.errors import AuthError, PermissionDeniedError, UnavailableError, ValidationError
 from fedsched.store import MAX_QUERY_ROWS, open_store
+
+
+def redact(url: str) -> str:
+    """:func:`fedsched.bus.redact`, imported on use: ``fedsched.bus`` loads nats.py and aiohttp
+    (~0.3 s of every CLI start), which most commands never need."""
+    from fedsched.bus import redact as _redact
+
+    return _redact(url)
 
 
 def _check(query: str) -> str:
