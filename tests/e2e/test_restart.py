@@ -40,6 +40,7 @@ async def test_second_start_resumes_with_jobs_running_and_history_kept(tmp_path,
     spec = pb.JobSpec(tenant="search", project="train", gpus_per_worker=2, cpu_milli=8000,
                       annotations={"trace.runtime_s": "300"}, card_models=["G2"])
     async with _system(tmp_path, chdb_path, database, clock) as first:
+        assert {c.ack_wait_s for c in (*first.audit.consumers, *first.billing.consumers)} == {3.0}
         async with aio_channel(first.grpc_target, first.admin_token) as channel:
             stub = pb_grpc.JobServiceStub(channel)
             done = await stub.SubmitJob(pb.SubmitJobRequest(spec=pb.JobSpec(
