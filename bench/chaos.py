@@ -109,9 +109,12 @@ class Drill:
     Args:
         base_dir: working directory (NATS stores, data dir, logs).
         lease_ttl_s: the scheduler lease's TTL (seconds).
+        writer_ack_wait_s: the writers' JetStream ack wait (``FEDSCHED_WRITER_ACK_WAIT_S``,
+            seconds; None = the product's default, 60 s). A writers process killed with a batch in
+            hand leaves it unacknowledged until then, and the drill waits for the writers to drain.
     """
 
-    def __init__(self, base_dir: Path, *, lease_ttl_s: float = 2.0) -> None:
+    def __init__(self, base_dir: Path, *, lease_ttl_s: float = 2.0, writer_ack_wait_s: float | None = None) -> None:
         self.base = Path(base_dir)
         self.base.mkdir(parents=True, exist_ok=True)
         self.prefix = "c" + uuid.uuid4().hex[:8]
@@ -124,6 +127,8 @@ class Drill:
                     "FEDSCHED_STALE_AFTER_S": "120", "FEDSCHED_RECLAIM_AFTER_S": "300",
                     "FEDSCHED_SCHEDULER_LEASE_TTL_S": str(lease_ttl_s), "FEDSCHED_HEARTBEAT_INTERVAL_S": "0.5",
                     "PYTHONPATH": str(ROOT)}
+        if writer_ack_wait_s is not None:
+            self.env["FEDSCHED_WRITER_ACK_WAIT_S"] = str(writer_ack_wait_s)
         self.procs: dict[str, list[subprocess.Popen]] = {}
         self.nc = None
         self.token = ""
@@ -318,11 +323,11 @@ async def _until(check, timeout: float, what: str, alive=None) -> None:
 
 
 async def run_once(base_dir: Path, *, kinds: Sequence[str] = KINDS, jobs: int = 12, runtime_s: float = 20.0,
-                   loop: int = 0, lease_ttl_s: float = 2.0) -> DrillResult:
+                   loop: int = 0, lease_ttl_s: float = 2.0, writer_ack_wait_s: float | None = None) -> DrillResult:
     """One run: the workload with a kill -9 of each of ``kinds`` between submissions (none =
-    the clean run). See the module docstring."""
+    the clean run). See the module docstring and :class:`Drill` for ``writer_ack_wait_s``."""
     t0 = time.monotonic()
-    drill = Drill(base_dir, lease_ttl_s=lease_ttl_s)
+    drill = Drill(base_dir, lease_ttl_s=lease_ttl_s, writer_ack_wait_s=writer_ack_wait_s)
     kills: list[str] = []
     failovers: list[float] = []
     try:

@@ -339,12 +339,14 @@ class System:
         self._start_metrics(wants)
         if "audit" in wants:
             m = self.metrics["audit"]
-            self.audit = AuditService(await self._bus("audit", m), self.store, metrics=m)
+            self.audit = AuditService(await self._bus("audit", m), self.store, metrics=m,
+                                      ack_wait_s=s.writer_ack_wait_s)
             self._spawn(self.audit.run(), "audit")
             self._sample_lag("audit", lambda: [(c.durable, c.lag) for c in self.audit.consumers])
         if "billing" in wants:
             m = self.metrics["billing"]
-            self.billing = BillingService(await self._bus("billing", m), self.store, prices, metrics=m)
+            self.billing = BillingService(await self._bus("billing", m), self.store, prices, metrics=m,
+                                          ack_wait_s=s.writer_ack_wait_s)
             self._spawn(self.billing.run(), "billing")
             self._sample_lag("billing", lambda: [(c.durable, c.lag) for c in self.billing.consumers])
         if "agents" in wants and (topo is not None or opts.nodes_csv is not None or opts.split is not None):

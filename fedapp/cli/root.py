@@ -24,8 +24,17 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from fedsched.bus import redact
 from fedsched.errors import FedError
+
+
+
+def redact(url: str) -> str:
+    """:func:`fedsched.bus.redact`, imported on use: ``fedsched.bus`` loads nats.py and aiohttp
+    (~0.3 s of every CLI start), which most commands never need."""
+    from fedsched.bus import redact as _redact
+
+    return _redact(url)
+
 
 #: ``-h`` and ``--help`` on every command (subcommands inherit the root's context settings)
 HELP_OPTIONS = {"help_option_names": ["-h", "--help"]}

@@ -16,10 +16,17 @@ import asyncio
 import json
 from pathlib import Path
 
-from fedsched.bus import redact
 from fedapp.client import resolve_token, running_store, with_local_credentials
 from fedsched.errors import AuthError, PermissionDeniedError, UnavailableError, ValidationError
 from fedsched.store import MAX_QUERY_ROWS, open_store
+
+
+def redact(url: str) -> str:
+    """:func:`fedsched.bus.redact`, imported on use: ``fedsched.bus`` loads nats.py and aiohttp
+    (~0.3 s of every CLI start), which most commands never need."""
+    from fedsched.bus import redact as _redact
+
+    return _redact(url)
 
 
 def _check(query: str) -> str:
@@ -92,17 +99,24 @@ async def ask_store(nats_url: str, prefix: str, sql: str, parameters: dict | Non
 
     extra = {"inbox_prefix": inbox_prefix.encode()} if inbox_prefix else {}
 
-    async def quiet(_e: Exception) -> None:  # the failure is raised below, once, for people
-        return None
+    failures: list[Exception] = []
+
+    async def quiet(e: Exception) -> None:  # the failure is raised below, once, for people
+        failures.append(e)
 
     try:
+        # nats.py reads max_reconnect_attempts=0 as "retry forever" (every 2 s) on the first
+        # connection: 1 = try each server twice, 0.1 s apart, then NoServersError -- a refused
+        # port fails in ~0.1 s instead of after the 10 s bound; a silent one still stops at 10 s.
         nc = await asyncio.wait_for(
             nats.connect(with_local_credentials(nats_url), connect_timeout=5, allow_reconnect=False,
-                         max_reconnect_attempts=0,
+                         max_reconnect_attempts=1, reconnect_time_wait=0.1,
                          error_cb=quiet, **extra),
             timeout=10)
     except Exception as e:  # noqa: BLE001 - a bad URL, refused, or silent
-        raise UnavailableError(f"cannot connect to NATS at {redact(nats_url)}: {str(e) or type(e).__name__}") from e
+        cause = failures[-1] if isinstance(e, nats.errors.NoServersError) and failures else e
+        raise UnavailableError(f"cannot connect to NATS at {redact(nats_url)}: "
+                               f"{str(cause) or type(cause).__name__}") from e
     try:
         reply = await nc.request(f"{prefix}.svc.store.query",
                                  json.dumps({"sql": sql, "parameters": parameters or {},

@@ -202,7 +202,9 @@ async def test_reconcile_adopts_the_live_attempt_and_stops_the_orphan(backend_un
     """An agent restarting on a cluster that runs two fedsched attempts: its ledger has one (live,
     started), the other is unknown to it and an older attempt of the live job is also there."""
     h = backend_under_test
-    job = h.job(runtime_s=600)
+    # 300 s: long enough to outlive the launches and the reconcile (~4 s of wall time on Slurm at
+    # its 0.05 time scale, so 15 s there), short enough that waiting for its end costs little
+    job = h.job(runtime_s=300)
     live = attempt_of(h, "live", job, attempt=2, nodes=(h.nodes[0],))
     stale = attempt_of(h, "live", job, attempt=1, nodes=(h.nodes[1],))
     orphan = attempt_of(h, "orphan", job, nodes=(h.nodes[2],))
@@ -232,7 +234,7 @@ async def test_reconcile_adopts_the_live_attempt_and_stops_the_orphan(backend_un
     assert all(e.cluster == CLUSTER.name and e.tenant == job.tenant for e in records)
     assert len(publisher.published) == len(stops) + len(records)
     # the adopted attempt is reported when it ends, once
-    await h.advance(600)
+    await h.advance(300)
     await drain_until(agent, publisher, 6)
     assert [(p.event.type, p.event.job_id, p.event.attempt) for p in publisher.published[5:]] == [
         ("job.finished", "live", 2)]
@@ -274,20 +276,23 @@ async def test_reconcile_reports_the_start_of_an_attempt_that_ran_and_ended_whil
     if not h.backend.durable:
         pytest.skip("the trace cluster ends with its agent: nothing outlives it to adopt")
     job = h.job(runtime_s=1)
-    ran = attempt_of(h, "ran", job, nodes=(h.nodes[0],))
+    # a job id no other case launches: the session's Slurm still holds earlier cases' jobs, and the
+    # previous case's attempt of the same id (cancelled at its end) would be adopted instead
+    ran = attempt_of(h, "ran-and-ended", job, nodes=(h.nodes[0],))
     await h.backend.launch(ran)
     await h.advance(2)
     seen = await h.statuses(lambda s: Phase.SUCCEEDED in phases(s, ran.key), timeout_s=60)
+    assert Phase.SUCCEEDED in phases(seen, ran.key), seen
     started = next(s.at for s in seen if s.key == ran.key and s.phase == Phase.RUNNING)
     publisher = FakePublisher()
     agent = ClusterAgent(None, h.clock, CLUSTER, h.backend, publisher=publisher, subjects=SUBJECTS)
     await agent.refresh_inventory()
-    env = placement("ran", job, CLUSTER.name, CLUSTER.region, [(h.nodes[0], (0,))], card_model=h.card_model)
-    ledger = {("ran", 1, 0): (delivery(env, SUBJECTS.placements(CLUSTER.region, CLUSTER.name), 1, 0.0),
+    env = placement("ran-and-ended", job, CLUSTER.name, CLUSTER.region, [(h.nodes[0], (0,))], card_model=h.card_model)
+    ledger = {("ran-and-ended", 1, 0): (delivery(env, SUBJECTS.placements(CLUSTER.region, CLUSTER.name), 1, 0.0),
                               env.payload_as(JobPlaced), None)}
     await agent.reconcile(ledger)
     assert agent.reconciled == [("adopted", str(ran.key))]
     first = publisher.published[0].event
     assert first.type == "job.started" and abs(first.payload_as(JobStatus).started_at.timestamp() - started) < 1.5
     # its end (reported by on_status as the cluster's poll sees it) carries that start
-    assert agent.running[("ran", 1, 0)].started_at == first.payload_as(JobStatus).started_at.timestamp()
+    assert agent.running[("ran-and-ended", 1, 0)].started_at == first.payload_as(JobStatus).started_at.timestamp()

@@ -32,8 +32,10 @@ def _chaos_module():
 
 async def test_one_chaos_loop_loses_nothing_doubles_nothing_and_costs_what_a_clean_run_costs(tmp_path) -> None:
     chaos = _chaos_module()
-    clean = await chaos.run_once(tmp_path / "clean", kinds=(), jobs=6, runtime_s=15)
-    run = await chaos.run_once(tmp_path / "chaos", kinds=chaos.KINDS, jobs=6, runtime_s=15, loop=1)
+    # the writers process killed with a batch in hand: redelivered after 5 s, not the default 60 s
+    clean = await chaos.run_once(tmp_path / "clean", kinds=(), jobs=6, runtime_s=15, writer_ack_wait_s=5)
+    run = await chaos.run_once(tmp_path / "chaos", kinds=chaos.KINDS, jobs=6, runtime_s=15, loop=1,
+                               writer_ack_wait_s=5)
     print("\n" + chaos._line("clean", clean, None) + "\n" + chaos._line("chaos", run, clean))
     assert len(run.kills) == len(chaos.KINDS)  # each kind was killed once
     for r in (clean, run):

@@ -111,7 +111,8 @@ async def _run(cluster, tmp_path, chdb_path, *, chaos: bool) -> Outcome:
     settings = Settings(data_dir=tmp_path / ("chaos" if chaos else "clean"), nats_url=cluster.client_urls,
                         stream_replicas=3, subject_prefix=unique("ha"), clickhouse_path=chdb_path,
                         clickhouse_database=unique("db"), grpc_address="127.0.0.1:0", heartbeat_interval_s=0.3,
-                        schedule_interval_s=0.01, stale_after_s=60, scheduler_lease_ttl_s=2.0)
+                        schedule_interval_s=0.01, stale_after_s=60, scheduler_lease_ttl_s=2.0,
+                        writer_ack_wait_s=5.0)  # a writers' ack lost with a killed node: redelivered in 5 s, not 60
     clock = ReplayClock(ClockState(time.time(), 1.7e9, SPEED, 1))
     system = System(SystemOptions(settings=settings, clock=clock, split=SPLIT, agent_tick_s=0.01))
     await system.start()

@@ -16,8 +16,10 @@ pytestmark = pytest.mark.e2e
 
 
 def _system(data_dir, chdb_path, database, clock) -> System:
+    # writer_ack_wait_s: the first system stops (its embedded NATS with it) while audit and billing
+    # hold a just-fetched batch; the restarted NATS redelivers it only after the ack wait (60 s default)
     settings = Settings(data_dir=data_dir, clickhouse_path=chdb_path, clickhouse_database=database,
-                        grpc_address="127.0.0.1:0", heartbeat_interval_s=0.2)
+                        grpc_address="127.0.0.1:0", heartbeat_interval_s=0.2, writer_ack_wait_s=3.0)
     return System(SystemOptions(settings=settings, clock=clock, nodes_csv=DATA / "openb_node_list_gpu_node.csv"))
 
 
@@ -38,6 +40,7 @@ async def test_second_start_resumes_with_jobs_running_and_history_kept(tmp_path,
     spec = pb.JobSpec(tenant="search", project="train", gpus_per_worker=2, cpu_milli=8000,
                       annotations={"trace.runtime_s": "300"}, card_models=["G2"])
     async with _system(tmp_path, chdb_path, database, clock) as first:
+        assert {c.ack_wait_s for c in (*first.audit.consumers, *first.billing.consumers)} == {3.0}
         async with aio_channel(first.grpc_target, first.admin_token) as channel:
             stub = pb_grpc.JobServiceStub(channel)
             done = await stub.SubmitJob(pb.SubmitJobRequest(spec=pb.JobSpec(
