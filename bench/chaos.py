@@ -110,7 +110,7 @@ class Drill:
         base_dir: working directory (NATS stores, data dir, logs).
         lease_ttl_s: the scheduler lease's TTL (seconds).
         writer_ack_wait_s: the writers' JetStream ack wait (``FEDSCHED_WRITER_ACK_WAIT_S``,
-            seconds; None = the product's default, 60 s). A writers process killed with a batch in
+            seconds; None = the product's default, 5 s). A writers process killed with a batch in
             hand leaves it unacknowledged until then, and the drill waits for the writers to drain.
     """
 

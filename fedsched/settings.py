@@ -53,12 +53,12 @@ class Settings(BaseSettings):
             is taken back and placed again elsewhere.
         writer_ack_wait_s: JetStream ack wait of the audit and billing consumers (wall
             seconds): a batch delivered and not acknowledged is delivered again after this long.
-            A batch handed back (nak) when a writer stops is redelivered at once -- unless NATS
-            stops too (the embedded one does): a restarted server keeps only "delivered, not
-            acknowledged" and waits out this ack wait, so writers lag that long after such a
-            restart. 60 s by default (a batch may take long on a loaded ClickHouse; a second copy
-            in flight is harmless -- rows are inserted once by key -- but wasted); tests that
-            restart the embedded system set a few seconds. Applied when a consumer is created.
+            A writer reports progress on its batch every quarter of it while it writes
+            (:class:`fedsched.bus.DurableConsumer`), so a slow insert keeps its batch and the
+            wait only bounds recovery: a batch a writer killed -9 had fetched -- or one a
+            restarted NATS (the embedded one stops with the system) forgot the hand-back of --
+            is written by its successor within about this long. Default 5 s; an existing
+            durable with another ack wait is updated when its consumer subscribes.
         unschedulable_timeout_s: a job that no cluster could hold even empty (unplaceable) for
             this long (business seconds; default 24 h) is ended, CANCELLED with reason
             ``unschedulable_timeout``.
@@ -127,7 +127,7 @@ class Settings(BaseSettings):
     cluster_gone_after_s: float = Field(default=3600.0, gt=0)
     schedule_interval_s: float = Field(default=0.02, gt=0)
     reclaim_after_s: float = Field(default=30.0, gt=0)
-    writer_ack_wait_s: float = Field(default=60.0, gt=0)
+    writer_ack_wait_s: float = Field(default=5.0, gt=0)
     unschedulable_timeout_s: float = Field(default=86400.0, gt=0)
     price_catalog: Path | None = None
     js_domain: str = ""
