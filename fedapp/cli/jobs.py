@@ -919,11 +919,14 @@ def _print_explain(resp: pb.ExplainJobResponse, *, title: bool = True) -> None:
         console.print(styled(head, (d.outcome, "bold"), f" {d.cluster or ''} {('(' + d.region + ')') if d.region else ''}"
                              f" queue {d.queue or '-'} policy {d.policy_version or '-'}"))
         console.print(f"  {d.summary}", highlight=False)
-        if d.approval_id:
+        if d.outcome == "awaiting_approval":  # the request is still open (an answered one keeps its id)
             console.print(styled("  ", ("proposed, awaiting approval:", "yellow"),
                                  f" request {safe(d.approval_id)} decides by {_ts(d.approval_expires_at)} UTC; "
                                  "without a decision by then the job goes back to its home region's queue"),
                           highlight=False)
+        elif d.approval_id and d.outcome.startswith("approval_"):  # approval_approved / _rejected / _expired
+            console.print(styled("  ", (f"proposal {d.outcome.removeprefix('approval_')}:", "yellow"),
+                                 f" request {safe(d.approval_id)} was answered"), highlight=False)
         if d.outcome == "pending" and not d.fits_empty:
             console.print(styled("  ", ("can never run as asked:", "red"),
                                  " no cluster could hold it even if it were empty; waiting will not help "
