@@ -185,7 +185,8 @@ class FilterNames:
         tenants: the policy's tenants; checked only for a caller who reads every job (an admin):
             anyone else naming a tenant they may not read is refused by
             :meth:`JobFilter.check_access` already, known or not.
-        regions / clusters: the federation's regions and clusters (topology and reports).
+        regions / clusters: the federation's regions and clusters (topology and reports), and
+            those where a job still in the view last ran (a decommissioned cluster's jobs).
     """
 
     tenants: frozenset[str] | None = None

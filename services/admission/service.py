@@ -795,12 +795,16 @@ class JobServicer(pb_grpc.JobServiceServicer):
         return set(self.names.clusters if self.names is not None else ()) | set(self.clusters)
 
     def filter_names(self) -> FilterNames:
-        """What ListJobs' tenant, project, region and cluster filters may name (:class:`FilterNames`)."""
+        """What ListJobs' tenant, project, region and cluster filters may name (:class:`FilterNames`):
+        regions and clusters that exist now, and those where a job still in the view last ran
+        (a decommissioned cluster's ended jobs stay listable by it; the view keeps these names
+        as jobs change, :attr:`JobView.attempt_clusters`, so no job is walked here)."""
         gov = self.policy.current
         return FilterNames(tenants=frozenset(gov.tenants) if gov is not None else None,
                            projects=({t.name: frozenset(t.projects) for t in gov.tenants.values()}
                                      if gov is not None else None),
-                           regions=frozenset(self.region_names(gov)), clusters=frozenset(self.cluster_names()))
+                           regions=frozenset(self.region_names(gov) | self.view.attempt_regions.keys()),
+                           clusters=frozenset(self.cluster_names() | self.view.attempt_clusters.keys()))
 
     async def _publish_one(self, a: "_Admitted") -> pb.SubmitJobResponse:
         """Publish an admitted submission and release its hold (the view holds the job then)."""
