@@ -578,7 +578,7 @@ _ISO_DATE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 #: What ``--since`` / ``--until`` accept, as every refusal says it.
 WHEN_FORMS = ("an age before now, a positive number and a unit s, m, h, d or w (30m, 2h, 1.5d), or an "
-              "ISO-8601 time not in the future (2026-11-30T08:00:00Z; no zone = UTC)")
+              "ISO-8601 time (2026-11-30T08:00:00Z; no zone = UTC), not in the future unless it ends a window")
 
 
 class WhenError(ValueError):
@@ -595,16 +595,16 @@ class WhenError(ValueError):
         self.flag, self.text, self.reason = flag, text, reason
 
 
-def parse_when(text: str, flag: str, now: dt.datetime | None = None) -> dt.datetime:
+def parse_when(text: str, flag: str, now: dt.datetime | None = None, *, future: bool = False) -> dt.datetime:
     """``--since`` / ``--until``: a relative age before ``now`` (``<number><s|m|h|d|w>``:
     ``90m``, ``2h``, ``1.5d``; the number > 0, no sign) or an ISO-8601 time (no zone = UTC) that
-    is not after ``now`` and not before 1970. Ages and times both give a timezone-aware UTC
-    datetime.
+    is not after ``now`` (unless ``future``: the end of a window, ``--until`` / ``--to``, may be
+    later than now) and not before 1970. Ages and times both give a timezone-aware UTC datetime.
 
     Raises:
         WhenError: anything else, saying why and listing the accepted forms: a bare number
             (``5``, ``0``: no unit), a sign (``-5m``, ``+5m``), a zero age, a word
-            (``yesterday``), a time in the future or before 1970.
+            (``yesterday``), a time in the future (without ``future``) or before 1970.
     """
     now = (now or dt.datetime.now(dt.UTC)).astimezone(dt.UTC)
     t = text.strip()
@@ -632,7 +632,7 @@ def parse_when(text: str, flag: str, now: dt.datetime | None = None) -> dt.datet
     except ValueError:
         raise WhenError(flag, text, "is not a valid ISO-8601 time") from None
     when = when.replace(tzinfo=dt.UTC) if when.tzinfo is None else when.astimezone(dt.UTC)
-    if when > now:
+    if when > now and not future:
         raise WhenError(flag, text, f"is in the future (now is {now:%Y-%m-%dT%H:%M:%SZ})")
     if when < _EPOCH:
         raise WhenError(flag, text, "is before 1970")
@@ -641,12 +641,13 @@ def parse_when(text: str, flag: str, now: dt.datetime | None = None) -> dt.datet
 
 def _time_range(since: str, until: str, now: dt.datetime | None = None
                 ) -> tuple[dt.datetime | None, dt.datetime | None]:
-    """``--since`` and ``--until`` parsed against one ``now``; exit 2 with the reason and the
-    accepted forms when either is not accepted, or when ``--until`` is not after ``--since``."""
+    """``--since`` and ``--until`` parsed against one ``now`` (``--until`` may be in the future:
+    it ends the window; ``--since`` may not); exit 2 with the reason and the accepted forms when
+    either is not accepted, or when ``--until`` is not after ``--since``."""
     now = now or dt.datetime.now(dt.UTC)
     try:
         lo = parse_when(since, "--since", now) if since else None
-        hi = parse_when(until, "--until", now) if until else None
+        hi = parse_when(until, "--until", now, future=True) if until else None
     except WhenError as e:
         err.print(error_line(e.flag, str(e)))
         raise typer.Exit(2) from None
@@ -670,8 +671,8 @@ def jobs(
     since: str = typer.Option("", "--since", help="Submitted at or after: an age before now like 30m, 2h, 1.5d "
                                                   "(units s, m, h, d, w) or a past ISO-8601 time (no timezone = "
                                                   "UTC)."),
-    until: str = typer.Option("", "--until", help="Submitted before: an age like 30m, 2h, 1d or a past ISO-8601 "
-                                                  "time; after --since."),
+    until: str = typer.Option("", "--until", help="Submitted before: an age like 30m, 2h, 1d or an ISO-8601 "
+                                                  "time (may be in the future); after --since."),
     oldest_first: bool = typer.Option(False, "--oldest-first", help="Oldest first (default: newest first)."),
     limit: int = typer.Option(100, "--limit", min=1, max=1000, help="Page size (jobs per page)."),
     page_token: str = typer.Option("", "--page-token", help="Continue from this token (printed below a page; "
@@ -919,11 +920,14 @@ def _print_explain(resp: pb.ExplainJobResponse, *, title: bool = True) -> None:
         console.print(styled(head, (d.outcome, "bold"), f" {d.cluster or ''} {('(' + d.region + ')') if d.region else ''}"
                              f" queue {d.queue or '-'} policy {d.policy_version or '-'}"))
         console.print(f"  {d.summary}", highlight=False)
-        if d.approval_id:
+        if d.outcome == "awaiting_approval":  # the request is still open (an answered one keeps its id)
             console.print(styled("  ", ("proposed, awaiting approval:", "yellow"),
                                  f" request {safe(d.approval_id)} decides by {_ts(d.approval_expires_at)} UTC; "
                                  "without a decision by then the job goes back to its home region's queue"),
                           highlight=False)
+        elif d.approval_id and d.outcome.startswith("approval_"):  # approval_approved / _rejected / _expired
+            console.print(styled("  ", (f"proposal {d.outcome.removeprefix('approval_')}:", "yellow"),
+                                 f" request {safe(d.approval_id)} was answered"), highlight=False)
         if d.outcome == "pending" and not d.fits_empty:
             console.print(styled("  ", ("can never run as asked:", "red"),
                                  " no cluster could hold it even if it were empty; waiting will not help "

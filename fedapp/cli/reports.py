@@ -150,7 +150,7 @@ def register(app: typer.Typer) -> None:
 
         now = datetime.now(UTC)
         start = time_option(start_text, "--from", now)
-        end = time_option(end_text, "--to", now, end_of_day=True)
+        end = time_option(end_text, "--to", now, end_of_day=True, future=True)
         if start is not None and end is not None and start >= end:
             err.print(error_line("--from", f"{start:%Y-%m-%d %H:%M:%S} UTC is not before --to "
                                            f"{end:%Y-%m-%d %H:%M:%S} UTC"))

@@ -4,6 +4,7 @@ Every time option takes what ``jobs --since`` takes (:func:`fedapp.cli.jobs.pars
 not copied): an ISO-8601 time (``2026-11-30``, ``2026-11-30T22:55:00Z``, ``...+09:00``; no zone =
 UTC) or an age before now (``90m``, ``2h``, ``1.5d``). This module adds, around that parser:
 
+* the *end* of a window may be in the future (``--to`` tomorrow); its start may not;
 * a date alone as the *end* of a window means the end of that day (``--from 2026-11-30 --to
   2026-11-30`` is that one day, [00:00, 24:00) UTC);
 * one typed error, :class:`TimeOptionError`, for every refusal, including values out of the
@@ -49,7 +50,8 @@ class TimeOptionError(ValueError):
         self.flag, self.text, self.reason = flag, text, reason
 
 
-def parse_time(text: str, flag: str, now: dt.datetime | None = None, *, end_of_day: bool = False) -> dt.datetime:
+def parse_time(text: str, flag: str, now: dt.datetime | None = None, *, end_of_day: bool = False,
+               future: bool = False) -> dt.datetime:
     """``text`` as a timezone-aware UTC datetime, by the parser of ``jobs --since``.
 
     Args:
@@ -58,6 +60,8 @@ def parse_time(text: str, flag: str, now: dt.datetime | None = None, *, end_of_d
         now: the present moment ages count back from (default: the wall clock, UTC).
         end_of_day: a date alone (``2026-11-30``) means the end of that day (the next midnight
             UTC), for the exclusive end of a window.
+        future: a time after ``now`` is accepted (the end of a window, ``--to``); without it a
+            future time is refused (a window's start, ``--from``).
 
     Raises:
         TimeOptionError: not a time or age the parser accepts (its own refusal's text as the
@@ -67,7 +71,7 @@ def parse_time(text: str, flag: str, now: dt.datetime | None = None, *, end_of_d
     """
     now = (now or dt.datetime.now(dt.UTC)).astimezone(dt.UTC)
     try:
-        when = parse_when(text, flag, now)
+        when = parse_when(text, flag, now, future=future)
     except OverflowError:
         raise TimeOptionError(flag, text, "is out of range (an age that reaches back beyond year 1)") from None
     except ValueError as e:  # the parser's typed refusal (a ValueError subclass)
@@ -81,13 +85,13 @@ def parse_time(text: str, flag: str, now: dt.datetime | None = None, *, end_of_d
 
 
 def time_option(text: str | None, flag: str, now: dt.datetime | None = None, *,
-                end_of_day: bool = False) -> dt.datetime | None:
+                end_of_day: bool = False, future: bool = False) -> dt.datetime | None:
     """:func:`parse_time` for a command: None for an unset option; a refusal is printed as
     ``<flag> <message>`` on stderr and exits 2."""
     if text is None or text == "":
         return None
     try:
-        return parse_time(text, flag, now, end_of_day=end_of_day)
+        return parse_time(text, flag, now, end_of_day=end_of_day, future=future)
     except TimeOptionError as e:
         err.print(error_line(e.flag, str(e)))
         raise typer.Exit(2) from None

@@ -59,7 +59,7 @@ def record_doc(rec: JobRecord, specs: ModelTable | None = None) -> dict[str, Any
 
 
 _SKIP_JOB = frozenset({"job_id", "spec", "submitted_at", "submitted_by", "request_id", "shards", "version",
-                       "counted_state"})
+                       "counted_state", "listed"})
 
 
 def _lean(obj: Any, skip: frozenset[str] = frozenset(), **extra: Any) -> dict[str, Any]:

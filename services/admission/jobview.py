@@ -40,10 +40,11 @@ from __future__ import annotations
 import asyncio
 import bisect
 import logging
-from collections import OrderedDict
+import uuid
+from collections import Counter, OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Iterator, NamedTuple
 
 from fedsched.bounded import RecentDict
 from fedsched.bus import Delivery
@@ -157,6 +158,7 @@ class JobRecord:
     holds: int = 0  #: holds applied so far (the n-th hold and its release have their own event ids)
     priority_changes: int = 0  #: ``job.priority_changed`` applied so far (event ids)
     counted_state: JobState | None = field(default=None, repr=False, compare=False)  # in JobView.by_state
+    listed: "ListingKey | None" = field(default=None, repr=False, compare=False)  # as JobView last logged it
 
     @property
     def state(self) -> JobState:
@@ -222,6 +224,40 @@ class JobRecord:
         return any(s.unplaceable and s.state == JobState.QUEUED for s in self.shards)
 
 
+class ListingKey(NamedTuple):
+    """What of a job ListJobs' changeable filters look at: its state and where its latest
+    attempt runs or ran (None: never placed). Tenant, project, kind, name and submit time are
+    fixed at submit."""
+
+    state: JobState
+    region: str | None
+    cluster: str | None
+
+
+def listing_key(rec: "JobRecord") -> ListingKey:
+    """``rec``'s :class:`ListingKey` now."""
+    att = rec.current
+    return ListingKey(rec.state, att.region if att else None, att.cluster if att else None)
+
+
+@dataclass(frozen=True, slots=True)
+class ListingChange:
+    """One change of a job as ListJobs' filters see it (:attr:`JobView.listing_changes`).
+
+    Attributes:
+        seq: the view's listing sequence number of this change (1, 2, ...).
+        before / after: the job's key before and after; ``before`` None = it entered the view
+            (submitted), ``after`` None = it left (evicted).
+    """
+
+    seq: int
+    job_id: str
+    spec: JobSpec
+    submitted_at: float
+    before: ListingKey | None
+    after: ListingKey | None
+
+
 #: ``job.stopped`` reasons (the scheduler's stop order reasons) -> the attempt's outcome
 STOP_OUTCOMES: dict[str, AttemptState] = {
     StopReason.PREEMPTED: AttemptState.PREEMPTED, StopReason.RECLAIMED: AttemptState.RECLAIMED,
@@ -240,14 +276,29 @@ class JobView:
         retain_tombstones: ids of jobs that left remembered with their newest attempt, so a
             late status of one is ignored rather than refused as a forgery; a redelivered
             submit does not bring one back.
+        retain_listing_changes: the newest changes kept in :attr:`listing_changes` (ListJobs
+            refreshes a later page's total from them; a page whose token is older than all
+            of them counts its range again).
 
     Memory is bounded by the open jobs plus these retentions, not by the jobs ever seen
     (issue 15 item 2; ``tests/unit/admission/test_memory.py``).
     """
 
     def __init__(self, *, retain_ended: int = 10_000, archive: Callable[[JobRecord], None] | None = None,
-                 retain_tombstones: int = 200_000) -> None:
+                 retain_tombstones: int = 200_000, retain_listing_changes: int = 100_000) -> None:
         self.jobs: dict[str, JobRecord] = {}
+        #: this view's identity: a page token's listing sequence means something only here (each
+        #: admission replica folds the stream into its own view)
+        self.view_id = uuid.uuid4().hex[:12]
+        #: listing sequence: increases by one per change of a job's :class:`ListingKey`, entry
+        #: into or exit from the view
+        self.listing_seq = 0
+        #: the newest :class:`ListingChange` s, oldest first
+        self.listing_changes: deque[ListingChange] = deque(maxlen=max(1, retain_listing_changes))
+        #: region / cluster -> jobs in the view whose latest attempt is there (kept as jobs
+        #: change: ListJobs accepts these names as filters even when the cluster is gone)
+        self.attempt_regions: Counter[str] = Counter()
+        self.attempt_clusters: Counter[str] = Counter()
         self.retain_ended = max(1, retain_ended)
         self.archive = archive
         #: ended jobs still in :attr:`jobs`, oldest end first
@@ -564,8 +615,51 @@ class JobView:
     def _shard(rec: JobRecord, index: int) -> ShardRecord | None:
         return rec.shards[index] if 0 <= index < len(rec.shards) else None
 
+    def adopt_listing(self, rec: JobRecord) -> None:
+        """Count ``rec`` (restored from a checkpoint into :attr:`jobs`) in the attempt region and
+        cluster counts, without logging a change (no page token of this view predates it)."""
+        self._relist(rec, listing_key(rec), log_it=False)
+
+    def _relist(self, rec: JobRecord, after: ListingKey | None, *, log_it: bool = True) -> None:
+        """Log ``rec``'s listing change to ``after`` (None: it leaves) and move its counts."""
+        before = rec.listed
+        if before == after:
+            return
+        if log_it:
+            self.listing_seq += 1
+            self.listing_changes.append(ListingChange(self.listing_seq, rec.job_id, rec.spec, rec.submitted_at,
+                                                      before, after))
+        for key, step in ((before, -1), (after, 1)):
+            if key is None:
+                continue
+            for counts, name in ((self.attempt_regions, key.region), (self.attempt_clusters, key.cluster)):
+                if name is not None:
+                    counts[name] += step
+                    if counts[name] <= 0:
+                        del counts[name]
+        rec.listed = after
+
+    def changes_since(self, seq: int) -> Iterator[ListingChange] | None:
+        """The listing changes after sequence number ``seq``, oldest first, or None when the log
+        no longer reaches back that far (or ``seq`` is not one of this view's). Costs the
+        changes returned, not the log's length."""
+        if seq > self.listing_seq or seq < 0:
+            return None
+        if seq == self.listing_seq:
+            return iter(())
+        log_ = self.listing_changes
+        if not log_ or log_[0].seq > seq + 1:
+            return None
+        newer: list[ListingChange] = []
+        for ch in reversed(log_):  # newest first: stops at the first change the caller has
+            if ch.seq <= seq:
+                break
+            newer.append(ch)
+        return reversed(newer)
+
     def _notify(self, rec: JobRecord) -> None:
         state = rec.state
+        self._relist(rec, listing_key(rec))
         if rec.counted_state != state:  # jobs by state: move the job from the state it was counted in
             if rec.counted_state is not None:
                 self.by_state[rec.counted_state] -= 1
@@ -599,6 +693,7 @@ class JobView:
             waiting.set()
         if self.archive is not None:
             self.archive(rec)
+        self._relist(rec, None)
         key = (rec.submitted_at, rec.job_id)
         i = bisect.bisect_left(self.by_submitted, key)
         if i < len(self.by_submitted) and self.by_submitted[i] == key:

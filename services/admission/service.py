@@ -726,7 +726,8 @@ class JobServicer(pb_grpc.JobServiceServicer):
     def _admit(self, request: pb.SubmitJobRequest, principal: Principal, *,
                hold: bool = True) -> "pb.SubmitJobResponse | _Admitted":
         """Everything a submission goes through before it is published, shared by SubmitJob,
-        SubmitJobs and dry runs: validation, governance (tenant, project, rights, regions,
+        SubmitJobs and dry runs: validation, governance (tenant, the caller's rights on it before its
+        projects are looked at, project, rights on the project, regions,
         the policy's narrowing), idempotency (a retry gets its job back before quota and budget
         are checked again), the quota it must ever fit, whether any cluster could ever hold it,
         and the budget check with (``hold``) the hold of its worst-case cost.
@@ -753,6 +754,8 @@ class JobServicer(pb_grpc.JobServiceServicer):
             # suggest only a tenant that exists and that the caller may see
             check_name("tenant", raw.tenant, "spec.tenant", known=[t for t in gov.tenants if principal.can_read(t)])
             raise ValidationError("spec.tenant", f"unknown tenant {raw.tenant!r}")
+        if not principal.can_read(tenant.name):  # before the project is looked at: its names are not theirs to see
+            raise PermissionDeniedError(f"{principal.name} may not submit jobs for {tenant.name}/{raw.project or '?'}")
         if raw.project and raw.project not in tenant.projects:
             check_name("project", raw.project, "spec.project", known=tenant.projects)
             raise ValidationError("spec.project", f"tenant {tenant.name} has no project {raw.project!r} "
@@ -792,12 +795,16 @@ class JobServicer(pb_grpc.JobServiceServicer):
         return set(self.names.clusters if self.names is not None else ()) | set(self.clusters)
 
     def filter_names(self) -> FilterNames:
-        """What ListJobs' tenant, project, region and cluster filters may name (:class:`FilterNames`)."""
+        """What ListJobs' tenant, project, region and cluster filters may name (:class:`FilterNames`):
+        regions and clusters that exist now, and those where a job still in the view last ran
+        (a decommissioned cluster's ended jobs stay listable by it; the view keeps these names
+        as jobs change, :attr:`JobView.attempt_clusters`, so no job is walked here)."""
         gov = self.policy.current
         return FilterNames(tenants=frozenset(gov.tenants) if gov is not None else None,
                            projects=({t.name: frozenset(t.projects) for t in gov.tenants.values()}
                                      if gov is not None else None),
-                           regions=frozenset(self.region_names(gov)), clusters=frozenset(self.cluster_names()))
+                           regions=frozenset(self.region_names(gov) | self.view.attempt_regions.keys()),
+                           clusters=frozenset(self.cluster_names() | self.view.attempt_clusters.keys()))
 
     async def _publish_one(self, a: "_Admitted") -> pb.SubmitJobResponse:
         """Publish an admitted submission and release its hold (the view holds the job then)."""

@@ -74,6 +74,7 @@ def _restore_admission(view: Any, approvals: Any, spend: Any, state: dict[str, A
         if rec.request_id:
             view.by_request[(rec.submitted_by, rec.spec.tenant, rec.spec.project, rec.request_id)] = rec.job_id
         rec.counted_state = rec.state
+        view.adopt_listing(rec)
         if rec.counted_state not in TERMINAL_STATES:
             view.open_by_tenant.setdefault(rec.spec.tenant, set()).add(rec.job_id)
     view.by_submitted.sort()

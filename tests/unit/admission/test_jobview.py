@@ -224,3 +224,35 @@ def test_an_answered_proposal_is_no_longer_awaiting_approval():
     (d,) = explain_to_pb(view.jobs[JOB]).decisions
     assert d.outcome == "approval_rejected" and d.summary.startswith("cross-region run rejected by bob")
     assert len(d.clusters) == 2
+    cli, page = _rendered_explain(view)
+    for text in (cli, page):  # the answered request, not a proposal still awaiting approval
+        assert "awaiting approval" not in text.lower() and "decides by" not in text
+    assert "proposal rejected: request ap-0123456789abcdef0123" in cli
+    assert "Proposal rejected: request" in page and "<code>ap-0123456789abcdef0123</code>" in page
+    cli, page = _rendered_explain(_fold(ev.submitted(), _approval_requested(T0 + 10)))  # still open
+    assert "proposed, awaiting approval: request ap-0123456789abcdef0123 decides by" in cli
+    assert "Proposed, awaiting approval: request" in page
+
+
+def _rendered_explain(view) -> tuple[str, str]:
+    """The job's explanation as ``fedsched explain`` prints it and as the console's job page shows it."""
+    import io
+    from decimal import Decimal
+
+    from fedapp.cli import jobs as cli_jobs
+    from fedapp.cli.text import CliConsole
+    from fedapp.web.app import _templates
+    from fedsched.api.v1 import jobs_pb2 as pb
+    from services.admission.service import explain_to_pb
+
+    resp = explain_to_pb(view.jobs[JOB])
+    out, saved = io.StringIO(), cli_jobs.console
+    cli_jobs.console = CliConsole(file=out, width=200)
+    try:
+        cli_jobs._print_explain(resp)
+    finally:
+        cli_jobs.console = saved
+    page = _templates().get_template("job.html").render(
+        csrf="", signed_in=True, path=f"/jobs/{JOB}", job=pb.Job(job_id=JOB, state=resp.state), explain=resp,
+        reads=False, events=[], event_total=0, cost=[], total_cost=Decimal(0), currency="", unreadable="")
+    return out.getvalue(), page

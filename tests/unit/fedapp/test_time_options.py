@@ -64,3 +64,29 @@ def test_report_windows_in_every_form(start, end, code):
 def test_report_still_refuses_a_window_that_ends_before_it_starts():
     result = CliRunner().invoke(app, ["report", "--from", "2023-03-01", "--to", "2023-02-01", "--list"])
     assert result.exit_code == 2 and "is not before" in result.output
+
+
+def test_a_report_window_may_end_in_the_future_but_not_start_there():
+    """``report --from 2026-11-30 --to 2026-12-01`` on 2026-11-30 exited 2 "in the future": the
+    end of a window may be later than now, its start may not."""
+    now = dt.datetime.now(dt.UTC)
+    today, tomorrow = now.date().isoformat(), (now + dt.timedelta(days=1)).date().isoformat()
+    later = (now + dt.timedelta(days=30)).date().isoformat()
+    result = CliRunner().invoke(app, ["report", "--from", today, "--to", tomorrow, "--list"])
+    assert result.exit_code == 0, result.output
+    assert parse_time(later, "--to", now, end_of_day=True, future=True) == dt.datetime.fromisoformat(
+        later).replace(tzinfo=dt.UTC) + dt.timedelta(days=1)
+    result = CliRunner().invoke(app, ["report", "--from", later, "--list"])
+    assert result.exit_code == 2 and "--from" in result.output and "in the future" in result.output
+
+
+def test_jobs_until_may_be_in_the_future_and_since_may_not():
+    from fedapp.cli.jobs import WhenError, _time_range, parse_when
+
+    now = dt.datetime(2026, 11, 30, 23, 0, tzinfo=dt.UTC)
+    lo, hi = _time_range("2026-11-30", "2026-12-01", now)
+    assert (lo, hi) == (dt.datetime(2026, 11, 30, tzinfo=dt.UTC), dt.datetime(2026, 12, 1, tzinfo=dt.UTC))
+    with pytest.raises(WhenError, match="in the future"):
+        parse_when("2026-12-01", "--since", now)
+    result = CliRunner().invoke(app, ["jobs", "--since", "2099-01-01"])
+    assert result.exit_code == 2 and "in the future" in result.output
