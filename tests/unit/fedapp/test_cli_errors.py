@@ -45,7 +45,7 @@ def _run(*args: str, cwd=None) -> subprocess.CompletedProcess:
     (("jobs", "-o", "xml"), 2, "--output"),
     (("jobs", "--since", "-5m"), 2, "has a sign: an age counts back from now"),
     (("jobs", "--since", "yesterday"), 2, "accepted: an age before now"),
-    (("jobs", "--until", "2999-01-01"), 2, "is in the future"),
+    (("jobs", "--since", "2999-01-01"), 2, "is in the future"),
     (("jobs", "--since", "1h", "--until", "2h"), 2, "is not after --since"),
     (("jobs", "--token", "abc\ndef"), 1, "printable ASCII"),
     (("up", "--grpc-address", "127.0.0.1:99999", "--data-dir", "/tmp/fedsched-never-made"), 2, "port 0-65535"),
