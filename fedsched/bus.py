@@ -42,6 +42,7 @@ import hmac
 import json
 import logging
 import time
+import uuid
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Sequence
@@ -804,6 +805,10 @@ class StreamFollower:
         self.gaps = 0  #: deliveries found missing (each re-read from the stream)
         self.pending = 0  #: messages after the last one handled (its JetStream num_pending)
         self._expect_delivery = 1  #: the consumer sequence the next delivery must carry
+        #: deliveries of the first consumer that make up the backlog stored when it was created
+        #: (None = unknown): :attr:`caught_up` is set once they are handled, even if new
+        #: messages keep arriving behind them
+        self._backlog: int | None = None
 
     async def _subscribe(self) -> None:
         self._expect_delivery = 1
@@ -825,10 +830,14 @@ class StreamFollower:
                 pass
             config.name = self.name
             config.filter_subject = subjects[0]
-            await self.bus.js.add_consumer(self.stream, config)
-            self._sub = await self.bus.js.pull_subscribe_bind(durable=None, stream=self.stream, name=self.name)
-            return
-        self._sub = await self.bus.js.pull_subscribe(subjects[0], stream=self.stream, config=config)
+        else:  # what nats.py's pull_subscribe does, keeping the created consumer's info
+            config.name = uuid.uuid4().hex[:22]
+            if len(subjects) == 1:
+                config.filter_subject = subjects[0]
+        info = await self.bus.js.add_consumer(self.stream, config)
+        self._sub = await self.bus.js.pull_subscribe_bind(durable=None, stream=self.stream, name=config.name)
+        if not self.caught_up.is_set():  # the backlog: what was stored when the consumer was made
+            self._backlog = int(getattr(info, "num_pending", 0) or 0)
 
     def stop(self) -> None:
         """Ask :meth:`run` to return."""
@@ -871,8 +880,9 @@ class StreamFollower:
                     await self._one(msg)
                 if self._sub is None:
                     continue
-                if msgs and msgs[-1].metadata.num_pending == 0:
-                    self.caught_up.set()
+                if msgs and (msgs[-1].metadata.num_pending == 0 or
+                             (self._backlog is not None and msgs[-1].metadata.sequence.consumer >= self._backlog)):
+                    self.caught_up.set()  # (under a steady flow num_pending may never be 0: the backlog counts)
                 backoff = 0.1
             except asyncio.CancelledError:
                 raise
