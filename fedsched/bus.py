@@ -321,7 +321,9 @@ class Bus:
         last: Exception | None = None
         for _ in range(attempts):
             try:
-                return await self.js.publish(subject, data, headers=hdrs, timeout=5)
+                ack = await self.js.publish(subject, data, headers=hdrs, timeout=5)
+                _remember(ack, data, event)
+                return ack
             except _TRANSIENT as e:
                 last = e
                 await asyncio.sleep(delay)
@@ -360,12 +362,14 @@ class Bus:
             return []
         futures: list[Any] = []
         sent: list[dict[str, str]] = []
+        datas: list[bytes] = []
         refused: dict[int, str] = {}
         for i, (subject, event, extra) in enumerate(items):
             hdrs = telemetry.event_headers(extra, f"publish {event.type}")
             sent.append(telemetry.trace_headers(hdrs))  # a retry keeps the same trace
             hdrs["Nats-Msg-Id"] = self.msg_id(subject, event)
             data = event.to_bytes()
+            datas.append(data)
             try:
                 self.check_size(subject, event, hdrs, data)
             except PayloadTooLargeError as e:
@@ -385,6 +389,7 @@ class Bus:
                 out.append(await self._refuse(subject, event, refused[i], trace_ctx))
                 continue
             if not isinstance(result, BaseException):
+                _remember(result, datas[i], event)
                 out.append(PublishResult.ACKED)
                 continue
             try:
@@ -528,6 +533,22 @@ def _stored_at(md) -> float | None:
 #: the same messages, and an envelope is immutable, so each is decoded once, not once per reader
 _DECODED: "OrderedDict[tuple[str, int], tuple[bytes, Envelope]]" = OrderedDict()
 _DECODED_MAX = 8192
+
+
+def _remember(ack: Any, data: bytes, event: Envelope) -> None:
+    """Share an event this process just published with its readers here: JetStream stored
+    ``data`` (``event.to_bytes()``) under the ack's (stream, sequence), so a follower or consumer
+    of this process reading it back (the scheduler its placements, admission its submissions,
+    every service when embedded) takes ``event`` itself -- with its parsed payloads -- instead of
+    decoding the bytes again (:func:`_decode` still compares the bytes). A duplicate ack (the
+    stream had the message already) or an ack without a sequence is not remembered."""
+    seq = getattr(ack, "seq", None)
+    stream = getattr(ack, "stream", None)
+    if not seq or not stream or getattr(ack, "duplicate", False):
+        return
+    _DECODED[(stream, int(seq))] = (data, event)
+    if len(_DECODED) > _DECODED_MAX:
+        _DECODED.popitem(last=False)
 
 
 def _decode(msg: Msg) -> Envelope:

@@ -285,3 +285,38 @@ async def test_a_follower_is_caught_up_once_its_backlog_is_read_even_while_messa
         await publisher
         f.stop()
         await task
+
+
+async def test_a_reader_in_the_publishing_process_gets_the_published_envelope_without_decoding_it(bus, monkeypatch):
+    """Issue 15: what a process published (acknowledged with its stream sequence) is handed to
+    its own readers as the same envelope object (the scheduler reading its placements back,
+    admission its submissions, all services when embedded); bytes stored by another publisher
+    are decoded as before."""
+    from fedsched.events import Envelope
+
+    subject = bus.subjects.status("cn-north-1", "cn-north-1-c1")
+    mine = [_event(300 + i) for i in range(5)]
+    assert all(await bus.publish_many([(subject, e, None) for e in mine[:4]]))
+    await bus.publish(subject, mine[4])
+    foreign = _event(400)
+    await bus.nc.publish(subject, foreign.to_bytes())  # (a plain publish: no ack, nothing remembered)
+    await bus.nc.flush()
+    decoded = []
+    real = Envelope.from_bytes.__func__
+
+    def counting(cls, data):
+        decoded.append(data)
+        return real(cls, data)
+
+    monkeypatch.setattr(Envelope, "from_bytes", classmethod(counting))
+    seen = []
+    f = StreamFollower(bus, "EVENTS", seen.append, name="own", filter_subjects=[subject])
+    task = asyncio.create_task(f.run())
+    deadline = time.monotonic() + 10
+    while len(seen) < 6 and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+    f.stop()
+    await task
+    assert [d.envelope.job_id for d in seen] == [f"j-{300 + i}" for i in range(5)] + ["j-400"]
+    assert all(d.envelope is e for d, e in zip(seen, mine))
+    assert len(decoded) == 1 and seen[5].envelope == foreign
