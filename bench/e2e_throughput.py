@@ -180,7 +180,8 @@ def start_system(mode: str, work: Path, topology: Path, timeout_s: float = 180) 
     data_dir = work / f"data-{mode}"
     grpc_target = f"127.0.0.1:{free_port()}"
     nats_port = free_port()
-    env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1", FEDSCHED_NATS_PORT=str(nats_port))
+    env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1", FEDSCHED_NATS_PORT=str(nats_port),
+               FEDSCHED_METRICS_PORT="0")  # free metrics ports: another `fedsched up` may hold 9464
     for k in ("FEDSCHED_NATS_URL", "FEDSCHED_CLICKHOUSE_URL", "FEDSCHED_DATA_DIR"):
         env.pop(k, None)
     argv = [sys.executable, "-m", "fedapp.cli", "up", "--no-web", "--data-dir", str(data_dir), "--grpc-address",
