@@ -160,6 +160,9 @@ class ShardEntry:
     stop_sent: bool = False
     outcome: Outcome = Outcome.NONE
     view_cache: tuple | None = field(default=None, repr=False, compare=False)
+    #: (spec, submitted_at, attempt, progress_s, cross-region mode, len(avoid), QueuedJob): the
+    #: queue's record of this shard, rebuilt only when one of those changed (SchedulerService.queue)
+    queue_cache: tuple | None = field(default=None, repr=False, compare=False)
 
 
 @dataclass
@@ -1413,9 +1416,18 @@ class SchedulerService:
             job.mode_cache = (gov, m)
             return m
 
-        return [QueuedJob(job.job_id, shard.attempt + 1, job.spec, job.submitted_at, frozenset(shard.avoid),
-                          shard.index, mode(job), shard.progress_s)
-                for job, shard in self.queued.values() if not job.cancel_requested]
+        def queued(job: JobEntry, shard: ShardEntry) -> QueuedJob:  # kept on the shard while it is unchanged
+            m = mode(job)
+            c = shard.queue_cache
+            if (c is not None and c[0] is job.spec and c[1] == job.submitted_at and c[2] == shard.attempt
+                    and c[3] == shard.progress_s and c[4] == m and c[5] == len(shard.avoid)):  # avoid only grows
+                return c[6]
+            qj = QueuedJob(job.job_id, shard.attempt + 1, job.spec, job.submitted_at, frozenset(shard.avoid),
+                           shard.index, m, shard.progress_s)
+            shard.queue_cache = (job.spec, job.submitted_at, shard.attempt, shard.progress_s, m, len(shard.avoid), qj)
+            return qj
+
+        return [queued(job, shard) for job, shard in self.queued.values() if not job.cancel_requested]
 
     def window(self, queue: list[QueuedJob], now: float) -> list[QueuedJob]:
         """The part of ``queue`` one cycle decides: all of it up to :attr:`max_jobs_per_cycle`
