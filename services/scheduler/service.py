@@ -305,6 +305,7 @@ class SchedulerService:
         self.bus = bus
         self.max_jobs_per_cycle = max(1, max_jobs_per_cycle)
         self._window_blocked = False  # the last windowed cycle placed nothing: decide the whole queue next
+        self._queue_stats_at = -math.inf  # perf_counter of the last queue gauges (see cycle)
         inner: Publisher = publisher if publisher is not None else bus
         self.lease = lease
         #: fencing token stamped on placements and stop orders (the lease's, once caught up)
@@ -1478,7 +1479,11 @@ class SchedulerService:
         if expired:
             await self.publisher.publish_many(expired)
         queue = self.queue()
-        self.metrics.observe_queues(queue_stats(queue, self.clock.time(), self.policy.fast_lane_s))
+        # the queue gauges: every cycle for a queue one cycle decides whole, at most every
+        # QUEUE_STATS_EVERY_S wall seconds for a longer backlog (a pass over every queued shard)
+        if len(queue) <= self.max_jobs_per_cycle or t0 - self._queue_stats_at >= self.QUEUE_STATS_EVERY_S:
+            self._queue_stats_at = t0
+            self.metrics.observe_queues(queue_stats(queue, self.clock.time(), self.policy.fast_lane_s))
         self._visit("queue", len(self.queued))
         if not queue or not self.clusters:
             return
@@ -1750,6 +1755,10 @@ class SchedulerService:
                            job_id=job.job_id, attempt=p.job.attempt, actor="scheduler", policy_version=policy_version)
         headers = telemetry.child_headers(job.headers, "scheduler.place", job_id=job.job_id, cluster=p.cluster)
         return p, self.subjects.placements(p.region, p.cluster), event, headers, payload
+
+    #: wall seconds between two computations of the queue gauges while the backlog is longer
+    #: than one cycle's window (issue 15: per-cycle work must not grow with the backlog)
+    QUEUE_STATS_EVERY_S = 1.0
 
     #: counterfactuals cost a decide() per relaxation: only for jobs that waited this long (or can
     #: never run as asked), and at most this many per cycle
