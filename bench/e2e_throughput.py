@@ -21,7 +21,12 @@ job are re-placements (after a loss, or a placement not started within ``reclaim
 the moment the submit call was made (both on this process's monotonic clock). Printed:
 submit->placed throughput per ``--window`` seconds of the run (so decay shows), overall
 throughput, p50/p99/max latency, the submit RPC's own p50/p99, CPU seconds per process of the
-system over the offer (from ``/proc``; plus the bench client's) and RSS (now and peak).
+system over the offer (from ``/proc``; plus the bench client's) and RSS (now and peak). The
+CPU to the last placement leaves out work the placements left behind (agents' starts, audit and
+billing rows), so with ``--settle S`` (default 60) the bench then waits -- at most S seconds --
+until every placed job was seen started and the writers' durable consumers (``audit-events``,
+``billing``, ``billing-transfer``) have nothing pending, and prints each process's CPU per placed
+job up to then: the whole cost of a job, the figure that bounds sustained throughput.
 
     python bench/e2e_throughput.py --mode embedded --mode processes --jobs 20000
     python bench/e2e_throughput.py --mode embedded --jobs 5000 --rate 500
@@ -175,7 +180,8 @@ def start_system(mode: str, work: Path, topology: Path, timeout_s: float = 180) 
     data_dir = work / f"data-{mode}"
     grpc_target = f"127.0.0.1:{free_port()}"
     nats_port = free_port()
-    env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1", FEDSCHED_NATS_PORT=str(nats_port))
+    env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1", FEDSCHED_NATS_PORT=str(nats_port),
+               FEDSCHED_METRICS_PORT="0")  # free metrics ports: another `fedsched up` may hold 9464
     for k in ("FEDSCHED_NATS_URL", "FEDSCHED_CLICKHOUSE_URL", "FEDSCHED_DATA_DIR"):
         env.pop(k, None)
     argv = [sys.executable, "-m", "fedapp.cli", "up", "--no-web", "--data-dir", str(data_dir), "--grpc-address",
@@ -451,16 +457,46 @@ async def run_mode(mode: str, args: argparse.Namespace, work: Path) -> dict:
             me1 = time.process_time()
             memory = {pid: _memory_mib(pid) for pid in cpu1}
             run.load = (load0, os.getloadavg()[0])
+            settled = None
+            if args.settle > 0:  # the work placements leave behind: starts, audit and billing rows
+                settled = await settle(nc, run, prefix, args.settle, system)
             for spy in spies:
                 spy.wait(timeout=args.py_spy + 60)
     finally:
         if nc is not None:
             await nc.close()
         code = stop_system(system)
-    return report(mode, args, run, end, cpu0, cpu1, memory, me1 - me0, code)
+    return report(mode, args, run, end, cpu0, cpu1, memory, me1 - me0, code, settled)
 
 
-def report(mode: str, args, run: Run, end: float, cpu0, cpu1, memory, client_cpu: float, exit_code: int) -> dict:
+#: durable consumers whose backlog is the writers' share of the work (audit, billing)
+WRITERS = (("EVENTS", "audit-events"), ("EVENTS", "billing"), ("EVENTS", "billing-transfer"))
+
+
+async def settle(nc, run: Run, prefix: str, timeout_s: float, system: System):
+    """After the last placement: wait (at most ``timeout_s``) until every placed job was seen
+    started and the writers' durable consumers (audit, billing) have nothing pending, then take
+    the CPU of every process again. Returns (seconds waited, CPU snapshot, writers' backlog
+    left or None when it cannot be read)."""
+    t0 = time.monotonic()
+    js = nc.jetstream(timeout=2)
+    backlog = None
+    while True:
+        try:
+            backlog = 0
+            for stream, durable in WRITERS:
+                info = await js.consumer_info(f"{prefix.upper()}_{stream}", durable)
+                backlog += int(info.num_pending or 0) + int(info.num_ack_pending or 0)
+        except Exception:  # noqa: BLE001 - not readable with these credentials: starts only
+            backlog = None
+        if (len(run.started) >= len(run.placed) and not backlog) or time.monotonic() - t0 > timeout_s:
+            break
+        await asyncio.sleep(0.5)
+    return time.monotonic() - t0, cpu_snapshot(system), backlog
+
+
+def report(mode: str, args, run: Run, end: float, cpu0, cpu1, memory, client_cpu: float, exit_code: int,
+           settled=None) -> dict:
     """Print and return the figures of one run."""
     lat = [run.placed[j] - t for j, t in run.submitted.items() if j in run.placed]
     placed_times = sorted(run.placed[j] for j in run.submitted if j in run.placed)
@@ -517,6 +553,19 @@ def report(mode: str, args, run: Run, end: float, cpu0, cpu1, memory, client_cpu
         print(f"    {name:16s} pid {pid:7d}  cpu {used:7.1f} s ({used / wall * 100:4.0f}%, {per_job:5.2f} ms/job)  "
               f"rss {rss:6.0f}  peak {hwm:6.0f}")
     print(f"    {'bench client':16s} {'':11s}  cpu {client_cpu:7.1f} s ({client_cpu / wall * 100:4.0f}%)")
+    settled_rows = []
+    if settled is not None:
+        waited, cpu2, backlog = settled
+        total = 0.0
+        print(f"  CPU until settled ({waited:.1f} s after the last placement: {len(run.started)} of {len(run.placed)} "
+              f"started, writers' backlog {'unknown' if backlog is None else backlog}), ms per placed job:")
+        for pid, (name, cpu) in sorted(cpu2.items(), key=lambda kv: kv[1][0]):
+            used = cpu - cpu0.get(pid, (name, 0.0))[1]
+            total += used
+            settled_rows.append({"process": name, "cpu_s": round(used, 2),
+                                 "cpu_ms_per_job": round(used / max(len(lat), 1) * 1000, 3)})
+            print(f"    {name:16s} cpu {used:7.1f} s  {used / max(len(lat), 1) * 1000:5.2f} ms/job")
+        print(f"    {'all':16s} cpu {total:7.1f} s  {total / max(len(lat), 1) * 1000:5.2f} ms/job")
     print(f"  fedsched up exited {exit_code}")
     return {"mode": mode, "jobs": args.jobs, "rate": args.rate, "batch": args.batch, "concurrency": args.concurrency,
             "submitted": len(run.submitted), "errors": run.errors, "placed": len(lat),
@@ -525,7 +574,7 @@ def report(mode: str, args, run: Run, end: float, cpu0, cpu1, memory, client_cpu
             "latency_ms": {"p50": pct(lat, .5) * 1000 if lat else None, "p99": pct(lat, .99) * 1000 if lat else None,
                            "max": max(lat) * 1000 if lat else None},
             "started": len(started), "placements": run.placements, "lost": run.lost,
-            "processes": rows, "client_cpu_s": client_cpu, "exit_code": exit_code, "load_average": run.load}
+            "processes": rows, "settled": settled_rows, "client_cpu_s": client_cpu, "exit_code": exit_code, "load_average": run.load}
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -558,6 +607,9 @@ if __name__ == "__main__":
     parser.add_argument("--timeout", type=float, default=1200.0, help="give up waiting for placements after (s)")
     parser.add_argument("--stall", type=float, default=120.0,
                         help="after the offer, stop waiting once no new job was placed for this long (s)")
+    parser.add_argument("--settle", type=float, default=60.0,
+                        help="after the last placement, wait this long at most for every start and for audit and "
+                             "billing to catch up, and report the CPU per job to then (0 = do not wait)")
     parser.add_argument("--py-spy", type=float, default=0.0, help="sample every Python process this long (s)")
     parser.add_argument("--py-spy-after", type=float, default=10.0, help="start sampling this far into the offer (s)")
     parser.add_argument("--profile-dir", type=Path, default=Path("."), help="where py-spy writes")

@@ -42,6 +42,7 @@ import hmac
 import json
 import logging
 import time
+import uuid
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Sequence
@@ -320,7 +321,9 @@ class Bus:
         last: Exception | None = None
         for _ in range(attempts):
             try:
-                return await self.js.publish(subject, data, headers=hdrs, timeout=5)
+                ack = await self.js.publish(subject, data, headers=hdrs, timeout=5)
+                _remember(ack, data, event)
+                return ack
             except _TRANSIENT as e:
                 last = e
                 await asyncio.sleep(delay)
@@ -359,12 +362,14 @@ class Bus:
             return []
         futures: list[Any] = []
         sent: list[dict[str, str]] = []
+        datas: list[bytes] = []
         refused: dict[int, str] = {}
         for i, (subject, event, extra) in enumerate(items):
             hdrs = telemetry.event_headers(extra, f"publish {event.type}")
             sent.append(telemetry.trace_headers(hdrs))  # a retry keeps the same trace
             hdrs["Nats-Msg-Id"] = self.msg_id(subject, event)
             data = event.to_bytes()
+            datas.append(data)
             try:
                 self.check_size(subject, event, hdrs, data)
             except PayloadTooLargeError as e:
@@ -384,6 +389,7 @@ class Bus:
                 out.append(await self._refuse(subject, event, refused[i], trace_ctx))
                 continue
             if not isinstance(result, BaseException):
+                _remember(result, datas[i], event)
                 out.append(PublishResult.ACKED)
                 continue
             try:
@@ -527,6 +533,22 @@ def _stored_at(md) -> float | None:
 #: the same messages, and an envelope is immutable, so each is decoded once, not once per reader
 _DECODED: "OrderedDict[tuple[str, int], tuple[bytes, Envelope]]" = OrderedDict()
 _DECODED_MAX = 8192
+
+
+def _remember(ack: Any, data: bytes, event: Envelope) -> None:
+    """Share an event this process just published with its readers here: JetStream stored
+    ``data`` (``event.to_bytes()``) under the ack's (stream, sequence), so a follower or consumer
+    of this process reading it back (the scheduler its placements, admission its submissions,
+    every service when embedded) takes ``event`` itself -- with its parsed payloads -- instead of
+    decoding the bytes again (:func:`_decode` still compares the bytes). A duplicate ack (the
+    stream had the message already) or an ack without a sequence is not remembered."""
+    seq = getattr(ack, "seq", None)
+    stream = getattr(ack, "stream", None)
+    if not seq or not stream or getattr(ack, "duplicate", False):
+        return
+    _DECODED[(stream, int(seq))] = (data, event)
+    if len(_DECODED) > _DECODED_MAX:
+        _DECODED.popitem(last=False)
 
 
 def _decode(msg: Msg) -> Envelope:
@@ -850,6 +872,10 @@ class StreamFollower:
         self.gaps = 0  #: deliveries found missing (each re-read from the stream)
         self.pending = 0  #: messages after the last one handled (its JetStream num_pending)
         self._expect_delivery = 1  #: the consumer sequence the next delivery must carry
+        #: deliveries of the first consumer that make up the backlog stored when it was created
+        #: (None = unknown): :attr:`caught_up` is set once they are handled, even if new
+        #: messages keep arriving behind them
+        self._backlog: int | None = None
 
     async def _subscribe(self) -> None:
         self._expect_delivery = 1
@@ -871,10 +897,14 @@ class StreamFollower:
                 pass
             config.name = self.name
             config.filter_subject = subjects[0]
-            await self.bus.js.add_consumer(self.stream, config)
-            self._sub = await self.bus.js.pull_subscribe_bind(durable=None, stream=self.stream, name=self.name)
-            return
-        self._sub = await self.bus.js.pull_subscribe(subjects[0], stream=self.stream, config=config)
+        else:  # what nats.py's pull_subscribe does, keeping the created consumer's info
+            config.name = uuid.uuid4().hex[:22]
+            if len(subjects) == 1:
+                config.filter_subject = subjects[0]
+        info = await self.bus.js.add_consumer(self.stream, config)
+        self._sub = await self.bus.js.pull_subscribe_bind(durable=None, stream=self.stream, name=config.name)
+        if not self.caught_up.is_set():  # the backlog: what was stored when the consumer was made
+            self._backlog = int(getattr(info, "num_pending", 0) or 0)
 
     def stop(self) -> None:
         """Ask :meth:`run` to return."""
@@ -917,8 +947,9 @@ class StreamFollower:
                     await self._one(msg)
                 if self._sub is None:
                     continue
-                if msgs and msgs[-1].metadata.num_pending == 0:
-                    self.caught_up.set()
+                if msgs and (msgs[-1].metadata.num_pending == 0 or
+                             (self._backlog is not None and msgs[-1].metadata.sequence.consumer >= self._backlog)):
+                    self.caught_up.set()  # (under a steady flow num_pending may never be 0: the backlog counts)
                 backoff = 0.1
             except asyncio.CancelledError:
                 raise

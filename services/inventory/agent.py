@@ -78,7 +78,7 @@ from fedsched.events import Envelope, EventType
 from fedsched.jobs import AttemptState, JobSpec
 from fedsched.lease import StreamFencing, Tenure, read_tenure
 from fedsched.logs import LogReply, LogRequest, chunks
-from fedsched.ports import Publisher
+from fedsched.ports import Publisher, PublishResult
 from services.inventory.backend import (NODE_FAILED, TERMINAL_PHASES, AttemptKey, AttemptNotFound, AttemptSpec,
                                         AttemptStatus, Backend, BackendError, NoLogsKept, ObservedAttempt,
                                         Phase)
@@ -408,6 +408,7 @@ class ClusterAgent:
         #: retried, gangs on failed nodes -- what changed, never the whole running set
         self.last_drain_visits = 0
         self._unreported: list[AttemptStatus] = []  # backend statuses not yet published (bus trouble)
+        self._launched = 0  # placements launched by the batch handle() is in (drained once at its end)
         self._failed_nodes: set[str] = set()  # nodes seen failing whose gangs are not yet stopped
         self._log_tasks: set[asyncio.Task] = set()  # log requests being answered
         self._failed_nodes_seen = False  # a node failed since the last snapshot: publish one at once
@@ -818,6 +819,9 @@ class ClusterAgent:
         """
         if self._read_tenure is not None and any(d.envelope.known_type in ORDER_TYPES for d in deliveries):
             self.tenure = await self._read_tenure()  # UnavailableError: the batch is retried
+        # what the cluster observed at the launches is reported once for the whole batch (one
+        # drain: its statuses published together), not once per placement (issue 15)
+        self._launched = 0
         for d in deliveries:
             env = d.envelope
             # continue the job's trace: status events carry this span's context
@@ -828,6 +832,9 @@ class ClusterAgent:
                     await handler(self, d)
                 elif env.known_type is not None:  # a known type that has no business here
                     raise DecodeError(f"agent does not handle {env.type!r}")
+        if self._launched:
+            self._launched = 0
+            await self.finish_due()  # before the batch is acknowledged (trace backend: running at once)
 
     async def _handle_placed(self, d: Delivery) -> None:
         await self._on_placed(d, d.envelope.payload_as(JobPlaced))
@@ -925,7 +932,7 @@ class ClusterAgent:
             await self._status(EventType.JOB_FAILED, job.ref, placed, now, reason=f"launch failed: {e}",
                                headers=d.headers)
             return
-        await self.finish_due()  # what the cluster observed at launch (trace: running at once)
+        self._launched += 1  # reported by handle()'s drain after the batch
 
     async def _on_stop(self, d: Delivery, stop: JobStop) -> None:
         """Stop attempt N and anything older of the same job and shard running here (fencing)."""
@@ -1022,6 +1029,22 @@ class ClusterAgent:
     async def _status(self, type_: EventType, ref: AttemptRef, placed: JobPlaced, at: float, *, started_at: float | None = None,
                       reason: str = "", headers: dict[str, str] | None = None, progress_s: float = 0.0,
                       exit_code: int | None = None) -> None:
+        """Publish one status event of an attempt (see :meth:`_status_item`).
+
+        Raises:
+            UnavailableError / PayloadTooLargeError: as :meth:`~fedsched.ports.Publisher.publish`.
+        """
+        subject, event, tp = self._status_item(type_, ref, placed, at, started_at=started_at, reason=reason,
+                                               headers=headers, progress_s=progress_s, exit_code=exit_code)
+        await self.publisher.publish(subject, event, headers=tp)
+
+    def _status_item(self, type_: EventType, ref: AttemptRef, placed: JobPlaced, at: float, *,
+                     started_at: float | None = None, reason: str = "", headers: dict[str, str] | None = None,
+                     progress_s: float = 0.0, exit_code: int | None = None) -> tuple[str, Envelope, dict[str, str]]:
+        """The status event ``type_`` of attempt ``ref`` at cluster time ``at`` (seconds), as a
+        :meth:`~fedsched.ports.Publisher.publish_many` item ``(subject, event, trace headers)``;
+        its event id is the business id (job, attempt, shard, step), so a report sent again is
+        stored once."""
         spec = placed.spec
         step = {EventType.JOB_STARTED: "started", EventType.JOB_REJECTED: "rejected"}.get(type_, "ended")
         payload = JobStatus(
@@ -1042,7 +1065,7 @@ class ClusterAgent:
         tp = {k: v for k, v in (headers or {}).items() if k in ("traceparent", "tracestate")}
         if tp and telemetry.current_trace_id() == telemetry.trace_id_of(tp):
             tp = telemetry.inject_headers()  # inside this attempt's own span: a child of it
-        await self.publisher.publish(self.subjects.status(self.cluster.region, self.cluster.name), event, headers=tp)
+        return self.subjects.status(self.cluster.region, self.cluster.name), event, tp
 
     # ------------------------------------------------------------------ time
 
@@ -1085,16 +1108,89 @@ class ClusterAgent:
         # statuses whose report failed (the bus was away) are reported first next time: the
         # backend hands each change over once
         pending, self._unreported = self._unreported + self.backend.ready(), []
-        for i, status in enumerate(pending):
-            visits += 1
-            try:
-                ended += await self.on_status(status)
-            except BaseException:
-                self._unreported = pending[i:]
-                self.last_drain_visits = visits
-                raise
+        visits += len(pending)
         self.last_drain_visits = visits
+        try:
+            ended += await self._report(pending)
+        except BaseException:
+            self.last_drain_visits = visits
+            raise
         return ended
+
+    async def _report(self, pending: list[AttemptStatus]) -> int:
+        """Report ``pending`` backend statuses in order, their events published in one batch
+        (:meth:`~fedsched.ports.Publisher.publish_many`: one flush, the acks awaited together)
+        instead of one round trip each; returns how many running attempts they ended.
+
+        Local state changes only for the statuses reported: from the first one not acknowledged
+        on, every status is kept in :attr:`_unreported` and reported again by the next drain
+        (same event ids: stored once), and :class:`~fedsched.errors.UnavailableError` is raised.
+        A status refused for good (dead-lettered by the bus) counts as reported.
+        """
+        planned: list[tuple[int, tuple[str, Envelope, dict[str, str]], Callable[[], int]]] = []
+        started: dict[tuple[str, int, int], float] = {}  # started by an earlier status of this batch
+        ending: set[tuple[str, int, int]] = set()  # ended by an earlier status of this batch
+        for i, status in enumerate(pending):
+            plan = await self._plan_status(status, started, ending)
+            if plan is not None:
+                planned.append((i, *plan))
+        if not planned:
+            return 0
+        results = await self.publisher.publish_many([item for _, item, _ in planned])
+        ended = 0
+        for (i, _, after), ok in zip(planned, results):
+            if not ok and ok is not PublishResult.REFUSED:
+                self._unreported = pending[i:] + self._unreported
+                raise UnavailableError(f"{self.producer}: {len(pending) - i} status report(s) not acknowledged; "
+                                       f"reported again at the next drain")
+            ended += after()
+        return ended
+
+    async def _plan_status(self, status: AttemptStatus, started: dict[tuple[str, int, int], float],
+                           ending: set[tuple[str, int, int]]
+                           ) -> tuple[tuple[str, Envelope, dict[str, str]], Callable[[], int]] | None:
+        """What reporting one backend status takes (the rules of :meth:`on_status`): the event to
+        publish and what to change once it is acknowledged (returns 1 if that ends a running
+        attempt), or None when there is nothing to report. ``started`` / ``ending``: what the
+        earlier statuses of the same batch will have done to their attempts."""
+        key = (status.key.job_id, status.key.attempt, status.key.shard)
+        job = self.running.get(key)
+        if job is None or key in ending or status.phase == Phase.PENDING:
+            return None
+        started_at = started.get(key, job.started_at)
+        if status.phase == Phase.RUNNING:
+            if started_at is not None:
+                return None
+            started[key] = status.at
+
+            def after_start() -> int:
+                job.started_at = status.at
+                return 0
+
+            return (self._status_item(EventType.JOB_STARTED, job.ref, job.placed, status.at, started_at=status.at,
+                                      headers=job.trace_headers), after_start)
+        if status.phase not in TERMINAL_PHASES:
+            return None
+        ending.add(key)
+
+        def after_end() -> int:
+            if started_at is not None and job.started_at is None:
+                job.started_at = started_at
+            self._release(key)
+            return 1
+
+        if status.phase == Phase.SUCCEEDED:
+            return (self._status_item(EventType.JOB_FINISHED, job.ref, job.placed, status.at, started_at=started_at,
+                                      headers=job.trace_headers, exit_code=status.exit_code), after_end)
+        if status.reason == NODE_FAILED:
+            await self._backend_stop(status.key, NODE_FAILED)  # the whole gang, whatever the backend did
+            reason = NODE_FAILED
+        elif status.phase == Phase.LOST:
+            reason = "lost"
+        else:
+            reason = status.message or status.reason or f"exited with code {status.exit_code}"
+        return (self._status_item(EventType.JOB_FAILED, job.ref, job.placed, status.at, started_at=started_at,
+                                  reason=reason, headers=job.trace_headers, exit_code=status.exit_code), after_end)
 
     async def fail_node(self, node: str) -> int:
         """Stop, whole, every running attempt with a worker on ``node`` and report each
@@ -1115,40 +1211,13 @@ class ClusterAgent:
         attempt's status is dropped: reconcile deals with what runs unowned). RUNNING ->
         ``job.started`` (once); SUCCEEDED -> ``job.finished``; FAILED -> ``job.failed`` with the
         exit code and reason (``node_failed`` stops the whole gang first); LOST -> ``job.failed``
-        reason ``lost``. Event times are the cluster's (``status.at``).
+        reason ``lost``. Event times are the cluster's (``status.at``). (:meth:`_drain`
+        reports a whole drain's statuses at once through :meth:`_report`, by the same rules.)
+
+        Raises:
+            UnavailableError: not acknowledged; the status is reported again by the next drain.
         """
-        key = (status.key.job_id, status.key.attempt, status.key.shard)
-        job = self.running.get(key)
-        if job is None:
-            return 0
-        if status.phase == Phase.PENDING:
-            return 0
-        # local state changes only after the report is on the bus (a failed publish raises and
-        # the status is reported again by the next drain)
-        if status.phase == Phase.RUNNING:
-            if job.started_at is None:
-                await self._status(EventType.JOB_STARTED, job.ref, job.placed, status.at, started_at=status.at,
-                                   headers=job.trace_headers)
-                job.started_at = status.at
-            return 0
-        if status.phase not in TERMINAL_PHASES:
-            return 0
-        if status.phase == Phase.SUCCEEDED:
-            await self._status(EventType.JOB_FINISHED, job.ref, job.placed, status.at, started_at=job.started_at,
-                               headers=job.trace_headers, exit_code=status.exit_code)
-            self._release(key)
-            return 1
-        if status.reason == NODE_FAILED:
-            await self._backend_stop(status.key, NODE_FAILED)  # the whole gang, whatever the backend did
-            reason = NODE_FAILED
-        elif status.phase == Phase.LOST:
-            reason = "lost"
-        else:
-            reason = status.message or status.reason or f"exited with code {status.exit_code}"
-        await self._status(EventType.JOB_FAILED, job.ref, job.placed, status.at, started_at=job.started_at,
-                           reason=reason, headers=job.trace_headers, exit_code=status.exit_code)
-        self._release(key)
-        return 1
+        return await self._report([status])
 
     async def _heartbeats(self) -> None:
         beats = 0

@@ -160,6 +160,9 @@ class ShardEntry:
     stop_sent: bool = False
     outcome: Outcome = Outcome.NONE
     view_cache: tuple | None = field(default=None, repr=False, compare=False)
+    #: (spec, submitted_at, attempt, progress_s, cross-region mode, len(avoid), QueuedJob): the
+    #: queue's record of this shard, rebuilt only when one of those changed (SchedulerService.queue)
+    queue_cache: tuple | None = field(default=None, repr=False, compare=False)
 
 
 @dataclass
@@ -306,6 +309,7 @@ class SchedulerService:
             raise ValueError(f"max_jobs_per_cycle must be > 0 (got {max_jobs_per_cycle})")
         self.max_jobs_per_cycle = max_jobs_per_cycle
         self._window_blocked = False  # the last windowed cycle placed nothing: decide the whole queue next
+        self._queue_stats_at = -math.inf  # perf_counter of the last queue gauges (see cycle)
         inner: Publisher = publisher if publisher is not None else bus
         self.lease = lease
         #: fencing token stamped on placements and stop orders (the lease's, once caught up)
@@ -1417,9 +1421,18 @@ class SchedulerService:
             job.mode_cache = (gov, m)
             return m
 
-        return [QueuedJob(job.job_id, shard.attempt + 1, job.spec, job.submitted_at, frozenset(shard.avoid),
-                          shard.index, mode(job), shard.progress_s)
-                for job, shard in self.queued.values() if not job.cancel_requested]
+        def queued(job: JobEntry, shard: ShardEntry) -> QueuedJob:  # kept on the shard while it is unchanged
+            m = mode(job)
+            c = shard.queue_cache
+            if (c is not None and c[0] is job.spec and c[1] == job.submitted_at and c[2] == shard.attempt
+                    and c[3] == shard.progress_s and c[4] == m and c[5] == len(shard.avoid)):  # avoid only grows
+                return c[6]
+            qj = QueuedJob(job.job_id, shard.attempt + 1, job.spec, job.submitted_at, frozenset(shard.avoid),
+                           shard.index, m, shard.progress_s)
+            shard.queue_cache = (job.spec, job.submitted_at, shard.attempt, shard.progress_s, m, len(shard.avoid), qj)
+            return qj
+
+        return [queued(job, shard) for job, shard in self.queued.values() if not job.cancel_requested]
 
     def window(self, queue: list[QueuedJob], now: float) -> list[QueuedJob]:
         """The part of ``queue`` one cycle decides: all of it up to :attr:`max_jobs_per_cycle`
@@ -1470,7 +1483,11 @@ class SchedulerService:
         if expired:
             await self.publisher.publish_many(expired)
         queue = self.queue()
-        self.metrics.observe_queues(queue_stats(queue, self.clock.time(), self.policy.fast_lane_s))
+        # the queue gauges: every cycle for a queue one cycle decides whole, at most every
+        # QUEUE_STATS_EVERY_S wall seconds for a longer backlog (a pass over every queued shard)
+        if len(queue) <= self.max_jobs_per_cycle or t0 - self._queue_stats_at >= self.QUEUE_STATS_EVERY_S:
+            self._queue_stats_at = t0
+            self.metrics.observe_queues(queue_stats(queue, self.clock.time(), self.policy.fast_lane_s))
         self._visit("queue", len(self.queued))
         if not queue or not self.clusters:
             return
@@ -1742,6 +1759,10 @@ class SchedulerService:
                            job_id=job.job_id, attempt=p.job.attempt, actor="scheduler", policy_version=policy_version)
         headers = telemetry.child_headers(job.headers, "scheduler.place", job_id=job.job_id, cluster=p.cluster)
         return p, self.subjects.placements(p.region, p.cluster), event, headers, payload
+
+    #: wall seconds between two computations of the queue gauges while the backlog is longer
+    #: than one cycle's window (issue 15: per-cycle work must not grow with the backlog)
+    QUEUE_STATS_EVERY_S = 1.0
 
     #: counterfactuals cost a decide() per relaxation: only for jobs that waited this long (or can
     #: never run as asked), and at most this many per cycle

@@ -250,3 +250,73 @@ async def test_a_follower_re_reads_a_delivery_the_client_lost(bus, monkeypatch):
     await task
     assert dropped and f.gaps == 1
     assert seen == [f"j-{100 + i}" for i in range(30)]
+
+
+async def test_a_follower_is_caught_up_once_its_backlog_is_read_even_while_messages_keep_arriving(bus):
+    """``caught_up`` means "the backlog stored when the follower started is read": a scheduler
+    started during a burst of submissions must not wait for the burst to end before its first
+    cycle (num_pending never reaches 0 while a publisher keeps ahead of the reader)."""
+    subject = bus.subjects.status("cn-north-1", "cn-north-1-c1")
+    for i in range(200):
+        await bus.publish(subject, _event(i))
+    stop = asyncio.Event()
+
+    async def keep_publishing() -> None:
+        i = 1000
+        while not stop.is_set():
+            await bus.publish_many([(subject, _event(i + k), None) for k in range(20)])
+            i += 20
+
+    publisher = asyncio.create_task(keep_publishing())
+    seen: list[str] = []
+
+    async def slow(d) -> None:  # a reader slower than the publisher: it never sees num_pending == 0
+        seen.append(d.envelope.job_id)
+        await asyncio.sleep(0.001)
+
+    f = StreamFollower(bus, "EVENTS", slow, name="busy", filter_subjects=[subject], batch=50)
+    task = asyncio.create_task(f.run())
+    try:
+        await asyncio.wait_for(f.caught_up.wait(), timeout=10)
+        assert not publisher.done()  # caught up while the flow goes on
+        assert seen[:200] == [f"j-{i}" for i in range(200)]
+    finally:
+        stop.set()
+        await publisher
+        f.stop()
+        await task
+
+
+async def test_a_reader_in_the_publishing_process_gets_the_published_envelope_without_decoding_it(bus, monkeypatch):
+    """Issue 15: what a process published (acknowledged with its stream sequence) is handed to
+    its own readers as the same envelope object (the scheduler reading its placements back,
+    admission its submissions, all services when embedded); bytes stored by another publisher
+    are decoded as before."""
+    from fedsched.events import Envelope
+
+    subject = bus.subjects.status("cn-north-1", "cn-north-1-c1")
+    mine = [_event(300 + i) for i in range(5)]
+    assert all(await bus.publish_many([(subject, e, None) for e in mine[:4]]))
+    await bus.publish(subject, mine[4])
+    foreign = _event(400)
+    await bus.nc.publish(subject, foreign.to_bytes())  # (a plain publish: no ack, nothing remembered)
+    await bus.nc.flush()
+    decoded = []
+    real = Envelope.from_bytes.__func__
+
+    def counting(cls, data):
+        decoded.append(data)
+        return real(cls, data)
+
+    monkeypatch.setattr(Envelope, "from_bytes", classmethod(counting))
+    seen = []
+    f = StreamFollower(bus, "EVENTS", seen.append, name="own", filter_subjects=[subject])
+    task = asyncio.create_task(f.run())
+    deadline = time.monotonic() + 10
+    while len(seen) < 6 and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+    f.stop()
+    await task
+    assert [d.envelope.job_id for d in seen] == [f"j-{300 + i}" for i in range(5)] + ["j-400"]
+    assert all(d.envelope is e for d, e in zip(seen, mine))
+    assert len(decoded) == 1 and seen[5].envelope == foreign

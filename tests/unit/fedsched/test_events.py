@@ -132,3 +132,31 @@ def test_payload_error_is_one_rule_for_every_known_type(type_, payload, error):
     env = Envelope(event_id="e" * 32, type=type_, occurred_at=datetime(2023, 3, 1, tzinfo=UTC), producer="x",
                    payload=payload)
     assert payload_error(env) == error
+
+
+def test_a_payload_is_validated_once_per_envelope_and_a_copy_with_another_payload_parses_its_own(monkeypatch):
+    """Issue 15: every reader of one decoded envelope in a process (audit and billing in the
+    store, every service when embedded) gets the payload parsed once; the envelope is unchanged
+    for comparison and on the wire; a copy with another payload is parsed afresh."""
+    e = Envelope.from_bytes(make_event("job.started", JobStatus(gpu_milli=500, reason="r"), producer="x",
+                                       occurred_at=1_700_000_000.0, job_id="j-1").to_bytes())
+    wire = e.to_bytes()
+    calls = []
+    real = JobStatus.model_validate.__func__
+
+    def counting(cls, obj, *a, **kw):
+        calls.append(cls)
+        return real(cls, obj, *a, **kw)
+
+    monkeypatch.setattr(JobStatus, "model_validate", classmethod(counting))
+    first = e.payload_as(JobStatus)
+    assert e.payload_as(JobStatus) is first and len(calls) == 1
+    assert e.to_bytes() == wire and e == Envelope.from_bytes(wire)
+    other = e.model_copy(update={"payload": {**e.payload, "gpu_milli": 250}})
+    assert other.payload_as(JobStatus).gpu_milli == 250 and e.payload_as(JobStatus).gpu_milli == 500
+    assert len(calls) == 2
+    from fedsched.events import JobSubmitted
+    with pytest.raises(DecodeError):  # a failure is not kept: raised on every call
+        e.payload_as(JobSubmitted)
+    with pytest.raises(DecodeError):
+        e.payload_as(JobSubmitted)

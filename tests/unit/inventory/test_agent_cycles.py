@@ -278,3 +278,49 @@ async def test_backend_errors_retry_the_transient_and_report_the_permanent() -> 
     assert await backend.list_attempts() == []
     assert [(p.event.type, p.event.job_id, p.event.payload["reason"]) for p in publisher.published] == [
         ("job.failed", "j2", "launch failed: bad image"), ("job.started", "j1", ""), ("job.stopped", "j1", "preempted")]
+
+
+class CountingPublisher(FakePublisher):
+    """A fake publisher that counts its calls and, while ``down`` is true, acknowledges nothing."""
+
+    def __init__(self) -> None:
+        super().__init__(refuse=lambda subject, event: self.down)
+        self.down = False
+        self.single = 0
+        self.batches: list[int] = []
+
+    async def publish(self, subject, event, *, headers=None):
+        self.single += 1
+        return await super().publish(subject, event, headers=headers)
+
+    async def publish_many(self, items):
+        self.batches.append(len(items))
+        return await super().publish_many(items)
+
+
+async def test_a_batch_of_placements_is_reported_in_one_publish_and_an_unacknowledged_report_is_sent_again() -> None:
+    """Issue 15: the statuses a drain finds go out in one ``publish_many`` (one flush, the acks
+    awaited together), once per consumer batch -- not one publish round trip per placement --
+    and one not acknowledged leaves the agent's state as it was and is reported at the next drain."""
+    clock, publisher = FakeClock(), CountingPublisher()
+    agent = ClusterAgent(None, clock, CLUSTER, StaticBackend(nodes("n", 2), clock=clock), publisher=publisher,
+                         subjects=SUBJECTS)
+    sub = SUBJECTS.placements(CLUSTER.region, CLUSTER.name)
+    batch = [delivery(placement(f"j{i}", spec(gpus=1), CLUSTER.name, CLUSTER.region, [(f"n{i % 2}", (i // 2,))],
+                                at=clock.time()), sub, i + 1, clock.time()) for i in range(10)]
+    await agent.handle(batch)
+    assert publisher.single == 0 and publisher.batches == [10]
+    assert [p.event.job_id for p in publisher.published] == [f"j{i}" for i in range(10)]
+    assert all(p.event.type == "job.started" for p in publisher.published)
+
+    publisher.down = True
+    clock.advance(600)
+    from fedsched.errors import UnavailableError
+    with pytest.raises(UnavailableError):
+        await agent.finish_due()
+    assert len(agent.running) == 10  # nothing ended here before its report is on the bus
+    assert sum(sum(n.gpu_free) for n in agent.ledger.values()) == 16000 - 10000
+    publisher.down = False
+    assert await agent.finish_due() == 10  # reported again (the backend hands each change over once)
+    assert [p.event.type for p in publisher.published[10:]] == ["job.finished"] * 10
+    assert not agent.running and sum(sum(n.gpu_free) for n in agent.ledger.values()) == 16000

@@ -140,3 +140,21 @@ async def test_the_incremental_view_equals_a_recount_through_starts_failures_rec
     await check()
     assert any(sh.losses for j in svc.jobs.values() for sh in j.shards)  # the lost-cluster path ran
     assert any(sh.failures for j in svc.jobs.values() for sh in j.shards)
+
+
+async def test_the_queue_records_of_unchanged_shards_are_kept_from_cycle_to_cycle():
+    """Issue 15: a backlog of queued shards is not rebuilt record by record every cycle (a 50,000
+    job burst made the scheduler's CPU per job grow with the backlog); a shard whose job changed
+    (a new priority class replaces its spec) gets a new record with the change."""
+    from fedsched.jobs import PriorityClass
+
+    h = SchedulerHarness([ClusterSpec("c1", node_list=nodes("n", 1))])
+    for i in range(3):
+        h.submit(f"j{i}", gpus=1)
+    first = {q.job_id: q for q in h.svc.queue()}
+    again = {q.job_id: q for q in h.svc.queue()}
+    assert set(first) == {"j0", "j1", "j2"} and all(again[j] is first[j] for j in first)
+    h.set_priority("j1", PriorityClass.CRITICAL)
+    after = {q.job_id: q for q in h.svc.queue()}
+    assert after["j0"] is first["j0"] and after["j2"] is first["j2"]
+    assert after["j1"] is not first["j1"] and after["j1"].spec.priority == PriorityClass.CRITICAL
