@@ -608,6 +608,9 @@ class DurableConsumer:
 
     Attributes:
         progress_reports: progress reports (``+WPI``) sent, one per message and heartbeat.
+        backlog: messages of the consumer not yet handled, as last known: the newest delivery's
+            ``num_pending`` plus the fetched batch while it is handled; 0 after a fetch that
+            found nothing (read up to now). A count, not a sequence.
     """
 
     def __init__(self, bus: Bus, stream_suffix: str, durable: str, filter_subjects: Sequence[str], handler: Handler,
@@ -629,6 +632,7 @@ class DurableConsumer:
         self.processed = 0
         self.dead_lettered = 0
         self.progress_reports = 0
+        self.backlog = 0
         self._backoff = 0.1
 
     def _config(self) -> api.ConsumerConfig:
@@ -718,6 +722,7 @@ class DurableConsumer:
                 try:
                     msgs = await fetch_fast(self._sub, self.batch, self.max_wait_s)
                 except (nats.errors.TimeoutError, asyncio.TimeoutError):
+                    self.backlog = 0  # nothing came within max_wait_s: read up to now
                     continue
                 heartbeat = asyncio.create_task(self._heartbeat(msgs), name=f"progress-{self.durable}")
                 try:
@@ -731,7 +736,9 @@ class DurableConsumer:
                         for msg in msgs:
                             await msg.nak()
                         break
+                    self.backlog = _pending_after(msgs) + len(msgs)
                     await self._handle(msgs)
+                    self.backlog = _pending_after(msgs)
                 finally:
                     heartbeat.cancel()
                     with contextlib.suppress(asyncio.CancelledError):
@@ -815,6 +822,15 @@ class DurableConsumer:
         await self.bus.dead_letter(self.durable, d.msg, reason)
         await d.msg.ack()
         self.dead_lettered += 1
+
+
+def _pending_after(msgs: list[Msg]) -> int:
+    """Messages the consumer had pending after the newest of ``msgs`` was delivered (its
+    metadata's ``num_pending``; 0 when a message carries no JetStream metadata)."""
+    try:
+        return int(msgs[-1].metadata.num_pending or 0)
+    except Exception:  # noqa: BLE001 - not a JetStream delivery
+        return 0
 
 
 MessageHandler = Callable[[Delivery], Any]

@@ -445,12 +445,22 @@ class InventorySnapshot(_Payload):
 
 
 class Heartbeat(_Payload):
-    """``inventory.heartbeat``: the agent is alive; totals for dashboards."""
+    """``inventory.heartbeat``: the agent is alive; totals for dashboards.
+
+    Attributes:
+        orders_backlog: placements and stop orders on the cluster's subject the agent had not
+            yet handled when it sent the heartbeat (its durable consumer's pending count, from
+            the newest delivery's metadata; 0 = read up to the heartbeat). The scheduler does
+            not reclaim a placement "never started" from an agent that is alive but still
+            behind on reading its orders (:meth:`services.scheduler.service.SchedulerService._reclaim`).
+            Older agents send none (0): reclaim by time alone.
+    """
 
     sequence: int = 0
     gpus_total: int = 0
     gpu_milli_free: int = 0
     running_jobs: int = 0
+    orders_backlog: int = Field(default=0, ge=0)
 
 
 class UsageRecorded(_Payload):

@@ -392,9 +392,10 @@ def snapshot(cluster: str, region: str, node_list: tuple[NodeInventory, ...], at
                       producer=f"agent/{cluster}", occurred_at=at, region=region, zone=region + "a", cluster=cluster)
 
 
-def heartbeat(cluster: str, region: str, at: float, sequence: int = 1) -> Envelope:
-    """``inventory.heartbeat`` of a cluster."""
-    return make_event("inventory.heartbeat", Heartbeat(sequence=sequence), producer=f"agent/{cluster}",
+def heartbeat(cluster: str, region: str, at: float, sequence: int = 1, orders_backlog: int = 0) -> Envelope:
+    """``inventory.heartbeat`` of a cluster (``orders_backlog``: orders its agent has yet to read)."""
+    return make_event("inventory.heartbeat", Heartbeat(sequence=sequence, orders_backlog=orders_backlog),
+                      producer=f"agent/{cluster}",
                       occurred_at=at, region=region, zone=region + "a", cluster=cluster)
 
 
@@ -446,6 +447,7 @@ class SchedulerHarness:
         self.heartbeat_s = heartbeat_s
         self.clusters = {c.name: c for c in clusters}
         self.silent: set[str] = set()
+        self.backlog: dict[str, int] = {}  # cluster -> orders its agent says it has yet to read
         self.events: list[Delivery] = []                   # the EVENTS stream, in order
         self.inventory: dict[tuple[str, str], Delivery] = {}  # newest per (subject family, cluster)
         self.specs: dict[str, JobSpec] = {}
@@ -495,7 +497,9 @@ class SchedulerHarness:
         while self._next_beat <= self.clock.time():
             for c in self.clusters.values():
                 if c.name not in self.silent:
-                    self._inventory(heartbeat(c.name, c.region, self._next_beat), self.subjects.heartbeat(c.region, c.name))
+                    self._inventory(heartbeat(c.name, c.region, self._next_beat,
+                                              orders_backlog=self.backlog.get(c.name, 0)),
+                                    self.subjects.heartbeat(c.region, c.name))
             self._next_beat += self.heartbeat_s
 
     # -- inputs

@@ -1256,11 +1256,13 @@ class ClusterAgent:
             await self.publisher.publish(self.subjects.inventory(self.cluster.region, self.cluster.name), event)
 
     async def publish_heartbeat(self) -> None:
-        """Publish a heartbeat with totals (in a new root trace)."""
+        """Publish a heartbeat with totals and the orders not yet read (``orders_backlog``:
+        the scheduler does not reclaim what this agent has yet to read) in a new root trace."""
         self.sequence += 1
         payload = Heartbeat(sequence=self.sequence, gpus_total=sum(len(l.gpu_free) for l in self.ledger.values()),
                             gpu_milli_free=sum(sum(l.gpu_free) for l in self.ledger.values()),
-                            running_jobs=len(self.running))
+                            running_jobs=len(self.running),
+                            orders_backlog=self._consumer.backlog if self._consumer is not None else 0)
         event = make_event(EventType.INVENTORY_HEARTBEAT, payload, producer=self.producer, occurred_at=self.clock.time(),
                            region=self.cluster.region, zone=self.cluster.zone, cluster=self.cluster.name,
                            actor=self.producer)

@@ -88,7 +88,7 @@ from fedsched.bus import Bus, Delivery, StreamFollower
 from fedsched.clock import Clock, SystemClock, to_datetime
 from fedsched.dispatch import EventTable, SkippedTypes
 from fedsched.errors import UnavailableError
-from fedsched.events import (Envelope, EventType, InventorySnapshot, JobPending, JobPlaced, JobPriorityChanged, JobStatus,
+from fedsched.events import (Envelope, EventType, Heartbeat, InventorySnapshot, JobPending, JobPlaced, JobPriorityChanged, JobStatus,
                              JobStop, JobSubmitted, Subjects, WorkerBinding, business_event_id, make_event)
 from fedsched.jobs import JobSpec
 from fedsched.metrics import SchedulerMetrics, pending_reason_code
@@ -220,6 +220,11 @@ class JobEntry:
         return lead.region if lead else ""
 
 
+#: a placement whose agent is alive but behind on reading its orders waits at most this many
+#: times ``reclaim_after_s`` before it is reclaimed anyway (an agent whose consumer is wedged
+#: while it still heartbeats must not hold work forever)
+RECLAIM_BACKLOG_LIMIT = 10
+
 @dataclass
 class ClusterInfo:
     """Latest inventory of one cluster and when it last produced a heartbeat or inventory
@@ -239,6 +244,7 @@ class ClusterInfo:
     index: ClusterIndex | None = None
     dirty_nodes: set[str] = field(default_factory=set)
     classes: CapacityClasses | None = None  # capacity classes of ``nodes``, updated from the dirty nodes
+    orders_backlog: int = 0  # orders its agent had not read at its newest heartbeat (Heartbeat.orders_backlog)
 
 
 class SchedulerService:
@@ -331,6 +337,7 @@ class SchedulerService:
         self.stale_after_s = stale_after_s
         self.interval_s = interval_s
         self.reclaim_after_s = reclaim_after_s
+        self._reclaim_recheck = 0.0  # liveness time before which due placements left waiting are not looked at again
         self.unschedulable_timeout_s = unschedulable_timeout_s
         self.cross_region_mode = cross_region_mode or {}
         # governance (quotas, cross-region modes, approvals): services/scheduler/approvals.py
@@ -705,7 +712,7 @@ class SchedulerService:
                 due = min(due, info.seen_at + self.stale_after_s - now)
         first = self._first_unstarted()
         if first is not None:
-            due = min(due, first[0] + self.reclaim_after_s - now)
+            due = min(due, max(first[0] + self.reclaim_after_s, self._reclaim_recheck) - now)
         return max(self.interval_s, due + 0.001)
 
     def _unstarted_entry(self, entry: tuple) -> tuple[JobEntry, ShardEntry] | None:
@@ -1251,6 +1258,8 @@ class SchedulerService:
             if info is None:  # heard before its first inventory (stream order of two subjects)
                 self._heard[env.cluster] = max(at, self._heard.get(env.cluster, at))
             else:
+                if at >= info.seen_at:  # the newest heartbeat says how far the agent has read
+                    info.orders_backlog = env.payload_as(Heartbeat).orders_backlog
                 info.seen_at = max(info.seen_at, at)
                 self._revive(info)
             return
@@ -1575,7 +1584,12 @@ class SchedulerService:
           placement's ``resume_from_s``; the checkpoint location travels in the job's spec),
           others restart from the work they had when the lost attempt began.
         * A placement not started within ``reclaim_after_s`` of ``placed_wall`` is reclaimed
-          (``job.stop``, reason ``reclaimed``) and requeued avoiding that cluster.
+          (``job.stop``, reason ``reclaimed``) and requeued avoiding that cluster -- unless the
+          cluster's agent, alive, said at its newest heartbeat that it has orders still to read
+          (``orders_backlog`` > 0): it is behind, not refusing, and taking its placements back
+          would only place the work twice (an overloaded embedded system did: 40,648 placements
+          for 20,000 jobs). Such a placement waits for the agent up to
+          :data:`RECLAIM_BACKLOG_LIMIT` times ``reclaim_after_s``, then is reclaimed anyway.
 
         Local state changes only for what was acknowledged.
         """
@@ -1602,12 +1616,21 @@ class SchedulerService:
                 items.append(self._lost_event(job, shard, at, progress))
                 lost.append((job, shard, items, progress))
         keep: list[tuple] = []  # due entries not reclaimed now (on a stale cluster, or the publish failed)
-        while (first := self._first_unstarted()) is not None and now_live - first[0] > self.reclaim_after_s:
+        waiting = 0  # of which left for their cluster (stale, or its agent still reading its orders)
+        while (now_live >= self._reclaim_recheck and (first := self._first_unstarted()) is not None
+               and now_live - first[0] > self.reclaim_after_s):
             entry = heapq.heappop(self._unstarted_due)
             visits += 1
             job, shard = self._unstarted_entry(entry)
             if shard.cluster in self._stale:
                 keep.append(entry)
+                waiting += 1
+                continue
+            info = self.clusters.get(shard.cluster)
+            if (info is not None and info.orders_backlog > 0
+                    and now_live - entry[0] <= self.reclaim_after_s * RECLAIM_BACKLOG_LIMIT):
+                keep.append(entry)  # its agent has orders still to read: behind, not refusing
+                waiting += 1
                 continue
             item = self._stop_event(job, shard, StopReason.RECLAIMED,
                                     detail=f"not started within {self.reclaim_after_s:g} s")
@@ -1616,6 +1639,8 @@ class SchedulerService:
             keep.append(entry)  # dead once the shard is requeued; live again if the publish failed
         for entry in keep:
             heapq.heappush(self._unstarted_due, entry)
+        if waiting:  # look at the waiting ones again in a while, not at every cycle
+            self._reclaim_recheck = now_live + min(1.0, self.reclaim_after_s / 4)
         self._visit("reclaim", visits)
         if not lost and not reclaimed:
             return

@@ -320,3 +320,30 @@ async def test_a_reader_in_the_publishing_process_gets_the_published_envelope_wi
     assert [d.envelope.job_id for d in seen] == [f"j-{300 + i}" for i in range(5)] + ["j-400"]
     assert all(d.envelope is e for d, e in zip(seen, mine))
     assert len(decoded) == 1 and seen[5].envelope == foreign
+
+
+async def test_a_durable_consumer_knows_how_many_messages_it_has_yet_to_handle(bus):
+    """What an agent reports as ``orders_backlog`` in its heartbeats (the scheduler does not
+    reclaim placements an agent has yet to read): while a batch is handled, that batch plus
+    what the server still holds for the consumer; 0 once a fetch finds nothing."""
+    subject = bus.subjects.status("cn-north-1", "cn-north-1-c1")
+    for i in range(40, 50):
+        await bus.publish(subject, _event(i))
+    seen: list[int] = []
+    consumer: list[DurableConsumer] = []
+
+    async def record(ds):
+        seen.append(consumer[0].backlog)
+
+    c = DurableConsumer(bus, "EVENTS", "backlog", [subject], record, batch=2, max_wait_s=0.1)
+    consumer.append(c)
+    task = asyncio.create_task(c.run())
+    try:
+        deadline = time.monotonic() + 10
+        while (len(seen) < 5 or c.backlog) and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+    finally:
+        c.stop()
+        await task
+    assert seen == [10, 8, 6, 4, 2]  # two in hand plus the rest the server holds
+    assert c.backlog == 0

@@ -84,6 +84,16 @@ class Silence:
 
 
 @dataclass
+class Behind:
+    """The cluster's agent says in its heartbeats that it has ``orders`` still to read."""
+    cluster: str
+    orders: int
+
+    async def __call__(self, h: SchedulerHarness) -> None:
+        h.backlog[self.cluster] = self.orders
+
+
+@dataclass
 class Advance:
     seconds: float
 
@@ -160,6 +170,28 @@ CASES = [
         Advance(0.2),
         Cycle([stop("j1", 1, A, "reclaimed"), placed("j1", 2, B)]),
         Check("the reclaimed cluster is avoided", lambda h: h.shard("j1").avoid == {A}),
+    ], dict(reclaim_after_s=20.0)),
+    Case("reclaim: an agent alive but behind on its orders keeps its placement until it has read them", TWO, [
+        Submit("j1", dict(gpus=8)),
+        Cycle([placed("j1", 1, A)]),
+        Behind(A, 3),
+        Advance(25),
+        Cycle([]),  # due, but A has orders to read: not placed twice
+        state("j1", ShardState.PLACED),
+        Advance(0.5),
+        Cycle([]),  # the waiting placement is looked at again only after a while
+        Behind(A, 0),
+        Advance(1.0),
+        Cycle([stop("j1", 1, A, "reclaimed"), placed("j1", 2, B)]),  # read everything, did not start it
+    ], dict(reclaim_after_s=20.0)),
+    Case("reclaim: an agent behind for ever does not hold a placement past the limit", TWO, [
+        Submit("j1", dict(gpus=8)),
+        Cycle([placed("j1", 1, A)]),
+        Behind(A, 3),
+        Advance(199),
+        Cycle([]),
+        Advance(2),  # 10 x reclaim_after_s (RECLAIM_BACKLOG_LIMIT)
+        Cycle([stop("j1", 1, A, "reclaimed"), placed("j1", 2, B)]),
     ], dict(reclaim_after_s=20.0)),
     Case("reclaim: a started placement is never reclaimed", TWO, [
         Submit("j1", dict(gpus=8)),
