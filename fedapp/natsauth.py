@@ -18,7 +18,8 @@ Every component connects as its own user and may publish and subscribe only wher
 
 Replies go to each user's own inbox prefix ``_INBOX_<user>`` (:func:`inbox_prefix`), the only
 place below ``_INBOX`` it may subscribe, so no user reads another's replies; ``ops`` keeps the
-default ``_INBOX`` (it may subscribe everywhere, and publish below ``_INBOX.`` only: its own
+default ``_INBOX`` (it may subscribe only there, below ``_INBOX_ops`` and to the store's queries,
+and publish below ``_INBOX.`` only: its own
 requests' inboxes, so it can answer the CLI's store queries and no service's requests).
 
 The embedded server (:func:`embedded_authorization`) gets exactly the table's users (in its
@@ -94,9 +95,8 @@ class UserPermissions:
             one reply per request, ``"stream"`` = up to 100000 replies within an hour (a log
             follow).
         full: everything allowed (``ops``) except ``deny_publish``.
-        deny_publish: subjects a ``full`` user may not publish on (``ops``: the agents' own
-            subjects -- status, inventory, heartbeats are what each cluster says of itself, and
-            the operator's credentials must not speak for a cluster either).
+        deny_publish: subjects it may not publish on although ``publish`` (or ``full``) allows
+            them (``ops``: creating a consumer named as a service's durable, :func:`ops_user`).
     """
 
     user: str
@@ -169,9 +169,20 @@ def _buckets(prefix: str, user: str) -> list[str]:
     return out
 
 
-def ops_user(prefix: str) -> UserPermissions:
+def service_durables(clusters: Iterable[tuple[str, str]] = ()) -> tuple[str, ...]:
+    """The names of the durable consumers the services and agents keep (audit's one per stream,
+    billing's two, each agent's own and its start-up rebuild pair): ``ops`` may not create --
+    that is, update -- a consumer of these names (:func:`ops_user`)."""
+    names = ["audit-events", "audit-inventory", "audit-dlq", "billing", "billing-transfer"]
+    for _, cluster in clusters:
+        user = agent_user(cluster)
+        names += [user, f"{user}-rebuild-p", f"{user}-rebuild-s"]
+    return tuple(names)
+
+
+def ops_user(prefix: str, clusters: Iterable[tuple[str, str]] = ()) -> UserPermissions:
     """The operator's user ``ops`` (the CLI, the ``nats`` CLI, the control connection of the
-    composition process of ``fedsched up``): subscribes everywhere and reads every stream, bucket
+    composition process of ``fedsched up``): reads every stream, bucket
     and consumer, but publishes only what those need -- the issue 14 tryout published a copied
     ``job.placed`` on a cluster's placement subject as ``ops`` and every consumer took it for the
     scheduler's.
@@ -186,10 +197,27 @@ def ops_user(prefix: str) -> UserPermissions:
     * ``<p>.deadletter.ops|replay-driver``: what its own followers cannot decode (the replay
       driver follows the events stream);
     * JetStream: account info and every read -- stream info/names/list, message get, direct get,
-      consumers (create, pull, flow control, info, delete) on any stream. Its own readers
-      (:class:`fedsched.bus.StreamFollower`, KV watches) acknowledge nothing, so it gets no
-      ``$JS.ACK``: seeing every delivery (it subscribes everywhere), it could otherwise
-      acknowledge or terminate another consumer's messages before their effect is committed.
+      consumers on any stream: create (its readers' ephemeral pull consumers,
+      :class:`fedsched.bus.StreamFollower`, and the ordered push consumers of KV watches: both
+      ``CONSUMER.CREATE.<stream>[.<name>[.<filter>]]``), pull, flow control, info, names, list.
+      Its readers acknowledge nothing, so it gets no ``$JS.ACK`` (it could otherwise acknowledge
+      or terminate another consumer's messages before their effect is committed).
+
+    What ``ops`` subscribes to: its inboxes (``_INBOX.>``, ``_INBOX_ops.>``: replies, its
+    consumers' deliveries) and ``<p>.svc.store.query`` (the store the composition process holds),
+    nothing else (issue 14: tryout of the permissions). A push consumer's deliver subject is part
+    of the create request's body, which permissions cannot see, and nats-server (checked on
+    v2.15.1) does not check it against its creator's publish or subscribe permissions: ``ops``
+    made a push consumer on ``<P>_DLQ`` deliver its own dead letter (a ``job.cancel_requested``)
+    to ``<p>.jobs.cancel.<t>.<p>`` and ``<P>_EVENTS`` stored it. The server delivers only to a
+    subject some client has interest in, the streams' own capture not counting (checked: nothing
+    stored); no user but ``ops`` subscribed to the business subjects, so without that
+    subscription such a consumer delivers nothing (``tests/integration/test_nats_users.py``).
+    Readers also refuse a type that does not belong on its subject (:func:`fedsched.trust.check_subject`).
+
+    Not granted either: deleting a consumer, the legacy ``CONSUMER.DURABLE.CREATE``, and (denied)
+    creating a consumer named as a service's or agent's durable (:func:`service_durables`; a
+    create with an existing name updates that consumer: its filter, its deliver subject).
 
     Not granted: any business subject (``jobs``, ``placements``, ``decisions``, ``status``,
     ``inventory``, ``heartbeat``, ``billing.usage``, ``admission.rejected``, ``governance``,
@@ -201,14 +229,17 @@ def ops_user(prefix: str) -> UserPermissions:
     service's or the system account's credentials.
     """
     p = prefix
+    durables = service_durables(clusters)
     return UserPermissions(
         OPS, "operators, the CLI and the composition's control connection: reads everything; publishes only "
              "store queries and their answers (fedapp.natsauth.ops_user) -- never for a service or a cluster, "
              "and configures no stream",
         publish=(f"{p}.svc.store.query", "_INBOX.>", "_INBOX_ops.>", f"{p}.deadletter.ops", f"{p}.deadletter.replay-driver",
                  "$JS.API.INFO", "$JS.API.STREAM.INFO.*", "$JS.API.STREAM.NAMES", "$JS.API.STREAM.LIST",
-                 "$JS.API.STREAM.MSG.GET.*", "$JS.API.DIRECT.GET.>", "$JS.API.CONSUMER.>", "$JS.FC.>"),
-        subscribe=(">",))
+                 "$JS.API.STREAM.MSG.GET.*", "$JS.API.DIRECT.GET.>", *(f"$JS.API.CONSUMER.{verb}.>" for verb in (
+                     "INFO", "NAMES", "LIST", "CREATE", "MSG.NEXT")), "$JS.FC.>"),
+        subscribe=("_INBOX.>", "_INBOX_ops.>", f"{p}.svc.store.query"),
+        deny_publish=tuple(f"$JS.API.CONSUMER.CREATE.*.{name}{tail}" for name in durables for tail in ("", ".>")))
 
 
 def federation_users(prefix: str, clusters: Iterable[tuple[str, str]], *, js_domain: str = "") -> list[UserPermissions]:
@@ -223,7 +254,8 @@ def federation_users(prefix: str, clusters: Iterable[tuple[str, str]], *, js_dom
     p, P = prefix, prefix.upper()
     events, inventory, dlq = f"{P}_EVENTS", f"{P}_INVENTORY", f"{P}_DLQ"
     dl = lambda *names: [f"{p}.deadletter.{n}" for n in names]  # noqa: E731
-    users = [ops_user(prefix)]
+    clusters = list(clusters)
+    users = [ops_user(prefix, clusters)]
     users.append(UserPermissions(
         "admission", "the front door: job requests, refusals, governance changes and approval decisions, log "
                      "requests to agents, dry runs' what-if and status requests to the scheduler; follows the events "
@@ -231,6 +263,8 @@ def federation_users(prefix: str, clusters: Iterable[tuple[str, str]], *, js_dom
         publish=(f"{p}.jobs.>", f"{p}.admission.rejected", f"{p}.governance.>", f"{p}.logs.>",
                  f"{p}.svc.scheduler.whatif", f"{p}.svc.scheduler.status",
                  f"$JS.API.CONSUMER.INFO.{dlq}.>",  # GetStatus: the lag of audit's dead-letter durable
+                 # a duplicate-acked submit reads the stored event (services.admission.service.stored_event)
+                 f"$JS.API.STREAM.MSG.GET.{events}",
                  *dl("admission", "admission-jobs", "admission-inventory", "admission-policy"), "$JS.API.INFO",
                  *_stream_admin(p), *_reads_stream(events), *_reads_stream(inventory), *_buckets(p, "admission")),
         subscribe=("_INBOX_admission.>",)))
@@ -297,7 +331,10 @@ def _user_block(u: UserPermissions, password: str, indent: str) -> list[str]:
     out += [f"{indent}{{", f"{i2}user: {_q(u.user)}", f"{i2}password: {_q(password)}", f"{i2}permissions: {{",
             f"{i3}publish: {{", f"{i4}allow: ["]
     out += [f"{i4}  {_q(s)}" for s in u.publish]
-    out += [f"{i4}]", f"{i3}}}", f"{i3}subscribe: {{ allow: [{', '.join(_q(s) for s in u.subscribe)}] }}"]
+    out += [f"{i4}]"]
+    if u.deny_publish:
+        out += [f"{i4}deny: ["] + [f"{i4}  {_q(s)}" for s in u.deny_publish] + [f"{i4}]"]
+    out += [f"{i3}}}", f"{i3}subscribe: {{ allow: [{', '.join(_q(s) for s in u.subscribe)}] }}"]
     if u.responses == "true":
         out.append(f"{i3}allow_responses: true")
     elif u.responses == "stream":
@@ -373,7 +410,10 @@ ACCOUNTS_HEADER = """\
 #
 # Replies go to the connection's inbox prefix: every user has its own, _INBOX_<user>, and may
 # subscribe only below it (FEDSCHED_INBOX_PREFIX; deploy/compose, deploy/k8s), so no user can
-# read another's replies; ops may subscribe to everything and keeps the default _INBOX.
+# read another's replies; ops keeps the default _INBOX and subscribes only to its inboxes and to
+# fed.svc.store.query: a push consumer (whose deliver subject no permission sees) delivers only
+# where a client listens, and no user listens on a stream's subjects. ops creates, pulls and reads
+# consumers but deletes none and may not create (update) one named as a service's durable.
 #
 # Passwords here are development placeholders. For production use bcrypt hashes
 # (`nats server passwd`), nkeys or the JWT/operator mode, and keep them out of git.

@@ -50,6 +50,18 @@ ATTEMPT_STATUSES: frozenset[EventType] = frozenset({
     EventType.JOB_STOPPED, EventType.AGENT_RECONCILED})
 
 
+#: The consumers that refuse messages and publish their security records
+#: (:func:`rejection_events`) -- and the other dead-letter names of the same services, which NATS
+#: lets only those services publish on (fedapp/natsauth.py): a ``security.rejected_message`` is
+#: taken for one only from ``<p>.deadletter.<one of these>`` (issue 14, item 2). From anyone else
+#: (``ops``, the replay driver, an agent) it is a plain dead letter of its sender.
+REFUSING_CONSUMERS: frozenset[str] = frozenset({
+    "scheduler", "scheduler-events", "scheduler-inventory",
+    "admission", "admission-jobs", "admission-inventory", "admission-policy",
+    "billing", "billing-transfer",
+    "audit", "audit-events", "audit-inventory", "audit-dlq"})
+
+
 def agent_subject(prefix: str, subject: str) -> tuple[str, str, str] | None:
     """``(family, region, cluster)`` when ``subject`` is an agent's (``<p>.<family>.<r>.<c>`` with
     family in :data:`AGENT_TYPES`), else None."""
@@ -71,13 +83,59 @@ def sender_of(prefix: str, subject: str) -> str:
     return ""
 
 
+#: The other subject families (``<p>.<family>`` or ``<p>.<family>.<kind>``, the key) -> the
+#: event types their designed publishers send there (fedsched/events.py ``Subjects``; the
+#: publishers: deploy/nats/accounts.conf). A service's credentials may publish on a whole family
+#: (the scheduler on ``status.>``, admission on ``jobs.>``): a reader acts on an envelope only when
+#: its type belongs on the subject it arrived on (issue 14, item 1b: a ``job.cancel_requested`` on
+#: a dead-letter or decisions subject is refused, never acted on).
+SERVICE_TYPES: dict[str, frozenset[EventType]] = {
+    "jobs.submitted": frozenset({EventType.JOB_SUBMITTED}),
+    "jobs.cancel": frozenset({EventType.JOB_CANCEL_REQUESTED}),
+    "jobs.hold": frozenset({EventType.JOB_HELD}),
+    "jobs.release": frozenset({EventType.JOB_RELEASED}),
+    "jobs.priority": frozenset({EventType.JOB_PRIORITY_CHANGED}),
+    "admission.rejected": frozenset({EventType.SUBMISSION_REJECTED}),
+    "placements": frozenset({EventType.JOB_PLACED, EventType.JOB_STOP}),
+    "decisions": frozenset({EventType.JOB_PENDING, EventType.JOB_CANCELLED}),
+    "billing.usage": frozenset({EventType.USAGE_RECORDED}),
+    "governance.policy": frozenset({EventType.POLICY_APPLIED, EventType.TENANT_UPDATED, EventType.QUOTA_UPDATED,
+                                    EventType.PRINCIPAL_UPDATED}),
+    "governance.tenant": frozenset({EventType.POLICY_APPLIED, EventType.TENANT_UPDATED, EventType.QUOTA_UPDATED,
+                                    EventType.PRINCIPAL_UPDATED}),
+    "governance.approval": frozenset({EventType.APPROVAL_REQUESTED, EventType.APPROVAL_APPROVED,
+                                      EventType.APPROVAL_REJECTED, EventType.APPROVAL_EXPIRED}),
+    "deadletter": frozenset({EventType.BUS_DEAD_LETTER, EventType.SECURITY_REJECTED_MESSAGE}),
+}
+
+
+def subject_family(prefix: str, subject: str) -> str | None:
+    """The key of :data:`SERVICE_TYPES` (or :data:`AGENT_TYPES`) ``subject`` belongs to, None
+    for a subject of no known family (another prefix, request/reply subjects)."""
+    tokens = subject.split(".")
+    if len(tokens) < 2 or tokens[0] != prefix:
+        return None
+    if len(tokens) >= 3 and f"{tokens[1]}.{tokens[2]}" in SERVICE_TYPES:
+        return f"{tokens[1]}.{tokens[2]}"
+    if tokens[1] in SERVICE_TYPES or tokens[1] in AGENT_TYPES:
+        return tokens[1]
+    return None
+
+
 def check_subject(prefix: str, subject: str, env: Envelope) -> str | None:
     """Step 1: the reason ``env`` may not arrive on ``subject``, or None when it may.
 
-    Subjects that are not an agent's are not judged here (None).
+    On an agent's subject: the envelope's region and cluster must be the subject's and its type
+    one of :data:`AGENT_TYPES`; on a service's subject family its type must be one of
+    :data:`SERVICE_TYPES` (a service's credentials cover a whole family, not one type). Types
+    this build does not know, and subjects of no known family, are not judged (None).
     """
     found = agent_subject(prefix, subject)
     if found is None:
+        family = subject_family(prefix, subject)
+        known = env.known_type
+        if family in SERVICE_TYPES and known is not None and known not in SERVICE_TYPES[family]:
+            return f"event type {env.type} may not be sent on a {family} subject"
         return None
     family, region, cluster = found
     if env.region != region or env.cluster != cluster:

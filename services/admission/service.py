@@ -428,8 +428,10 @@ async def last_sequence(bus: Bus, subjects: str, timeout_s: float = 2.0) -> int:
 
 
 async def stored_event(bus: Bus, seq: int, timeout_s: float = 2.0) -> Envelope | None:
-    """The event stored at stream sequence ``seq`` of the events stream (JetStream's direct get
-    by sequence), None when the stream no longer holds it (retention).
+    """The event stored at stream sequence ``seq`` of the events stream (JetStream's message get
+    by sequence, ``$JS.API.STREAM.MSG.GET.<P>_EVENTS``: admission's NATS user is granted that
+    one, :func:`fedapp.natsauth.federation_users`), None when the stream no longer holds it
+    (retention).
 
     Raises:
         nats.errors.Error / TimeoutError: JetStream did not answer.
@@ -1628,6 +1630,8 @@ class AdmissionService:
 
     def _on_event(self, d: Delivery):
         route = ADMISSION_EVENTS.route(d.envelope.type)  # unknown types: counted by the job view
+        if route is not None and d.subject and check_subject(self.bus.prefix, d.subject, d.envelope) is not None:
+            route = None  # a type that does not belong on its subject: the job view refuses it (issue 14)
         (route or AdmissionService._to_view)(self, d)
         if self.view.rejections:  # refused by the trust checks: dead letter + security record
             return self._publish_rejections()

@@ -54,7 +54,7 @@ from fedsched.errors import DecodeError, UnavailableError
 from fedsched.events import (DeadLetter, Envelope, EventType, InventorySnapshot, JobPending, JobPlaced, JobStatus,
                              JobStop, SecurityRejected, business_event_id, make_event, payload_error)
 from fedsched.lease import StreamFencing, Tenure, read_tenure
-from fedsched.trust import agent_subject, check_subject, security_event_id, sender_of
+from fedsched.trust import REFUSING_CONSUMERS, agent_subject, check_subject, security_event_id, sender_of
 from fedsched.metrics import WriterMetrics
 from fedsched.store import AsyncStore
 
@@ -137,8 +137,12 @@ def screened(d: Delivery, prefix: str) -> Delivery:
       the subject and the stream sequence (a dead letter can never take a real event's id). Anything
       but a ``bus.dead_letter`` -- and, from an agent's subject, anything but a dead letter at all
       -- is recorded as a ``bus.dead_letter`` holding the body, never as the event it claims to be.
-      A service's ``security.rejected_message`` is recorded as the security event of the message
-      it names (:func:`security_record`: one row per refused message, whoever refused it).
+      A refusing service's ``security.rejected_message`` (arrived on the dead-letter subject of one
+      of :data:`~fedsched.trust.REFUSING_CONSUMERS`) is recorded as the security event of the
+      message it names (:func:`security_record`: one row per refused message, whoever refused
+      it); from anyone else (``ops``, the replay driver, an agent) it is a ``bus.dead_letter`` of
+      its sender (issue 14, item 2: otherwise a forged record, blamed on any agent, would take the
+      id of that agent's real refusal).
     * On an agent's subject an envelope that names another region/cluster, or a type agents may
       not send there, is recorded as a ``security.rejected_message`` attributed to the agent
       (the original body in the payload's ``data``), not as the event it claims to be.
@@ -155,15 +159,17 @@ def screened(d: Delivery, prefix: str) -> Delivery:
         # duplicate window -- is the same row. An agent's ids are not trusted: keyed on the
         # dead-letter stream's own sequence.
         event_id = business_event_id("dlq", d.subject, (d.stream_sequence or env.event_id) if agent else env.event_id)
+        refuser = sender in REFUSING_CONSUMERS  # only a refusing service's records name a refused message
         record = (security_record(d, prefix, sender)
-                  if env.known_type == EventType.SECURITY_REJECTED_MESSAGE and not agent else None)
+                  if env.known_type == EventType.SECURITY_REJECTED_MESSAGE and refuser else None)
         if record is not None:
             return record
         if env.known_type in allowed - {EventType.SECURITY_REJECTED_MESSAGE}:
             stand_in = env.model_copy(update=dict(event_id=event_id, producer=sender, actor=sender, region="", zone="",
                                                   cluster="", tenant="", project="", job_id="", attempt=0))
         else:
-            what = "a valid security record" if env.known_type in allowed else "a dead letter"
+            what = ("a valid security record" if env.known_type in allowed and refuser else
+                    f"a dead letter ({sender!r} refuses no messages)" if env.known_type in allowed else "a dead letter")
             payload = DeadLetter(consumer=sender, subject=d.subject, stream_sequence=d.stream_sequence,
                                  reason=f"not {what}: a {env.type} envelope (claimed producer "
                                         f"{env.producer!r}) on a dead-letter subject",
@@ -205,9 +211,10 @@ def security_record(d: Delivery, prefix: str, consumer: str) -> Delivery | None:
 
 
 def refused(d: Delivery, prefix: str, reason: str) -> Delivery:
-    """The stand-in audit records for ``d``, an agent's message it refuses for ``reason``: a
+    """The stand-in audit records for ``d``, a message it refuses for ``reason``: a
     ``security.rejected_message`` attributed to the agent of ``d``'s subject (region and cluster
-    of the subject, actor ``audit``: the refusing consumer; no tenant, project or job in the
+    of the subject; for a service's subject -- a type that does not belong on it,
+    :data:`fedsched.trust.SERVICE_TYPES` -- no sender, region or cluster: actor ``audit``: the refusing consumer; no tenant, project or job in the
     envelope -- nothing that counts a job's events sees it), the claimed type, job, attempt and
     the original body in its payload, under an id derived from the subject and the refused
     message (its stream sequence, else its event id: :func:`~fedsched.trust.security_event_id`),
@@ -216,12 +223,13 @@ def refused(d: Delivery, prefix: str, reason: str) -> Delivery:
     """
     env = d.envelope
     sender = sender_of(prefix, d.subject)
-    _, region, cluster = agent_subject(prefix, d.subject)
+    found = agent_subject(prefix, d.subject)  # None: a service's subject (a type that does not belong there)
+    region, cluster = (found[1], found[2]) if found else ("", "")
     payload = SecurityRejected(consumer="audit", subject=d.subject, sender=sender, claimed_producer=env.producer,
                                claimed_region=env.region, claimed_cluster=env.cluster, event_type=env.type,
                                event_id=env.event_id, job_id=env.job_id, attempt=env.attempt,
                                stream_sequence=d.stream_sequence, reason=reason)
-    stand_in = make_event(EventType.SECURITY_REJECTED_MESSAGE, payload, producer=sender,
+    stand_in = make_event(EventType.SECURITY_REJECTED_MESSAGE, payload, producer=sender or "unknown",
                           occurred_at=env.occurred_at.timestamp(),
                           event_id=security_event_id(d.subject, d.stream_sequence, env.event_id),
                           region=region, cluster=cluster, actor="audit")

@@ -4,6 +4,7 @@ subjects (a permission violation otherwise, and nothing stored), and what it may
 own subject about another cluster's job is refused by billing and changes no bill."""
 
 import asyncio
+import json
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import nats
 import pytest
 
 from fedsched.bus import Bus
-from fedsched.events import JobStatus, business_event_id, make_event
+from fedsched.events import Envelope, JobStatus, business_event_id, make_event
 from fedsched.natsd import EmbeddedNats
 from fedsched.pricing import load_price_catalog
 from fedsched.store import AsyncStore
@@ -252,3 +253,95 @@ async def test_the_operators_credentials_cannot_speak_for_a_cluster_or_a_service
         assert violations() == expected  # nothing ops needs was refused
     finally:
         await ops.close()
+
+
+async def test_the_operator_cannot_have_a_consumer_deliver_its_dead_letter_onto_a_job_subject(ops_server):
+    """Issue 14 (review): ``ops`` may publish its own dead letters; a push consumer on the DLQ
+    with ``deliver_subject=fed.jobs.cancel.<t>.<p>`` had the events stream store them there, and
+    the scheduler cancelled the job. nats-server does not check a deliver subject against its
+    creator's permissions (the create below succeeds), but delivers only where a client listens:
+    ``ops`` may no longer subscribe there, nobody else does, so nothing is stored. ``ops`` also
+    deletes no consumer and creates (updates) none named as a service's durable."""
+    from nats.js import api
+
+    from fedsched.bus import StreamFollower
+    from fedsched.events import JobCancelRequested
+
+    errors: list[Exception] = []
+    await _set_up(ops_server)
+    ops = await _connect(ops_server, "ops", errors)
+    billing = await _connect(ops_server, "billing")  # a service's durable, on the deployment's streams
+    try:
+        await billing.js.add_consumer(ops.stream_name("EVENTS"), api.ConsumerConfig(
+            name="billing", durable_name="billing", filter_subject="fed.status.>", ack_policy=api.AckPolicy.EXPLICIT))
+        cancel = make_event("job.cancel_requested", JobCancelRequested(reason="forged"), producer="admission",
+                            occurred_at=START, tenant="search", project="train", job_id="j-victim")
+        target = ops.subjects.job("cancel", "search", "train")
+        await ops.js.publish(ops.subjects.deadletter("ops"), cancel.to_bytes())  # its own dead letter: allowed
+        await ops.nc.subscribe(target)  # the interest a push consumer needs: refused
+        pushed = await ops.js.add_consumer(ops.stream_name("DLQ"), api.ConsumerConfig(
+            deliver_subject=target, ack_policy=api.AckPolicy.NONE))
+        # a push consumer delivering where ops does listen (its inbox) delivers at once ...
+        own = ops.nc.new_inbox()
+        inbox = await ops.nc.subscribe(own)
+        await ops.js.add_consumer(ops.stream_name("DLQ"), api.ConsumerConfig(deliver_subject=own,
+                                                                             ack_policy=api.AckPolicy.NONE))
+        msg = await inbox.next_msg(timeout=10)
+        assert Envelope.from_bytes(msg.data).event_id == cancel.event_id
+        # ... the one onto the job subject has delivered nothing, and the events stream holds nothing
+        info = await ops.js.consumer_info(ops.stream_name("DLQ"), pushed.name)
+        assert info.delivered.stream_seq == 0 and info.num_pending == 1
+        assert (await ops.js.stream_info(ops.stream_name("EVENTS"))).state.messages == 0
+        # no durable create (legacy API), no delete, no create/update of a service's durable
+        refused = ["$JS.API.CONSUMER.DURABLE.CREATE.FED_DLQ.probe", "$JS.API.CONSUMER.DELETE.FED_EVENTS.billing",
+                   "$JS.API.CONSUMER.CREATE.FED_EVENTS.billing", "$JS.API.CONSUMER.CREATE.FED_EVENTS.billing.fed.>"]
+        for subject in refused:
+            await ops.nc.publish(subject, json.dumps({"stream_name": "FED_EVENTS", "config": {
+                "name": "billing", "deliver_subject": target, "ack_policy": "none"}}).encode())
+        await ops.nc.flush()
+
+        def violations():  # (nats-py lower-cases the server's error)
+            return {str(e).split('"')[1] for e in errors if "permissions violation" in str(e).lower()}
+        expected = {target.lower(), *(s.lower() for s in refused)}
+        assert await until(lambda: violations() == expected, timeout=10, interval=0.05), expected - violations()
+        info = await ops.js.consumer_info(ops.stream_name("EVENTS"), "billing")
+        assert info.config.deliver_subject is None and info.config.filter_subject == "fed.status.>"
+        # what ops' own readers need still works: a follower of the dead letters
+        seen: list = []
+        follower = StreamFollower(ops, "DLQ", seen.append, name="ops-reader")
+        task = asyncio.create_task(follower.run())
+        try:
+            assert await until(lambda: len(seen) == 1, timeout=10, interval=0.05)
+        finally:
+            follower.stop()
+            await task
+        assert violations() == expected
+    finally:
+        await billing.close()
+        await ops.close()
+
+
+async def test_admission_reads_a_stored_event_by_sequence_with_its_own_credentials(ops_server):
+    """Issue 14 (review), item 3: a duplicate-acked submit reads the event JetStream kept
+    (services.admission.service.stored_event); admission's user is granted that stream's message
+    get (a permission violation and a 2 s timeout before), and nothing broader."""
+    from services.admission.service import stored_event
+    from tests.builders import spec, submitted
+
+    errors: list[Exception] = []
+    await _set_up(ops_server)
+    admission = await _connect(ops_server, "admission", errors)
+    try:
+        job = spec()
+        event = submitted("j-1", job, START)
+        ack = await admission.js.publish(admission.subjects.job("submitted", job.tenant, job.project), event.to_bytes())
+        got = await stored_event(admission, ack.seq, timeout_s=5)
+        assert got is not None and got.event_id == event.event_id
+        assert await stored_event(admission, ack.seq + 1, timeout_s=5) is None  # not stored (yet): None
+        await admission.nc.publish("$JS.API.STREAM.MSG.GET.FED_DLQ", b'{"seq": 1}')  # another stream: refused
+        await admission.nc.flush()
+        assert await until(lambda: any('"$js.api.stream.msg.get.fed_dlq"' in str(e).lower() for e in errors),
+                           timeout=10, interval=0.05)
+        assert not any("fed_events" in str(e).lower() for e in errors)
+    finally:
+        await admission.close()

@@ -68,3 +68,44 @@ def test_a_security_record_whose_payload_is_invalid_is_stored_as_a_dead_letter_o
     out = screened(delivery(bogus, SUBJECTS.deadletter("billing"), 5, 1.7e9), "t")
     assert out.envelope.type == EventType.BUS_DEAD_LETTER and out.envelope.producer == "billing"
     assert out.subject == SUBJECTS.deadletter("billing")
+
+
+@pytest.mark.parametrize("sender", ["ops", "replay-driver", f"agent-{C1}"])
+def test_a_security_record_from_a_non_refusing_sender_is_its_dead_letter_not_an_agents_security_event(sender) -> None:
+    """Issue 14 item 2: ``ops`` (or anyone but a refusing service) names an agent's subject and
+    stream sequence 4242: stored as a ``bus.dead_letter`` of the sender, never under the id a
+    real refusal of that message gets."""
+    forged = _forged(4242)
+    payload = SecurityRejected(consumer="scheduler-events", subject=forged.subject, sender=f"agent/{R}/{C1}",
+                               event_type="job.finished", stream_sequence=4242, reason="made up")
+    env = make_event("security.rejected_message", payload, producer="scheduler", occurred_at=1.7e9,
+                     event_id=security_event_id(forged.subject, 4242, forged.envelope.event_id), region=R, cluster=C1)
+    out = screened(delivery(env, SUBJECTS.deadletter(sender), 3, 1.7e9), "t")
+    assert out.envelope.type == EventType.BUS_DEAD_LETTER
+    assert (out.envelope.producer, out.envelope.cluster, out.subject) == (sender, "", SUBJECTS.deadletter(sender))
+    assert _key(out) != _key(refused(forged, "t", "x"))
+    # the same record from a refusing service is that message's security event
+    real = screened(delivery(env, SUBJECTS.deadletter("scheduler-events"), 4, 1.7e9), "t")
+    assert real.envelope.type == EventType.SECURITY_REJECTED_MESSAGE and _key(real) == _key(refused(forged, "t", "x"))
+
+
+@pytest.mark.parametrize(("subject", "etype"), [
+    (SUBJECTS.decisions("nlp", "train"), "job.cancel_requested"),
+    (SUBJECTS.deadletter("ops"), "job.cancel_requested"),
+    (SUBJECTS.usage("nlp"), "job.submitted"),
+    (SUBJECTS.job("cancel", "nlp", "train"), "job.submitted"),
+    (SUBJECTS.placements(R, C1), "job.cancelled"),
+])
+def test_a_type_that_does_not_belong_on_a_services_subject_is_refused(subject, etype) -> None:
+    """Issue 14 item 1b: a service's credentials cover a subject family, not a type."""
+    from fedsched.trust import check_subject
+
+    env = make_event("job.finished", JobStatus(), producer="admission", occurred_at=1.7e9, tenant="nlp",
+                     project="train", job_id="j-1").model_copy(update={"type": etype})  # (the check reads the type)
+    assert check_subject("t", subject, env) is not None
+    right = {"job.cancel_requested": SUBJECTS.job("cancel", "nlp", "train"),
+             "job.submitted": SUBJECTS.job("submitted", "nlp", "train"),
+             "job.cancelled": SUBJECTS.decisions("nlp", "train")}[etype]
+    assert check_subject("t", right, env) is None
+    if "deadletter" not in subject:  # audit stores it as a refusal, not as the event it claims to be
+        assert screened(delivery(env, subject, 9, 1.7e9), "t").envelope.type == EventType.SECURITY_REJECTED_MESSAGE

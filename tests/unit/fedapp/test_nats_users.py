@@ -107,7 +107,10 @@ def test_each_subject_family_has_exactly_the_publishers_the_design_names():
 
 def test_ops_reads_everything_and_answers_only_its_own_inbox():
     ops = natsauth.ops_user("fed")
-    assert ops.subscribe == (">",) and not ops.full and ops.responses == ""
+    # issue 14 (review): it listens only on its inboxes and the store's queries -- a push consumer
+    # (whose deliver subject no permission sees) delivers only where a client listens
+    assert ops.subscribe == ("_INBOX.>", "_INBOX_ops.>", "fed.svc.store.query") and not ops.full
+    assert ops.responses == ""
     for read in ("$JS.API.STREAM.INFO.FED_EVENTS", "$JS.API.CONSUMER.CREATE.FED_EVENTS.x.fed.>",
                  "$JS.API.DIRECT.GET.KV_fed_spend.$KV.fed_spend.search", "$JS.API.STREAM.MSG.GET.KV_fed_leases"):
         assert any(_matches(a, read) for a in ops.publish), read
@@ -116,3 +119,11 @@ def test_ops_reads_everything_and_answers_only_its_own_inbox():
     assert not [a for a in ops.publish if ".STREAM.CREATE." in a or ".STREAM.UPDATE." in a or a.startswith("$KV.")]
     # it sees every delivery: it may not acknowledge (or terminate) another consumer's messages
     assert not any(_matches(a, "$JS.ACK.FED_EVENTS.audit-events.1.7.7.1700000000000000000.0") for a in ops.publish)
+    # it deletes no consumer and creates (updates) none named as a service's or agent's durable
+    ops = natsauth.ops_user("fed", [("r", "c1")])
+    assert not any(_matches(a, "$JS.API.CONSUMER.DELETE.FED_EVENTS.billing") for a in ops.publish)
+    assert not any(_matches(a, "$JS.API.CONSUMER.DURABLE.CREATE.FED_EVENTS.x") for a in ops.publish)
+    for durable in ("billing", "audit-events", "agent-c1", "agent-c1-rebuild-p"):
+        assert any(_matches(d, f"$JS.API.CONSUMER.CREATE.FED_EVENTS.{durable}.fed.>") for d in ops.deny_publish)
+        assert any(_matches(d, f"$JS.API.CONSUMER.CREATE.FED_EVENTS.{durable}") for d in ops.deny_publish)
+    assert not any(_matches(d, "$JS.API.CONSUMER.CREATE.FED_EVENTS.Xa9b.fed.>") for d in ops.deny_publish)
