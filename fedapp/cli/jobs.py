@@ -588,10 +588,13 @@ class WhenError(ValueError):
         flag: the option (``--since``).
         text: the value as given.
         reason: what is wrong with it (the message adds the accepted forms).
+        forms: the accepted forms the message names (a subclass for other options names theirs).
     """
 
+    forms = WHEN_FORMS
+
     def __init__(self, flag: str, text: str, reason: str) -> None:
-        super().__init__(f"{text!r} {reason}; accepted: {WHEN_FORMS}")
+        super().__init__(f"{text!r} {reason}; accepted: {self.forms}")
         self.flag, self.text, self.reason = flag, text, reason
 
 

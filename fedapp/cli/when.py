@@ -14,40 +14,29 @@ UTC) or an age before now (``90m``, ``2h``, ``1.5d``). This module adds, around 
 Errors::
 
     ValueError
-    └── TimeOptionError      flag, text, reason
+    └── fedapp.cli.jobs.WhenError      flag, text, reason
+        └── TimeOptionError
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import re
 
 import typer
 
-from fedapp.cli.jobs import parse_when  # the one parser (``jobs --since``)
+from fedapp.cli.jobs import _EPOCH as EPOCH, _ISO_DATE as _DATE_ONLY, WhenError, parse_when  # the one parser
 from fedapp.cli.text import err, error_line
 
-#: A calendar date without a time of day.
-_DATE_ONLY = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")
-#: The earliest time an option may name (Unix epoch: protobuf Timestamps, the audit log).
-EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 #: What every time option accepts, as refusals say it.
 FORMS = ("an ISO-8601 time (2026-11-30, 2026-11-30T22:55:00Z, 2026-11-30T22:55:00+09:00; no zone = UTC) "
          "or an age before now (30m, 2h, 1.5d)")
 
 
-class TimeOptionError(ValueError):
-    """A time option's value that is not one of :data:`FORMS` or is out of range.
+class TimeOptionError(WhenError):
+    """A time option's value that is not one of :data:`FORMS` or is out of range (the message
+    names :data:`FORMS`; ``flag``, ``text`` and ``reason`` as in :class:`WhenError`)."""
 
-    Attributes:
-        flag: the option (``--from``).
-        text: the value as given.
-        reason: what is wrong with it.
-    """
-
-    def __init__(self, flag: str, text: str, reason: str) -> None:
-        super().__init__(f"{text!r} {reason}; accepted: {FORMS}")
-        self.flag, self.text, self.reason = flag, text, reason
+    forms = FORMS
 
 
 def parse_time(text: str, flag: str, now: dt.datetime | None = None, *, end_of_day: bool = False,
