@@ -39,6 +39,21 @@ async def _until(check, timeout: float = 15.0, what: str = "condition") -> None:
         await asyncio.sleep(0.02)
 
 
+
+async def _agent_collecting_dead_letters(bus, nats_server):
+    """A running agent of ``CLUSTER`` on its own connection, and the dead letters of its
+    consumer as they arrive: ``(agent, agent_bus, agent_task, dead letters, their subscription)``."""
+    dead: list[DeadLetter] = []
+
+    async def on_dead(msg) -> None:
+        dead.append(Envelope.from_bytes(msg.data).payload_as(DeadLetter))
+
+    agent_bus = await Bus.connect(nats_server.url, bus.prefix, name="agent")
+    agent = ClusterAgent(agent_bus, SystemClock(), CLUSTER, StaticBackend(nodes("n"), clock=SystemClock(), runtime_s=None),
+                         heartbeat_interval_s=0.2, tick_s=0.02)
+    dsub = await bus.js.subscribe(bus.subjects.deadletter(agent.durable), cb=on_dead)
+    return agent, agent_bus, asyncio.create_task(agent.run()), dead, dsub
+
 async def test_nats_kv_gives_the_compare_and_set_the_lease_needs(bus) -> None:
     kv = await bus.js.create_key_value(bucket=f"{bus.prefix}_leasecas", history=1)
     store = NatsLeaseStore(kv)
@@ -161,16 +176,7 @@ async def test_an_agent_that_saw_no_order_of_the_new_holder_refuses_the_former_h
     assert await b.step() and b.token > a.token
     await bus.publish(sub, placement("late", job, CLUSTER.name, CLUSTER.region, [("n0", (1,))],
                                      fencing_token=a.token))
-    dead: list[DeadLetter] = []
-
-    async def on_dead(msg) -> None:
-        dead.append(Envelope.from_bytes(msg.data).payload_as(DeadLetter))
-
-    agent_bus = await Bus.connect(nats_server.url, bus.prefix, name="agent")
-    agent = ClusterAgent(agent_bus, SystemClock(), CLUSTER, StaticBackend(nodes("n"), clock=SystemClock(), runtime_s=None),
-                         heartbeat_interval_s=0.2, tick_s=0.02)
-    dsub = await bus.js.subscribe(bus.subjects.deadletter(agent.durable), cb=on_dead)
-    agent_task = asyncio.create_task(agent.run())
+    agent, agent_bus, agent_task, dead, dsub = await _agent_collecting_dead_letters(bus, nats_server)
     astore = AsyncStore(store)
     billing = BillingService(bus, astore, load_price_catalog(), linger_s=0.02)
     billing_task = asyncio.create_task(billing.run())
@@ -275,16 +281,7 @@ async def test_an_order_stored_between_two_takeovers_is_refused_by_an_agent_that
     assert await c.step() and c.token > b.token > a.token
     tenure = await read_tenure(bus)
     assert tenure.token == c.token and [t for t, _ in tenure.history][:2] == [a.token, b.token]
-    dead: list[DeadLetter] = []
-
-    async def on_dead(msg) -> None:
-        dead.append(Envelope.from_bytes(msg.data).payload_as(DeadLetter))
-
-    agent_bus = await Bus.connect(nats_server.url, bus.prefix, name="agent")
-    agent = ClusterAgent(agent_bus, SystemClock(), CLUSTER, StaticBackend(nodes("n"), clock=SystemClock(), runtime_s=None),
-                         heartbeat_interval_s=0.2, tick_s=0.02)
-    dsub = await bus.js.subscribe(bus.subjects.deadletter(agent.durable), cb=on_dead)
-    agent_task = asyncio.create_task(agent.run())
+    agent, agent_bus, agent_task, dead, dsub = await _agent_collecting_dead_letters(bus, nats_server)
     try:
         await _until(lambda: dead and ("early", 1, 0) in agent.running, what="the agent's two verdicts")
         assert agent.highest_token in (0, a.token)  # it saw no order of B or C
