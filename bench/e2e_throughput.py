@@ -241,7 +241,8 @@ class Run:
 
 
 async def follow_placements(nats_port: int, data_dir: Path, run: Run, prefix: str):
-    """Subscribe to ``<prefix>.placements.>`` and note when each job's ``job.placed`` arrives."""
+    """Follow ``<prefix>.placements.>`` and ``<prefix>.status.>`` (from the events stream, as the operator's
+    user) and note when each job's ``job.placed`` / ``job.started`` arrives."""
     import nats
 
     nc = await nats.connect(with_local_credentials(f"nats://127.0.0.1:{nats_port}", data_dir), name="bench")
@@ -267,8 +268,15 @@ async def follow_placements(nats_port: int, data_dir: Path, run: Run, prefix: st
         elif b'"job.stopped"' in head and b"cluster_lost" in msg.data:
             run.lost += 1
 
-    await nc.subscribe(f"{prefix}.placements.>", cb=on_msg)
-    await nc.subscribe(f"{prefix}.status.>", cb=on_status)
+    # the operator's user may not subscribe to business subjects (fedapp.natsauth.ops_user): read them
+    # from the events stream through ordered push consumers delivering to this connection's inboxes
+    from nats.js.api import DeliverPolicy
+
+    js = nc.jetstream()
+    await js.subscribe(f"{prefix}.placements.>", cb=on_msg, ordered_consumer=True, deliver_policy=DeliverPolicy.NEW,
+                       pending_msgs_limit=-1, pending_bytes_limit=-1)
+    await js.subscribe(f"{prefix}.status.>", cb=on_status, ordered_consumer=True, deliver_policy=DeliverPolicy.NEW,
+                       pending_msgs_limit=-1, pending_bytes_limit=-1)
     await nc.flush()
     return nc
 
