@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
 from typing import Any, Optional
@@ -105,6 +105,27 @@ def _print_report(result) -> None:
     console.print(table)
 
 
+def _utc_text(at: datetime) -> str:
+    """``at`` (aware, or naive UTC) as ``2026-11-30 22:55:00 UTC``."""
+    return f"{(at.astimezone(UTC) if at.tzinfo else at):%Y-%m-%d %H:%M:%S} UTC"
+
+
+def _no_data(start: datetime | None, end: datetime | None, first: datetime | None, last: datetime | None,
+             as_json: bool) -> None:
+    """``report`` over a window without data: the window asked (UTC; an unset end is the first or
+    last event) and the audit log's extent on stderr; stdout gets nothing (with ``-o json`` the
+    asked window and no reports), as a ``jobs`` filter that matches nothing (README: exit 0)."""
+    asked_from = _utc_text(start) if start else "the first event"
+    asked_to = _utc_text(end) if end else "just after the last event"
+    held = (f"the audit log holds events from {_utc_text(first)} to {_utc_text(last)}" if first and last
+            else "the audit log holds no event")
+    if as_json:
+        console.print_json(strict_json({"window": {"from": start.isoformat() if start else None,
+                                                   "to": end.isoformat() if end else None},
+                                        "reports": {}}))
+    err.print(f"no data in the window from {asked_from} to {asked_to} (end exclusive); {held}", highlight=False)
+
+
 def register(app: typer.Typer) -> None:
     """Add ``report`` to ``app``."""
 
@@ -146,7 +167,7 @@ def register(app: typer.Typer) -> None:
         from fedapp.reports import REPORTS, data_window, run_reports
         from fedapp.reports.grafana import dashboard_json
         from fedapp.reports.html import html_page
-        from fedapp.reports.run import Window
+        from fedapp.reports.run import Window, event_span, events_in, naive_utc
 
         now = datetime.now(UTC)
         start = time_option(start_text, "--from", now)
@@ -159,6 +180,10 @@ def register(app: typer.Typer) -> None:
             for q in REPORTS:
                 console.print(styled((q.name, "bold"), f": {q.description}"), highlight=False)
             return
+        unknown = [n for n in only if n not in {q.name for q in REPORTS}]
+        if unknown:  # before any query: a window without data must not hide a typo
+            err.print(error_line("error:", f"unknown report {unknown[0]!r}; `fedsched report --list` shows them"))
+            raise typer.Exit(2)
         if grafana_dashboard is not None:
             grafana_dashboard.write_text(dashboard_json(), "utf-8")
             console.print(f"Grafana dashboard written to {grafana_dashboard}")
@@ -173,16 +198,27 @@ def register(app: typer.Typer) -> None:
             else:
                 query = store_query(data_dir, clickhouse_url, database)
                 source = clickhouse_url.split("@")[-1] if clickhouse_url else f"chDB {data_dir}/clickhouse"
-            window = data_window(query, database, start=start, end=end)
-            if bucket:
-                window = Window(window.start, window.end, bucket)
-            results = run_reports(query, database, window, only or None)
+            first, last = event_span(query, database)
+            lo = start or first
+            hi = end or (last + timedelta(milliseconds=1) if last else None)
+            results = []
+            if lo is not None and hi is not None and naive_utc(lo) < naive_utc(hi):
+                window = data_window(query, database, start=lo, end=hi)
+                if bucket:
+                    window = Window(window.start, window.end, bucket)
+                if events_in(query, database, window):
+                    results = run_reports(query, database, window, only or None)
         except KeyError as e:
             err.print(error_line("error:", f"unknown report {e}; `fedsched report --list` shows them"))
             raise typer.Exit(2) from None
         except FedError as e:
             err.print(error_line("error:", e))
             raise typer.Exit(1) from None
+        if not results:  # nothing in the window asked: say so, never invent one
+            _no_data(start, end, first, last, output == "json")
+            if html is not None:
+                err.print(f"no HTML report written to {html}")
+            return
         if output == "json":
             body = {"window": {"from": window.start.isoformat(), "to": window.end.isoformat(),
                                "bucket_s": window.bucket_s},

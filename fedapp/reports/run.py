@@ -65,8 +65,7 @@ def data_window(query: QueryFn, database: str, *, start: datetime | None = None,
     the last one (so every event is inside).
     """
     if start is None or end is None:
-        first, last = query(f"SELECT min(occurred_at), max(occurred_at) FROM {database}.events", {}).rows[0]
-        first, last = _as_datetime(first), _as_datetime(last)
+        first, last = event_span(query, database)
         if start is None:
             start = first or datetime(1970, 1, 1)
         if end is None:
@@ -75,6 +74,20 @@ def data_window(query: QueryFn, database: str, *, start: datetime | None = None,
     if end <= start:
         end = start + timedelta(seconds=1)
     return Window(start, end, bucket_for(start, end, points))
+
+
+def event_span(query: QueryFn, database: str) -> tuple[datetime | None, datetime | None]:
+    """The first and last ``occurred_at`` of the audit log (naive UTC); ``(None, None)`` when it
+    holds no event."""
+    first, last = query(f"SELECT min(occurred_at), max(occurred_at) FROM {database}.events", {}).rows[0]
+    return _as_datetime(first), _as_datetime(last)
+
+
+def events_in(query: QueryFn, database: str, window: Window) -> int:
+    """How many audit-log events occurred in ``window`` [start, end)."""
+    sql = (f"SELECT count() FROM {database}.events WHERE occurred_at >= {{from:DateTime64(3, 'UTC')}} "
+           f"AND occurred_at < {{to:DateTime64(3, 'UTC')}}")
+    return int(query(sql, {"from": window.start, "to": window.end}).rows[0][0])
 
 
 def _as_datetime(value: Any) -> datetime | None:
