@@ -48,7 +48,7 @@ ROOT_HELP = (
 #: plain help (no markup mode: what is written is what prints, wrapped to the terminal)
 app = typer.Typer(help=ROOT_HELP, no_args_is_help=True, add_completion=False, rich_markup_mode=None,
                   context_settings=HELP_OPTIONS)
-from fedapp.cli.text import Output, console, err, error_line, strict_json, styled
+from fedapp.cli.text import Output, SqlOutput, console, delimited, err, error_line, strict_json, styled
 
 
 def _print_version(value: bool) -> None:
@@ -63,8 +63,6 @@ def _print_version(value: bool) -> None:
 def _root(version: bool = typer.Option(False, "--version", is_eager=True, callback=_print_version,
                                        help="Print the fedsched version and exit.")) -> None:
     pass
-
-OUTPUT_HELP = "table (for people) or json (for scripts)"
 
 
 def _bundled(name: str) -> Path:
@@ -570,7 +568,10 @@ def sql(
     nats_url: str = typer.Option("", "--nats-url", envvar="FEDSCHED_NATS_URL",
                                  help="Ask the running system over this NATS instead of opening the store."),
     clickhouse_url: str = typer.Option("", "--clickhouse-url", envvar="FEDSCHED_CLICKHOUSE_URL"),
-    output: Output = typer.Option(Output.table, "--output", "-o", help=OUTPUT_HELP),
+    output: SqlOutput = typer.Option(SqlOutput.table, "--output", "-o",
+                                     help="table (for people), json (for scripts), csv or tsv (a header row, "
+                                          "then one line per row, quoted by the csv module; NULL empty, times "
+                                          "ISO-8601 UTC ending in Z)"),
     token: str = typer.Option("", "--token", envvar="FEDSCHED_TOKEN", show_default=False,
                               help="For a running system: an admin's token (default: <FEDSCHED_DATA_DIR or "
                                    ".fedsched>/admin.token)."),
@@ -596,6 +597,9 @@ def sql(
                          f"{len(rows)} are shown (add LIMIT/OFFSET or aggregate)"))
     if output == "json":
         console.print_json(strict_json([dict(zip(columns, r)) for r in rows]))
+        return
+    if output in ("csv", "tsv"):  # straight to stdout: no console wrapping or styling
+        delimited(columns, rows, sys.stdout, delimiter="," if output == "csv" else "\t")
         return
     table = Table(*columns)
     for r in rows:

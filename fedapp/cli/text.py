@@ -7,8 +7,11 @@ consoles have markup and emoji codes off and styling is explicit (:func:`styled`
 
 from __future__ import annotations
 
+import csv
+import datetime as dt
 import json
 import math
+import re
 
 from enum import Enum
 
@@ -73,6 +76,57 @@ class Output(str, Enum):
 
     table = "table"
     json = "json"
+
+
+class SqlOutput(str, Enum):
+    """``fedsched sql --output``: ``table`` (for people), ``json`` (for scripts), ``csv`` or
+    ``tsv`` (for spreadsheets and shell tools: :func:`delimited`)."""
+
+    table = "table"
+    json = "json"
+    csv = "csv"
+    tsv = "tsv"
+
+
+#: A time as the running system's query service sends it (``datetime.isoformat()`` in JSON):
+#: naive = UTC, or with its offset.
+_ISO_TIME = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{1,6})?([+-]\d{2}:\d{2})?")
+
+
+def cell_text(value) -> str:
+    """One result value as CSV/TSV text: NULL empty; a time as ISO-8601 UTC ending in ``Z``
+    (``2026-11-30T22:55:00.123000Z``; the store's naive times are UTC, and so are the ISO
+    strings the running system sends for them); a date ``2026-11-30``; Decimals exactly as
+    stored; booleans ``true``/``false``; arrays, tuples and maps as JSON; bytes as UTF-8 (bad
+    bytes replaced); anything else its ``str``."""
+    if value is None:
+        return ""
+    if isinstance(value, str) and _ISO_TIME.fullmatch(value):
+        value = dt.datetime.fromisoformat(value)
+    if isinstance(value, dt.datetime):
+        utc = value.astimezone(dt.UTC).replace(tzinfo=None) if value.tzinfo else value
+        return utc.isoformat() + "Z"
+    if isinstance(value, dt.date):
+        return value.isoformat()
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, tuple, dict)):
+        return strict_json(value)
+    if isinstance(value, (bytes, bytearray)):
+        return value.decode("utf-8", errors="replace")
+    return str(value)
+
+
+def delimited(columns, rows, out, *, delimiter: str = ",") -> None:
+    """Write a query result to the text stream ``out`` as CSV (``delimiter=","``) or TSV
+    (``"\\t"``): a header row of column names, then one line per row of :func:`cell_text`
+    values, quoted by the :mod:`csv` module where needed (a value holding the delimiter, a
+    quote or a line break is enclosed in double quotes, its quotes doubled); lines end in
+    ``\\n``."""
+    writer = csv.writer(out, delimiter=delimiter, lineterminator="\n", quoting=csv.QUOTE_MINIMAL)
+    writer.writerow(columns)
+    for row in rows:
+        writer.writerow([cell_text(v) for v in row])
 
 
 def _finite(value):
