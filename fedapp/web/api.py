@@ -43,13 +43,16 @@ class ApiError(Exception):
     Attributes:
         code: the gRPC status code.
         message: the server's details (for people).
+        field: the request field the server named (its ``fedsched-field`` trailer, e.g.
+            ``page_token``; "" = none).
         http_status: what the console answers (:data:`HTTP_STATUS`, else 502).
     """
 
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+    def __init__(self, code: grpc.StatusCode, message: str, field: str = "") -> None:
         super().__init__(f"{code.name}: {message}")
         self.code = code
         self.message = message
+        self.field = field
         self.http_status = HTTP_STATUS.get(code, 502)
 
 
@@ -92,7 +95,8 @@ class Api:
         try:
             return await method(request, metadata=metadata, timeout=self.config.timeout_s)
         except grpc.aio.AioRpcError as e:
-            raise ApiError(e.code(), e.details() or e.code().name) from None
+            field = next((str(v) for k, v in (e.trailing_metadata() or ()) if k == "fedsched-field"), "")
+            raise ApiError(e.code(), e.details() or e.code().name, field) from None
 
     async def list_jobs(self, token: str, request: pb.ListJobsRequest) -> pb.ListJobsResponse:
         """``JobService.ListJobs``."""

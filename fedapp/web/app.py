@@ -316,6 +316,21 @@ _TITLES = {400: "Invalid request", 403: "Not allowed", 404: "Not found", 409: "C
            503: "Unavailable", 504: "Timed out"}
 
 
+def _bad_page_token(e: ApiError, page_token: str) -> bool:
+    """The API refused the page token the link carried (INVALID_ARGUMENT naming ``page_token``)."""
+    return (bool(page_token) and e.code == grpc.StatusCode.INVALID_ARGUMENT
+            and (e.field == "page_token" or e.message.startswith("page_token:")))
+
+
+def _first_page_again(request: web.Request, e: ApiError, first_url: str) -> web.Response:
+    """The 400 page for a page token the API refused: what was wrong (invalid, or issued for
+    other filters or by an earlier server: expired), the API's own words, and a link to the
+    first page (``first_url``: this list with the same filters, no token)."""
+    return render(request, "error.html", status=400, title=_TITLES[400],
+                  message=f"The page token in this link is invalid or expired (the API says: {e.message}). "
+                          "Start again from the first page.", code=e.code.name, first_url=first_url)
+
+
 def _api(request: web.Request) -> tuple[Api, str]:
     return request.app[API_KEY], request[TOKEN_KEY]
 
@@ -399,9 +414,14 @@ async def jobs_page(request: web.Request) -> web.Response:
     req = pb.ListJobsRequest(tenant=tenant, project=project, page_size=PAGE_SIZE, page_token=q.get("page", ""),
                              states=[pb.JobState.Value("JOB_STATE_" + s.upper()) for s in states],
                              order=pb.JOB_ORDER_NEWEST_FIRST)
-    listed = await api.list_jobs(token, req)
     filters = {"state": states, "tenant": tenant, "project": project}
     base = [("state", s) for s in states] + [(k, v) for k, v in (("tenant", tenant), ("project", project)) if v]
+    try:
+        listed = await api.list_jobs(token, req)
+    except ApiError as e:
+        if _bad_page_token(e, req.page_token):
+            return _first_page_again(request, e, "/jobs" + ("?" + urlencode(base) if base else ""))
+        raise
     context = dict(jobs=listed.jobs, total=listed.total, filters=filters, states=STATES,
                    next_url=("/jobs?" + urlencode(base + [("page", listed.next_page_token)])
                              if listed.next_page_token else ""),
@@ -495,6 +515,8 @@ async def approvals_page(request: web.Request) -> web.Response:
         if listed.next_page_token:
             next_url = "/approvals?" + urlencode({"decided_page": listed.next_page_token})
     except ApiError as e:
+        if _bad_page_token(e, q.get("decided_page", "")):
+            return _first_page_again(request, e, "/approvals")
         if e.code != grpc.StatusCode.PERMISSION_DENIED:
             raise
         approver = False

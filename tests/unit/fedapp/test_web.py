@@ -48,6 +48,9 @@ class FakeApi:
     async def list_jobs(self, token, request):
         self._who(token)
         self.requests.append(request)
+        if request.page_token and not request.page_token.isdigit():  # admission's words and trailer
+            raise ApiError(grpc.StatusCode.INVALID_ARGUMENT, "page_token: not a token returned by ListJobs",
+                           "page_token")
         job = pb.Job(job_id="j-1", spec=pb.JobSpec(tenant="ads", project="train", name="<b>bold</b>"),
                      state=pb.JOB_STATE_AWAITING_APPROVAL)
         return pb.ListJobsResponse(jobs=[job], total=1)
@@ -78,6 +81,9 @@ class FakeApi:
         matching = [a for a in approvals if not states or a.state in states]
         if newest_first:
             matching.sort(key=lambda a: (-a.decided_at.seconds, a.approval_id))
+        if page_token and not page_token.isdigit():
+            raise ApiError(grpc.StatusCode.INVALID_ARGUMENT, "page_token: was issued for other filters or another "
+                           "order; repeat them, or start again without a page token", "page_token")
         start = int(page_token or 0)
         end = start + page_size
         return gpb.ListApprovalsResponse(approvals=matching[start:end], total=len(matching),
@@ -201,6 +207,33 @@ async def test_the_job_page_shows_a_proposal_awaiting_approval_and_its_verdicts(
     assert "awaiting_approval on cn-east-1 / east-c1" in page and f"<code>{APPROVAL}</code>" in page
     assert "2023-11-14 23:13:20" in page and "insufficient_free_resources" in page
     assert "has not decided" not in page
+
+
+@pytest.mark.parametrize("path, first", [
+    ("/jobs?state=queued&tenant=ads&page=bogus", "/jobs?state=queued&amp;tenant=ads"),
+    ("/jobs?page=%3Cb%3Ex", "/jobs"),
+    ("/approvals?decided_page=stale", "/approvals"),
+], ids=["jobs-with-filters", "jobs-markup-token", "approvals"])
+async def test_a_bad_page_token_is_a_400_page_that_says_why_and_links_the_first_page(client, path, first):
+    await _sign_in(client, "tok-admin")
+    r = await client.get(path)
+    page = await r.text()
+    assert r.status == 400 and r.content_type == "text/html"
+    assert "The page token in this link is invalid or expired" in page
+    assert "the API says: page_token: " in page  # the API's INVALID_ARGUMENT reason, as it gave it
+    assert f'<a href="{first}">Start again from the first page</a>' in page
+    assert "INVALID_ARGUMENT" in page and "<b>x" not in page
+
+
+async def test_another_invalid_argument_is_not_taken_for_a_bad_page_token(client):
+    async def refuse(token, request):
+        raise ApiError(grpc.StatusCode.INVALID_ARGUMENT, "tenant: unknown tenant 'zz'", "tenant")
+
+    client.fake.list_jobs = refuse
+    await _sign_in(client, "tok-admin")
+    r = await client.get("/jobs?tenant=zz&page=1")
+    page = await r.text()
+    assert r.status == 400 and "unknown tenant" in page and "Start again from the first page" not in page
 
 
 async def test_an_unknown_state_filter_is_the_consoles_400_page_with_the_text_escaped(client):
