@@ -120,7 +120,11 @@ class SystemServicer(pb_grpc.SystemServiceServicer):
       has applied (it follows the whole stream);
     * audit and billing: their durable consumers' info (``num_pending + num_ack_pending``); a
       consumer that does not exist, or that nobody has pulled from for :data:`IDLE_DOWN_S`, is
-      ``down``; their versions are not reported ("");
+      ``down``; their versions are not reported (""). Seen: 0 while a pull request of theirs
+      waits on the server (``num_waiting``: they are there now), else the age of the consumer's
+      last delivery or acknowledgement; a writer pulling with nothing to do reads ``idle, caught
+      up`` (lag 0) however long ago its last message came -- billing has work only when jobs
+      start or stop -- while one nobody pulls from shows that age and goes ``down``;
     * each agent (``agent/<region>/<cluster>``): its heartbeat age from the capacity view
       (silent longer than the freshness limit: ``down``) and its placements consumer's lag.
 
@@ -207,9 +211,14 @@ class SystemServicer(pb_grpc.SystemServiceServicer):
                 continue
             n, idle, pulling = got
             lag += n
-            parts.append(f"{durable} lag {n}")
-            if idle is not None:
-                seen.append(idle)
+            last = f"last message {idle:.0f} s ago" if idle is not None else "no message yet"
+            if pulling:  # a pull waits on the server now: the writer is there, whenever it last got work
+                seen.append(0.0)
+                parts.append(f"{durable} lag 0, idle, caught up ({last})" if n == 0 else f"{durable} lag {n}")
+            else:
+                parts.append(f"{durable} lag {n}")
+                if idle is not None:
+                    seen.append(idle)
             if not pulling and (idle is None or idle > IDLE_DOWN_S):
                 down.append(f"{durable}: nobody pulling" + (f" for {idle:.0f} s" if idle is not None else ""))
         state = "down" if down else "ok"
