@@ -498,7 +498,7 @@ def _print_submitted(items: list[tuple[pb.SubmitJobRequest, pb.SubmitJobsResult]
         if dry_run:
             console.print(styled(label, ("verdict:", "bold"), f" {resp.verdict}"))
             if resp.HasField("what_if"):
-                _print_explain(resp.what_if, title=False)
+                _print_explain(resp.what_if, title=False, spec=request.spec)
             elif resp.verdict.startswith(("accepted", "awaiting_approval")):
                 console.print("  what-if: no scheduler answered (the verdict stands; nothing was queued)")
             continue
@@ -901,21 +901,26 @@ def explain(job_id: str = typer.Argument(...), server: str = SERVER, output: Out
     """Why a job went where it went, or why it waits: every cluster's verdict and scores."""
     with Api(server, token) as api:
         resp = api.call(pb_grpc.JobServiceStub(api.channel).ExplainJob, pb.ExplainJobRequest(job_id=job_id))
-        history = [] if output == "json" else attempt_history(
-            api.call(pb_grpc.JobServiceStub(api.channel).GetJob, pb.GetJobRequest(job_id=job_id)))
+        got = None if output == "json" else api.call(pb_grpc.JobServiceStub(api.channel).GetJob,
+                                                     pb.GetJobRequest(job_id=job_id))
     if output == "json":  # every field, false ones too (fits_empty: false = can never run as asked)
         console.print_json(json.dumps(message_dict(resp, always_print_fields_with_no_presence=True)))
         return
-    _print_explain(resp)
+    history = attempt_history(got)
+    _print_explain(resp, spec=got.spec)
     if history:  # lost attempts and failovers, other interruptions, agents' reconciliation
         console.print(styled(("attempts:", "bold")))
         for line in history:
             console.print(f"  {line}", highlight=False)
 
 
-def _print_explain(resp: pb.ExplainJobResponse, *, title: bool = True) -> None:
+def _print_explain(resp: pb.ExplainJobResponse, *, title: bool = True, spec: pb.JobSpec | None = None) -> None:
     """Decisions for people (``fedsched explain``, and a dry run's what-if without ``title``):
-    per shard the outcome, summary, counterfactual and every cluster's verdict and scores."""
+    per shard the outcome, summary, counterfactual and every cluster's verdict and scores; a
+    proposal awaiting approval says who may approve it and what happens without an approval
+    (:func:`fedapp.explain.approval_wait`, with the job's tenant and home region from ``spec``)."""
+    from fedapp.explain import approval_wait
+
     if title:
         console.print(styled((resp.job_id, "bold"), f" {_state(resp.state)}"))
     for d in resp.decisions:
@@ -924,9 +929,9 @@ def _print_explain(resp: pb.ExplainJobResponse, *, title: bool = True) -> None:
                              f" queue {d.queue or '-'} policy {d.policy_version or '-'}"))
         console.print(f"  {d.summary}", highlight=False)
         if d.outcome == "awaiting_approval":  # the request is still open (an answered one keeps its id)
-            console.print(styled("  ", ("proposed, awaiting approval:", "yellow"),
-                                 f" request {safe(d.approval_id)} decides by {_ts(d.approval_expires_at)} UTC; "
-                                 "without a decision by then the job goes back to its home region's queue"),
+            console.print(styled("  ", ("awaiting approval:", "yellow"), " ", printable(approval_wait(
+                d, tenant=spec.tenant if spec else "", home_region=spec.home_region if spec else "",
+                deadline=f"{_ts(d.approval_expires_at)} UTC" if d.approval_expires_at.seconds else ""))),
                           highlight=False)
         elif d.approval_id and d.outcome.startswith("approval_"):  # approval_approved / _rejected / _expired
             console.print(styled("  ", (f"proposal {d.outcome.removeprefix('approval_')}:", "yellow"),

@@ -43,6 +43,7 @@ import jinja2
 from aiohttp import web
 from markupsafe import Markup
 
+from fedapp.explain import approval_wait
 from fedapp.reports.html import line_chart
 from fedapp.web.api import Api, ApiConfig, ApiError
 from fedapp.web.reads import Reads, cumulative
@@ -456,9 +457,13 @@ async def job_page(request: web.Request) -> web.Response:
             unreadable = f"ClickHouse did not answer: {e}"
         total_cost = sum((c.cost for c in cost), Decimal(0))
         currency = next((c.currency for c in cost if c.currency), "")
+    awaiting = {d.shard: approval_wait(d, tenant=job.spec.tenant, home_region=job.spec.home_region,
+                                       deadline=f"{_ts(d.approval_expires_at)} UTC" if d.approval_expires_at.seconds
+                                       else "")
+                for d in explain.decisions if d.outcome == "awaiting_approval"}
     return render(request, "job.html", job=job, explain=explain, reads=reads is not None, events=events,
                   event_total=event_total, cost=cost, total_cost=total_cost, currency=currency,
-                  unreadable=unreadable)
+                  unreadable=unreadable, awaiting=awaiting)
 
 
 # --------------------------------------------------------------------------- capacity

@@ -131,7 +131,8 @@ def test_explain_shows_a_proposal_awaiting_approval_with_its_request_deadline_an
     cli_jobs._print_explain(_awaiting_approval())
     text = out.getvalue()
     assert "awaiting_approval east-c1 (cn-east-1) queue training" in text
-    assert "request ap-0123456789abcdef0123 decides by 2023-11-14 23:13:20 UTC" in text
+    assert ("request ap-0123456789abcdef0123, to be approved or rejected by an approver of the job's tenant (role "
+            "approver) or an admin by 2023-11-14 23:13:20 UTC") in " ".join(text.split())  # wrapped at 200
     assert "north-c1" in text and "insufficient_free_resources" in text and "not decided" not in text
 
 

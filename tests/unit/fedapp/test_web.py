@@ -207,6 +207,10 @@ async def test_the_job_page_shows_a_proposal_awaiting_approval_and_its_verdicts(
     assert "awaiting_approval on cn-east-1 / east-c1" in page and f"<code>{APPROVAL}</code>" in page
     assert "2023-11-14 23:13:20" in page and "insufficient_free_resources" in page
     assert "has not decided" not in page
+    words = " ".join(page.split())
+    assert ("it needs a cross-region approval to run in cn-east-1 (east-c1): request " + APPROVAL + ", to be approved "
+            "or rejected by an approver of tenant ads (role approver) or an admin by 2023-11-14 23:13:20 UTC.") in words
+    assert "goes back to its home region" not in words
 
 
 @pytest.mark.parametrize("path, first", [
