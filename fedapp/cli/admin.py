@@ -271,13 +271,15 @@ def _decide(approval_id: str, comment: str, server: str, output: str, token: str
                       f"job {a.job_id} -> {a.proposed_cluster} ({a.proposed_region})")
 
 
-def approve(approval_id: str = typer.Argument(...), comment: str = typer.Option("", "--comment"),
+def approve(approval_id: str = typer.Argument(..., help="The request's id (`fedsched approvals`)."),
+            comment: str = typer.Option("", "--comment", help="Why (recorded with the decision, audited)."),
             server: str = SERVER, output: Output = OUTPUT, token: str = TOKEN):
     """Approve a cross-region request: the job may run in the proposed region."""
     _decide(approval_id, comment, server, output, token, True)
 
 
-def reject(approval_id: str = typer.Argument(...), comment: str = typer.Option("", "--comment"),
+def reject(approval_id: str = typer.Argument(..., help="The request's id (`fedsched approvals`)."),
+           comment: str = typer.Option("", "--comment", help="Why (recorded with the decision, audited)."),
            server: str = SERVER, output: Output = OUTPUT, token: str = TOKEN):
     """Reject a cross-region request: the job stays in its home region."""
     _decide(approval_id, comment, server, output, token, False)
@@ -364,7 +366,7 @@ def tenants_put(
 # ------------------------------------------------------------------ quotas
 
 
-def quota(ctx: typer.Context, tenant: str = typer.Option("", "--tenant"), server: str = SERVER,
+def quota(ctx: typer.Context, tenant: str = typer.Option("", "--tenant", help="Only this tenant's quotas."), server: str = SERVER,
           output: Output = OUTPUT, token: str = TOKEN):
     """Show quotas (guaranteed, borrowing limit, cohort, in use)."""
     if ctx.invoked_subcommand:
@@ -391,8 +393,10 @@ def quota_set(
     borrowing_limit: Optional[float] = typer.Option(None, "--borrowing-limit",
                                                     help="GPUs above nominal from the cohort (default: none "
                                                          "without a cohort, unlimited with one)."),
-    cohort: str = typer.Option("", "--cohort"),
-    expected_version: str = typer.Option("", "--expected-version"),
+    cohort: str = typer.Option("", "--cohort", help="Cohort whose members lend each other unused guaranteed GPUs "
+                                                   "(borrowing)."),
+    expected_version: str = typer.Option("", "--expected-version",
+                                         help="Refuse if the policy in force is not this version."),
     server: str = SERVER, output: Output = OUTPUT, token: str = TOKEN,
 ):
     """Create or replace a quota (admins)."""
@@ -409,9 +413,11 @@ def quota_set(
                       f"policy {resp.policy_version}")
 
 
-def quota_delete(tenant: str = typer.Argument(...), card: str = typer.Option("*", "--card"),
-                 region: str = typer.Option("*", "--region"),
-                 expected_version: str = typer.Option("", "--expected-version"),
+def quota_delete(tenant: str = typer.Argument(...),
+                 card: str = typer.Option("*", "--card", help="Card model, alias, card class or * (as set)."),
+                 region: str = typer.Option("*", "--region", help="Region or * (as set)."),
+                 expected_version: str = typer.Option("", "--expected-version",
+                                                      help="Refuse if the policy in force is not this version."),
                  server: str = SERVER, output: Output = OUTPUT, token: str = TOKEN):
     """Delete a quota (admins)."""
     with Api(server, token) as api:
@@ -432,7 +438,8 @@ def principal_put(
     role: list[str] = typer.Option(..., "--role", help="admin | submitter:T1,T2[/P1,P2] | approver:T1,T2 | "
                                                        "agent:REGION/CLUSTER (repeatable)."),
     new_token_: bool = typer.Option(False, "--new-token", help="Issue a fresh token (always for a new principal)."),
-    expected_version: str = typer.Option("", "--expected-version"),
+    expected_version: str = typer.Option("", "--expected-version",
+                                         help="Refuse if the policy in force is not this version."),
     server: str = SERVER, output: Output = OUTPUT, token: str = TOKEN,
 ):
     """Create or update a principal; a new token is printed once (only its hash is stored)."""
@@ -493,7 +500,7 @@ def policy_apply(file: Path = typer.Argument(..., help="Policy YAML (format: dep
     _changes(resp, output, "applied" if resp.applied else "")
 
 
-def policy_diff(file: Path = typer.Argument(...), server: str = SERVER, output: Output = OUTPUT,
+def policy_diff(file: Path = typer.Argument(..., help="Policy YAML (format: deploy/policy/example.yaml)."), server: str = SERVER, output: Output = OUTPUT,
                 token: str = TOKEN):
     """Show what applying FILE would change (nothing is applied)."""
     with Api(server, token) as api:

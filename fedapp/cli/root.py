@@ -39,10 +39,11 @@ def redact(url: str) -> str:
 #: ``-h`` and ``--help`` on every command (subcommands inherit the root's context settings)
 HELP_OPTIONS = {"help_option_names": ["-h", "--help"]}
 ROOT_HELP = (
-    "The fedsched command line: run the federation (up, service), replay a trace through it (replay), query its "
-    "event log (sql, report), use the job API (submit, jobs, job, explain, cancel, hold, release, priority, watch, "
-    "logs, clusters, status) and the governance API (approvals, approve, reject, tenants, quota, principal, "
-    "policy; token new).\n\n"
+    "The fedsched command line: run the federation (up, service; web for the console alone), replay a trace "
+    "through it (replay), query its event log (sql, report), use the job API (submit, jobs, job, explain, cancel, "
+    "hold, release, priority, watch, logs, clusters, status) and the governance API (approvals, approve, reject, "
+    "tenants, quota, principal, policy; token new); print the ClickHouse DDL (schema) and the topology in force "
+    "(topology show).\n\n"
     "Every setting also reads FEDSCHED_<NAME> from the environment; the gRPC address is FEDSCHED_GRPC_ADDRESS on "
     "both sides. API commands send --token / FEDSCHED_TOKEN or the embedded system's <data_dir>/admin.token.")
 #: plain help (no markup mode: what is written is what prints, wrapped to the terminal)
@@ -155,7 +156,8 @@ def up(
     no_agents: bool = typer.Option(False, "--no-agents", help="Run no agents here (they run beside their clusters)."),
     topology: Optional[Path] = typer.Option(None, "--topology", envvar="FEDSCHED_TOPOLOGY", exists=True,
                                             dir_okay=False, help=TOPOLOGY_HELP),
-    policy: str = typer.Option("federated", "--policy", help="Scheduling policy."),
+    policy: str = typer.Option("federated", "--policy",
+                               help="Scheduling policy: federated, local-only, least-loaded, cheapest or random."),
     policy_file: Optional[Path] = typer.Option(None, "--policy-file", envvar="FEDSCHED_POLICY_FILE",
                                                help="Governance policy to store at first start (default: the bundled "
                                                     "one); later: `fedsched policy apply`."),
@@ -176,7 +178,7 @@ def up(
     processes: bool = typer.Option(False, "--processes", help="Run the services as separate OS processes on the "
                                    "one NATS (admission, scheduler, audit+billing, the agents; see "
                                    "fedapp/processes.py); a process that exits stops them all (exit 1)."),
-    verbose: bool = typer.Option(False, "--verbose", "-v"),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Log at INFO level (default: warnings only)."),
 ):
     """Run the whole federation in the foreground until Ctrl-C.
 
@@ -335,22 +337,26 @@ def service(
     nats_url: str = typer.Option(..., "--nats-url", envvar="FEDSCHED_NATS_URL", help="The federation's NATS."),
     clickhouse_url: str = typer.Option("", "--clickhouse-url", envvar="FEDSCHED_CLICKHOUSE_URL",
                                        help="ClickHouse server (audit, billing); empty = chDB in --data-dir."),
-    data_dir: Path = typer.Option(Path(".fedsched"), "--data-dir", envvar="FEDSCHED_DATA_DIR"),
-    grpc_address: str = typer.Option("0.0.0.0:50051", "--grpc-address", envvar="FEDSCHED_GRPC_ADDRESS"),
+    data_dir: Path = typer.Option(Path(".fedsched"), "--data-dir", envvar="FEDSCHED_DATA_DIR",
+                                  help="Local state (the embedded chDB of audit/billing, credentials, tokens)."),
+    grpc_address: str = typer.Option("0.0.0.0:50051", "--grpc-address", envvar="FEDSCHED_GRPC_ADDRESS",
+                                     help="admission: where it serves gRPC."),
     nodes: Optional[Path] = typer.Option(None, "--nodes", help="agents: trace node list (default: bundled openb)."),
     cluster: list[str] = typer.Option([], "--cluster", help="agents: run only this cluster's agent (repeatable)."),
     topology: Optional[Path] = typer.Option(None, "--topology", envvar="FEDSCHED_TOPOLOGY", exists=True,
                                             dir_okay=False, help=TOPOLOGY_HELP),
 
-    policy: str = typer.Option("federated", "--policy", help="scheduler: policy name."),
+    policy: str = typer.Option("federated", "--policy",
+                               help="scheduler: federated, local-only, least-loaded, cheapest or random."),
     policy_file: Optional[Path] = typer.Option(None, "--policy-file", envvar="FEDSCHED_POLICY_FILE",
                                                help="Governance policy to store if NATS holds none yet."),
     tls_cert: Optional[Path] = typer.Option(None, "--tls-cert", envvar="FEDSCHED_TLS_CERT",
                                             help="admission: serve gRPC over TLS (with --tls-key)."),
-    tls_key: Optional[Path] = typer.Option(None, "--tls-key", envvar="FEDSCHED_TLS_KEY"),
+    tls_key: Optional[Path] = typer.Option(None, "--tls-key", envvar="FEDSCHED_TLS_KEY",
+                                           help="admission: PEM private key of --tls-cert."),
     tls_client_ca: Optional[Path] = typer.Option(None, "--tls-client-ca", envvar="FEDSCHED_TLS_CLIENT_CA",
                                                  help="admission: require client certificates (mTLS)."),
-    verbose: bool = typer.Option(False, "--verbose", "-v"),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Log at INFO level (default: warnings only)."),
 ):
     """Run one service against an existing NATS (the distributed deployment: one process per
     service, e.g. one container each in deploy/compose).
@@ -417,7 +423,7 @@ def service(
 @app.command()
 def schema(
     cluster: str = typer.Option("", "--cluster", help="Render the replicated variant for this ClickHouse cluster."),
-    database: str = typer.Option("fedsched", "--database"),
+    database: str = typer.Option("fedsched", "--database", help="Database the DDL creates its tables in."),
     out: Optional[Path] = typer.Option(None, "--out", help="Write here instead of printing."),
 ):
     """Print the ClickHouse DDL (all migrations), single-node or ON CLUSTER."""
@@ -465,8 +471,10 @@ def replay(
                                             help="Fresh or empty directory for this replay's NATS and ClickHouse data "
                                                  "(default: a new temporary directory, removed afterwards)."),
     report_json: Optional[Path] = typer.Option(None, "--report-json", help="Also write the report as JSON here."),
-    nats_url: str = typer.Option("", "--nats-url", envvar="FEDSCHED_NATS_URL"),
-    clickhouse_url: str = typer.Option("", "--clickhouse-url", envvar="FEDSCHED_CLICKHOUSE_URL"),
+    nats_url: str = typer.Option("", "--nats-url", envvar="FEDSCHED_NATS_URL",
+                                 help="Use this NATS instead of starting one in --data-dir."),
+    clickhouse_url: str = typer.Option("", "--clickhouse-url", envvar="FEDSCHED_CLICKHOUSE_URL",
+                                       help="Use this ClickHouse server instead of chDB in --data-dir."),
     timeout: float = typer.Option(3600.0, "--timeout", min=1.0,
                                   help="Give up after this many wall seconds: the report covers what happened, "
                                        "and the exit code is 2."),
@@ -475,7 +483,7 @@ def replay(
     metrics_port: Optional[int] = typer.Option(None, "--metrics-port", min=0, max=65535,
                                                help="Serve each service's Prometheus metrics during the replay on "
                                                     "consecutive ports from this one (0 = free ports); default off."),
-    verbose: bool = typer.Option(False, "--verbose", "-v"),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Log at INFO level (default: warnings only)."),
 ):
     """Replay a GPU cluster trace through the whole federation and print the outcome.
 
@@ -564,10 +572,13 @@ def topology_show(
 def sql(
     query: str = typer.Argument(..., help="A SELECT against database `fedsched` (tables: events, usage, decisions, "
                                           "inventory)."),
-    data_dir: Path = typer.Option(Path(".fedsched"), "--data-dir", envvar="FEDSCHED_DATA_DIR"),
+    data_dir: Path = typer.Option(Path(".fedsched"), "--data-dir", envvar="FEDSCHED_DATA_DIR",
+                                  help="Data dir of the embedded store (while `fedsched up` holds it, the "
+                                       "running system answers)."),
     nats_url: str = typer.Option("", "--nats-url", envvar="FEDSCHED_NATS_URL",
                                  help="Ask the running system over this NATS instead of opening the store."),
-    clickhouse_url: str = typer.Option("", "--clickhouse-url", envvar="FEDSCHED_CLICKHOUSE_URL"),
+    clickhouse_url: str = typer.Option("", "--clickhouse-url", envvar="FEDSCHED_CLICKHOUSE_URL",
+                                       help="Query this ClickHouse server (http://user:pw@host:8123) instead."),
     output: SqlOutput = typer.Option(SqlOutput.table, "--output", "-o",
                                      help="table (for people), json (for scripts), csv or tsv (a header row, "
                                           "then one line per row, quoted by the csv module; NULL empty, times "

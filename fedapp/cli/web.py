@@ -14,6 +14,7 @@ import signal
 
 import typer
 
+from fedapp.cli.jobs import DEFAULT_SERVER, GRPC_ENV, server_address
 from fedapp.cli.text import console, err, error_line
 from fedsched.errors import FedError
 
@@ -23,9 +24,10 @@ def register(app: typer.Typer) -> None:
 
     @app.command()
     def web(
-        grpc_target: str = typer.Option("127.0.0.1:50051", "--grpc", envvar="FEDSCHED_GRPC",
-                                        help="Admission gRPC address (host:port); TLS from FEDSCHED_TLS_CA / "
-                                             "FEDSCHED_TLS_CLIENT_CERT / FEDSCHED_TLS_CLIENT_KEY."),
+        grpc_target: str = typer.Option("", "--grpc", show_default=False, callback=lambda v: server_address(v),
+                                        help=f"Admission gRPC address, host:port (default: {GRPC_ENV}, else "
+                                             f"{DEFAULT_SERVER}, as --server of the API commands); TLS from "
+                                             "FEDSCHED_TLS_CA / FEDSCHED_TLS_CLIENT_CERT / FEDSCHED_TLS_CLIENT_KEY."),
         port: int = typer.Option(8080, "--port", envvar="FEDSCHED_WEB_PORT", min=0, max=65535,
                                  help="Port to serve on (0 = any free port)."),
         host: str = typer.Option("127.0.0.1", "--host", envvar="FEDSCHED_WEB_HOST", help="Address to listen on."),
@@ -38,7 +40,8 @@ def register(app: typer.Typer) -> None:
                                              "FEDSCHED_TOKEN, else <FEDSCHED_DATA_DIR or .fedsched>/admin.token)."),
         clickhouse_url: str = typer.Option("", "--clickhouse-url", envvar="FEDSCHED_CLICKHOUSE_URL",
                                            help="Read events and usage from this ClickHouse server instead."),
-        database: str = typer.Option("fedsched", "--database", envvar="FEDSCHED_CLICKHOUSE_DATABASE"),
+        database: str = typer.Option("fedsched", "--database", envvar="FEDSCHED_CLICKHOUSE_DATABASE",
+                                     help="ClickHouse database of the federation's tables."),
         chart_refresh: float = typer.Option(30.0, "--chart-refresh", min=1.0,
                                             help="Seconds between refreshes of the usage charts."),
     ):

@@ -116,3 +116,24 @@ def test_one_grpc_address_variable_on_both_sides(monkeypatch, capsys):
     monkeypatch.setenv(GRPC_ENV_DEPRECATED, "10.0.0.6:7000")
     assert server_address("") == "10.0.0.6:7000"
     assert f"{GRPC_ENV_DEPRECATED} is deprecated" in capsys.readouterr().err
+
+
+def test_every_option_says_what_it_is():
+    """A flag shown with only its type (``--data-dir <path>``, ``--comment <str>``) leaves the
+    reader guessing: every shown option but -h carries a help text."""
+    bare = [f"{' '.join(path)} {param.opts[0]}" for path, cmd in COMMANDS for param in cmd.params
+            if param.param_type_name == "option" and not getattr(param, "hidden", False)
+            and "--help" not in param.opts and not (param.help or "").strip()]
+    assert not bare, bare
+
+
+def test_web_reads_the_one_grpc_address_variable_like_every_api_command():
+    text = " ".join(_option_help(("web",), "--grpc").split())
+    assert f"default: {GRPC_ENV}, else 127.0.0.1:50051" in text
+    assert f"env var: {GRPC_ENV_DEPRECATED}]" not in text
+
+
+def test_root_help_names_every_command():
+    text = _help(())
+    for name in ROOT.commands:
+        assert re.search(rf"\b{re.escape(name)}\b", text.split("Commands:")[0]), name
