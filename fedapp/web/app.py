@@ -457,13 +457,17 @@ async def job_page(request: web.Request) -> web.Response:
             unreadable = f"ClickHouse did not answer: {e}"
         total_cost = sum((c.cost for c in cost), Decimal(0))
         currency = next((c.currency for c in cost if c.currency), "")
-    awaiting = {d.shard: approval_wait(d, tenant=job.spec.tenant, home_region=job.spec.home_region,
-                                       deadline=f"{_ts(d.approval_expires_at)} UTC" if d.approval_expires_at.seconds
-                                       else "")
-                for d in explain.decisions if d.outcome == "awaiting_approval"}
     return render(request, "job.html", job=job, explain=explain, reads=reads is not None, events=events,
                   event_total=event_total, cost=cost, total_cost=total_cost, currency=currency,
-                  unreadable=unreadable, awaiting=awaiting)
+                  unreadable=unreadable, awaiting=approval_texts(job, explain))
+
+
+def approval_texts(job: pb.Job, explain: pb.ExplainJobResponse) -> dict[int, str]:
+    """Shard -> what its proposal awaiting approval needs and what happens without it
+    (:func:`fedapp.explain.approval_wait`), for the job page's ``awaiting``."""
+    return {d.shard: approval_wait(d, tenant=job.spec.tenant, home_region=job.spec.home_region,
+                                   deadline=f"{_ts(d.approval_expires_at)} UTC" if d.approval_expires_at.seconds else "")
+            for d in explain.decisions if d.outcome == "awaiting_approval"}
 
 
 # --------------------------------------------------------------------------- capacity

@@ -230,8 +230,9 @@ def test_an_answered_proposal_is_no_longer_awaiting_approval():
     assert "proposal rejected: request ap-0123456789abcdef0123" in cli
     assert "Proposal rejected: request" in page and "<code>ap-0123456789abcdef0123</code>" in page
     cli, page = _rendered_explain(_fold(ev.submitted(), _approval_requested(T0 + 10)))  # still open
-    assert "proposed, awaiting approval: request ap-0123456789abcdef0123 decides by" in cli
-    assert "Proposed, awaiting approval: request" in page
+    assert "awaiting approval: needs a cross-region approval to run in cn-east-1 (east-c1): request " \
+           "ap-0123456789abcdef0123, to be approved or rejected by" in " ".join(cli.split())
+    assert "Awaiting approval (" in page and "it needs a cross-region approval to run in cn-east-1" in page
 
 
 def _rendered_explain(view) -> tuple[str, str]:
@@ -241,7 +242,7 @@ def _rendered_explain(view) -> tuple[str, str]:
 
     from fedapp.cli import jobs as cli_jobs
     from fedapp.cli.text import CliConsole
-    from fedapp.web.app import _templates
+    from fedapp.web.app import _templates, approval_texts
     from fedsched.api.v1 import jobs_pb2 as pb
     from services.admission.service import explain_to_pb
 
@@ -252,7 +253,8 @@ def _rendered_explain(view) -> tuple[str, str]:
         cli_jobs._print_explain(resp)
     finally:
         cli_jobs.console = saved
+    job = pb.Job(job_id=JOB, state=resp.state)
     page = _templates().get_template("job.html").render(
-        csrf="", signed_in=True, path=f"/jobs/{JOB}", job=pb.Job(job_id=JOB, state=resp.state), explain=resp,
+        csrf="", signed_in=True, path=f"/jobs/{JOB}", job=job, explain=resp, awaiting=approval_texts(job, resp),
         reads=False, events=[], event_total=0, cost=[], total_cost=Decimal(0), currency="", unreadable="")
     return out.getvalue(), page
