@@ -84,9 +84,11 @@ def clusters(region: list[str] = typer.Option([], "--region", help="Only this re
 
 
 def status(server: str = SERVER, output: Output = OUTPUT, token: str = TOKEN):
-    """Each service's state (ok, degraded, down), version, lag and detail: admission, the
-    scheduler (its status on the bus), audit and billing (their durable consumers), and every
-    agent (its heartbeats). Exit 1 when any service is down."""
+    """Each service's state (ok, degraded, down), version, lag, when it was last seen and detail:
+    admission, the scheduler (its status on the bus), audit and billing (their durable
+    consumers: a writer pulling with nothing to do is seen now, "idle, caught up"; one nobody
+    pulls from shows its last message's age and is down), and every agent (its heartbeats).
+    Exit 1 when any service is down."""
     with Api(server, token) as api:
         resp = api.call(pb_grpc.SystemServiceStub(api.channel).GetStatus, pb.GetStatusRequest())
     if output == "json":
