@@ -283,14 +283,16 @@ class Bus:
                 await self.js.update_stream(current.evolve(subjects=subjects, max_age=spec.max_age_s,
                                                            duplicate_window=window))
 
-    async def key_value(self, bucket: str, history: int = 1, ttl_s: float | None = None):
-        """Get or create the KV bucket ``<prefix>_<bucket>`` (created with ``replicas``, like the streams)."""
+    async def key_value(self, bucket: str, history: int = 1, ttl_s: float | None = None, *, direct: bool = False):
+        """Get or create the KV bucket ``<prefix>_<bucket>`` (created with ``replicas``, like the
+        streams; ``direct``: its stream allows direct gets, e.g. a batch get of many keys in one
+        request, :meth:`services.admission.ended.EndedJobs.get_many`)."""
         name = f"{self.prefix}_{bucket}"
         try:
             return await self.js.key_value(name)
         except nats.js.errors.BucketNotFoundError:
             return await self.js.create_key_value(api.KeyValueConfig(bucket=name, history=history, ttl=ttl_s,
-                                                                     replicas=self.replicas))
+                                                                     replicas=self.replicas, direct=direct or None))
 
     # ------------------------------------------------------------------ publishing
 

@@ -697,7 +697,11 @@ class JobServicer(pb_grpc.JobServiceServicer):
                     first_of[admitted.job_id] = i
                     accepted.append((i, admitted))
             try:
-                answers = await asyncio.gather(*(self._publish_one(a) for _, a in accepted), return_exceptions=True)
+                # idempotency: which of the keys' jobs ended and left memory, one bucket request for the batch
+                archived = await self.ended.get_many(a.job_id for _, a in accepted
+                                                     if a.rid and a.job_id not in self.view.jobs)
+                answers = await asyncio.gather(*(self._publish_one(a, archived) for _, a in accepted),
+                                               return_exceptions=True)
                 for (i, _), answer in zip(accepted, answers):
                     if isinstance(answer, FedError):
                         results[i] = _failed_item(answer)
@@ -808,11 +812,17 @@ class JobServicer(pb_grpc.JobServiceServicer):
                            regions=frozenset(self.region_names(gov) | self.view.attempt_regions.keys()),
                            clusters=frozenset(self.cluster_names() | self.view.attempt_clusters.keys()))
 
-    async def _publish_one(self, a: "_Admitted") -> pb.SubmitJobResponse:
-        """Publish an admitted submission and release its hold (the view holds the job then)."""
+    async def _publish_one(self, a: "_Admitted", looked_up: dict[str, JobRecord] | None = None
+                           ) -> pb.SubmitJobResponse:
+        """Publish an admitted submission and release its hold (the view holds the job then).
+
+        ``looked_up``: the ended-jobs store's records of the batch's keys, looked up together
+        (:meth:`EndedJobs.get_many`); None: look this one up alone."""
         try:
             if a.rid:  # a retry after its job ended and left memory (and JetStream's dedup window)
-                archived = await self._archived(a.job_id)
+                archived = (await self._archived(a.job_id) if looked_up is None
+                            else None if a.job_id in self.view.jobs
+                            else self._archive_answer(a.job_id, looked_up.get(a.job_id)))
                 if archived is not None:
                     return self._retried(archived, a.spec, a.rid, a.principal)
             if a.gov.budget(a.spec.tenant) is not None:  # across admission replicas: compare-and-set
@@ -1086,7 +1096,13 @@ class JobServicer(pb_grpc.JobServiceServicer):
         """
         if job_id in self.view.jobs:
             return None
-        rec = await self.ended.get(job_id)
+        return self._archive_answer(job_id, await self.ended.get(job_id))
+
+    def _archive_answer(self, job_id: str, rec: JobRecord | None) -> JobRecord | None:
+        """``rec``, the ended-jobs store's answer for ``job_id`` (a job not in the view).
+
+        Raises:
+            UnavailableError: no record, but the view holds the job's tombstone (it did end)."""
         if rec is None and job_id in self.view.tombstones:
             raise UnavailableError(f"job {job_id} ended and its record cannot be read now; retry")
         return rec
