@@ -413,6 +413,60 @@ class Bus:
                 out.append(PublishResult.FAILED)
         return out
 
+    async def publish_acks(self, items: Sequence[tuple[str, Envelope, dict[str, str] | None]]
+                           ) -> list[Any]:
+        """Publish several events pipelined, as :meth:`publish` publishes one, and give each
+        its acknowledgement: all are sent (``publish_async``: the client writes them out
+        together), then the acks are awaited together (within :attr:`ack_timeout_s`); one not
+        acknowledged by then, or not handed to the client, is published again alone with
+        :meth:`publish` (same ``Nats-Msg-Id``: never a second message). For a caller that needs
+        each ack's sequence and ``duplicate`` flag (admission's batch submit); otherwise see
+        :meth:`publish_many` (which dead-letters what can never be sent).
+
+        Returns:
+            Per item, in order, its :class:`~nats.js.api.PubAck` or the exception
+            :meth:`publish` would have raised for it (``PayloadTooLargeError``,
+            ``SequenceConflictError``, ``UnavailableError``, a JetStream ``APIError``). Never
+            raises for one item.
+        """
+        futures: list[Any] = []
+        datas: list[bytes] = []
+        sent: list[dict[str, str]] = []
+        for subject, event, extra in items:
+            hdrs = telemetry.event_headers(extra, f"publish {event.type}")
+            sent.append({**(extra or {}), **telemetry.trace_headers(hdrs)})  # a retry keeps the same trace
+            hdrs["Nats-Msg-Id"] = self.msg_id(subject, event)
+            data = event.to_bytes()
+            datas.append(data)
+            try:
+                self.check_size(subject, event, hdrs, data)
+                futures.append(await self.js.publish_async(subject, data, headers=hdrs))
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # noqa: BLE001 - that item's only (retried alone below unless too large)
+                futures.append(_failed(e))
+        results = await _acks(futures, self.ack_timeout_s)
+        out: list[Any] = []
+        for (subject, event, _), headers, data, result in zip(items, sent, datas, results):
+            if isinstance(result, api.PubAck):
+                _remember(result, data, event)
+                out.append(result)
+                continue
+            if isinstance(result, PayloadTooLargeError):
+                out.append(result)
+                continue
+            if isinstance(result, nats.js.errors.APIError) and result.err_code in (10071, 10164):
+                out.append(SequenceConflictError(headers.get(EXPECT_SUBJECT, subject),
+                                                 int(headers.get(EXPECT_SEQUENCE, "0") or 0)))
+                continue
+            try:
+                out.append(await self.publish(subject, event, headers=headers))
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # noqa: BLE001 - that item's outcome
+                out.append(e)
+        return out
+
     async def _refuse(self, subject: str, event: Envelope, reason: str, trace_ctx: dict[str, str]) -> PublishResult:
         """Dead-letter a message that can never be sent, on ``<prefix>.deadletter.<publisher>``,
         with ``reason`` and a small summary (event id, type, subject, job, size of its body) in

@@ -697,11 +697,7 @@ class JobServicer(pb_grpc.JobServiceServicer):
                     first_of[admitted.job_id] = i
                     accepted.append((i, admitted))
             try:
-                # idempotency: which of the keys' jobs ended and left memory, one bucket request for the batch
-                archived = await self.ended.get_many(a.job_id for _, a in accepted
-                                                     if a.rid and a.job_id not in self.view.jobs)
-                answers = await asyncio.gather(*(self._publish_one(a, archived) for _, a in accepted),
-                                               return_exceptions=True)
+                answers = await self._publish_batch([a for _, a in accepted])
                 for (i, _), answer in zip(accepted, answers):
                     if isinstance(answer, FedError):
                         results[i] = _failed_item(answer)
@@ -812,17 +808,11 @@ class JobServicer(pb_grpc.JobServiceServicer):
                            regions=frozenset(self.region_names(gov) | self.view.attempt_regions.keys()),
                            clusters=frozenset(self.cluster_names() | self.view.attempt_clusters.keys()))
 
-    async def _publish_one(self, a: "_Admitted", looked_up: dict[str, JobRecord] | None = None
-                           ) -> pb.SubmitJobResponse:
-        """Publish an admitted submission and release its hold (the view holds the job then).
-
-        ``looked_up``: the ended-jobs store's records of the batch's keys, looked up together
-        (:meth:`EndedJobs.get_many`); None: look this one up alone."""
+    async def _publish_one(self, a: "_Admitted") -> pb.SubmitJobResponse:
+        """Publish an admitted submission and release its hold (the view holds the job then)."""
         try:
             if a.rid:  # a retry after its job ended and left memory (and JetStream's dedup window)
-                archived = (await self._archived(a.job_id) if looked_up is None
-                            else None if a.job_id in self.view.jobs
-                            else self._archive_answer(a.job_id, looked_up.get(a.job_id)))
+                archived = await self._archived(a.job_id)
                 if archived is not None:
                     return self._retried(archived, a.spec, a.rid, a.principal)
             if a.gov.budget(a.spec.tenant) is not None:  # across admission replicas: compare-and-set
@@ -1008,22 +998,50 @@ class JobServicer(pb_grpc.JobServiceServicer):
             UnavailableError: the bus did not acknowledge (the message names the job and says
                 whether a retry is safe); see also :meth:`_duplicate_ack`.
         """
-        event = make_event(EventType.JOB_SUBMITTED, JobSubmitted(spec=spec, request_id=rid, submitted_by=principal.name),
-                           producer="admission", occurred_at=self.clock.time(),
-                           event_id=business_event_id(job_id, "submitted"), tenant=spec.tenant, project=spec.project,
-                           job_id=job_id, actor=principal.name, policy_version=gov.version)
+        event = self._submission_event(gov, spec, rid, principal, job_id)
         try:
             ack = await self.publisher.publish(self.subjects.job("submitted", spec.tenant, spec.project), event,
                                                headers=expect)
-        except PayloadTooLargeError as e:
-            raise ValidationError("spec", f"the job is too large for this federation's bus: its submission is "
-                                          f"{e.size} bytes, the bus carries at most {e.max_payload}") from e
-        except UnavailableError as e:  # not acknowledged: say what is known, and how to retry safely
+        except (PayloadTooLargeError, UnavailableError) as e:
+            raise self._not_published(e, spec, rid, job_id) from e
+        return await self._acknowledged(event, ack, spec, rid, principal)
+
+    def _submission_event(self, gov: Governance, spec: JobSpec, rid: str, principal: Principal,
+                          job_id: str) -> Envelope:
+        """The ``job.submitted`` event of an admitted submission (its id derived from the job id,
+        so JetStream dedupes a retried publish)."""
+        return make_event(EventType.JOB_SUBMITTED, JobSubmitted(spec=spec, request_id=rid, submitted_by=principal.name),
+                          producer="admission", occurred_at=self.clock.time(),
+                          event_id=business_event_id(job_id, "submitted"), tenant=spec.tenant, project=spec.project,
+                          job_id=job_id, actor=principal.name, policy_version=gov.version)
+
+    @staticmethod
+    def _not_published(e: Exception, spec: JobSpec, rid: str, job_id: str) -> Exception:
+        """What a submitter is told when the publish of its ``job.submitted`` failed with ``e``:
+        a :class:`ValidationError` of ``spec`` for an event larger than the bus carries, an
+        :class:`UnavailableError` naming the job and whether a retry is safe for an
+        unacknowledged one, else ``e`` itself."""
+        if isinstance(e, PayloadTooLargeError):
+            return ValidationError("spec", f"the job is too large for this federation's bus: its submission is "
+                                           f"{e.size} bytes, the bus carries at most {e.max_payload}")
+        if isinstance(e, UnavailableError):  # not acknowledged: say what is known, and how to retry safely
             retry = (f"retry with the same request_id {rid!r}: it answers with job {job_id} if it was stored and "
                      f"never makes a second one" if rid else
                      "it may still have been stored; a retry without a request_id may make a second job")
-            raise UnavailableError(f"job {job_id} was not confirmed: the bus did not acknowledge its submission "
-                                   f"({e.message}); {retry}") from e
+            return UnavailableError(f"job {job_id} was not confirmed: the bus did not acknowledge its submission "
+                                    f"({e.message}); {retry}")
+        return e
+
+    async def _acknowledged(self, event: Envelope, ack: Any, spec: JobSpec, rid: str,
+                            principal: Principal) -> pb.SubmitJobResponse:
+        """The answer to a ``job.submitted`` JetStream acknowledged: the job applied to the view
+        (a duplicate acknowledgement: :meth:`_duplicate_ack`; a job the view refuses because it
+        ended and left memory: its archived record).
+
+        Raises:
+            UnavailableError / AlreadyExistsError: see :meth:`_duplicate_ack` and :meth:`_archived`.
+        """
+        job_id = event.job_id
         if getattr(ack, "seq", None):
             self.view.note_submitted(spec.tenant, int(ack.seq))
         if getattr(ack, "duplicate", False):  # the stream already held this submission's event id
@@ -1037,6 +1055,62 @@ class JobServicer(pb_grpc.JobServiceServicer):
                                        f"now; retry")
             return self._retried(archived, spec, rid, principal)
         return pb.SubmitJobResponse(job_id=job_id, state=STATE_TO_PB[rec.state], duplicate=False)
+
+    async def _publish_batch(self, accepted: list["_Admitted"]) -> list["pb.SubmitJobResponse | BaseException"]:
+        """Publish a batch's admitted submissions (distinct job ids); per item, in order, its
+        answer or the exception :meth:`_publish_one` would raise for it. Holds are released by
+        the caller.
+
+        1. Idempotency: the keys' jobs that ended and left memory are looked up in the ended-jobs
+           store in one request (:meth:`EndedJobs.get_many`); such a retry is answered from its
+           record and publishes nothing.
+        2. Submissions of tenants without a budget are published pipelined
+           (:meth:`fedsched.bus.Bus.publish_acks`: all sent, the client writes them out
+           together, then the acks awaited together; a publisher without it -- a test's fake --
+           publishes them concurrently one by one); each acknowledgement is then handled as
+           :meth:`_publish_submission` handles its own.
+        3. Those of budgeted tenants go through the compare-and-set rounds of
+           :meth:`_submit_budgeted`, concurrently.
+        """
+        answers: list[pb.SubmitJobResponse | BaseException | None] = [None] * len(accepted)
+        looked_up = await self.ended.get_many(a.job_id for a in accepted if a.rid and a.job_id not in self.view.jobs)
+        plain: list[int] = []
+        budgeted: list[int] = []
+        for k, a in enumerate(accepted):
+            try:
+                if a.rid and a.job_id not in self.view.jobs:
+                    archived = self._archive_answer(a.job_id, looked_up.get(a.job_id))
+                    if archived is not None:
+                        answers[k] = self._retried(archived, a.spec, a.rid, a.principal)
+                        continue
+            except FedError as e:
+                answers[k] = e
+                continue
+            (budgeted if a.gov.budget(a.spec.tenant) is not None else plain).append(k)
+        events = [self._submission_event(a.gov, a.spec, a.rid, a.principal, a.job_id)
+                  for a in (accepted[k] for k in plain)]
+        items = [(self.subjects.job("submitted", e.tenant, e.project), e, None) for e in events]
+        budget_answers = asyncio.gather(*(self._submit_budgeted(a.gov, a.spec, a.rid, a.principal, a.job_id,
+                                                                set(a.regions))
+                                          for a in (accepted[k] for k in budgeted)), return_exceptions=True)
+        publish_acks = getattr(self.publisher, "publish_acks", None)
+        if publish_acks is not None:
+            acks = await publish_acks(items) if items else []
+        else:
+            acks = await asyncio.gather(*(self.publisher.publish(s, e, headers=h) for s, e, h in items),
+                                        return_exceptions=True)
+        for k, event, ack in zip(plain, events, acks):
+            a = accepted[k]
+            if isinstance(ack, BaseException):
+                answers[k] = self._not_published(ack, a.spec, a.rid, a.job_id)
+                continue
+            try:
+                answers[k] = await self._acknowledged(event, ack, a.spec, a.rid, a.principal)
+            except Exception as e:  # noqa: BLE001 - that item's answer (the caller raises what is not a FedError)
+                answers[k] = e
+        for k, answer in zip(budgeted, await budget_answers):
+            answers[k] = answer
+        return answers
 
     async def _duplicate_ack(self, event: Envelope, ack: Any, spec: JobSpec, rid: str,
                              principal: Principal) -> pb.SubmitJobResponse:
