@@ -1720,9 +1720,13 @@ class AdmissionService:
 
     def _on_event(self, d: Delivery):
         route = ADMISSION_EVENTS.route(d.envelope.type)  # unknown types: counted by the job view
-        if route is not None and d.subject and check_subject(self.bus.prefix, d.subject, d.envelope) is not None:
+        if d.subject and check_subject(self.bus.prefix, d.subject, d.envelope) is not None:
             route = None  # a type that does not belong on its subject: the job view refuses it (issue 14)
-        (route or AdmissionService._to_view)(self, d)
+            self.view.apply_delivery(d)
+        elif route is None:
+            self.view.apply_delivery(d, subject_checked=True)  # (checked once, just above)
+        else:
+            route(self, d)
         if self.view.rejections:  # refused by the trust checks: dead letter + security record
             return self._publish_rejections()
         return None
