@@ -46,7 +46,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterator, NamedTuple
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from fedsched.bounded import RecentDict
 from fedsched.bus import Delivery
@@ -74,10 +74,19 @@ class PlacedFields(BaseModel):
     explanation: str = ""
     cross_region: bool = False
     shard: int = 0
-    evaluations: tuple[dict[str, Any], ...] = ()
+    evaluations: tuple[Any, ...] = ()  #: each a dict (checked, not copied: see _dicts)
     queue: str = ""
     counterfactual: str = ""
     fencing_token: int = Field(default=0, ge=0)
+
+    @field_validator("evaluations")
+    @classmethod
+    def _dicts(cls, v: tuple[Any, ...]) -> tuple[Any, ...]:
+        """Every evaluation is an object (as ``JobPlaced`` types them), checked without
+        rebuilding each dict (one per cluster considered: the bulk of a placement's fields)."""
+        if not all(isinstance(e, dict) for e in v):
+            raise ValueError("every evaluation must be an object")
+        return v
 
 
 #: The active scheduler's orders (fenced by its lease's token) and the payloads the view reads.
@@ -426,10 +435,24 @@ class JobView:
         if fold is not None:
             fold(self, env)
 
-    def _on_submitted(self, env: Envelope) -> None:
+    def apply_own_submission(self, env: Envelope, sub: JobSubmitted) -> None:
+        """Fold this admission's own ``job.submitted`` ``env`` (just acknowledged by the
+        stream), whose payload is ``sub``, the model it was built from: the same as
+        :meth:`apply`, without parsing back the payload (the spec validated once, at submit).
+        The follower's later copy of the event changes nothing (folds are idempotent).
+
+        Raises:
+            ValueError: ``env`` is not a ``job.submitted`` (a programming error).
+        """
+        if env.type != EventType.JOB_SUBMITTED:
+            raise ValueError(f"not a job.submitted: {env.type}")
+        self._on_submitted(env, sub)
+
+    def _on_submitted(self, env: Envelope, sub: JobSubmitted | None = None) -> None:
         if env.job_id in self.jobs or env.job_id in self.tombstones:
             return
-        sub = env.payload_as(JobSubmitted)
+        if sub is None:
+            sub = env.payload_as(JobSubmitted)
         rec = JobRecord(env.job_id, sub.spec, env.occurred_at.timestamp(), sub.submitted_by, sub.request_id,
                         shards=[ShardRecord(i) for i in range(sub.spec.shards)])
         self.jobs[env.job_id] = rec

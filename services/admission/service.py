@@ -1025,22 +1025,22 @@ class JobServicer(pb_grpc.JobServiceServicer):
             UnavailableError: the bus did not acknowledge (the message names the job and says
                 whether a retry is safe); see also :meth:`_duplicate_ack`.
         """
-        event = self._submission_event(gov, spec, rid, principal, job_id)
+        event, sub = self._submission_event(gov, spec, rid, principal, job_id)
         try:
             ack = await self.publisher.publish(self.subjects.job("submitted", spec.tenant, spec.project), event,
                                                headers=expect)
         except (PayloadTooLargeError, UnavailableError) as e:
             raise self._not_published(e, spec, rid, job_id) from e
-        return await self._acknowledged(event, ack, spec, rid, principal)
+        return await self._acknowledged(event, sub, ack, spec, rid, principal)
 
     def _submission_event(self, gov: Governance, spec: JobSpec, rid: str, principal: Principal,
-                          job_id: str) -> Envelope:
+                          job_id: str) -> tuple[Envelope, JobSubmitted]:
         """The ``job.submitted`` event of an admitted submission (its id derived from the job id,
-        so JetStream dedupes a retried publish)."""
-        return make_event(EventType.JOB_SUBMITTED, JobSubmitted(spec=spec, request_id=rid, submitted_by=principal.name),
-                          producer="admission", occurred_at=self.clock.time(),
+        so JetStream dedupes a retried publish) and its payload model."""
+        sub = JobSubmitted(spec=spec, request_id=rid, submitted_by=principal.name)
+        return make_event(EventType.JOB_SUBMITTED, sub, producer="admission", occurred_at=self.clock.time(),
                           event_id=business_event_id(job_id, "submitted"), tenant=spec.tenant, project=spec.project,
-                          job_id=job_id, actor=principal.name, policy_version=gov.version)
+                          job_id=job_id, actor=principal.name, policy_version=gov.version), sub
 
     @staticmethod
     def _not_published(e: Exception, spec: JobSpec, rid: str, job_id: str) -> Exception:
@@ -1059,11 +1059,11 @@ class JobServicer(pb_grpc.JobServiceServicer):
                                     f"({e.message}); {retry}")
         return e
 
-    async def _acknowledged(self, event: Envelope, ack: Any, spec: JobSpec, rid: str,
+    async def _acknowledged(self, event: Envelope, sub: JobSubmitted, ack: Any, spec: JobSpec, rid: str,
                             principal: Principal) -> pb.SubmitJobResponse:
-        """The answer to a ``job.submitted`` JetStream acknowledged: the job applied to the view
-        (a duplicate acknowledgement: :meth:`_duplicate_ack`; a job the view refuses because it
-        ended and left memory: its archived record).
+        """The answer to a ``job.submitted`` JetStream acknowledged (``sub``: its payload
+        model): the job applied to the view (a duplicate acknowledgement: :meth:`_duplicate_ack`;
+        a job the view refuses because it ended and left memory: its archived record).
 
         Raises:
             UnavailableError / AlreadyExistsError: see :meth:`_duplicate_ack` and :meth:`_archived`.
@@ -1073,7 +1073,7 @@ class JobServicer(pb_grpc.JobServiceServicer):
             self.view.note_submitted(spec.tenant, int(ack.seq))
         if getattr(ack, "duplicate", False):  # the stream already held this submission's event id
             return await self._duplicate_ack(event, ack, spec, rid, principal)
-        self.view.apply(event)
+        self.view.apply_own_submission(event, sub)
         rec = self.view.jobs.get(job_id)
         if rec is None:  # the view refused it: the job ended and left memory (a tombstone)
             archived = await self._archived(job_id)
@@ -1116,7 +1116,7 @@ class JobServicer(pb_grpc.JobServiceServicer):
             (budgeted if a.gov.budget(a.spec.tenant) is not None else plain).append(k)
         events = [self._submission_event(a.gov, a.spec, a.rid, a.principal, a.job_id)
                   for a in (accepted[k] for k in plain)]
-        items = [(self.subjects.job("submitted", e.tenant, e.project), e, None) for e in events]
+        items = [(self.subjects.job("submitted", e.tenant, e.project), e, None) for e, _ in events]
         budget_answers = asyncio.gather(*(self._submit_budgeted(a.gov, a.spec, a.rid, a.principal, a.job_id,
                                                                 set(a.regions))
                                           for a in (accepted[k] for k in budgeted)), return_exceptions=True)
@@ -1126,13 +1126,13 @@ class JobServicer(pb_grpc.JobServiceServicer):
         else:
             acks = await asyncio.gather(*(self.publisher.publish(s, e, headers=h) for s, e, h in items),
                                         return_exceptions=True)
-        for k, event, ack in zip(plain, events, acks):
+        for k, (event, sub), ack in zip(plain, events, acks):
             a = accepted[k]
             if isinstance(ack, BaseException):
                 answers[k] = self._not_published(ack, a.spec, a.rid, a.job_id)
                 continue
             try:
-                answers[k] = await self._acknowledged(event, ack, a.spec, a.rid, a.principal)
+                answers[k] = await self._acknowledged(event, sub, ack, a.spec, a.rid, a.principal)
             except Exception as e:  # noqa: BLE001 - that item's answer (the caller raises what is not a FedError)
                 answers[k] = e
         for k, answer in zip(budgeted, await budget_answers):

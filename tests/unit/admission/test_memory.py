@@ -143,7 +143,8 @@ def test_a_one_shard_jobs_state_follows_the_same_rules_as_a_job_of_several_shard
 def test_the_view_folds_a_placement_reading_only_its_own_fields_and_still_refuses_a_malformed_one():
     """Issue 15: a ``job.placed`` read from the stream is folded with the few fields the view
     keeps (:class:`PlacedFields`), not the full ``JobPlaced`` with its spec and bindings; a
-    payload without bindings, or with a negative fencing token, is still not one."""
+    payload without bindings, with a negative fencing token or an evaluation that is not an
+    object, is still not one."""
     job = make_spec()
     view = JobView()
     view.apply(submitted("j-1", job, 1000.0))
@@ -153,7 +154,8 @@ def test_the_view_folds_a_placement_reading_only_its_own_fields_and_still_refuse
     assert view.jobs["j-1"].state == JobState.PLACED and view.highest_token == 3
     parsed = wire.__dict__["_payload_cache"][1]
     assert PlacedFields in parsed and JobPlaced not in parsed  # the spec was not validated again
-    for broken in ({k: v for k, v in wire.payload.items() if k != "bindings"}, {**wire.payload, "fencing_token": -1}):
+    for broken in ({k: v for k, v in wire.payload.items() if k != "bindings"}, {**wire.payload, "fencing_token": -1},
+                   {**wire.payload, "evaluations": [{"cluster": "c1"}, "not an object"]}):
         with pytest.raises(DecodeError):
             wire.model_copy(update={"payload": broken}).payload_as(PlacedFields)
 

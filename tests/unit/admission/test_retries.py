@@ -378,10 +378,24 @@ async def test_a_batch_item_acknowledged_as_a_duplicate_is_answered_as_its_store
     servicer = _servicer(stream)
     servicer.stored_event = stream.read
     first = servicer._admit(_request("r1"), ROOT)
-    stored = servicer._submission_event(first.gov, first.spec, first.rid, ROOT, first.job_id)
+    stored, _ = servicer._submission_event(first.gov, first.spec, first.rid, ROOT, first.job_id)
     stream.stored.append(stored.model_copy(update={"occurred_at": stored.occurred_at.replace(year=2020)}))
     resp = await servicer.SubmitJobs(pb.SubmitJobsRequest(items=[_request("r0"), _request("r1")]), _Context())
     assert stream.batches == [2]
     assert [r.code for r in resp.results] == [0, 0]
     assert (resp.results[1].response.job_id, resp.results[1].response.duplicate) == (first.job_id, True)
     assert not resp.results[0].response.duplicate
+
+
+async def test_a_submission_is_folded_into_the_view_from_its_own_payload_model_not_parsed_back():
+    """Convert and validate once (issue 15): the view's record of a submitted job holds the
+    spec admission validated, and the published event's payload is never parsed back into a
+    ``JobSubmitted`` (no second JobSpec validation) -- for a batch and for a single submit."""
+    stream = _PipelinedStream()
+    servicer = _servicer(stream)
+    resp = await servicer.SubmitJobs(pb.SubmitJobsRequest(items=[_request("r0"), _request("r1")]), _Context())
+    single = await servicer.SubmitJob(_request("r2"), _Context())
+    for job_id in [r.response.job_id for r in resp.results] + [single.job_id]:
+        event = next(e for e in stream.stored if e.job_id == job_id)
+        assert "_payload_cache" not in event.__dict__, "the payload was parsed again"
+        assert servicer.view.jobs[job_id].spec == event.payload_as(JobSubmitted).spec
