@@ -49,6 +49,8 @@ log = logging.getLogger(__name__)
 BUCKET = "jobs_ended"  #: KV bucket suffix (``<prefix>_jobs_ended``)
 #: keys per batch direct get (the server takes at most 1024 subjects per ``multi_last``)
 BATCH_KEYS = 256
+#: after a batch get went unanswered (or failed), ask key by key for this long (seconds)
+BATCH_RETRY_S = 60.0
 CODEC_VERSION = 2
 _KEY = re.compile(r"^[-_=.a-zA-Z0-9]{1,64}$")  # a job id usable as a KV key (ours: j- and 20 hex characters)
 
@@ -155,6 +157,9 @@ class EndedJobs:
         self.lookups = 0
         #: batch direct gets work on this bucket (None: not tried yet; False: asked key by key)
         self.batch_gets: bool | None = None
+        #: loop time before which batches are not tried after one went unanswered (a request
+        #: the server never answers, e.g. one it does not permit, would hold every call)
+        self._batch_retry_at = 0.0
 
     def put(self, rec: JobRecord) -> None:
         """Queue ``rec`` (a job leaving the view) for the bucket; O(size of the record)."""
@@ -229,7 +234,7 @@ class EndedJobs:
             log.warning("ended jobs: %s: %s", job_id, e)
             return None
 
-    async def get_many(self, job_ids: Iterable[str], timeout_s: float = 5.0) -> dict[str, JobRecord]:
+    async def get_many(self, job_ids: Iterable[str], timeout_s: float = 2.0) -> dict[str, JobRecord]:
         """The records of those of ``job_ids`` that ended and left the view (absent: unknown or
         unreadable), as :meth:`get` answers each, in one bucket request per :data:`BATCH_KEYS`
         ids (module docstring); pending records are answered from memory.
@@ -250,8 +255,9 @@ class EndedJobs:
                 ask.append(job_id)
         for i in range(0, len(ask), BATCH_KEYS):
             chunk = ask[i:i + BATCH_KEYS]
-            values = await self._batch_get(chunk, timeout_s) if self.batch_gets is not False else None
-            if values is None:  # no batch gets here: key by key, at once
+            batch = self.batch_gets is not False and asyncio.get_running_loop().time() >= self._batch_retry_at
+            values = await self._batch_get(chunk, timeout_s) if batch else None
+            if values is None:  # no batch gets here (or for now): key by key, at once
                 records = await asyncio.gather(*(self.get(job_id) for job_id in chunk))
                 found.update((job_id, rec) for job_id, rec in zip(chunk, records) if rec is not None)
                 continue
@@ -300,7 +306,9 @@ class EndedJobs:
             finally:
                 await sub.unsubscribe()
         except Exception as e:  # noqa: BLE001 - an outage or a timeout: the caller asks key by key (and logs)
-            log.warning("ended jobs: batch get of %d keys failed: %r", len(job_ids), e)
+            log.warning("ended jobs: batch get of %d keys failed (%r); key by key for %g s", len(job_ids), e,
+                        BATCH_RETRY_S)
+            self._batch_retry_at = asyncio.get_running_loop().time() + BATCH_RETRY_S
             return None
 
     @staticmethod

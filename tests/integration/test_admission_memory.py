@@ -14,8 +14,10 @@ from fedsched.api.v1 import jobs_pb2 as pb
 from fedsched.api.v1 import jobs_pb2_grpc as pb_grpc
 from fedsched.clock import SystemClock
 from fedsched.jobs import JobSpec
+from services.admission.ended import BUCKET, EndedJobs, encode_record
+from services.admission.jobview import JobRecord, ShardRecord
 from services.admission.service import AdmissionService
-from tests.builders import channel, placement, policy_doc, status_event, store_policy, until
+from tests.builders import channel, placement, policy_doc, spec, status_event, store_policy, until
 
 REGION, CLUSTER = "cn-north-1", "cn-north-1-c1"
 
@@ -162,3 +164,17 @@ async def test_a_batch_asks_the_bucket_once_and_a_retried_key_of_a_job_gone_from
     finally:
         again.stop()
         await task
+
+
+async def test_a_bucket_made_before_it_allowed_direct_gets_is_asked_key_by_key_with_the_same_answers(bus):
+    """An ended-jobs bucket created by an older build (no ``allow_direct``) refuses batch
+    direct gets: the store notices once and asks key by key -- the same records found."""
+    kv = await bus.key_value(BUCKET)  # without direct gets, as before issue 15
+    rec = JobRecord("j-00000000000000000001", spec(), 1.0, "root", "r1", shards=[ShardRecord(0)])
+    await kv.put(rec.job_id, encode_record(rec))
+    ended = EndedJobs(bus)
+    found = await ended.get_many([rec.job_id, "j-00000000000000000002"])
+    assert list(found) == [rec.job_id] and found[rec.job_id].request_id == "r1"
+    assert ended.batch_gets is False and ended.lookups == 1 + 2  # the refused batch, then one get per key
+    found = await ended.get_many([rec.job_id])
+    assert list(found) == [rec.job_id] and ended.lookups == 3 + 1  # no batch tried again
