@@ -283,14 +283,16 @@ class Bus:
                 await self.js.update_stream(current.evolve(subjects=subjects, max_age=spec.max_age_s,
                                                            duplicate_window=window))
 
-    async def key_value(self, bucket: str, history: int = 1, ttl_s: float | None = None):
-        """Get or create the KV bucket ``<prefix>_<bucket>`` (created with ``replicas``, like the streams)."""
+    async def key_value(self, bucket: str, history: int = 1, ttl_s: float | None = None, *, direct: bool = False):
+        """Get or create the KV bucket ``<prefix>_<bucket>`` (created with ``replicas``, like the
+        streams; ``direct``: its stream allows direct gets, e.g. a batch get of many keys in one
+        request, :meth:`services.admission.ended.EndedJobs.get_many`)."""
         name = f"{self.prefix}_{bucket}"
         try:
             return await self.js.key_value(name)
         except nats.js.errors.BucketNotFoundError:
             return await self.js.create_key_value(api.KeyValueConfig(bucket=name, history=history, ttl=ttl_s,
-                                                                     replicas=self.replicas))
+                                                                     replicas=self.replicas, direct=direct or None))
 
     # ------------------------------------------------------------------ publishing
 
@@ -409,6 +411,60 @@ class Bus:
             except Exception as e:  # noqa: BLE001 - never let one message fail the batch
                 log.warning("publish of %s %s to %s failed: %r", event.type, event.event_id, subject, e)
                 out.append(PublishResult.FAILED)
+        return out
+
+    async def publish_acks(self, items: Sequence[tuple[str, Envelope, dict[str, str] | None]]
+                           ) -> list[Any]:
+        """Publish several events pipelined, as :meth:`publish` publishes one, and give each
+        its acknowledgement: all are sent (``publish_async``: the client writes them out
+        together), then the acks are awaited together (within :attr:`ack_timeout_s`); one not
+        acknowledged by then, or not handed to the client, is published again alone with
+        :meth:`publish` (same ``Nats-Msg-Id``: never a second message). For a caller that needs
+        each ack's sequence and ``duplicate`` flag (admission's batch submit); otherwise see
+        :meth:`publish_many` (which dead-letters what can never be sent).
+
+        Returns:
+            Per item, in order, its :class:`~nats.js.api.PubAck` or the exception
+            :meth:`publish` would have raised for it (``PayloadTooLargeError``,
+            ``SequenceConflictError``, ``UnavailableError``, a JetStream ``APIError``). Never
+            raises for one item.
+        """
+        futures: list[Any] = []
+        datas: list[bytes] = []
+        sent: list[dict[str, str]] = []
+        for subject, event, extra in items:
+            hdrs = telemetry.event_headers(extra, f"publish {event.type}")
+            sent.append({**(extra or {}), **telemetry.trace_headers(hdrs)})  # a retry keeps the same trace
+            hdrs["Nats-Msg-Id"] = self.msg_id(subject, event)
+            data = event.to_bytes()
+            datas.append(data)
+            try:
+                self.check_size(subject, event, hdrs, data)
+                futures.append(await self.js.publish_async(subject, data, headers=hdrs))
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # noqa: BLE001 - that item's only (retried alone below unless too large)
+                futures.append(_failed(e))
+        results = await _acks(futures, self.ack_timeout_s)
+        out: list[Any] = []
+        for (subject, event, _), headers, data, result in zip(items, sent, datas, results):
+            if isinstance(result, api.PubAck):
+                _remember(result, data, event)
+                out.append(result)
+                continue
+            if isinstance(result, PayloadTooLargeError):
+                out.append(result)
+                continue
+            if isinstance(result, nats.js.errors.APIError) and result.err_code in (10071, 10164):
+                out.append(SequenceConflictError(headers.get(EXPECT_SUBJECT, subject),
+                                                 int(headers.get(EXPECT_SEQUENCE, "0") or 0)))
+                continue
+            try:
+                out.append(await self.publish(subject, event, headers=headers))
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # noqa: BLE001 - that item's outcome
+                out.append(e)
         return out
 
     async def _refuse(self, subject: str, event: Envelope, reason: str, trace_ctx: dict[str, str]) -> PublishResult:

@@ -18,6 +18,14 @@ admission's snapshot (:mod:`services.admission.snapshot`).
 Writes are asynchronous: :meth:`EndedJobs.put` is called from the view's fold (synchronous),
 keeps the encoded record in :attr:`EndedJobs.pending` (where :meth:`EndedJobs.get` finds it too)
 and :meth:`EndedJobs.flush` writes what is pending; a failed write stays pending.
+
+Idempotency asks the bucket about every new submission that carries a request id (was its job
+archived?). A batch (SubmitJobs) asks about all of its ids in one request: JetStream's batch
+direct get (``multi_last`` on ``$JS.API.DIRECT.GET.<stream>``, nats-server >= 2.11, on a bucket
+created with ``allow_direct``), answered by the records found and an end-of-batch status -- so
+the common case of all-new ids costs one round trip per call, not one per item, and the answer
+is the bucket's own (the same across replicas and restarts). A bucket created before it
+allowed direct gets (or an older server) is asked key by key, as before.
 """
 
 from __future__ import annotations
@@ -28,7 +36,7 @@ import logging
 import re
 import zlib
 from dataclasses import MISSING, fields
-from typing import Any
+from typing import Any, Iterable
 
 import nats.js.errors
 
@@ -39,6 +47,10 @@ from services.admission.jobview import AttemptRecord, Decision, JobRecord, Shard
 log = logging.getLogger(__name__)
 
 BUCKET = "jobs_ended"  #: KV bucket suffix (``<prefix>_jobs_ended``)
+#: keys per batch direct get (the server takes at most 1024 subjects per ``multi_last``)
+BATCH_KEYS = 256
+#: after a batch get went unanswered (or failed), ask key by key for this long (seconds)
+BATCH_RETRY_S = 60.0
 CODEC_VERSION = 2
 _KEY = re.compile(r"^[-_=.a-zA-Z0-9]{1,64}$")  # a job id usable as a KV key (ours: j- and 20 hex characters)
 
@@ -140,6 +152,14 @@ class EndedJobs:
         self.written = 0  #: records written to the bucket so far
         self._kv = None
         self._wake = asyncio.Event()
+        #: requests sent to the bucket by :meth:`get` / :meth:`get_many` (one per batch, or
+        #: per key where batches are not possible): the idempotency lookups' round trips
+        self.lookups = 0
+        #: batch direct gets work on this bucket (None: not tried yet; False: asked key by key)
+        self.batch_gets: bool | None = None
+        #: loop time before which batches are not tried after one went unanswered (a request
+        #: the server never answers, e.g. one it does not permit, would hold every call)
+        self._batch_retry_at = 0.0
 
     def put(self, rec: JobRecord) -> None:
         """Queue ``rec`` (a job leaving the view) for the bucket; O(size of the record)."""
@@ -148,7 +168,7 @@ class EndedJobs:
 
     async def _bucket(self):
         if self._kv is None:
-            self._kv = await self.bus.key_value(BUCKET)
+            self._kv = await self.bus.key_value(BUCKET, direct=True)
         return self._kv
 
     async def flush(self) -> int:
@@ -197,6 +217,7 @@ class EndedJobs:
         if data is None:
             if self.bus is None or not _KEY.match(job_id):
                 return None
+            self.lookups += 1
             try:
                 entry = await (await self._bucket()).get(job_id)
             except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
@@ -207,6 +228,91 @@ class EndedJobs:
             data = entry.value
             if not data:
                 return None
+        try:
+            return decode_record(data)
+        except ValueError as e:
+            log.warning("ended jobs: %s: %s", job_id, e)
+            return None
+
+    async def get_many(self, job_ids: Iterable[str], timeout_s: float = 2.0) -> dict[str, JobRecord]:
+        """The records of those of ``job_ids`` that ended and left the view (absent: unknown or
+        unreadable), as :meth:`get` answers each, in one bucket request per :data:`BATCH_KEYS`
+        ids (module docstring); pending records are answered from memory.
+
+        Raises:
+            nothing: a bus error or a corrupt value is logged and reads as not found (the
+                caller tells an archived job from a new one by the view's tombstones).
+        """
+        found: dict[str, JobRecord] = {}
+        ask: list[str] = []
+        for job_id in dict.fromkeys(job_ids):
+            data = self.pending.get(job_id)
+            if data is not None:
+                rec = self._decoded(job_id, data)
+                if rec is not None:
+                    found[job_id] = rec
+            elif self.bus is not None and _KEY.match(job_id):
+                ask.append(job_id)
+        for i in range(0, len(ask), BATCH_KEYS):
+            chunk = ask[i:i + BATCH_KEYS]
+            batch = self.batch_gets is not False and asyncio.get_running_loop().time() >= self._batch_retry_at
+            values = await self._batch_get(chunk, timeout_s) if batch else None
+            if values is None:  # no batch gets here (or for now): key by key, at once
+                records = await asyncio.gather(*(self.get(job_id) for job_id in chunk))
+                found.update((job_id, rec) for job_id, rec in zip(chunk, records) if rec is not None)
+                continue
+            for job_id, data in values.items():
+                rec = self._decoded(job_id, data)
+                if rec is not None:
+                    found[job_id] = rec
+        return found
+
+    async def _batch_get(self, job_ids: list[str], timeout_s: float) -> dict[str, bytes] | None:
+        """job id -> stored value of those of ``job_ids`` (valid keys) the bucket holds, by one
+        batch direct get; None when the bucket or server cannot answer batches (remembered in
+        :attr:`batch_gets`) or the bus failed (logged: the caller asks key by key)."""
+        try:
+            await self._bucket()  # created (allowing direct gets) if it is not there yet
+        except Exception as e:  # noqa: BLE001 - the bus may be down; the caller's gets log it too
+            log.warning("ended jobs: bucket unavailable: %s", e)
+            return None
+        nc = self.bus.nc
+        stream = f"KV_{self.bus.prefix}_{BUCKET}"
+        prefix = f"$KV.{self.bus.prefix}_{BUCKET}."
+        body = json.dumps({"multi_last": [prefix + j for j in job_ids], "batch": len(job_ids)},
+                          separators=(",", ":")).encode()
+        inbox = nc.new_inbox()
+        self.lookups += 1
+        values: dict[str, bytes] = {}
+        try:
+            sub = await nc.subscribe(inbox)
+            try:
+                await nc.publish(f"$JS.API.DIRECT.GET.{stream}", body, reply=inbox)
+                deadline = asyncio.get_running_loop().time() + timeout_s
+                while True:
+                    msg = await sub.next_msg(timeout=max(0.001, deadline - asyncio.get_running_loop().time()))
+                    headers = msg.headers or {}
+                    status = headers.get("Status")
+                    if status in ("204", "404"):  # end of batch / none of the keys
+                        return values
+                    if status:  # e.g. 503: the stream does not allow direct gets
+                        log.info("ended jobs: batch get not answered (%s %s); asking key by key", status,
+                                 headers.get("Description", ""))
+                        self.batch_gets = False
+                        return None
+                    subject = headers.get("Nats-Subject", "")
+                    if subject.startswith(prefix) and headers.get("KV-Operation") not in ("DEL", "PURGE") and msg.data:
+                        values[subject[len(prefix):]] = msg.data
+            finally:
+                await sub.unsubscribe()
+        except Exception as e:  # noqa: BLE001 - an outage or a timeout: the caller asks key by key (and logs)
+            log.warning("ended jobs: batch get of %d keys failed (%r); key by key for %g s", len(job_ids), e,
+                        BATCH_RETRY_S)
+            self._batch_retry_at = asyncio.get_running_loop().time() + BATCH_RETRY_S
+            return None
+
+    @staticmethod
+    def _decoded(job_id: str, data: bytes) -> JobRecord | None:
         try:
             return decode_record(data)
         except ValueError as e:

@@ -46,19 +46,51 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterator, NamedTuple
 
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
 from fedsched.bounded import RecentDict
 from fedsched.bus import Delivery
 from fedsched.dispatch import EventTable, SkippedTypes
 from fedsched.events import (ApprovalDecided, ApprovalRequested, Envelope, EventType, JobCancelRequested, JobHeld,
-                             JobPending, JobPlaced, JobPriorityChanged, JobStatus, JobStop, JobSubmitted)
+                             JobPending, JobPriorityChanged, JobStatus, JobStop, JobSubmitted)
 from fedsched.jobs import TERMINAL_STATES, AttemptState, JobSpec, JobState, StopReason
 from fedsched.lease import Tenure, stale_order
 from fedsched.trust import ATTEMPT_STATUSES, PlacedAttempt, Rejection, check_placement, check_subject
 
 log = logging.getLogger(__name__)
 
-#: The active scheduler's orders (fenced by its lease's token) and their payloads.
-_ORDERS = {EventType.JOB_PLACED: JobPlaced, EventType.JOB_STOP: JobStop}
+class PlacedFields(BaseModel):
+    """What the job view reads of a ``job.placed`` payload (:class:`~fedsched.events.JobPlaced`):
+    these fields, validated as ``JobPlaced`` types them; the spec and the worker bindings (the
+    bulk of the payload, and what an agent needs) must be present but are not decoded here --
+    the view keeps the spec of the job's ``job.submitted``. Issue 15: the full ``JobPlaced``
+    parse was the largest part of admission's cost per placement."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    spec: Any
+    bindings: Any
+    card_model: str = ""
+    explanation: str = ""
+    cross_region: bool = False
+    shard: int = 0
+    evaluations: tuple[Any, ...] = ()  #: each a dict (checked, not copied: see _dicts)
+    queue: str = ""
+    counterfactual: str = ""
+    fencing_token: int = Field(default=0, ge=0)
+
+    @field_validator("evaluations")
+    @classmethod
+    def _dicts(cls, v: tuple[Any, ...]) -> tuple[Any, ...]:
+        """Every evaluation is an object (as ``JobPlaced`` types them), checked without
+        rebuilding each dict (one per cluster considered: the bulk of a placement's fields)."""
+        if not all(isinstance(e, dict) for e in v):
+            raise ValueError("every evaluation must be an object")
+        return v
+
+
+#: The active scheduler's orders (fenced by its lease's token) and the payloads the view reads.
+_ORDERS = {EventType.JOB_PLACED: PlacedFields, EventType.JOB_STOP: JobStop}
 
 
 @dataclass
@@ -137,6 +169,11 @@ class ShardRecord:
         self.state, self.ended_at, self.reason = state, at, reason
 
 
+#: a one-shard job's state is its shard's when it is one of these, else succeeded (JobRecord.state)
+_ONE_SHARD_STATES = frozenset({JobState.RUNNING, JobState.PLACED, JobState.AWAITING_APPROVAL, JobState.QUEUED,
+                               JobState.FAILED, JobState.CANCELLED})
+
+
 @dataclass
 class JobRecord:
     """Everything admission knows about one job."""
@@ -165,6 +202,11 @@ class JobRecord:
         """The job's state, derived from its shards (module docstring)."""
         if self.cancelled:
             return JobState.CANCELLED
+        if len(self.shards) == 1:  # most jobs: the rules below for one shard, without building lists
+            state = self.shards[0].state
+            if state == JobState.QUEUED and self.held and not self.cancel_requested:
+                return JobState.HELD
+            return state if state in _ONE_SHARD_STATES else JobState.SUCCEEDED
         states = [s.state for s in self.shards]
         if self.held and not self.cancel_requested and all(s == JobState.QUEUED or s in TERMINAL_STATES
                                                            for s in states) and JobState.QUEUED in states:
@@ -332,18 +374,20 @@ class JobView:
         #: (the compare-and-set point of budgeted submissions across admission replicas)
         self.last_submitted: dict[str, int] = {}
 
-    def apply_delivery(self, d: Delivery) -> None:
+    def apply_delivery(self, d: Delivery, *, subject_checked: bool = False) -> None:
         """Fold one delivered event (follower callback).
 
         A message whose envelope contradicts its subject or the job's placements
         (:mod:`fedsched.trust`) changes nothing and is added to :attr:`rejections`; an order
         with a stale fencing token (below the highest seen, or below :attr:`tenure` and stored
         after it began) changes nothing and is counted in :attr:`stale_orders`.
+        ``subject_checked``: the caller already found that the envelope may arrive on its
+        subject (:func:`~fedsched.trust.check_subject` gave None), so it is not checked twice.
         """
         self.applied_seq = max(self.applied_seq, d.stream_sequence)
         env = d.envelope
-        prefix = d.subject.split(".", 1)[0]
-        reason = check_subject(prefix, d.subject, env) if d.subject else None
+        reason = (check_subject(d.subject.split(".", 1)[0], d.subject, env) if d.subject and not subject_checked
+                  else None)
         if reason is None and env.known_type in ATTEMPT_STATUSES - {EventType.AGENT_RECONCILED}:
             reason = self.check_status(env)
         if reason is not None:
@@ -391,10 +435,24 @@ class JobView:
         if fold is not None:
             fold(self, env)
 
-    def _on_submitted(self, env: Envelope) -> None:
+    def apply_own_submission(self, env: Envelope, sub: JobSubmitted) -> None:
+        """Fold this admission's own ``job.submitted`` ``env`` (just acknowledged by the
+        stream), whose payload is ``sub``, the model it was built from: the same as
+        :meth:`apply`, without parsing back the payload (the spec validated once, at submit).
+        The follower's later copy of the event changes nothing (folds are idempotent).
+
+        Raises:
+            ValueError: ``env`` is not a ``job.submitted`` (a programming error).
+        """
+        if env.type != EventType.JOB_SUBMITTED:
+            raise ValueError(f"not a job.submitted: {env.type}")
+        self._on_submitted(env, sub)
+
+    def _on_submitted(self, env: Envelope, sub: JobSubmitted | None = None) -> None:
         if env.job_id in self.jobs or env.job_id in self.tombstones:
             return
-        sub = env.payload_as(JobSubmitted)
+        if sub is None:
+            sub = env.payload_as(JobSubmitted)
         rec = JobRecord(env.job_id, sub.spec, env.occurred_at.timestamp(), sub.submitted_by, sub.request_id,
                         shards=[ShardRecord(i) for i in range(sub.spec.shards)])
         self.jobs[env.job_id] = rec
@@ -488,7 +546,7 @@ class JobView:
 
     def _on_placed(self, rec: JobRecord, env: Envelope) -> bool:
         t = env.occurred_at.timestamp()
-        p = env.payload_as(JobPlaced)
+        p = env.payload_as(PlacedFields)
         if not self._fence(p.fencing_token):
             return False
         shard = self._shard(rec, p.shard)

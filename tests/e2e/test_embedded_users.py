@@ -53,6 +53,13 @@ async def test_every_component_connects_as_its_own_user(tmp_path, chdb_path):
             status = await pb_grpc.SystemServiceStub(ch).GetStatus(pb.GetStatusRequest())
             states = {s.name: s.state for s in status.services}
             assert states["scheduler"] == "ok", status
+            # a batch asks the ended-jobs bucket about its request ids in one batch direct get,
+            # which admission's user may make (issue 15: no fallback to one get per key)
+            lookups = system.admission.ended.lookups
+            batch = await pb_grpc.JobServiceStub(ch).SubmitJobs(pb.SubmitJobsRequest(
+                items=[pb.SubmitJobRequest(spec=spec, request_id=f"users-{i}") for i in range(3)]))
+            assert [r.code for r in batch.results] == [0, 0, 0], batch
+            assert system.admission.ended.lookups - lookups == 1 and system.admission.ended.batch_gets is not False
         log = (tmp_path / "nats" / "nats-server.log").read_text()
         assert "Violation" not in log, [line for line in log.splitlines() if "Violation" in line][:5]
     finally:

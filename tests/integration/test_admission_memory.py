@@ -14,8 +14,10 @@ from fedsched.api.v1 import jobs_pb2 as pb
 from fedsched.api.v1 import jobs_pb2_grpc as pb_grpc
 from fedsched.clock import SystemClock
 from fedsched.jobs import JobSpec
+from services.admission.ended import BUCKET, EndedJobs, encode_record
+from services.admission.jobview import JobRecord, ShardRecord
 from services.admission.service import AdmissionService
-from tests.builders import channel, placement, policy_doc, status_event, store_policy, until
+from tests.builders import channel, placement, policy_doc, spec, status_event, store_policy, until
 
 REGION, CLUSTER = "cn-north-1", "cn-north-1-c1"
 
@@ -115,3 +117,64 @@ async def test_a_request_id_retried_after_its_job_left_memory_is_a_duplicate_fro
     finally:
         svc.stop()
         await task
+
+
+async def test_a_batch_asks_the_bucket_once_and_a_retried_key_of_a_job_gone_from_memory_is_its_duplicate(bus):
+    """SubmitJobs looks up all of its keys in the ended-jobs bucket with one request (a batch
+    direct get), not one per item; and it stays the bucket's answer: after a restart (a new
+    admission whose view never held the job, its tombstone gone as if pushed out by later jobs),
+    a retry of an ended job's request_id inside a batch of new ones is "duplicate" with the
+    archived job and publishes nothing for it, while the new ones are jobs."""
+    await store_policy(bus, policy_doc())
+    job = pb.JobSpec(tenant="search", project="train", kind=pb.JOB_KIND_TRAINING, gpus_per_worker=1, cpu_milli=4000,
+                     memory_mib=8192, card_models=["T4"])
+    svc, task = await _start(bus, retain_ended=1)
+    try:
+        async with channel(svc.port, "root") as ch:
+            stub = pb_grpc.JobServiceStub(ch)
+            first = await stub.SubmitJob(pb.SubmitJobRequest(spec=job, request_id="early"))
+            await _run_to_end(bus, first.job_id, svc.view.jobs[first.job_id].spec)
+            other = await stub.SubmitJob(pb.SubmitJobRequest(spec=job, request_id="pusher"))
+            await _run_to_end(bus, other.job_id, svc.view.jobs[other.job_id].spec)
+            assert await until(lambda: first.job_id in svc.view.tombstones and not svc.ended.pending)
+    finally:
+        svc.stop()
+        await task
+    again, task = await _start(bus, retain_ended=1)
+    try:
+        assert await until(lambda: first.job_id in again.view.tombstones)
+        del again.view.tombstones[first.job_id]  # as if pushed out by later jobs
+        assert first.job_id not in again.view.jobs and first.job_id not in again.ended.pending
+        async with channel(again.port, "root") as ch:
+            stub = pb_grpc.JobServiceStub(ch)
+            before = (await bus.js.stream_info(bus.stream_name("EVENTS"))).state.messages
+            lookups = again.ended.lookups
+            items = [pb.SubmitJobRequest(spec=job, request_id=f"new-{i}") for i in range(30)]
+            items.insert(7, pb.SubmitJobRequest(spec=job, request_id="early"))
+            reply = await stub.SubmitJobs(pb.SubmitJobsRequest(items=items))
+            assert again.ended.lookups - lookups == 1  # one request for the 31 keys
+            assert again.ended.batch_gets is not False
+            assert all(r.code == 0 for r in reply.results), [r.message for r in reply.results if r.code]
+            retry = reply.results[7].response
+            assert (retry.job_id, retry.duplicate, retry.state) == (first.job_id, True, pb.JOB_STATE_SUCCEEDED)
+            fresh = [r.response for i, r in enumerate(reply.results) if i != 7]
+            assert all(not r.duplicate and r.state == pb.JOB_STATE_QUEUED for r in fresh)
+            after = (await bus.js.stream_info(bus.stream_name("EVENTS"))).state.messages
+            assert after - before == 30  # the new jobs' submissions only
+    finally:
+        again.stop()
+        await task
+
+
+async def test_a_bucket_made_before_it_allowed_direct_gets_is_asked_key_by_key_with_the_same_answers(bus):
+    """An ended-jobs bucket created by an older build (no ``allow_direct``) refuses batch
+    direct gets: the store notices once and asks key by key -- the same records found."""
+    kv = await bus.key_value(BUCKET)  # without direct gets, as before issue 15
+    rec = JobRecord("j-00000000000000000001", spec(), 1.0, "root", "r1", shards=[ShardRecord(0)])
+    await kv.put(rec.job_id, encode_record(rec))
+    ended = EndedJobs(bus)
+    found = await ended.get_many([rec.job_id, "j-00000000000000000002"])
+    assert list(found) == [rec.job_id] and found[rec.job_id].request_id == "r1"
+    assert ended.batch_gets is False and ended.lookups == 1 + 2  # the refused batch, then one get per key
+    found = await ended.get_many([rec.job_id])
+    assert list(found) == [rec.job_id] and ended.lookups == 3 + 1  # no batch tried again

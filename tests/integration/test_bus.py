@@ -347,3 +347,24 @@ async def test_a_durable_consumer_knows_how_many_messages_it_has_yet_to_handle(b
         await task
     assert seen == [10, 8, 6, 4, 2]  # two in hand plus the rest the server holds
     assert c.backlog == 0
+
+
+async def test_publish_acks_gives_each_event_its_ack_a_repeat_is_a_duplicate_and_an_oversized_one_its_error(bus):
+    """``Bus.publish_acks`` (admission's pipelined batch submit): every item gets its own
+    JetStream ack -- sequences in order, a repeated event id acknowledged as a duplicate of the
+    first copy and stored once -- and an item larger than the server carries gets the
+    ``PayloadTooLargeError`` a single publish raises, without failing the others."""
+    from fedsched.errors import PayloadTooLargeError
+    from fedsched.events import JobStatus
+
+    subject = bus.subjects.status("cn-north-1", "cn-north-1-c1")
+    big = make_event("job.failed", JobStatus(reason="x" * (bus.max_payload + 1)), producer="test",
+                     occurred_at=time.time(), region="cn-north-1", cluster="cn-north-1-c1", tenant="search",
+                     project="train", job_id="j-big", attempt=1)
+    items = [(subject, _event(1), None), (subject, _event(2), None), (subject, big, None), (subject, _event(1), None)]
+    acks = await bus.publish_acks(items)
+    assert [a.seq for a in (acks[0], acks[1])] == [1, 2] and not acks[0].duplicate and not acks[1].duplicate
+    assert isinstance(acks[2], PayloadTooLargeError)
+    assert acks[3].duplicate and acks[3].seq == 1
+    info = await bus.js.stream_info(bus.stream_name("EVENTS"))
+    assert info.state.messages == 2

@@ -7,12 +7,18 @@ a late status of it is ignored, a status of an attempt it never had refused."""
 from __future__ import annotations
 
 import gc
+import itertools
 
-from fedsched.events import JobPlaced, JobStatus, JobSubmitted, WorkerBinding, make_event
+import pytest
+
+from fedsched.errors import DecodeError
+from fedsched.events import Envelope, JobPlaced, JobStatus, JobSubmitted, WorkerBinding, make_event
 from fedsched.jobs import AttemptState, JobSpec, JobState
 from services.admission.ended import EndedJobs, decode_record, encode_record
-from services.admission.jobview import JobRecord, JobView
-from tests.builders import delivery
+from services.admission.jobview import JobRecord, JobView, PlacedFields, ShardRecord
+from services.admission.service import tune_gc
+from tests.builders import delivery, placement, submitted
+from tests.builders import spec as make_spec
 
 T0 = 1_700_000_000.0
 SPEC = JobSpec(tenant="search", project="train", home_region="cn-north-1", gpus_per_worker=1)
@@ -121,3 +127,50 @@ async def test_ended_jobs_round_trip_through_the_kv_bucket(bus):
     assert rec is not None and rec.state == JobState.SUCCEEDED and rec.attempts[0].cluster == "c1"
     assert await fresh.get("j-cccccccccccccccccccc") is None
     assert await fresh.get("not a key!") is None
+
+
+def test_a_one_shard_jobs_state_follows_the_same_rules_as_a_job_of_several_shards():
+    """JobRecord.state has a fast path for one shard (issue 15: it is read several times per
+    event); it must say what the general rule says of a job whose shards all have that state."""
+    job = make_spec()
+    for state, held, cancel_requested, cancelled in itertools.product(JobState, *[(False, True)] * 3):
+        flags = dict(held=held, cancel_requested=cancel_requested, cancelled=cancelled)
+        one = JobRecord("j-1", job, 0.0, "u", "", shards=[ShardRecord(0, state)], **flags)
+        two = JobRecord("j-2", job, 0.0, "u", "", shards=[ShardRecord(0, state), ShardRecord(1, state)], **flags)
+        assert one.state == two.state, (state, flags)
+
+
+def test_the_view_folds_a_placement_reading_only_its_own_fields_and_still_refuses_a_malformed_one():
+    """Issue 15: a ``job.placed`` read from the stream is folded with the few fields the view
+    keeps (:class:`PlacedFields`), not the full ``JobPlaced`` with its spec and bindings; a
+    payload without bindings, with a negative fencing token or an evaluation that is not an
+    object, is still not one."""
+    job = make_spec()
+    view = JobView()
+    view.apply(submitted("j-1", job, 1000.0))
+    wire = Envelope.from_bytes(placement("j-1", job, "cn-north-1-c1", "cn-north-1", [("n1", (0,))], at=1001.0,
+                                         fencing_token=3).to_bytes())
+    view.apply(wire)
+    assert view.jobs["j-1"].state == JobState.PLACED and view.highest_token == 3
+    parsed = wire.__dict__["_payload_cache"][1]
+    assert PlacedFields in parsed and JobPlaced not in parsed  # the spec was not validated again
+    for broken in ({k: v for k, v in wire.payload.items() if k != "bindings"}, {**wire.payload, "fencing_token": -1},
+                   {**wire.payload, "evaluations": [{"cluster": "c1"}, "not an object"]}):
+        with pytest.raises(DecodeError):
+            wire.model_copy(update={"payload": broken}).payload_as(PlacedFields)
+
+
+def test_tune_gc_freezes_what_is_alive_and_raises_only_the_young_threshold_never_lowers_it():
+    """Admission's collector tuning (issue 15): the start-up heap goes to the permanent
+    generation, the young threshold is raised to the given value but never lowered (an
+    embedded sibling may have set it higher), and the older generations' are kept."""
+    before = gc.get_threshold()
+    try:
+        gc.set_threshold(700, 10, 10)
+        assert tune_gc(20_000) == (700, 10, 10)
+        assert gc.get_threshold() == (20_000, 10, 10) and gc.get_freeze_count() > 0
+        tune_gc(5_000)
+        assert gc.get_threshold() == (20_000, 10, 10)
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*before)

@@ -328,3 +328,74 @@ async def test_an_unacknowledged_submission_says_whether_a_retry_is_safe():
     with pytest.raises(UnavailableError) as e:
         await _submit(servicer, request)
     assert "a retry without a request_id may make a second job" in e.value.message
+
+
+# ---------------------------------------------------------------------------- issue 15: batch publish
+
+class _PipelinedStream(_SlowAckStream):
+    """:class:`_SlowAckStream` with :meth:`fedsched.bus.Bus.publish_acks`' shape: a batch is
+    sent at once and each item gets its ack (or error); ``batches`` records each call's size."""
+
+    def __init__(self, *, lose_acks: bool = False, fail: set[str] = frozenset()) -> None:
+        super().__init__(lose_acks=lose_acks)
+        self.batches: list[int] = []
+        self.fail = fail  # job ids whose publish is not acknowledged
+
+    async def publish_acks(self, items):
+        self.batches.append(len(items))
+        out = []
+        for subject, event, headers in items:
+            if event.job_id in self.fail:
+                out.append(UnavailableError("fake: no ack"))
+            else:
+                out.append(await self.publish(subject, event, headers=headers))
+        return out
+
+
+async def test_a_batch_publishes_its_submissions_in_one_pipelined_call_and_answers_each_from_its_ack():
+    """SubmitJobs hands all of its accepted submissions to the publisher at once (one
+    ``publish_acks`` call, none one by one); each item is answered from its own ack: a new job
+    is queued in the view, an unacknowledged one says a retry with its request_id is safe, and
+    the others are unaffected."""
+    stream = _PipelinedStream()
+    servicer = _servicer(stream)
+    stream.fail = {request_job_id("root", "search", "train", "r3")}
+    items = [_request(f"r{i}") for i in range(40)]
+    resp = await servicer.SubmitJobs(pb.SubmitJobsRequest(items=items), _Context())
+    assert stream.batches == [40] and stream.asked == 39  # one batch; the failed item was never stored
+    codes = [r.code for r in resp.results]
+    assert codes[3] == 14 and "retry with the same request_id 'r3'" in resp.results[3].message  # UNAVAILABLE
+    assert codes[:3] + codes[4:] == [0] * 39
+    assert all(r.response.job_id in servicer.view.jobs for i, r in enumerate(resp.results) if i != 3)
+    assert len(_submitted_in(stream)) == 39
+
+
+async def test_a_batch_item_acknowledged_as_a_duplicate_is_answered_as_its_stored_submission():
+    """A pipelined item whose ack says "duplicate" (the stream had its event id: another call
+    stored it first) is answered from the stored event, as a single submit's is: the same spec
+    is a duplicate of that job."""
+    stream = _PipelinedStream()
+    servicer = _servicer(stream)
+    servicer.stored_event = stream.read
+    first = servicer._admit(_request("r1"), ROOT)
+    stored, _ = servicer._submission_event(first.gov, first.spec, first.rid, ROOT, first.job_id)
+    stream.stored.append(stored.model_copy(update={"occurred_at": stored.occurred_at.replace(year=2020)}))
+    resp = await servicer.SubmitJobs(pb.SubmitJobsRequest(items=[_request("r0"), _request("r1")]), _Context())
+    assert stream.batches == [2]
+    assert [r.code for r in resp.results] == [0, 0]
+    assert (resp.results[1].response.job_id, resp.results[1].response.duplicate) == (first.job_id, True)
+    assert not resp.results[0].response.duplicate
+
+
+async def test_a_submission_is_folded_into_the_view_from_its_own_payload_model_not_parsed_back():
+    """Convert and validate once (issue 15): the view's record of a submitted job holds the
+    spec admission validated, and the published event's payload is never parsed back into a
+    ``JobSubmitted`` (no second JobSpec validation) -- for a batch and for a single submit."""
+    stream = _PipelinedStream()
+    servicer = _servicer(stream)
+    resp = await servicer.SubmitJobs(pb.SubmitJobsRequest(items=[_request("r0"), _request("r1")]), _Context())
+    single = await servicer.SubmitJob(_request("r2"), _Context())
+    for job_id in [r.response.job_id for r in resp.results] + [single.job_id]:
+        event = next(e for e in stream.stored if e.job_id == job_id)
+        assert "_payload_cache" not in event.__dict__, "the payload was parsed again"
+        assert servicer.view.jobs[job_id].spec == event.payload_as(JobSubmitted).spec
