@@ -321,7 +321,7 @@ class _Group:
     the lowest unit price among candidates and ghosts (the cost reference's), and each region's
     "outscored" verdicts, built on first use."""
 
-    __slots__ = ("cands", "ghosts", "regions", "reps", "lowest", "outscored")
+    __slots__ = ("cands", "ghosts", "regions", "reps", "lowest", "outscored", "home_firsts")
 
     def __init__(self, cands: list["Candidate"], ghosts: list["Candidate"]) -> None:
         self.cands = cands
@@ -345,6 +345,14 @@ class _Group:
                 lowest[region] = (unit, c.cluster, c.price_key[0])
         self.lowest = tuple((cluster, model) for _, cluster, model in lowest.values())
         self.outscored: dict[tuple, tuple[ClusterEvaluation, ...]] = {}
+        self.home_firsts: tuple[ClusterEvaluation, ...] | None = None
+
+    def home_first(self, cy: "_Cycle") -> tuple[ClusterEvaluation, ...]:
+        """The "home goes first" verdicts of every candidate (candidate order), built once."""
+        got = self.home_firsts
+        if got is None:
+            got = self.home_firsts = tuple(cy.home_first(c.cluster) for c in self.cands)
+        return got
 
     def outscore(self, cy: "_Cycle", region: str, exact: bool) -> tuple[ClusterEvaluation, ...]:
         """The "outscored" verdicts of every candidate of ``region`` (candidate order)."""
@@ -403,14 +411,17 @@ class _Cycle:
         # (cluster, GPU shape) -> the candidates' slot (Candidate.slot): their gang fits and
         # fit-only scores per CPU and memory request, and their cluster-and-shape bounds
         self.slots: dict[tuple, dict] = {}
-        # (candidate-model inputs, GPU shape) -> cluster -> (models, shape, slot, price key, unit)
-        self.infos: dict[tuple, dict[str, tuple]] = {}
+        # (candidate-model inputs, GPU shape) -> cluster -> its Candidate (models, shape, slot,
+        # price key, unit price: the same for every split of the shape)
+        self.infos: dict[tuple, dict[str, Candidate]] = {}
         # work done on (cluster, request shape) pairs, for decide(stats=...): capacity checks
         # (could_fit, on first sight and after the cluster changed) and gang fits computed
         self.checks = 0
         self.fits = 0
         self.home_firsts: dict[str, ClusterEvaluation] = {}
         self.fit_scored = {i for i, (sc, _) in enumerate(policy.weights) if getattr(sc, "score_scope", "job") == "fit"}
+        #: per weighted scorer: (index, scorer, weight, name, fit-only?) -- what :func:`_score` reads
+        self.scoring = tuple((i, sc, w, sc.name, i in self.fit_scored) for i, (sc, w) in enumerate(policy.weights))
         # preemption under quotas: per-cluster summaries of evictable work, tenants' cohorts,
         # the rules covering each running work (all pure functions of the view)
         self.evict_summary: dict[str, tuple] = {}
@@ -507,13 +518,12 @@ class _Cycle:
             held = slot["could"] = (version, wc.could_fit(job.spec, models))
         return held[1]
 
-    def _classify(self, job: QueuedJob, entry: _Split, cluster: ClusterState, infos: dict[str, tuple]) -> None:
-        """Put ``cluster`` among the split's viable clusters or its misfits. ``infos``: what the
-        job's candidate-model inputs and GPU shape give per cluster (models, shape, slot, price
-        key, unit price), shared by every split of that shape."""
-        wc = self.wc(cluster)
-        info = infos.get(cluster.name)
-        if info is None:
+    def _classify(self, job: QueuedJob, entry: _Split, cluster: ClusterState, infos: dict[str, "Candidate"]) -> None:
+        """Put ``cluster`` among the split's viable clusters or its misfits. ``infos``: the
+        job's :class:`Candidate` per cluster for its candidate-model inputs and GPU shape
+        (models, shape, slot, price key, unit price), shared by every split of that shape."""
+        cand = infos.get(cluster.name)
+        if cand is None:
             models = self.models(job, cluster)
             shape = _shape(job, models)
             slot = self.slots.get((cluster.name, shape))
@@ -521,15 +531,17 @@ class _Cycle:
                 slot = self.slots[(cluster.name, shape)] = {}
             cheapest = models[0] if models else ""
             unit = cluster.prices.get(cheapest, 0.0) if job.spec.gpus_per_worker else cluster.cpu_price_per_core_hour
-            info = infos[cluster.name] = (models, shape, slot, (cheapest, cluster.prices.get(cheapest)), unit)
-        models, shape, slot, price_key, unit = info
-        if self.could_fit(job, cluster, wc, models, slot):
-            entry.viable[cluster.name] = Candidate(cluster, wc, models, shape, price_key, unit, slot)
+            cand = infos[cluster.name] = Candidate(cluster, self.wc(cluster), models, shape,
+                                                   (cheapest, cluster.prices.get(cheapest)), unit, slot)
+        slot = cand.slot
+        if self.could_fit(job, cluster, cand.work, cand.models, slot):
+            entry.viable[cluster.name] = cand
         else:  # the verdict as first found at this allocation, shared by the shape's splits
             version = self.cluster_version.get(cluster.name, 0)
             held = slot.get("misfit") if self.caching else None
             if held is None or held[0] != version:
-                held = (version, ClusterEvaluation(cluster.name, cluster.region, _insufficient(job, wc, models)))
+                held = (version, ClusterEvaluation(cluster.name, cluster.region,
+                                                   _insufficient(job, cand.work, cand.models)))
                 if self.caching:
                     slot["misfit"] = held
             entry.add_misfit(held[1])
@@ -764,7 +776,7 @@ def decide(view: View, queue: Iterable[QueuedJob], policy: Policy, *, cache: boo
             best = _branch_and_bound(job, group, cy, evaluations, split, passed)  # 3
             if best is not None:
                 for later in groups[g + 1:]:  # abroad, not tried: every cluster still gets a verdict
-                    evaluations.extend(cy.home_first(c.cluster) for c in later.cands)
+                    evaluations.extend(later.home_first(cy))
                 break
         if best is None and avoided:  # failover found nowhere else: the failed cluster beats waiting
             retry = [c for c in avoided if c.cluster.name not in cy.reservations]
@@ -915,8 +927,13 @@ class _Bounds:
                 else:
                     values.append(None)
                     if scope == "region_price":  # one bound per distinct (cheapest model, its price)
+                        best = None
                         for c in group.reps[region]:
-                            prices[(s.index, *c.price_key)] = s.scorer.bound(job, c.cluster, c.work, ctx, c.models)
+                            value = prices[(s.index, *c.price_key)] = s.scorer.bound(job, c.cluster, c.work, ctx,
+                                                                                    c.models)
+                            if best is None or value > best:
+                                best = value
+                        prices[s.index] = best  # the region's best (what :meth:`region` adds)
             got = self.regions[region] = (values, prices)
         return got
 
@@ -930,7 +947,7 @@ class _Bounds:
             if value is not None:
                 bound += s.weight * value
             elif s.scope == "region_price":
-                bound += s.weight * max([prices[(s.index, *c.price_key)] for c in group.reps[region]])
+                bound += s.weight * prices[s.index]
             else:  # cluster, cluster_shape
                 bound += s.weight  # at most 1
         return bound
@@ -981,17 +998,16 @@ def _score(job: QueuedJob, c: Candidate, fit: Fit, cy: "_Cycle", shared: dict[in
     ``shared`` holds the values of the fit-only scorers already computed for this fit (by
     scorer index, :meth:`_Cycle.fit`); new ones are added to it."""
     cluster, work, ctx = c.cluster, c.work, cy.ctx
-    fit_only = cy.fit_scored
     terms = []
     weighted = []
-    for i, (sc, w) in enumerate(cy.policy.weights):
-        if i in fit_only:
+    for i, sc, w, name, fit_only in cy.scoring:
+        if fit_only:
             v = shared.get(i)
             if v is None:
                 v = shared[i] = sc.score(job, cluster, fit, work, ctx)
         else:
             v = sc.score(job, cluster, fit, work, ctx)
-        terms.append((sc.name, round(v, 4)))
+        terms.append((name, round(v, 4)))
         weighted.append(w * v)
     return tuple(terms), round(sum(weighted), 4)
 

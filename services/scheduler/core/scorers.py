@@ -144,10 +144,21 @@ class StartTime:
 
 
 def cost_per_unit_hour(job: QueuedJob, cluster: ClusterState, card_model: str, ctx: Context) -> float:
-    """:func:`estimated_cost` per GPU-hour (CPU-only: per core-hour) of the job's estimate."""
+    """:func:`estimated_cost` per GPU-hour (CPU-only: per core-hour) of the job's estimate.
+
+    It reads of the cluster only its region (egress) and the unit price (of ``card_model``;
+    CPU-only: the core-hour price), so it is memoised in ``ctx.memo`` per job and (region, unit
+    price): a job's cost reference, its cost bounds and its cost scores share one value."""
     spec = job.spec
-    units = spec.total_gpu_milli / WHOLE if spec.gpus_per_worker else spec.cpu_milli * spec.workers / 1000
-    return estimated_cost(job, cluster, card_model, ctx) / max(units * estimated_hours(job), 1e-9)
+    gpu = spec.gpus_per_worker
+    price = cluster.prices.get(card_model, 0.0) if gpu else cluster.cpu_price_per_core_hour
+    key = ("unit cost", job.job_id, job.shard, cluster.region, price)
+    memo = ctx.memo
+    value = memo.get(key)
+    if value is None:
+        units = spec.total_gpu_milli / WHOLE if gpu else spec.cpu_milli * spec.workers / 1000
+        value = memo[key] = estimated_cost(job, cluster, card_model, ctx) / max(units * estimated_hours(job), 1e-9)
+    return value
 
 
 class Cost:
