@@ -237,7 +237,8 @@ class _Split:
         self.counts: Counter = Counter()  # reasons of the misfits
         self.failed: dict[tuple[int, int], dict[str, ClusterEvaluation]] = {}
         #: (CPU and memory request, clusters taken out) -> :class:`_CandidateSet`; emptied
-        #: whenever ``viable`` or a ``failed`` dict changes (what every set is derived from)
+        #: whenever ``viable`` changes, and a request's sets dropped when its ``failed`` dict
+        #: changes (what every set is derived from)
         self.sets: dict[tuple, _CandidateSet] = {}
 
     def add_misfit(self, evaluation: ClusterEvaluation) -> None:
@@ -257,8 +258,9 @@ class _Split:
     def fail(self, job: QueuedJob, name: str, evaluation: ClusterEvaluation) -> ClusterEvaluation:
         """Record that the job's whole request did not fit viable cluster ``name``."""
         self.failed_for(job)[name] = evaluation
-        if self.sets:
-            self.sets = {}
+        if self.sets:  # only the candidate sets of this CPU and memory request read its failed fits
+            request = (job.spec.cpu_milli, job.spec.memory_mib)
+            self.sets = {key: got for key, got in self.sets.items() if key[:2] != request}
         return evaluation
 
     def candidate_set(self, job: QueuedJob, out: tuple[str, ...], cy: "_Cycle") -> "_CandidateSet":

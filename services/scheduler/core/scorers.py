@@ -273,6 +273,7 @@ class Fragmentation(_Bounded):
 
     def __init__(self, mix: Mapping[int, float] = DEFAULT_TASK_MIX) -> None:
         self.mix = dict(mix)
+        self._mix_items = tuple(self.mix.items())  # the memo key :func:`node_fragmentation` builds
 
     def score(self, job, cluster, fit, work, ctx) -> float:
         if not fit.card_model:
@@ -282,7 +283,8 @@ class Fragmentation(_Bounded):
             free = touched.setdefault(b.node, list(work.gpu_free[b.node]))
             for d in b.devices:
                 free[d] -= b.gpu_milli
-        delta = sum(node_fragmentation(tuple(after), self.mix) - node_fragmentation(work.gpu_free[n], self.mix)
+        mix = self._mix_items
+        delta = sum(_fragmentation(tuple(after), mix) - _fragmentation(work.gpu_free[n], mix)
                     for n, after in touched.items())
         return 1.0 / (1.0 + max(0.0, delta) / 1000.0)
 
