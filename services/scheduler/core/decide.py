@@ -70,7 +70,7 @@ from services.scheduler.core.fit import Fit, WorkingCluster
 from services.scheduler.core.policy import Policy
 from services.scheduler.core.preempt import Eviction, estimated_start, find_victims, quota_victims
 from services.scheduler.core.queues import FairOrder, queue_of
-from services.scheduler.core.scorers import (cost_per_unit_hour, estimated_cost, set_cost_reference, transfer_bytes,
+from services.scheduler.core.scorers import (cost_per_unit_hour, estimated_cost, remote_bytes, set_cost_reference,
                                              transfer_seconds)
 from services.scheduler.core.snapshot import WHOLE, ClusterIndex, ClusterState, QueuedJob, RunningWork, View
 
@@ -1223,7 +1223,7 @@ def _placement(job: QueuedJob, cluster: ClusterState, fit: Fit, total: float, te
         job=job, cluster=cluster.name, region=cluster.region, zone=cluster.zone, card_model=fit.card_model,
         bindings=bindings, score=total, evaluations=tuple(evaluations),
         cross_region=cluster.region != job.spec.home_region,
-        transfer_s=transfer_seconds(job, cluster, cy.ctx), transfer_bytes=transfer_bytes(job, cluster),
+        transfer_s=transfer_seconds(job, cluster, cy.ctx), transfer_bytes=remote_bytes(job, cluster, cy.ctx),
         price_per_gpu_hour=cluster.prices.get(fit.card_model, 0.0),
         est_cost=round(estimated_cost(job, cluster, fit.card_model, cy.ctx), 6),
         queue=queue_of(job, cy.policy.fast_lane_s), victims=victims, explanation=explanation,

@@ -57,10 +57,16 @@ class _Bounded:
 
 def transfer_bytes(job: QueuedJob, cluster: ClusterState) -> int:
     """Bytes of the job's datasets that live outside the cluster's region."""
-    return sum(d.size_bytes for d in job.spec.datasets if d.home_region != cluster.region)
+    region = cluster.region
+    total = 0
+    for d in job.spec.datasets:
+        if d.home_region != region:
+            total += d.size_bytes
+    return total
 
 
-def _remote_bytes(job: QueuedJob, cluster: ClusterState, ctx: Context) -> int:
+def remote_bytes(job: QueuedJob, cluster: ClusterState, ctx: Context) -> int:
+    """:func:`transfer_bytes`, memoised per job and region in ``ctx.memo`` (the cycle's)."""
     key = ("bytes", job.job_id, job.shard, cluster.region)
     value = ctx.memo.get(key)
     if value is None:
@@ -73,7 +79,7 @@ def transfer_seconds(job: QueuedJob, cluster: ClusterState, ctx: Context) -> flo
     from its home region to the cluster's (``ctx.region_bandwidth_bps``, else
     ``ctx.inter_region_bandwidth_bps``), summed (moved one after another)."""
     if not ctx.region_bandwidth_bps:
-        return _remote_bytes(job, cluster, ctx) / ctx.inter_region_bandwidth_bps
+        return remote_bytes(job, cluster, ctx) / ctx.inter_region_bandwidth_bps
     key = ("secs", job.job_id, job.shard, cluster.region)
     value = ctx.memo.get(key)
     if value is None:
@@ -85,7 +91,7 @@ def transfer_seconds(job: QueuedJob, cluster: ClusterState, ctx: Context) -> flo
 
 def egress_cost(job: QueuedJob, cluster: ClusterState, ctx: Context) -> float:
     """Estimated egress charge: remote bytes / 1e9 x price per GB (currency units)."""
-    return _remote_bytes(job, cluster, ctx) / 1e9 * ctx.egress_price_per_gb
+    return remote_bytes(job, cluster, ctx) / 1e9 * ctx.egress_price_per_gb
 
 
 def estimated_hours(job: QueuedJob) -> float:
