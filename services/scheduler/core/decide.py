@@ -271,6 +271,7 @@ class _Split:
         got = self.sets.get(key) if cy.caching else None
         if got is None:
             got = _CandidateSet(self, self.failed_for(job), out)
+            cy.sets_built += 1
             if cy.caching:
                 self.sets[key] = got
         return got
@@ -420,6 +421,7 @@ class _Cycle:
         # (could_fit, on first sight and after the cluster changed) and gang fits computed
         self.checks = 0
         self.fits = 0
+        self.sets_built = 0  # candidate sets (:class:`_CandidateSet`) built
         self.home_firsts: dict[str, ClusterEvaluation] = {}
         self.fit_scored = {i for i, (sc, _) in enumerate(policy.weights) if getattr(sc, "score_scope", "job") == "fit"}
         #: per weighted scorer: (index, scorer, weight, name, fit-only?) -- what :func:`_score` reads
@@ -703,7 +705,9 @@ def decide(view: View, queue: Iterable[QueuedJob], policy: Policy, *, cache: boo
             ``checks`` (capacity checks of a shape on a cluster: once per shape and cluster, and
             again only after that cluster's allocation changed), ``fits`` (gang fits computed;
             a fit is shared by the jobs of one whole request shape until the cluster changes),
-            ``changes`` (allocation changes: placements and evictions), ``jobs``.
+            ``changes`` (allocation changes: placements and evictions), ``jobs``, ``sets``
+            (candidate sets built: once per split and CPU and memory request, again only after
+            the split's viable clusters or that request's failed fits changed).
 
     Returns:
         Placements in decision order (with their victims, if any), pending jobs with reasons,
@@ -845,7 +849,8 @@ def decide(view: View, queue: Iterable[QueuedJob], policy: Policy, *, cache: boo
         pending.append(Pending(job, reason, frozen, fits_empty, queue_of(job, policy.fast_lane_s), reservation))   # 5
 
     if stats is not None:
-        stats.update(checks=cy.checks, fits=cy.fits, changes=len(cy.change_log), jobs=len(placements) + len(pending))
+        stats.update(checks=cy.checks, fits=cy.fits, changes=len(cy.change_log), jobs=len(placements) + len(pending),
+                     sets=cy.sets_built)
     return Decisions(tuple(placements), tuple(pending), policy.version, tuple(cy.reservations.values()))
 
 
