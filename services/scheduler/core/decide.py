@@ -910,27 +910,32 @@ class _Bounds:
         self.shared: dict[int, float] = {}  # const scopes' values
         self.regions: dict[str, tuple[list, dict]] = {}  # region -> _region_terms
 
-    def _region_terms(self, group: _Group, region: str) -> tuple[list, dict]:
+    def _region_terms(self, group: _Group, region: str) -> tuple[list, dict, float]:
         """The job's terms shared by a region's candidates in ``group``: per scope, its weighted
         value where one value holds for the whole region (``const``, ``region``; None for the
-        others), and the ``region_price`` bounds by (scope index, cheapest model, its price)."""
+        others), the ``region_price`` bounds by (scope index, cheapest model, its price) and,
+        by scope index, the region's best; and the region's bound (:meth:`region`)."""
         got = self.regions.get(region)
         if got is None:
             job, cy = self.job, self.cy
             ctx = cy.ctx
             first = group.regions[region][0]
             values: list = []
-            prices: dict[tuple, float] = {}
+            prices: dict = {}
+            bound = 0.0  # summed in scope order
             for s in cy.scopes:
                 scope = s.scope
                 if scope == "region":
-                    values.append(s.scorer.bound(job, first.cluster, first.work, ctx, first.models))
+                    value = s.scorer.bound(job, first.cluster, first.work, ctx, first.models)
+                    values.append(value)
+                    bound += s.weight * value
                 elif scope == "const":
                     value = self.shared.get(s.index)
                     if value is None:
                         value = self.shared[s.index] = s.scorer.bound(job, first.cluster, first.work, ctx,
                                                                       first.models)
                     values.append(value)
+                    bound += s.weight * value
                 else:
                     values.append(None)
                     if scope == "region_price":  # one bound per distinct (cheapest model, its price)
@@ -940,30 +945,24 @@ class _Bounds:
                                                                                     c.models)
                             if best is None or value > best:
                                 best = value
-                        prices[s.index] = best  # the region's best (what :meth:`region` adds)
-            got = self.regions[region] = (values, prices)
+                        prices[s.index] = best
+                        bound += s.weight * best
+                    else:  # cluster, cluster_shape: at most 1
+                        bound += s.weight
+            got = self.regions[region] = (values, prices, bound)
         return got
 
     def region(self, group: _Group, region: str) -> float:
         """An upper bound of the total score on any of a region's candidates in ``group``: its
         shared terms, the best price term of its clusters, and 1 for every cluster-specific
-        term."""
-        values, prices = self._region_terms(group, region)
-        bound = 0.0
-        for s, value in zip(self.cy.scopes, values):
-            if value is not None:
-                bound += s.weight * value
-            elif s.scope == "region_price":
-                bound += s.weight * prices[s.index]
-            else:  # cluster, cluster_shape
-                bound += s.weight  # at most 1
-        return bound
+        term (weighted, summed in the policy's scorer order)."""
+        return self._region_terms(group, region)[2]
 
     def ranked(self, group: _Group, region: str) -> list[tuple[float, str, Candidate]]:
         """A region's candidates in ``group`` as (bound, name, candidate), best bound first
         (ties by name); the terms shared by the whole region are computed once."""
         cy = self.cy
-        values, prices = self._region_terms(group, region)
+        values, prices, _ = self._region_terms(group, region)
         same = sum([s.weight * value for s, value in zip(cy.scopes, values) if s.scope in ("const", "region")])
         caching = cy.caching
         versions = cy.cluster_version
