@@ -492,7 +492,16 @@ class _Cycle:
             infos = self.infos.get(key[1:]) if self.caching else None
             if infos is None:
                 infos = self.infos[key[1:]] = {}
+            viable, versions = entry.viable, self.cluster_version
             for cluster in eligible:
+                # fast path: a candidate whose capacity check another split of the shape made at
+                # this allocation and found it may fit (the same as _classify, without the calls)
+                cand = infos.get(cluster.name) if self.caching else None
+                if cand is not None:
+                    held = cand.slot.get("could")
+                    if held is not None and held[1] and held[0] == versions.get(cluster.name, 0):
+                        viable[cluster.name] = cand
+                        continue
                 self._classify(job, entry, cluster, infos)
             return entry
         if entry.log_pos < len(self.change_log):
@@ -834,11 +843,19 @@ def decide(view: View, queue: Iterable[QueuedJob], policy: Policy, *, cache: boo
                 and now - job.submitted_at >= policy.reserve_after_s):
             cy.reserve_tries += 1
             reservation = _reserve(job, cy, static_ok, skey)
-        shared_counts = cy.static_counts[skey] + split.counts
+        # reasons counted in the order first met: the filters', the split's misfits', the failed
+        # fits', then this job's own verdicts (what adding Counters in that order gives)
+        tally = dict(cy.static_counts[skey])
+        for r, n in split.counts.items():
+            tally[r] = tally.get(r, 0) + n
         for e in failed_evals:
-            shared_counts[e.verdict.reason] += 1
-        counts = shared_counts + Counter(e.verdict.reason for e in evaluations[shared_len:] if not e.verdict.passed)
-        reason = summarise_counts(counts)
+            r = e.verdict.reason
+            tally[r] = tally.get(r, 0) + 1
+        for k in range(shared_len, len(evaluations)):
+            v = evaluations[k].verdict
+            if not v.passed:
+                tally[v.reason] = tally.get(v.reason, 0) + 1
+        reason = summarise_counts(Counter(tally))
         if reservation is not None:
             reason = (f"reserved {reservation.cluster} from ~{(reservation.start_at - now) / 60:.0f} min "
                       f"(est.); {reason}")
