@@ -16,13 +16,19 @@ verdict with every cluster's reason).
 
 Karmada scale (issue 15, item 5): 100 clusters x 5,000 nodes (500k nodes), 10k pending:
 
-    PYTHONPATH=. python bench/core_throughput.py --clusters 100 --nodes 5000 --jobs 10000 --repeat 1
+    PYTHONPATH=. python bench/core_throughput.py --clusters 100 --nodes 5000 --jobs 10000 --repeat 1 \
+        --scenarios full,steady,filling --digest
 
 Clusters are handed to ``decide`` prepared (:meth:`ClusterState.prepared`: node index and
 capacity classes), as the scheduler service keeps them from one cycle to the next (rebuilt only
 for nodes whose allocation changed); building them is not part of the cycle time. On a shared
 machine wall time varies with load: compare the ``cpu s`` column (``per cpu-s`` = decisions per
 CPU-second, the rate issue 15's figures use).
+
+The process runs with the scheduler service's garbage-collector thresholds
+(:func:`services.scheduler.core.collector.raise_gc_thresholds`, set after the view is built);
+``--gc default`` keeps CPython's (700, 10, 10), under which collections are about a quarter of
+a cycle at 500k nodes.
 
 ``--digest`` adds a column: a hash of every placement (cluster, card model, bindings, score,
 explanation, cost) and every pending job (reason, reservation), each with every cluster's verdict
@@ -36,6 +42,7 @@ cycle under 1 s; issue 15: the same at 100 x 5,000 nodes in the busy (``full``) 
 from __future__ import annotations
 
 import argparse
+import gc
 import hashlib
 import statistics
 import time
@@ -45,6 +52,7 @@ from pathlib import Path
 from fedapp.replay.workload import overlay
 from services.inventory.trace import load_nodes, load_pods
 from services.scheduler.core import ClusterState, NodeState, QueuedJob, View, build_policy, decide
+from services.scheduler.core.collector import CYCLE_THRESHOLDS, raise_gc_thresholds
 from fedsched.pricing import load_price_catalog
 
 REGIONS = ("cn-north-1", "cn-east-1", "cn-south-1", "cn-west-1", "us-east-1", "eu-west-1", "ap-south-1", "us-west-2")
@@ -113,14 +121,19 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--scenarios", default="full,steady,filling")
     ap.add_argument("--digest", action="store_true", help="print a hash of every decision and verdict")
+    ap.add_argument("--gc", choices=("service", "default"), default="service",
+                    help=f"collector thresholds: the scheduler service's {CYCLE_THRESHOLDS} or CPython's default")
     args = ap.parse_args()
     policy = build_policy("federated")
+    print(f"gc thresholds: {gc.get_threshold() if args.gc == 'default' else CYCLE_THRESHOLDS}")
     print(f"{'scenario':>8} {'clusters':>8} {'pending':>8} {'placed':>7} {'cycle s (median)':>17} {'cpu s':>10} "
           f"{'decisions/s':>12} {'per cpu-s':>10}" + (f" {'digest':>16}" if args.digest else ""))
     for scenario, n_clusters in ((sc, int(x)) for sc in args.scenarios.split(",") for x in args.clusters.split(",")):
         t_build = time.perf_counter()
         view = build_view(n_clusters, args.nodes, scenario=scenario)
         t_build = time.perf_counter() - t_build
+        if args.gc == "service":
+            raise_gc_thresholds()  # as the scheduler service does at start-up
         regions = tuple(dict.fromkeys(c.region for c in view.clusters))
         for n_jobs in (int(x) for x in args.jobs.split(",")):
             queue = build_queue(n_jobs, regions)

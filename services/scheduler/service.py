@@ -104,6 +104,7 @@ from fedsched.whatif import WHAT_IF_JOB_ID, ShardWhatIf, WhatIfReply, WhatIfRequ
 from fedsched.whatif import subject as what_if_subject
 from fedsched.trust import PlacedAttempt, Rejection, check_placement, check_subject, dead_letter_room, rejection_events
 from services.scheduler.approvals import TenancyGate, evaluation_record, placement_milli
+from services.scheduler.core.collector import raise_gc_thresholds
 from services.scheduler.checkpoint import STATE_VERSION, restore_scheduler, scheduler_state
 from services.scheduler.states import ACTIVE, Outcome, ShardState, StopReason
 from services.scheduler.core import (ClusterEvaluation, ClusterIndex, ClusterState, NodeState, Pending, Placement,
@@ -537,6 +538,7 @@ class SchedulerService:
         bus = self.bus
         if bus is None:
             raise ValueError("run() needs a bus")
+        raise_gc_thresholds()  # cycles allocate many objects: collect less often (core/collector.py)
         start = 1
         if self.snapshot_every_s > 0:  # a checkpoint and the stream after it (fedsched.snapshots)
             self._snapshots = SnapshotStore(bus, "scheduler")

@@ -70,7 +70,7 @@ from services.scheduler.core.fit import Fit, WorkingCluster
 from services.scheduler.core.policy import Policy
 from services.scheduler.core.preempt import Eviction, estimated_start, find_victims, quota_victims
 from services.scheduler.core.queues import FairOrder, queue_of
-from services.scheduler.core.scorers import (cost_per_unit_hour, estimated_cost, set_cost_reference, transfer_bytes,
+from services.scheduler.core.scorers import (cost_per_unit_hour, estimated_cost, remote_bytes, set_cost_reference,
                                              transfer_seconds)
 from services.scheduler.core.snapshot import WHOLE, ClusterIndex, ClusterState, QueuedJob, RunningWork, View
 
@@ -237,7 +237,8 @@ class _Split:
         self.counts: Counter = Counter()  # reasons of the misfits
         self.failed: dict[tuple[int, int], dict[str, ClusterEvaluation]] = {}
         #: (CPU and memory request, clusters taken out) -> :class:`_CandidateSet`; emptied
-        #: whenever ``viable`` or a ``failed`` dict changes (what every set is derived from)
+        #: whenever ``viable`` changes, and a request's sets dropped when its ``failed`` dict
+        #: changes (what every set is derived from)
         self.sets: dict[tuple, _CandidateSet] = {}
 
     def add_misfit(self, evaluation: ClusterEvaluation) -> None:
@@ -257,8 +258,9 @@ class _Split:
     def fail(self, job: QueuedJob, name: str, evaluation: ClusterEvaluation) -> ClusterEvaluation:
         """Record that the job's whole request did not fit viable cluster ``name``."""
         self.failed_for(job)[name] = evaluation
-        if self.sets:
-            self.sets = {}
+        if self.sets:  # only the candidate sets of this CPU and memory request read its failed fits
+            request = (job.spec.cpu_milli, job.spec.memory_mib)
+            self.sets = {key: got for key, got in self.sets.items() if key[:2] != request}
         return evaluation
 
     def candidate_set(self, job: QueuedJob, out: tuple[str, ...], cy: "_Cycle") -> "_CandidateSet":
@@ -269,6 +271,7 @@ class _Split:
         got = self.sets.get(key) if cy.caching else None
         if got is None:
             got = _CandidateSet(self, self.failed_for(job), out)
+            cy.sets_built += 1
             if cy.caching:
                 self.sets[key] = got
         return got
@@ -321,7 +324,7 @@ class _Group:
     the lowest unit price among candidates and ghosts (the cost reference's), and each region's
     "outscored" verdicts, built on first use."""
 
-    __slots__ = ("cands", "ghosts", "regions", "reps", "lowest", "outscored")
+    __slots__ = ("cands", "ghosts", "regions", "reps", "lowest", "outscored", "home_firsts")
 
     def __init__(self, cands: list["Candidate"], ghosts: list["Candidate"]) -> None:
         self.cands = cands
@@ -345,6 +348,14 @@ class _Group:
                 lowest[region] = (unit, c.cluster, c.price_key[0])
         self.lowest = tuple((cluster, model) for _, cluster, model in lowest.values())
         self.outscored: dict[tuple, tuple[ClusterEvaluation, ...]] = {}
+        self.home_firsts: tuple[ClusterEvaluation, ...] | None = None
+
+    def home_first(self, cy: "_Cycle") -> tuple[ClusterEvaluation, ...]:
+        """The "home goes first" verdicts of every candidate (candidate order), built once."""
+        got = self.home_firsts
+        if got is None:
+            got = self.home_firsts = tuple(cy.home_first(c.cluster) for c in self.cands)
+        return got
 
     def outscore(self, cy: "_Cycle", region: str, exact: bool) -> tuple[ClusterEvaluation, ...]:
         """The "outscored" verdicts of every candidate of ``region`` (candidate order)."""
@@ -403,14 +414,18 @@ class _Cycle:
         # (cluster, GPU shape) -> the candidates' slot (Candidate.slot): their gang fits and
         # fit-only scores per CPU and memory request, and their cluster-and-shape bounds
         self.slots: dict[tuple, dict] = {}
-        # (candidate-model inputs, GPU shape) -> cluster -> (models, shape, slot, price key, unit)
-        self.infos: dict[tuple, dict[str, tuple]] = {}
+        # (candidate-model inputs, GPU shape) -> cluster -> its Candidate (models, shape, slot,
+        # price key, unit price: the same for every split of the shape)
+        self.infos: dict[tuple, dict[str, Candidate]] = {}
         # work done on (cluster, request shape) pairs, for decide(stats=...): capacity checks
         # (could_fit, on first sight and after the cluster changed) and gang fits computed
         self.checks = 0
         self.fits = 0
+        self.sets_built = 0  # candidate sets (:class:`_CandidateSet`) built
         self.home_firsts: dict[str, ClusterEvaluation] = {}
         self.fit_scored = {i for i, (sc, _) in enumerate(policy.weights) if getattr(sc, "score_scope", "job") == "fit"}
+        #: per weighted scorer: (index, scorer, weight, name, fit-only?) -- what :func:`_score` reads
+        self.scoring = tuple((i, sc, w, sc.name, i in self.fit_scored) for i, (sc, w) in enumerate(policy.weights))
         # preemption under quotas: per-cluster summaries of evictable work, tenants' cohorts,
         # the rules covering each running work (all pure functions of the view)
         self.evict_summary: dict[str, tuple] = {}
@@ -477,7 +492,16 @@ class _Cycle:
             infos = self.infos.get(key[1:]) if self.caching else None
             if infos is None:
                 infos = self.infos[key[1:]] = {}
+            viable, versions = entry.viable, self.cluster_version
             for cluster in eligible:
+                # fast path: a candidate whose capacity check another split of the shape made at
+                # this allocation and found it may fit (the same as _classify, without the calls)
+                cand = infos.get(cluster.name) if self.caching else None
+                if cand is not None:
+                    held = cand.slot.get("could")
+                    if held is not None and held[1] and held[0] == versions.get(cluster.name, 0):
+                        viable[cluster.name] = cand
+                        continue
                 self._classify(job, entry, cluster, infos)
             return entry
         if entry.log_pos < len(self.change_log):
@@ -507,13 +531,12 @@ class _Cycle:
             held = slot["could"] = (version, wc.could_fit(job.spec, models))
         return held[1]
 
-    def _classify(self, job: QueuedJob, entry: _Split, cluster: ClusterState, infos: dict[str, tuple]) -> None:
-        """Put ``cluster`` among the split's viable clusters or its misfits. ``infos``: what the
-        job's candidate-model inputs and GPU shape give per cluster (models, shape, slot, price
-        key, unit price), shared by every split of that shape."""
-        wc = self.wc(cluster)
-        info = infos.get(cluster.name)
-        if info is None:
+    def _classify(self, job: QueuedJob, entry: _Split, cluster: ClusterState, infos: dict[str, "Candidate"]) -> None:
+        """Put ``cluster`` among the split's viable clusters or its misfits. ``infos``: the
+        job's :class:`Candidate` per cluster for its candidate-model inputs and GPU shape
+        (models, shape, slot, price key, unit price), shared by every split of that shape."""
+        cand = infos.get(cluster.name)
+        if cand is None:
             models = self.models(job, cluster)
             shape = _shape(job, models)
             slot = self.slots.get((cluster.name, shape))
@@ -521,15 +544,17 @@ class _Cycle:
                 slot = self.slots[(cluster.name, shape)] = {}
             cheapest = models[0] if models else ""
             unit = cluster.prices.get(cheapest, 0.0) if job.spec.gpus_per_worker else cluster.cpu_price_per_core_hour
-            info = infos[cluster.name] = (models, shape, slot, (cheapest, cluster.prices.get(cheapest)), unit)
-        models, shape, slot, price_key, unit = info
-        if self.could_fit(job, cluster, wc, models, slot):
-            entry.viable[cluster.name] = Candidate(cluster, wc, models, shape, price_key, unit, slot)
+            cand = infos[cluster.name] = Candidate(cluster, self.wc(cluster), models, shape,
+                                                   (cheapest, cluster.prices.get(cheapest)), unit, slot)
+        slot = cand.slot
+        if self.could_fit(job, cluster, cand.work, cand.models, slot):
+            entry.viable[cluster.name] = cand
         else:  # the verdict as first found at this allocation, shared by the shape's splits
             version = self.cluster_version.get(cluster.name, 0)
             held = slot.get("misfit") if self.caching else None
             if held is None or held[0] != version:
-                held = (version, ClusterEvaluation(cluster.name, cluster.region, _insufficient(job, wc, models)))
+                held = (version, ClusterEvaluation(cluster.name, cluster.region,
+                                                   _insufficient(job, cand.work, cand.models)))
                 if self.caching:
                     slot["misfit"] = held
             entry.add_misfit(held[1])
@@ -689,7 +714,9 @@ def decide(view: View, queue: Iterable[QueuedJob], policy: Policy, *, cache: boo
             ``checks`` (capacity checks of a shape on a cluster: once per shape and cluster, and
             again only after that cluster's allocation changed), ``fits`` (gang fits computed;
             a fit is shared by the jobs of one whole request shape until the cluster changes),
-            ``changes`` (allocation changes: placements and evictions), ``jobs``.
+            ``changes`` (allocation changes: placements and evictions), ``jobs``, ``sets``
+            (candidate sets built: once per split and CPU and memory request, again only after
+            the split's viable clusters or that request's failed fits changed).
 
     Returns:
         Placements in decision order (with their victims, if any), pending jobs with reasons,
@@ -764,7 +791,7 @@ def decide(view: View, queue: Iterable[QueuedJob], policy: Policy, *, cache: boo
             best = _branch_and_bound(job, group, cy, evaluations, split, passed)  # 3
             if best is not None:
                 for later in groups[g + 1:]:  # abroad, not tried: every cluster still gets a verdict
-                    evaluations.extend(cy.home_first(c.cluster) for c in later.cands)
+                    evaluations.extend(later.home_first(cy))
                 break
         if best is None and avoided:  # failover found nowhere else: the failed cluster beats waiting
             retry = [c for c in avoided if c.cluster.name not in cy.reservations]
@@ -816,11 +843,19 @@ def decide(view: View, queue: Iterable[QueuedJob], policy: Policy, *, cache: boo
                 and now - job.submitted_at >= policy.reserve_after_s):
             cy.reserve_tries += 1
             reservation = _reserve(job, cy, static_ok, skey)
-        shared_counts = cy.static_counts[skey] + split.counts
+        # reasons counted in the order first met: the filters', the split's misfits', the failed
+        # fits', then this job's own verdicts (what adding Counters in that order gives)
+        tally = dict(cy.static_counts[skey])
+        for r, n in split.counts.items():
+            tally[r] = tally.get(r, 0) + n
         for e in failed_evals:
-            shared_counts[e.verdict.reason] += 1
-        counts = shared_counts + Counter(e.verdict.reason for e in evaluations[shared_len:] if not e.verdict.passed)
-        reason = summarise_counts(counts)
+            r = e.verdict.reason
+            tally[r] = tally.get(r, 0) + 1
+        for k in range(shared_len, len(evaluations)):
+            v = evaluations[k].verdict
+            if not v.passed:
+                tally[v.reason] = tally.get(v.reason, 0) + 1
+        reason = summarise_counts(Counter(tally))
         if reservation is not None:
             reason = (f"reserved {reservation.cluster} from ~{(reservation.start_at - now) / 60:.0f} min "
                       f"(est.); {reason}")
@@ -831,7 +866,8 @@ def decide(view: View, queue: Iterable[QueuedJob], policy: Policy, *, cache: boo
         pending.append(Pending(job, reason, frozen, fits_empty, queue_of(job, policy.fast_lane_s), reservation))   # 5
 
     if stats is not None:
-        stats.update(checks=cy.checks, fits=cy.fits, changes=len(cy.change_log), jobs=len(placements) + len(pending))
+        stats.update(checks=cy.checks, fits=cy.fits, changes=len(cy.change_log), jobs=len(placements) + len(pending),
+                     sets=cy.sets_built)
     return Decisions(tuple(placements), tuple(pending), policy.version, tuple(cy.reservations.values()))
 
 
@@ -891,55 +927,59 @@ class _Bounds:
         self.shared: dict[int, float] = {}  # const scopes' values
         self.regions: dict[str, tuple[list, dict]] = {}  # region -> _region_terms
 
-    def _region_terms(self, group: _Group, region: str) -> tuple[list, dict]:
+    def _region_terms(self, group: _Group, region: str) -> tuple[list, dict, float]:
         """The job's terms shared by a region's candidates in ``group``: per scope, its weighted
         value where one value holds for the whole region (``const``, ``region``; None for the
-        others), and the ``region_price`` bounds by (scope index, cheapest model, its price)."""
+        others), the ``region_price`` bounds by (scope index, cheapest model, its price) and,
+        by scope index, the region's best; and the region's bound (:meth:`region`)."""
         got = self.regions.get(region)
         if got is None:
             job, cy = self.job, self.cy
             ctx = cy.ctx
             first = group.regions[region][0]
             values: list = []
-            prices: dict[tuple, float] = {}
+            prices: dict = {}
+            bound = 0.0  # summed in scope order
             for s in cy.scopes:
                 scope = s.scope
                 if scope == "region":
-                    values.append(s.scorer.bound(job, first.cluster, first.work, ctx, first.models))
+                    value = s.scorer.bound(job, first.cluster, first.work, ctx, first.models)
+                    values.append(value)
+                    bound += s.weight * value
                 elif scope == "const":
                     value = self.shared.get(s.index)
                     if value is None:
                         value = self.shared[s.index] = s.scorer.bound(job, first.cluster, first.work, ctx,
                                                                       first.models)
                     values.append(value)
+                    bound += s.weight * value
                 else:
                     values.append(None)
                     if scope == "region_price":  # one bound per distinct (cheapest model, its price)
+                        best = None
                         for c in group.reps[region]:
-                            prices[(s.index, *c.price_key)] = s.scorer.bound(job, c.cluster, c.work, ctx, c.models)
-            got = self.regions[region] = (values, prices)
+                            value = prices[(s.index, *c.price_key)] = s.scorer.bound(job, c.cluster, c.work, ctx,
+                                                                                    c.models)
+                            if best is None or value > best:
+                                best = value
+                        prices[s.index] = best
+                        bound += s.weight * best
+                    else:  # cluster, cluster_shape: at most 1
+                        bound += s.weight
+            got = self.regions[region] = (values, prices, bound)
         return got
 
     def region(self, group: _Group, region: str) -> float:
         """An upper bound of the total score on any of a region's candidates in ``group``: its
         shared terms, the best price term of its clusters, and 1 for every cluster-specific
-        term."""
-        values, prices = self._region_terms(group, region)
-        bound = 0.0
-        for s, value in zip(self.cy.scopes, values):
-            if value is not None:
-                bound += s.weight * value
-            elif s.scope == "region_price":
-                bound += s.weight * max([prices[(s.index, *c.price_key)] for c in group.reps[region]])
-            else:  # cluster, cluster_shape
-                bound += s.weight  # at most 1
-        return bound
+        term (weighted, summed in the policy's scorer order)."""
+        return self._region_terms(group, region)[2]
 
     def ranked(self, group: _Group, region: str) -> list[tuple[float, str, Candidate]]:
         """A region's candidates in ``group`` as (bound, name, candidate), best bound first
         (ties by name); the terms shared by the whole region are computed once."""
         cy = self.cy
-        values, prices = self._region_terms(group, region)
+        values, prices, _ = self._region_terms(group, region)
         same = sum([s.weight * value for s, value in zip(cy.scopes, values) if s.scope in ("const", "region")])
         caching = cy.caching
         versions = cy.cluster_version
@@ -981,17 +1021,16 @@ def _score(job: QueuedJob, c: Candidate, fit: Fit, cy: "_Cycle", shared: dict[in
     ``shared`` holds the values of the fit-only scorers already computed for this fit (by
     scorer index, :meth:`_Cycle.fit`); new ones are added to it."""
     cluster, work, ctx = c.cluster, c.work, cy.ctx
-    fit_only = cy.fit_scored
     terms = []
     weighted = []
-    for i, (sc, w) in enumerate(cy.policy.weights):
-        if i in fit_only:
+    for i, sc, w, name, fit_only in cy.scoring:
+        if fit_only:
             v = shared.get(i)
             if v is None:
                 v = shared[i] = sc.score(job, cluster, fit, work, ctx)
         else:
             v = sc.score(job, cluster, fit, work, ctx)
-        terms.append((sc.name, round(v, 4)))
+        terms.append((name, round(v, 4)))
         weighted.append(w * v)
     return tuple(terms), round(sum(weighted), 4)
 
@@ -1205,7 +1244,7 @@ def _placement(job: QueuedJob, cluster: ClusterState, fit: Fit, total: float, te
         job=job, cluster=cluster.name, region=cluster.region, zone=cluster.zone, card_model=fit.card_model,
         bindings=bindings, score=total, evaluations=tuple(evaluations),
         cross_region=cluster.region != job.spec.home_region,
-        transfer_s=transfer_seconds(job, cluster, cy.ctx), transfer_bytes=transfer_bytes(job, cluster),
+        transfer_s=transfer_seconds(job, cluster, cy.ctx), transfer_bytes=remote_bytes(job, cluster, cy.ctx),
         price_per_gpu_hour=cluster.prices.get(fit.card_model, 0.0),
         est_cost=round(estimated_cost(job, cluster, fit.card_model, cy.ctx), 6),
         queue=queue_of(job, cy.policy.fast_lane_s), victims=victims, explanation=explanation,

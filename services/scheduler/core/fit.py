@@ -301,6 +301,9 @@ class WorkingCluster:
             pool = self.cpu_order if not model else self.by_model.get(model, ())
             if len(pool) <= self.scan_nodes_up_to:
                 nodes = pool
+        if spec.workers == 1:  # nothing to take tentatively: no later worker reads this one's share
+            b = self._fit_worker(spec, 0, nodes) if nodes is not None else self._fit_worker_classes(spec, 0, model)
+            return None if b is None else Fit(model, (b,))
         taken: list[Binding] = []
         for w in range(spec.workers):
             b = self._fit_worker(spec, w, nodes) if nodes is not None else self._fit_worker_classes(spec, w, model)
@@ -432,14 +435,16 @@ class WorkingCluster:
             self._nodes_shared = False
         i = b.node
         pool = self._pool[i] if i < len(self._pool) else None
-        old = (self.gpu_free[i], self.cpu_free[i], self.mem_free[i])
+        gpu_free, cpu_free, mem_free = self.gpu_free, self.cpu_free, self.mem_free
+        old = (gpu_free[i], cpu_free[i], mem_free[i])
         if b.devices:
             free = list(old[0])
+            share = sign * b.gpu_milli
             for d in b.devices:
-                free[d] -= sign * b.gpu_milli
-            self.gpu_free[i] = tuple(free)
-        self.cpu_free[i] -= sign * b.cpu_milli
-        self.mem_free[i] -= sign * b.memory_mib
+                free[d] -= share
+            gpu_free[i] = tuple(free)
+        cpu_free[i] = old[1] - sign * b.cpu_milli
+        mem_free[i] = old[2] - sign * b.memory_mib
         if pool is not None:  # its class changes when the classes are next read (_flush)
             self._summaries.pop(pool, None)
             pending = self._pending.get(pool)

@@ -57,10 +57,16 @@ class _Bounded:
 
 def transfer_bytes(job: QueuedJob, cluster: ClusterState) -> int:
     """Bytes of the job's datasets that live outside the cluster's region."""
-    return sum(d.size_bytes for d in job.spec.datasets if d.home_region != cluster.region)
+    region = cluster.region
+    total = 0
+    for d in job.spec.datasets:
+        if d.home_region != region:
+            total += d.size_bytes
+    return total
 
 
-def _remote_bytes(job: QueuedJob, cluster: ClusterState, ctx: Context) -> int:
+def remote_bytes(job: QueuedJob, cluster: ClusterState, ctx: Context) -> int:
+    """:func:`transfer_bytes`, memoised per job and region in ``ctx.memo`` (the cycle's)."""
     key = ("bytes", job.job_id, job.shard, cluster.region)
     value = ctx.memo.get(key)
     if value is None:
@@ -73,7 +79,7 @@ def transfer_seconds(job: QueuedJob, cluster: ClusterState, ctx: Context) -> flo
     from its home region to the cluster's (``ctx.region_bandwidth_bps``, else
     ``ctx.inter_region_bandwidth_bps``), summed (moved one after another)."""
     if not ctx.region_bandwidth_bps:
-        return _remote_bytes(job, cluster, ctx) / ctx.inter_region_bandwidth_bps
+        return remote_bytes(job, cluster, ctx) / ctx.inter_region_bandwidth_bps
     key = ("secs", job.job_id, job.shard, cluster.region)
     value = ctx.memo.get(key)
     if value is None:
@@ -85,7 +91,7 @@ def transfer_seconds(job: QueuedJob, cluster: ClusterState, ctx: Context) -> flo
 
 def egress_cost(job: QueuedJob, cluster: ClusterState, ctx: Context) -> float:
     """Estimated egress charge: remote bytes / 1e9 x price per GB (currency units)."""
-    return _remote_bytes(job, cluster, ctx) / 1e9 * ctx.egress_price_per_gb
+    return remote_bytes(job, cluster, ctx) / 1e9 * ctx.egress_price_per_gb
 
 
 def estimated_hours(job: QueuedJob) -> float:
@@ -144,10 +150,21 @@ class StartTime:
 
 
 def cost_per_unit_hour(job: QueuedJob, cluster: ClusterState, card_model: str, ctx: Context) -> float:
-    """:func:`estimated_cost` per GPU-hour (CPU-only: per core-hour) of the job's estimate."""
+    """:func:`estimated_cost` per GPU-hour (CPU-only: per core-hour) of the job's estimate.
+
+    It reads of the cluster only its region (egress) and the unit price (of ``card_model``;
+    CPU-only: the core-hour price), so it is memoised in ``ctx.memo`` per job and (region, unit
+    price): a job's cost reference, its cost bounds and its cost scores share one value."""
     spec = job.spec
-    units = spec.total_gpu_milli / WHOLE if spec.gpus_per_worker else spec.cpu_milli * spec.workers / 1000
-    return estimated_cost(job, cluster, card_model, ctx) / max(units * estimated_hours(job), 1e-9)
+    gpu = spec.gpus_per_worker
+    price = cluster.prices.get(card_model, 0.0) if gpu else cluster.cpu_price_per_core_hour
+    key = ("unit cost", job.job_id, job.shard, cluster.region, price)
+    memo = ctx.memo
+    value = memo.get(key)
+    if value is None:
+        units = spec.total_gpu_milli / WHOLE if gpu else spec.cpu_milli * spec.workers / 1000
+        value = memo[key] = estimated_cost(job, cluster, card_model, ctx) / max(units * estimated_hours(job), 1e-9)
+    return value
 
 
 class Cost:
@@ -262,6 +279,7 @@ class Fragmentation(_Bounded):
 
     def __init__(self, mix: Mapping[int, float] = DEFAULT_TASK_MIX) -> None:
         self.mix = dict(mix)
+        self._mix_items = tuple(self.mix.items())  # the memo key :func:`node_fragmentation` builds
 
     def score(self, job, cluster, fit, work, ctx) -> float:
         if not fit.card_model:
@@ -271,7 +289,8 @@ class Fragmentation(_Bounded):
             free = touched.setdefault(b.node, list(work.gpu_free[b.node]))
             for d in b.devices:
                 free[d] -= b.gpu_milli
-        delta = sum(node_fragmentation(tuple(after), self.mix) - node_fragmentation(work.gpu_free[n], self.mix)
+        mix = self._mix_items
+        delta = sum(_fragmentation(tuple(after), mix) - _fragmentation(work.gpu_free[n], mix)
                     for n, after in touched.items())
         return 1.0 / (1.0 + max(0.0, delta) / 1000.0)
 

@@ -7,7 +7,8 @@
 * ``estimated_start(within=L)`` gives a full search's answer when that is at most ``L`` seconds
   away, else ``inf`` (the prefer_local wait only asks that);
 * counting: the capacity checks and gang fits of a cycle are bounded by request shapes x
-  (clusters + allocation changes), not by jobs x clusters.
+  (clusters + allocation changes), not by jobs x clusters; a failed fit rebuilds only its own
+  request's candidate set.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from fedsched.jobs import Dataset, JobSpec, Locality
-from services.scheduler.core import (ClusterState, Decisions, NodeState, QueuedJob, RunningWork, View,
+from services.scheduler.core import (ClusterState, Decisions, NodeState, QueuedJob, Reason, RunningWork, View,
                                      build_policy, decide)
 from services.scheduler.core.fit import WorkingCluster
 from services.scheduler.core.preempt import estimated_start
@@ -203,3 +204,33 @@ def test_placing_checks_and_fits_grow_with_shapes_times_changes_not_jobs_times_c
     assert stats["checks"] <= shapes * (clusters + changes), stats
     assert stats["fits"] <= shapes * (clusters + changes), stats
     assert stats["checks"] + stats["fits"] < n_jobs * clusters / 4, stats  # far below jobs x clusters
+
+
+def test_a_failed_fit_rebuilds_only_its_own_requests_candidate_set():
+    """Counting: jobs of one GPU shape with two CPU requests share a split; a whole fit of the
+    big request that fails (a cheap cluster is out of CPU for it, cards left) drops that
+    request's candidate set, not the small request's: with no cluster leaving the split, sets
+    built = requests + failed fits of the big request (dropping every set on a failed fit, as
+    before, rebuilt the small request's after each: 10 here instead of 6)."""
+    clusters = 8
+    out = []
+    for i in range(clusters):
+        cpu = 8300 if i % 2 else 64000  # a node of a cheap (odd) cluster holds one 8-core job
+        out.append(ClusterState(f"c{i:02d}", REGIONS[0], REGIONS[0] + "a",
+                                tuple(NodeState(f"c{i}-n{n}", T4, 16, (1000,) * 8, cpu, 262144, 64000, 262144)
+                                      for n in range(2)),
+                                prices={T4: (2.0 if i % 2 else 4.0) + i / 100}))
+    queue = []
+    for k in range(24):
+        spec = JobSpec(tenant="search", project="p", home_region=REGIONS[0], gpus_per_worker=1, gpu_milli=1000,
+                       cpu_milli=8000 if k % 2 else 10, estimated_duration_s=3600.0 + k)
+        queue.append(QueuedJob(f"j{k}", 1, spec, NOW - k))
+    stats: dict[str, int] = {}
+    d = decide(View(tuple(out), NOW), queue, build_policy("federated"), stats=stats)
+    assert len(d.placements) == len(queue)
+    assert all(p.cluster in ("c01", "c03", "c05", "c07", "c00", "c02") for p in d.placements)  # nothing fills up
+    big_failed = {e.cluster for p in d.placements if p.job.spec.cpu_milli == 8000
+                  for e in p.evaluations if e.verdict.reason == Reason.INSUFFICIENT}
+    assert big_failed == {"c01", "c03", "c05", "c07"}  # one by one, between the small jobs
+    requests = 2
+    assert stats["sets"] == requests + len(big_failed), stats
