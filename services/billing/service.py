@@ -179,7 +179,8 @@ class BillingService:
         return self._book
 
     async def record_placements(self, deliveries: list[Delivery]) -> None:
-        """Put the batch's placements into the placement book (idempotent).
+        """Put the batch's placements into the placement book (idempotent), all puts of the
+        batch in flight at once; returns once every one is confirmed.
 
         Raises:
             UnavailableError: NATS unreachable.
@@ -194,8 +195,14 @@ class BillingService:
             return
         try:
             book = await self._placement_book()
-            for r in records:
-                await book.put(r.key, json.dumps(r.to_json()).encode())
+            # pipelined: every put is sent before any answer is awaited (one flush and one wait
+            # per batch, not a round trip per placement; issue 15); the batch is acknowledged
+            # only after every put was confirmed
+            done = await asyncio.gather(*(book.put(r.key, json.dumps(r.to_json()).encode()) for r in records),
+                                        return_exceptions=True)
+            for outcome in done:
+                if isinstance(outcome, BaseException):
+                    raise outcome
         except (nats.errors.Error, asyncio.TimeoutError, OSError) as e:
             self._book = None
             raise UnavailableError(f"cannot record placements: {e!r}") from e
