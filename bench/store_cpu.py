@@ -124,9 +124,31 @@ async def main(a) -> None:
     if a.rate <= 0:
         publisher.wait()
     astore = AsyncStore(store)
-    audit = AuditService(bus, astore)
-    billing = BillingService(bus, astore, load_price_catalog())
-    c0, t0 = cpu_s(), time.monotonic()
+    calls: dict[str, list[int]] = {}  # table -> [inserts, rows offered]
+    insert_new = store.insert_new
+
+    def counted(table, rows, columns, key):
+        c = calls.setdefault(table, [0, 0])
+        c[0] += 1
+        c[1] += len(rows)
+        return insert_new(table, rows, columns, key)
+
+    store.insert_new = counted
+    engine = [0.0]  # CPU seconds of the calls into the store (on its worker thread)
+    call = store._call
+
+    def timed(fn):
+        c = time.thread_time()
+        try:
+            return call(fn)
+        finally:
+            engine[0] += time.thread_time() - c
+
+    store._call = timed
+    kw = {} if a.linger is None else {"linger_s": a.linger}
+    audit = AuditService(bus, astore, **kw)
+    billing = BillingService(bus, astore, load_price_catalog(), **kw)
+    c0, t0, m0 = cpu_s(), time.monotonic(), time.thread_time()
     tasks = [asyncio.create_task(audit.run()), asyncio.create_task(billing.run())]
     deadline = t0 + a.timeout
     while time.monotonic() < deadline:
@@ -135,6 +157,7 @@ async def main(a) -> None:
                 and await billing.lag() == 0:
             break
     c1, t1 = cpu_s(), time.monotonic()
+    main_cpu = time.thread_time() - m0
     audit.stop()
     billing.stop()
     await asyncio.gather(*tasks)
@@ -146,6 +169,8 @@ async def main(a) -> None:
     print(f"store: {a.jobs} jobs ({total} events, {n_ended} ended) {'backlog' if a.rate <= 0 else f'at {a.rate:g}/s'}: "
           f"cpu {c1 - c0:.2f} s = {1000 * (c1 - c0) / a.jobs:.3f} ms/job, wall {t1 - t0:.1f} s; rows events {rows} "
           f"(distinct {ids}), decisions {decisions}, usage {usage}; load {os.getloadavg()[0]:.1f}")
+    print(f"  store calls: {engine[0]:.2f} s CPU on the writer thread; main thread {main_cpu:.2f} s")
+    print("  inserts per table (calls, rows offered): " + ", ".join(f"{t} {c[0]} ({c[1]})" for t, c in calls.items()))
     await bus.close()
     nats.stop()
     assert rows == ids == total + n_ended and decisions == a.jobs and usage == n_ended, "rows missing or doubled"
@@ -156,6 +181,7 @@ if __name__ == "__main__":
     p.add_argument("--jobs", type=int, default=5000)
     p.add_argument("--rate", type=float, default=0.0, help="jobs/s offered while the services run (0: backlog)")
     p.add_argument("--ended", type=float, default=0.0, help="fraction of jobs that also end (billed)")
+    p.add_argument("--linger", type=float, default=None, help="the writers' linger_s (default: theirs)")
     p.add_argument("--timeout", type=float, default=300.0)
     p.add_argument("--prefix", default="bench")
     p.add_argument("--nats-url", default="")

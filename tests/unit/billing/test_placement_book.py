@@ -1,11 +1,14 @@
 """Billing books a batch's placements with pipelined puts (issue 15): every put of the batch
-is in flight before any answer is awaited, the batch returns only once every put is confirmed,
-and a failed put hands the batch back (UnavailableError). The book is a hand-written fake of
-the KV bucket's ``put``; the bus is a stand-in (only names are read)."""
+is published before any acknowledgement is awaited, the batch returns only once every put is
+acknowledged, and a failed or unacknowledged put hands the batch back (UnavailableError).
+
+The bus is a stand-in whose ``js.publish_async`` is a hand-written fake of JetStream's
+(futures the test resolves); :meth:`BillingService._placement_book` is stubbed (the bucket exists)."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 from types import SimpleNamespace
 
 import nats.errors
@@ -22,35 +25,33 @@ SPEC = JobSpec(tenant="search", project="train", home_region="cn-north-1", gpus_
 SUBJECTS = Subjects("t")
 
 
-class FakeBook:
-    """A KV bucket whose puts are answered only when the test says so."""
+class FakeJetStream:
+    """``publish_async``: records the publish, returns a future the test resolves."""
 
-    def __init__(self, fail: str = "") -> None:
-        self.in_flight = 0
-        self.most_in_flight = 0
-        self.stored: dict[str, bytes] = {}
-        self.release = asyncio.Event()
-        self.fail = fail
+    def __init__(self) -> None:
+        self.published: dict[str, bytes] = {}
+        self.futures: dict[str, asyncio.Future] = {}
 
-    async def put(self, key: str, value: bytes) -> int:
-        self.in_flight += 1
-        self.most_in_flight = max(self.most_in_flight, self.in_flight)
-        try:
-            await self.release.wait()
-            if key.startswith(self.fail or "\0"):
-                raise nats.errors.TimeoutError
-            self.stored[key] = value
-            return len(self.stored)
-        finally:
-            self.in_flight -= 1
+    async def publish_async(self, subject: str, payload: bytes = b"", wait_stall=None, **_):
+        self.published[subject] = payload
+        self.futures[subject] = asyncio.get_running_loop().create_future()
+        return self.futures[subject]
+
+    def answer(self, fail: str = "") -> None:
+        for subject, f in self.futures.items():
+            if not f.done():
+                if fail and fail in subject:
+                    f.set_exception(nats.errors.NoRespondersError())
+                else:
+                    f.set_result(SimpleNamespace(seq=1))
 
 
-def _billing(book: FakeBook) -> BillingService:
-    bus = SimpleNamespace(stream_name=lambda suffix: f"T_{suffix}", subjects=SUBJECTS)
+def _billing(js: FakeJetStream) -> BillingService:
+    bus = SimpleNamespace(stream_name=lambda suffix: f"T_{suffix}", subjects=SUBJECTS, prefix="t", js=js)
     billing = BillingService(bus, store=None, prices=load_price_catalog())
 
     async def placement_book():
-        return book
+        return object()
 
     billing._placement_book = placement_book
     return billing
@@ -71,21 +72,30 @@ async def _until(condition, timeout_s: float = 5.0) -> None:
         await asyncio.sleep(0.001)
 
 
-async def test_every_put_of_a_batch_is_in_flight_before_any_is_answered() -> None:
-    book = FakeBook()
-    billing = _billing(book)
-    task = asyncio.create_task(billing.record_placements(_placements(50)))
-    await _until(lambda: book.in_flight == 50)
-    assert not task.done()  # not returned before the puts are confirmed
-    book.release.set()
+async def test_every_put_of_a_batch_is_published_before_any_is_acknowledged() -> None:
+    js = FakeJetStream()
+    task = asyncio.create_task(_billing(js).record_placements(_placements(50)))
+    await _until(lambda: len(js.published) == 50)
+    assert not task.done()  # returns only once every put is acknowledged
+    js.answer()
     await task
-    assert book.most_in_flight == 50 and sorted(book.stored) == sorted(f"j{i}.1.0" for i in range(50))
+    assert sorted(js.published) == sorted(f"$KV.t_placements.j{i}.1.0" for i in range(50))
+    record = json.loads(js.published["$KV.t_placements.j7.1.0"])
+    assert (record["region"], record["cluster"], record["attempt"]) == ("cn-north-1", "c1", 1)
 
 
 async def test_a_failed_put_hands_the_batch_back() -> None:
-    book = FakeBook(fail="j3.")
-    book.release.set()
-    billing = _billing(book)
+    js = FakeJetStream()
+    task = asyncio.create_task(_billing(js).record_placements(_placements(5)))
+    await _until(lambda: len(js.published) == 5)
+    js.answer(fail=".j3.")
     with pytest.raises(UnavailableError, match="cannot record placements"):
-        await billing.record_placements(_placements(5))
-    assert len(book.stored) == 4  # the others were put (idempotent: the retried batch puts them again)
+        await task
+
+
+async def test_an_unacknowledged_put_hands_the_batch_back() -> None:
+    js = FakeJetStream()
+    billing = _billing(js)
+    with pytest.raises(asyncio.TimeoutError, match="1 of 1 placement puts"):
+        await billing._put_all([("j1.1.0", b"{}")], timeout_s=0.05)
+    assert js.futures["$KV.t_placements.j1.1.0"].cancelled()
