@@ -347,3 +347,41 @@ async def test_a_durable_consumer_knows_how_many_messages_it_has_yet_to_handle(b
         await task
     assert seen == [10, 8, 6, 4, 2]  # two in hand plus the rest the server holds
     assert c.backlog == 0
+
+
+async def test_a_lingering_consumer_makes_one_pull_per_batch_not_one_per_arriving_message(bus):
+    """Issue 15: messages trickling in while a writer lingers are taken in one fetch at the end
+    of the linger (a batch of all of them), not fetched one by one as they arrive (which made
+    at least one pull request per message)."""
+    batches: list[tuple[int, int]] = []  # (messages, fetches made before the batch was handled)
+    fetches = 0
+
+    async def handler(ds):
+        batches.append((len(ds), fetches))
+
+    subject = bus.subjects.status("cn-north-1", "cn-north-1-c1")
+    c = DurableConsumer(bus, "EVENTS", "linger", [subject], handler, batch=100, max_wait_s=0.5, linger_s=0.6)
+    await c._subscribe()
+    fetch = c._sub.fetch
+
+    async def counted(*args, **kwargs):  # the real fetch, counted
+        nonlocal fetches
+        fetches += 1
+        return await fetch(*args, **kwargs)
+
+    c._sub.fetch = counted
+    task = asyncio.create_task(c.run())
+    try:
+        for i in range(10):  # one message every 20 ms: all within the first one's linger
+            await bus.publish(subject, _event(i))
+            await asyncio.sleep(0.02)
+        deadline = time.monotonic() + 10
+        while sum(n for n, _ in batches) < 10:
+            assert time.monotonic() < deadline, f"handled {batches}"
+            await asyncio.sleep(0.02)
+    finally:
+        c.stop()
+        await task
+    # one batch, from the first message's fetch and the drain after the linger (fetch_fast:
+    # at most two pull requests each)
+    assert batches[0][0] == 10 and batches[0][1] <= 4, batches
