@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import os
 import resource
 import subprocess
@@ -146,8 +147,24 @@ async def main(a) -> None:
 
     store._call = timed
     kw = {} if a.linger is None else {"linger_s": a.linger}
+    if a.no_gc_tuning:
+        kw["gc_young_threshold"] = 0
     audit = AuditService(bus, astore, **kw)
     billing = BillingService(bus, astore, load_price_catalog(), **kw)
+    gc_time = [0.0, 0, 0.0]  # seconds in collections, full collections, seconds in full ones
+    started = [0.0]
+
+    def on_gc(phase, info):
+        if phase == "start":
+            started[0] = time.perf_counter()
+        else:
+            d = time.perf_counter() - started[0]
+            gc_time[0] += d
+            if info["generation"] == 2:
+                gc_time[1] += 1
+                gc_time[2] += d
+
+    gc.callbacks.append(on_gc)
     c0, t0, m0 = cpu_s(), time.monotonic(), time.thread_time()
     tasks = [asyncio.create_task(audit.run()), asyncio.create_task(billing.run())]
     deadline = t0 + a.timeout
@@ -169,6 +186,8 @@ async def main(a) -> None:
     print(f"store: {a.jobs} jobs ({total} events, {n_ended} ended) {'backlog' if a.rate <= 0 else f'at {a.rate:g}/s'}: "
           f"cpu {c1 - c0:.2f} s = {1000 * (c1 - c0) / a.jobs:.3f} ms/job, wall {t1 - t0:.1f} s; rows events {rows} "
           f"(distinct {ids}), decisions {decisions}, usage {usage}; load {os.getloadavg()[0]:.1f}")
+    gc.callbacks.remove(on_gc)
+    print(f"  garbage collection: {gc_time[0]:.2f} s, of which {gc_time[1]} full collections {gc_time[2]:.2f} s")
     print(f"  store calls: {engine[0]:.2f} s CPU on the writer thread; main thread {main_cpu:.2f} s")
     print("  inserts per table (calls, rows offered): " + ", ".join(f"{t} {c[0]} ({c[1]})" for t, c in calls.items()))
     await bus.close()
@@ -182,6 +201,7 @@ if __name__ == "__main__":
     p.add_argument("--rate", type=float, default=0.0, help="jobs/s offered while the services run (0: backlog)")
     p.add_argument("--ended", type=float, default=0.0, help="fraction of jobs that also end (billed)")
     p.add_argument("--linger", type=float, default=None, help="the writers' linger_s (default: theirs)")
+    p.add_argument("--no-gc-tuning", action="store_true", help="the services leave the collector alone")
     p.add_argument("--timeout", type=float, default=300.0)
     p.add_argument("--prefix", default="bench")
     p.add_argument("--nats-url", default="")

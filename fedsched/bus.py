@@ -727,8 +727,12 @@ class DurableConsumer:
                     continue
                 heartbeat = asyncio.create_task(self._heartbeat(msgs), name=f"progress-{self.durable}")
                 try:
-                    if self.linger_s > 0 and len(msgs) < self.batch:
-                        msgs += await self._linger(msgs)
+                    deadline = time.monotonic() + self.linger_s
+                    while len(msgs) < self.batch and (left := deadline - time.monotonic()) > 0:
+                        try:
+                            msgs += await self._linger(msgs, left)
+                        except (nats.errors.TimeoutError, asyncio.TimeoutError):
+                            break
                     if self._stop.is_set():  # stopped while fetching: hand the messages back, untouched
                         for msg in msgs:
                             await msg.nak()
@@ -751,25 +755,27 @@ class DurableConsumer:
                 await asyncio.sleep(self._backoff)
                 self._backoff = min(self._backoff * 2, 5.0)
 
-    async def _linger(self, msgs: list[Msg]) -> list[Msg]:
-        """More messages for the batch begun with ``msgs``: wait out ``linger_s`` (at once when
-        the messages pending behind ``msgs`` already fill the batch; cut short by :meth:`stop`),
-        then take what is pending -- up to ``batch`` in all -- in one fetch.
+    async def _linger(self, msgs: list[Msg], left_s: float) -> list[Msg]:
+        """More messages for the batch begun with ``msgs``: wait out the ``left_s`` seconds
+        left of the linger (not when the messages pending behind ``msgs`` already fill the
+        batch; cut short by :meth:`stop`), then take what is pending -- up to ``batch`` in all
+        -- in one fetch.
 
         One pull request per batch, not one per message arriving during the linger (issue 15:
         at a few hundred messages/s a writer made a fetch, a flush and a status reply per
         arrival). The batch's time bound stays ``linger_s``; it may close before ``batch`` is
         reached, and what arrives after its fetch waits for the next batch.
+
+        Raises:
+            nats.errors.TimeoutError / asyncio.TimeoutError: nothing was pending, or the
+                consumer was stopped (nothing more is taken: the batch ends here).
         """
         if _pending_after(msgs) < self.batch - len(msgs):
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._stop.wait(), self.linger_s)
+                await asyncio.wait_for(self._stop.wait(), left_s)
         if self._stop.is_set():
-            return []
-        try:
-            return await fetch_fast(self._sub, self.batch - len(msgs), _LINGER_DRAIN_S)
-        except (nats.errors.TimeoutError, asyncio.TimeoutError):
-            return []
+            raise asyncio.TimeoutError("stopped while lingering")
+        return await fetch_fast(self._sub, self.batch - len(msgs), _LINGER_DRAIN_S)
 
     async def _handle(self, msgs: list[Msg]) -> None:
         good: list[Delivery] = []

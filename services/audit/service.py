@@ -52,6 +52,7 @@ from fedsched.bus import Bus, Delivery, DurableConsumer
 from fedsched.clock import as_utc
 from fedsched.dispatch import EventTable
 from fedsched.errors import DecodeError, UnavailableError
+from fedsched.gctune import YOUNG_THRESHOLD, tune_for_service
 from fedsched.events import (DeadLetter, Envelope, EventType, InventorySnapshot, JobPending, JobPlaced, JobStatus,
                              JobStop, SecurityRejected, business_event_id, make_event, payload_error)
 from fedsched.lease import StreamFencing, Tenure, read_tenure
@@ -327,12 +328,15 @@ class AuditService:
             :func:`~fedsched.lease.read_tenure` on ``bus``).
         retain_placements: placements kept in memory to judge statuses (the newest; the others
             are read from ``events`` when needed).
+        gc_young_threshold: :meth:`run` freezes the start-up heap and raises the collector's
+            young threshold to this (:func:`~fedsched.gctune.tune_for_service`, process-wide;
+            0 = leave the collector alone).
     """
 
     def __init__(self, bus: Bus, store: AsyncStore, *, batch: int = 2000, max_wait_s: float = 0.5,
                  linger_s: float = 1.0, ack_wait_s: float = 5.0, metrics: WriterMetrics | None = None,
                  tenure: Callable[[], Awaitable[Tenure | None]] | None = None,
-                 retain_placements: int = 100_000) -> None:
+                 retain_placements: int = 100_000, gc_young_threshold: int = YOUNG_THRESHOLD) -> None:
         self.bus = bus
         self.store = store
         self.metrics = metrics if metrics is not None else WriterMetrics("audit")
@@ -350,6 +354,7 @@ class AuditService:
         self._placed: RecentDict[tuple[str, int, int], tuple[str, str]] = RecentDict(retain_placements)
         self.placement_queries = 0  #: batches whose statuses needed the log's placements
         self._read_tenure = tenure if tenure is not None else (lambda: read_tenure(bus))
+        self.gc_young_threshold = gc_young_threshold
 
     async def write(self, deliveries: list[Delivery]) -> None:
         """Insert the batch and its projections; return only after ClickHouse committed them.
@@ -507,7 +512,10 @@ class AuditService:
         return sum([await c.lag() for c in self.consumers])
 
     async def run(self) -> None:
-        """Consume until cancelled/stopped."""
+        """Consume until cancelled/stopped; first, unless ``gc_young_threshold`` is 0, tune
+        the process's garbage collector (:func:`~fedsched.gctune.tune_for_service`)."""
+        if self.gc_young_threshold:
+            tune_for_service(self.gc_young_threshold)
         await asyncio.gather(*(c.run() for c in self.consumers))
 
     def stop(self) -> None:

@@ -63,6 +63,7 @@ from fedsched import telemetry
 from fedsched.bus import Bus, Delivery, DurableConsumer
 from fedsched.dispatch import SkippedTypes
 from fedsched.errors import UnavailableError
+from fedsched.gctune import YOUNG_THRESHOLD, tune_for_service
 from fedsched.events import EventType, JobPlaced, JobStatus, UsageRecorded, business_event_id, make_event
 from fedsched.metrics import WriterMetrics
 from fedsched.lease import StreamFencing, Tenure, read_tenure
@@ -114,12 +115,16 @@ class BillingService:
         metrics: where insert latency is timed (default: a registry of its own).
         tenure: reads the scheduler lease's current tenure (default
             :func:`~fedsched.lease.read_tenure` on ``bus``).
+        gc_young_threshold: :meth:`run` freezes the start-up heap and raises the collector's
+            young threshold to this (:func:`~fedsched.gctune.tune_for_service`, process-wide;
+            0 = leave the collector alone).
     """
 
     def __init__(self, bus: Bus, store: AsyncStore, prices: PriceCatalog, *, batch: int = 1000,
                  max_wait_s: float = 0.5, linger_s: float = 0.5, ack_wait_s: float = 5.0,
                  metrics: WriterMetrics | None = None,
-                 tenure: Callable[[], Awaitable[Tenure | None]] | None = None) -> None:
+                 tenure: Callable[[], Awaitable[Tenure | None]] | None = None,
+                 gc_young_threshold: int = YOUNG_THRESHOLD) -> None:
         self.bus = bus
         self.metrics = metrics if metrics is not None else WriterMetrics("billing")
         self.store = store
@@ -139,6 +144,7 @@ class BillingService:
         self.stale_orders = 0
         self._read_tenure = tenure if tenure is not None else (lambda: read_tenure(bus))
         self.tenure: Tenure | None = None  #: the scheduler lease's tenure, as last read
+        self.gc_young_threshold = gc_young_threshold
 
     @property
     def highest_token(self) -> int:
@@ -410,7 +416,10 @@ class BillingService:
         return sum([await c.lag() for c in self.consumers])
 
     async def run(self) -> None:
-        """Consume until stopped."""
+        """Consume until stopped; first, unless ``gc_young_threshold`` is 0, tune the
+        process's garbage collector (:func:`~fedsched.gctune.tune_for_service`)."""
+        if self.gc_young_threshold:
+            tune_for_service(self.gc_young_threshold)
         await asyncio.gather(*(c.run() for c in self.consumers))
 
     def stop(self) -> None:

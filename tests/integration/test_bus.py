@@ -360,7 +360,7 @@ async def test_a_lingering_consumer_makes_one_pull_per_batch_not_one_per_arrivin
         batches.append((len(ds), fetches))
 
     subject = bus.subjects.status("cn-north-1", "cn-north-1-c1")
-    c = DurableConsumer(bus, "EVENTS", "linger", [subject], handler, batch=100, max_wait_s=0.5, linger_s=0.6)
+    c = DurableConsumer(bus, "EVENTS", "linger", [subject], handler, batch=100, max_wait_s=0.5, linger_s=1.0)
     await c._subscribe()
     fetch = c._sub.fetch
 
@@ -382,6 +382,7 @@ async def test_a_lingering_consumer_makes_one_pull_per_batch_not_one_per_arrivin
     finally:
         c.stop()
         await task
-    # one batch, from the first message's fetch and the drain after the linger (fetch_fast:
-    # at most two pull requests each)
-    assert batches[0][0] == 10 and batches[0][1] <= 4, batches
+    # per batch: the first message's fetch and the drain after the linger (fetch_fast: at most
+    # two pull requests each) -- one batch, unless a slow machine spread the publishes over more
+    # than the linger (polling per arrival made >= 11 before the first batch)
+    assert len(batches) <= 3 and batches[-1][1] <= 4 * len(batches), batches
