@@ -316,8 +316,10 @@ class AuditService:
         max_wait_s: how long an idle fetch waits.
         linger_s: time bound of a batch (collect up to ``batch`` events for this long). Every
             insert costs the embedded engine ~5-10 ms CPU whatever its size (a new part, and
-            the merges it causes), so one second's events go in one insert per table: rows
-            reach ClickHouse within about ``linger_s`` (issue 15).
+            the merges it causes), so a batch gathers ~0.75 s of events, one insert per table:
+            rows reach ClickHouse within about ``linger_s`` (issue 15). Kept below
+            ``ack_wait_s / 4``, when a batch still in hand starts reporting progress on each of
+            its messages.
         ack_wait_s: JetStream redelivers a batch not acknowledged within this long after the
             writer's last progress report (a writer that died mid-batch: its successor, or
             another replica, writes the batch within this long; a slow insert keeps its batch
@@ -334,7 +336,7 @@ class AuditService:
     """
 
     def __init__(self, bus: Bus, store: AsyncStore, *, batch: int = 2000, max_wait_s: float = 0.5,
-                 linger_s: float = 1.0, ack_wait_s: float = 5.0, metrics: WriterMetrics | None = None,
+                 linger_s: float = 0.75, ack_wait_s: float = 5.0, metrics: WriterMetrics | None = None,
                  tenure: Callable[[], Awaitable[Tenure | None]] | None = None,
                  retain_placements: int = 100_000, gc_young_threshold: int = YOUNG_THRESHOLD) -> None:
         self.bus = bus

@@ -58,6 +58,7 @@ from typing import Awaitable, Callable
 
 import nats.errors
 import nats.js.errors
+import orjson
 
 from fedsched import telemetry
 from fedsched.bus import Bus, Delivery, DurableConsumer
@@ -206,7 +207,7 @@ class BillingService:
             return
         try:
             await self._placement_book()  # the bucket exists (made on first use)
-            await self._put_all([(r.key, json.dumps(r.to_json()).encode()) for r in records])
+            await self._put_all([(r.key, orjson.dumps(r.to_json())) for r in records])
         except (nats.errors.Error, asyncio.TimeoutError, OSError) as e:
             self._book = None
             raise UnavailableError(f"cannot record placements: {e!r}") from e
