@@ -149,6 +149,8 @@ async def main(a) -> None:
     kw = {} if a.linger is None else {"linger_s": a.linger}
     if a.no_gc_tuning:
         kw["gc_young_threshold"] = 0
+    elif a.gc_young:
+        kw["gc_young_threshold"] = a.gc_young
     audit = AuditService(bus, astore, **kw)
     billing = BillingService(bus, astore, load_price_catalog(), **kw)
     gc_time = [0.0, 0, 0.0]  # seconds in collections, full collections, seconds in full ones
@@ -202,6 +204,7 @@ if __name__ == "__main__":
     p.add_argument("--ended", type=float, default=0.0, help="fraction of jobs that also end (billed)")
     p.add_argument("--linger", type=float, default=None, help="the writers' linger_s (default: theirs)")
     p.add_argument("--no-gc-tuning", action="store_true", help="the services leave the collector alone")
+    p.add_argument("--gc-young", type=int, default=0, help="the services' young threshold (default: theirs)")
     p.add_argument("--timeout", type=float, default=300.0)
     p.add_argument("--prefix", default="bench")
     p.add_argument("--nats-url", default="")
