@@ -593,9 +593,8 @@ class DurableConsumer:
             a message failing ``max_failures`` times is dead-lettered).
         batch: maximum messages per handler call.
         max_wait_s: how long a fetch waits for the first message.
-        linger_s: after the first message, wait this long (not when the messages pending
-            already fill ``batch``), then take what is pending, up to ``batch`` in all, in one
-            fetch (0 = hand over what is there at once; > 0 makes fewer, bigger inserts).
+        linger_s: after the first message, keep collecting up to ``batch`` for this long (0 =
+            hand over what is there at once; > 0 makes fewer, bigger inserts).
         ack_wait_s: JetStream redelivers a message after this long without an ack or a progress
             report. While a batch is in hand (from its fetch until it is acknowledged or handed
             back) the consumer reports progress (``+WPI``, :meth:`nats.aio.msg.Msg.in_progress`)
@@ -730,7 +729,7 @@ class DurableConsumer:
                     deadline = time.monotonic() + self.linger_s
                     while len(msgs) < self.batch and (left := deadline - time.monotonic()) > 0:
                         try:
-                            msgs += await self._linger(msgs, left)
+                            msgs += await fetch_fast(self._sub, self.batch - len(msgs), left)
                         except (nats.errors.TimeoutError, asyncio.TimeoutError):
                             break
                     if self._stop.is_set():  # stopped while fetching: hand the messages back, untouched
@@ -754,28 +753,6 @@ class DurableConsumer:
                 self._sub = None
                 await asyncio.sleep(self._backoff)
                 self._backoff = min(self._backoff * 2, 5.0)
-
-    async def _linger(self, msgs: list[Msg], left_s: float) -> list[Msg]:
-        """More messages for the batch begun with ``msgs``: wait out the ``left_s`` seconds
-        left of the linger (not when the messages pending behind ``msgs`` already fill the
-        batch; cut short by :meth:`stop`), then take what is pending -- up to ``batch`` in all
-        -- in one fetch.
-
-        One pull request per batch, not one per message arriving during the linger (issue 15:
-        at a few hundred messages/s a writer made a fetch, a flush and a status reply per
-        arrival). The batch's time bound stays ``linger_s``; it may close before ``batch`` is
-        reached, and what arrives after its fetch waits for the next batch.
-
-        Raises:
-            nats.errors.TimeoutError / asyncio.TimeoutError: nothing was pending, or the
-                consumer was stopped (nothing more is taken: the batch ends here).
-        """
-        if _pending_after(msgs) < self.batch - len(msgs):
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._stop.wait(), left_s)
-        if self._stop.is_set():
-            raise asyncio.TimeoutError("stopped while lingering")
-        return await fetch_fast(self._sub, self.batch - len(msgs), _LINGER_DRAIN_S)
 
     async def _handle(self, msgs: list[Msg]) -> None:
         good: list[Delivery] = []
@@ -845,11 +822,6 @@ class DurableConsumer:
         await self.bus.dead_letter(self.durable, d.msg, reason)
         await d.msg.ack()
         self.dead_lettered += 1
-
-
-#: How long the fetch closing a lingering batch waits for its first message (s): the linger
-#: itself was the wait; this only bounds the pull request when nothing is pending.
-_LINGER_DRAIN_S = 0.01
 
 
 def _pending_after(msgs: list[Msg]) -> int:
