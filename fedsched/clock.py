@@ -36,6 +36,8 @@ def as_utc(dt: datetime) -> datetime:
     """``dt`` as an aware UTC datetime, the same instant whatever the process's time zone: an
     aware value is converted (``+02:00`` -> UTC), a naive one is taken to be UTC already (our
     wire format and columns are UTC; the local zone is never consulted)."""
+    if dt.tzinfo is UTC:  # already what is asked (the common case: checked first, issue 15)
+        return dt
     return dt.astimezone(UTC) if dt.tzinfo is not None and dt.utcoffset() is not None else dt.replace(tzinfo=UTC)
 
 

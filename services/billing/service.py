@@ -51,17 +51,20 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Awaitable, Callable
 
 import nats.errors
 import nats.js.errors
+import orjson
 
 from fedsched import telemetry
 from fedsched.bus import Bus, Delivery, DurableConsumer
 from fedsched.dispatch import SkippedTypes
 from fedsched.errors import UnavailableError
+from fedsched.gctune import YOUNG_THRESHOLD, tune_for_service
 from fedsched.events import EventType, JobPlaced, JobStatus, UsageRecorded, business_event_id, make_event
 from fedsched.metrics import WriterMetrics
 from fedsched.lease import StreamFencing, Tenure, read_tenure
@@ -79,6 +82,9 @@ SPEND_BUCKET = "spend"
 
 #: KV bucket (``<prefix>_placements``): billing's placement book (see the module docstring).
 PLACEMENT_BUCKET = "placements"
+
+#: What a NATS KV key may be (nats.py's ``_is_key_valid``; no leading or trailing dot).
+_KV_KEY = re.compile(r"[-/_=.a-zA-Z0-9]+")
 
 _SPEND_SQL = """
     SELECT sum(cost) FROM {db}.usage
@@ -101,7 +107,8 @@ class BillingService:
         bus: NATS connection.
         store: the ClickHouse store (async wrapper).
         prices: the price catalog.
-        batch / max_wait_s / linger_s / ack_wait_s: consumer batching (size and time bounds)
+        batch / max_wait_s / linger_s / ack_wait_s: consumer batching (size and time bounds:
+            usage lines reach ClickHouse within about ``linger_s``)
             and redelivery: a batch is redelivered ``ack_wait_s`` after the writer's last progress
             report (a writer that died: its successor or another replica bills it within that;
             see :class:`~fedsched.bus.DurableConsumer`). Lines are keyed on ``usage_id`` and spend
@@ -109,12 +116,16 @@ class BillingService:
         metrics: where insert latency is timed (default: a registry of its own).
         tenure: reads the scheduler lease's current tenure (default
             :func:`~fedsched.lease.read_tenure` on ``bus``).
+        gc_young_threshold: :meth:`run` freezes the start-up heap and raises the collector's
+            young threshold to this (:func:`~fedsched.gctune.tune_for_service`, process-wide;
+            0 = leave the collector alone).
     """
 
     def __init__(self, bus: Bus, store: AsyncStore, prices: PriceCatalog, *, batch: int = 1000,
-                 max_wait_s: float = 0.5, linger_s: float = 0.25, ack_wait_s: float = 5.0,
+                 max_wait_s: float = 0.5, linger_s: float = 0.5, ack_wait_s: float = 5.0,
                  metrics: WriterMetrics | None = None,
-                 tenure: Callable[[], Awaitable[Tenure | None]] | None = None) -> None:
+                 tenure: Callable[[], Awaitable[Tenure | None]] | None = None,
+                 gc_young_threshold: int = YOUNG_THRESHOLD) -> None:
         self.bus = bus
         self.metrics = metrics if metrics is not None else WriterMetrics("billing")
         self.store = store
@@ -134,6 +145,7 @@ class BillingService:
         self.stale_orders = 0
         self._read_tenure = tenure if tenure is not None else (lambda: read_tenure(bus))
         self.tenure: Tenure | None = None  #: the scheduler lease's tenure, as last read
+        self.gc_young_threshold = gc_young_threshold
 
     @property
     def highest_token(self) -> int:
@@ -179,7 +191,8 @@ class BillingService:
         return self._book
 
     async def record_placements(self, deliveries: list[Delivery]) -> None:
-        """Put the batch's placements into the placement book (idempotent).
+        """Put the batch's placements into the placement book (idempotent), all puts of the
+        batch in flight at once; returns once every one is confirmed.
 
         Raises:
             UnavailableError: NATS unreachable.
@@ -193,12 +206,46 @@ class BillingService:
         if not records:
             return
         try:
-            book = await self._placement_book()
-            for r in records:
-                await book.put(r.key, json.dumps(r.to_json()).encode())
+            await self._placement_book()  # the bucket exists (made on first use)
+            await self._put_all([(r.key, orjson.dumps(r.to_json())) for r in records])
         except (nats.errors.Error, asyncio.TimeoutError, OSError) as e:
             self._book = None
             raise UnavailableError(f"cannot record placements: {e!r}") from e
+
+    async def _put_all(self, entries: list[tuple[str, bytes]], timeout_s: float = 10.0) -> None:
+        """Put every (key, value) into the placement book, pipelined: all are published
+        (JetStream ``publish_async`` on the bucket's ``$KV.<bucket>.<key>`` subjects, what a KV
+        put publishes) before any acknowledgement is awaited -- one flush and one wait per batch,
+        not a request and its reply timer per placement (issue 15) -- and return once JetStream
+        acknowledged every one.
+
+        Raises:
+            nats.js.errors.InvalidKeyError: a key a KV bucket cannot hold.
+            asyncio.TimeoutError: some put was not acknowledged within ``timeout_s``.
+            nats.errors.Error / OSError: a put failed (the first failure is raised).
+        """
+        bucket = f"{self.bus.prefix}_{PLACEMENT_BUCKET}"
+        futures = []
+        try:
+            for key, value in entries:
+                if not _KV_KEY.fullmatch(key) or key.startswith(".") or key.endswith("."):
+                    raise nats.js.errors.InvalidKeyError(key)
+                futures.append(await self.bus.js.publish_async(f"$KV.{bucket}.{key}", value, wait_stall=timeout_s))
+            if not futures:
+                return
+            done, pending = await asyncio.wait(futures, timeout=timeout_s)
+        except BaseException:
+            for f in futures:
+                f.cancel()
+            raise
+        for f in pending:
+            f.cancel()
+        if pending:
+            raise asyncio.TimeoutError(f"{len(pending)} of {len(futures)} placement puts not acknowledged "
+                                       f"within {timeout_s:g} s")
+        for f in futures:
+            if (e := f.exception()) is not None:
+                raise e
 
     async def _lookup(self, key: str, *, leader: bool = False) -> PlacementRecord | None:
         """The placement book's record of ``key`` (None: none). ``leader``: read it from the
@@ -370,7 +417,10 @@ class BillingService:
         return sum([await c.lag() for c in self.consumers])
 
     async def run(self) -> None:
-        """Consume until stopped."""
+        """Consume until stopped; first, unless ``gc_young_threshold`` is 0, tune the
+        process's garbage collector (:func:`~fedsched.gctune.tune_for_service`)."""
+        if self.gc_young_threshold:
+            tune_for_service(self.gc_young_threshold)
         await asyncio.gather(*(c.run() for c in self.consumers))
 
     def stop(self) -> None:

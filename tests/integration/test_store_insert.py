@@ -1,0 +1,61 @@
+"""Store inserts on the real engine (issue 15): the column types are read once per table, not
+by a ``DESCRIBE`` before every insert; the rows land exactly, datetimes as the instant they are;
+a column added after the types were read makes them be read again."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta, timezone
+
+import pytest
+
+COLUMNS = ("event_id", "type", "occurred_at", "producer", "subject", "payload")
+
+
+def _rows(lo: int, n: int) -> list[list]:
+    at = datetime(2026, 12, 1, 3, 0, tzinfo=timezone(timedelta(hours=8)))  # converted to UTC, never dropped
+    return [[f"{i:032x}", "job.started", at + timedelta(seconds=i), "agent/c1", "t.status.r.c1", "{}"]
+            for i in range(lo, lo + n)]
+
+
+def _count_describes(store) -> list[str]:
+    """The ``DESCRIBE`` statements the embedded engine runs from now on (every statement the
+    client sends it passes its backend's ``_run``/``_run_with_settings``, clickhouse-connect's
+    own ``DESCRIBE`` before an insert included)."""
+    backend = getattr(store.client, "_backend", None)
+    if backend is None or not hasattr(backend, "_run_with_settings"):
+        pytest.skip("counts the statements of the embedded (chDB) engine")
+    seen: list[str] = []
+    for name in ("_run", "_run_with_settings"):
+        original = getattr(backend, name)
+
+        def counted(sql, *args, _original=original, **kwargs):
+            text = sql.decode() if isinstance(sql, bytes) else sql
+            if text.lstrip().upper().startswith("DESCRIBE"):
+                seen.append(text)
+            return _original(sql, *args, **kwargs)
+
+        setattr(backend, name, counted)
+    return seen
+
+
+def test_the_column_types_are_read_once_per_table_not_before_every_insert(store) -> None:
+    describes = _count_describes(store)
+    for batch in range(5):
+        assert store.insert_new("events", _rows(batch * 10, 10), COLUMNS, ("event_id", "subject")) == 10
+    db = store.database
+    assert len(describes) == 1
+    assert store.query(f"SELECT count(), uniqExact(event_id) FROM {db}.events").rows == [(50, 50)]
+    first = store.query(f"SELECT occurred_at FROM {db}.events WHERE event_id = {{i:String}}", {"i": f"{0:032x}"})
+    assert first.scalar().replace(tzinfo=UTC) == datetime(2026, 11, 30, 19, 0, tzinfo=UTC)
+
+
+def test_an_insert_after_a_schema_change_reads_the_types_again(store) -> None:
+    describes = _count_describes(store)
+    store.insert("events", _rows(0, 1), COLUMNS)
+    db = store.database
+    store.client.command(f"ALTER TABLE {db}.events ADD COLUMN extra String DEFAULT ''")
+    # a column the types read before do not know: they are read again
+    assert store.insert("events", [[*_rows(2, 1)[0], "x"]], (*COLUMNS, "extra")) == 1
+    assert len(describes) == 2
+    assert store.query(f"SELECT extra FROM {db}.events WHERE event_id = {{i:String}}",
+                       {"i": f"{2:032x}"}).scalar() == "x"

@@ -1,0 +1,36 @@
+"""A service process's collector settings (issue 15, :mod:`fedsched.gctune`): the heap alive at
+start-up leaves the collections' walks, the young threshold is raised and never lowered."""
+
+from __future__ import annotations
+
+import gc
+
+from fedsched.gctune import tune_for_service
+
+
+class _Probe:
+    """A tracked object alive when the tuning runs."""
+
+
+def test_the_start_up_heap_is_frozen_and_the_young_threshold_raised() -> None:
+    probe = _Probe()
+    before = gc.get_threshold()
+    try:
+        gc.set_threshold(700, *before[1:])
+        assert tune_for_service(20_000)[0] == 700
+        assert gc.get_threshold()[0] == 20_000 and gc.get_threshold()[1:] == before[1:]
+        assert gc.is_tracked(probe) and not any(o is probe for o in gc.get_objects())  # out of every walk
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*before)
+
+
+def test_a_higher_young_threshold_is_kept() -> None:
+    before = gc.get_threshold()
+    try:
+        gc.set_threshold(50_000, *before[1:])
+        tune_for_service(20_000)
+        assert gc.get_threshold()[0] == 50_000
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*before)
