@@ -49,7 +49,6 @@ import nats.js.errors
 import contextlib
 import fnmatch
 import functools
-import gc
 import hashlib
 import json
 import logging
@@ -82,6 +81,7 @@ from fedsched.dispatch import EventTable, SkippedTypes
 from fedsched.errors import (AlreadyExistsError, AuthError, ConflictError, FedError, NotFoundError,
                              PayloadTooLargeError, PermissionDeniedError, QuotaExceededError, SequenceConflictError,
                              UnavailableError, ValidationError)
+from fedsched.gctune import YOUNG_THRESHOLD, tune_for_service
 from fedsched.events import InventorySnapshot, JobCancelRequested, JobHeld, JobPriorityChanged, JobSubmitted, \
     SubmissionRejected, Subjects, business_event_id, make_event
 from fedsched.events import APPROVAL_OUTCOMES, Envelope, EventType, random_event_id
@@ -443,32 +443,6 @@ async def stored_event(bus: Bus, seq: int, timeout_s: float = 2.0) -> Envelope |
     except nats.js.errors.NotFoundError:
         return None
     return Envelope.from_bytes(msg.data)
-
-
-#: the young generation's collection threshold admission sets once its read models are loaded
-#: (Python's default is 700 container allocations; see :func:`tune_gc`)
-GC_YOUNG_THRESHOLD = 20_000
-
-
-def tune_gc(young: int = GC_YOUNG_THRESHOLD) -> tuple[int, int, int]:
-    """Tune the process's cyclic garbage collector for a service holding a large, long-lived
-    read model: move everything alive now (the loaded view, modules) to the permanent
-    generation (:func:`gc.freeze`), so collections never walk it again, and raise the young
-    generation's threshold to ``young`` allocations unless something else in the process (an
-    embedded sibling service) already set it higher; the older generations' thresholds are
-    kept. Measured (issue 15): folding ``job.submitted`` + ``job.placed`` into the job view cost
-    ~45-50 us per event with the default threshold of 700 and ~18-22 us with 20,000 -- the young
-    collections kept walking the records just made. Cycles are still collected, only less
-    often (20,000 allocations hold little memory).
-
-    Returns:
-        The thresholds before the change (to restore them, e.g. in a test).
-    """
-    before = gc.get_threshold()
-    gc.freeze()
-    if young > before[0]:
-        gc.set_threshold(young, *before[1:])
-    return before
 
 
 def request_job_id(principal: str, tenant: str, project: str, request_id: str) -> str:
@@ -1659,7 +1633,7 @@ class AdmissionService:
             ``snapshot_every_events`` events, and start from the newest one plus the stream after
             it; 0 = never (a start reads the whole stream).
         snapshot_every_events: see ``snapshot_every_s``.
-        gc_young_threshold: once the read models are rebuilt, :func:`tune_gc` with this young
+        gc_young_threshold: once the read models are rebuilt, :func:`fedsched.gctune.tune_for_service` with this young
             generation threshold (a process-wide setting; 0 = leave the collector alone).
     """
 
@@ -1670,7 +1644,7 @@ class AdmissionService:
                  what_if_timeout_s: float = 2.0, metrics: AdmissionMetrics | None = None,
                  retain_ended: int = 10_000, snapshot_every_s: float = 0.0,
                  snapshot_every_events: int = 200_000, cluster_gone_after_s: float = 3600.0,
-                 gc_young_threshold: int = GC_YOUNG_THRESHOLD) -> None:
+                 gc_young_threshold: int = YOUNG_THRESHOLD) -> None:
         self.bus = bus
         self.gc_young_threshold = gc_young_threshold
         self.wall: Clock = wall if wall is not None else SystemClock()
@@ -1940,7 +1914,7 @@ class AdmissionService:
         await self._events.caught_up.wait()
         await self._inventory.caught_up.wait()
         if self.gc_young_threshold:
-            tune_gc(self.gc_young_threshold)  # the rebuilt read models: never walked by collections again
+            tune_for_service(self.gc_young_threshold)  # the rebuilt read models: never walked by collections again
         if not self.policy.ready.is_set():
             await self._policy_follower.initial.wait()
             if not self.policy.ready.is_set():

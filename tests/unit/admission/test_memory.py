@@ -16,7 +16,6 @@ from fedsched.events import Envelope, JobPlaced, JobStatus, JobSubmitted, Worker
 from fedsched.jobs import AttemptState, JobSpec, JobState
 from services.admission.ended import EndedJobs, decode_record, encode_record
 from services.admission.jobview import JobRecord, JobView, PlacedFields, ShardRecord
-from services.admission.service import tune_gc
 from tests.builders import delivery, placement, submitted
 from tests.builders import spec as make_spec
 
@@ -158,19 +157,3 @@ def test_the_view_folds_a_placement_reading_only_its_own_fields_and_still_refuse
                    {**wire.payload, "evaluations": [{"cluster": "c1"}, "not an object"]}):
         with pytest.raises(DecodeError):
             wire.model_copy(update={"payload": broken}).payload_as(PlacedFields)
-
-
-def test_tune_gc_freezes_what_is_alive_and_raises_only_the_young_threshold_never_lowers_it():
-    """Admission's collector tuning (issue 15): the start-up heap goes to the permanent
-    generation, the young threshold is raised to the given value but never lowered (an
-    embedded sibling may have set it higher), and the older generations' are kept."""
-    before = gc.get_threshold()
-    try:
-        gc.set_threshold(700, 10, 10)
-        assert tune_gc(20_000) == (700, 10, 10)
-        assert gc.get_threshold() == (20_000, 10, 10) and gc.get_freeze_count() > 0
-        tune_gc(5_000)
-        assert gc.get_threshold() == (20_000, 10, 10)
-    finally:
-        gc.unfreeze()
-        gc.set_threshold(*before)
