@@ -105,6 +105,7 @@ from fedsched.whatif import subject as what_if_subject
 from fedsched.trust import PlacedAttempt, Rejection, check_placement, check_subject, dead_letter_room, rejection_events
 from services.scheduler.approvals import TenancyGate, evaluation_record, placement_milli
 from services.scheduler.checkpoint import STATE_VERSION, restore_scheduler, scheduler_state
+from services.scheduler.queuebook import QueuedBook
 from services.scheduler.states import ACTIVE, Outcome, ShardState, StopReason
 from services.scheduler.core import (ClusterEvaluation, ClusterIndex, ClusterState, NodeState, Pending, Placement,
                                      Policy, QueuedJob, RunningWork, Usage, View, decide)
@@ -315,7 +316,6 @@ class SchedulerService:
             raise ValueError(f"max_jobs_per_cycle must be > 0 (got {max_jobs_per_cycle})")
         self.max_jobs_per_cycle = max_jobs_per_cycle
         self._window_blocked = False  # the last windowed cycle placed nothing: decide the whole queue next
-        self._queue_stats_at = -math.inf  # perf_counter of the last queue gauges (see cycle)
         inner: Publisher = publisher if publisher is not None else bus
         self.lease = lease
         #: fencing token stamped on placements and stop orders (the lease's, once caught up)
@@ -353,7 +353,11 @@ class SchedulerService:
         self.tombstones: OrderedDict[str, int] = OrderedDict()
         self.clusters: dict[str, ClusterInfo] = {}
         self.counts = {state: 0 for state in ShardState}
-        self.queued: dict[tuple[str, int], tuple[JobEntry, ShardEntry]] = {}
+        #: the queued shards, indexed in the window's order (services/scheduler/queuebook.py)
+        self.queued: QueuedBook = QueuedBook(policy.fast_lane_s)
+        #: queued shards found unplaceable by a decision (``unplaceable_since`` set): all that
+        #: :meth:`_expire_unschedulable` looks at
+        self._unplaceable: dict[tuple[str, int], tuple[JobEntry, ShardEntry]] = {}
         self.active: dict[tuple[str, int], tuple[JobEntry, ShardEntry]] = {}
         self.stopping: dict[tuple[str, int], tuple[JobEntry, ShardEntry]] = {}
         self.cancelling: dict[str, JobEntry] = {}
@@ -635,7 +639,7 @@ class SchedulerService:
 
     def _forget_book(self) -> None:
         """Empty the job book and its indexes (after a checkpoint failed halfway through loading)."""
-        for book in (self.jobs, self.queued, self.active, self.stopping, self.cancelling, self._ended, self.tombstones,
+        for book in (self.jobs, self.queued, self._unplaceable, self.active, self.stopping, self.cancelling, self._ended, self.tombstones,
                      self.retries_used, self.governor.state, self.governor.started, self._tracked, self._works,
                      self._quota_of, self._quota_use,
                      self._work_use, self._work_dirty, self._running_tuple, self._held, *self._on.values()):
@@ -742,7 +746,7 @@ class SchedulerService:
 
     def status(self) -> dict:
         """Counts (of shards) for dashboards and the replay driver's quiescence check."""
-        unplaceable = sum(1 for _, s in self.queued.values() if s.unplaceable)
+        unplaceable = sum(1 for _, s in self._unplaceable.values() if s.unplaceable)
         timers = [st.pending.expires_at for st in self.governor.state.values() if st.pending is not None]
         return {"next_due": min(timers) if timers else None,  # business time of the next timer (approval expiry)
                 "applied_seq": self.applied_seq, "dirty": self._dirty.is_set(), "busy": self.busy, "cycles": self.cycles,
@@ -855,6 +859,7 @@ class SchedulerService:
             self.stopping.pop(key, None)
         if state != ShardState.QUEUED:
             shard.unplaceable, shard.unplaceable_since = False, None
+            self._unplaceable.pop(key, None)
         self._track(job, shard)
         self._dirty.set()
         if state == ShardState.DONE and job.job_id not in self.cancelling and job.done:
@@ -1057,6 +1062,9 @@ class SchedulerService:
         if job.spec.priority != change.priority:
             job.spec = job.spec.model_copy(update={"priority": change.priority})
             job.mode_cache = None  # a job class may match on it
+            for shard in job.shards:  # its place in the queue's order index moves with its class
+                if (job.job_id, shard.index) in self.queued:
+                    self.queued[(job.job_id, shard.index)] = (job, shard)
             self._dirty.set()
 
     def _on_cancelled(self, env: Envelope, d: Delivery) -> None:
@@ -1419,29 +1427,36 @@ class SchedulerService:
 
     def queue(self) -> list[QueuedJob]:
         """Shards waiting for a placement (cross-region mode from the governance policy in force,
-        else the ``cross_region_mode`` given at construction)."""
+        else the ``cross_region_mode`` given at construction). O(queued shards)."""
         gov = self.policy_holder.current
+        return [self._queued_job(job, shard, gov) for job, shard in self.queued.values() if not job.cancel_requested]
 
-        def mode(job: JobEntry) -> str:  # kept on the job per policy in force (not redone every cycle)
-            cached = job.mode_cache
-            if cached is not None and cached[0] is gov:
-                return cached[1]
+    def queue_window(self, now: float) -> list[QueuedJob]:
+        """What one cycle decides: :meth:`window` of :meth:`queue` at business time ``now``, cut
+        from the queue's order index (:meth:`QueuedBook.window`) in O(groups x aging steps x
+        log n + window) instead of O(queue) -- the same shards (``tests/unit/scheduler/
+        test_cycle_window.py`` compares the two); only the window's records are built."""
+        gov = self.policy_holder.current
+        return [self._queued_job(job, shard, gov) for job, shard in
+                self.queued.window(self.max_jobs_per_cycle, now, self.policy, skip=_cancel_requested)]
+
+    def _queued_job(self, job: JobEntry, shard: ShardEntry, gov) -> QueuedJob:
+        """The queue's record of one shard, kept on the shard while it is unchanged; the job's
+        cross-region mode kept on the job per governance policy in force ``gov``."""
+        cached = job.mode_cache
+        if cached is not None and cached[0] is gov:
+            m = cached[1]
+        else:
             m = gov.mode_for(job.spec)[0] if gov is not None else self.cross_region_mode.get(job.tenant, "allowed")
             job.mode_cache = (gov, m)
-            return m
-
-        def queued(job: JobEntry, shard: ShardEntry) -> QueuedJob:  # kept on the shard while it is unchanged
-            m = mode(job)
-            c = shard.queue_cache
-            if (c is not None and c[0] is job.spec and c[1] == job.submitted_at and c[2] == shard.attempt
-                    and c[3] == shard.progress_s and c[4] == m and c[5] == len(shard.avoid)):  # avoid only grows
-                return c[6]
-            qj = QueuedJob(job.job_id, shard.attempt + 1, job.spec, job.submitted_at, frozenset(shard.avoid),
-                           shard.index, m, shard.progress_s)
-            shard.queue_cache = (job.spec, job.submitted_at, shard.attempt, shard.progress_s, m, len(shard.avoid), qj)
-            return qj
-
-        return [queued(job, shard) for job, shard in self.queued.values() if not job.cancel_requested]
+        c = shard.queue_cache
+        if (c is not None and c[0] is job.spec and c[1] == job.submitted_at and c[2] == shard.attempt
+                and c[3] == shard.progress_s and c[4] == m and c[5] == len(shard.avoid)):  # avoid only grows
+            return c[6]
+        qj = QueuedJob(job.job_id, shard.attempt + 1, job.spec, job.submitted_at, frozenset(shard.avoid),
+                       shard.index, m, shard.progress_s)
+        shard.queue_cache = (job.spec, job.submitted_at, shard.attempt, shard.progress_s, m, len(shard.avoid), qj)
+        return qj
 
     def window(self, queue: list[QueuedJob], now: float) -> list[QueuedJob]:
         """The part of ``queue`` one cycle decides: all of it up to :attr:`max_jobs_per_cycle`
@@ -1452,7 +1467,8 @@ class SchedulerService:
         The jobs the cycle does consider are then ordered exactly as in the full queue; the
         others are decided in the next cycles. After a windowed cycle that placed nothing the
         next cycle decides the whole queue (a blocked head must not keep the jobs behind it from
-        being placed or backfilled). Cost O(queue) (plus sorting each tenant's part).
+        being placed or backfilled). Cost O(queue) (plus sorting each tenant's part): the rule's
+        reference; a cycle cuts the same window from the order index (:meth:`queue_window`).
         """
         cap = self.max_jobs_per_cycle
         if len(queue) <= cap:
@@ -1491,18 +1507,14 @@ class SchedulerService:
         self._visit("approvals", self.governor.last_expiry_visits)
         if expired:
             await self.publisher.publish_many(expired)
-        queue = self.queue()
-        # the queue gauges: every cycle for a queue one cycle decides whole, at most every
-        # QUEUE_STATS_EVERY_S wall seconds for a longer backlog (a pass over every queued shard)
-        if len(queue) <= self.max_jobs_per_cycle or t0 - self._queue_stats_at >= self.QUEUE_STATS_EVERY_S:
-            self._queue_stats_at = t0
-            self.metrics.observe_queues(queue_stats(queue, self.clock.time(), self.policy.fast_lane_s))
-        self._visit("queue", len(self.queued))
+        # the queue: the window (cut from the order index), or the whole of it after a window
+        # that placed nothing; the gauges from the index's groups (O(groups))
+        full = len(self.queued)
+        queue = self.queue() if self._window_blocked else self.queue_window(self.clock.time())
+        self.metrics.observe_queues(self.queued.stats(self.clock.time(), self.policy.fast_lane_s))
+        self._visit("queue", len(queue))
         if not queue or not self.clusters:
             return
-        full = len(queue)
-        if not self._window_blocked:
-            queue = self.window(queue, self.clock.time())
         windowed = len(queue) < full
         view = self.view(judged_at)                                                  # 2
         if self.policy_holder.current is not None and self.policy_holder.current.quota_rules:
@@ -1528,8 +1540,10 @@ class SchedulerService:
             shard.unplaceable = not pend.fits_empty
             if not shard.unplaceable:
                 shard.unplaceable_since = None
+                self._unplaceable.pop((job.job_id, shard.index), None)
             elif shard.unplaceable_since is None:
                 shard.unplaceable_since = now
+                self._unplaceable[(job.job_id, shard.index)] = (job, shard)
             if pend.reason != shard.pending_reason:
                 pendings.append((shard, pend.reason, self._pending_event(view, pend, decisions.policy_version)))
                 pending_codes.append(pending_reason_code(e.verdict for e in pend.evaluations))
@@ -1687,14 +1701,15 @@ class SchedulerService:
     def _expire_unschedulable(self, now: float) -> None:
         """End the jobs whose every shard not yet ended has been unplaceable for at least
         ``unschedulable_timeout_s`` (business seconds, ``now`` included): they are cancelled by
-        :meth:`_cancellations` with reason ``unschedulable_timeout``. Walks the queued shards."""
+        :meth:`_cancellations` with reason ``unschedulable_timeout``. Walks only the queued shards
+        a decision found unplaceable (:attr:`_unplaceable`), not the whole queue."""
         limit = self.unschedulable_timeout_s
 
         def expired(s: ShardEntry) -> bool:
             return s.state == ShardState.QUEUED and s.unplaceable_since is not None and now - s.unplaceable_since >= limit
 
-        self._visit("expire", len(self.queued))
-        for job, shard in list(self.queued.values()):
+        self._visit("expire", len(self._unplaceable))
+        for job, shard in list(self._unplaceable.values()):
             if job.cancel_requested or not expired(shard):
                 continue
             if all(s.state == ShardState.DONE or expired(s) for s in job.shards):
@@ -1785,10 +1800,6 @@ class SchedulerService:
         headers = telemetry.child_headers(job.headers, "scheduler.place", job_id=job.job_id, cluster=p.cluster)
         return p, self.subjects.placements(p.region, p.cluster), event, headers, payload
 
-    #: wall seconds between two computations of the queue gauges while the backlog is longer
-    #: than one cycle's window (issue 15: per-cycle work must not grow with the backlog)
-    QUEUE_STATS_EVERY_S = 1.0
-
     #: counterfactuals cost a decide() per relaxation: only for jobs that waited this long (or can
     #: never run as asked), and at most this many per cycle
     COUNTERFACTUAL_AFTER_S = 60.0
@@ -1825,6 +1836,10 @@ class SchedulerService:
                            tenant=job.tenant, project=job.project, job_id=job.job_id, attempt=pend.job.attempt - 1,
                            actor="scheduler", policy_version=policy_version)
         return self.subjects.decisions(job.tenant, job.project), event, job.headers
+
+
+def _cancel_requested(job: JobEntry) -> bool:
+    return job.cancel_requested
 
 
 def queue_stats(queue: list[QueuedJob], now: float, fast_lane_s: float) -> dict[str, tuple[int, float]]:

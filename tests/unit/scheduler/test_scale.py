@@ -158,3 +158,33 @@ async def test_the_queue_records_of_unchanged_shards_are_kept_from_cycle_to_cycl
     after = {q.job_id: q for q in h.svc.queue()}
     assert after["j0"] is first["j0"] and after["j2"] is first["j2"]
     assert after["j1"] is not first["j1"] and after["j1"].spec.priority == PriorityClass.CRITICAL
+
+
+async def test_a_cycle_visits_its_window_not_the_backlog_of_queued_jobs():
+    """Issue 15: with thousands of shards queued, a cycle's bookkeeping visits its window (cut
+    from the queue's order index), the placements it made and the unplaceable shards -- not every
+    queued shard (a walk of the whole queue cost ~60 ms per cycle at 30,000 queued)."""
+    cap, backlog = 40, 4000
+    h = SchedulerHarness((ClusterSpec(A, node_list=nodes("a", count=600)),), reclaim_after_s=1e9,
+                         max_jobs_per_cycle=cap)
+    svc = h.svc
+    h.submit("never", gpus=8, workers=700)  # no cluster could hold it: unplaceable throughout
+    for i in range(backlog):
+        h.submit(f"q{i}")
+        if i % 500 == 0:
+            h.advance(1.0)
+    seen = []
+    while len(svc.queued) > backlog - 10 * cap:
+        placed_before = svc.counts[ShardState.PLACED]
+        await h.cycle()
+        assert svc.counts[ShardState.PLACED] > placed_before  # each window places (nothing blocked)
+        counts = dict(svc.last_cycle_visit_counts)
+        seen.append(counts)
+        for job_id, _ in [k for k, (_, s) in svc.active.items() if s.state == ShardState.PLACED]:
+            h.report(job_id, "job.started")
+    assert len(seen) >= 8
+    for counts in seen:
+        assert counts.get("queue", 0) <= cap + 1, counts  # the window, not the backlog of ~4000
+        assert counts.get("expire", 0) <= 1, counts  # only the unplaceable shard
+        assert sum(counts.values()) <= 4 * cap, counts
+    assert h.shard("never").unplaceable and h.shard("never").state == ShardState.QUEUED
