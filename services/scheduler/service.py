@@ -263,7 +263,9 @@ class SchedulerService:
             JetStream timestamps of the messages (default :class:`~fedsched.clock.SystemClock`).
         stale_after_s: wall seconds after which a silent cluster is excluded and its placements
             (placed or running) are moved.
-        interval_s: minimum wall seconds between cycles.
+        interval_s: minimum wall seconds between the starts of two cycles.
+        coalesce_s: wall seconds a cycle waits after the change that woke it, for what arrives
+            with it (:meth:`cycle_delay_s`); at most ``interval_s``.
         reclaim_after_s: wall seconds a placement may stay unstarted before it is reclaimed.
         cross_region_mode: tenant -> ``allowed`` / ``approval`` / ``forbidden`` (default allowed).
         unschedulable_timeout_s: business seconds a job may stay unplaceable (no cluster could
@@ -304,7 +306,8 @@ class SchedulerService:
 
     def __init__(self, bus: Bus | None, clock: Clock, policy: Policy, prices: PriceCatalog, *,
                  publisher: Publisher | None = None, subjects: Subjects | None = None, liveness: Clock | None = None,
-                 stale_after_s: float = 10.0, interval_s: float = 0.02, reclaim_after_s: float = 30.0,
+                 stale_after_s: float = 10.0, interval_s: float = 0.02, coalesce_s: float = 0.003,
+                 reclaim_after_s: float = 30.0,
                  cross_region_mode: dict[str, str] | None = None, unschedulable_timeout_s: float = 86400.0,
                  metrics: SchedulerMetrics | None = None, lease: Lease | None = None, stream_end=None,
                  retain_ended: int = 1000, retain_tombstones: int = 200_000, snapshot_every_s: float = 0.0,
@@ -336,6 +339,8 @@ class SchedulerService:
         self.prices = prices
         self.stale_after_s = stale_after_s
         self.interval_s = interval_s
+        self.coalesce_s = max(0.0, min(coalesce_s, interval_s))
+        self._cycle_started = -math.inf  # perf_counter when the last cycle of run() started
         self.reclaim_after_s = reclaim_after_s
         self._reclaim_recheck = 0.0  # liveness time before which due placements left waiting are not looked at again
         self.unschedulable_timeout_s = unschedulable_timeout_s
@@ -583,8 +588,14 @@ class SchedulerService:
                     if not await self.catch_up():
                         await asyncio.sleep(0.1)
                         continue
+                delay = self.cycle_delay_s(time.perf_counter())
+                if delay > 0:  # gather what else is arriving (the follower's next fetch) into this cycle
+                    await asyncio.sleep(delay)
+                    if self._stop.is_set():
+                        break
                 self._dirty.clear()
                 self.busy = True
+                self._cycle_started = time.perf_counter()
                 try:
                     await self.cycle()
                 except Exception:  # noqa: BLE001 - a cycle must never kill the scheduler
@@ -594,7 +605,6 @@ class SchedulerService:
                     for hook in self.on_cycle:
                         hook()
                 self._snapshot_in_background()
-                await asyncio.sleep(self.interval_s)
         finally:
             lease_stop.set()  # the lease task releases the lease (a standby takes over at once)
             self._events.stop()
@@ -704,6 +714,15 @@ class SchedulerService:
         never waits for a checkpoint)."""
         if self._snapshot_task is None or self._snapshot_task.done():
             self._snapshot_task = asyncio.create_task(self.maybe_snapshot(), name="scheduler-snapshot")
+
+    def cycle_delay_s(self, now: float) -> float:
+        """Wall seconds to wait before a cycle woken at ``now`` (``time.perf_counter`` seconds)
+        starts: the coalescing delay ``coalesce_s`` (the submissions arriving together -- one
+        fetch of the follower after another -- are decided in one cycle, not one cycle each),
+        and at least what is left of ``interval_s`` since the previous cycle started (the most
+        cycles per second). A cycle starts when something changed, not on a timer: a
+        submission reaching an idle scheduler waits ``coalesce_s``, not a period."""
+        return max(self.coalesce_s, self._cycle_started + self.interval_s - now)
 
     def next_wake_s(self) -> float:
         """Wall seconds until the next cycle is due without any new event: when the freshest

@@ -425,3 +425,21 @@ async def test_an_unacknowledged_move_is_retried_and_the_book_is_unchanged_meanw
     h.publisher.refuse = None
     assert await h.cycle() == [stop("j1", 1, A, "cluster_lost"), stopped("j1", 1, A, "cluster_lost"),
                                placed("j1", 2, B)]
+
+
+def test_a_woken_cycle_waits_the_coalescing_delay_and_starts_at_least_an_interval_after_the_last():
+    """Issue 15: a cycle starts when something changed (not on a timer), after a short
+    coalescing delay that gathers what arrives with it; cycles start at most once per
+    ``interval_s`` (measured from the previous start, not after a pause that follows every
+    cycle). The delay never exceeds the interval."""
+
+    svc = SchedulerHarness((ClusterSpec("cn-north-1-c1", node_list=nodes("a", count=1)),),
+                           interval_s=0.02, coalesce_s=0.003).svc
+    assert svc.cycle_delay_s(50.0) == 0.003  # the first cycle: only the coalescing delay
+    svc._cycle_started = 100.0
+    assert svc.cycle_delay_s(100.005) == pytest.approx(0.015)  # the rest of the interval
+    assert svc.cycle_delay_s(100.019) == pytest.approx(0.003)  # never below the coalescing delay
+    assert svc.cycle_delay_s(101.0) == 0.003  # idle for long: the change is decided 3 ms later
+    svc = SchedulerHarness((ClusterSpec("cn-north-1-c1", node_list=nodes("a", count=1)),),
+                           interval_s=0.001, coalesce_s=0.5).svc
+    assert svc.coalesce_s == 0.001  # capped by the interval
