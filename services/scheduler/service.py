@@ -74,6 +74,7 @@ heartbeat age, reclamation timers); the bus itself is only needed by :meth:`Sche
 from __future__ import annotations
 
 import asyncio
+import gc
 import heapq
 import json
 import logging
@@ -573,6 +574,7 @@ class SchedulerService:
             await self._inventory.caught_up.wait()
             await self._policy_follower.initial.wait()
             log.info("scheduler: rebuilt %d jobs, %d clusters", len(self.jobs), len(self.clusters))
+            freeze_startup_heap()
             self._dirty.set()
             while not self._stop.is_set():
                 try:
@@ -1855,6 +1857,20 @@ class SchedulerService:
                            tenant=job.tenant, project=job.project, job_id=job.job_id, attempt=pend.job.attempt - 1,
                            actor="scheduler", policy_version=policy_version)
         return self.subjects.decisions(job.tenant, job.project), event, job.headers
+
+
+def freeze_startup_heap() -> int:
+    """Collect once, then move every object alive now (modules, schemas, the rebuilt book) to
+    the collector's permanent generation (``gc.freeze``): the full collections that follow
+    walk what the service allocated since, not the whole start-up heap again. Measured on
+    ``bench/e2e_throughput.py --mode processes --jobs 5000 --batch 100 --concurrency 8``: the
+    cyclic collector took ~1.2 s of the scheduler's ~4.5 s CPU (27%) before, with 6 full
+    collections (issue 15). Frozen objects are still freed by reference counting when they
+    die; only cyclic garbage among them is never collected (the book holds none). Returns the
+    objects frozen."""
+    gc.collect()
+    gc.freeze()
+    return gc.get_freeze_count()
 
 
 def _cancel_requested(job: JobEntry) -> bool:
