@@ -373,6 +373,7 @@ class SchedulerService:
         self.busy = False
         self._counterfactuals = 0
         self._placement_counterfactuals = 0
+        self._evaluations: dict[int, tuple[ClusterEvaluation, dict]] = {}  # a cycle's records (_evaluation)
         self._home_starts: dict = {}
         self.on_cycle: list = []  # callables run after every cycle (e.g. a replay driver's wake-up)
         self._dirty = asyncio.Event()
@@ -1550,6 +1551,7 @@ class SchedulerService:
         self._window_blocked = windowed and not decisions.placements
         stops, places, pendings, pending_codes = [], [], [], []
         self._counterfactuals = self._placement_counterfactuals = 0
+        self._evaluations = {}  # this cycle's evaluation records (see _evaluation)
         self._home_starts: dict = {}  # home start estimates on this cycle's view (placement counterfactuals)
         for p in decisions.placements:                                               # 4
             for victim in p.victims:
@@ -1811,7 +1813,7 @@ class SchedulerService:
                                          cpu_milli=b.cpu_milli, memory_mib=b.memory_mib) for b in p.bindings),
             score=p.score, explanation=p.explanation, cross_region=p.cross_region, transfer_s=p.transfer_s,
             transfer_bytes=p.transfer_bytes, price_per_gpu_hour=p.price_per_gpu_hour, shard=p.job.shard,
-            evaluations=tuple(_evaluation(e) for e in p.evaluations), resume_from_s=p.job.progress_s,
+            evaluations=tuple(self._evaluation(e) for e in p.evaluations), resume_from_s=p.job.progress_s,
             queue=p.queue, est_cost=p.est_cost, fencing_token=self.fencing_token,
             counterfactual=self._placement_counterfactual(view, p))
         event = make_event(EventType.JOB_PLACED, payload, producer="scheduler", occurred_at=self.clock.time(),
@@ -1831,6 +1833,18 @@ class SchedulerService:
     #: the placement carries none
     PLACEMENT_COUNTERFACTUALS_PER_CYCLE = 64
 
+    def _evaluation(self, e: ClusterEvaluation) -> dict:
+        """The bus record of one cluster evaluation, built once per evaluation object in a cycle:
+        ``decide`` shares the verdicts of clusters that cannot fit a job among the jobs of one
+        shape (500 placements carried 3,000 evaluations of ~700 objects, issue 15). The payload
+        copies the record when it validates, so sharing it is safe."""
+        hit = self._evaluations.get(id(e))
+        if hit is not None and hit[0] is e:
+            return hit[1]
+        record = evaluation_record(e)
+        self._evaluations[id(e)] = (e, record)  # (e kept alive: its id is not reused this cycle)
+        return record
+
     def _placement_counterfactual(self, view: View, p: Placement) -> str:
         if not p.cross_region or self._placement_counterfactuals >= self.PLACEMENT_COUNTERFACTUALS_PER_CYCLE:
             return ""
@@ -1849,7 +1863,7 @@ class SchedulerService:
         job = self.jobs[pend.job.job_id]
         res = pend.reservation
         payload = JobPending(reason=pend.reason, reasons={e.cluster: str(e.verdict) for e in pend.evaluations},
-                             fits_empty=pend.fits_empty, evaluations=tuple(_evaluation(e) for e in pend.evaluations),
+                             fits_empty=pend.fits_empty, evaluations=tuple(self._evaluation(e) for e in pend.evaluations),
                              shard=pend.job.shard, queue=pend.queue, reserved_cluster=res.cluster if res else "",
                              reserved_from=to_datetime(res.start_at) if res else None,
                              counterfactual=self._counterfactual(view, pend))

@@ -188,3 +188,36 @@ async def test_a_cycle_visits_its_window_not_the_backlog_of_queued_jobs():
         assert counts.get("expire", 0) <= 1, counts  # only the unplaceable shard
         assert sum(counts.values()) <= 4 * cap, counts
     assert h.shard("never").unplaceable and h.shard("never").state == ShardState.QUEUED
+
+
+async def test_a_cycle_builds_each_shared_cluster_evaluation_record_once(monkeypatch):
+    """Issue 15: ``decide`` shares the evaluations of clusters a shape cannot fit among the jobs
+    of that shape; the cycle builds the bus record of each evaluation object once (500
+    placements carried 3,000 evaluations of ~700 objects), and every placement still carries
+    one record per cluster, equal to the record of its own evaluation."""
+    import services.scheduler.service as service_mod
+    from services.scheduler.approvals import evaluation_record
+
+    built: list = []
+
+    def counting(e):
+        built.append(e)
+        return evaluation_record(e)
+
+    monkeypatch.setattr(service_mod, "evaluation_record", counting)
+    clusters = [ClusterSpec(f"{r}-c{i}", node_list=nodes(f"{r[3:]}{i}", count=40))
+                for r in ("cn-north-1", "cn-east-1", "cn-south-1") for i in (1, 2)]
+    h = SchedulerHarness(clusters, reclaim_after_s=1e9)
+    for i in range(120):
+        h.submit(f"j{i}", home=("cn-north-1", "cn-east-1", "cn-south-1")[i % 3], gpus=1 + i % 2,
+                 estimated_duration_s=600.0)
+    await h.cycle()
+    placed = [p.event for p in h.publisher.published if p.event.type == "job.placed"]
+    assert len(placed) == 120
+    carried = sum(len(e.payload["evaluations"]) for e in placed)
+    assert carried == 120 * len(clusters)  # one record per cluster in every placement
+    assert len({id(e) for e in built}) == len(built) < carried  # each evaluation object once, shared
+    records = {(r["cluster"], r["reason"], r["total"], tuple(sorted(r["scores"].items()))) for r in
+               map(evaluation_record, built)}
+    assert all((r["cluster"], r["reason"], r["total"], tuple(sorted(r["scores"].items()))) in records
+               for e in placed for r in e.payload["evaluations"])
