@@ -247,6 +247,7 @@ class ClusterInfo:
     dirty_nodes: set[str] = field(default_factory=set)
     classes: CapacityClasses | None = None  # capacity classes of ``nodes``, updated from the dirty nodes
     orders_backlog: int = 0  # orders its agent had not read at its newest heartbeat (Heartbeat.orders_backlog)
+    capacity_key: tuple | None = None  # _capacity_key(snapshot), kept (a new snapshot is compared with it)
 
 
 class SchedulerService:
@@ -1302,8 +1303,11 @@ class SchedulerService:
                     _allocate(info, shard.placed, +1)
             self._dirty.set()
         else:
-            changed = _capacity_key(info.snapshot) != _capacity_key(snap)
-            info.snapshot, info.seen_at = snap, max(info.seen_at, at)
+            key = _capacity_key(snap)
+            if info.capacity_key is None:
+                info.capacity_key = _capacity_key(info.snapshot)
+            changed = info.capacity_key != key
+            info.snapshot, info.seen_at, info.capacity_key = snap, max(info.seen_at, at), key
             if changed:
                 info.cached = None
                 info.index = None  # nodes or health changed: rebuild everything
@@ -1420,7 +1424,7 @@ class SchedulerService:
         Kept on the shard while nothing it depends on changes (attempt, start, placement,
         progress, the cluster's node positions), so a cycle does not rebuild every running job;
         a shard not started yet is expected to start ``now``, so its record is rebuilt each time
-        (from its bindings, kept).
+        (from its bindings and whether their nodes exist, both kept: O(1) per unstarted shard).
         """
         key = (shard.attempt, shard.started_at, shard.progress_s)
         # (key, placement, positions, work or the bindings of an unstarted one): the objects
@@ -1434,17 +1438,18 @@ class SchedulerService:
         left = max(0.0, est - shard.progress_s) if est is not None else math.inf
         start = shard.started_at if shard.started_at is not None else now
         if hit:  # not started: only its expected end moves with ``now``; the bindings are kept
-            bindings = cached[3]
+            bindings, bound = cached[3]
         else:
             bindings = tuple((info.position.get(b.node, -1), tuple(b.gpu_indices), b.gpu_milli, b.cpu_milli,
                               b.memory_mib) for b in p.bindings)
-        work = None if any(b[0] < 0 for b in bindings) else RunningWork(
+            bound = all(b[0] >= 0 for b in bindings)  # every node it is bound to still exists
+        work = None if not bound else RunningWork(
             job.job_id, shard.attempt, shard.index, job.tenant, spec.priority_value, spec.preemptible,
             spec.checkpointable, shard.started_at, start + left, p.card_model, bindings)
         if shard.started_at is not None:
             shard.view_cache = (key, p, info.position, work)
         elif not hit:
-            shard.view_cache = (key, p, info.position, bindings)
+            shard.view_cache = (key, p, info.position, (bindings, bound))
         return work
 
     def queue(self) -> list[QueuedJob]:

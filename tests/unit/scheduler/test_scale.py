@@ -221,3 +221,37 @@ async def test_a_cycle_builds_each_shared_cluster_evaluation_record_once(monkeyp
                map(evaluation_record, built)}
     assert all((r["cluster"], r["reason"], r["total"], tuple(sorted(r["scores"].items()))) in records
                for e in placed for r in e.payload["evaluations"])
+
+
+async def test_an_unstarted_placement_keeps_its_bindings_and_only_its_expected_end_moves():
+    """Issue 15: a placed, not yet started shard is expected to start ``now``, so its view record
+    is made again each view -- from the bindings (node positions) and their check kept from the
+    first one, not rebuilt from the placement."""
+    h = SchedulerHarness((ClusterSpec(A, node_list=nodes("a", count=2)),), reclaim_after_s=1e9)
+    h.submit("j", estimated_duration_s=100.0)
+    await h.cycle()
+    first = next(w for c in h.svc.view().clusters for w in c.running)
+    h.advance(5.0)
+    again = next(w for c in h.svc.view().clusters for w in c.running)
+    assert first.started_at is None and again.bindings is first.bindings  # kept, not rebuilt
+    assert again.est_end == first.est_end + 5.0  # expected to start now: its end moves with now
+
+
+async def test_an_inventory_snapshot_computes_its_capacity_key_once(monkeypatch):
+    """Issue 15: each inventory snapshot is compared with the kept capacity key of the one before
+    (not the previous snapshot's key computed again); a change of capacity is still seen."""
+    import services.scheduler.service as service_mod
+    from tests.builders import snapshot
+
+    h = SchedulerHarness((ClusterSpec(A, node_list=nodes("a", count=2)),), reclaim_after_s=1e9)
+    real = service_mod._capacity_key
+    calls = []
+    monkeypatch.setattr(service_mod, "_capacity_key", lambda snap: calls.append(snap) or real(snap))
+    for _ in range(5):
+        h._inventory(snapshot(A, "cn-north-1", nodes("a", count=2), h.clock.time()), h.subjects.inventory("cn-north-1", A))
+    assert len(calls) <= 6  # one per snapshot (plus the kept key of the first, once)
+    info = h.svc.clusters[A]
+    h.svc.view()
+    cached = info.cached
+    h._inventory(snapshot(A, "cn-north-1", nodes("a", count=3), h.clock.time()), h.subjects.inventory("cn-north-1", A))
+    assert info.cached is None and cached is not None  # a new node: the cluster's state is rebuilt
