@@ -1575,6 +1575,7 @@ class SchedulerService:
             if pend.reason != shard.pending_reason:
                 pendings.append((shard, pend.reason, self._pending_event(view, pend, decisions.policy_version)))
                 pending_codes.append(pending_reason_code(e.verdict for e in pend.evaluations))
+        self._evaluations.clear()  # (the records are in the events: nothing of this cycle kept alive)
         stop_items = [(v, item) for v, p in stops
                       if (item := self._stop_event(self.jobs[v.job_id], self.jobs[v.job_id].shards[v.shard],
                                                    StopReason.PREEMPTED, for_job=p.job.job_id)) is not None]
