@@ -343,7 +343,6 @@ class SchedulerService:
         self.interval_s = interval_s
         self.coalesce_s = max(0.0, min(coalesce_s, interval_s))
         self._cycle_started = -math.inf  # perf_counter when the last cycle of run() started
-        self._cycle_took = 0.0  # wall seconds the last cycle of run() took
         self.reclaim_after_s = reclaim_after_s
         self._reclaim_recheck = 0.0  # liveness time before which due placements left waiting are not looked at again
         self.unschedulable_timeout_s = unschedulable_timeout_s
@@ -607,7 +606,6 @@ class SchedulerService:
                     log.exception("scheduler cycle failed")
                 finally:
                     self.busy = False
-                    self._cycle_took = time.perf_counter() - self._cycle_started
                     for hook in self.on_cycle:
                         hook()
                 self._snapshot_in_background()
@@ -725,14 +723,10 @@ class SchedulerService:
         """Wall seconds to wait before a cycle woken at ``now`` (``time.perf_counter`` seconds)
         starts: the coalescing delay ``coalesce_s`` (the submissions arriving together -- one
         fetch of the follower after another -- are decided in one cycle, not one cycle each),
-        and at least what is left of the gap since the previous cycle started: ``interval_s``
-        (the most cycles per second), or twice what that cycle took if longer -- a loaded
-        scheduler spends at most about half its time in cycles and decides bigger batches
-        (each cycle has a fixed cost), the rest reading what arrives. A cycle starts when
-        something changed, not on a timer: a submission reaching an idle scheduler waits
-        ``coalesce_s``, not a period."""
-        gap = max(self.interval_s, 2.0 * self._cycle_took)
-        return max(self.coalesce_s, self._cycle_started + gap - now)
+        and at least what is left of ``interval_s`` since the previous cycle started (the most
+        cycles per second). A cycle starts when something changed, not on a timer: a
+        submission reaching an idle scheduler waits ``coalesce_s``, not a period."""
+        return max(self.coalesce_s, self._cycle_started + self.interval_s - now)
 
     def next_wake_s(self) -> float:
         """Wall seconds until the next cycle is due without any new event: when the freshest
