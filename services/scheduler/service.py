@@ -884,7 +884,11 @@ class SchedulerService:
             shard.unplaceable, shard.unplaceable_since = False, None
             self._unplaceable.pop(key, None)
         self._track(job, shard)
-        self._dirty.set()
+        if state not in (ShardState.PLACED, ShardState.RUNNING):
+            # a shard queued, held, stopping or done can change what a cycle decides; one placed
+            # or started only takes room (the cycle that placed it asks for the next one itself
+            # when its window left shards waiting): no cycle per job.placed read back or job.started
+            self._dirty.set()
         if state == ShardState.DONE and job.job_id not in self.cancelling and job.done:
             self._retire(job)
 
@@ -1554,6 +1558,8 @@ class SchedulerService:
         # a window that placed nothing (its head is blocked): the next cycle decides the whole
         # queue, so jobs behind the window can still be placed or backfilled
         self._window_blocked = windowed and not decisions.placements
+        if windowed:  # shards were left waiting: decide them in the next cycle
+            self._dirty.set()
         stops, places, pendings, pending_codes = [], [], [], []
         self._counterfactuals = self._placement_counterfactuals = 0
         self._evaluations = {}  # this cycle's evaluation records (see _evaluation)

@@ -467,3 +467,27 @@ def test_the_start_up_heap_is_frozen_out_of_the_collectors_full_walks():
         assert gone() is None  # freed by reference counting
     finally:
         gc.unfreeze()
+
+
+async def test_a_start_does_not_wake_a_cycle_but_an_end_and_a_window_left_waiting_do():
+    """Issue 15: cycles are woken by what can change a decision -- a submission, an attempt that
+    ended (room freed), a window that left shards waiting -- not by every placement read back or
+    job.started (at 150 jobs/s those woke a cycle each)."""
+    h = SchedulerHarness((ClusterSpec("cn-north-1-c1", node_list=nodes("a", count=2)),), reclaim_after_s=1e9,
+                         max_jobs_per_cycle=2)
+    svc = h.svc
+    for i in range(3):
+        h.submit(f"j{i}")
+    svc._dirty.clear()
+    await h.cycle()  # places two of three: the window left one waiting
+    assert svc._dirty.is_set()
+    svc._dirty.clear()
+    await h.cycle()  # places the third (nothing left waiting)
+    assert h.shard("j2").state == ShardState.PLACED and not svc._dirty.is_set()
+    h.report("j0", "job.started")
+    assert not svc._dirty.is_set()  # a start takes no decision further
+    h.report("j0", "job.finished")
+    assert svc._dirty.is_set()  # room freed
+    svc._dirty.clear()
+    h.submit("late")
+    assert svc._dirty.is_set()
