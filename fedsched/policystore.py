@@ -215,12 +215,20 @@ class PolicyHolder:
 
 class PolicyFollower:
     """Keeps a :class:`PolicyHolder` on the newest stored policy (a KV watch; re-watches after
-    errors and server restarts)."""
+    errors and server restarts).
 
-    def __init__(self, bus: Bus, holder: PolicyHolder, name: str = "policy") -> None:
+    Setting up the watch (the bucket, its ordered consumer) is given ``setup_timeout_s`` wall
+    seconds, then tried again: a JetStream API request left unanswered (seen when a service
+    starts while another creates the bucket) otherwise holds it for the client's whole request
+    timeout (10 s), and the scheduler waits for :attr:`initial` before its first cycle -- a
+    500-job bench placed nothing for ~9.5 s (issue 15). A watch set up after its attempt timed
+    out is stopped."""
+
+    def __init__(self, bus: Bus, holder: PolicyHolder, name: str = "policy", *, setup_timeout_s: float = 2.0) -> None:
         self.bus = bus
         self.holder = holder
         self.name = name
+        self.setup_timeout_s = setup_timeout_s
         self.initial = asyncio.Event()  # set once the stored state (a policy or none) was read
         self._stop = asyncio.Event()
 
@@ -234,8 +242,7 @@ class PolicyFollower:
         while not self._stop.is_set():
             watcher = None
             try:
-                kv = await _kv(self.bus)
-                watcher = await kv.watch(KEY)
+                watcher = await self._watch()
                 while not self._stop.is_set():
                     try:
                         entry = await watcher.updates(timeout=1.0)
@@ -264,6 +271,30 @@ class PolicyFollower:
                         await watcher.stop()
                     except Exception:  # noqa: BLE001
                         pass
+
+
+    async def _watch(self):
+        """A KV watch of the policy key, set up within ``setup_timeout_s``.
+
+        Raises:
+            asyncio.TimeoutError: not set up in time (the late attempt stops its watch itself).
+        """
+        async def setup():
+            return await (await _kv(self.bus)).watch(KEY)
+
+        task = asyncio.ensure_future(setup())
+        try:
+            return await asyncio.wait_for(asyncio.shield(task), self.setup_timeout_s)
+        except asyncio.TimeoutError:
+            task.add_done_callback(_stop_late_watch)
+            raise
+
+
+def _stop_late_watch(task: "asyncio.Future") -> None:
+    """Stop a watch whose set-up finished after its caller stopped waiting for it."""
+    if task.cancelled() or task.exception() is not None:
+        return
+    asyncio.ensure_future(task.result().stop())
 
 
 async def bootstrap(bus: Bus, default_text: str, token_path: Path, *, now: float) -> str | None:

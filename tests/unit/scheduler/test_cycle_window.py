@@ -13,7 +13,7 @@ from pydantic import ValidationError
 
 from fedapp.runtime import scheduler_settings
 from fedsched.settings import Settings
-from services.scheduler.service import SchedulerService
+from services.scheduler.service import SchedulerService, queue_stats
 from services.scheduler.states import ShardState
 from tests.builders import ClusterSpec, SchedulerHarness, nodes
 
@@ -87,3 +87,49 @@ async def test_the_settings_window_is_what_a_cycle_decides(monkeypatch):
         h.advance(0.01)
     await h.cycle()
     assert _placed(h, ids) == set(ids[:4])  # the four oldest
+
+
+@pytest.mark.parametrize("seed", range(4))
+async def test_the_window_cut_from_the_order_index_is_the_window_of_the_whole_queue(seed):
+    """Issue 15: a cycle cuts its window from the queue's order index (``QueuedBook.window``:
+    groups of tenant x class x queue, runs per aging step) instead of grouping the whole queue;
+    it must be the same shards as the rule over the whole queue (``SchedulerService.window``)
+    through aging, the fast lane, split jobs, priority changes, holds and placements."""
+    import random
+
+    from fedsched.jobs import PriorityClass
+
+    rng = random.Random(seed)
+    h = SchedulerHarness((ClusterSpec(A, node_list=nodes("a", count=2)),), reclaim_after_s=1e9,
+                         max_jobs_per_cycle=rng.choice((7, 20, 45)))
+    svc = h.svc
+    period = svc.policy.aging_period_s
+    classes = ["low", "normal", "high", "critical", "best_effort"]
+    ids = []
+    for i in range(260):
+        job = f"j{i:03d}"
+        h.submit(job, tenant=rng.choice(("search", "ads", "maps")), priority=rng.choice(classes),
+                 estimated_duration_s=rng.choice((None, 60.0, 3600.0)), gpus=rng.choice((1, 2, 8)),
+                 workers=rng.choice((1, 1, 2)), **({"kind": "batch", "shards": 3} if i % 17 == 0 else {}))
+        ids.append(job)
+        h.advance(rng.choice((0.0, 1.0, period / 7, period / 2)))  # some share a submit time
+    for job in rng.sample(ids, 20):
+        h.set_priority(job, rng.choice(list(PriorityClass)))
+    for job in rng.sample(ids, 10):
+        h.hold(job)
+
+    def same_window(now: float) -> None:
+        expected = sorted(q.key for q in svc.window(svc.queue(), now))
+        got = sorted(q.key for q in svc.queue_window(now))
+        assert got == expected
+
+    for _ in range(6):
+        now = h.clock.time()
+        for later in (0.0, period / 3, period, 2.5 * period, 10 * period):  # aging moves jobs up a level
+            same_window(now + later)
+        await h.cycle()  # places some: they leave the index
+        h.advance(period / 4)
+    assert len(svc.queued) > svc.max_jobs_per_cycle  # still a backlog: the windows were cut
+    # the queue gauges from the index's groups are those of a pass over the whole queue
+    now = h.clock.time()
+    assert svc.queued.stats(now, svc.policy.fast_lane_s) == queue_stats(svc.queue(), now, svc.policy.fast_lane_s)

@@ -158,3 +158,100 @@ async def test_the_queue_records_of_unchanged_shards_are_kept_from_cycle_to_cycl
     after = {q.job_id: q for q in h.svc.queue()}
     assert after["j0"] is first["j0"] and after["j2"] is first["j2"]
     assert after["j1"] is not first["j1"] and after["j1"].spec.priority == PriorityClass.CRITICAL
+
+
+async def test_a_cycle_visits_its_window_not_the_backlog_of_queued_jobs():
+    """Issue 15: with thousands of shards queued, a cycle's bookkeeping visits its window (cut
+    from the queue's order index), the placements it made and the unplaceable shards -- not every
+    queued shard (a walk of the whole queue cost ~60 ms per cycle at 30,000 queued)."""
+    cap, backlog = 40, 4000
+    h = SchedulerHarness((ClusterSpec(A, node_list=nodes("a", count=600)),), reclaim_after_s=1e9,
+                         max_jobs_per_cycle=cap)
+    svc = h.svc
+    h.submit("never", gpus=8, workers=700)  # no cluster could hold it: unplaceable throughout
+    for i in range(backlog):
+        h.submit(f"q{i}")
+        if i % 500 == 0:
+            h.advance(1.0)
+    seen = []
+    while len(svc.queued) > backlog - 10 * cap:
+        placed_before = svc.counts[ShardState.PLACED]
+        await h.cycle()
+        assert svc.counts[ShardState.PLACED] > placed_before  # each window places (nothing blocked)
+        counts = dict(svc.last_cycle_visit_counts)
+        seen.append(counts)
+        for job_id, _ in [k for k, (_, s) in svc.active.items() if s.state == ShardState.PLACED]:
+            h.report(job_id, "job.started")
+    assert len(seen) >= 8
+    for counts in seen:
+        assert counts.get("queue", 0) <= cap + 1, counts  # the window, not the backlog of ~4000
+        assert counts.get("expire", 0) <= 1, counts  # only the unplaceable shard
+        assert sum(counts.values()) <= 4 * cap, counts
+    assert h.shard("never").unplaceable and h.shard("never").state == ShardState.QUEUED
+
+
+async def test_a_cycle_builds_each_shared_cluster_evaluation_record_once(monkeypatch):
+    """Issue 15: ``decide`` shares the evaluations of clusters a shape cannot fit among the jobs
+    of that shape; the cycle builds the bus record of each evaluation object once (500
+    placements carried 3,000 evaluations of ~700 objects), and every placement still carries
+    one record per cluster, equal to the record of its own evaluation."""
+    import services.scheduler.service as service_mod
+    from services.scheduler.approvals import evaluation_record
+
+    built: list = []
+
+    def counting(e):
+        built.append(e)
+        return evaluation_record(e)
+
+    monkeypatch.setattr(service_mod, "evaluation_record", counting)
+    clusters = [ClusterSpec(f"{r}-c{i}", node_list=nodes(f"{r[3:]}{i}", count=40))
+                for r in ("cn-north-1", "cn-east-1", "cn-south-1") for i in (1, 2)]
+    h = SchedulerHarness(clusters, reclaim_after_s=1e9)
+    for i in range(120):
+        h.submit(f"j{i}", home=("cn-north-1", "cn-east-1", "cn-south-1")[i % 3], gpus=1 + i % 2,
+                 estimated_duration_s=600.0)
+    await h.cycle()
+    placed = [p.event for p in h.publisher.published if p.event.type == "job.placed"]
+    assert len(placed) == 120
+    carried = sum(len(e.payload["evaluations"]) for e in placed)
+    assert carried == 120 * len(clusters)  # one record per cluster in every placement
+    assert len({id(e) for e in built}) == len(built) < carried  # each evaluation object once, shared
+    records = {(r["cluster"], r["reason"], r["total"], tuple(sorted(r["scores"].items()))) for r in
+               map(evaluation_record, built)}
+    assert all((r["cluster"], r["reason"], r["total"], tuple(sorted(r["scores"].items()))) in records
+               for e in placed for r in e.payload["evaluations"])
+
+
+async def test_an_unstarted_placement_keeps_its_bindings_and_only_its_expected_end_moves():
+    """Issue 15: a placed, not yet started shard is expected to start ``now``, so its view record
+    is made again each view -- from the bindings (node positions) and their check kept from the
+    first one, not rebuilt from the placement."""
+    h = SchedulerHarness((ClusterSpec(A, node_list=nodes("a", count=2)),), reclaim_after_s=1e9)
+    h.submit("j", estimated_duration_s=100.0)
+    await h.cycle()
+    first = next(w for c in h.svc.view().clusters for w in c.running)
+    h.advance(5.0)
+    again = next(w for c in h.svc.view().clusters for w in c.running)
+    assert first.started_at is None and again.bindings is first.bindings  # kept, not rebuilt
+    assert again.est_end == first.est_end + 5.0  # expected to start now: its end moves with now
+
+
+async def test_an_inventory_snapshot_computes_its_capacity_key_once(monkeypatch):
+    """Issue 15: each inventory snapshot is compared with the kept capacity key of the one before
+    (not the previous snapshot's key computed again); a change of capacity is still seen."""
+    import services.scheduler.service as service_mod
+    from tests.builders import snapshot
+
+    h = SchedulerHarness((ClusterSpec(A, node_list=nodes("a", count=2)),), reclaim_after_s=1e9)
+    real = service_mod._capacity_key
+    calls = []
+    monkeypatch.setattr(service_mod, "_capacity_key", lambda snap: calls.append(snap) or real(snap))
+    for _ in range(5):
+        h._inventory(snapshot(A, "cn-north-1", nodes("a", count=2), h.clock.time()), h.subjects.inventory("cn-north-1", A))
+    assert len(calls) <= 6  # one per snapshot (plus the kept key of the first, once)
+    info = h.svc.clusters[A]
+    h.svc.view()
+    cached = info.cached
+    h._inventory(snapshot(A, "cn-north-1", nodes("a", count=3), h.clock.time()), h.subjects.inventory("cn-north-1", A))
+    assert info.cached is None and cached is not None  # a new node: the cluster's state is rebuilt

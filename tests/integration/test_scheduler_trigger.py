@@ -1,0 +1,73 @@
+"""A scheduler's cycle starts when something changes, after a short coalescing delay (issue 15).
+
+Real nats-server, a real :class:`~services.scheduler.service.SchedulerService` running its own
+loop on the system clock; one cluster's agent is stood in for by publishing its inventory and
+heartbeats. A burst of submissions published together is decided in a few cycles (the
+coalescing delay gathers what the follower reads with the first one), not one cycle per
+submission, and a lone submission reaching an idle scheduler is placed at once -- the cycle
+is woken by the submission, not by a timer (the idle loop's timer is 1 s here).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from fedsched.clock import SystemClock
+from fedsched.pricing import load_price_catalog
+from services.scheduler.core import build_policy
+from services.scheduler.service import SchedulerService
+from services.scheduler.states import ShardState
+from tests.builders import heartbeat, nodes, snapshot, spec, submitted
+
+A, REGION = "cn-north-1-c1", "cn-north-1"
+
+
+async def _until(check, timeout: float = 10.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.005)
+
+
+async def test_a_burst_is_decided_in_a_few_cycles_and_a_lone_submission_is_placed_without_waiting_for_a_timer(bus):
+    async def agent() -> None:
+        while True:
+            await bus.publish(bus.subjects.heartbeat(REGION, A), heartbeat(A, REGION, time.time()))
+            await asyncio.sleep(0.2)
+
+    await bus.publish(bus.subjects.inventory(REGION, A), snapshot(A, REGION, nodes("a", count=64), time.time()))
+    beating = asyncio.create_task(agent())
+    svc = SchedulerService(bus, SystemClock(), build_policy("federated"), load_price_catalog(),
+                           stale_after_s=30.0, reclaim_after_s=60.0, interval_s=0.05, coalesce_s=0.02)
+    cycles: list[int] = []  # placements so far, after every cycle
+    svc.on_cycle.append(lambda: cycles.append(svc.counts[ShardState.PLACED]))
+    running = asyncio.create_task(svc.run())
+    try:
+        await _until(lambda: svc.clusters and cycles, what="the scheduler's first cycle")
+        burst = 200
+        items = []
+        for i in range(burst):
+            job = spec(gpus=1)
+            items.append((bus.subjects.job("submitted", job.tenant, job.project), submitted(f"b{i}", job, time.time()),
+                          None))
+        before = len(cycles)
+        assert all(await bus.publish_many(items))
+        await _until(lambda: svc.counts[ShardState.PLACED] == burst, what="the burst placed")
+        placing = cycles[before:]
+        # a few cycles for 200 submissions (what one follower fetch brings is one cycle's work)
+        assert len([1 for a, b in zip([0] + placing, placing) if b > a]) <= 20, placing
+
+        # idle (nothing changed since the last cycle): the next timed wake-up is up to 1 s away
+        await _until(lambda: not svc.busy and not svc._dirty.is_set(), what="an idle scheduler")
+        job = spec(gpus=1)
+        t0 = time.monotonic()
+        await bus.publish(bus.subjects.job("submitted", job.tenant, job.project), submitted("lone", job, time.time()))
+        await _until(lambda: "lone" in svc.jobs and svc.jobs["lone"].shards[0].placed is not None,
+                     what="the lone submission placed")
+        # woken by the submission: well under the idle timer (a generous bound on a shared machine)
+        assert time.monotonic() - t0 < 0.9
+    finally:
+        svc.stop()
+        await asyncio.wait_for(running, 10)
+        beating.cancel()
