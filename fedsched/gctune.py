@@ -27,9 +27,21 @@ def tune_for_service(young: int = YOUNG_THRESHOLD) -> tuple[int, int, int]:
     Returns:
         The thresholds before the change (to restore them, e.g. in a test).
     """
-    before = gc.get_threshold()
     gc.collect()  # garbage now is not frozen with the live heap
     gc.freeze()
-    if young > before[0]:
-        gc.set_threshold(young, *before[1:])
+    return raise_thresholds((young, 0, 0))
+
+
+def raise_thresholds(thresholds: tuple[int, int, int]) -> tuple[int, int, int]:
+    """Raise the collector's (young, middle, old) thresholds to at least ``thresholds``: each is
+    kept if already higher (a process that tuned its own, or an embedded sibling service, is not
+    made to collect more often), a 0 in ``thresholds`` keeps the current value, and a current 0
+    (collection disabled) stays 0.
+
+    Returns:
+        The thresholds before the call (to restore them).
+    """
+    before = gc.get_threshold()
+    after = tuple(old if old == 0 or old >= new else new for old, new in zip(before, thresholds))
+    gc.set_threshold(*after)
     return before

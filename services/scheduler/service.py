@@ -74,7 +74,6 @@ heartbeat age, reclamation timers); the bus itself is only needed by :meth:`Sche
 from __future__ import annotations
 
 import asyncio
-import gc
 import heapq
 import json
 import logging
@@ -89,6 +88,7 @@ from fedsched.bus import Bus, Delivery, StreamFollower
 from fedsched.clock import Clock, SystemClock, to_datetime
 from fedsched.dispatch import EventTable, SkippedTypes
 from fedsched.errors import UnavailableError
+from fedsched.gctune import tune_for_service
 from fedsched.events import (Envelope, EventType, Heartbeat, InventorySnapshot, JobPending, JobPlaced, JobPriorityChanged, JobStatus,
                              JobStop, JobSubmitted, Subjects, WorkerBinding, business_event_id, make_event)
 from fedsched.jobs import JobSpec
@@ -578,7 +578,9 @@ class SchedulerService:
             await self._inventory.caught_up.wait()
             await self._policy_follower.initial.wait()
             log.info("scheduler: rebuilt %d jobs, %d clusters", len(self.jobs), len(self.clusters))
-            freeze_startup_heap()
+            # the rebuilt book leaves the collector's walks (a 5,000-job bench: the collector took ~27%
+            # of the scheduler's CPU, 6 full collections over the start-up heap; issue 15)
+            tune_for_service(0)
             self._dirty.set()
             while not self._stop.is_set():
                 try:
@@ -1885,20 +1887,6 @@ class SchedulerService:
                            tenant=job.tenant, project=job.project, job_id=job.job_id, attempt=pend.job.attempt - 1,
                            actor="scheduler", policy_version=policy_version)
         return self.subjects.decisions(job.tenant, job.project), event, job.headers
-
-
-def freeze_startup_heap() -> int:
-    """Collect once, then move every object alive now (modules, schemas, the rebuilt book) to
-    the collector's permanent generation (``gc.freeze``): the full collections that follow
-    walk what the service allocated since, not the whole start-up heap again. Measured on
-    ``bench/e2e_throughput.py --mode processes --jobs 5000 --batch 100 --concurrency 8``: the
-    cyclic collector took ~1.2 s of the scheduler's ~4.5 s CPU (27%) before, with 6 full
-    collections (issue 15). Frozen objects are still freed by reference counting when they
-    die; only cyclic garbage among them is never collected (the book holds none). Returns the
-    objects frozen."""
-    gc.collect()
-    gc.freeze()
-    return gc.get_freeze_count()
 
 
 def _cancel_requested(job: JobEntry) -> bool:

@@ -15,7 +15,7 @@ bench measures what the service runs.
 
 from __future__ import annotations
 
-import gc
+from fedsched.gctune import raise_thresholds
 
 #: (young, middle, old) thresholds: a young collection every 50,000 net allocations (~14 per
 #: 10,000-job steady cycle instead of ~800), a middle one every 20 young, a full one every 100
@@ -31,7 +31,4 @@ def raise_gc_thresholds(thresholds: tuple[int, int, int] = CYCLE_THRESHOLDS) -> 
     Returns:
         The thresholds before the call (to restore them).
     """
-    before = gc.get_threshold()
-    after = tuple(old if old == 0 or old >= new else new for old, new in zip(before, thresholds))
-    gc.set_threshold(*after)
-    return before
+    return raise_thresholds(thresholds)

@@ -34,3 +34,21 @@ def test_a_higher_young_threshold_is_kept() -> None:
     finally:
         gc.unfreeze()
         gc.set_threshold(*before)
+
+
+def test_a_frozen_object_still_dies_by_reference_count_and_zero_keeps_the_thresholds() -> None:
+    """The scheduler freezes its rebuilt book with ``tune_for_service(0)``: thresholds unchanged,
+    the book out of the collections' walks, and what it drops freed as before."""
+    import weakref
+
+    before = gc.get_threshold()
+    try:
+        probe = _Probe()
+        gone = weakref.ref(probe)
+        assert tune_for_service(0) == before and gc.get_threshold() == before
+        assert gc.get_freeze_count() > 0 and not any(o is probe for o in gc.get_objects())
+        del probe
+        assert gone() is None
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*before)

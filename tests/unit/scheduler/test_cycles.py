@@ -445,30 +445,6 @@ def test_a_woken_cycle_waits_the_coalescing_delay_and_starts_at_least_an_interva
     assert svc.coalesce_s == 0.001  # capped by the interval
 
 
-def test_the_start_up_heap_is_frozen_out_of_the_collectors_full_walks():
-    """Issue 15: after the rebuild the scheduler freezes the live heap (``gc.freeze``): the full
-    collections of a run then walk only what was allocated since (they took ~27% of the
-    scheduler's CPU in a 5,000-job bench). A frozen object still dies by reference count."""
-    import gc
-    import weakref
-
-    from services.scheduler.service import freeze_startup_heap
-
-    class Probe:  # a container object the collector tracks
-        pass
-
-    try:
-        probe = Probe()
-        gone = weakref.ref(probe)
-        frozen = freeze_startup_heap()
-        assert frozen == gc.get_freeze_count() > 1000
-        assert gc.is_tracked(probe) and probe not in gc.get_objects(generation=2)  # out of the walks
-        del probe
-        assert gone() is None  # freed by reference counting
-    finally:
-        gc.unfreeze()
-
-
 async def test_a_start_does_not_wake_a_cycle_but_an_end_and_a_window_left_waiting_do():
     """Issue 15: cycles are woken by what can change a decision -- a submission, an attempt that
     ended (room freed), a window that left shards waiting -- not by every placement read back or
