@@ -905,8 +905,8 @@ class ClusterAgent:
         for d in deliveries:
             env = d.envelope
             # continue the job's trace: status events carry this span's context
-            with tracer.start_as_current_span(f"agent.{env.type}", context=telemetry.context_from(d.headers),
-                                              attributes={"job_id": env.job_id, "cluster": self.cluster.name}):
+            with telemetry.child_span(d.headers, f"agent.{env.type}", tracer, job_id=env.job_id,
+                                      cluster=self.cluster.name):
                 handler = PLACEMENT_EVENTS.route(env.type, self.skipped)
                 if handler is not None:
                     await handler(self, d)
