@@ -601,7 +601,8 @@ class DurableConsumer:
         batch: maximum messages per handler call.
         max_wait_s: how long a fetch waits for the first message.
         linger_s: after the first message, keep collecting up to ``batch`` for this long (0 =
-            hand over what is there at once; > 0 makes fewer, bigger inserts).
+            hand over what is there at once; > 0 makes fewer, bigger inserts), looking for more
+            a few times per window (:meth:`_linger`), not once per message.
         ack_wait_s: JetStream redelivers a message after this long without an ack or a progress
             report. While a batch is in hand (from its fetch until it is acknowledged or handed
             back) the consumer reports progress (``+WPI``, :meth:`nats.aio.msg.Msg.in_progress`)
@@ -737,12 +738,7 @@ class DurableConsumer:
                     continue
                 progress = _Progress(self, msgs)
                 try:
-                    deadline = time.monotonic() + self.linger_s
-                    while len(msgs) < self.batch and (left := deadline - time.monotonic()) > 0:
-                        try:
-                            msgs += await fetch_fast(self._sub, self.batch - len(msgs), left)
-                        except (nats.errors.TimeoutError, asyncio.TimeoutError):
-                            break
+                    await self._linger(msgs)
                     if self._stop.is_set():  # stopped while fetching: hand the messages back, untouched
                         for msg in msgs:
                             await msg.nak()
@@ -765,6 +761,28 @@ class DurableConsumer:
                 self._sub = None
                 await asyncio.sleep(self._backoff)
                 self._backoff = min(self._backoff * 2, 5.0)
+
+    #: slices of :attr:`linger_s` the consumer waits between looks for more messages
+    LINGER_LOOKS = 4
+
+    async def _linger(self, msgs: list[Msg]) -> None:
+        """Add to ``msgs`` (the batch just fetched) what arrives within :attr:`linger_s`, up to
+        :attr:`batch`: wait a slice of the window (``linger_s / LINGER_LOOKS``), then take what
+        the server has (a pull request lingering at most 2 ms), until the batch is full or the
+        window is over. A look per slice, not a pull request per message trickling in (issue 15:
+        each a message to the server and a status reply back; ~1 per message before)."""
+        deadline = time.monotonic() + self.linger_s
+        step = self.linger_s / self.LINGER_LOOKS
+        while len(msgs) < self.batch and (left := deadline - time.monotonic()) > 0:
+            if _pending_after(msgs) < self.batch - len(msgs):  # the batch is not waiting on the server already
+                await asyncio.sleep(min(step, left))
+                if self._stop.is_set():
+                    return
+            try:
+                async with asyncio.timeout(5):
+                    msgs += await self._sub.fetch(self.batch - len(msgs), timeout=0.002)
+            except (nats.errors.TimeoutError, asyncio.TimeoutError):
+                continue
 
     async def _handle(self, msgs: list[Msg]) -> None:
         good: list[Delivery] = []
