@@ -60,8 +60,8 @@ from __future__ import annotations
 
 import asyncio
 import heapq
+import functools
 import logging
-import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Awaitable, Callable
@@ -99,56 +99,56 @@ WHOLE = 1000
 
 
 class SharedReads:
-    """One call of ``read`` shared by the callers that ask before it is sent (issue 15).
+    """One read shared by the callers that ask before it is sent (issue 15).
 
-    The agents of one process (``up --processes`` runs every cluster's agent in one) each read
-    the scheduler lease before each batch of orders; the batches of one scheduler cycle arrive
-    together, so their reads are asked in the same pass of the event loop. A caller joins the
-    read in flight only while it has not started (its request not yet written): each caller's
-    read is therefore made after the caller asked for it -- after its batch was fetched, which
-    is all the fencing rule needs (:func:`fedsched.lease.stale_order`: a tenure that began before
-    an order was stored is in any read made after the order was fetched). A caller that asks
-    once the read has started gets a new one.
+    The agents of one process (``up --processes`` runs every cluster's agent in one, each on a
+    connection of its own) each read the scheduler lease before each batch of orders; the
+    batches of one scheduler cycle arrive together, so their reads are asked in the same pass of
+    the event loop. A caller joins the read in flight only while it has not started (its request
+    not yet written): each caller's read is therefore made after the caller asked for it --
+    after its batch was fetched, which is all the fencing rule needs
+    (:func:`fedsched.lease.stale_order`: a tenure that began before an order was stored is in any
+    read made after the order was fetched, on any connection to the federation's servers). The
+    read is made with the ``read`` of the caller that asked first; a caller that asks once the
+    read has started gets a new one.
 
     Attributes:
         calls: reads made (for the counting test).
         joined: callers served by a read another caller asked for first.
     """
 
-    def __init__(self, read: Callable[[], Awaitable[Tenure | None]]) -> None:
-        self._read = read
-        self._next: asyncio.Future | None = None  # the read asked for and not started yet
+    def __init__(self) -> None:
+        self._next: asyncio.Task | None = None  # the read asked for and not started yet
         self.calls = 0
         self.joined = 0
 
-    async def __call__(self) -> Tenure | None:
+    async def __call__(self, read: Callable[[], Awaitable[Tenure | None]]) -> Tenure | None:
         """The lease's tenure, read after this call was made.
 
         Raises:
             UnavailableError: as ``read`` (every caller sharing it gets it).
         """
-        if self._next is None:
-            self._next = asyncio.ensure_future(self._one())
+        pending = self._next
+        if pending is None or pending.done() or pending.get_loop() is not asyncio.get_running_loop():
+            pending = self._next = asyncio.ensure_future(self._one(read))
         else:
             self.joined += 1
-        return await asyncio.shield(self._next)
+        return await asyncio.shield(pending)
 
-    async def _one(self) -> Tenure | None:
+    async def _one(self, read: Callable[[], Awaitable[Tenure | None]]) -> Tenure | None:
         self._next = None  # started: a caller from now on gets a read of its own
         self.calls += 1
-        return await self._read()
+        return await read()
 
 
-_SHARED_READS: "weakref.WeakKeyDictionary[Bus, SharedReads]" = weakref.WeakKeyDictionary()
+#: (subject prefix, JetStream domain) -> the shared reads of that federation's lease in this process
+_SHARED_READS: dict[tuple[str, str], SharedReads] = {}
 
 
 def shared_tenure_reads(bus: Bus) -> SharedReads:
-    """The :class:`SharedReads` of the scheduler lease's tenure on ``bus`` (one per connection:
-    the agents sharing a connection share their reads)."""
-    reads = _SHARED_READS.get(bus)
-    if reads is None:
-        reads = _SHARED_READS[bus] = SharedReads(lambda: read_tenure(bus))
-    return reads
+    """The :class:`SharedReads` of the scheduler lease of ``bus``'s federation (its prefix and
+    JetStream domain) in this process: its agents share their reads, whatever their connections."""
+    return _SHARED_READS.setdefault((bus.prefix, bus.js_domain), SharedReads())
 
 
 @dataclass
@@ -472,7 +472,8 @@ class ClusterAgent:
         self.fencing = StreamFencing()
         self.stale_refused = 0  # orders refused for a stale fencing token
         #: reads the scheduler lease's tenure before each batch of orders (None: not read)
-        self._read_tenure = tenure if tenure is not None else (shared_tenure_reads(bus) if bus is not None else None)
+        self._read_tenure = tenure if tenure is not None else (
+            functools.partial(shared_tenure_reads(bus), functools.partial(read_tenure, bus)) if bus is not None else None)
         self.tenure: Tenure | None = None  #: the scheduler lease's tenure, as last read
         #: (job, shard) -> key of the attempt running here (at most one after fencing)
         self._live: dict[tuple[str, int], tuple[str, int, int]] = {}

@@ -35,12 +35,12 @@ class _Lease:
 
 async def _ask(lease: _Lease, reads: SharedReads) -> Tenure | None:
     lease.asked += 1
-    return await reads()
+    return await reads(lease.read)
 
 
 async def test_callers_in_one_pass_share_one_read_made_after_all_of_them_asked():
     lease = _Lease()
-    reads = SharedReads(lease.read)
+    reads = SharedReads()
     lease.answer.set()
     got = await asyncio.gather(*(_ask(lease, reads) for _ in range(6)))
     assert reads.calls == 1 and reads.joined == 5
@@ -49,7 +49,7 @@ async def test_callers_in_one_pass_share_one_read_made_after_all_of_them_asked()
 
 async def test_a_caller_after_the_read_started_gets_a_new_read():
     lease = _Lease()
-    reads = SharedReads(lease.read)
+    reads = SharedReads()
     first = asyncio.create_task(_ask(lease, reads))
     assert await until(lambda: lease.started == [1], timeout=2)  # in flight: its request is out
     second = asyncio.create_task(_ask(lease, reads))
@@ -61,7 +61,7 @@ async def test_a_caller_after_the_read_started_gets_a_new_read():
 
 async def test_a_failed_read_fails_every_caller_sharing_it_and_the_next_call_reads_again():
     lease = _Lease()
-    reads = SharedReads(lease.read)
+    reads = SharedReads()
     lease.fail = True
     lease.answer.set()
     results = await asyncio.gather(*(_ask(lease, reads) for _ in range(3)), return_exceptions=True)
@@ -72,7 +72,7 @@ async def test_a_failed_read_fails_every_caller_sharing_it_and_the_next_call_rea
 
 async def test_a_cancelled_caller_does_not_cancel_the_read_of_the_others():
     lease = _Lease()
-    reads = SharedReads(lease.read)
+    reads = SharedReads()
     a = asyncio.create_task(_ask(lease, reads))
     b = asyncio.create_task(_ask(lease, reads))
     assert await until(lambda: lease.started == [2], timeout=2)
