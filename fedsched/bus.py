@@ -767,22 +767,26 @@ class DurableConsumer:
 
     async def _linger(self, msgs: list[Msg]) -> None:
         """Add to ``msgs`` (the batch just fetched) what arrives within :attr:`linger_s`, up to
-        :attr:`batch`: wait a slice of the window (``linger_s / LINGER_LOOKS``), then take what
-        the server has (a pull request lingering at most 2 ms), until the batch is full or the
-        window is over. A look per slice, not a pull request per message trickling in (issue 15:
-        each a message to the server and a status reply back; ~1 per message before)."""
+        :attr:`batch`, in at most ``LINGER_LOOKS`` + 1 looks: each look waits for the next message
+        (:func:`fetch_fast`: one pull request lingering until the first arrives, one more taking
+        what is already there), then -- unless the batch is full or waiting on the server -- the
+        rest of its slice of the window (``linger_s / LINGER_LOOKS``), so messages trickling in
+        meanwhile are taken together by the next look. Before, a look per message: a pull request
+        and its status reply per message trickling in (issue 15)."""
         deadline = time.monotonic() + self.linger_s
         step = self.linger_s / self.LINGER_LOOKS
         while len(msgs) < self.batch and (left := deadline - time.monotonic()) > 0:
-            if _pending_after(msgs) < self.batch - len(msgs):  # the batch is not waiting on the server already
-                await asyncio.sleep(min(step, left))
+            look_ends = min(time.monotonic() + step, deadline)
+            try:
+                msgs += await fetch_fast(self._sub, self.batch - len(msgs), left)
+            except (nats.errors.TimeoutError, asyncio.TimeoutError):
+                break  # nothing more within the window
+            if len(msgs) < self.batch and _pending_after(msgs) < self.batch - len(msgs):
+                rest = look_ends - time.monotonic()
+                if rest > 0:
+                    await asyncio.sleep(rest)
                 if self._stop.is_set():
                     return
-            try:
-                async with asyncio.timeout(5):
-                    msgs += await self._sub.fetch(self.batch - len(msgs), timeout=0.002)
-            except (nats.errors.TimeoutError, asyncio.TimeoutError):
-                continue
 
     async def _handle(self, msgs: list[Msg]) -> None:
         good: list[Delivery] = []
