@@ -26,6 +26,7 @@ a :class:`~fedsched.errors.DecodeError` like any other invalid envelope.
 
 from __future__ import annotations
 
+import hashlib
 import uuid
 from enum import StrEnum
 from typing import Any, Literal
@@ -41,6 +42,7 @@ from fedsched.jobs import JobSpec, PriorityClass
 SCHEMA_VERSION = 1
 
 _EVENT_NS = uuid.UUID("6f1b1f5e-3c1e-4f43-9a53-0f2b6b0f5e11")
+_EVENT_NS_BYTES = _EVENT_NS.bytes
 
 
 #: What an event type name looks like: dotted lower-case words (``job.started``). A type this
@@ -96,8 +98,14 @@ def known_type(type_: str) -> EventType | None:
 
 
 def business_event_id(*parts: object) -> str:
-    """Deterministic event id (32 hex chars) from a business key, e.g. (job, attempt, 'started')."""
-    return uuid.uuid5(_EVENT_NS, "/".join(str(p) for p in parts)).hex
+    """Deterministic event id (32 hex chars) from a business key, e.g. (job, attempt, 'started'):
+    the RFC 4122 version-5 UUID of the parts joined by ``/`` in :data:`_EVENT_NS`
+    (``uuid.uuid5(_EVENT_NS, name).hex``), computed without building ``uuid.UUID`` objects
+    (issue 15: ~3x faster; one per status, placement and submission)."""
+    digest = bytearray(hashlib.sha1(_EVENT_NS_BYTES + "/".join(str(p) for p in parts).encode()).digest()[:16])
+    digest[6] = (digest[6] & 0x0F) | 0x50  # version 5
+    digest[8] = (digest[8] & 0x3F) | 0x80  # RFC 4122 variant
+    return digest.hex()
 
 
 def random_event_id() -> str:

@@ -203,3 +203,13 @@ def test_an_integer_beyond_64_bits_is_refused_never_rounded():
     with pytest.raises(DecodeError, match="attempt"):
         Envelope.from_bytes(_GOOD % str(2 ** 70).encode())
     assert Envelope.from_bytes(_GOOD % str(2 ** 63).encode()).attempt == 2 ** 63
+
+
+@pytest.mark.parametrize("parts", [("j-1", 1, 0, "started"), ("dead_letter", "agent-c1", "fed.status.r.c", 42),
+                                   ("ünïcode", "名前", 0.5, None), ()])
+def test_business_event_ids_are_the_version_5_uuids_of_the_key(parts):
+    import uuid
+
+    from fedsched.events import _EVENT_NS
+
+    assert business_event_id(*parts) == uuid.uuid5(_EVENT_NS, "/".join(str(p) for p in parts)).hex
