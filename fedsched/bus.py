@@ -538,14 +538,21 @@ async def fetch_fast(sub, batch: int, max_wait_s: float) -> list[Msg]:
     returns on arrival); if the server said more were pending, a short fetch drains what is
     already there.
 
+    The guard deadlines (``max_wait_s`` + 5 s, in case nats.py's own timeout never fires) are
+    ``asyncio.timeout`` scopes, not ``asyncio.wait_for``: the fetch runs in the caller's task, so
+    its pull request is written before the caller yields -- in the same socket write as the acks
+    the caller just sent (:class:`DurableConsumer`) -- and no task is made per fetch (issue 15).
+
     Raises:
         nats.errors.TimeoutError / asyncio.TimeoutError: nothing arrived within ``max_wait_s``.
     """
-    first = await asyncio.wait_for(sub.fetch(1, timeout=max_wait_s), timeout=max_wait_s + 5)
+    async with asyncio.timeout(max_wait_s + 5):
+        first = await sub.fetch(1, timeout=max_wait_s)
     if batch <= 1 or not first or first[-1].metadata.num_pending == 0:
         return first  # nothing else was waiting when it was delivered
     try:
-        more = await asyncio.wait_for(sub.fetch(batch - 1, timeout=0.002), timeout=5)
+        async with asyncio.timeout(5):
+            more = await sub.fetch(batch - 1, timeout=0.002)
     except (nats.errors.TimeoutError, asyncio.TimeoutError):
         more = []
     return first + more
@@ -650,7 +657,8 @@ class DurableConsumer:
         batch: maximum messages per handler call.
         max_wait_s: how long a fetch waits for the first message.
         linger_s: after the first message, keep collecting up to ``batch`` for this long (0 =
-            hand over what is there at once; > 0 makes fewer, bigger inserts).
+            hand over what is there at once; > 0 makes fewer, bigger inserts), looking for more
+            a few times per window (:meth:`_linger`), not once per message.
         ack_wait_s: JetStream redelivers a message after this long without an ack or a progress
             report. While a batch is in hand (from its fetch until it is acknowledged or handed
             back) the consumer reports progress (``+WPI``, :meth:`nats.aio.msg.Msg.in_progress`)
@@ -726,15 +734,19 @@ class DurableConsumer:
         except nats.js.errors.NotFoundError:
             return None
 
-    async def _heartbeat(self, msgs: list[Msg]) -> None:
+    async def _heartbeat(self, msgs: list[Msg], *, now: bool = False) -> None:
         """Report progress on every message of ``msgs`` (the list grows while a batch lingers)
-        every ``ack_wait_s / 4`` until cancelled; a report that cannot be sent is skipped (the
-        next one, or the redelivery, follows). A message already acknowledged, handed back (nak,
-        with or without a delay) or terminated gets no more reports: a progress report after a
-        nak would restart the server's full ack wait instead of the nak's delay."""
+        every ``ack_wait_s / 4`` (the first time at once with ``now``) until cancelled; a report
+        that cannot be sent is skipped (the next one, or the redelivery, follows). A message
+        already acknowledged, handed back (nak, with or without a delay) or terminated gets no
+        more reports: a progress report after a nak would restart the server's full ack wait
+        instead of the nak's delay. :meth:`run` starts it (:class:`_Progress`) only for a batch
+        still in hand ``ack_wait_s / 4`` after its fetch."""
         every = self.ack_wait_s / 4
         while True:
-            await asyncio.sleep(every)
+            if not now:
+                await asyncio.sleep(every)
+            now = False
             for msg in list(msgs):
                 if msg.is_acked:  # nats.py: set by ack, nak and term alike
                     continue
@@ -780,14 +792,9 @@ class DurableConsumer:
                 except (nats.errors.TimeoutError, asyncio.TimeoutError):
                     self.backlog = 0  # nothing came within max_wait_s: read up to now
                     continue
-                heartbeat = asyncio.create_task(self._heartbeat(msgs), name=f"progress-{self.durable}")
+                progress = _Progress(self, msgs)
                 try:
-                    deadline = time.monotonic() + self.linger_s
-                    while len(msgs) < self.batch and (left := deadline - time.monotonic()) > 0:
-                        try:
-                            msgs += await fetch_fast(self._sub, self.batch - len(msgs), left)
-                        except (nats.errors.TimeoutError, asyncio.TimeoutError):
-                            break
+                    await self._linger(msgs)
                     if self._stop.is_set():  # stopped while fetching: hand the messages back, untouched
                         for msg in msgs:
                             await msg.nak()
@@ -796,9 +803,10 @@ class DurableConsumer:
                     await self._handle(msgs)
                     self.backlog = _pending_after(msgs)
                 finally:
-                    heartbeat.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await heartbeat
+                    beating = progress.cancel()
+                    if beating is not None:
+                        with contextlib.suppress(asyncio.CancelledError):
+                            await beating
                 self._backoff = 0.1
             except asyncio.CancelledError:
                 raise
@@ -809,6 +817,32 @@ class DurableConsumer:
                 self._sub = None
                 await asyncio.sleep(self._backoff)
                 self._backoff = min(self._backoff * 2, 5.0)
+
+    #: slices of :attr:`linger_s` the consumer waits between looks for more messages
+    LINGER_LOOKS = 4
+
+    async def _linger(self, msgs: list[Msg]) -> None:
+        """Add to ``msgs`` (the batch just fetched) what arrives within :attr:`linger_s`, up to
+        :attr:`batch`, in at most ``LINGER_LOOKS`` + 1 looks: each look waits for the next message
+        (:func:`fetch_fast`: one pull request lingering until the first arrives, one more taking
+        what is already there), then -- unless the batch is full or waiting on the server -- the
+        rest of its slice of the window (``linger_s / LINGER_LOOKS``), so messages trickling in
+        meanwhile are taken together by the next look. Before, a look per message: a pull request
+        and its status reply per message trickling in (issue 15)."""
+        deadline = time.monotonic() + self.linger_s
+        step = self.linger_s / self.LINGER_LOOKS
+        while len(msgs) < self.batch and (left := deadline - time.monotonic()) > 0:
+            look_ends = min(time.monotonic() + step, deadline)
+            try:
+                msgs += await fetch_fast(self._sub, self.batch - len(msgs), left)
+            except (nats.errors.TimeoutError, asyncio.TimeoutError):
+                break  # nothing more within the window
+            if len(msgs) < self.batch and _pending_after(msgs) < self.batch - len(msgs):
+                rest = look_ends - time.monotonic()
+                if rest > 0:
+                    await asyncio.sleep(rest)
+                if self._stop.is_set():
+                    return
 
     async def _handle(self, msgs: list[Msg]) -> None:
         good: list[Delivery] = []
@@ -878,6 +912,30 @@ class DurableConsumer:
         await self.bus.dead_letter(self.durable, d.msg, reason)
         await d.msg.ack()
         self.dead_lettered += 1
+
+
+class _Progress:
+    """The progress reports of one batch in hand (:meth:`DurableConsumer._heartbeat`), started by
+    a timer ``ack_wait_s / 4`` after the fetch: a batch handled sooner -- nearly every one -- costs
+    a timer set and cancelled, no task, and its cancellation does not yield (so the batch's acks
+    and the next pull request leave in one socket write)."""
+
+    def __init__(self, consumer: "DurableConsumer", msgs: list[Msg]) -> None:
+        self._consumer = consumer
+        self._msgs = msgs
+        self._task: asyncio.Task | None = None
+        self._timer = asyncio.get_running_loop().call_later(consumer.ack_wait_s / 4, self._start)
+
+    def _start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._consumer._heartbeat(self._msgs, now=True),
+                                                            name=f"progress-{self._consumer.durable}")
+
+    def cancel(self) -> asyncio.Task | None:
+        """Stop reporting; returns the reporting task to await when one was started, else None."""
+        self._timer.cancel()
+        if self._task is not None:
+            self._task.cancel()
+        return self._task
 
 
 def _pending_after(msgs: list[Msg]) -> int:

@@ -26,10 +26,12 @@ a :class:`~fedsched.errors.DecodeError` like any other invalid envelope.
 
 from __future__ import annotations
 
+import hashlib
 import uuid
 from enum import StrEnum
 from typing import Any, Literal
 
+import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError as PydanticValidationError
 
 from fedsched import naming
@@ -40,6 +42,7 @@ from fedsched.jobs import JobSpec, PriorityClass
 SCHEMA_VERSION = 1
 
 _EVENT_NS = uuid.UUID("6f1b1f5e-3c1e-4f43-9a53-0f2b6b0f5e11")
+_EVENT_NS_BYTES = _EVENT_NS.bytes
 
 
 #: What an event type name looks like: dotted lower-case words (``job.started``). A type this
@@ -97,8 +100,14 @@ _BY_NAME: dict[str, EventType] = {t.value: t for t in EventType}
 
 
 def business_event_id(*parts: object) -> str:
-    """Deterministic event id (32 hex chars) from a business key, e.g. (job, attempt, 'started')."""
-    return uuid.uuid5(_EVENT_NS, "/".join(str(p) for p in parts)).hex
+    """Deterministic event id (32 hex chars) from a business key, e.g. (job, attempt, 'started'):
+    the RFC 4122 version-5 UUID of the parts joined by ``/`` in :data:`_EVENT_NS`
+    (``uuid.uuid5(_EVENT_NS, name).hex``), computed without building ``uuid.UUID`` objects
+    (issue 15: ~3x faster; one per status, placement and submission)."""
+    digest = bytearray(hashlib.sha1(_EVENT_NS_BYTES + "/".join(str(p) for p in parts).encode()).digest()[:16])
+    digest[6] = (digest[6] & 0x0F) | 0x50  # version 5
+    digest[8] = (digest[8] & 0x3F) | 0x80  # RFC 4122 variant
+    return digest.hex()
 
 
 def random_event_id() -> str:
@@ -188,12 +197,26 @@ class Envelope(BaseModel):
 
         An unknown but well-formed type decodes (see the module docstring); the consumer decides.
 
+        Parsing (issue 15): the bytes are parsed with orjson and the resulting object validated
+        (``model_validate``), ~40% less CPU than pydantic's own JSON parser
+        (``model_validate_json``) on a ``job.placed`` (~2 KB: 19 vs 31 us); every field is
+        validated by the same rules. Bytes orjson does not take (not JSON, or JSON it refuses
+        that pydantic reads: ``NaN``, ``Infinity``) go through ``model_validate_json`` as before,
+        so what decodes -- and the reason of a refusal -- is unchanged, with one exception: an
+        integer literal beyond 64 bits, which orjson reads as a float, so an int field refuses
+        it (an untyped payload value keeps it as a float); no producer of ours writes one.
+
         Raises:
             DecodeError: not JSON, not an envelope (including a malformed type name), or a newer
                 major schema.
         """
         try:
-            env = cls.model_validate_json(data)
+            try:
+                raw = orjson.loads(data)
+            except orjson.JSONDecodeError:
+                env = cls.model_validate_json(data)
+            else:
+                env = cls.model_validate(raw)
         except PydanticValidationError as e:
             raise DecodeError(f"not a valid envelope: {_first_error(e)}") from e
         if env.schema_version > SCHEMA_VERSION:

@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import asyncio
 import heapq
+import functools
 import logging
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -68,7 +69,7 @@ from typing import AsyncIterator, Awaitable, Callable
 from fedsched import telemetry
 from fedsched.bounded import RecentDict, RecentSet
 from fedsched.bus import Bus, Delivery, DurableConsumer, StreamFollower
-from fedsched.clock import Clock, to_datetime
+from fedsched.clock import Clock, SystemClock, to_datetime
 from fedsched.dispatch import EventTable, SkippedTypes
 from fedsched.errors import DecodeError, UnavailableError
 from fedsched.metrics import AgentMetrics
@@ -95,6 +96,59 @@ PLACEMENT_ACK_WAIT_S = 5.0
 tracer = telemetry.tracer("fedsched.agent")
 
 WHOLE = 1000
+
+
+class SharedReads:
+    """One read shared by the callers that ask before it is sent (issue 15).
+
+    The agents of one process (``up --processes`` runs every cluster's agent in one, each on a
+    connection of its own) each read the scheduler lease before each batch of orders; the
+    batches of one scheduler cycle arrive together, so their reads are asked in the same pass of
+    the event loop. A caller joins the read in flight only while it has not started (its request
+    not yet written): each caller's read is therefore made after the caller asked for it --
+    after its batch was fetched, which is all the fencing rule needs
+    (:func:`fedsched.lease.stale_order`: a tenure that began before an order was stored is in any
+    read made after the order was fetched, on any connection to the federation's servers). The
+    read is made with the ``read`` of the caller that asked first; a caller that asks once the
+    read has started gets a new one.
+
+    Attributes:
+        calls: reads made (for the counting test).
+        joined: callers served by a read another caller asked for first.
+    """
+
+    def __init__(self) -> None:
+        self._next: asyncio.Task | None = None  # the read asked for and not started yet
+        self.calls = 0
+        self.joined = 0
+
+    async def __call__(self, read: Callable[[], Awaitable[Tenure | None]]) -> Tenure | None:
+        """The lease's tenure, read after this call was made.
+
+        Raises:
+            UnavailableError: as ``read`` (every caller sharing it gets it).
+        """
+        pending = self._next
+        if pending is None or pending.done() or pending.get_loop() is not asyncio.get_running_loop():
+            pending = self._next = asyncio.ensure_future(self._one(read))
+        else:
+            self.joined += 1
+        return await asyncio.shield(pending)
+
+    async def _one(self, read: Callable[[], Awaitable[Tenure | None]]) -> Tenure | None:
+        self._next = None  # started: a caller from now on gets a read of its own
+        self.calls += 1
+        return await read()
+
+
+#: (subject prefix, JetStream domain) -> the shared reads of that federation's lease in this process
+_SHARED_READS: dict[tuple[str, str], SharedReads] = {}
+
+
+def shared_tenure_reads(bus: Bus) -> SharedReads:
+    """The :class:`SharedReads` of the scheduler lease of ``bus``'s federation (its prefix and
+    JetStream domain) in this process: its agents share their reads, whatever their connections."""
+    return _SHARED_READS.setdefault((bus.prefix, bus.js_domain), SharedReads())
 
 
 @dataclass
@@ -209,6 +263,9 @@ class TraceBackend:
         self._wake = asyncio.Event()
         #: heap entries the last :meth:`ready` popped (due ends and stale entries; never a scan)
         self.last_ready_visits = 0
+        #: called (no arguments) when :meth:`next_due` may have moved earlier: a launch, a stop, a
+        #: node failure (the agent's drain loop sleeps until then; see :meth:`ClusterAgent.next_tick_s`)
+        self.on_change: Callable[[], None] | None = None
 
     # -- the Backend protocol
 
@@ -218,6 +275,20 @@ class TraceBackend:
     def nodes(self) -> list[NodeInventory]:
         """The nodes now, without waiting (the trace cluster is in memory)."""
         return list(self._nodes.values())
+
+    def next_due(self) -> float | None:
+        """Business time (s) from which :meth:`ready` may hand over a status: now when one is
+        queued, else the earliest end on the heap (an attempt stopped since may have left its
+        entry there: then earlier than needed, never later), None when no running attempt has an
+        end (only a launch or a node failure changes that: both call :attr:`on_change`)."""
+        if self._queue:
+            return self.clock.time()
+        return self._heap[0][0] if self._heap else None
+
+    def _changed(self) -> None:
+        self._wake.set()
+        if self.on_change is not None:
+            self.on_change()
 
     async def launch(self, attempt: AttemptSpec) -> None:
         key = attempt.key
@@ -237,7 +308,7 @@ class TraceBackend:
         if ends_at is not None:
             self._seq += 1
             heapq.heappush(self._heap, (ends_at, self._seq, key))
-        self._wake.set()
+        self._changed()
 
     async def stop(self, key: AttemptKey, reason: str) -> None:
         if key in self._live:
@@ -303,7 +374,7 @@ class TraceBackend:
             self._end(key)
             self._queue.append(AttemptStatus(key, Phase.FAILED, now, reason=NODE_FAILED, worker=worker, node=node,
                                              message=f"node {node} of worker {worker} failed"))
-        self._wake.set()
+        self._changed()
 
     def _end(self, key: AttemptKey) -> None:
         att = self._live.pop(key)
@@ -355,7 +426,11 @@ class ClusterAgent:
             capacity or health changes (allocations are not capacity: the scheduler tracks its own
             placements; snapshots carry free resources for reconciliation and the capacity log).
         tick_s: wall seconds between drains of the backend's status changes (and retries of
-            stops the backend could not carry out).
+            stops the backend could not carry out). On the wall clock (:class:`SystemClock`)
+            with a backend that knows when its next status is due (``next_due``: the trace
+            backend) the drain loop instead sleeps until then, at most ``idle_tick_s``, woken
+            at once by a launch or a node failure (:meth:`next_tick_s`).
+        idle_tick_s: longest sleep of that drain loop (wall seconds).
         metrics: where running jobs, placements received and backend errors are counted (labels
             region and cluster; default: a registry of its own, served by nobody).
         tenure: reads the scheduler lease's current tenure (None: the lease is not read, only the
@@ -369,7 +444,7 @@ class ClusterAgent:
     def __init__(self, bus: Bus | None, clock: Clock, cluster: ClusterDef, backend: Backend, *,
                  publisher: Publisher | None = None, subjects: Subjects | None = None,
                  heartbeat_interval_s: float = 1.0, snapshot_every: int = 10, tick_s: float = 0.01,
-                 metrics: AgentMetrics | None = None, retain_done: int = 100_000,
+                 idle_tick_s: float = 1.0, metrics: AgentMetrics | None = None, retain_done: int = 100_000,
                  tenure: Callable[[], Awaitable[Tenure | None]] | None = None) -> None:
         if bus is None and (publisher is None or subjects is None):
             raise ValueError("an agent without a bus needs a publisher and subjects")
@@ -382,6 +457,10 @@ class ClusterAgent:
         self.heartbeat_interval_s = heartbeat_interval_s
         self.snapshot_every = snapshot_every
         self.tick_s = tick_s
+        self.idle_tick_s = max(tick_s, idle_tick_s)
+        self._poked = asyncio.Event()  # the drain loop's sleep ends early (see next_tick_s)
+        if hasattr(backend, "on_change"):
+            backend.on_change = self._poked.set
         self.producer = f"agent/{cluster.name}"
         #: node -> allocations; filled from ``backend.inventory()`` (:meth:`refresh_inventory`)
         self.ledger: dict[str, NodeLedger] = {}
@@ -394,7 +473,7 @@ class ClusterAgent:
         self.stale_refused = 0  # orders refused for a stale fencing token
         #: reads the scheduler lease's tenure before each batch of orders (None: not read)
         self._read_tenure = tenure if tenure is not None else (
-            (lambda: read_tenure(bus)) if bus is not None else None)
+            functools.partial(shared_tenure_reads(bus), functools.partial(read_tenure, bus)) if bus is not None else None)
         self.tenure: Tenure | None = None  #: the scheduler lease's tenure, as last read
         #: (job, shard) -> key of the attempt running here (at most one after fencing)
         self._live: dict[tuple[str, int], tuple[str, int, int]] = {}
@@ -509,6 +588,7 @@ class ClusterAgent:
             self._changed.set()
             if led.inv.healthy and not n.healthy:
                 self._failed_nodes.add(n.name)
+                self._poked.set()
             led.inv = led.inv.model_copy(update={"healthy": n.healthy, "unschedulable": n.unschedulable,
                                                  "taints": n.taints})
 
@@ -553,6 +633,7 @@ class ClusterAgent:
         ledger = self.ledger[node]
         if ledger.inv.healthy and not healthy:
             self._failed_nodes.add(node)
+            self._poked.set()
         ledger.inv = ledger.inv.model_copy(update={"healthy": healthy})
         drill = getattr(self.backend, "set_node_health", None)
         if callable(drill):
@@ -825,8 +906,8 @@ class ClusterAgent:
         for d in deliveries:
             env = d.envelope
             # continue the job's trace: status events carry this span's context
-            with tracer.start_as_current_span(f"agent.{env.type}", context=telemetry.context_from(d.headers),
-                                              attributes={"job_id": env.job_id, "cluster": self.cluster.name}):
+            with telemetry.child_span(d.headers, f"agent.{env.type}", tracer, job_id=env.job_id,
+                                      cluster=self.cluster.name):
                 handler = PLACEMENT_EVENTS.route(env.type, self.skipped)
                 if handler is not None:
                     await handler(self, d)
@@ -977,6 +1058,7 @@ class ClusterAgent:
                         "will retry" if e.retryable else "giving up", e)
             if e.retryable:
                 self._stop_retry[key] = reason
+                self._poked.set()
 
     def _check(self, placed: JobPlaced) -> str:
         """"" if the placement fits the ledger, else why not."""
@@ -1082,7 +1164,36 @@ class ClusterAgent:
                     await self.publish_snapshot()
             except Exception as e:  # noqa: BLE001 - an agent never crashes on a bad status; retried next tick
                 log.warning("%s: status drain failed: %r", self.producer, e)
-            await asyncio.sleep(self.tick_s)
+            self._poked.clear()  # (a change from here on ends the sleep)
+            delay = self.next_tick_s()
+            if delay <= self.tick_s:
+                await asyncio.sleep(delay)
+                continue
+            try:
+                await asyncio.wait_for(self._poked.wait(), delay)
+            except asyncio.TimeoutError:
+                pass
+
+    def next_tick_s(self) -> float:
+        """Wall seconds until the next drain of the backend's statuses (issue 15: six idle agents
+        polling every 10 ms took ~2% of a core).
+
+        ``tick_s`` (polling), unless the clock is the wall clock (:class:`SystemClock`: business
+        seconds are wall seconds) and the backend says when its next status is due
+        (``next_due()``, business time; None = nothing running will end by itself) and nothing
+        waits for a retry (unreported statuses, stops, failed nodes): then until that time,
+        between ``tick_s`` and ``idle_tick_s``. What could make a status due earlier -- a launch
+        or a node failure on the backend, a node seen failing, a stop to retry -- ends the sleep
+        at once. A replay's clock jumps, so under any other clock the loop keeps polling.
+        """
+        next_due = getattr(self.backend, "next_due", None)
+        if (next_due is None or not isinstance(self.clock, SystemClock) or self._unreported or self._stop_retry
+                or self._failed_nodes):
+            return self.tick_s
+        due = next_due()
+        if due is None:
+            return self.idle_tick_s
+        return min(max(due - self.clock.time(), self.tick_s), self.idle_tick_s)
 
     async def finish_due(self) -> int:
         """Report what the backend observed since the last call (``backend.ready()``), stop the

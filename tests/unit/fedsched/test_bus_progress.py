@@ -55,3 +55,25 @@ async def test_messages_already_acked_or_handed_back_get_no_progress_reports() -
     assert handed_back.reports == handed_back_after == 0
     assert live.reports <= seen + 1  # at most a report already under way when it was acked
     assert consumer.progress_reports == live.reports + fresh.reports
+
+
+async def test_a_batch_handled_within_a_quarter_of_the_ack_wait_starts_no_reporting_task() -> None:
+    from fedsched.bus import _Progress
+
+    consumer = DurableConsumer(_Bus(), "EVENTS", "d", ["t.>"], _noop, ack_wait_s=0.4)
+    quick = _Msg(acked=False)
+    progress = _Progress(consumer, [quick])
+    assert progress.cancel() is None  # handled at once: a timer cancelled, nothing to await
+    slow = _Msg(acked=False)
+    progress = _Progress(consumer, [slow])
+    loop = asyncio.get_running_loop()
+    held_from = loop.time()
+    assert await until(lambda: slow.reports >= 1, timeout=5, interval=0.005)
+    first_after = loop.time() - held_from
+    assert await until(lambda: slow.reports >= 2, timeout=5, interval=0.005)
+    task = progress.cancel()
+    assert task is not None
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    assert 0.1 <= first_after < 0.2  # a quarter of the ack wait after the fetch, not two
+    assert quick.reports == 0 and consumer.progress_reports == slow.reports

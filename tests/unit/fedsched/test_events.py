@@ -160,3 +160,56 @@ def test_a_payload_is_validated_once_per_envelope_and_a_copy_with_another_payloa
         e.payload_as(JobSubmitted)
     with pytest.raises(DecodeError):
         e.payload_as(JobSubmitted)
+
+
+_GOOD = (b'{"event_id": "' + b"0" * 32 + b'", "type": "job.started", "occurred_at": "2023-01-01T00:00:00.25+02:00", '
+         b'"producer": "agent/c\\u00e9", "attempt": %s, "payload": {"gpu_milli": 1.0e3, "reason": "caf\\u00e9 \\ud83d\\ude00",'
+         b' "nested": [1, 2.5, null, true, {"k": "v"}]}}')
+
+
+@pytest.mark.parametrize("raw", [
+    _GOOD % b"2",
+    _GOOD % b"2.0",  # a whole float for an int field: both parsers take it
+    _GOOD.replace(b"1.0e3", b"Infinity") % b"2",  # orjson refuses it, the pydantic parser takes it
+    b'{"event_id": "' + b"0" * 32 + b'", "type": "job.started", "occurred_at": 1700000000.5, "producer": "x"}',
+], ids=["plain", "whole-float", "infinity", "epoch-time"])
+def test_decoding_with_orjson_gives_what_the_pydantic_json_parser_gives(raw):
+    assert Envelope.from_bytes(raw) == Envelope.model_validate_json(raw)
+
+
+@pytest.mark.parametrize("raw", [
+    b"[1, 2]",
+    b'"just a string"',
+    b'{"event_id": "' + b"0" * 32 + b'", "type": "job.started", "occurred_at": "yesterday", "producer": "x"}',
+    b'{"event_id": "' + b"0" * 32 + b'", "type": "job.started", "occurred_at": "2023-01-01T00:00:00Z", '
+    b'"producer": "x", "attempt": -1}',
+    b'{"event_id": "' + b"0" * 32 + b'", "type": "job.started", "occurred_at": "2023-01-01T00:00:00Z", '
+    b'"producer": "x", "payload": [1]}',
+    b'{"event_id": "' + b"0" * 32 + b'", "type": "job.started", "occurred_at": "2023-01-01T00:00:00Z", "producer": "x"',
+    b"\xff\xfe",
+], ids=["array", "string", "bad-time", "negative-attempt", "payload-not-object", "truncated", "not-utf8"])
+def test_what_the_pydantic_json_parser_refuses_is_refused(raw):
+    from pydantic import ValidationError as PydanticValidationError
+
+    with pytest.raises(PydanticValidationError):
+        Envelope.model_validate_json(raw)
+    with pytest.raises(DecodeError, match="not a valid envelope"):
+        Envelope.from_bytes(raw)
+
+
+def test_an_integer_beyond_64_bits_is_refused_never_rounded():
+    """orjson reads such a literal as a float: an int field refuses it (pydantic's own parser
+    would take it); no producer of ours writes one (every int is a count, a sequence or a size)."""
+    with pytest.raises(DecodeError, match="attempt"):
+        Envelope.from_bytes(_GOOD % str(2 ** 70).encode())
+    assert Envelope.from_bytes(_GOOD % str(2 ** 63).encode()).attempt == 2 ** 63
+
+
+@pytest.mark.parametrize("parts", [("j-1", 1, 0, "started"), ("dead_letter", "agent-c1", "fed.status.r.c", 42),
+                                   ("ünïcode", "名前", 0.5, None), ()])
+def test_business_event_ids_are_the_version_5_uuids_of_the_key(parts):
+    import uuid
+
+    from fedsched.events import _EVENT_NS
+
+    assert business_event_id(*parts) == uuid.uuid5(_EVENT_NS, "/".join(str(p) for p in parts)).hex

@@ -56,3 +56,26 @@ def test_child_headers_without_a_parent_start_a_new_trace():
         child = telemetry.child_headers(carrier, "scheduler.place")
         trace_id = telemetry.trace_id_of(child)
         assert trace_id and trace_id != "0" * 32 and "tracestate" not in child
+
+
+def test_child_span_without_export_continues_the_carriers_trace_as_the_current_span():
+    assert not telemetry._exporting  # (the unit tests install no exporter)
+    with telemetry.child_span({"traceparent": CAUSE, "tracestate": "k=v"}, "agent.job.placed", job_id="j1"):
+        assert telemetry.current_trace_id() == CAUSE.split("-")[1]
+        inner = telemetry.inject_headers()
+        event = telemetry.event_headers(None, "publish e")  # what an event published inside carries
+    version, trace_id, span_id, flags = inner["traceparent"].split("-")
+    assert (version, trace_id, flags) == ("00", CAUSE.split("-")[1], "01") and span_id != CAUSE.split("-")[2]
+    assert inner.get("tracestate") == "k=v" and event["traceparent"] == inner["traceparent"]
+    assert telemetry.current_trace_id() == ""  # the block's span is current only inside it
+
+
+def test_child_span_without_a_valid_parent_starts_a_new_sampled_trace():
+    seen = set()
+    for carrier in (None, {}, {"traceparent": "garbage"}, {"traceparent": "00-" + "0" * 32 + "-b7ad6b7169203331-01"}):
+        with telemetry.child_span(carrier, "agent.job.placed"):
+            headers = telemetry.inject_headers()
+        _, trace_id, _, flags = headers["traceparent"].split("-")
+        assert trace_id != "0" * 32 and flags == "01"
+        seen.add(trace_id)
+    assert len(seen) == 4

@@ -1,0 +1,83 @@
+"""The agents of one process share their reads of the scheduler lease (issue 15): callers that
+ask in the same pass of the event loop get one read, made after every one of them asked (what
+fencing needs); a caller that asks once the read has started gets a read of its own."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from fedsched.errors import UnavailableError
+from fedsched.lease import Tenure
+from services.inventory.agent import SharedReads
+from tests.builders import until
+
+
+class _Lease:
+    """A lease read whose request stays in flight until ``answer`` is set; each read returns the
+    number of callers that had asked when it started."""
+
+    def __init__(self) -> None:
+        self.asked = 0
+        self.started: list[int] = []
+        self.answer = asyncio.Event()
+        self.fail = False
+
+    async def read(self) -> Tenure | None:
+        mine = self.asked
+        self.started.append(mine)
+        await self.answer.wait()
+        if self.fail:
+            raise UnavailableError("lease unreadable")
+        return Tenure(mine, 0.0, "scheduler-a")
+
+
+async def _ask(lease: _Lease, reads: SharedReads) -> Tenure | None:
+    lease.asked += 1
+    return await reads(lease.read)
+
+
+async def test_callers_in_one_pass_share_one_read_made_after_all_of_them_asked():
+    lease = _Lease()
+    reads = SharedReads()
+    lease.answer.set()
+    got = await asyncio.gather(*(_ask(lease, reads) for _ in range(6)))
+    assert reads.calls == 1 and reads.joined == 5
+    assert lease.started == [6] and {t.token for t in got} == {6}
+
+
+async def test_a_caller_after_the_read_started_gets_a_new_read():
+    lease = _Lease()
+    reads = SharedReads()
+    first = asyncio.create_task(_ask(lease, reads))
+    assert await until(lambda: lease.started == [1], timeout=2)  # in flight: its request is out
+    second = asyncio.create_task(_ask(lease, reads))
+    assert await until(lambda: len(lease.started) == 2, timeout=2)
+    lease.answer.set()
+    assert ((await first).token, (await second).token) == (1, 2)
+    assert reads.calls == 2 and reads.joined == 0
+
+
+async def test_a_failed_read_fails_every_caller_sharing_it_and_the_next_call_reads_again():
+    lease = _Lease()
+    reads = SharedReads()
+    lease.fail = True
+    lease.answer.set()
+    results = await asyncio.gather(*(_ask(lease, reads) for _ in range(3)), return_exceptions=True)
+    assert all(isinstance(r, UnavailableError) for r in results) and reads.calls == 1
+    lease.fail = False
+    assert (await _ask(lease, reads)).token == 4 and reads.calls == 2
+
+
+async def test_a_cancelled_caller_does_not_cancel_the_read_of_the_others():
+    lease = _Lease()
+    reads = SharedReads()
+    a = asyncio.create_task(_ask(lease, reads))
+    b = asyncio.create_task(_ask(lease, reads))
+    assert await until(lambda: lease.started == [2], timeout=2)
+    a.cancel()
+    lease.answer.set()
+    with pytest.raises(asyncio.CancelledError):
+        await a
+    assert (await b).token == 2
