@@ -34,6 +34,12 @@ decision for it on its current view (:mod:`fedsched.whatif`; unset when no sched
 Every submit answers with its trace id, in ``trace_id`` and the trailing metadata ``x-trace-id``
 (the caller's ``traceparent`` trace, else a new one the published events carry too).
 
+Group commit (issue 15): single ``SubmitJob`` calls of tenants without a budget are published
+together -- those arriving while a group is being published, or in the same turn of the event
+loop, form the next group (at most :data:`GROUP_MAX`; a lone call is not held back), which makes
+one ended-jobs lookup and one pipelined publish (:meth:`JobServicer._publish_batch`, the code of
+``SubmitJobs``); each call is answered from its own item (:meth:`JobServicer._grouped`).
+
 Idempotency: with a ``request_id``, the job id and the event id are derived from the caller's
 key (principal, tenant, project, request_id: :func:`request_job_id`), so concurrent retries
 publish the same message id (JetStream keeps one) and later retries find the job in the view's
