@@ -443,6 +443,8 @@ def _send_trace_id(context, trace_id: str) -> None:
 GROUP_MAX = 256
 #: ... and the groups published at once
 GROUP_FLUSHES = 1
+#: ... and how long a group may hold back the next one (seconds; :attr:`JobServicer.group_stall_s`)
+GROUP_STALL_S = 0.05
 
 
 def _settle(fut: asyncio.Future, answer: Any) -> None:
@@ -661,6 +663,11 @@ class JobServicer(pb_grpc.JobServiceServicer):
         #: how long the first submit of a group waits for others (seconds; 0: the next turn of
         #: the event loop only, so a lone submit is not delayed)
         self.group_window_s = 0.0
+        #: a group still publishing after this long no longer holds back the next one (seconds):
+        #: one slow item (a duplicate acknowledgement waiting for the view, publish retries)
+        #: must not stall every single submit behind it
+        self.group_stall_s = GROUP_STALL_S
+        self._group_detached: set[asyncio.Task] = set()
         self._group: list[tuple[_Admitted, dict[str, str], asyncio.Future]] = []
         self._group_scheduled = False
         self._group_flushing = 0
@@ -918,7 +925,8 @@ class JobServicer(pb_grpc.JobServiceServicer):
         (:meth:`_publish_batch`, the code of SubmitJobs) -- and each call is answered from its
         own item. A lone submit is published at the next turn of the loop (no wait unless
         :attr:`group_window_s` is set); at most :attr:`group_flushes` groups are in flight, each
-        of at most :attr:`group_max` submissions. ``trace``: the call's trace context
+        of at most :attr:`group_max` submissions, and a group still publishing after
+        :attr:`group_stall_s` no longer holds back the next. ``trace``: the call's trace context
         (``traceparent``), which its event carries.
 
         Idempotency: the same key twice in one group is one job (the first item publishes it,
@@ -952,9 +960,20 @@ class JobServicer(pb_grpc.JobServiceServicer):
             return
         items, self._group = self._group[:self.group_max], self._group[self.group_max:]
         self._group_flushing += 1
-        task = asyncio.get_running_loop().create_task(self._flush_group(items))
+        loop = asyncio.get_running_loop()
+        task = loop.create_task(self._flush_group(items))
         self._group_tasks.add(task)
-        task.add_done_callback(self._group_tasks.discard)
+        stalled = loop.call_later(self.group_stall_s, self._group_stalled, task)
+        task.add_done_callback(lambda t: (self._group_tasks.discard(t), stalled.cancel()))
+
+    def _group_stalled(self, task: asyncio.Task) -> None:
+        """A group is still publishing after :attr:`group_stall_s`: stop counting it against
+        :attr:`group_flushes`, so the next group starts."""
+        if task.done() or task in self._group_detached:
+            return
+        self._group_detached.add(task)
+        self._group_flushing -= 1
+        self._schedule_group()
 
     async def _flush_group(self, items: list[tuple["_Admitted", dict[str, str], asyncio.Future]]) -> None:
         """Publish one group (:meth:`_grouped`) and answer each item's future."""
@@ -999,7 +1018,11 @@ class JobServicer(pb_grpc.JobServiceServicer):
                 self._release(a.spec.tenant, a.job_id, a.held)
                 _settle(fut, UnavailableError(f"job {a.job_id} was not confirmed: admission stopped while "
                                               f"publishing it; retry with the same request_id"))
-            self._group_flushing -= 1
+            me = asyncio.current_task()
+            if me in self._group_detached:  # no longer counted (:meth:`_group_stalled`)
+                self._group_detached.discard(me)
+            else:
+                self._group_flushing -= 1
             self._schedule_group()
 
     async def _publish_one(self, a: "_Admitted") -> pb.SubmitJobResponse:

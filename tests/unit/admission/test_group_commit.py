@@ -172,15 +172,9 @@ async def test_the_same_request_id_with_another_spec_in_one_group_is_already_exi
 async def test_submits_arriving_while_a_group_is_published_make_the_next_group():
     stream = _Stream()
     servicer = _servicer(stream)
+    servicer.group_stall_s = 60.0
     stream.gate.clear()  # a slow bus: the first group's acks are outstanding
     first = asyncio.ensure_future(servicer.SubmitJob(_request("a"), _Context()))
-
-    async def until(cond, timeout_s: float = 5.0) -> None:
-        deadline = asyncio.get_running_loop().time() + timeout_s
-        while not cond():
-            assert asyncio.get_running_loop().time() < deadline, "condition never held"
-            await asyncio.sleep(0)
-
     await until(lambda: len(stream.batches) == 1)  # a lone submit is published without company
     later = [asyncio.ensure_future(servicer.SubmitJob(_request(f"b{i}"), _Context())) for i in range(5)]
     await until(lambda: len(servicer._group) == 5)
@@ -189,6 +183,22 @@ async def test_submits_arriving_while_a_group_is_published_make_the_next_group()
     answers = await asyncio.gather(first, *later)
     assert [len(b) for b in stream.batches] == [1, 5]
     assert len({a.job_id for a in answers}) == 6 and all(a.job_id in servicer.view.jobs for a in answers)
+
+
+async def test_a_group_publishing_longer_than_the_stall_bound_does_not_hold_back_the_next():
+    stream = _Stream()
+    servicer = _servicer(stream)
+    servicer.group_stall_s = 0.01
+    stream.gate.clear()  # the first group never gets its acks until the gate opens
+    first = asyncio.ensure_future(servicer.SubmitJob(_request("a"), _Context()))
+    await until(lambda: len(stream.batches) == 1)
+    later = [asyncio.ensure_future(servicer.SubmitJob(_request(f"b{i}"), _Context())) for i in range(3)]
+    await until(lambda: len(stream.batches) == 2)  # started while the first is still waiting
+    assert [len(b) for b in stream.batches] == [1, 3] and not first.done()
+    stream.gate.set()
+    answers = await asyncio.gather(first, *later)
+    assert len({a.job_id for a in answers}) == 4
+    await until(lambda: servicer._group_flushing == 0 and not servicer._group_detached)
 
 
 async def test_a_budgeted_tenant_keeps_its_compare_and_set_publish():
@@ -209,6 +219,14 @@ async def test_without_group_commit_a_submit_publishes_alone():
     assert all(not isinstance(r, Exception) for r, _ in out)
     assert not stream.batches and len(stream.singles) == 2
     assert servicer.ended.single and not servicer.ended.many
+
+
+async def until(cond, timeout_s: float = 5.0) -> None:
+    """Await ``cond()`` (event-loop turns and short sleeps) for at most ``timeout_s``."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not cond():
+        assert asyncio.get_running_loop().time() < deadline, "condition never held"
+        await asyncio.sleep(0.001)
 
 
 @pytest.fixture(autouse=True)
