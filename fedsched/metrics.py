@@ -50,7 +50,7 @@ import logging
 import time
 from collections import Counter as _Counter
 from dataclasses import dataclass
-from typing import Awaitable, Callable, Iterable, Mapping, Sequence
+from typing import Any, Awaitable, Callable, Iterable, Mapping, Sequence
 
 import grpc
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
@@ -240,12 +240,23 @@ class GrpcMetricsInterceptor(grpc.aio.ServerInterceptor):
 
     def __init__(self, metrics: AdmissionMetrics) -> None:
         self.metrics = metrics
+        #: method -> (the handler grpc gave, its wrapper): built once per registered method, not per call
+        self._wrapped: dict[str, tuple[Any, Any]] = {}
 
     async def intercept_service(self, continuation, details):
         handler = await continuation(details)
         if handler is None or not (handler.unary_unary or handler.unary_stream):
             return handler
-        service, method = details.method.lstrip("/").rsplit("/", 1)
+        cached = self._wrapped.get(details.method)
+        if cached is not None and cached[0] is handler:
+            return cached[1]
+        wrapped = self._wrap(details.method, handler)
+        self._wrapped[details.method] = (handler, wrapped)  # registered methods only (handler not None)
+        return wrapped
+
+    def _wrap(self, full_method: str, handler):
+        """``handler`` of ``full_method`` (``/pkg.Service/Method``), counted and timed."""
+        service, method = full_method.lstrip("/").rsplit("/", 1)
         label = f"{service.rsplit('.', 1)[-1]}/{method}"
         observe = self.metrics.observe_call
 

@@ -131,12 +131,14 @@ class Api:
             fail_rpc(e)
 
     def call_with_metadata(self, fn, request, timeout: float = 30):
-        """Like :meth:`call`, also returning the response's initial metadata (``x-trace-id``)."""
+        """Like :meth:`call`, also returning the response's metadata: the trailing metadata,
+        where admission sends ``x-trace-id`` (issue 15), then the initial metadata, where
+        older servers sent it (``dict()`` of the result: the trailing one wins)."""
         try:
             resp, call = fn.with_call(request, timeout=timeout, metadata=self.metadata)
         except grpc.RpcError as e:
             fail_rpc(e)
-        return resp, tuple(call.initial_metadata() or ())
+        return resp, tuple(call.initial_metadata() or ()) + tuple(call.trailing_metadata() or ())
 
     def stream(self, fn, request):
         """Iterate a server stream with the token."""

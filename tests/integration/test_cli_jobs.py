@@ -396,3 +396,13 @@ async def test_a_known_name_that_matches_nothing_is_still_an_empty_answer(admiss
 async def test_clusters_of_a_known_region_without_reports_says_so_and_exits_0(admission):
     out = await _cli_here(admission, "clusters", "--region", "cn-north-1")
     assert out.returncode == 0 and "no cluster of cn-north-1 has reported yet" in out.stdout, out.stdout
+
+
+async def test_submit_v_of_a_job_file_prints_the_batchs_trace_id_from_the_metadata(admission, tmp_path):
+    """SubmitJobs' trace id reaches the CLI only as ``x-trace-id`` metadata (trailing since issue 15)."""
+    path = tmp_path / "jobs.yaml"
+    path.write_text("- {tenant: search, project: train, name: one}\n- {tenant: search, project: train, name: two}\n")
+    out = await _cli_here(admission, "submit", "-f", str(path), "-v")
+    assert out.returncode == 0, out.stderr
+    trace_line = next(line for line in out.stdout.splitlines() if line.startswith("trace id: "))
+    assert len(trace_line.removeprefix("trace id: ")) == 32

@@ -119,7 +119,7 @@ async def test_submit_returns_its_trace_id_in_the_response_and_the_metadata_and_
     async with channel(admission.port, "root") as ch:
         call = pb_grpc.JobServiceStub(ch).SubmitJob(pb.SubmitJobRequest(spec=_spec()), timeout=30)
         resp = await call
-        metadata = dict(await call.initial_metadata())
+        metadata = dict(await call.trailing_metadata())  # sent with the response (no write of its own)
     assert len(resp.trace_id) == 32 and metadata["x-trace-id"] == resp.trace_id
     sub = await bus.js.pull_subscribe(bus.subjects.job("submitted", "search", "train"),
                                       stream=bus.stream_name("EVENTS"))
@@ -190,3 +190,13 @@ async def test_a_dry_run_with_a_scheduler_gets_its_what_if_and_the_scheduler_is_
     finally:
         scheduler.stop()
         await task
+
+
+async def test_a_refused_submit_has_its_trace_id_and_the_field_in_the_trailing_metadata(admission):
+    async with channel(admission.port, "root") as ch:
+        call = pb_grpc.JobServiceStub(ch).SubmitJob(pb.SubmitJobRequest(spec=_spec(project="nope")), timeout=30)
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await call
+    trailing = dict(e.value.trailing_metadata())
+    assert e.value.code() == IA and trailing["fedsched-field"] == "spec.project"
+    assert len(trailing["x-trace-id"]) == 32

@@ -202,10 +202,13 @@ async def test_a_batch_asks_the_scheduler_for_at_most_max_what_if_per_call_dry_r
 
 
 class _Context:
-    """The gRPC context as SubmitJobs uses it (initial metadata only)."""
+    """The gRPC context as SubmitJobs uses it (trailing metadata only)."""
 
-    async def send_initial_metadata(self, metadata) -> None:
-        pass
+    def __init__(self) -> None:
+        self.trailing: tuple = ()
+
+    def set_trailing_metadata(self, metadata) -> None:
+        self.trailing = tuple(metadata)
 
 
 # ---------------------------------------------------------------------------- issue 15 follow-up: slow acks
