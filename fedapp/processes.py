@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from fedsched.gctune import enable_for_process
 from fedsched.settings import Settings
 from fedsched.topology import Topology
 
@@ -137,6 +138,7 @@ def child_main(spec: ChildSpec, conn: multiprocessing.connection.Connection) -> 
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the supervisor, which stops us in order
     _die_with_parent()
+    enable_for_process()  # this process runs its services until it exits (fedsched.gctune)
     logging.basicConfig(level=logging.INFO if spec.verbose else logging.WARNING,
                         format=f"%(asctime)s %(levelname)s [{spec.name}] %(name)s: %(message)s")
     sys.exit(asyncio.run(_run_child(spec, conn)))

@@ -11,6 +11,13 @@ whole heap: in the store process (audit + billing) those took ~0.5 s each, sever
 (:func:`gc.freeze`: collections never walk it again) and raises the young threshold, never
 lowering one already higher (an embedded sibling service may have set its own). Cycles are
 still collected, only less often.
+
+Freezing is for a process that runs one federation until it exits: a frozen object is never
+examined by the collector again, so a service that stops in a process that goes on (a test
+session, a benchmark that starts a system per policy) would stay in memory through its reference
+cycles. So :func:`tune_for_service` does nothing until the process's entry point called
+:func:`enable_for_process` (``fedsched up`` / ``service`` / ``replay`` and the children of ``up
+--processes``); services only ask for it.
 """
 
 from __future__ import annotations
@@ -20,13 +27,30 @@ import gc
 #: Young-generation threshold for a service process (allocations between young collections).
 YOUNG_THRESHOLD = 20_000
 
+_enabled = False
+
+
+def enable_for_process() -> None:
+    """Let services of this process tune the collector (:func:`tune_for_service`): called once
+    by an entry point whose process runs one federation until it exits."""
+    global _enabled
+    _enabled = True
+
+
+def enabled() -> bool:
+    """Whether :func:`enable_for_process` was called in this process."""
+    return _enabled
+
 
 def tune_for_service(young: int = YOUNG_THRESHOLD) -> tuple[int, int, int]:
-    """Freeze the heap alive now and raise the young threshold to ``young`` (0: only freeze).
+    """Freeze the heap alive now and raise the young threshold to ``young`` (0: only freeze);
+    nothing unless :func:`enable_for_process` was called (see the module docstring).
 
     Returns:
-        The thresholds before the change (to restore them, e.g. in a test).
+        The thresholds before the call (to restore them, e.g. in a test).
     """
+    if not _enabled:
+        return gc.get_threshold()
     gc.collect()  # garbage now is not frozen with the live heap
     gc.freeze()
     return raise_thresholds((young, 0, 0))

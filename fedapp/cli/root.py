@@ -25,6 +25,7 @@ import typer
 from rich.table import Table
 
 from fedsched.errors import FedError
+from fedsched.gctune import enable_for_process
 
 
 
@@ -49,7 +50,7 @@ ROOT_HELP = (
 #: plain help (no markup mode: what is written is what prints, wrapped to the terminal)
 app = typer.Typer(help=ROOT_HELP, no_args_is_help=True, add_completion=False, rich_markup_mode=None,
                   context_settings=HELP_OPTIONS)
-from fedapp.cli.text import Output, SqlOutput, console, delimited, err, error_line, strict_json, styled
+from fedapp.cli.text import SqlOutput, console, delimited, err, error_line, strict_json, styled
 
 
 def _print_version(value: bool) -> None:
@@ -190,6 +191,7 @@ def up(
     allows one per data dir) and all agents (one process) run as separate OS processes; a
     process that exits on its own is reported and not restarted: everything stops, exit 1.
     """
+    enable_for_process()  # one federation per process until it exits: services may freeze their heap (fedsched.gctune)
     _logging(verbose)
     from fedapp.runtime import System, SystemOptions
 
@@ -370,6 +372,7 @@ def service(
     each names, and admission checks every region name against the file; without it, agents
     split --nodes by the default topology and admission learns regions from inventories.
     """
+    enable_for_process()  # one federation per process until it exits: services may freeze their heap (fedsched.gctune)
     _logging(verbose)
     name = "agents" if name == "agent" else name
     if name not in SERVICES:
@@ -492,6 +495,7 @@ def replay(
     every pod as a job through the gRPC API at its creation time, waits until each job finished,
     was rejected or is provably unplaceable, and prints a summary computed by SQL from ClickHouse.
     """
+    enable_for_process()  # one federation per process until it exits: services may freeze their heap (fedsched.gctune)
     _logging(verbose)
     from fedapp.replay.driver import ReplayDriver, ReplayOptions, write_report
     from fedapp.replay.render import print_report, progress_display

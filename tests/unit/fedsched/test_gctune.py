@@ -5,7 +5,16 @@ from __future__ import annotations
 
 import gc
 
+import pytest
+
+from fedsched import gctune
 from fedsched.gctune import tune_for_service
+
+
+@pytest.fixture(autouse=True)
+def _enabled(monkeypatch):
+    """These tests tune this process's collector as an entry point would allow."""
+    monkeypatch.setattr(gctune, "_enabled", True)
 
 
 class _Probe:
@@ -52,3 +61,26 @@ def test_a_frozen_object_still_dies_by_reference_count_and_zero_keeps_the_thresh
     finally:
         gc.unfreeze()
         gc.set_threshold(*before)
+
+
+def test_nothing_is_frozen_unless_the_process_entry_point_allowed_it(monkeypatch) -> None:
+    """A service stopped in a process that goes on (a test session, a bench starting a system per
+    policy) must stay collectable: without enable_for_process, tune_for_service does nothing."""
+    import weakref
+
+    monkeypatch.setattr(gctune, "_enabled", False)
+    before = gc.get_threshold()
+
+    class Service:  # a reference cycle, as a service holding its own bound method
+        def __init__(self) -> None:
+            self.callback = self.run
+
+        def run(self) -> None: ...
+
+    svc = Service()
+    gone = weakref.ref(svc)
+    assert tune_for_service(20_000) == before and gc.get_threshold() == before
+    assert gc.get_freeze_count() == 0
+    del svc
+    gc.collect()
+    assert gone() is None
