@@ -1813,7 +1813,7 @@ class SchedulerService:
                           fencing_token=self.fencing_token)
         event = make_event(EventType.JOB_STOP, payload, producer="scheduler",
                            occurred_at=self.clock.time() if at is None else at,
-                           event_id=business_event_id(job.job_id, shard.attempt, shard.index, "stop"),
+                           event_id=order_event_id(job.job_id, shard.attempt, shard.index, "stop", self.fencing_token),
                            region=shard.region, zone=info.zone if info else "", cluster=shard.cluster,
                            tenant=job.tenant, project=job.project, job_id=job.job_id, attempt=shard.attempt,
                            actor="scheduler", policy_version=self.policy.version)
@@ -1833,7 +1833,7 @@ class SchedulerService:
             queue=p.queue, est_cost=p.est_cost, fencing_token=self.fencing_token,
             counterfactual=self._placement_counterfactual(view, p))
         event = make_event(EventType.JOB_PLACED, payload, producer="scheduler", occurred_at=self.clock.time(),
-                           event_id=business_event_id(job.job_id, p.job.attempt, p.job.shard, "placed"),
+                           event_id=order_event_id(job.job_id, p.job.attempt, p.job.shard, "placed", self.fencing_token),
                            region=p.region, zone=p.zone, cluster=p.cluster, tenant=job.tenant, project=job.project,
                            job_id=job.job_id, attempt=p.job.attempt, actor="scheduler", policy_version=policy_version)
         headers = telemetry.child_headers(job.headers, "scheduler.place", job_id=job.job_id, cluster=p.cluster)
@@ -1887,6 +1887,20 @@ class SchedulerService:
                            tenant=job.tenant, project=job.project, job_id=job.job_id, attempt=pend.job.attempt - 1,
                            actor="scheduler", policy_version=policy_version)
         return self.subjects.decisions(job.tenant, job.project), event, job.headers
+
+
+def order_event_id(job_id: str, attempt: int, shard: int, kind: str, fencing_token: int) -> str:
+    """The event id of an order to an agent (``kind`` "placed" or "stop") for one shard's attempt:
+    :func:`~fedsched.events.business_event_id` of the shard's key and, under a lease (token > 0),
+    the issuing tenure's fencing token. The same holder re-publishing an order (a retry, a restart
+    with its token) gets the same id, so JetStream drops the repeat; two holders' orders for one
+    attempt get two ids. Without the token a deposed holder's late order, stored first, made the
+    new holder's order a *duplicate* that was never stored: the agent refused the stale one and the
+    job sat until it was reclaimed as never started, avoiding a cluster that was not at fault
+    (review of issue 15's change)."""
+    if fencing_token > 0:
+        return business_event_id(job_id, attempt, shard, kind, fencing_token)
+    return business_event_id(job_id, attempt, shard, kind)
 
 
 def _cancel_requested(job: JobEntry) -> bool:

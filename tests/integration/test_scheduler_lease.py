@@ -123,10 +123,11 @@ async def test_the_standby_takes_over_within_the_ttl_and_the_agent_refuses_the_d
         assert standby.jobs["j1"].shards[0].attempt == 1  # resumed from the events: j1 not placed again
         assert [p.job_id for p in placements].count("j1") == 1
 
-        # the dead replica's placement arrives late, with its old token (j3 is not submitted to the
-        # standby: its own placement of j3 would carry the same event id, and whichever JetStream
-        # stored first would make the other a dropped duplicate)
+        # the dead replica's placement of j3 arrives late, with its old token, while the standby places
+        # j3 itself: both orders are stored (their event ids differ by token; one id made whichever
+        # came second a dropped duplicate), the agent refuses the late one and runs the standby's
         j3 = spec(gpus=1)
+        await bus.publish(bus.subjects.job("submitted", j3.tenant, j3.project), submitted("j3", j3, time.time()))
         late = placement("j3", j3, CLUSTER.name, CLUSTER.region, [("n0", (7,))], fencing_token=old_token)
         await bus.publish(bus.subjects.placements(CLUSTER.region, CLUSTER.name), late)
         dead: list[DeadLetter] = []
@@ -137,7 +138,13 @@ async def test_the_standby_takes_over_within_the_ttl_and_the_agent_refuses_the_d
         dsub = await bus.js.subscribe(bus.subjects.deadletter(agent.durable), cb=on_dead)
         await _until(lambda: dead, what="the dead letter of the stale placement")
         assert "stale fencing token" in dead[0].reason and f"token {old_token}" in dead[0].reason
-        assert agent.stale_refused >= 1 and ("j3", 1, 0) not in agent.running
+        assert agent.stale_refused >= 1
+        await _until(lambda: ("j3", 1, 0) in agent.running, what="j3 running on the standby's order")
+        def j3_orders() -> list[int]:
+            return sorted(p.payload_as(JobPlaced).fencing_token for p in placements if p.job_id == "j3")
+
+        await _until(lambda: j3_orders() == sorted([old_token, standby.fencing_token]),
+                     what="both orders of j3 stored and delivered")
         await dsub.unsubscribe()
     finally:
         await sub.unsubscribe()
