@@ -110,6 +110,12 @@ def _utc_text(at: datetime) -> str:
     return f"{(at.astimezone(UTC) if at.tzinfo else at):%Y-%m-%d %H:%M:%S} UTC"
 
 
+def _iso_utc(at: datetime) -> str:
+    """``at`` (aware, or naive UTC) as ISO 8601 with its offset: ``2026-11-30T22:55:00+00:00``
+    (``-o json`` says the zone whether the window came from the data or from the caller)."""
+    return (at.astimezone(UTC) if at.tzinfo else at.replace(tzinfo=UTC)).isoformat()
+
+
 def _no_data(start: datetime | None, end: datetime | None, first: datetime | None, last: datetime | None,
              as_json: bool) -> None:
     """``report`` over a window without data: the window asked (UTC; an unset end is the first or
@@ -120,8 +126,8 @@ def _no_data(start: datetime | None, end: datetime | None, first: datetime | Non
     held = (f"the audit log holds events from {_utc_text(first)} to {_utc_text(last)}" if first and last
             else "the audit log holds no event")
     if as_json:
-        console.print_json(strict_json({"window": {"from": start.isoformat() if start else None,
-                                                   "to": end.isoformat() if end else None},
+        console.print_json(strict_json({"window": {"from": _iso_utc(start) if start else None,
+                                                   "to": _iso_utc(end) if end else None},
                                         "reports": {}}))
     err.print(f"no data in the window from {asked_from} to {asked_to} (end exclusive); {held}", highlight=False)
 
@@ -224,7 +230,7 @@ def register(app: typer.Typer) -> None:
                 err.print(f"no HTML report written to {html}")
             return
         if output == "json":
-            body = {"window": {"from": window.start.isoformat(), "to": window.end.isoformat(),
+            body = {"window": {"from": _iso_utc(window.start), "to": _iso_utc(window.end),
                                "bucket_s": window.bucket_s},
                     "reports": {r.query.name: {"columns": list(r.columns), "rows": [list(x) for x in r.rows]}
                                 for r in results}}

@@ -57,7 +57,8 @@ def test_a_window_with_data_still_reports_it(audited):
     result = CliRunner().invoke(app, [*audited, "--to", "2023-03-02", "--only", "summary", "-o", "json"])
     assert result.exit_code == 0, result.output
     body = json.loads(result.stdout)
-    assert body["window"]["from"].startswith("2023-03-01T12:00:00") and list(body["reports"]) == ["summary"]
+    assert body["window"]["from"] == "2023-03-01T12:00:00+00:00" and list(body["reports"]) == ["summary"]
+    assert body["window"]["to"] == "2023-03-03T00:00:00+00:00"  # a date alone as --to: its day included; zone said
     assert body["reports"]["summary"]["rows"]
 
 
