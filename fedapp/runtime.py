@@ -657,7 +657,9 @@ class System:
         """Answer ``<p>.svc.store.query`` (``{"sql", "parameters", "token"}``) on the read-only
         handle, for an admin's token only (the store holds every tenant's data).
 
-        The reply is ``{"columns", "rows", "truncated", "total_rows"}`` or ``{"error", "code"}``
+        The reply is ``{"columns", "types", "rows", "truncated", "total_rows"}`` (``types``: each
+        column's ClickHouse type name, so a client tells a time from a string that looks like one)
+        or ``{"error", "code"}``
         (``unauthenticated``, ``permission_denied``, ``invalid``, ``unavailable``); rows are cut
         to :data:`~fedsched.store.MAX_QUERY_ROWS` and to what fits in one NATS message.
         """
@@ -677,7 +679,8 @@ class System:
                 sql = str(req.get("sql", ""))
                 result = await asyncio.get_running_loop().run_in_executor(
                     None, lambda: self._reader().query(sql, req.get("parameters") or {}))
-                body = {"columns": list(result.columns), "rows": [list(r) for r in result.rows[:MAX_QUERY_ROWS]],
+                body = {"columns": list(result.columns), "types": list(result.types),
+                        "rows": [list(r) for r in result.rows[:MAX_QUERY_ROWS]],
                         "truncated": len(result.rows) > MAX_QUERY_ROWS, "total_rows": len(result.rows)}
         except FedError as e:
             body = {"code": "unavailable" if isinstance(e, UnavailableError) else "invalid", "error": e.message}

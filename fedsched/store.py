@@ -196,10 +196,12 @@ def _on_cluster(statement: str, database: str, cluster: str) -> list[str]:
 
 @dataclass(frozen=True, slots=True)
 class QueryResult:
-    """Rows of a query: ``columns`` (names) and ``rows`` (tuples)."""
+    """Rows of a query: ``columns`` (names), ``rows`` (tuples) and ``types`` (each column's
+    ClickHouse type name, e.g. ``DateTime64(3, 'UTC')``; empty when not known)."""
 
     columns: tuple[str, ...]
     rows: list[tuple]
+    types: tuple[str, ...] = ()
 
     def dicts(self) -> list[dict[str, Any]]:
         """Rows as dicts keyed by column name."""
@@ -646,7 +648,8 @@ class Store:
             ours = self.limits.settings()
             settings = {k: v for k, v in (settings or {}).items() if k not in ours} | ours
         result = self._call(lambda c: c.query(sql, parameters=parameters or {}, settings=settings))
-        return QueryResult(tuple(result.column_names), list(result.result_rows))
+        return QueryResult(tuple(result.column_names), list(result.result_rows),
+                           tuple(t.name for t in getattr(result, "column_types", ()) or ()))
 
     def _checked(self, sql: str) -> str:
         """The engine's canonical text of ``sql`` once :func:`check_read_query` accepts its parse.

@@ -602,7 +602,7 @@ def sql(
     from fedapp.cli.sql import run_sql
 
     try:
-        columns, rows, total = run_sql(query, data_dir=data_dir, nats_url=nats_url, clickhouse_url=clickhouse_url,
+        columns, rows, total, types = run_sql(query, data_dir=data_dir, nats_url=nats_url, clickhouse_url=clickhouse_url,
                                 prefix=os.environ.get("FEDSCHED_SUBJECT_PREFIX", "fed"),
                                 inbox_prefix=os.environ.get("FEDSCHED_INBOX_PREFIX", ""), token=token or None)
     except FedError as e:
@@ -614,7 +614,7 @@ def sql(
         console.print_json(strict_json([dict(zip(columns, r)) for r in rows]))
         return
     if output in ("csv", "tsv"):  # straight to stdout: no console wrapping or styling
-        delimited(columns, rows, sys.stdout, delimiter="," if output == "csv" else "\t")
+        delimited(columns, rows, sys.stdout, delimiter="," if output == "csv" else "\t", types=types)
         return
     table = Table(*columns)
     for r in rows:

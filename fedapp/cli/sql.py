@@ -37,8 +37,10 @@ def _check(query: str) -> str:
 
 
 def run_sql(query: str, *, data_dir: Path, nats_url: str = "", clickhouse_url: str = "",
-            prefix: str = "fed", inbox_prefix: str = "", token: str | None = None) -> tuple[list[str], list[list], int]:
-    """Columns, rows (at most :data:`~fedsched.store.MAX_QUERY_ROWS`) and the full row count of a
+            prefix: str = "fed", inbox_prefix: str = "", token: str | None = None,
+            ) -> tuple[list[str], list[list], int, list[str]]:
+    """Columns, rows (at most :data:`~fedsched.store.MAX_QUERY_ROWS`), the full row count and the
+    columns' ClickHouse type names (empty: not known, e.g. an older running system) of a
     read-only query (on a handle of its own, :meth:`~fedsched.store.Store.reader`: ClickHouse's
     parser checks it is one read statement without functions or table functions that reach the
     host's files, programs or network; the engine refuses writes, DDL and settings changes and
@@ -66,7 +68,8 @@ def run_sql(query: str, *, data_dir: Path, nats_url: str = "", clickhouse_url: s
         result = store.reader().query(q)
     finally:
         store.close()
-    return list(result.columns), [list(r) for r in result.rows[:MAX_QUERY_ROWS]], len(result.rows)
+    return (list(result.columns), [list(r) for r in result.rows[:MAX_QUERY_ROWS]], len(result.rows),
+            list(result.types))
 
 
 def running_system(data_dir: Path, token: str | None) -> tuple[str, str, str | None] | None:
@@ -87,7 +90,8 @@ async def ask_store(nats_url: str, prefix: str, sql: str, parameters: dict | Non
     the holder of ``token`` (default: :func:`~fedapp.client.resolve_token`; must be an admin's).
 
     Returns:
-        The reply body: ``columns`` and ``rows`` (JSON values).
+        The reply body: ``columns``, ``types`` (ClickHouse type names; absent from an older
+        system) and ``rows`` (JSON values: a time is its ISO-8601 text).
 
     Raises:
         UnavailableError: NATS unreachable, or no fedsched answers on ``<prefix>.svc.store.query``.
@@ -142,6 +146,7 @@ async def ask_store(nats_url: str, prefix: str, sql: str, parameters: dict | Non
 
 
 async def _ask(query: str, nats_url: str, prefix: str, inbox_prefix: str,
-               token: str | None) -> tuple[list[str], list[list], int]:
+               token: str | None) -> tuple[list[str], list[list], int, list[str]]:
     body = await ask_store(nats_url, prefix, query, inbox_prefix=inbox_prefix, timeout_s=65, token=token)
-    return body["columns"], body["rows"], int(body.get("total_rows", len(body["rows"])))
+    return (body["columns"], body["rows"], int(body.get("total_rows", len(body["rows"]))),
+            list(body.get("types") or ()))

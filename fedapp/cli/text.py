@@ -88,21 +88,26 @@ class SqlOutput(str, Enum):
     tsv = "tsv"
 
 
-#: A time as the running system's query service sends it (``datetime.isoformat()`` in JSON):
-#: naive = UTC, or with its offset.
-_ISO_TIME = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{1,6})?([+-]\d{2}:\d{2})?")
+#: A ClickHouse type name of a time column (``DateTime``, ``DateTime64(3, 'UTC')``, also inside
+#: ``Nullable(...)`` / ``LowCardinality(...)``): the running system sends its values as ISO text.
+_TIME_TYPE = re.compile(r"^(?:(?:Nullable|LowCardinality)\()*DateTime(?:64)?\b")
 
 
-def cell_text(value) -> str:
+def cell_text(value, type_name: str = "") -> str:
     """One result value as CSV/TSV text: NULL empty; a time as ISO-8601 UTC ending in ``Z``
-    (``2026-11-30T22:55:00.123000Z``; the store's naive times are UTC, and so are the ISO
-    strings the running system sends for them); a date ``2026-11-30``; Decimals exactly as
-    stored; booleans ``true``/``false``; arrays, tuples and maps as JSON; bytes as UTF-8 (bad
-    bytes replaced); anything else its ``str``."""
+    (``2026-11-30T22:55:00.123000Z``; the store's naive times are UTC) -- a datetime, or the ISO
+    text the running system sends for a value whose column ``type_name`` is a ClickHouse
+    ``DateTime``/``DateTime64`` (a string of any other or unknown type is kept as it is, even
+    one that looks like a time); a date ``2026-11-30``; Decimals exactly as stored; booleans
+    ``true``/``false``; arrays, tuples and maps as JSON; bytes as UTF-8 (bad bytes replaced);
+    anything else its ``str``."""
     if value is None:
         return ""
-    if isinstance(value, str) and _ISO_TIME.fullmatch(value):
-        value = dt.datetime.fromisoformat(value)
+    if isinstance(value, str) and type_name and _TIME_TYPE.match(type_name):
+        try:
+            value = dt.datetime.fromisoformat(value)
+        except ValueError:
+            return value
     if isinstance(value, dt.datetime):
         utc = value.astimezone(dt.UTC).replace(tzinfo=None) if value.tzinfo else value
         return utc.isoformat() + "Z"
@@ -117,16 +122,17 @@ def cell_text(value) -> str:
     return str(value)
 
 
-def delimited(columns, rows, out, *, delimiter: str = ",") -> None:
+def delimited(columns, rows, out, *, delimiter: str = ",", types=()) -> None:
     """Write a query result to the text stream ``out`` as CSV (``delimiter=","``) or TSV
     (``"\\t"``): a header row of column names, then one line per row of :func:`cell_text`
-    values, quoted by the :mod:`csv` module where needed (a value holding the delimiter, a
-    quote or a line break is enclosed in double quotes, its quotes doubled); lines end in
-    ``\\n``."""
+    values (``types``: the columns' ClickHouse type names, when known), quoted by the :mod:`csv`
+    module where needed (a value holding the delimiter, a quote or a line break is enclosed in
+    double quotes, its quotes doubled); lines end in ``\\n``."""
     writer = csv.writer(out, delimiter=delimiter, lineterminator="\n", quoting=csv.QUOTE_MINIMAL)
     writer.writerow(columns)
+    names = list(types) if len(types) == len(columns) else [""] * len(columns)
     for row in rows:
-        writer.writerow([cell_text(v) for v in row])
+        writer.writerow([cell_text(v, t) for v, t in zip(row, names)])
 
 
 def _finite(value):

@@ -23,9 +23,19 @@ Idempotency asks the bucket about every new submission that carries a request id
 archived?). A batch (SubmitJobs) asks about all of its ids in one request: JetStream's batch
 direct get (``multi_last`` on ``$JS.API.DIRECT.GET.<stream>``, nats-server >= 2.11, on a bucket
 created with ``allow_direct``), answered by the records found and an end-of-batch status -- so
-the common case of all-new ids costs one round trip per call, not one per item, and the answer
-is the bucket's own (the same across replicas and restarts). A bucket created before it
-allowed direct gets (or an older server) is asked key by key, as before.
+the common case of all-new ids costs one round trip per call, not one per item. A bucket created
+before it allowed direct gets (its stream config says ``allow_direct`` off) is asked key by key,
+as before, through the stream leader.
+
+Direct gets on a replicated bucket: with ``allow_direct`` every replica answers them -- also a
+follower behind the leader -- and nats.py's ``kv.get`` uses direct gets on such a bucket too. A
+lagging follower's "not found" for a retried request id whose job left the view would make a
+second job (stop-12 review). So a direct answer is trusted as it is only on a bucket of one
+replica; on a replicated one (read from the stream's config when the bucket is opened) a found
+record stands (records are only ever written, with the same bytes) but every miss is confirmed
+by the stream leader: a non-direct ``STREAM.MSG.GET`` by last subject (one request per miss, at
+once). A batch answered by a status (503 during a leader election, 408) is retried after
+:data:`BATCH_RETRY_S`; only the stream's config turns batches off for good.
 """
 
 from __future__ import annotations
@@ -155,21 +165,65 @@ class EndedJobs:
         #: requests sent to the bucket by :meth:`get` / :meth:`get_many` (one per batch, or
         #: per key where batches are not possible): the idempotency lookups' round trips
         self.lookups = 0
-        #: batch direct gets work on this bucket (None: not tried yet; False: asked key by key)
+        #: batch direct gets work on this bucket (None: not answered yet; True: a batch was
+        #: answered; False: the stream allows no direct gets, asked key by key for good)
         self.batch_gets: bool | None = None
         #: loop time before which batches are not tried after one went unanswered (a request
         #: the server never answers, e.g. one it does not permit, would hold every call)
         self._batch_retry_at = 0.0
+        #: replicas of the bucket's stream (None: not known yet -- misses are confirmed)
+        self.replicas: int | None = None
+        #: misses of a direct get confirmed with the stream leader (replicated buckets only)
+        self.leader_reads = 0
+        self._direct: bool | None = None  #: the stream's ``allow_direct`` (None: not known yet)
 
     def put(self, rec: JobRecord) -> None:
         """Queue ``rec`` (a job leaving the view) for the bucket; O(size of the record)."""
         self.pending[rec.job_id] = encode_record(rec)
         self._wake.set()
 
+    @property
+    def _stream(self) -> str:
+        return f"KV_{self.bus.prefix}_{BUCKET}"
+
     async def _bucket(self):
+        """The bucket (created allowing direct gets if it is not there yet), its stream's replicas
+        and ``allow_direct`` read once (:attr:`replicas`; no direct gets: :attr:`batch_gets` False).
+
+        Raises:
+            whatever the bus raises (the bucket is opened again on the next call).
+        """
         if self._kv is None:
-            self._kv = await self.bus.key_value(BUCKET, direct=True)
+            kv = await self.bus.key_value(BUCKET, direct=True)
+            config = (await self.bus.js.stream_info(self._stream)).config
+            self.replicas = config.num_replicas or 1
+            self._direct = bool(config.allow_direct)
+            if not self._direct:
+                self.batch_gets = False  # the stream's own config: never a batch here
+            self._kv = kv
         return self._kv
+
+    def _confirm_misses(self) -> bool:
+        """A direct get's "not found" may come from a follower behind the leader: true unless the
+        bucket is known to have one replica, or allows no direct gets (its gets go to the leader)."""
+        return self._direct is not False and (self.replicas is None or self.replicas > 1)
+
+    async def _leader_value(self, job_id: str) -> bytes | None:
+        """The stored value of ``job_id`` as the stream leader has it (a non-direct
+        ``STREAM.MSG.GET`` by last subject); None: not there, or deleted.
+
+        Raises:
+            whatever the bus raises but "not found".
+        """
+        self.lookups += 1
+        self.leader_reads += 1
+        try:
+            msg = await self.bus.js.get_last_msg(self._stream, f"$KV.{self.bus.prefix}_{BUCKET}.{job_id}")
+        except nats.js.errors.NotFoundError:
+            return None
+        if (msg.headers or {}).get("KV-Operation") in ("DEL", "PURGE"):
+            return None
+        return msg.data or None
 
     async def flush(self) -> int:
         """Write every pending record; returns how many are still pending (failed writes).
@@ -219,13 +273,16 @@ class EndedJobs:
                 return None
             self.lookups += 1
             try:
-                entry = await (await self._bucket()).get(job_id)
-            except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
-                return None
+                kv = await self._bucket()
+                try:
+                    data = (await kv.get(job_id)).value
+                except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
+                    data = None
+                if not data and self._confirm_misses():
+                    data = await self._leader_value(job_id)
             except Exception as e:  # noqa: BLE001 - an outage reads as not found; logged
                 log.warning("ended jobs: cannot read %s: %s", job_id, e)
                 return None
-            data = entry.value
             if not data:
                 return None
         try:
@@ -261,6 +318,14 @@ class EndedJobs:
                 records = await asyncio.gather(*(self.get(job_id) for job_id in chunk))
                 found.update((job_id, rec) for job_id, rec in zip(chunk, records) if rec is not None)
                 continue
+            misses = [job_id for job_id in chunk if job_id not in values]
+            if misses and self._confirm_misses():  # a follower may be behind: ask the leader
+                confirmed = await asyncio.gather(*(self._leader_value(j) for j in misses), return_exceptions=True)
+                for job_id, data in zip(misses, confirmed):
+                    if isinstance(data, BaseException):
+                        log.warning("ended jobs: cannot read %s: %r", job_id, data)
+                    elif data:
+                        values[job_id] = data
             for job_id, data in values.items():
                 rec = self._decoded(job_id, data)
                 if rec is not None:
@@ -269,12 +334,16 @@ class EndedJobs:
 
     async def _batch_get(self, job_ids: list[str], timeout_s: float) -> dict[str, bytes] | None:
         """job id -> stored value of those of ``job_ids`` (valid keys) the bucket holds, by one
-        batch direct get; None when the bucket or server cannot answer batches (remembered in
-        :attr:`batch_gets`) or the bus failed (logged: the caller asks key by key)."""
+        batch direct get (a direct answer: on a replicated bucket the caller confirms misses);
+        None when the bucket's stream allows no direct gets (:attr:`batch_gets` False, from its
+        config), or the batch was answered by a status or failed (logged; no batch for
+        :data:`BATCH_RETRY_S`: the caller asks key by key)."""
         try:
             await self._bucket()  # created (allowing direct gets) if it is not there yet
         except Exception as e:  # noqa: BLE001 - the bus may be down; the caller's gets log it too
             log.warning("ended jobs: bucket unavailable: %s", e)
+            return None
+        if self.batch_gets is False:
             return None
         nc = self.bus.nc
         stream = f"KV_{self.bus.prefix}_{BUCKET}"
@@ -294,11 +363,12 @@ class EndedJobs:
                     headers = msg.headers or {}
                     status = headers.get("Status")
                     if status in ("204", "404"):  # end of batch / none of the keys
+                        self.batch_gets = True
                         return values
-                    if status:  # e.g. 503: the stream does not allow direct gets
-                        log.info("ended jobs: batch get not answered (%s %s); asking key by key", status,
-                                 headers.get("Description", ""))
-                        self.batch_gets = False
+                    if status:  # e.g. 503 during a leader election, 408: try batches again later
+                        log.info("ended jobs: batch get not answered (%s %s); key by key for %g s", status,
+                                 headers.get("Description", ""), BATCH_RETRY_S)
+                        self._batch_retry_at = asyncio.get_running_loop().time() + BATCH_RETRY_S
                         return None
                     subject = headers.get("Nats-Subject", "")
                     if subject.startswith(prefix) and headers.get("KV-Operation") not in ("DEL", "PURGE") and msg.data:

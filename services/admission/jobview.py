@@ -64,7 +64,9 @@ class PlacedFields(BaseModel):
     these fields, validated as ``JobPlaced`` types them; the spec and the worker bindings (the
     bulk of the payload, and what an agent needs) must be present but are not decoded here --
     the view keeps the spec of the job's ``job.submitted``. Issue 15: the full ``JobPlaced``
-    parse was the largest part of admission's cost per placement."""
+    parse was the largest part of admission's cost per placement. Their shapes are still checked
+    (cheaply, without copying): ``spec`` an object, ``bindings`` a non-empty list of objects --
+    a payload every other reader refuses must not mark the job placed here (stop-12 review)."""
 
     model_config = ConfigDict(frozen=True, extra="ignore")
 
@@ -86,6 +88,22 @@ class PlacedFields(BaseModel):
         rebuilding each dict (one per cluster considered: the bulk of a placement's fields)."""
         if not all(isinstance(e, dict) for e in v):
             raise ValueError("every evaluation must be an object")
+        return v
+
+    @field_validator("spec")
+    @classmethod
+    def _spec_object(cls, v: Any) -> Any:
+        """The spec is an object (``JobPlaced.spec`` is a ``JobSpec``); its fields are not read here."""
+        if not isinstance(v, dict):
+            raise ValueError("spec must be an object")
+        return v
+
+    @field_validator("bindings")
+    @classmethod
+    def _binding_objects(cls, v: Any) -> Any:
+        """The worker bindings are a non-empty list of objects (one ``WorkerBinding`` per worker)."""
+        if not isinstance(v, (list, tuple)) or not v or not all(isinstance(b, dict) for b in v):
+            raise ValueError("bindings must be a non-empty list of objects")
         return v
 
 

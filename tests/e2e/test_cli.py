@@ -195,11 +195,13 @@ def _store_queries_are_read_only(nats_port: int, grpc: str, data_dir: Path) -> N
         return json.loads(q.stdout)[0]["n"] > 0
 
     assert until_sync(written, timeout=30, interval=0.5)  # the writer's handle is not read-only
-    as_csv = _run("sql", "--nats-url", url, "-o", "csv", f"SELECT job_id, occurred_at FROM fedsched.events "
+    as_csv = _run("sql", "--nats-url", url, "-o", "csv", f"SELECT job_id, occurred_at, "
+                  f"'2026-11-30T22:55:00+09:00' AS note FROM fedsched.events "
                   f"WHERE job_id = '{later}' ORDER BY occurred_at LIMIT 1", data_dir=data_dir)
     assert as_csv.returncode == 0, as_csv.stderr  # through the running system: times arrive as JSON text
     header, row = as_csv.stdout.splitlines()
-    assert header == "job_id,occurred_at" and re.fullmatch(rf"{later},\d{{4}}-\d\d-\d\dT[\d:.]+Z", row), row
+    assert header == "job_id,occurred_at,note", header  # a DateTime column converted, a String kept
+    assert re.fullmatch(rf"{later},\d{{4}}-\d\d-\d\dT[\d:.]+Z,2026-11-30T22:55:00\+09:00", row), row
     many = _run("sql", "--nats-url", url, "SELECT number FROM system.numbers LIMIT 10005", "-o", "json",
                 data_dir=data_dir)
     assert many.returncode == 0 and len(json.loads(many.stdout)) == 10000

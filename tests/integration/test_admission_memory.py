@@ -153,7 +153,8 @@ async def test_a_batch_asks_the_bucket_once_and_a_retried_key_of_a_job_gone_from
             items.insert(7, pb.SubmitJobRequest(spec=job, request_id="early"))
             reply = await stub.SubmitJobs(pb.SubmitJobsRequest(items=items))
             assert again.ended.lookups - lookups == 1  # one request for the 31 keys
-            assert again.ended.batch_gets is not False
+            assert again.ended.batch_gets is True
+            assert again.ended.replicas == 1 and again.ended.leader_reads == 0  # one replica: no confirmation
             assert all(r.code == 0 for r in reply.results), [r.message for r in reply.results if r.code]
             retry = reply.results[7].response
             assert (retry.job_id, retry.duplicate, retry.state) == (first.job_id, True, pb.JOB_STATE_SUCCEEDED)
@@ -167,14 +168,15 @@ async def test_a_batch_asks_the_bucket_once_and_a_retried_key_of_a_job_gone_from
 
 
 async def test_a_bucket_made_before_it_allowed_direct_gets_is_asked_key_by_key_with_the_same_answers(bus):
-    """An ended-jobs bucket created by an older build (no ``allow_direct``) refuses batch
-    direct gets: the store notices once and asks key by key -- the same records found."""
+    """An ended-jobs bucket created by an older build (no ``allow_direct``): the store reads its
+    stream's config when it opens the bucket and asks key by key (its gets go to the stream
+    leader: no confirmation needed) -- the same records found, no batch ever sent."""
     kv = await bus.key_value(BUCKET)  # without direct gets, as before issue 15
     rec = JobRecord("j-00000000000000000001", spec(), 1.0, "root", "r1", shards=[ShardRecord(0)])
     await kv.put(rec.job_id, encode_record(rec))
     ended = EndedJobs(bus)
     found = await ended.get_many([rec.job_id, "j-00000000000000000002"])
     assert list(found) == [rec.job_id] and found[rec.job_id].request_id == "r1"
-    assert ended.batch_gets is False and ended.lookups == 1 + 2  # the refused batch, then one get per key
+    assert ended.batch_gets is False and ended.lookups == 2  # its stream config allows no direct gets: one get per key
     found = await ended.get_many([rec.job_id])
-    assert list(found) == [rec.job_id] and ended.lookups == 3 + 1  # no batch tried again
+    assert list(found) == [rec.job_id] and ended.lookups == 2 + 1 and ended.leader_reads == 0  # no batch tried

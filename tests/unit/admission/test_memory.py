@@ -139,6 +139,20 @@ def test_a_one_shard_jobs_state_follows_the_same_rules_as_a_job_of_several_shard
         assert one.state == two.state, (state, flags)
 
 
+def test_a_placement_with_a_null_spec_or_bindings_not_a_list_does_not_mark_the_job_placed():
+    """Stop-12 review: ``{"spec": null, "bindings": 5}`` passed the view's check while every
+    other reader refuses it; it is a decode error (dead-lettered by the bus) and the job stays
+    queued."""
+    job = make_spec()
+    view = JobView()
+    view.apply(submitted("j-1", job, 1000.0))
+    wire = Envelope.from_bytes(placement("j-1", job, "cn-north-1-c1", "cn-north-1", [("n1", (0,))], at=1001.0,
+                                         fencing_token=3).to_bytes())
+    with pytest.raises(DecodeError):
+        view.apply(wire.model_copy(update={"payload": {**wire.payload, "spec": None, "bindings": 5}}))
+    assert view.jobs["j-1"].state == JobState.QUEUED
+
+
 def test_the_view_folds_a_placement_reading_only_its_own_fields_and_still_refuses_a_malformed_one():
     """Issue 15: a ``job.placed`` read from the stream is folded with the few fields the view
     keeps (:class:`PlacedFields`), not the full ``JobPlaced`` with its spec and bindings; a
@@ -154,6 +168,8 @@ def test_the_view_folds_a_placement_reading_only_its_own_fields_and_still_refuse
     parsed = wire.__dict__["_payload_cache"][1]
     assert PlacedFields in parsed and JobPlaced not in parsed  # the spec was not validated again
     for broken in ({k: v for k, v in wire.payload.items() if k != "bindings"}, {**wire.payload, "fencing_token": -1},
-                   {**wire.payload, "evaluations": [{"cluster": "c1"}, "not an object"]}):
+                   {**wire.payload, "evaluations": [{"cluster": "c1"}, "not an object"]},
+                   {**wire.payload, "spec": None}, {**wire.payload, "spec": "a spec"}, {**wire.payload, "bindings": 5},
+                   {**wire.payload, "bindings": []}, {**wire.payload, "bindings": [{"worker": 0}, "n1"]}):
         with pytest.raises(DecodeError):
             wire.model_copy(update={"payload": broken}).payload_as(PlacedFields)

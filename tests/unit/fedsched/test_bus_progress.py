@@ -65,15 +65,37 @@ async def test_a_batch_handled_within_a_quarter_of_the_ack_wait_starts_no_report
     progress = _Progress(consumer, [quick])
     assert progress.cancel() is None  # handled at once: a timer cancelled, nothing to await
     slow = _Msg(acked=False)
-    progress = _Progress(consumer, [slow])
     loop = asyncio.get_running_loop()
-    held_from = loop.time()
+    before = loop.time()
+    progress = _Progress(consumer, [slow])
+    after = loop.time()
+    # the reporting task is due a quarter of the ack wait after the fetch (the timer's own
+    # deadline: no wall-clock bound on a loaded machine)
+    assert progress._timer.when() - before >= 0.1 and progress._timer.when() - after <= 0.1
     assert await until(lambda: slow.reports >= 1, timeout=5, interval=0.005)
-    first_after = loop.time() - held_from
+    assert loop.time() - before >= 0.1 - 1e-3  # not before the timer
     assert await until(lambda: slow.reports >= 2, timeout=5, interval=0.005)
     task = progress.cancel()
     assert task is not None
     with contextlib.suppress(asyncio.CancelledError):
         await task
-    assert 0.1 <= first_after < 0.2  # a quarter of the ack wait after the fetch, not two
     assert quick.reports == 0 and consumer.progress_reports == slow.reports
+
+
+async def test_the_reporting_task_reports_at_once_not_after_another_quarter() -> None:
+    """The timer already waited a quarter of the ack wait: the task it starts reports in its
+    first step (counted after a few loop turns; the next report is 10 s away)."""
+    from fedsched.bus import _Progress
+
+    consumer = DurableConsumer(_Bus(), "EVENTS", "d", ["t.>"], _noop, ack_wait_s=40.0)
+    msg = _Msg(acked=False)
+    progress = _Progress(consumer, [msg])
+    progress._timer.cancel()
+    progress._start()  # what the timer does when it fires
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert msg.reports == 1
+    task = progress.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    assert msg.reports == 1 and consumer.progress_reports == 1

@@ -68,6 +68,7 @@ async def test_each_service_reads_and_writes_its_own_snapshots_only_under_the_de
             assert await spy.read() is None
             ended = EndedJobs(adm)  # and admission's ended-jobs bucket works under its user
             assert await ended.get("j-00000000000000000000") is None
+            assert ended.replicas == 1  # its stream config was readable under the admission user
         finally:
             for b in (sched, adm, setup):
                 await b.close()
