@@ -40,7 +40,7 @@ import heapq
 import json
 import logging
 from dataclasses import dataclass, field, replace
-from decimal import Decimal
+from decimal import ROUND_HALF_EVEN, Decimal
 from typing import Any, Iterable, Mapping
 
 from fedsched.bus import Delivery
@@ -415,8 +415,9 @@ class TenancyGate:
         reason = (f"home region {home}: {_home_summary(p, home)}" + wait_text
                   + f"; {p.cluster} ({p.region}) can run it now"
                   + (f", +{_duration(p.transfer_s)} data transfer" if p.transfer_s >= 1 else "")
-                  + (f"; est. cost {cost} {self.prices.currency}" if cost else f"; egress {egress} {self.prices.currency}")
-                  + (f" (at home {home_cost})" if home_cost else "")
+                  + (f"; est. cost {_cents(cost)} {self.prices.currency}" if cost
+                     else f"; egress {_cents(egress)} {self.prices.currency}")
+                  + (f" (at home {_cents(home_cost)})" if home_cost else "")
                   + f"; {source} requires approval")
         payload = ApprovalRequested(
             approval_id=approval_id, home_region=home, proposed_region=p.region, proposed_cluster=p.cluster,
@@ -495,3 +496,9 @@ GOVERNOR_EVENTS: EventTable = EventTable({
     EventType.APPROVAL_REQUESTED: TenancyGate._on_requested,
     **{t: TenancyGate._on_outcome for t in APPROVAL_OUTCOMES},
 })
+
+
+def _cents(amount: Decimal | str) -> str:
+    """An amount for people, to the cent (half-even): a reason's text; the payload keeps the exact
+    value (``cost``, ``home_cost``: 6 places, the store's Decimal(18, 6))."""
+    return str(Decimal(str(amount)).quantize(Decimal("0.01"), rounding=ROUND_HALF_EVEN))

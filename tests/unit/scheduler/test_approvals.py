@@ -41,6 +41,7 @@ def test_a_cross_region_placement_under_approval_becomes_a_request_with_reason_a
     assert req["reason"].startswith("home region cn-north-1: insufficient_free_resources (1 cluster), est. wait 3 h; "
                                     "cn-east-1-c1 (cn-east-1) can run it now, +12 min data transfer; est. cost ")
     assert req["reason"].endswith("tenant ads requires approval")
+    assert "est. cost 460.80 CNY (at home 12.00)" in req["reason"]  # people read cents; the payload is exact
     # 1 GPU x 2 h x 5.4 + 900 GB x 0.5 egress = 460.8; at home 1 x 2 x 6.0 = 12
     assert req["cost"] == "460.800000" and req["home_cost"] == "12.000000" and req["estimated_wait_s"] == 3 * 3600
     assert event.actor == "scheduler" and event.policy_version == gov.holder.version
