@@ -70,7 +70,7 @@ async def test_decide_is_the_same_with_a_running_set_or_the_tuple_of_its_records
     as_tuples = replace(view, clusters=tuple(replace(c, running=tuple(c.running)) for c in view.clusters))
     a = decide(view, queue, svc.policy)
     b = decide(as_tuples, queue, svc.policy)
-    assert a.placements and a == b
+    assert a.pending and a == b  # waiting against the running work (wait estimates read every timeline)
 
 
 def test_pending_records_are_built_once_and_only_when_read():
