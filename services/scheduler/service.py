@@ -409,6 +409,9 @@ class SchedulerService:
         self._work_use: dict[tuple[str, int], tuple[str, int, int, int]] = {}  # its (tenant, GPU, CPU, MiB) held
         self._work_dirty: dict[str, set[tuple[str, int]]] = {}  # started shards whose record must be (re)built
         self._running_tuple: dict[str, tuple[tuple[RunningWork, ...], int | None]] = {}  # started records, lowest preemptible priority
+        #: cluster -> priority -> how many of its started records are preemptible at that priority
+        #: (kept with ``_works``: the lowest one without walking the records)
+        self._preemptible_prios: dict[str, dict[int, int]] = {}
         self._positions: dict[str, dict] = {}  # cluster -> the node positions its records were built on
         self._held: dict[str, list[int]] = {}  # tenant -> [milli-GPU, milli-CPU, MiB] of started work
         self._unstarted_due: list[tuple[float, int, tuple[str, int], int]] = []  # (placed_wall, seq, key, attempt)
@@ -661,7 +664,8 @@ class SchedulerService:
         for book in (self.jobs, self.queued, self._unplaceable, self.active, self.stopping, self.cancelling, self._ended, self.tombstones,
                      self.retries_used, self.governor.state, self.governor.started, self._tracked, self._works,
                      self._quota_of, self._quota_use,
-                     self._work_use, self._work_dirty, self._running_tuple, self._held, *self._on.values()):
+                     self._work_use, self._work_dirty, self._running_tuple, self._preemptible_prios, self._held,
+                     *self._on.values()):
             book.clear()
         self._unstarted_due.clear()
         self.counts = {state: 0 for state in ShardState}
@@ -974,9 +978,23 @@ class SchedulerService:
     def _drop_work(self, cluster: str, key: tuple[str, int]) -> None:
         """Forget a shard's view record on ``cluster`` (and its usage)."""
         self._work_dirty.get(cluster, set()).discard(key)
-        if self._works.get(cluster, {}).pop(key, None) is not None:
+        w = self._works.get(cluster, {}).pop(key, None)
+        if w is not None:
+            self._count_preemptible(cluster, w, -1)
             self._running_tuple.pop(cluster, None)
         self._unhold(key)
+
+    def _count_preemptible(self, cluster: str, w: RunningWork, n: int) -> None:
+        """Add ``n`` (+1 / -1) records of ``w``'s priority to :attr:`_preemptible_prios` if it is
+        preemptible. O(1)."""
+        if not w.preemptible:
+            return
+        prios = self._preemptible_prios.setdefault(cluster, {})
+        left = prios.get(w.priority, 0) + n
+        if left:
+            prios[w.priority] = left
+        else:
+            del prios[w.priority]
 
     def _unhold(self, key: tuple[str, int]) -> None:
         """Take a dropped view record's resources off its tenant's usage."""
@@ -1377,7 +1395,9 @@ class SchedulerService:
             active = self._on[ShardState.RUNNING].get(name, {})
             for key in keys:
                 visits += 1
-                works.pop(key, None)
+                old = works.pop(key, None)
+                if old is not None:
+                    self._count_preemptible(name, old, -1)
                 self._unhold(key)
                 entry = active.get(key)
                 if entry is None:
@@ -1389,6 +1409,7 @@ class SchedulerService:
                 spec = job.spec
                 use = (job.tenant, spec.total_gpu_milli, spec.cpu_milli * spec.workers, spec.memory_mib * spec.workers)
                 works[key] = work
+                self._count_preemptible(name, work, 1)
                 self._work_use[key] = use
                 h = self._held.setdefault(job.tenant, [0, 0, 0])
                 h[0], h[1], h[2] = h[0] + use[1], h[1] + use[2], h[2] + use[3]
@@ -1403,7 +1424,7 @@ class SchedulerService:
             kept = self._running_tuple.get(info.name)
             if kept is None:
                 started = tuple(self._works.get(info.name, {}).values())
-                low = min((w.priority for w in started if w.preemptible), default=None)
+                low = min(self._preemptible_prios.get(info.name) or (None,))  # a few priorities, not the records
                 kept = self._running_tuple[info.name] = (started, low)
             unstarted = []
             for job, shard in self._on[ShardState.PLACED].get(info.name, {}).values():
