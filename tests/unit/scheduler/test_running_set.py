@@ -84,3 +84,16 @@ def test_pending_records_are_built_once_and_only_when_read():
     assert recs[1] == RunningWork("p", 1, 0, "t", 3, True, True, None, 120.0, "A100", ((0, (1,), 1000, 0, 0),))
     assert recs[2].est_end == math.inf and recs[2].started_at is None
     assert list(rs)[1] is recs[1]  # kept
+
+
+async def test_the_views_pending_entries_and_started_records_are_kept_from_view_to_view():
+    h = await _harness_with_started_and_unstarted()
+    first = h.svc.view()
+    h.advance(2.0)
+    again = h.svc.view()
+    for c1, c2 in zip(first.clusters, again.clusters):
+        assert c2.running.started is c1.running.started  # nothing started or ended: the same tuple
+        assert c1.running.pending and all(a is b for a, b in zip(c1.running.pending, c2.running.pending))
+        assert c2.running._all is None  # no record built until the core reads them
+        assert [w.est_end for w in c2.running if w.started_at is None] == \
+            [w.est_end + 2.0 for w in c1.running if w.started_at is None]
