@@ -110,7 +110,8 @@ from services.scheduler.checkpoint import STATE_VERSION, restore_scheduler, sche
 from services.scheduler.queuebook import QueuedBook
 from services.scheduler.states import ACTIVE, Outcome, ShardState, StopReason
 from services.scheduler.core import (ClusterEvaluation, ClusterIndex, ClusterState, NodeState, Pending, Placement,
-                                     Policy, QueuedJob, RunningWork, Usage, View, decide)
+                                     Policy, QueuedJob, RunningSet, RunningWork, Usage, View,
+                                     decide)
 from services.scheduler.core.snapshot import CapacityClasses
 from services.scheduler.core.explain import pending_counterfactual, placement_counterfactual
 from services.scheduler.core.queues import effective_priority, queue_of
@@ -407,7 +408,10 @@ class SchedulerService:
         self._works: dict[str, dict[tuple[str, int], RunningWork]] = {}  # cluster -> started shard -> record
         self._work_use: dict[tuple[str, int], tuple[str, int, int, int]] = {}  # its (tenant, GPU, CPU, MiB) held
         self._work_dirty: dict[str, set[tuple[str, int]]] = {}  # started shards whose record must be (re)built
-        self._running_tuple: dict[str, tuple[RunningWork, ...]] = {}
+        self._running_tuple: dict[str, tuple[tuple[RunningWork, ...], int | None]] = {}  # started records, lowest preemptible priority
+        #: cluster -> priority -> how many of its started records are preemptible at that priority
+        #: (kept with ``_works``: the lowest one without walking the records)
+        self._preemptible_prios: dict[str, dict[int, int]] = {}
         self._positions: dict[str, dict] = {}  # cluster -> the node positions its records were built on
         self._held: dict[str, list[int]] = {}  # tenant -> [milli-GPU, milli-CPU, MiB] of started work
         self._unstarted_due: list[tuple[float, int, tuple[str, int], int]] = []  # (placed_wall, seq, key, attempt)
@@ -660,7 +664,8 @@ class SchedulerService:
         for book in (self.jobs, self.queued, self._unplaceable, self.active, self.stopping, self.cancelling, self._ended, self.tombstones,
                      self.retries_used, self.governor.state, self.governor.started, self._tracked, self._works,
                      self._quota_of, self._quota_use,
-                     self._work_use, self._work_dirty, self._running_tuple, self._held, *self._on.values()):
+                     self._work_use, self._work_dirty, self._running_tuple, self._preemptible_prios, self._held,
+                     *self._on.values()):
             book.clear()
         self._unstarted_due.clear()
         self.counts = {state: 0 for state in ShardState}
@@ -973,9 +978,23 @@ class SchedulerService:
     def _drop_work(self, cluster: str, key: tuple[str, int]) -> None:
         """Forget a shard's view record on ``cluster`` (and its usage)."""
         self._work_dirty.get(cluster, set()).discard(key)
-        if self._works.get(cluster, {}).pop(key, None) is not None:
+        w = self._works.get(cluster, {}).pop(key, None)
+        if w is not None:
+            self._count_preemptible(cluster, w, -1)
             self._running_tuple.pop(cluster, None)
         self._unhold(key)
+
+    def _count_preemptible(self, cluster: str, w: RunningWork, n: int) -> None:
+        """Add ``n`` (+1 / -1) records of ``w``'s priority to :attr:`_preemptible_prios` if it is
+        preemptible. O(1)."""
+        if not w.preemptible:
+            return
+        prios = self._preemptible_prios.setdefault(cluster, {})
+        left = prios.get(w.priority, 0) + n
+        if left:
+            prios[w.priority] = left
+        else:
+            del prios[w.priority]
 
     def _unhold(self, key: tuple[str, int]) -> None:
         """Take a dropped view record's resources off its tenant's usage."""
@@ -1376,7 +1395,9 @@ class SchedulerService:
             active = self._on[ShardState.RUNNING].get(name, {})
             for key in keys:
                 visits += 1
-                works.pop(key, None)
+                old = works.pop(key, None)
+                if old is not None:
+                    self._count_preemptible(name, old, -1)
                 self._unhold(key)
                 entry = active.get(key)
                 if entry is None:
@@ -1388,6 +1409,7 @@ class SchedulerService:
                 spec = job.spec
                 use = (job.tenant, spec.total_gpu_milli, spec.cpu_milli * spec.workers, spec.memory_mib * spec.workers)
                 works[key] = work
+                self._count_preemptible(name, work, 1)
                 self._work_use[key] = use
                 h = self._held.setdefault(job.tenant, [0, 0, 0])
                 h[0], h[1], h[2] = h[0] + use[1], h[1] + use[2], h[2] + use[3]
@@ -1399,22 +1421,27 @@ class SchedulerService:
             age = max(0.0, now_live - info.seen_at)
             if info.cached is None:
                 info.cached = _cluster_state(info, self.prices)
-            started = self._running_tuple.get(info.name)
-            if started is None:
-                started = self._running_tuple[info.name] = tuple(self._works.get(info.name, {}).values())
+            kept = self._running_tuple.get(info.name)
+            if kept is None:
+                started = tuple(self._works.get(info.name, {}).values())
+                low = min(self._preemptible_prios.get(info.name) or (None,))  # a few priorities, not the records
+                kept = self._running_tuple[info.name] = (started, low)
             unstarted = []
             for job, shard in self._on[ShardState.PLACED].get(info.name, {}).values():
                 visits += 1
-                work = self._running_work(job, shard, shard.placed, info, now)
-                if work is None:
+                pending = self._pending_entry(job, shard, shard.placed, info)
+                if pending is None:
                     continue
-                unstarted.append(work)
-                spec = job.spec
-                h = held.setdefault(job.tenant, [0, 0, 0])
-                h[0] += spec.total_gpu_milli
-                h[1] += spec.cpu_milli * spec.workers
-                h[2] += spec.memory_mib * spec.workers
-            clusters.append(replace(info.cached, heartbeat_age_s=age, running=started + tuple(unstarted)))
+                entry, use = pending
+                unstarted.append(entry)
+                h = held.get(job.tenant)
+                if h is None:
+                    h = held[job.tenant] = [0, 0, 0]
+                h[0] += use[0]
+                h[1] += use[1]
+                h[2] += use[2]
+            running = RunningSet(kept[0], tuple(unstarted), now, kept[1])
+            clusters.append(replace(info.cached, heartbeat_age_s=age, running=running))
         self._visit("view", visits)
         usage = {tenant: Usage(*h) for tenant, h in held.items()}
         return View(tuple(clusters), now, self.stale_after_s, usage)
@@ -1438,7 +1465,8 @@ class SchedulerService:
         # (key, placement, positions, work or the bindings of an unstarted one): the objects
         # themselves, compared by identity
         cached = shard.view_cache
-        hit = cached is not None and cached[0] == key and cached[1] is p and cached[2] is info.position
+        hit = (cached is not None and len(cached) == 4 and cached[0] == key and cached[1] is p
+               and cached[2] is info.position)  # (5 long: a pending entry of _pending_entry)
         if hit and shard.started_at is not None:
             return cached[3]
         spec = job.spec
@@ -1459,6 +1487,34 @@ class SchedulerService:
         elif not hit:
             shard.view_cache = (key, p, info.position, (bindings, bound))
         return work
+
+    @staticmethod
+    def _pending_entry(job: "JobEntry", shard: ShardEntry, p: JobPlaced,
+                       info: ClusterInfo) -> tuple[tuple, tuple[int, int, int]] | None:
+        """A placed, not started shard as a :class:`RunningSet` pending entry, with the
+        (milli-GPU, milli-CPU, MiB) it holds; None if a node it is bound to is gone.
+
+        The entry does not depend on ``now`` (the :class:`RunningSet` adds the view's ``now`` to
+        its work left when the core reads it), so it is kept on the shard while its attempt,
+        progress, placement and the cluster's node positions are unchanged: O(1) per cycle.
+        """
+        key = (shard.attempt, shard.started_at, shard.progress_s)
+        cached = shard.view_cache
+        if cached is not None and cached[0] == key and cached[1] is p and cached[2] is info.position \
+                and len(cached) == 5:
+            return cached[4]
+        spec = job.spec
+        est = spec.estimated_duration_s
+        left = max(0.0, est - shard.progress_s) if est is not None else math.inf
+        bindings = tuple((info.position.get(b.node, -1), tuple(b.gpu_indices), b.gpu_milli, b.cpu_milli,
+                          b.memory_mib) for b in p.bindings)
+        out = None
+        if all(b[0] >= 0 for b in bindings):  # every node it is bound to still exists
+            out = ((job.job_id, shard.attempt, shard.index, job.tenant, spec.priority_value, spec.preemptible,
+                    spec.checkpointable, left, p.card_model, bindings),
+                   (spec.total_gpu_milli, spec.cpu_milli * spec.workers, spec.memory_mib * spec.workers))
+        shard.view_cache = (key, p, info.position, None, out)
+        return out
 
     def queue(self) -> list[QueuedJob]:
         """Shards waiting for a placement (cross-region mode from the governance policy in force,

@@ -9,11 +9,11 @@ from fedsched.reasons import Reason, Verdict
 from services.scheduler.core.decide import (ClusterEvaluation, Decisions, NodeBinding, Pending, Placement, Reservation,
                                             decide, order_queue)
 from services.scheduler.core.policy import POLICY_NAMES, Policy, build_policy
-from services.scheduler.core.snapshot import (WHOLE, ClusterIndex, ClusterState, NodeState, QueuedJob, RunningWork,
-                                              Usage, View)
+from services.scheduler.core.snapshot import (WHOLE, ClusterIndex, ClusterState, NodeState, QueuedJob, RunningSet,
+                                              RunningWork, Usage, View)
 
 __all__ = [
     "ClusterEvaluation", "ClusterIndex", "ClusterState", "Decisions", "NodeBinding", "NodeState", "POLICY_NAMES",
-    "Pending", "Placement", "Policy", "QueuedJob", "Reason", "Reservation", "RunningWork", "Usage", "Verdict", "View",
+    "Pending", "Placement", "Policy", "QueuedJob", "Reason", "Reservation", "RunningSet", "RunningWork", "Usage", "Verdict", "View",
     "WHOLE", "build_policy", "decide", "order_queue",
 ]

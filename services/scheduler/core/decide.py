@@ -72,7 +72,8 @@ from services.scheduler.core.preempt import Eviction, estimated_start, find_vict
 from services.scheduler.core.queues import FairOrder, queue_of
 from services.scheduler.core.scorers import (cost_per_unit_hour, estimated_cost, remote_bytes, set_cost_reference,
                                              transfer_seconds)
-from services.scheduler.core.snapshot import WHOLE, ClusterIndex, ClusterState, QueuedJob, RunningWork, View
+from services.scheduler.core.snapshot import (WHOLE, ClusterIndex, ClusterState, QueuedJob, RunningWork, View,
+                                              lowest_preemptible)
 
 
 @dataclass(frozen=True, slots=True)
@@ -388,14 +389,16 @@ class _Cycle:
                        for i, (sc, w) in enumerate(policy.weights)]
         self.varying_scopes = [s for s in self.scopes if s.scope not in ("const", "region")]
         # cluster -> lowest priority of its preemptible work (clusters without any are absent)
-        self.lowest_victim = {c.name: min(w.priority for w in c.running if w.preemptible)
-                              for c in self.clusters if any(w.preemptible for w in c.running)}
+        self.lowest_victim = {c.name: low for c in self.clusters
+                              if (low := lowest_preemptible(c.running)) is not None}
         self.work: dict[str, WorkingCluster] = {}
         self.empty: dict[str, WorkingCluster] = {}
         self.static: dict[tuple, Verdict] = {}
         self.reservations: dict[str, Reservation] = {}
         self.victims: set[tuple[str, int, int]] = set()
         self.timelines: dict[str, list[RunningWork]] = {}
+        # placements recorded on a cluster whose timeline nobody read yet (appended when it is)
+        self.added: dict[str, list[RunningWork]] = {}
         self.placed = 0
         self.version = 0  # bumped by every eviction and reservation (memo validity)
         self.placed_keys: set[tuple[str, int, int]] = set()  # placed this cycle: never victims
@@ -438,11 +441,15 @@ class _Cycle:
         t = self.timelines.get(cluster.name)
         if t is None:
             t = self.timelines[cluster.name] = list(cluster.running)
+            t.extend(self.added.pop(cluster.name, ()))
         return t
 
     def record(self, job: QueuedJob, cluster: ClusterState, fit: Fit, victims: tuple[RunningWork, ...]) -> None:
         """Keep the timeline current after a placement (and its evictions)."""
-        t = self.timeline(cluster)
+        if victims or cluster.name in self.timelines:
+            t = self.timeline(cluster)
+        else:  # nobody read this cluster's timeline yet: do not copy its running work for one placement
+            t = self.added.setdefault(cluster.name, [])
         if victims:
             gone = {(v.job_id, v.attempt, v.shard) for v in victims}
             t[:] = [w for w in t if (w.job_id, w.attempt, w.shard) not in gone]

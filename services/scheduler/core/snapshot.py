@@ -11,7 +11,7 @@ memory in MiB, on-card memory in GiB, ages in seconds, prices per GPU-hour.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Iterable, Mapping
+from typing import TYPE_CHECKING, Iterable, Iterator, Mapping, Sequence
 
 from fedsched.jobs import JobSpec
 
@@ -92,6 +92,82 @@ class RunningWork:
     def gpu_milli(self) -> int:
         """Milli-GPUs it holds."""
         return sum(len(devs) * milli for _, devs, milli, _, _ in self.bindings)
+
+
+class RunningSet(Sequence):
+    """A cluster's running work as the scheduler service hands it over: an immutable sequence of
+    :class:`RunningWork` (what :attr:`ClusterState.running` holds; a plain tuple is equally valid).
+
+    ``started`` is work that started (records kept by the service from cycle to cycle);
+    ``pending`` describes work placed but not started yet, which is expected to start at the
+    view's business time ``now``: each entry is the :class:`RunningWork` fields in order with
+    ``started_at`` None and, instead of ``est_end``, the seconds of estimated work left
+    (``inf`` = no estimate). Their records (``est_end = now + left``) are built on first
+    iteration, so a cycle that never reads this cluster's work builds none. Iteration order:
+    ``started`` then ``pending`` (the order of the tuple the service built before).
+
+    :meth:`lowest_preemptible` answers from the entries (no records built).
+    """
+
+    __slots__ = ("started", "pending", "now", "_all", "_started_low")
+
+    def __init__(self, started: tuple[RunningWork, ...], pending: tuple[tuple, ...], now: float,
+                 started_lowest: int | None | object = ...) -> None:
+        """``started_lowest``: :meth:`lowest_preemptible` of ``started`` alone if the caller
+        keeps it with the tuple (``...`` = compute it when asked)."""
+        self.started = started
+        self.pending = pending
+        self.now = now
+        self._all: tuple[RunningWork, ...] | None = None if pending else started
+        self._started_low = started_lowest
+
+    def _records(self) -> tuple[RunningWork, ...]:
+        a = self._all
+        if a is None:
+            now = self.now
+            a = self._all = self.started + tuple(
+                RunningWork(j, at, sh, te, pr, pe, ck, None, now + left, cm, b)
+                for j, at, sh, te, pr, pe, ck, left, cm, b in self.pending)
+        return a
+
+    def __iter__(self) -> Iterator[RunningWork]:
+        return iter(self._records())
+
+    def __len__(self) -> int:
+        return len(self.started) + len(self.pending)
+
+    def __getitem__(self, i):
+        return self._records()[i]
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, (RunningSet, tuple)):
+            return self._records() == tuple(other)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self._records())
+
+    def __repr__(self) -> str:
+        return f"RunningSet({len(self.started)} started, {len(self.pending)} pending)"
+
+    def lowest_preemptible(self) -> int | None:
+        """The lowest priority of its preemptible work (None if none is preemptible).
+        O(started + pending), without building the pending records."""
+        low = self._started_low
+        if low is ...:
+            low = self._started_low = min((w.priority for w in self.started if w.preemptible), default=None)
+        for e in self.pending:
+            if e[5] and (low is None or e[4] < low):
+                low = e[4]
+        return low
+
+
+def lowest_preemptible(running: Iterable[RunningWork]) -> int | None:
+    """The lowest priority of preemptible work in ``running`` (None if none): the same answer
+    for a tuple or a :class:`RunningSet` (which answers without building its pending records)."""
+    if isinstance(running, RunningSet):
+        return running.lowest_preemptible()
+    return min((w.priority for w in running if w.preemptible), default=None)
 
 
 @dataclass(frozen=True, slots=True)

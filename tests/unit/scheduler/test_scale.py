@@ -255,3 +255,45 @@ async def test_an_inventory_snapshot_computes_its_capacity_key_once(monkeypatch)
     cached = info.cached
     h._inventory(snapshot(A, "cn-north-1", nodes("a", count=3), h.clock.time()), h.subjects.inventory("cn-north-1", A))
     assert info.cached is None and cached is not None  # a new node: the cluster's state is rebuilt
+
+
+async def test_cycle_visits_stay_bounded_while_10000_jobs_run_and_some_wait_to_start():
+    """Issue 15: 10,000 started jobs and a set of placed-not-started ones stay on the clusters
+    while batches go through; a cycle visits its batch and the not-started shards (kept entries,
+    expected to start at the view's ``now``), never the started work."""
+    h = SchedulerHarness((ClusterSpec(A, node_list=nodes("a", count=700)), ClusterSpec(B, node_list=nodes("b", count=700))),
+                         reclaim_after_s=1e9, max_jobs_per_cycle=1000)
+    svc = h.svc
+    running, unstarted = 10_000, 200
+    for start in range(0, running + unstarted, 1000):
+        for i in range(start, min(start + 1000, running + unstarted)):
+            h.submit(f"long{i}", estimated_duration_s=3600.0, preemptible=i % 2 == 0)
+        await h.cycle()
+    for i in range(running):
+        h.report(f"long{i}", "job.started")
+    await h.cycle()
+    assert svc.counts[ShardState.RUNNING] == running and svc.counts[ShardState.PLACED] == unstarted
+
+    per_batch: list[int] = []
+    for b in range(40):
+        ids = [f"b{b}-{k}" for k in range(BATCH)]
+        visits = []
+        for job in ids:
+            h.submit(job)
+        await h.cycle()
+        visits.append(svc.last_cycle_visits)
+        h.advance(1.0)
+        for job in ids:
+            h.report(job, "job.started")
+        await h.cycle()
+        visits.append(svc.last_cycle_visits)
+        h.advance(1.0)
+        for job in ids:
+            h.report(job, "job.finished")
+        await h.cycle()
+        visits.append(svc.last_cycle_visits)
+        per_batch.append(max(visits))
+        assert svc.last_cycle_visit_counts.get("view", 0) <= unstarted + BATCH
+    assert svc.counts[ShardState.RUNNING] == running
+    assert per_batch[0] >= running  # the first view builds the started records, once
+    assert max(per_batch[1:]) <= 4 * BATCH + unstarted, per_batch[:5]  # never again the 10,000 running
