@@ -1019,7 +1019,8 @@ class ClusterAgent:
         """Stop attempt N and anything older of the same job and shard running here (fencing)."""
         env = d.envelope
         key = (env.job_id, env.attempt, stop.shard)
-        if key in self.done and key not in self.running and self.fencing.stale(stop.fencing_token, d.stream_sequence):
+        if key in self.done and key not in self.running and self.fencing.stale(stop.fencing_token, d.stream_sequence,
+                                                                                      self.tenure):
             return  # redelivery of an order already carried out
         self._check_token(d, stop.fencing_token)
         self._see_attempt(env.job_id, stop.shard, env.attempt)
