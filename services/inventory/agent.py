@@ -77,7 +77,7 @@ from fedsched.events import (AgentReconciled, Heartbeat, InventorySnapshot, JobP
                              business_event_id, make_event)
 from fedsched.events import Envelope, EventType
 from fedsched.jobs import AttemptState, JobSpec
-from fedsched.lease import StreamFencing, Tenure, read_tenure
+from fedsched.lease import StreamFencing, Tenure, read_tenure, unissued
 from fedsched.logs import LogReply, LogRequest, chunks
 from fedsched.ports import Publisher, PublishResult
 from services.inventory.backend import (NODE_FAILED, TERMINAL_PHASES, AttemptKey, AttemptNotFound, AttemptSpec,
@@ -938,8 +938,10 @@ class ClusterAgent:
         reason = self.fencing.judge(token, d, self.tenure)
         if reason is not None:
             self.stale_refused += 1
+            whose = ("a forged order" if unissued(token, self.tenure) is not None
+                     else "a former active scheduler's order")
             raise DecodeError(f"{reason}; {env.type} of {env.job_id} attempt {env.attempt} carries token {token}, "
-                              f"{self.producer} has seen {self.highest_token} (a former active scheduler's order)")
+                              f"{self.producer} has seen {self.highest_token} ({whose})")
 
     def _see_attempt(self, job_id: str, shard: int, attempt: int) -> int:
         """Record ``attempt`` for fencing; returns the highest attempt seen before it."""
