@@ -46,7 +46,9 @@ a higher token, or with a token below the current tenure's and stored after that
 former active scheduler's order (:func:`~fedsched.lease.stale_order`) -- is refused: dead-lettered
 with the reason "stale fencing token" (``fed.deadletter.agent-<cluster>``, and from there
 ``bus.dead_letter`` in the audit log), never applied. Judged in stream order (an order handed back
-during an outage and redelivered after a newer holder's is still carried out).
+during an outage and redelivered after a newer holder's is still carried out). An order with a
+token above the current tenure's was issued by no tenure (:func:`~fedsched.lease.unissued`: a
+forged order): dead-lettered with that reason and never taken as the highest token seen.
 :meth:`ClusterAgent.rebuild` judges its history by the same rule, so a restarted agent does not
 take such an order either.
 
