@@ -44,6 +44,11 @@ The rules (:class:`Lease`) are those of Kubernetes' client-go leader election
   a remembered one -- began at or before the order was stored (:func:`stale_order`). Orders
   older than the remembered tenures are judged by the oldest remembered one (and by the
   stream-order rule of :class:`StreamFencing`).
+* **forged tokens** (:func:`unissued`) -- a holder writes its tenure to the bucket before it
+  publishes, so a legit order's token is never above the current tenure's token as read after
+  the order was fetched. A token above it was issued by no tenure (a forged order, e.g. 2^62 with
+  the scheduler's credentials): it is refused and never taken as the highest token seen, which
+  would otherwise make every later real order stale, for good once re-read from the stream.
 * **release** -- a holder that stops writes ``holder = ""`` (CAS on its revision), so a
   standby takes over without waiting ``ttl_s``; to receivers the release begins a tenure of
   nobody (token = its revision): an order the releaser stores after it is stale.
@@ -461,7 +466,8 @@ def stale_order(token: int, stored_at: float | None, highest_seen: int, tenure: 
     carried out (the rule in the module docstring; Kleppmann 2016, with the lease read from the
     store as well as the highest token seen): stale iff ``token`` is below ``highest_seen``, or
     some tenure with a higher token -- the current one or one in ``tenure.history`` -- began at
-    or before the order was stored.
+    or before the order was stored. (A token above ``tenure``'s is judged by :func:`unissued`
+    when ``tenure`` was read after the order was fetched.)
 
     Args:
         token: the order's fencing token.
@@ -483,6 +489,23 @@ def stale_order(token: int, stored_at: float | None, highest_seen: int, tenure: 
             return (f"stale fencing token: {token} is below {later}, an earlier tenure of the scheduler lease "
                     f"(since {since:.3f}), which began before the order was stored")
     return None
+
+
+def unissued(token: int, tenure: Tenure | None) -> str | None:
+    """Why ``token`` cannot have been issued by any tenure of the lease, or None: a holder writes
+    its tenure to the lease bucket before it publishes an order, so a legit order's token is never
+    above the current tenure's token as read after the order was fetched; one above it was forged
+    (e.g. 2^62 published with the scheduler's credentials) and must neither be carried out nor
+    taken as the highest token seen -- it would make every later real order look stale.
+
+    Args:
+        token: the order's fencing token.
+        tenure: the lease's current tenure, read after the order was fetched (None: no lease was
+            read -- nothing can be judged; a scheduler without a lease stamps token 0).
+    """
+    if tenure is None or token <= tenure.token:
+        return None
+    return f"fencing token {token} was issued by no tenure (the lease's current token is {tenure.token})"
 
 
 async def read_tenure(bus, key: str = "scheduler") -> Tenure | None:
@@ -581,15 +604,23 @@ class StreamFencing:
         """The highest token handled so far (0 before any)."""
         return max(self._first, default=0)
 
-    def stale(self, token: int, stream_sequence: int) -> bool:
+    def stale(self, token: int, stream_sequence: int, tenure: "Tenure | None" = None) -> bool:
         """Whether the order carrying ``token`` at ``stream_sequence`` is a former holder's late
-        order (see the class docstring); records the token either way."""
+        order (see the class docstring); records the token either way -- except a token above
+        ``tenure``'s (:func:`unissued`), which is neither stale by this rule nor recorded."""
+        if unissued(token, tenure) is not None:
+            return False
         return self.above(token, stream_sequence) > 0
 
     def judge(self, token: int, delivery, tenure: "Tenure | None") -> str | None:
         """Why the order carrying ``token``, delivered as ``delivery`` (a
         :class:`fedsched.bus.Delivery`: its stream sequence and stored time), is stale, or None
-        (:func:`stale_order` with the highest token preceding it in the stream); records the token."""
+        (:func:`stale_order` with the highest token preceding it in the stream); records the token
+        -- unless it is above ``tenure``'s token (:func:`unissued`: issued by no tenure, refused
+        and not recorded, so a forged token never raises the highest seen)."""
+        forged = unissued(token, tenure)
+        if forged is not None:
+            return forged  # not recorded: a forged token must not fence real orders
         return stale_order(token, delivery.published_at, self.above(token, delivery.stream_sequence), tenure)
 
     def above(self, token: int, stream_sequence: int) -> int:

@@ -54,7 +54,7 @@ from fedsched.dispatch import EventTable, SkippedTypes
 from fedsched.events import (ApprovalDecided, ApprovalRequested, Envelope, EventType, JobCancelRequested, JobHeld,
                              JobPending, JobPriorityChanged, JobStatus, JobStop, JobSubmitted)
 from fedsched.jobs import TERMINAL_STATES, AttemptState, JobSpec, JobState, StopReason
-from fedsched.lease import Tenure, stale_order
+from fedsched.lease import Tenure, stale_order, unissued
 from fedsched.trust import ATTEMPT_STATUSES, PlacedAttempt, Rejection, check_placement, check_subject
 
 log = logging.getLogger(__name__)
@@ -392,6 +392,13 @@ class JobView:
         #: (the compare-and-set point of budgeted submissions across admission replicas)
         self.last_submitted: dict[str, int] = {}
 
+    @staticmethod
+    def order_token(env: Envelope) -> int | None:
+        """The scheduler-lease fencing token of ``env`` when it is an order (placement or stop),
+        else None."""
+        kind = _ORDERS.get(env.known_type)
+        return None if kind is None else env.payload_as(kind).fencing_token
+
     def apply_delivery(self, d: Delivery, *, subject_checked: bool = False) -> None:
         """Fold one delivered event (follower callback).
 
@@ -415,7 +422,9 @@ class JobView:
             return
         if self.tenure is not None and env.known_type in _ORDERS:
             token = env.payload_as(_ORDERS[env.known_type]).fencing_token
-            stale = stale_order(token, d.published_at, 0, self.tenure)  # (the highest seen: _fence)
+            # a token above the lease's (read after the order arrived: the service re-reads it for
+            # such a token) was issued by no tenure: refused, and never the highest seen (_fence)
+            stale = unissued(token, self.tenure) or stale_order(token, d.published_at, 0, self.tenure)
             if stale is not None:
                 self.stale_orders += 1
                 log.warning("admission-jobs: not folding %s of %s: %s", env.type, env.job_id, stale)

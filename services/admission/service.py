@@ -1917,6 +1917,24 @@ class AdmissionService:
         return {c.consumer: c.as_dict() for c in (self.view.skipped, self.skipped_inventory) if c.counts}
 
     def _on_event(self, d: Delivery):
+        """Follower callback of the jobs stream. An order whose fencing token is above the lease
+        tenure last read is folded only after the lease is read again (the job view refuses a
+        token above the tenure read after the order arrived: issued by no tenure,
+        :func:`~fedsched.lease.unissued`)."""
+        tenure = self.view.tenure
+        if tenure is not None:
+            token = JobView.order_token(d.envelope)
+            if token is not None and token > tenure.token:
+                return self._on_event_after_lease_read(d)
+        return self._on_event_now(d)
+
+    async def _on_event_after_lease_read(self, d: Delivery) -> None:
+        await self._refresh_tenure()
+        result = self._on_event_now(d)
+        if result is not None:
+            await result
+
+    def _on_event_now(self, d: Delivery):
         route = ADMISSION_EVENTS.route(d.envelope.type)  # unknown types: counted by the job view
         if d.subject and check_subject(self.bus.prefix, d.subject, d.envelope) is not None:
             route = None  # a type that does not belong on its subject: the job view refuses it (issue 14)

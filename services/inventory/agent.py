@@ -46,7 +46,9 @@ a higher token, or with a token below the current tenure's and stored after that
 former active scheduler's order (:func:`~fedsched.lease.stale_order`) -- is refused: dead-lettered
 with the reason "stale fencing token" (``fed.deadletter.agent-<cluster>``, and from there
 ``bus.dead_letter`` in the audit log), never applied. Judged in stream order (an order handed back
-during an outage and redelivered after a newer holder's is still carried out).
+during an outage and redelivered after a newer holder's is still carried out). An order with a
+token above the current tenure's was issued by no tenure (:func:`~fedsched.lease.unissued`: a
+forged order): dead-lettered with that reason and never taken as the highest token seen.
 :meth:`ClusterAgent.rebuild` judges its history by the same rule, so a restarted agent does not
 take such an order either.
 
@@ -77,7 +79,7 @@ from fedsched.events import (AgentReconciled, Heartbeat, InventorySnapshot, JobP
                              business_event_id, make_event)
 from fedsched.events import Envelope, EventType
 from fedsched.jobs import AttemptState, JobSpec
-from fedsched.lease import StreamFencing, Tenure, read_tenure
+from fedsched.lease import StreamFencing, Tenure, read_tenure, unissued
 from fedsched.logs import LogReply, LogRequest, chunks
 from fedsched.ports import Publisher, PublishResult
 from services.inventory.backend import (NODE_FAILED, TERMINAL_PHASES, AttemptKey, AttemptNotFound, AttemptSpec,
@@ -938,8 +940,10 @@ class ClusterAgent:
         reason = self.fencing.judge(token, d, self.tenure)
         if reason is not None:
             self.stale_refused += 1
+            whose = ("a forged order" if unissued(token, self.tenure) is not None
+                     else "a former active scheduler's order")
             raise DecodeError(f"{reason}; {env.type} of {env.job_id} attempt {env.attempt} carries token {token}, "
-                              f"{self.producer} has seen {self.highest_token} (a former active scheduler's order)")
+                              f"{self.producer} has seen {self.highest_token} ({whose})")
 
     def _see_attempt(self, job_id: str, shard: int, attempt: int) -> int:
         """Record ``attempt`` for fencing; returns the highest attempt seen before it."""
@@ -1019,7 +1023,8 @@ class ClusterAgent:
         """Stop attempt N and anything older of the same job and shard running here (fencing)."""
         env = d.envelope
         key = (env.job_id, env.attempt, stop.shard)
-        if key in self.done and key not in self.running and self.fencing.stale(stop.fencing_token, d.stream_sequence):
+        if key in self.done and key not in self.running and self.fencing.stale(stop.fencing_token, d.stream_sequence,
+                                                                                      self.tenure):
             return  # redelivery of an order already carried out
         self._check_token(d, stop.fencing_token)
         self._see_attempt(env.job_id, stop.shard, env.attempt)

@@ -301,3 +301,100 @@ async def test_an_order_stored_between_two_takeovers_is_refused_by_an_agent_that
         await asyncio.gather(agent_task, return_exceptions=True)
         await c.release()
         await agent_bus.close()
+
+
+async def test_a_forged_token_far_above_the_lease_fences_nothing(bus, nats_server, store) -> None:
+    """The tryout (attack2.py): one ``job.placed`` with ``fencing_token`` 2^62, published with the
+    scheduler's credentials, then the real holder's placements. The forged token was issued by no
+    tenure (the lease's current token is below it): the agent, billing, audit and admission refuse
+    it with that reason and carry out, bill, record and fold every real placement -- and so does
+    the agent after a restart, which re-reads the forged order from the stream."""
+    from fedsched.store import AsyncStore
+    from fedsched.jobs import JobState
+    from services.admission.service import AdmissionService
+    from services.audit.service import AuditService
+    from services.billing.service import BillingService
+    from services.billing.usage import placement_key
+    from tests.builders import policy_doc, store_policy
+
+    forged = 2 ** 62
+    a = await nats_lease(bus, "scheduler", "sched-a", ttl_s=TTL)
+    assert await a.step() and 0 < a.token < forged
+    why = f"fencing token {forged} was issued by no tenure (the lease's current token is {a.token})"
+    job = spec(gpus=1)
+    now = time.time()
+    for job_id in ("forged", "j1", "j2", "j3"):
+        await bus.publish(bus.subjects.job("submitted", job.tenant, job.project), submitted(job_id, job, now))
+    sub = bus.subjects.placements(CLUSTER.region, CLUSTER.name)
+    await bus.publish(sub, placement("forged", job, CLUSTER.name, CLUSTER.region, [("n0", (0,))],
+                                     fencing_token=forged))
+    for gpu, job_id in enumerate(("j1", "j2"), start=1):
+        await bus.publish(sub, placement(job_id, job, CLUSTER.name, CLUSTER.region, [("n0", (gpu,))],
+                                         fencing_token=a.token))
+    agent, agent_bus, agent_task, dead, dsub = await _agent_collecting_dead_letters(bus, nats_server)
+    astore = AsyncStore(store)
+    billing = BillingService(bus, astore, load_price_catalog(), linger_s=0.02)
+    billing_task = asyncio.create_task(billing.run())
+    audit = AuditService(bus, astore, linger_s=0.02)
+    audit_task = asyncio.create_task(audit.run())
+    await store_policy(bus, policy_doc())
+    admission = AdmissionService(bus, SystemClock(), address="127.0.0.1:0")
+    admission_task = asyncio.create_task(admission.run())
+    agent2 = agent2_bus = agent2_task = None
+    try:
+        await _until(lambda: dead and {("j1", 1, 0), ("j2", 1, 0)} <= set(agent.running),
+                     what="the agent refusing the forged order and running the real ones")
+        assert len(dead) == 1 and why in dead[0].reason
+        assert ("forged", 1, 0) not in agent.running and agent.highest_token == a.token
+
+        deadline = time.monotonic() + 15
+        while await billing.lag():
+            assert time.monotonic() < deadline, "billing did not catch up"
+            await asyncio.sleep(0.02)
+        keys = set(await (await bus.key_value("placements")).keys())
+        assert {placement_key("j1", 1, 0), placement_key("j2", 1, 0)} <= keys
+        assert placement_key("forged", 1, 0) not in keys
+        assert billing.stale_orders == 1 and billing.highest_token == a.token
+
+        await asyncio.wait_for(admission.ready.wait(), 20)
+        view = admission.view
+        await _until(lambda: all(j in view.jobs and view.jobs[j].state == JobState.RUNNING for j in ("j1", "j2")),
+                     what="admission folding the real orders (and their starts)")
+        assert view.jobs["forged"].state == JobState.QUEUED and view.highest_token == a.token
+        assert view.stale_orders == 1
+
+        deadline = time.monotonic() + 15
+        while await audit.lag():
+            assert time.monotonic() < deadline, "audit did not catch up"
+            await asyncio.sleep(0.02)
+        db = store.database
+        assert store.query(f"SELECT job_id FROM {db}.events WHERE type = 'job.placed' ORDER BY job_id").rows == [
+            ("j1",), ("j2",)]
+        reasons = store.query(f"SELECT JSONExtractString(payload, 'reason') FROM {db}.events "
+                              f"WHERE type = 'bus.dead_letter' AND producer = 'scheduler'").rows
+        assert len(reasons) == 1 and why in reasons[0][0]
+
+        # the agent restarts: it re-reads the forged order from the stream and still runs real ones
+        agent.stop()
+        await asyncio.gather(agent_task, return_exceptions=True)
+        await dsub.unsubscribe()
+        await agent_bus.close()
+        agent2, agent2_bus, agent2_task, dead2, dsub = await _agent_collecting_dead_letters(bus, nats_server)
+        await bus.publish(sub, placement("j3", job, CLUSTER.name, CLUSTER.region, [("n0", (3,))],
+                                         fencing_token=a.token))
+        await _until(lambda: ("j3", 1, 0) in agent2.running, what="the restarted agent running j3")
+        assert agent2.highest_token == a.token and ("forged", 1, 0) not in agent2.running
+        assert agent2.stale_refused == 0  # (dead2 replays the first agent's dead letter)
+        await _until(lambda: "j3" in view.jobs and view.jobs["j3"].state == JobState.RUNNING,
+                     what="admission folding j3")
+    finally:
+        await dsub.unsubscribe()
+        for svc in (agent, agent2, billing, admission, audit):
+            if svc is not None:
+                svc.stop()
+        await asyncio.gather(*(t for t in (agent_task, agent2_task, billing_task, admission_task, audit_task)
+                               if t is not None), return_exceptions=True)
+        await a.release()
+        for b_ in (agent_bus, agent2_bus):
+            if b_ is not None:
+                await b_.close()

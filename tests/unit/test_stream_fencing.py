@@ -44,3 +44,48 @@ def test_memory_is_bounded_by_tenures() -> None:
         f.stale(token, token * 10)
     assert len(f._first) == 3 and f.highest == 10
     assert f.stale(1, 5) is False and f.stale(1, 1000) is True
+
+
+# -- tokens issued by no tenure (the tryout: one job.placed with token 2^62 poisoned fencing) ----
+
+class _D:
+    """The two fields of a :class:`fedsched.bus.Delivery` that fencing reads."""
+
+    def __init__(self, seq: int, at: float) -> None:
+        self.stream_sequence, self.published_at = seq, at
+
+
+FORGED = 2 ** 62
+
+
+def test_a_token_above_the_lease_is_refused_and_not_taken_as_highest() -> None:
+    from fedsched.lease import Tenure
+    tenure = Tenure(41, 1000.0, "sched-a")
+    f = StreamFencing()
+    reason = f.judge(FORGED, _D(10, 1001.0), tenure)
+    assert reason == f"fencing token {FORGED} was issued by no tenure (the lease's current token is 41)"
+    assert f.highest == 0
+    # the real holder's later orders are carried out
+    assert f.judge(41, _D(11, 1002.0), tenure) is None
+    assert f.judge(41, _D(12, 1003.0), tenure) is None
+    assert f.highest == 41
+    # the redelivery check does not record it either
+    assert f.stale(FORGED, 13, tenure) is False and f.highest == 41
+
+
+def test_a_token_equal_to_the_lease_is_issued() -> None:
+    from fedsched.lease import Tenure, unissued
+    assert unissued(41, Tenure(41, 0.0)) is None
+    assert unissued(42, Tenure(41, 0.0)) is not None
+    assert unissued(FORGED, None) is None  # no lease read: nothing to judge by
+
+
+def test_a_restart_reading_the_stream_again_is_not_poisoned() -> None:
+    """A receiver that re-reads the stream after a restart (the agent's rebuild) judges the forged
+    order with the tenure read then: still refused, still not recorded."""
+    from fedsched.lease import Tenure
+    tenure = Tenure(41, 1000.0, "sched-a")
+    again = StreamFencing()
+    assert again.judge(FORGED, _D(10, 1001.0), tenure) is not None
+    assert again.judge(41, _D(11, 1002.0), tenure) is None
+    assert again.highest == 41

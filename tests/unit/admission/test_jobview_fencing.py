@@ -46,3 +46,25 @@ def test_a_stop_order_with_a_stale_token_is_not_folded() -> None:
     view.apply(_ev("job.stop", JobStop(reason="reclaimed", fencing_token=9), "j1", T0 + 3, attempt=1,
                    region="cn-north-1", cluster="c1", actor="scheduler"))
     assert view.jobs["j1"].state != JobState.PLACED
+
+
+def test_a_forged_token_above_the_lease_is_not_folded_nor_the_highest_seen() -> None:
+    """The tryout: one ``job.placed`` with token 2^62 (issued by no tenure: the lease's current
+    token is 41) must not make the real holder's later placements stale."""
+    from fedsched.bus import Delivery
+    from fedsched.lease import Tenure
+    view = JobView()
+    view.tenure = Tenure(41, T0 - 10, "sched-a")
+    for job in ("j1", "j2", "j3"):
+        view.apply(_ev("job.submitted", JobSubmitted(spec=SPEC, submitted_by="alice"), job, T0, actor="alice"))
+    subject = "fed.placements.cn-north-1.c1"
+    view.apply_delivery(Delivery(_placed("j1", 2 ** 62, T0 + 1), subject, {}, 10, 1, published_at=T0 + 1),
+                        subject_checked=True)
+    assert view.jobs["j1"].state == JobState.QUEUED
+    assert (view.highest_token, view.stale_orders) == (0, 1)
+    assert JobView.order_token(_placed("j2", 41, T0 + 2)) == 41
+    for seq, job in ((11, "j2"), (12, "j3")):
+        view.apply_delivery(Delivery(_placed(job, 41, T0 + 2), subject, {}, seq, 1, published_at=T0 + 2),
+                            subject_checked=True)
+        assert view.jobs[job].state == JobState.PLACED
+    assert (view.highest_token, view.stale_orders) == (41, 1)
