@@ -454,6 +454,7 @@ class SchedulerHarness:
         self.placed: dict[tuple[str, int], Envelope] = {}  # (job, shard) -> its latest job.placed
         self.started: dict[tuple[str, int], float] = {}  # (job, attempt) -> its job.started time
         self._seq = 0
+        self.pending_folds: list = []  # awaitables handle_event returned (see settle)
         self._next_beat = self.clock.time()
         self.publisher = FakePublisher()
         self._read = 0  # publisher items already read back into the stream
@@ -477,7 +478,14 @@ class SchedulerHarness:
             self.placed[(event.job_id, event.payload_as(JobPlaced).shard)] = event
         elif event.type == "job.started":
             self.started[(event.job_id, event.attempt)] = event.occurred_at.timestamp()
-        self.svc.handle_event(d)
+        pending = self.svc.handle_event(d)
+        if pending is not None:  # the fold waits for a read (the lease's tenure): ``await settle()``
+            self.pending_folds.append(pending)
+
+    async def settle(self) -> None:
+        """Await the folds :meth:`_event` left waiting (in order, as the follower does)."""
+        while self.pending_folds:
+            await self.pending_folds.pop(0)
 
     def _inventory(self, event: Envelope, subject: str) -> None:
         self._seq += 1

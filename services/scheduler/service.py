@@ -87,10 +87,10 @@ from fedsched import telemetry
 from fedsched.bus import Bus, Delivery, StreamFollower
 from fedsched.clock import Clock, SystemClock, to_datetime
 from fedsched.dispatch import EventTable, SkippedTypes
-from fedsched.errors import UnavailableError
-from fedsched.gctune import tune_for_service
+from fedsched.errors import DecodeError, UnavailableError
 from fedsched.events import (Envelope, EventType, Heartbeat, InventorySnapshot, JobPending, JobPlaced, JobPriorityChanged, JobStatus,
                              JobStop, JobSubmitted, Subjects, WorkerBinding, business_event_id, make_event)
+from fedsched.gctune import tune_for_service
 from fedsched.jobs import JobSpec
 from fedsched.metrics import SchedulerMetrics, pending_reason_code
 from fedsched.lease import Lease
@@ -330,6 +330,7 @@ class SchedulerService:
         #: highest fencing token seen on placements and stop orders read from the stream
         self.highest_token = 0
         self.stale_orders = 0  # orders read back with a token below the highest seen (ignored)
+        self.forged_orders = 0  # orders read back with a token no tenure of the lease issued (ignored)
         #: why this replica holds the lease but refuses to lead ("" = no problem): its token is
         #: not above the highest on the bus (a recreated leases bucket); shown by status()
         self.lease_problem = ""
@@ -517,9 +518,36 @@ class SchedulerService:
 
     # ------------------------------------------------------------------ inputs
 
-    def handle_event(self, d: Delivery) -> None:
-        """Fold one delivery of the events stream (what the follower calls, in stream order)."""
+    def handle_event(self, d: Delivery):
+        """Fold one delivery of the events stream (what the follower calls, in stream order).
+
+        An order (placement, stop) whose fencing token is above every token seen and our own is
+        folded only after the lease is read (the awaitable returned; the follower awaits it
+        before the next message): a token above the lease's current one was issued by no tenure
+        (:func:`~fedsched.lease.unissued`: e.g. 2^62 published with the scheduler's credentials)
+        and is neither folded nor taken as the highest token -- it would make this replica step
+        down and every later takeover refuse to lead."""
         self._note_read("events", d)
+        if self.lease is not None:
+            token = _order_token(d.envelope)
+            if token is not None and token > max(self.highest_token, self.fencing_token):
+                return self._apply_after_lease_read(d, token)
+        self._apply_event(d)
+        return None
+
+    async def _apply_after_lease_read(self, d: Delivery, token: int) -> None:
+        try:
+            record = await self.lease.store.get(self.lease.key)
+        except UnavailableError as e:  # cannot judge: fold as before (the token rules of _fence)
+            log.info("scheduler: lease not read for %s of %s (%s)", d.envelope.type, d.envelope.job_id, e)
+            record = None
+        if record is not None:
+            issued = record.token or record.revision
+            if token > issued:
+                self.forged_orders += 1
+                log.warning("scheduler: ignoring %s of %s: fencing token %d was issued by no tenure (the lease's "
+                            "current token is %d)", d.envelope.type, d.envelope.job_id, token, issued)
+                return
         self._apply_event(d)
 
     def handle_inventory(self, d: Delivery) -> None:
@@ -1957,6 +1985,18 @@ def order_event_id(job_id: str, attempt: int, shard: int, kind: str, fencing_tok
     if fencing_token > 0:
         return business_event_id(job_id, attempt, shard, kind, fencing_token)
     return business_event_id(job_id, attempt, shard, kind)
+
+
+def _order_token(env: Envelope) -> int | None:
+    """The fencing token of ``env`` when it is an order to an agent (placement, stop), else None
+    (also for a payload that does not parse: the fold refuses it)."""
+    kind = {EventType.JOB_PLACED: JobPlaced, EventType.JOB_STOP: JobStop}.get(env.known_type)
+    if kind is None:
+        return None
+    try:
+        return env.payload_as(kind).fencing_token
+    except DecodeError:
+        return None
 
 
 def _cancel_requested(job: JobEntry) -> bool:

@@ -110,6 +110,7 @@ async def test_a_placement_with_a_token_below_the_highest_seen_is_not_folded() -
     h.submit("j1")
     h._event(_stale_placement(h, "j0", 7), h.subjects.placements("cn-north-1", A))  # the new holder's
     h._event(_stale_placement(h, "j1", 5), h.subjects.placements("cn-north-1", A))  # a former holder's, late
+    await h.settle()  # a token above all seen waits for a lease read (none here: folded as before)
     assert h.svc.jobs["j0"].shards[0].state == ShardState.PLACED
     assert h.svc.jobs["j1"].shards[0].state == ShardState.QUEUED
     assert h.svc.stale_orders == 1 and h.svc.highest_token == 7
@@ -120,10 +121,32 @@ async def test_an_order_with_a_newer_token_makes_the_active_replica_step_down() 
     h = _replica(store, "a", FakeClock())
     await _activate(h)
     h.submit("j1")
-    h._event(_stale_placement(h, "j1", h.svc.lease.token + 10), h.subjects.placements("cn-north-1", A))
-    assert not h.svc.leading
+    intruder = store.client("b")  # another replica took the lease (we have not renewed yet)
+    token = await intruder.update("scheduler", LeaseRecord("b", TTL), store.records["scheduler"].revision)
+    h._event(_stale_placement(h, "j1", token), h.subjects.placements("cn-north-1", A))
+    await h.settle()
+    assert not h.svc.leading and h.svc.highest_token == token
     h.submit("j2")
     assert await h.cycle() == []
+
+
+async def test_an_order_with_a_token_no_tenure_issued_is_ignored_and_the_holder_keeps_leading() -> None:
+    """Tryout (issue 15 stop): a placement with fencing token 2^62 published with the scheduler's
+    credentials would make the active replica step down and every later takeover refuse to lead
+    ("not above the highest fencing token"). A token above the lease's current one was issued by
+    no tenure: ignored, not the highest seen; the holder keeps leading and placing."""
+    store = FakeLeaseStore()
+    h = _replica(store, "a", FakeClock())
+    await _activate(h)
+    h.submit("j1")
+    own = h.svc.lease.token
+    h._event(_stale_placement(h, "j1", 2 ** 62), h.subjects.placements("cn-north-1", A))
+    await h.settle()
+    assert h.svc.leading and h.svc.forged_orders == 1 and h.svc.highest_token <= own
+    assert h.svc.jobs["j1"].shards[0].state == ShardState.QUEUED
+    placed = await h.cycle()
+    assert [d.type for d in placed] == ["job.placed"]
+    assert h.svc.jobs["j1"].shards[0].state == ShardState.PLACED
 
 
 async def test_a_new_tenure_waits_until_the_stream_is_read_to_its_end() -> None:
