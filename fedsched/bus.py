@@ -693,6 +693,7 @@ class DurableConsumer:
         self.linger_s = linger_s
         self._stop = asyncio.Event()
         self._sub = None
+        self._in_hand: list[Msg] = []  # the batch fetched and not yet handled (drained_through)
         self.processed = 0
         self.dead_lettered = 0
         self.progress_reports = 0
@@ -776,6 +777,28 @@ class DurableConsumer:
             return total
         return int(info.num_pending or 0) + int(info.num_ack_pending or 0)
 
+    async def drained_through(self, mark: int) -> bool:
+        """Whether every message of the filter stored at stream sequence <= ``mark`` has been
+        handled and acknowledged -- what was published before a drain began, whatever keeps
+        arriving since (a writer lingering over a steady trickle of heartbeats is never idle, so
+        :meth:`lag` may never read 0 while it keeps up). Conservative: True only when the server
+        says nothing is pending and nothing unacknowledged, or when it has delivered past ``mark``
+        and every unacknowledged message is one of the batch in hand here, all stored after
+        ``mark`` (a message the server delivered that this consumer has not taken yet, or one
+        handed back for redelivery, makes it False until a later call)."""
+        try:
+            info = await self.bus.js.consumer_info(self.stream, self.durable)
+        except nats.js.errors.NotFoundError:
+            return await self.lag() == 0
+        pending, unacked = int(info.num_pending or 0), int(info.num_ack_pending or 0)
+        if pending == 0 and unacked == 0:
+            return True
+        delivered = int(info.delivered.stream_seq or 0) if info.delivered else 0
+        if delivered < mark:
+            return False
+        held = [m.metadata.sequence.stream for m in list(self._in_hand) if not m.is_acked]
+        return unacked == len(held) and all(seq > mark for seq in held)
+
     def stop(self) -> None:
         """Ask :meth:`run` to return; a batch being handled is finished first, a batch just
         fetched is handed back (nak) for redelivery."""
@@ -793,6 +816,7 @@ class DurableConsumer:
                     self.backlog = 0  # nothing came within max_wait_s: read up to now
                     continue
                 progress = _Progress(self, msgs)
+                self._in_hand = msgs
                 try:
                     await self._linger(msgs)
                     if self._stop.is_set():  # stopped while fetching: hand the messages back, untouched
@@ -803,6 +827,7 @@ class DurableConsumer:
                     await self._handle(msgs)
                     self.backlog = _pending_after(msgs)
                 finally:
+                    self._in_hand = []
                     beating = progress.cancel()
                     if beating is not None:
                         with contextlib.suppress(asyncio.CancelledError):
