@@ -366,24 +366,36 @@ class Bus:
         sent: list[dict[str, str]] = []
         datas: list[bytes] = []
         refused: dict[int, str] = {}
-        for i, (subject, event, extra) in enumerate(items):
-            hdrs = telemetry.event_headers(extra, f"publish {event.type}")
-            sent.append(telemetry.trace_headers(hdrs))  # a retry keeps the same trace
-            hdrs["Nats-Msg-Id"] = self.msg_id(subject, event)
-            data = event.to_bytes()
-            datas.append(data)
-            try:
-                self.check_size(subject, event, hdrs, data)
-            except PayloadTooLargeError as e:
-                refused[i] = e.message
-                futures.append(_failed(e))
-                continue
-            try:
-                futures.append(await self.js.publish_async(subject, data, headers=hdrs))
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:  # noqa: BLE001 - one message's failure is that message's only
-                futures.append(_failed(e))
+        stalled = False  # the client's pending-ack limit held one back ack_timeout_s: send the rest alone
+        try:
+            for i, (subject, event, extra) in enumerate(items):
+                hdrs = telemetry.event_headers(extra, f"publish {event.type}")
+                sent.append(telemetry.trace_headers(hdrs))  # a retry keeps the same trace
+                hdrs["Nats-Msg-Id"] = self.msg_id(subject, event)
+                data = event.to_bytes()
+                datas.append(data)
+                try:
+                    self.check_size(subject, event, hdrs, data)
+                except PayloadTooLargeError as e:
+                    refused[i] = e.message
+                    futures.append(_failed(e))
+                    continue
+                if stalled:
+                    futures.append(_failed(nats.js.errors.TooManyStalledMsgsError()))
+                    continue
+                try:
+                    futures.append(await publish_pipelined(self.js, subject, data, headers=hdrs,
+                                                           wait_stall=self.ack_timeout_s))
+                except asyncio.CancelledError:
+                    raise
+                except nats.js.errors.TooManyStalledMsgsError as e:
+                    stalled = True
+                    futures.append(_failed(e))
+                except Exception as e:  # noqa: BLE001 - one message's failure is that message's only
+                    futures.append(_failed(e))
+        except BaseException:
+            _abandon(futures)
+            raise
         results = await _acks(futures, self.ack_timeout_s)
         out: list[PublishResult] = []
         for i, ((subject, event, extra), trace_ctx, result) in enumerate(zip(items, sent, results)):
@@ -432,19 +444,28 @@ class Bus:
         futures: list[Any] = []
         datas: list[bytes] = []
         sent: list[dict[str, str]] = []
-        for subject, event, extra in items:
-            hdrs = telemetry.event_headers(extra, f"publish {event.type}")
-            sent.append({**(extra or {}), **telemetry.trace_headers(hdrs)})  # a retry keeps the same trace
-            hdrs["Nats-Msg-Id"] = self.msg_id(subject, event)
-            data = event.to_bytes()
-            datas.append(data)
-            try:
-                self.check_size(subject, event, hdrs, data)
-                futures.append(await self.js.publish_async(subject, data, headers=hdrs))
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:  # noqa: BLE001 - that item's only (retried alone below unless too large)
-                futures.append(_failed(e))
+        stalled = False  # the client's pending-ack limit held one back ack_timeout_s: send the rest alone
+        try:
+            for subject, event, extra in items:
+                hdrs = telemetry.event_headers(extra, f"publish {event.type}")
+                sent.append({**(extra or {}), **telemetry.trace_headers(hdrs)})  # a retry keeps the same trace
+                hdrs["Nats-Msg-Id"] = self.msg_id(subject, event)
+                data = event.to_bytes()
+                datas.append(data)
+                try:
+                    self.check_size(subject, event, hdrs, data)
+                    if stalled:
+                        raise nats.js.errors.TooManyStalledMsgsError()
+                    futures.append(await publish_pipelined(self.js, subject, data, headers=hdrs,
+                                                           wait_stall=self.ack_timeout_s))
+                except asyncio.CancelledError:
+                    raise
+                except Exception as e:  # noqa: BLE001 - that item's only (retried alone below unless too large)
+                    stalled = stalled or isinstance(e, nats.js.errors.TooManyStalledMsgsError)
+                    futures.append(_failed(e))
+        except BaseException:
+            _abandon(futures)
+            raise
         results = await _acks(futures, self.ack_timeout_s)
         out: list[Any] = []
         for (subject, event, _), headers, data, result in zip(items, sent, datas, results):
@@ -562,6 +583,40 @@ async def _failed(e: Exception):
     raise e
 
 
+async def publish_pipelined(js: Any, subject: str, data: bytes, *, headers: dict[str, str] | None,
+                            wait_stall: float) -> "asyncio.Future[api.PubAck]":
+    """``js.publish_async``: send one message and return the future of its JetStream ack.
+
+    The client holds at most its pending-ack limit (nats.py: 4,000) of unacknowledged messages;
+    past it this waits for a slot at most ``wait_stall`` seconds. nats.py turns both that
+    timeout and a cancellation during the wait into ``TooManyStalledMsgsError``
+    (nats/js/client.py ``publish_async``); a cancellation is given back as what it is.
+
+    Raises:
+        asyncio.CancelledError: the calling task was cancelled (also while waiting for a slot).
+        nats.js.errors.TooManyStalledMsgsError: no slot within ``wait_stall`` seconds.
+        nats.errors.Error: the client could not send it (closed connection, ...).
+    """
+    try:
+        return await js.publish_async(subject, data, headers=headers, wait_stall=wait_stall)
+    except nats.js.errors.TooManyStalledMsgsError:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise asyncio.CancelledError() from None
+        raise
+
+
+def _abandon(futures: list[Any]) -> None:
+    """Give up pipelined acks no one will await (the publisher was cancelled): a pending ack's
+    future is cancelled, which frees its slot of the client's pending-ack limit (an ack the
+    server never sends would hold it for good); a not-awaited ``_failed`` is closed."""
+    for f in futures:
+        if isinstance(f, asyncio.Future):
+            f.cancel()
+        elif asyncio.iscoroutine(f):
+            f.close()
+
+
 async def _acks(futures: list[Any], timeout_s: float) -> list[Any]:
     """Each future's result or exception, waiting at most ``timeout_s`` for them all; one not
     done by then is cancelled and given as a ``TimeoutError`` (its message is then sent again,
@@ -571,7 +626,12 @@ async def _acks(futures: list[Any], timeout_s: float) -> list[Any]:
     if not futures:
         return []
     tasks = [asyncio.ensure_future(f) for f in futures]
-    _, pending = await asyncio.wait(tasks, timeout=timeout_s)
+    try:
+        _, pending = await asyncio.wait(tasks, timeout=timeout_s)
+    except BaseException:  # cancelled: no one will await them
+        for t in tasks:
+            t.cancel()
+        raise
     for t in pending:
         t.cancel()
     out: list[Any] = []

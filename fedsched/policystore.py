@@ -277,24 +277,43 @@ class PolicyFollower:
         """A KV watch of the policy key, set up within ``setup_timeout_s``.
 
         Raises:
-            asyncio.TimeoutError: not set up in time (the late attempt stops its watch itself).
+            asyncio.TimeoutError: not set up in time.
+            asyncio.CancelledError: the caller was cancelled.
+            Whatever the set-up raised. A set-up whose watch is not returned (timed out,
+            cancelled caller) is left to finish, then its watch is stopped (never leaked).
         """
         async def setup():
             return await (await _kv(self.bus)).watch(KEY)
 
         task = asyncio.ensure_future(setup())
+        returned = False
         try:
-            return await asyncio.wait_for(asyncio.shield(task), self.setup_timeout_s)
-        except asyncio.TimeoutError:
-            task.add_done_callback(_stop_late_watch)
-            raise
+            watcher = await asyncio.wait_for(asyncio.shield(task), self.setup_timeout_s)
+            returned = True
+            return watcher
+        finally:
+            if not returned:
+                task.add_done_callback(_stop_late_watch)
+
+
+#: stops of late watches in flight (the loop keeps only weak references to tasks)
+_LATE_STOPS: set[asyncio.Future] = set()
 
 
 def _stop_late_watch(task: "asyncio.Future") -> None:
-    """Stop a watch whose set-up finished after its caller stopped waiting for it."""
+    """Stop a watch whose set-up finished after its caller stopped waiting for it (timed out
+    or cancelled); a set-up that failed or was cancelled made no watch."""
     if task.cancelled() or task.exception() is not None:
         return
-    asyncio.ensure_future(task.result().stop())
+    stopping = asyncio.ensure_future(task.result().stop())
+    _LATE_STOPS.add(stopping)
+    stopping.add_done_callback(_late_stop_done)
+
+
+def _late_stop_done(stopping: "asyncio.Future") -> None:
+    _LATE_STOPS.discard(stopping)
+    if not stopping.cancelled() and stopping.exception() is not None:
+        log.info("stopping a late policy watch failed: %r", stopping.exception())
 
 
 async def bootstrap(bus: Bus, default_text: str, token_path: Path, *, now: float) -> str | None:

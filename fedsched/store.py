@@ -36,6 +36,7 @@ import logging
 import re
 import socket
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
@@ -467,11 +468,19 @@ class Store:
         read_client: makes a client of its own for :meth:`reader` (None: no reader).
         limits: set on a reader (see :meth:`reader`): every query is checked and runs read-only
             within these limits. ``read_only=True`` without limits means the default ones.
+        monotonic: the clock (seconds, monotonic) that ages the insert column-type cache
+            (:data:`COLUMN_TYPES_TTL_S`); tests inject a fake one.
     """
+
+    #: seconds a table's column types read by ``DESCRIBE`` are trusted before being read again,
+    #: so an ``ALTER`` made by another process (``DateTime`` -> ``DateTime64(3)``, a Decimal's
+    #: scale) is seen within this time instead of values being silently truncated to the old type
+    COLUMN_TYPES_TTL_S = 60.0
 
     def __init__(self, client: Any, database: str, *, embedded: bool, cluster: str | None = None,
                  reopen: ClientFactory | None = None, read_client: ClientFactory | None = None,
-                 read_only: bool = False, location: str = "", limits: ReadLimits | None = None) -> None:
+                 read_only: bool = False, location: str = "", limits: ReadLimits | None = None,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
         self.client = _utc_session(client) if limits is None and not read_only else client
         self.database = database
         self.location = location
@@ -484,8 +493,9 @@ class Store:
         self._read_client = read_client
         self._broken = False
         self._lock = threading.RLock()
-        #: table -> column name -> ClickHouse type name, read once per table (see :meth:`insert`)
-        self._column_types: dict[str, dict[str, str]] = {}
+        self._monotonic = monotonic
+        #: table -> (when read, column name -> ClickHouse type name) (see :meth:`_types_of`)
+        self._column_types: dict[str, tuple[float, dict[str, str]]] = {}
 
     # ------------------------------------------------------------------ schema
 
@@ -591,7 +601,12 @@ class Store:
                 raise err from e
 
     def _command(self, sql: str) -> None:
-        self._call(lambda c: c.command(sql))
+        """Run a statement (DDL here: migrations, TTL changes); forgets the cached column types,
+        since the statement may change a table's columns."""
+        try:
+            self._call(lambda c: c.command(sql))
+        finally:
+            self._column_types.clear()
 
     def reader(self, limits: ReadLimits | None = None) -> "Store":
         """A read-only :class:`Store` on a client of its own, for ad-hoc (untrusted) SQL.
@@ -716,8 +731,9 @@ class Store:
         return len(rows)
 
     def _types_of(self, table: str, columns: Sequence[str]) -> list[str]:
-        """The ClickHouse type names of ``columns`` of ``table``, from a ``DESCRIBE TABLE`` made
-        once per table (then kept; dropped when an insert fails). Given to the client's insert,
+        """The ClickHouse type names of ``columns`` of ``table``, from a ``DESCRIBE TABLE`` kept
+        :data:`COLUMN_TYPES_TTL_S` seconds (dropped sooner when an insert fails or this store runs
+        a statement, e.g. :meth:`migrate`; the TTL is how another process's ``ALTER`` is seen). Given to the client's insert,
         they spare it the ``DESCRIBE`` it otherwise makes before every insert -- on chDB with
         the insert's settings applied by ``SET``, read back and restored: ~5 engine calls and
         ~3 ms CPU per insert (issue 15).
@@ -725,12 +741,13 @@ class Store:
         Raises:
             UnavailableError / ValidationError: see :meth:`_call`.
         """
-        known = self._column_types.get(table)
-        if known is None or any(c not in known for c in columns):
+        now = self._monotonic()
+        read_at, known = self._column_types.get(table, (0.0, None))
+        if known is None or now - read_at >= self.COLUMN_TYPES_TTL_S or any(c not in known for c in columns):
             check_identifier("table", table)
             described = self._call(lambda c: c.query(f"DESCRIBE TABLE {self.database}.{table}"))
             known = {str(row[0]): str(row[1]) for row in described.result_rows}
-            self._column_types[table] = known
+            self._column_types[table] = (now, known)
         try:
             return [known[c] for c in columns]
         except KeyError as e:

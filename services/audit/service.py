@@ -40,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 from dataclasses import replace
 from datetime import datetime
 from typing import Awaitable, Callable
@@ -84,11 +85,30 @@ def to_json(value: object) -> str:
     ``json.dumps(..., default=str)`` wrote it. Non-ASCII text is written as UTF-8, not as ``\\u``
     escapes (the same JSON value: ``JSONExtract*`` reads both). What orjson cannot write (an
     integer beyond 64 bits, a lone surrogate) is written by ``json.dumps`` as before.
+
+    Raises:
+        ValueError: ``value`` holds a float NaN or infinity (only a value built in this process
+            can: the wire refuses them, see :meth:`~fedsched.events.Envelope.from_bytes`). It
+            has no standard JSON form; orjson would write ``null``, silently changing the record.
     """
     try:
-        return orjson.dumps(value, default=str, option=_ORJSON_OPTIONS).decode()
+        out = orjson.dumps(value, default=str, option=_ORJSON_OPTIONS)
     except (orjson.JSONEncodeError, TypeError):
-        return json.dumps(value, separators=(",", ":"), default=str)
+        return json.dumps(value, separators=(",", ":"), default=str, allow_nan=False)
+    if b"null" in out and _non_finite(value):  # orjson writes NaN/inf as null: look only then
+        raise ValueError("not standard JSON: a float NaN or infinity cannot be stored exactly")
+    return out.decode()
+
+
+def _non_finite(value: object) -> bool:
+    """Whether ``value`` (JSON-like: dicts, lists, tuples) holds a float NaN or infinity."""
+    if isinstance(value, float):
+        return not math.isfinite(value)
+    if isinstance(value, dict):
+        return any(_non_finite(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return any(_non_finite(v) for v in value)
+    return False
 
 
 _ORJSON_OPTIONS = orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_NON_STR_KEYS

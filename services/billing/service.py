@@ -61,7 +61,7 @@ import nats.js.errors
 import orjson
 
 from fedsched import telemetry
-from fedsched.bus import Bus, Delivery, DurableConsumer
+from fedsched.bus import Bus, Delivery, DurableConsumer, publish_pipelined
 from fedsched.dispatch import SkippedTypes
 from fedsched.errors import UnavailableError
 from fedsched.gctune import YOUNG_THRESHOLD, tune_for_service
@@ -220,7 +220,11 @@ class BillingService:
         acknowledged every one.
 
         Raises:
+            asyncio.CancelledError: cancelled (also while waiting for a slot of the client's
+                pending-ack limit); the puts not yet acknowledged are given up.
             nats.js.errors.InvalidKeyError: a key a KV bucket cannot hold.
+            nats.js.errors.TooManyStalledMsgsError: the client's pending-ack limit held a put
+                back longer than ``timeout_s``.
             asyncio.TimeoutError: some put was not acknowledged within ``timeout_s``.
             nats.errors.Error / OSError: a put failed (the first failure is raised).
         """
@@ -230,7 +234,10 @@ class BillingService:
             for key, value in entries:
                 if not _KV_KEY.fullmatch(key) or key.startswith(".") or key.endswith("."):
                     raise nats.js.errors.InvalidKeyError(key)
-                futures.append(await self.bus.js.publish_async(f"$KV.{bucket}.{key}", value, wait_stall=timeout_s))
+                # a cancellation while the client's pending-ack limit holds the put back is one
+                # (nats.py would raise TooManyStalledMsgsError: a nak, and the consumer kept running)
+                futures.append(await publish_pipelined(self.bus.js, f"$KV.{bucket}.{key}", value, headers=None,
+                                                       wait_stall=timeout_s))
             if not futures:
                 return
             done, pending = await asyncio.wait(futures, timeout=timeout_s)

@@ -64,6 +64,7 @@ import asyncio
 import heapq
 import functools
 import logging
+import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Awaitable, Callable
@@ -143,14 +144,18 @@ class SharedReads:
         return await read()
 
 
-#: (subject prefix, JetStream domain) -> the shared reads of that federation's lease in this process
-_SHARED_READS: dict[tuple[str, str], SharedReads] = {}
+#: NATS connection -> (subject prefix, JetStream domain) -> the shared reads of that lease made on
+#: that connection (weak: a closed connection's entry goes with it)
+_SHARED_READS: "weakref.WeakKeyDictionary[object, dict[tuple[str, str], SharedReads]]" = weakref.WeakKeyDictionary()
 
 
 def shared_tenure_reads(bus: Bus) -> SharedReads:
     """The :class:`SharedReads` of the scheduler lease of ``bus``'s federation (its prefix and
-    JetStream domain) in this process: its agents share their reads, whatever their connections."""
-    return _SHARED_READS.setdefault((bus.prefix, bus.js_domain), SharedReads())
+    JetStream domain) on ``bus``'s NATS connection: agents sharing a connection share their
+    reads; two connections never share one (two federations in one process may both use the
+    default prefix, and a read made on one's connection says nothing of the other's lease)."""
+    per_connection = _SHARED_READS.setdefault(bus.nc, {})
+    return per_connection.setdefault((bus.prefix, bus.js_domain), SharedReads())
 
 
 @dataclass

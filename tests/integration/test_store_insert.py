@@ -59,3 +59,49 @@ def test_an_insert_after_a_schema_change_reads_the_types_again(store) -> None:
     assert len(describes) == 2
     assert store.query(f"SELECT extra FROM {db}.events WHERE event_id = {{i:String}}",
                        {"i": f"{2:032x}"}).scalar() == "x"
+
+
+class _Clock:
+    """A monotonic clock the test moves (seconds)."""
+
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _ms_table(store) -> tuple[str, list[list]]:
+    """A table with a second-precision ``at`` column, and a row whose ``at`` has milliseconds."""
+    db = store.database
+    store.client.command(f"CREATE TABLE {db}.ms_probe (id String, at DateTime('UTC')) ENGINE = MergeTree ORDER BY id")
+    return "ms_probe", [["a", datetime(2026, 12, 1, 3, 0, 0, 123000, tzinfo=UTC)]]
+
+
+def test_an_alter_by_another_process_is_seen_once_the_types_have_aged(store) -> None:
+    from fedsched.store import Store
+
+    clock = _Clock()
+    writer = Store(store.client, store.database, embedded=store.embedded, monotonic=clock)
+    table, rows = _ms_table(store)
+    writer.insert(table, [["first", rows[0][1]]], ("id", "at"))  # the types are read: DateTime
+    # another process (here another Store, whose DDL this writer does not see) widens the column
+    store.client.command(f"ALTER TABLE {store.database}.{table} MODIFY COLUMN at DateTime64(3, 'UTC')")
+    clock.t += 60.0  # the TTL (Store.COLUMN_TYPES_TTL_S)
+    writer.insert(table, rows, ("id", "at"))
+    got = store.query(f"SELECT at FROM {store.database}.{table} WHERE id = 'a'").scalar()
+    assert got.replace(tzinfo=UTC).microsecond == 123000
+
+
+def test_migrate_forgets_the_column_types(store) -> None:
+    from fedsched.store import Store
+
+    clock = _Clock()  # never moves: only the DDL path can make the types be read again
+    writer = Store(store.client, store.database, embedded=store.embedded, monotonic=clock)
+    table, rows = _ms_table(store)
+    writer.insert(table, [["first", rows[0][1]]], ("id", "at"))
+    store.client.command(f"ALTER TABLE {store.database}.{table} MODIFY COLUMN at DateTime64(3, 'UTC')")
+    writer.migrate()
+    writer.insert(table, rows, ("id", "at"))
+    got = store.query(f"SELECT at FROM {store.database}.{table} WHERE id = 'a'").scalar()
+    assert got.replace(tzinfo=UTC).microsecond == 123000

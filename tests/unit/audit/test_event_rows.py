@@ -41,3 +41,20 @@ def test_the_event_row_holds_the_payload_and_the_routing_names() -> None:
     assert (row["event_id"], row["type"], row["job_id"], row["attempt"], row["subject"]) == (
         env.event_id, "job.started", "j1", 2, "t.status.cn-north-1.c1")
     assert row["occurred_at"] == datetime.fromtimestamp(1.7e9, UTC) and row["occurred_at"].tzinfo is UTC
+
+
+@pytest.mark.parametrize("value", [
+    {"score": float("nan")},
+    {"nested": [1, {"x": float("inf")}]},
+    ({"s": -float("inf")},),
+    {"big": 2 ** 70, "score": float("nan")},     # the json.dumps path refuses it too
+    {"lone": "\ud800", "score": float("nan")},
+], ids=["nan", "nested-inf", "tuple-minus-inf", "big-int-path", "surrogate-path"])
+def test_a_non_finite_float_is_refused_never_stored_as_null(value) -> None:
+    with pytest.raises(ValueError):
+        to_json(value)
+
+
+def test_a_payload_with_nulls_and_finite_floats_is_written_exactly() -> None:
+    value = {"a": None, "b": [None, 1.5, -0.0, 1e308], "c": {"d": None}}
+    assert json.loads(to_json(value)) == value

@@ -99,3 +99,36 @@ async def test_an_unacknowledged_put_hands_the_batch_back() -> None:
     with pytest.raises(asyncio.TimeoutError, match="1 of 1 placement puts"):
         await billing._put_all([("j1.1.0", b"{}")], timeout_s=0.05)
     assert js.futures["$KV.t_placements.j1.1.0"].cancelled()
+
+
+async def test_a_put_all_cancelled_while_the_pending_ack_limit_holds_it_back_is_cancelled(nats_server) -> None:
+    """A real client with a pending-ack limit of 2 and a bucket subject no JetStream answers
+    (a plain subscriber takes the puts): cancelled while the third put waits for a slot, the
+    batch raises CancelledError (nats.py would make it TooManyStalledMsgsError: a nak, and a
+    cancelled consumer kept running) and puts nothing more."""
+    import nats as nats_client
+
+    from tests.builders import until
+
+    nc = await nats_client.connect(nats_server.url)
+    try:
+        seen: list[str] = []
+
+        async def take(msg) -> None:
+            seen.append(msg.subject)
+
+        await nc.subscribe("$KV.t_placements.>", cb=take)
+        await nc.flush()
+        billing = _billing(FakeJetStream())
+        billing.bus.js = nc.jetstream(publish_async_max_pending=2)
+        task = asyncio.create_task(billing._put_all([(f"j{i}.1.0", b"{}") for i in range(6)], timeout_s=30))
+        assert await until(lambda: len(seen) == 2, timeout=5)
+        task.cancel()
+        await asyncio.wait({task}, timeout=5)
+        assert task.done()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await nc.flush()
+        assert len(seen) == 2 and billing.bus.js.publish_async_pending() == 0
+    finally:
+        await nc.close()

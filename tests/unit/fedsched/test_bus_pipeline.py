@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from fedsched.bus import _acks, _failed
 
 
@@ -52,3 +54,91 @@ def test_readers_of_one_process_share_a_decoded_message_and_never_a_different_on
     other = _decode(_Msg(two, seq=424242))  # same place, other bytes (a recreated stream): decoded anew
     assert other.job_id == "j2" and first.job_id == "j1"
     assert _decode(_Msg(one, stream="OTHER", seq=424242)) is not first
+
+
+async def _swallowing(bus, limit: int) -> tuple[str, list]:
+    """``bus`` with a client pending-ack limit of ``limit`` and a subject whose messages a plain
+    subscriber takes without ever acknowledging (a JetStream that does not answer): past
+    ``limit`` messages, ``publish_async`` waits for a slot. Returns the subject's base and the
+    messages received."""
+    bus.js = bus.nc.jetstream(timeout=10, publish_async_max_pending=limit)
+    base = f"nostream.{bus.prefix}"
+    seen: list = []
+
+    async def take(msg) -> None:
+        seen.append(msg.subject)
+
+    await bus.nc.subscribe(f"{base}.>", cb=take)
+    await bus.nc.flush()
+    return base, seen
+
+
+def _items(base: str, n: int):
+    from fedsched.events import JobCancelRequested, make_event
+
+    return [(f"{base}.{i}", make_event("job.cancel_requested", JobCancelRequested(), producer="admission",
+                                       occurred_at=1.7e9, job_id=f"j{i}"), None) for i in range(n)]
+
+
+async def _end(task: asyncio.Task) -> None:
+    """Make a publisher that swallows cancellations end (one cancel per message it holds), so a
+    failing test does not leave it running on the session's loop."""
+    for _ in range(20):
+        if task.done():
+            return
+        task.cancel()
+        await asyncio.wait({task}, timeout=0.5)
+
+
+async def _cancel_while_stalled(bus, seen: list, call) -> None:
+    from tests.builders import until
+
+    task = asyncio.create_task(call)
+    assert await until(lambda: len(seen) == 2, timeout=5)  # two sent; the third waits for a slot
+    assert not task.done()
+    task.cancel()
+    await asyncio.wait({task}, timeout=5)
+    try:
+        assert task.done(), "the cancel became one item's failure and it went on publishing"
+    finally:
+        await _end(task)
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await bus.nc.flush()
+    assert len(seen) == 2  # nothing more was published
+    assert bus.js.publish_async_pending() == 0  # the acks given up free their slots
+
+
+async def test_a_publish_acks_cancelled_while_stalled_raises_cancelled_and_publishes_nothing_more(bus):
+    base, seen = await _swallowing(bus, limit=2)
+    await _cancel_while_stalled(bus, seen, bus.publish_acks(_items(base, 6)))
+
+
+async def test_a_publish_many_cancelled_while_stalled_raises_cancelled_and_publishes_nothing_more(bus):
+    base, seen = await _swallowing(bus, limit=2)
+    await _cancel_while_stalled(bus, seen, bus.publish_many(_items(base, 6)))
+
+
+async def test_a_stall_past_the_ack_timeout_sends_the_rest_alone_without_waiting_again(bus):
+    """The pending-ack limit holds the third message back past ``ack_timeout_s``: it and the
+    rest are not pipelined (each would wait ``ack_timeout_s`` again) but sent alone."""
+    base, seen = await _swallowing(bus, limit=2)
+    bus.ack_timeout_s = 0.2
+    sent_alone: list[str] = []
+
+    async def publish(subject, event, headers=None):
+        sent_alone.append(subject)
+        return "acked alone"
+
+    bus.publish = publish  # the one-by-one path is not under test here
+    t0 = asyncio.get_running_loop().time()
+    task = asyncio.create_task(bus.publish_acks(_items(base, 6)))
+    await asyncio.wait({task}, timeout=5)
+    try:
+        assert task.done(), "a stalled publish waited for a slot without a deadline"
+    finally:
+        await _end(task)
+    out = task.result()
+    assert asyncio.get_running_loop().time() - t0 < 2.0  # two waits of 0.2 s, not one per message
+    assert out == ["acked alone"] * 6 and len(seen) == 2
+    assert sent_alone == [f"{base}.{i}" for i in range(6)]

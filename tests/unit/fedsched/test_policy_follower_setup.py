@@ -71,3 +71,15 @@ async def test_a_hung_watch_set_up_is_abandoned_after_the_set_up_timeout_and_tri
         follower.stop()
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_a_follower_cancelled_during_a_hung_set_up_stops_the_watch_it_makes_late():
+    bus = _Bus()
+    follower = PolicyFollower(bus, PolicyHolder(), name="t", setup_timeout_s=30.0)
+    task = asyncio.create_task(follower.run())
+    await _until(lambda: bus.kv.watches == 1, 2.0, "the set-up under way")
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    assert task.cancelled() and bus.kv.stopped == []
+    bus.kv.release.set()  # the shielded set-up finishes after its follower is gone
+    await _until(lambda: len(bus.kv.stopped) == 1, 2.0, "the late watch stopped")

@@ -81,3 +81,19 @@ async def test_a_cancelled_caller_does_not_cancel_the_read_of_the_others():
     with pytest.raises(asyncio.CancelledError):
         await a
     assert (await b).token == 2
+
+
+def test_reads_are_shared_per_connection_never_across_two():
+    """Two federations in one process with the default prefix: each connection's agents share
+    their reads; an agent never joins a read made on the other connection."""
+    import nats
+
+    from fedsched.bus import Bus
+    from services.inventory.agent import shared_tenure_reads
+
+    one, other = nats.NATS(), nats.NATS()  # never connected: only their identity matters here
+    a, a_again, b = Bus(one), Bus(one, name="agent-2"), Bus(other)
+    assert a.prefix == b.prefix and a.js_domain == b.js_domain
+    assert shared_tenure_reads(a) is shared_tenure_reads(a_again)
+    assert shared_tenure_reads(a) is not shared_tenure_reads(b)
+    assert shared_tenure_reads(Bus(one, "fed2")) is not shared_tenure_reads(a)
