@@ -225,3 +225,8 @@ async def test_repeated_ends_of_an_ended_attempt_bill_one_compute_line_across_a_
     reasons = store.query(f"SELECT JSONExtractString(payload, 'reason') FROM {db}.events "
                           f"WHERE type = 'bus.dead_letter' AND producer = 'billing'").rows
     assert ["attempt already ended at 2023-03-01T13:00:00" in r[0] for r in reasons] == [True, True], reasons
+    # audit: the log of j-1 holds the one end; the repeated ones only as security records
+    assert store.query(f"SELECT type FROM {db}.events WHERE job_id = 'j-1' ORDER BY occurred_at, type").rows == [
+        ("job.placed",), ("job.started",), ("job.finished",), ("usage.recorded",)]
+    assert store.query(f"SELECT count() FROM {db}.events WHERE type = 'security.rejected_message' "
+                       f"AND JSONExtractString(payload, 'job_id') = 'j-1'").scalar() == 2
