@@ -568,8 +568,8 @@ class SchedulerHarness:
 
     def restart(self, prepare: Callable[[SchedulerService], None] | None = None) -> None:
         """A new scheduler rebuilds from the streams (events from the start, then the newest
-        inventory and heartbeat of every cluster -- deliveries keep their JetStream times);
-        ``prepare(service)`` runs first (e.g. the governance policy it already holds)."""
+        inventory and heartbeat of every cluster -- deliveries keep their JetStream times), then
+        begins its start-up grace as :meth:`SchedulerService.run` does; ``prepare(service)`` runs first (e.g. the governance policy it already holds)."""
         self.svc = self._service()
         if prepare is not None:
             prepare(self.svc)
@@ -577,6 +577,7 @@ class SchedulerHarness:
             self.svc.handle_event(d)
         for d in sorted(self.inventory.values(), key=lambda d: d.stream_sequence):
             self.svc.handle_inventory(d)
+        self.svc.start_grace()  # as run() does once rebuilt
 
     # -- cycles
 

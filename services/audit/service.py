@@ -290,6 +290,10 @@ _PLACED_SQL = """
     WHERE type = 'job.placed' AND job_id IN {jobs:Array(String)} AND startsWith(subject, {placements:String})"""
 
 
+#: the statuses that end an attempt (at most one is stored as itself per attempt and shard)
+_ENDS = frozenset({EventType.JOB_FINISHED, EventType.JOB_FAILED, EventType.JOB_STOPPED})
+
+
 def placement_reason(env: Envelope, shard: int, placed: dict[tuple[str, int, int], tuple[str, str]]) -> str | None:
     """Why the status ``env`` (about ``shard``) contradicts the placements, or None when the
     federation placed that attempt of that shard on ``env``'s region and cluster.
@@ -374,6 +378,8 @@ class AuditService:
         #: (job, attempt, shard) -> (region, cluster) of the newest placements read (bounded: older
         #: ones are read back from ``events`` when a status needs them)
         self._placed: RecentDict[tuple[str, int, int], tuple[str, str]] = RecentDict(retain_placements)
+        #: (job_id, attempt, shard) -> (event id, time) of the first end stored of recent attempts
+        self._ended: RecentDict[tuple[str, int, int], tuple[str, datetime]] = RecentDict(retain_placements)
         self.placement_queries = 0  #: batches whose statuses needed the log's placements
         self._read_tenure = tenure if tenure is not None else (lambda: read_tenure(bus))
         self.gc_young_threshold = gc_young_threshold
@@ -503,7 +509,15 @@ class AuditService:
         in_batch = {d.stream_sequence for d in deliveries}
         for i in checked:
             d = deliveries[i]
-            reason = placement_reason(d.envelope, d.envelope.payload_as(JobStatus).shard, placed)
+            env = d.envelope
+            shard = env.payload_as(JobStatus).shard
+            reason = placement_reason(env, shard, placed)
+            if reason is None and env.known_type in _ENDS:  # one end per attempt (a second: refused)
+                first = self._ended.get((env.job_id, env.attempt, shard))
+                if first is None or first[0] == env.event_id:
+                    self._ended[(env.job_id, env.attempt, shard)] = (env.event_id, env.occurred_at)
+                else:
+                    reason = f"attempt already ended at {first[1].isoformat()} ({first[0]})"
             if reason is None:
                 continue
             if reason.endswith("never placed") and d.stream_sequence:

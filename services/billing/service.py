@@ -49,6 +49,7 @@ consumers share one lock, so spend is always computed after the insert it must i
 from __future__ import annotations
 
 import asyncio
+from collections import OrderedDict
 import json
 import logging
 import re
@@ -65,7 +66,7 @@ from fedsched.bus import Bus, Delivery, DurableConsumer, publish_pipelined
 from fedsched.dispatch import SkippedTypes
 from fedsched.errors import UnavailableError
 from fedsched.gctune import YOUNG_THRESHOLD, tune_for_service
-from fedsched.events import EventType, JobPlaced, JobStatus, UsageRecorded, business_event_id, make_event
+from fedsched.events import Envelope, EventType, JobPlaced, JobStatus, UsageRecorded, business_event_id, make_event
 from fedsched.metrics import WriterMetrics
 from fedsched.lease import StreamFencing, Tenure, read_tenure
 from fedsched.ports import retryable
@@ -90,6 +91,16 @@ _SPEND_SQL = """
     SELECT sum(cost) FROM {db}.usage
     WHERE tenant = {tenant:String}
       AND ended_at >= {start:DateTime64(3, 'UTC')} AND ended_at < {end:DateTime64(3, 'UTC')}"""
+
+
+#: the compute line of an attempt (shard) already billed: its ending event and end
+_ENDED_SQL = """
+    SELECT usage_id, ended_at FROM {db}.usage
+    WHERE line = 'compute' AND job_id = {job:String} AND attempt = {attempt:UInt32} AND shard = {shard:UInt32}
+    ORDER BY ended_at LIMIT 1"""
+
+#: attempts whose end billing remembers without asking the store (oldest forgotten first)
+ENDED_MEMORY = 100_000
 
 
 def month_bounds(month: str) -> tuple[datetime, datetime]:
@@ -141,6 +152,8 @@ class BillingService:
         self._kv = None
         self._book = None
         self.rejected = 0  #: statuses refused by the trust checks
+        #: attempt (shard) key -> (ending event id, end time) of recent billed ends (:meth:`_already_ended`)
+        self._ended: OrderedDict[str, tuple[str, datetime]] = OrderedDict()
         self.fencing = StreamFencing()  #: scheduler-lease fencing of placements (see the module docstring)
         self.stale_orders = 0
         self._read_tenure = tenure if tenure is not None else (lambda: read_tenure(bus))
@@ -309,6 +322,7 @@ class BillingService:
         keep: list[Delivery] = []
         placements: dict[str, PlacementRecord] = {}
         refused: list[Rejection] = []
+        batch_ends: dict[str, tuple[str, datetime]] = {}  # key -> (ending event id, its time) of this batch
         for d in deliveries:
             env = d.envelope
             reason = check_subject(self.bus.prefix, d.subject, env) if d.subject else None
@@ -326,7 +340,10 @@ class BillingService:
                     reason = check_placement(env, True, PlacedAttempt(placed.attempt, placed.region, placed.cluster),
                                              placed.attempt)
                     if reason is None:
+                        reason = await self._already_ended(key, env, batch_ends)
+                    if reason is None:
                         placements[key] = placed
+                        batch_ends[key] = (env.event_id, env.occurred_at)
             if reason is not None:
                 refused.append(Rejection(self.consumer.durable, d.subject, env, reason, d.stream_sequence,
                                          headers=tuple(sorted(d.headers.items()))))
@@ -335,6 +352,43 @@ class BillingService:
         if refused:
             await self.reject(refused)
         return keep, placements
+
+    async def _already_ended(self, key: str, env: Envelope, batch_ends: dict) -> str | None:
+        """Why the ending status ``env`` of the attempt (shard) ``key`` may not be billed: that
+        attempt already ended under another event (a second ``job.finished`` with another time, a
+        ``job.failed`` after it: one attempt interval gets at most one compute line, README's
+        exactly-once rows); None when it did not (or ``env`` is that very end, redelivered).
+        Looked up in this batch, then a bounded memory of recent ends, then the ``usage`` table
+        (across restarts). An end that produced no line (an attempt never started) is known only
+        to the memory.
+
+        Raises:
+            UnavailableError: ClickHouse unreachable.
+        """
+        ended = batch_ends.get(key) or self._ended.get(key)
+        if ended is None:
+            job_id, attempt, shard = env.job_id, env.attempt, env.payload_as(JobStatus).shard
+            row = (await self.store.query(_ENDED_SQL.replace("{db}", self.store.store.database),
+                                          {"job": job_id, "attempt": attempt, "shard": shard})).rows
+            if row:
+                ended = (str(row[0][0]), row[0][1])
+                self._remember_end(key, *ended)
+        if ended is None or ended[0] == env.event_id:
+            return None
+        return f"attempt already ended at {ended[1].isoformat()} ({ended[0]})"
+
+    def _remember_ends(self, ends: list[Envelope]) -> None:
+        """Remember the ends of a written batch (after its lines were committed)."""
+        for env in ends:
+            self._remember_end(placement_key(env.job_id, env.attempt, env.payload_as(JobStatus).shard),
+                               env.event_id, env.occurred_at)
+
+    def _remember_end(self, key: str, event_id: str, at: datetime) -> None:
+        """Keep the end of attempt ``key`` in the bounded memory (:data:`ENDED_MEMORY`)."""
+        self._ended[key] = (event_id, at)
+        self._ended.move_to_end(key)
+        while len(self._ended) > ENDED_MEMORY:
+            self._ended.popitem(last=False)
 
     async def reject(self, refused: list[Rejection]) -> None:
         """Dead-letter the refused statuses and record them as security events.
@@ -367,13 +421,16 @@ class BillingService:
         statuses = [d for d in deliveries if d.envelope.type != EventType.JOB_PLACED]
         statuses, placed = await self.screen(statuses)
         lines = self.lines(placements + statuses, placed)
+        ends = [d.envelope for d in statuses if d.envelope.type in ENDINGS]
         if not lines:
+            self._remember_ends(ends)
             return
         async with self._lock:
             with self.metrics.time_insert("usage"):
                 self.rows += await self.store.insert_new("usage", [ln.row() for ln in lines], USAGE_COLUMNS,
                                                          "usage_id")
             await self.publish_spend({(ln.tenant, ln.month) for ln in lines})
+        self._remember_ends(ends)
         # a line's usage_id is the id of the event it prices: that event's trace is the line's
         causes = {d.envelope.event_id: telemetry.trace_headers(d.headers) for d in deliveries}
         await self._publish_recorded(lines, causes)

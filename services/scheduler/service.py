@@ -388,6 +388,9 @@ class SchedulerService:
         self._status_sub = None
         self._what_if_sub = None
         self._stale: set[str] = set()
+        #: liveness time of this tenure's start (:meth:`start_grace`): silence and unstarted
+        #: placements are timed from no earlier than it (-inf until the rebuilt book is used)
+        self._grace_from = -math.inf
         # events of types this build does not know (a newer producer), skipped per follower
         self.skipped = {name: SkippedTypes(name) for name in ("scheduler-events", "scheduler-inventory")}
         self._heard: dict[str, float] = {}  # cluster -> newest heartbeat time seen before its first inventory
@@ -495,6 +498,7 @@ class SchedulerService:
             return False
         self.lease_problem = ""
         self.fencing_token = self.lease.token
+        self.start_grace()  # a new tenure: clusters get stale_after_s from now to be heard by it
         # our tenure is the floor from now on: every order of an earlier one stored before it
         # began has just been folded; one read later was stored after it (fedsched.lease.stale_order)
         self.highest_token = max(self.highest_token, self.fencing_token)
@@ -610,6 +614,7 @@ class SchedulerService:
             await self._inventory.caught_up.wait()
             await self._policy_follower.initial.wait()
             log.info("scheduler: rebuilt %d jobs, %d clusters", len(self.jobs), len(self.clusters))
+            self.start_grace()
             # the rebuilt book leaves the collector's walks (a 5,000-job bench: the collector took ~27%
             # of the scheduler's CPU, 6 full collections over the start-up heap; issue 15)
             tune_for_service(0)
@@ -773,10 +778,10 @@ class SchedulerService:
         due = 1.0
         for info in self.clusters.values():
             if info.name not in self._stale:
-                due = min(due, info.seen_at + self.stale_after_s - now)
+                due = min(due, self._silent_since(info) + self.stale_after_s - now)
         first = self._first_unstarted()
         if first is not None:
-            due = min(due, max(first[0] + self.reclaim_after_s, self._reclaim_recheck) - now)
+            due = min(due, max(max(first[0], self._grace_from) + self.reclaim_after_s, self._reclaim_recheck) - now)
         return max(self.interval_s, due + 0.001)
 
     def _unstarted_entry(self, entry: tuple) -> tuple[JobEntry, ShardEntry] | None:
@@ -1376,15 +1381,37 @@ class SchedulerService:
             info.cached = None
             self._dirty.set()
 
+    def start_grace(self) -> None:
+        """Begin this tenure's start-up grace at liveness time now: a cluster is judged stale
+        only once silent for ``stale_after_s`` after both its newest heartbeat (or inventory) and
+        this moment, and an unstarted placement is reclaimed only ``reclaim_after_s`` after both
+        its placement and this moment. :meth:`run` calls it once the book is rebuilt and
+        :meth:`catch_up` when a replica takes the lease.
+
+        Why: a scheduler down longer than ``stale_after_s`` (a restart of the whole system, a
+        kill -9 and start 6.6 s later) found every cluster's newest heartbeat too old before any
+        agent could speak to it and stopped all running attempts as ``cluster_lost`` (652 in a
+        tryout, 13.37 CNY of lost work billed). Silence it has not had the chance to hear is
+        not evidence; the rule is Kubernetes' node lifecycle controller's, which gives every node
+        a grace period after the controller starts before marking it not ready."""
+        self._grace_from = self.liveness.time()
+
+    def _silent_since(self, info: ClusterInfo) -> float:
+        """Liveness time a cluster's silence is counted from: its newest heartbeat or
+        inventory, or this tenure's start (:meth:`start_grace`) when that is later."""
+        return max(info.seen_at, self._grace_from)
+
     def _judge_staleness(self, now: float) -> None:
         """Mark clusters silent for more than ``stale_after_s`` at liveness time ``now`` stale
-        (and fresh ones not); run at the start of every cycle."""
+        (and fresh ones not); run at the start of every cycle. Silence counts from
+        :meth:`_silent_since` (the start-up grace), so a restart does not lose running work."""
         for info in self.clusters.values():
-            age = now - info.seen_at
+            age = now - self._silent_since(info)
             if age > self.stale_after_s:
                 if info.name not in self._stale:
                     self._stale.add(info.name)
-                    log.warning("scheduler: cluster %s is stale (%.1fs since its last heartbeat)", info.name, age)
+                    log.warning("scheduler: cluster %s is stale (%.1fs since its last heartbeat)", info.name,
+                                now - info.seen_at)
             elif info.name in self._stale:
                 self._stale.discard(info.name)
                 info.cached = None
@@ -1755,7 +1782,7 @@ class SchedulerService:
         keep: list[tuple] = []  # due entries not reclaimed now (on a stale cluster, or the publish failed)
         waiting = 0  # of which left for their cluster (stale, or its agent still reading its orders)
         while (now_live >= self._reclaim_recheck and (first := self._first_unstarted()) is not None
-               and now_live - first[0] > self.reclaim_after_s):
+               and now_live - max(first[0], self._grace_from) > self.reclaim_after_s):
             entry = heapq.heappop(self._unstarted_due)
             visits += 1
             job, shard = self._unstarted_entry(entry)

@@ -181,3 +181,52 @@ async def test_a_refusal_repeated_after_a_restart_adds_no_audit_row(nats_server,
             c.stop()
         await asyncio.gather(*tasks)
         await bus.close()
+
+
+async def test_repeated_ends_of_an_ended_attempt_bill_one_compute_line_across_a_restart(bus, store):
+    """The tryout: j-1's attempt 1 ends (job.finished, billed); billing restarts; the agent of the
+    cluster it ran on (its own subject) sends another job.finished with another time and a
+    job.failed for that attempt: still one compute line, both refused with the first end's time."""
+    astore = AsyncStore(store)
+    db = store.database
+    real_end = _status("job.finished", at=START + 3600)
+    await bus.publish(bus.subjects.placements(R, C1), placement_of(real_end, at=START - 60))
+    await bus.publish(bus.subjects.status(R, C1), _status("job.started"))
+    await bus.publish(bus.subjects.status(R, C1), real_end)
+    billing = BillingService(bus, astore, load_price_catalog(), linger_s=0.02)
+    task = asyncio.create_task(billing.run())
+
+    async def billed():
+        return store.query(f"SELECT count() FROM {db}.usage").scalar() == 1 and await billing.lag() == 0
+    assert await until(billed, timeout=20, interval=0.05)
+    billing.stop()
+    await task
+    billing = BillingService(bus, astore, load_price_catalog(), linger_s=0.02)  # a restart: memory empty
+    audit = AuditService(bus, astore, linger_s=0.02)
+    tasks = [asyncio.create_task(billing.run()), asyncio.create_task(audit.run())]
+    again = make_event("job.finished", real_end.payload_as(JobStatus), producer=real_end.producer,
+                       occurred_at=START + 7200, event_id="f" * 32, region=R, zone=R + "a",
+                       cluster=C1, tenant="nlp", project="train", job_id="j-1", attempt=1)
+    failed = make_event("job.failed", real_end.payload_as(JobStatus), producer=real_end.producer,
+                        occurred_at=START + 9000, event_id="e" * 32, region=R, zone=R + "a",
+                        cluster=C1, tenant="nlp", project="train", job_id="j-1", attempt=1)
+    for forged in (again, failed):
+        await bus.publish(bus.subjects.status(R, C1), forged)
+
+    async def refused():
+        dead = store.query(f"SELECT count() FROM {db}.events WHERE type = 'bus.dead_letter' "
+                           f"AND producer = 'billing'").scalar()
+        return billing.rejected == 2 and await billing.lag() == 0 and dead == 2 and await audit.lag() == 0
+    assert await until(refused, timeout=20, interval=0.05)
+    billing.stop(), audit.stop()
+    await asyncio.gather(*tasks)
+    assert store.query(f"SELECT usage_id, line, cost FROM {db}.usage").rows == [
+        (real_end.event_id, "compute", Decimal("10.800000"))]
+    reasons = store.query(f"SELECT JSONExtractString(payload, 'reason') FROM {db}.events "
+                          f"WHERE type = 'bus.dead_letter' AND producer = 'billing'").rows
+    assert ["attempt already ended at 2023-03-01T13:00:00" in r[0] for r in reasons] == [True, True], reasons
+    # audit: the log of j-1 holds the one end; the repeated ones only as security records
+    assert store.query(f"SELECT type FROM {db}.events WHERE job_id = 'j-1' ORDER BY occurred_at, type").rows == [
+        ("job.placed",), ("job.started",), ("job.finished",), ("usage.recorded",)]
+    assert store.query(f"SELECT count() FROM {db}.events WHERE type = 'security.rejected_message' "
+                       f"AND JSONExtractString(payload, 'job_id') = 'j-1'").scalar() == 2

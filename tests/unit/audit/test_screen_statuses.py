@@ -79,3 +79,22 @@ async def test_earlier_messages_in_the_same_batch_count_as_written() -> None:
     other = replace(_finished("j-2", C1, 8), subject=SUBJECTS.decisions("nlp", "train"))  # not a status
     (_, out) = await audit.screen_statuses([other, _finished("j-1", C1, 9)])
     assert out.envelope.type == EventType.SECURITY_REJECTED_MESSAGE
+
+
+async def test_a_second_end_of_an_attempt_is_refused() -> None:
+    """The tryout: j-1's attempt 1 finished; its agent then sends another job.finished (another
+    time) and a job.failed for it: both refused as already ended; the first end, redelivered,
+    is stored as itself again."""
+    audit = _audit([("j-1", 1, 0, R, C1)], ack_floor=9)
+    first = _finished("j-1", C1, 10)
+    (out,) = await audit.screen_statuses([first])
+    assert out.envelope.type == EventType.JOB_FINISHED
+    again = make_event("job.finished", JobStatus(), producer=f"agent/{C1}", occurred_at=1.7e9 + 60, region=R,
+                       cluster=C1, tenant="nlp", project="train", job_id="j-1", attempt=1)
+    failed = make_event("job.failed", JobStatus(), producer=f"agent/{C1}", occurred_at=1.7e9 + 90, region=R,
+                        cluster=C1, tenant="nlp", project="train", job_id="j-1", attempt=1)
+    outs = await audit.screen_statuses([delivery(again, SUBJECTS.status(R, C1), 11, 1.7e9),
+                                        delivery(failed, SUBJECTS.status(R, C1), 12, 1.7e9), first])
+    assert [o.envelope.type for o in outs] == ["security.rejected_message", "security.rejected_message",
+                                               EventType.JOB_FINISHED]
+    assert all("attempt already ended at" in o.envelope.payload.get("reason", "") for o in outs[:2])

@@ -350,14 +350,14 @@ async def test_after_a_restart_a_cluster_silent_past_the_limit_gets_no_placement
     h.advance(2.0)
     h.restart()
     h.submit("j1", gpus=8)
-    assert await h.cycle() == [placed("j1", 1, B)]
-    assert h.svc.status()["stale"] == [A]
+    assert await h.cycle() == [placed("j1", 1, B)]  # the view's heartbeat age is A's own
+    assert h.svc.status()["stale"] == []  # not judged stale (work moved) within the start-up grace
 
 
-async def test_after_a_restart_placements_on_a_silent_cluster_move_at_once() -> None:
-    """A job runs on A; A goes silent and the scheduler restarts 2 s later: the rebuilt
-    scheduler moves it on its first cycle (the heartbeat's age counts from when it was
-    produced, not from when the new scheduler read it)."""
+async def test_after_a_restart_placements_on_a_silent_cluster_move_after_the_grace() -> None:
+    """A job runs on A; A goes silent and the scheduler restarts 2 s later (limit 1 s): the
+    rebuilt scheduler does not move it before it has had ``stale_after_s`` to hear from A
+    (its start-up grace), and moves it once that has passed (within one wake-up)."""
     h = SchedulerHarness(TWO, stale_after_s=1.0, reclaim_after_s=20.0)
     h.submit("j1", gpus=8)
     assert await h.cycle() == [placed("j1", 1, A)]
@@ -365,8 +365,41 @@ async def test_after_a_restart_placements_on_a_silent_cluster_move_at_once() -> 
     h.silence(A)
     h.advance(2.0)
     h.restart()
-    assert await h.cycle() == [stop("j1", 1, A, "cluster_lost"), stopped("j1", 1, A, "cluster_lost"),
-                               placed("j1", 2, B)]
+    started = h.clock.time()
+    assert await h.cycle() == []  # A's heartbeat is 2 s old, but this scheduler has not waited for it
+    out = await h.run_for(3.0)
+    moves = [(t, d) for t, d in out if d.job_id == "j1"]
+    assert [d for _, d in moves] == [stop("j1", 1, A, "cluster_lost"), stopped("j1", 1, A, "cluster_lost"),
+                                     placed("j1", 2, B)]
+    assert 1.0 < moves[0][0] - started <= 1.0 + 0.1  # the grace plus one (immediate) wake-up
+
+
+@pytest.mark.parametrize("down_s", [0.6, 6.6], ids=["shorter-than-the-limit", "longer-than-the-limit"])
+async def test_after_a_restart_agents_heard_within_the_grace_lose_no_work(down_s) -> None:
+    """The tryout: every agent and the scheduler stop (kill -9), all start again ``down_s`` later
+    (limit 1 s); the agents' first heartbeats arrive 0.5 s after the scheduler's start: the running
+    job and the placed one (started by its agent once back) stay where they are: nothing is
+    stopped or reclaimed."""
+    h = SchedulerHarness(TWO, stale_after_s=1.0, reclaim_after_s=2.0)
+    h.submit("j1", gpus=8)
+    h.submit("j2", gpus=8)
+    assert sorted(await h.cycle(), key=lambda d: d.job_id) == [placed("j1", 1, A), placed("j2", 1, B)]
+    h.report("j1", "job.started")
+    h.silence(A)
+    h.silence(B)
+    h.advance(down_s)
+    h.restart()
+    assert await h.cycle() == []
+    h.advance(0.5)
+    h.silent.clear()  # the agents are back: heartbeats from now on
+    h._next_beat = h.clock.time()
+    out = await h.run_for(1.2)  # j2's agent reads its order meanwhile (within reclaim_after_s of the start)
+    h.report("j2", "job.started")
+    out += await h.run_for(5.0)
+    assert [d for _, d in out] == []
+    assert h.svc.status()["stale"] == []
+    assert (h.shard("j1").state, h.shard("j1").attempt) == (ShardState.RUNNING, 1)
+    assert (h.shard("j2").state, h.shard("j2").attempt) == (ShardState.RUNNING, 1)
 
 
 @pytest.mark.parametrize("started", [False, True], ids=["placed", "running"])
