@@ -15,7 +15,8 @@ from fedsched.api.v1 import jobs_pb2_grpc as pb_grpc
 from fedsched.bus import Delivery
 from fedapp.client import aio_channel
 from fedsched.clock import ClockState, ReplayClock
-from fedsched.events import Envelope, JobStatus, business_event_id, make_event
+from fedsched.events import DeadLetter, Envelope, JobStatus, business_event_id, make_event
+from nats.js.api import DeliverPolicy
 from fedapp.cli.jobs import Api
 from fedsched.pricing import load_price_catalog
 from fedapp.runtime import System, SystemOptions
@@ -298,3 +299,35 @@ async def test_a_malformed_payload_of_any_known_type_is_dead_lettered_by_audit_n
     info = await bus.js.stream_info(bus.stream_name("DLQ"), subjects_filter=bus.subjects.all("deadletter"))
     assert info.state.subjects == {bus.subjects.deadletter("audit-events"): 3}
     assert audit.malformed == 3
+
+
+async def test_a_row_the_store_cannot_hold_is_dead_lettered_alone_and_the_rest_of_its_batch_is_stored_once(bus, store):
+    """Tryout: a ``job.placed`` with ``attempt`` 2^32 (the events table's UInt32 cannot hold it)
+    failed audit's whole batch until every event of it, valid ones included, was dead-lettered.
+    The envelope now refuses it; should such a row still reach the insert (built here without
+    validation), audit bisects the batch: the others are stored once, only it is dead-lettered."""
+    from fedsched.events import UsageRecorded
+
+    audit = AuditService(bus, AsyncStore(store), linger_s=0.05)
+    routing = dict(tenant="nlp", project="train", attempt=1, region="cn-east-1", cluster="cn-east-1-c1")
+    good = [make_event("usage.recorded", UsageRecorded(gpu_seconds=60.0, cost="0.1"), producer="billing",
+                       occurred_at=START, event_id=business_event_id("usage", i), job_id=f"j-{i}", **routing)
+            for i in range(7)]
+    bad_env = Envelope.model_construct(**{**good[3].model_dump(), "attempt": 2 ** 32,
+                                          "event_id": business_event_id("too-big", 1)})
+    subject = bus.subjects.usage("nlp")
+    batch = [Delivery(e, subject, {}, i + 1, 1) for i, e in enumerate(good)]
+    batch.insert(4, Delivery(bad_env, subject, {}, 99, 1))
+    await audit.write(batch)
+    await audit.write(batch)  # redelivered: nothing twice
+    db = store.database
+    rows = store.query(f"SELECT event_id, count() FROM {db}.events WHERE type = 'usage.recorded' "
+                       f"GROUP BY event_id").rows
+    assert sorted(rows) == sorted((e.event_id, 1) for e in good)
+    assert audit.unstorable == 2
+    sub = await bus.js.subscribe(bus.subjects.deadletter("audit"), deliver_policy=DeliverPolicy.ALL)
+    msg = await sub.next_msg(timeout=5)
+    dead = Envelope.from_bytes(msg.data).payload_as(DeadLetter)
+    assert dead.reason.startswith("audit cannot store it: "), dead.reason
+    assert json.loads(dead.data)["attempt"] == 2 ** 32
+    await sub.unsubscribe()
