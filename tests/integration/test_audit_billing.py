@@ -331,3 +331,48 @@ async def test_a_row_the_store_cannot_hold_is_dead_lettered_alone_and_the_rest_o
     assert dead.reason.startswith("audit cannot store it: "), dead.reason
     assert json.loads(dead.data)["attempt"] == 2 ** 32
     await sub.unsubscribe()
+
+
+async def test_tryout_values_past_the_bounds_are_dead_lettered_naming_the_field_and_the_valid_event_is_stored(bus,
+                                                                                                              store):
+    """The tryout's messages on a real bus: a placement with attempt 2^32, ``usage.recorded`` with
+    cost "NaN" / "1e400" / "-Infinity" and gpu_seconds 1e308 / -1, a ``job.finished`` at
+    9999-12-31. Each is dead-lettered by audit with the field named; the valid event beside them
+    is stored once."""
+    from fedsched.events import UsageRecorded
+
+    audit = AuditService(bus, AsyncStore(store), linger_s=0.05)
+    task = asyncio.create_task(audit.run())
+    routing = dict(tenant="nlp", project="train", job_id="j-9", attempt=1, region="cn-east-1", cluster="cn-east-1-c1")
+    good = make_event("usage.recorded", UsageRecorded(gpu_seconds=7200.0, cost="10.8"), producer="billing",
+                      occurred_at=START, event_id=business_event_id("usage", "j-9", 1), **routing)
+    wire = good.model_dump(mode="json")
+    bad = [{**wire, "payload": {**wire["payload"], "cost": c}} for c in ("NaN", "1e400", "-Infinity")]
+    bad += [{**wire, "payload": {**wire["payload"], "gpu_seconds": g}} for g in (1e308, -1)]
+    placed = placement_of(_status("job.finished", job="j-9")).model_dump(mode="json")
+    finished = _status("job.finished", job="j-9").model_dump(mode="json")
+    for i, body in enumerate(bad):
+        body["event_id"] = business_event_id("bad", i)
+        await bus.js.publish(bus.subjects.usage("nlp"), json.dumps(body).encode(), headers={"Nats-Msg-Id": str(i)})
+    await bus.js.publish(bus.subjects.placements("cn-east-1", "cn-east-1-c1"),
+                         json.dumps({**placed, "attempt": 2 ** 32}).encode())
+    await bus.js.publish(bus.subjects.status("cn-east-1", "cn-east-1-c1"),
+                         json.dumps({**finished, "occurred_at": "9999-12-31T23:59:59Z"}).encode())
+    await bus.publish(bus.subjects.usage("nlp"), good)
+    db = store.database
+
+    def dead_letters():
+        return store.query(f"SELECT JSONExtractString(payload, 'reason') AS reason FROM {db}.events "
+                           f"WHERE type = 'bus.dead_letter' ORDER BY reason").rows
+
+    assert await until(lambda: len(dead_letters()) == 7, timeout=20, interval=0.05), dead_letters()
+    audit.stop()
+    await task
+    reasons = [r for (r,) in dead_letters()]
+    assert sum(r.startswith("usage.recorded payload invalid: cost: ") for r in reasons) == 3, reasons
+    assert sum(r.startswith("usage.recorded payload invalid: gpu_seconds: ") for r in reasons) == 2, reasons
+    assert sum(r.startswith("not a valid envelope: attempt: ") for r in reasons) == 1, reasons
+    assert sum(r.startswith("not a valid envelope: occurred_at: ") and "supported time range" in r
+               for r in reasons) == 1, reasons
+    rows = store.query(f"SELECT type, event_id FROM {db}.events WHERE job_id = 'j-9'").rows
+    assert rows == [("usage.recorded", good.event_id)]
