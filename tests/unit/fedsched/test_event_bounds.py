@@ -118,6 +118,12 @@ def test_placement_numbers_are_bounded(field, ok, bad):
     assert reason is not None and reason.startswith(f"job.placed payload invalid: {field}: "), reason
     reason = payload_error(_env(type="job.placed", payload=_placed(gpu_milli=2 ** 32)))
     assert reason is not None and reason.startswith("job.placed payload invalid: bindings.0.gpu_milli: "), reason
+    # the tryout's placement with a GPU index 1e30, and its snapshot with gpus = inf
+    assert payload_error(_env(type="job.placed", payload=_placed(gpu_indices=[2 ** 32 - 1]))) is None
+    reason = payload_error(_env(type="job.placed", payload=_placed(gpu_indices=[1e30])))
+    assert reason is not None and reason.startswith("job.placed payload invalid: bindings.0.gpu_indices.0: "), reason
+    reason = payload_error(_env(type="inventory.snapshot", payload={"nodes": [{"name": "n1", "gpus": float("inf")}]}))
+    assert reason is not None and reason.startswith("inventory.snapshot payload invalid: nodes.0.gpus: "), reason
 
 
 def test_a_job_spec_deadline_past_the_range_and_non_finite_floats_are_refused():
