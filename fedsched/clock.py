@@ -41,8 +41,34 @@ def as_utc(dt: datetime) -> datetime:
     return dt.astimezone(UTC) if dt.tzinfo is not None and dt.utcoffset() is not None else dt.replace(tzinfo=UTC)
 
 
-#: A pydantic ``datetime`` field that always holds aware UTC (see :func:`as_utc`).
-UtcDatetime = Annotated[datetime, AfterValidator(as_utc)]
+#: The earliest business time an event, a payload or a job spec may carry (inclusive): the Unix
+#: epoch (every clock here counts seconds from it; replays start their trace at a configurable
+#: epoch, 2023-01-01 by default).
+MIN_TIME = datetime(1970, 1, 1, tzinfo=UTC)
+#: The first business time refused: 2200-01-01 (exclusive). Inside what the store's
+#: ``DateTime64(3, 'UTC')`` columns hold (1900-01-01 .. 2299-12-31) and far from Python's
+#: ``datetime`` limit (year 9999), so windows, deadlines and report ranges computed from a
+#: stored time (plus days or years) never overflow (tryout: a ``job.finished`` at 9999-12-31 made
+#: billing fail with ``year 10000 is out of range``).
+MAX_TIME = datetime(2200, 1, 1, tzinfo=UTC)
+
+
+def as_bounded_utc(dt: datetime) -> datetime:
+    """``dt`` as aware UTC (:func:`as_utc`), refused outside [:data:`MIN_TIME`, :data:`MAX_TIME`).
+
+    Raises:
+        ValueError: out of range (pydantic reports it with the field's name).
+    """
+    dt = as_utc(dt)
+    if not MIN_TIME <= dt < MAX_TIME:
+        raise ValueError(f"{dt.isoformat()} is outside the supported time range "
+                         f"[{MIN_TIME.date().isoformat()}, {MAX_TIME.date().isoformat()})")
+    return dt
+
+
+#: A pydantic ``datetime`` field that always holds aware UTC (see :func:`as_utc`) within the
+#: supported range (:func:`as_bounded_utc`).
+UtcDatetime = Annotated[datetime, AfterValidator(as_bounded_utc)]
 
 
 class SystemClock:

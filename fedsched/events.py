@@ -29,11 +29,12 @@ from __future__ import annotations
 import hashlib
 import json
 import uuid
+from decimal import Decimal, InvalidOperation
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, ValidationError as PydanticValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError as PydanticValidationError
 
 from fedsched import naming
 from fedsched.clock import UtcDatetime, to_datetime
@@ -116,6 +117,65 @@ def random_event_id() -> str:
     return uuid.uuid4().hex
 
 
+# --------------------------------------------------------------------------- bounds
+# Every number an event carries lies in what the column it lands in holds
+# (fedsched/schema/migrations: attempt and shard are UInt32, counts UInt32/UInt64, usage.cost
+# Decimal(18, 6), seconds and scores Float64) and is finite, so a valid event is always storable
+# and computable (tryout: attempt 2^32, cost "NaN"/"1e400", gpu_seconds 1e308 were accepted).
+
+#: ``UInt32`` columns: attempt, shard, counts of nodes/GPUs.
+UInt32 = Annotated[int, Field(ge=0, le=2 ** 32 - 1)]
+#: ``UInt64`` columns and sequences/tokens (kept within Int64, what JSON readers and
+#: ``JSONExtractInt`` take whole): milli-cores, MiB, bytes, stream sequences, fencing tokens.
+UInt64 = Annotated[int, Field(ge=0, le=2 ** 63 - 1)]
+#: A process exit code (a signed 32-bit ``int`` on every backend: POSIX, Kubernetes, Slurm).
+ExitCode = Annotated[int, Field(ge=-(2 ** 31), le=2 ** 31 - 1)]
+#: A duration in seconds: finite, >= 0, at most the span of the supported time range
+#: (:data:`fedsched.clock.MIN_TIME` .. :data:`fedsched.clock.MAX_TIME`, ~230 years).
+Seconds = Annotated[float, Field(ge=0, le=7.3e9, allow_inf_nan=False)]
+#: GPU-seconds of one attempt: finite, >= 0, at most every GPU one job may hold (4096 workers x
+#: 64 GPUs, :class:`~fedsched.jobs.JobSpec`) over the whole supported time range.
+GpuSeconds = Annotated[float, Field(ge=0, le=2e15, allow_inf_nan=False)]
+#: A finite float that may be negative (a score: Float64 column).
+Finite = Annotated[float, Field(allow_inf_nan=False)]
+#: A non-negative finite amount as a float (estimated costs, prices per GPU-hour).
+Amount = Annotated[float, Field(ge=0, le=1e12, allow_inf_nan=False)]
+
+#: The largest magnitude of a ``Decimal(18, 6)`` column (usage.cost, usage.unit_price), exclusive.
+MONEY_LIMIT = Decimal(10) ** 12
+
+
+def check_money(text: str) -> str:
+    """``text`` if it is a money amount the store's ``Decimal(18, 6)`` holds exactly: a finite
+    decimal number, >= 0, below 10^12, with at most 6 decimal places (what
+    :func:`fedsched.pricing.money` rounds to). Returned unchanged (the wire form is kept).
+
+    Raises:
+        ValueError: not such a number (pydantic reports it with the field's name).
+    """
+    try:
+        value = Decimal(text)
+    except (InvalidOperation, ValueError, TypeError):
+        raise ValueError(f"{text[:40]!r} is not a decimal number") from None
+    if not value.is_finite():
+        raise ValueError(f"{text[:40]!r} is not a finite amount")
+    if value < 0 or value >= MONEY_LIMIT:
+        raise ValueError(f"{text[:40]!r} is outside [0, 10^12) (Decimal(18, 6))")
+    if value.as_tuple().exponent < -6:
+        raise ValueError(f"{text[:40]!r} has more than 6 decimal places (Decimal(18, 6))")
+    return text
+
+
+def _check_optional_money(text: str) -> str:
+    return text if text == "" else check_money(text)
+
+
+#: A money amount as a decimal string (see :func:`check_money`).
+MoneyText = Annotated[str, Field(max_length=40), AfterValidator(check_money)]
+#: A money amount, or "" for unknown.
+OptionalMoneyText = Annotated[str, Field(max_length=40), AfterValidator(_check_optional_money)]
+
+
 class Envelope(BaseModel):
     """One bus event.
 
@@ -128,7 +188,7 @@ class Envelope(BaseModel):
         producer: the emitting service instance, e.g. ``scheduler`` or ``agent/cn-north-1-c1``.
         actor: who caused it (a principal name, or the service itself).
         region, zone, cluster, tenant, project, job_id: routing names ("" when not applicable).
-        attempt: job attempt number (0 before the first placement).
+        attempt: job attempt number (0 before the first placement; a UInt32 column: at most 2^32-1).
         policy_version: version of the policy/rules in force when it was decided ("" if none).
         payload: the type's payload as a dict (see :meth:`payload_as`).
     """
@@ -137,7 +197,7 @@ class Envelope(BaseModel):
 
     event_id: str = Field(pattern=r"^[0-9a-f]{32}$")
     type: str = Field(min_length=1, max_length=64, pattern=TYPE_PATTERN)
-    schema_version: int = SCHEMA_VERSION
+    schema_version: int = Field(default=SCHEMA_VERSION, ge=0, le=2 ** 16 - 1)
     occurred_at: UtcDatetime
     producer: str = Field(min_length=1, max_length=128)
     actor: str = Field(default="", max_length=128)
@@ -147,7 +207,7 @@ class Envelope(BaseModel):
     tenant: str = ""
     project: str = ""
     job_id: str = ""
-    attempt: int = Field(default=0, ge=0)
+    attempt: UInt32 = 0
     policy_version: str = Field(default="", max_length=64)
     payload: dict[str, Any] = Field(default_factory=dict)
 
@@ -346,12 +406,12 @@ class WorkerBinding(_Payload):
         gpu_milli: milli-GPUs it takes on each of those devices.
     """
 
-    worker: int
+    worker: UInt32
     node: str
-    gpu_indices: tuple[int, ...] = ()
-    gpu_milli: int = 0
-    cpu_milli: int = 0
-    memory_mib: int = 0
+    gpu_indices: tuple[UInt32, ...] = ()
+    gpu_milli: UInt32 = 0
+    cpu_milli: UInt64 = 0
+    memory_mib: UInt64 = 0
 
 
 class JobPlaced(_Payload):
@@ -380,19 +440,19 @@ class JobPlaced(_Payload):
     spec: JobSpec
     card_model: str = ""
     bindings: tuple[WorkerBinding, ...]
-    score: float = 0.0
+    score: Finite = 0.0
     explanation: str = ""
     cross_region: bool = False
-    transfer_s: float = 0.0
-    transfer_bytes: int = 0
-    price_per_gpu_hour: float = 0.0
-    shard: int = 0
+    transfer_s: Seconds = 0.0
+    transfer_bytes: UInt64 = 0
+    price_per_gpu_hour: Amount = 0.0
+    shard: UInt32 = 0
     evaluations: tuple[dict[str, Any], ...] = ()
-    resume_from_s: float = 0.0
+    resume_from_s: Seconds = 0.0
     queue: str = ""
-    est_cost: float = 0.0
+    est_cost: Amount = 0.0
     counterfactual: str = ""
-    fencing_token: int = Field(default=0, ge=0)
+    fencing_token: UInt64 = 0
 
 
 class JobStop(_Payload):
@@ -410,11 +470,11 @@ class JobStop(_Payload):
     """
 
     reason: Literal["cancelled", "preempted", "reclaimed", "cluster_lost"]
-    shard: int = 0
+    shard: UInt32 = 0
     for_job: str = ""
-    checkpoint_interval_s: float = 0.0
+    checkpoint_interval_s: Seconds = 0.0
     detail: str = ""
-    fencing_token: int = Field(default=0, ge=0)
+    fencing_token: UInt64 = 0
 
 
 class JobPending(_Payload):
@@ -431,7 +491,7 @@ class JobPending(_Payload):
     reasons: dict[str, str] = Field(default_factory=dict)
     fits_empty: bool = True
     evaluations: tuple[dict[str, Any], ...] = ()
-    shard: int = 0
+    shard: UInt32 = 0
     queue: str = ""
     reserved_cluster: str = ""
     reserved_from: UtcDatetime | None = None
@@ -457,17 +517,17 @@ class JobStatus(_Payload):
     """
 
     card_model: str = ""
-    gpu_milli: int = 0
-    cpu_milli: int = 0
-    memory_mib: int = 0
+    gpu_milli: UInt32 = 0
+    cpu_milli: UInt64 = 0
+    memory_mib: UInt64 = 0
     started_at: UtcDatetime | None = None
     reason: str = ""
-    exit_code: int | None = None
-    shard: int = 0
+    exit_code: ExitCode | None = None
+    shard: UInt32 = 0
     data_version: str = ""
     kind: str = ""
     cross_region: bool = False
-    progress_s: float = 0.0
+    progress_s: Seconds = 0.0
 
 
 class NodeInventory(_Payload):
@@ -475,13 +535,13 @@ class NodeInventory(_Payload):
 
     name: str
     card_model: str = ""
-    gpus: int = 0
-    gpu_memory_gib: int | None = None
-    gpu_free_milli: tuple[int, ...] = ()
-    cpu_milli: int = 0
-    cpu_free_milli: int = 0
-    memory_mib: int = 0
-    memory_free_mib: int = 0
+    gpus: UInt32 = 0
+    gpu_memory_gib: UInt32 | None = None
+    gpu_free_milli: tuple[UInt32, ...] = ()
+    cpu_milli: UInt64 = 0
+    cpu_free_milli: UInt64 = 0
+    memory_mib: UInt64 = 0
+    memory_free_mib: UInt64 = 0
     healthy: bool = True
     rdma: bool = False
     #: cordoned / drained: runs what it runs, takes no new work
@@ -512,7 +572,7 @@ class InventorySnapshot(_Payload):
     interconnect: str = "ethernet"
     residency_tags: tuple[str, ...] = ()
     maintenance: bool = False
-    sequence: int = 0
+    sequence: UInt64 = 0
     backend: str = ""
 
 
@@ -528,19 +588,26 @@ class Heartbeat(_Payload):
             Older agents send none (0): reclaim by time alone.
     """
 
-    sequence: int = 0
-    gpus_total: int = 0
-    gpu_milli_free: int = 0
-    running_jobs: int = 0
-    orders_backlog: int = Field(default=0, ge=0)
+    sequence: UInt64 = 0
+    gpus_total: UInt32 = 0
+    gpu_milli_free: UInt64 = 0
+    running_jobs: UInt32 = 0
+    orders_backlog: UInt64 = 0
 
 
 class UsageRecorded(_Payload):
-    """``usage.recorded``: billing priced one attempt interval."""
+    """``usage.recorded``: billing priced one attempt interval.
 
-    gpu_seconds: float
-    cost: str
-    currency: str = "CNY"
+    Attributes:
+        gpu_seconds: GPU-seconds of the interval (finite, >= 0; see :data:`GpuSeconds`).
+        cost: its price, a decimal string the store's ``Decimal(18, 6)`` holds (finite, >= 0,
+            below 10^12, at most 6 places; :func:`check_money`).
+        currency: ISO 4217 code.
+    """
+
+    gpu_seconds: GpuSeconds
+    cost: MoneyText
+    currency: str = Field(default="CNY", max_length=8)
 
 
 class AgentReconciled(_Payload):
@@ -559,7 +626,7 @@ class AgentReconciled(_Payload):
     """
 
     reason: Literal["adopted", "relaunched", "lost", "orphaned", "superseded"]
-    shard: int = 0
+    shard: UInt32 = 0
     detail: str = ""
 
 
@@ -578,8 +645,8 @@ class DeadLetter(_Payload):
 
     consumer: str
     subject: str
-    stream_sequence: int = 0
-    deliveries: int = 0
+    stream_sequence: UInt64 = 0
+    deliveries: UInt64 = 0
     reason: str
     data: str = ""
     headers: dict[str, str] = Field(default_factory=dict)
@@ -612,8 +679,8 @@ class SecurityRejected(_Payload):
     event_type: str = ""
     event_id: str = ""
     job_id: str = ""
-    attempt: int = 0
-    stream_sequence: int = 0
+    attempt: UInt32 = 0
+    stream_sequence: UInt64 = 0
     reason: str
 
 
@@ -682,10 +749,10 @@ class ApprovalRequested(_Payload):
     proposed_cluster: str
     card_model: str = ""
     reason: str = ""
-    estimated_wait_s: float | None = None
-    transfer_s: float = 0.0
-    cost: str = ""
-    home_cost: str = ""
+    estimated_wait_s: Seconds | None = None
+    transfer_s: Seconds = 0.0
+    cost: OptionalMoneyText = ""
+    home_cost: OptionalMoneyText = ""
     currency: str = "CNY"
     expires_at: UtcDatetime
     evaluations: tuple[dict[str, Any], ...] = ()

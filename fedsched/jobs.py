@@ -199,10 +199,10 @@ class JobSpec(BaseModel):
     residency_tags: tuple[str, ...] = ()
     datasets: tuple[Dataset, ...] = ()
     start_deadline: UtcDatetime | None = None
-    max_price_per_gpu_hour: float = Field(default=0.0, ge=0, le=1e6)
+    max_price_per_gpu_hour: float = Field(default=0.0, ge=0, le=1e6, allow_inf_nan=False)
     preemptible: bool = False
     checkpointable: bool = False
-    estimated_duration_s: float | None = Field(default=None, ge=0, le=10 * 365 * 86400)
+    estimated_duration_s: float | None = Field(default=None, ge=0, le=10 * 365 * 86400, allow_inf_nan=False)
     retry_limit: int = Field(default=0, ge=0, le=100)
     shards: int = Field(default=1, ge=1, le=1024)
     annotations: dict[str, str] = Field(default_factory=dict)

@@ -52,7 +52,7 @@ from fedsched.bounded import RecentDict
 from fedsched.bus import Bus, Delivery, DurableConsumer
 from fedsched.clock import as_utc
 from fedsched.dispatch import EventTable
-from fedsched.errors import DecodeError, UnavailableError
+from fedsched.errors import DecodeError, UnavailableError, ValidationError
 from fedsched.gctune import YOUNG_THRESHOLD, tune_for_service
 from fedsched.events import (DeadLetter, Envelope, EventType, InventorySnapshot, JobPending, JobPlaced, JobStatus,
                              JobStop, SecurityRejected, business_event_id, make_event, payload_error)
@@ -373,6 +373,7 @@ class AuditService:
         ]
         self.written = 0
         self.malformed = 0  #: events dead-lettered for a payload that does not validate
+        self.unstorable = 0  #: events dead-lettered because ClickHouse refused their row (the rest of the batch stored)
         #: scheduler-lease fencing tokens on the orders written, judged in stream order
         self.fencing = StreamFencing()
         #: (job, attempt, shard) -> (region, cluster) of the newest placements read (bounded: older
@@ -387,6 +388,12 @@ class AuditService:
     async def write(self, deliveries: list[Delivery]) -> None:
         """Insert the batch and its projections; return only after ClickHouse committed them.
 
+        A batch the engine refuses (a value a typed column cannot hold, which validation should
+        have refused first) is bisected (:meth:`_isolate`): every other event is stored once and
+        each one the engine refuses alone is dead-lettered with the engine's reason (counted in
+        :attr:`unstorable`). Before, the whole batch failed until the consumer dead-lettered every
+        event of it, valid ones included (tryout: ``attempt`` 2^32 in a UInt32 column).
+
         Raises:
             UnavailableError: ClickHouse or NATS cannot be reached (the consumer backs off and
                 retries the batch).
@@ -395,6 +402,52 @@ class AuditService:
         deliveries = await self.drop_malformed(deliveries)
         deliveries = await self.fence_orders(deliveries)
         deliveries = await self.screen_statuses(deliveries)
+        try:
+            await self._insert(deliveries)
+        except ValidationError as e:  # the engine refused the batch: find the rows it cannot store
+            if len(deliveries) == 1:
+                raise
+            stored, unstorable = await self._isolate(deliveries, e)
+            if not stored:  # nothing goes in: not a row's fault (retried, then the consumer's rule)
+                raise
+            for d, reason in unstorable:
+                await self.bus.dead_letter(self._durable_of(d), d.msg, f"audit cannot store it: {reason}",
+                                           subject=d.subject, data=d.envelope.to_bytes(), headers=d.headers)
+                self.unstorable += 1
+
+    async def _isolate(self, deliveries: list[Delivery],
+                       error: ValidationError) -> tuple[int, list[tuple[Delivery, str]]]:
+        """Store what the engine takes of a batch it refused (``error``), by bisection: each half
+        is inserted again (keyed writes: rows already in stay once), a refused half split again,
+        down to single events. ``O(k log n)`` inserts for ``k`` unstorable rows of ``n``.
+
+        Returns:
+            (how many deliveries were stored, [(each delivery the engine refuses alone, why)]).
+
+        Raises:
+            UnavailableError: the engine became unreachable meanwhile (the batch is retried).
+        """
+        if len(deliveries) == 1:
+            return 0, [(deliveries[0], error.reason)]
+        mid = len(deliveries) // 2
+        stored, unstorable = 0, []
+        for half in (deliveries[:mid], deliveries[mid:]):
+            try:
+                await self._insert(half)
+                stored += len(half)
+            except ValidationError as e:
+                n, bad = await self._isolate(half, e)
+                stored += n
+                unstorable += bad
+        return stored, unstorable
+
+    async def _insert(self, deliveries: list[Delivery]) -> None:
+        """Insert ``deliveries``' rows: projections, then the events (keyed: nothing twice).
+
+        Raises:
+            ValidationError: the engine refused a row (a value its column cannot hold).
+            UnavailableError: ClickHouse cannot be reached.
+        """
         events = [event_row(d) for d in deliveries]
         decisions = [r for d in deliveries if (r := decision_row(d.envelope)) is not None]
         inventory = [r for d in deliveries for r in inventory_rows(d.envelope)]

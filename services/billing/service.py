@@ -64,9 +64,10 @@ import orjson
 from fedsched import telemetry
 from fedsched.bus import Bus, Delivery, DurableConsumer, publish_pipelined
 from fedsched.dispatch import SkippedTypes
-from fedsched.errors import UnavailableError
+from fedsched.errors import DecodeError, UnavailableError
 from fedsched.gctune import YOUNG_THRESHOLD, tune_for_service
-from fedsched.events import Envelope, EventType, JobPlaced, JobStatus, UsageRecorded, business_event_id, make_event
+from fedsched.events import (MONEY_LIMIT, Envelope, EventType, JobPlaced, JobStatus, UsageRecorded, business_event_id,
+                             make_event)
 from fedsched.metrics import WriterMetrics
 from fedsched.lease import StreamFencing, Tenure, read_tenure
 from fedsched.ports import retryable
@@ -109,6 +110,12 @@ def month_bounds(month: str) -> tuple[datetime, datetime]:
     start = datetime(year, mon, 1, tzinfo=UTC)
     end = datetime(year + (mon == 12), mon % 12 + 1, 1, tzinfo=UTC)
     return start, end
+
+
+def unpriceable(env: Envelope, why: str) -> str:
+    """The dead-letter reason of an event billing cannot price: ``<type> <event id> cannot be
+    billed: <why>`` (typed words, never an exception's raw text)."""
+    return f"{env.type} {env.event_id} cannot be billed: {why}"
 
 
 class BillingService:
@@ -180,7 +187,13 @@ class BillingService:
 
     def lines(self, deliveries: list[Delivery], placements: dict[str, PlacementRecord]) -> list[UsageLine]:
         """The priced lines of a batch (step 1; pure), given the placements of its statuses
-        (key :func:`~services.billing.usage.placement_key`; statuses without one are skipped)."""
+        (key :func:`~services.billing.usage.placement_key`; statuses without one are skipped).
+
+        Raises:
+            DecodeError: an event that cannot be priced or whose line the store cannot hold
+                (:func:`unpriceable`): the consumer dead-letters that event with this reason
+                (the rest of its batch is billed), never with a raw exception's text.
+        """
         out = []
         for d in deliveries:
             env = d.envelope
@@ -189,12 +202,19 @@ class BillingService:
             price = BILLING_EVENTS.route(env.type, self.skipped)
             if price is None:
                 continue
-            if price is compute_line:
-                placed = placements.get(placement_key(env.job_id, env.attempt, env.payload_as(JobStatus).shard))
-                line = compute_line(env, placed, self.prices) if placed is not None else None
-            else:
-                line = price(env, self.prices)
+            try:
+                if price is compute_line:
+                    placed = placements.get(placement_key(env.job_id, env.attempt, env.payload_as(JobStatus).shard))
+                    line = compute_line(env, placed, self.prices) if placed is not None else None
+                else:
+                    line = price(env, self.prices)
+            except (ArithmeticError, ValueError, OverflowError) as e:  # a time or amount past what we compute
+                raise DecodeError(unpriceable(env, "its times or amounts are outside what billing computes with "
+                                                   f"({type(e).__name__})")) from e
             if line is not None:
+                if not 0 <= line.cost < MONEY_LIMIT:
+                    raise DecodeError(unpriceable(env, f"its cost {line.cost} is outside [0, 10^12) "
+                                                       f"(usage.cost is Decimal(18, 6))"))
                 out.append(line)
         return out
 

@@ -15,7 +15,8 @@ from fedsched.api.v1 import jobs_pb2_grpc as pb_grpc
 from fedsched.bus import Delivery
 from fedapp.client import aio_channel
 from fedsched.clock import ClockState, ReplayClock
-from fedsched.events import Envelope, JobStatus, business_event_id, make_event
+from fedsched.events import DeadLetter, Envelope, JobStatus, business_event_id, make_event
+from nats.js.api import DeliverPolicy
 from fedapp.cli.jobs import Api
 from fedsched.pricing import load_price_catalog
 from fedapp.runtime import System, SystemOptions
@@ -298,3 +299,80 @@ async def test_a_malformed_payload_of_any_known_type_is_dead_lettered_by_audit_n
     info = await bus.js.stream_info(bus.stream_name("DLQ"), subjects_filter=bus.subjects.all("deadletter"))
     assert info.state.subjects == {bus.subjects.deadletter("audit-events"): 3}
     assert audit.malformed == 3
+
+
+async def test_a_row_the_store_cannot_hold_is_dead_lettered_alone_and_the_rest_of_its_batch_is_stored_once(bus, store):
+    """Tryout: a ``job.placed`` with ``attempt`` 2^32 (the events table's UInt32 cannot hold it)
+    failed audit's whole batch until every event of it, valid ones included, was dead-lettered.
+    The envelope now refuses it; should such a row still reach the insert (built here without
+    validation), audit bisects the batch: the others are stored once, only it is dead-lettered."""
+    from fedsched.events import UsageRecorded
+
+    audit = AuditService(bus, AsyncStore(store), linger_s=0.05)
+    routing = dict(tenant="nlp", project="train", attempt=1, region="cn-east-1", cluster="cn-east-1-c1")
+    good = [make_event("usage.recorded", UsageRecorded(gpu_seconds=60.0, cost="0.1"), producer="billing",
+                       occurred_at=START, event_id=business_event_id("usage", i), job_id=f"j-{i}", **routing)
+            for i in range(7)]
+    bad_env = Envelope.model_construct(**{**good[3].model_dump(), "attempt": 2 ** 32,
+                                          "event_id": business_event_id("too-big", 1)})
+    subject = bus.subjects.usage("nlp")
+    batch = [Delivery(e, subject, {}, i + 1, 1) for i, e in enumerate(good)]
+    batch.insert(4, Delivery(bad_env, subject, {}, 99, 1))
+    await audit.write(batch)
+    await audit.write(batch)  # redelivered: nothing twice
+    db = store.database
+    rows = store.query(f"SELECT event_id, count() FROM {db}.events WHERE type = 'usage.recorded' "
+                       f"GROUP BY event_id").rows
+    assert sorted(rows) == sorted((e.event_id, 1) for e in good)
+    assert audit.unstorable == 2
+    sub = await bus.js.subscribe(bus.subjects.deadletter("audit"), deliver_policy=DeliverPolicy.ALL)
+    msg = await sub.next_msg(timeout=5)
+    dead = Envelope.from_bytes(msg.data).payload_as(DeadLetter)
+    assert dead.reason.startswith("audit cannot store it: "), dead.reason
+    assert json.loads(dead.data)["attempt"] == 2 ** 32
+    await sub.unsubscribe()
+
+
+async def test_tryout_values_past_the_bounds_are_dead_lettered_naming_the_field_and_the_valid_event_is_stored(bus,
+                                                                                                              store):
+    """The tryout's messages on a real bus: a placement with attempt 2^32, ``usage.recorded`` with
+    cost "NaN" / "1e400" / "-Infinity" and gpu_seconds 1e308 / -1, a ``job.finished`` at
+    9999-12-31. Each is dead-lettered by audit with the field named; the valid event beside them
+    is stored once."""
+    from fedsched.events import UsageRecorded
+
+    audit = AuditService(bus, AsyncStore(store), linger_s=0.05)
+    task = asyncio.create_task(audit.run())
+    routing = dict(tenant="nlp", project="train", job_id="j-9", attempt=1, region="cn-east-1", cluster="cn-east-1-c1")
+    good = make_event("usage.recorded", UsageRecorded(gpu_seconds=7200.0, cost="10.8"), producer="billing",
+                      occurred_at=START, event_id=business_event_id("usage", "j-9", 1), **routing)
+    wire = good.model_dump(mode="json")
+    bad = [{**wire, "payload": {**wire["payload"], "cost": c}} for c in ("NaN", "1e400", "-Infinity")]
+    bad += [{**wire, "payload": {**wire["payload"], "gpu_seconds": g}} for g in (1e308, -1)]
+    placed = placement_of(_status("job.finished", job="j-9")).model_dump(mode="json")
+    finished = _status("job.finished", job="j-9").model_dump(mode="json")
+    for i, body in enumerate(bad):
+        body["event_id"] = business_event_id("bad", i)
+        await bus.js.publish(bus.subjects.usage("nlp"), json.dumps(body).encode(), headers={"Nats-Msg-Id": str(i)})
+    await bus.js.publish(bus.subjects.placements("cn-east-1", "cn-east-1-c1"),
+                         json.dumps({**placed, "attempt": 2 ** 32}).encode())
+    await bus.js.publish(bus.subjects.status("cn-east-1", "cn-east-1-c1"),
+                         json.dumps({**finished, "occurred_at": "9999-12-31T23:59:59Z"}).encode())
+    await bus.publish(bus.subjects.usage("nlp"), good)
+    db = store.database
+
+    def dead_letters():
+        return store.query(f"SELECT JSONExtractString(payload, 'reason') AS reason FROM {db}.events "
+                           f"WHERE type = 'bus.dead_letter' ORDER BY reason").rows
+
+    assert await until(lambda: len(dead_letters()) == 7, timeout=20, interval=0.05), dead_letters()
+    audit.stop()
+    await task
+    reasons = [r for (r,) in dead_letters()]
+    assert sum(r.startswith("usage.recorded payload invalid: cost: ") for r in reasons) == 3, reasons
+    assert sum(r.startswith("usage.recorded payload invalid: gpu_seconds: ") for r in reasons) == 2, reasons
+    assert sum(r.startswith("not a valid envelope: attempt: ") for r in reasons) == 1, reasons
+    assert sum(r.startswith("not a valid envelope: occurred_at: ") and "supported time range" in r
+               for r in reasons) == 1, reasons
+    rows = store.query(f"SELECT type, event_id FROM {db}.events WHERE job_id = 'j-9'").rows
+    assert rows == [("usage.recorded", good.event_id)]

@@ -51,3 +51,40 @@ def test_fencing_is_judged_in_stream_order_not_handling_order() -> None:
                delivery(_placed("late", 1), sub, 41, 1.7e9)]      # the former holder's late order
     assert [ln.job_id for ln in billing.lines(handled, placements={})] == ["new", "valid"]
     assert billing.stale_orders == 1 and billing.highest_token == 6
+
+
+def test_a_line_the_store_cannot_hold_is_refused_with_a_typed_reason_not_a_raw_exception() -> None:
+    """Times and amounts are bounded at decode (tryout: a ``job.finished`` at 9999-12-31 made
+    billing fail with ``year 10000 is out of range``, dead-lettered as the raw exception); what
+    stays in bounds but prices beyond usage.cost's Decimal(18, 6) -- the largest gang over two
+    centuries -- is refused by name, the rest of the batch billed by the consumer."""
+    from datetime import UTC, datetime
+
+    import pytest
+
+    from fedsched.errors import DecodeError
+    from fedsched.events import JobStatus
+    from services.billing.usage import PlacementRecord, placement_key
+
+    subjects = Subjects("t")
+    bus = SimpleNamespace(stream_name=lambda suffix: f"T_{suffix}", subjects=subjects)
+    billing = BillingService(bus, store=None, prices=load_price_catalog())
+    start = datetime(1971, 1, 1, tzinfo=UTC)
+
+    def ended(at: datetime, gpu_milli: int):
+        status = make_event("job.finished", JobStatus(card_model="nvidia-t4-16gb", started_at=start, kind="training"),
+                            producer="agent/x", occurred_at=at.timestamp(), tenant="search", project="train",
+                            job_id="j1", attempt=1, region="cn-north-1", cluster="c1")
+        record = PlacementRecord(event_id="p" * 32, job_id="j1", attempt=1, shard=0, tenant="search", project="train",
+                                 region="cn-north-1", zone="", cluster="c1", card_model="nvidia-t4-16gb",
+                                 kind="training", gpu_milli=gpu_milli, cpu_milli=0, cross_region=False,
+                                 placed_at=start)
+        return ([delivery(status, subjects.status("cn-north-1", "c1"), 1, at.timestamp())],
+                {placement_key("j1", 1, 0): record})
+
+    # one GPU for two centuries is billable; the largest gang (4096 x 64 GPUs) for as long is not
+    (line,) = billing.lines(*ended(datetime(2199, 12, 31, tzinfo=UTC), 1000))
+    assert line.cost > 0
+    with pytest.raises(DecodeError, match=r"job.finished [0-9a-f]{32} cannot be billed: its cost .* is outside "
+                                          r"\[0, 10\^12\)"):
+        billing.lines(*ended(datetime(2199, 12, 31, tzinfo=UTC), 4096 * 64 * 1000))
