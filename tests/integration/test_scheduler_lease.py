@@ -54,6 +54,23 @@ async def _agent_collecting_dead_letters(bus, nats_server):
     dsub = await bus.js.subscribe(bus.subjects.deadletter(agent.durable), cb=on_dead)
     return agent, agent_bus, asyncio.create_task(agent.run()), dead, dsub
 
+
+async def _order_receivers(bus, store):
+    """Billing, audit (on ``store``) and admission (with the default policy stored) running on
+    ``bus``: the other receivers of the scheduler's orders. ``((billing, audit, admission), their tasks)``."""
+    from fedsched.store import AsyncStore
+    from services.admission.service import AdmissionService
+    from services.audit.service import AuditService
+    from services.billing.service import BillingService
+    from tests.builders import policy_doc, store_policy
+
+    astore = AsyncStore(store)
+    services = (BillingService(bus, astore, load_price_catalog(), linger_s=0.02), AuditService(bus, astore, linger_s=0.02))
+    tasks = tuple(asyncio.create_task(svc.run()) for svc in services)
+    await store_policy(bus, policy_doc())
+    admission = AdmissionService(bus, SystemClock(), address="127.0.0.1:0")
+    return (*services, admission), (*tasks, asyncio.create_task(admission.run()))
+
 async def test_nats_kv_gives_the_compare_and_set_the_lease_needs(bus) -> None:
     kv = await bus.js.create_key_value(bucket=f"{bus.prefix}_leasecas", history=1)
     store = NatsLeaseStore(kv)
@@ -162,13 +179,8 @@ async def test_an_agent_that_saw_no_order_of_the_new_holder_refuses_the_former_h
     refuses it ("stale fencing token", dead-lettered, never started). A's order published while
     A held the lease and read only now is carried out. A billing and an admission started
     afterwards (nothing seen, no checkpoint) judge both the same way."""
-    from fedsched.store import AsyncStore
     from fedsched.jobs import JobState
-    from services.admission.service import AdmissionService
-    from services.audit.service import AuditService
-    from services.billing.service import BillingService
     from services.billing.usage import placement_key
-    from tests.builders import policy_doc, store_policy
 
     a = await nats_lease(bus, "scheduler", "sched-a", ttl_s=TTL)
     assert await a.step()
@@ -185,14 +197,7 @@ async def test_an_agent_that_saw_no_order_of_the_new_holder_refuses_the_former_h
     await bus.publish(sub, placement("late", job, CLUSTER.name, CLUSTER.region, [("n0", (1,))],
                                      fencing_token=a.token))
     agent, agent_bus, agent_task, dead, dsub = await _agent_collecting_dead_letters(bus, nats_server)
-    astore = AsyncStore(store)
-    billing = BillingService(bus, astore, load_price_catalog(), linger_s=0.02)
-    billing_task = asyncio.create_task(billing.run())
-    audit = AuditService(bus, astore, linger_s=0.02)
-    audit_task = asyncio.create_task(audit.run())
-    await store_policy(bus, policy_doc())
-    admission = AdmissionService(bus, SystemClock(), address="127.0.0.1:0")
-    admission_task = asyncio.create_task(admission.run())
+    (billing, audit, admission), (billing_task, audit_task, admission_task) = await _order_receivers(bus, store)
     try:
         await _until(lambda: dead and ("early", 1, 0) in agent.running, what="the agent's two verdicts")
         assert agent.highest_token == 0 or agent.highest_token == a.token
@@ -309,13 +314,8 @@ async def test_a_forged_token_far_above_the_lease_fences_nothing(bus, nats_serve
     tenure (the lease's current token is below it): the agent, billing, audit and admission refuse
     it with that reason and carry out, bill, record and fold every real placement -- and so does
     the agent after a restart, which re-reads the forged order from the stream."""
-    from fedsched.store import AsyncStore
     from fedsched.jobs import JobState
-    from services.admission.service import AdmissionService
-    from services.audit.service import AuditService
-    from services.billing.service import BillingService
     from services.billing.usage import placement_key
-    from tests.builders import policy_doc, store_policy
 
     forged = 2 ** 62
     a = await nats_lease(bus, "scheduler", "sched-a", ttl_s=TTL)
@@ -332,14 +332,7 @@ async def test_a_forged_token_far_above_the_lease_fences_nothing(bus, nats_serve
         await bus.publish(sub, placement(job_id, job, CLUSTER.name, CLUSTER.region, [("n0", (gpu,))],
                                          fencing_token=a.token))
     agent, agent_bus, agent_task, dead, dsub = await _agent_collecting_dead_letters(bus, nats_server)
-    astore = AsyncStore(store)
-    billing = BillingService(bus, astore, load_price_catalog(), linger_s=0.02)
-    billing_task = asyncio.create_task(billing.run())
-    audit = AuditService(bus, astore, linger_s=0.02)
-    audit_task = asyncio.create_task(audit.run())
-    await store_policy(bus, policy_doc())
-    admission = AdmissionService(bus, SystemClock(), address="127.0.0.1:0")
-    admission_task = asyncio.create_task(admission.run())
+    (billing, audit, admission), (billing_task, audit_task, admission_task) = await _order_receivers(bus, store)
     agent2 = agent2_bus = agent2_task = None
     try:
         await _until(lambda: dead and {("j1", 1, 0), ("j2", 1, 0)} <= set(agent.running),
