@@ -19,6 +19,25 @@ BATCH = 50  #: short jobs per batch
 BATCHES = 200  #: 10,000 short jobs in all
 
 
+
+async def _batch_lifetime(h, ids, *, placed_at_once: bool = False) -> int:
+    """Submit ``ids``, then report them started and finished, a cycle after each step (1 s apart);
+    the most shard records a cycle visited (``placed_at_once``: the first cycle placed them all)."""
+    visits = []
+    for job in ids:
+        h.submit(job)
+    await h.cycle()
+    visits.append(h.svc.last_cycle_visits)
+    if placed_at_once:
+        assert all(h.shard(job).state == ShardState.PLACED for job in ids)
+    for status in ("job.started", "job.finished"):
+        h.advance(1.0)
+        for job in ids:
+            h.report(job, status)
+        await h.cycle()
+        visits.append(h.svc.last_cycle_visits)
+    return max(visits)
+
 async def test_cycle_visits_stay_bounded_while_10000_jobs_finish():
     h = SchedulerHarness((ClusterSpec(A, node_list=nodes("a", count=24)), ClusterSpec(B, node_list=nodes("b", count=24))),
                          reclaim_after_s=1e9)
@@ -34,23 +53,7 @@ async def test_cycle_visits_stay_bounded_while_10000_jobs_finish():
     per_batch: list[int] = []  # the most visits of any cycle of each batch
     for b in range(BATCHES):
         ids = [f"b{b}-{k}" for k in range(BATCH)]
-        visits = []
-        for job in ids:
-            h.submit(job)
-        await h.cycle()  # places the batch
-        visits.append(svc.last_cycle_visits)
-        assert all(h.shard(job).state == ShardState.PLACED for job in ids)
-        h.advance(1.0)
-        for job in ids:
-            h.report(job, "job.started")
-        await h.cycle()
-        visits.append(svc.last_cycle_visits)
-        h.advance(1.0)
-        for job in ids:
-            h.report(job, "job.finished")
-        await h.cycle()
-        visits.append(svc.last_cycle_visits)
-        per_batch.append(max(visits))
+        per_batch.append(await _batch_lifetime(h, ids, placed_at_once=True))
 
     done = sum(1 for j in svc.jobs.values() if j.done)
     assert done + len(svc.tombstones) == BATCH * BATCHES  # every short job ended (most left memory)
@@ -277,22 +280,7 @@ async def test_cycle_visits_stay_bounded_while_10000_jobs_run_and_some_wait_to_s
     per_batch: list[int] = []
     for b in range(40):
         ids = [f"b{b}-{k}" for k in range(BATCH)]
-        visits = []
-        for job in ids:
-            h.submit(job)
-        await h.cycle()
-        visits.append(svc.last_cycle_visits)
-        h.advance(1.0)
-        for job in ids:
-            h.report(job, "job.started")
-        await h.cycle()
-        visits.append(svc.last_cycle_visits)
-        h.advance(1.0)
-        for job in ids:
-            h.report(job, "job.finished")
-        await h.cycle()
-        visits.append(svc.last_cycle_visits)
-        per_batch.append(max(visits))
+        per_batch.append(await _batch_lifetime(h, ids))
         assert svc.last_cycle_visit_counts.get("view", 0) <= unstarted + BATCH
     assert svc.counts[ShardState.RUNNING] == running
     assert per_batch[0] >= running  # the first view builds the started records, once
