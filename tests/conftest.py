@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+import fedapp  # noqa: F401 - first: gRPC's fork handlers off before gRPC loads (fedapp/__init__.py)
 from fedsched.bus import Bus
 from fedsched.natsd import EmbeddedNats
 from fedsched.store import open_store
