@@ -266,6 +266,9 @@ class Lease:
         since: server time (epoch seconds) the current tenure began, written into renewals.
         history: the earlier tenures ``(token, since)`` our writes carry (``LeaseRecord.tenures``).
         active: whether this replica holds the lease (see :meth:`is_active` for the time check).
+        resumed: the current tenure was begun over our own previous record, unchanged since we
+            wrote it (we lost the lease only because a renewal came too late, and no other replica
+            wrote in between): no other holder can have given orders since our last tenure.
 
     Raises:
         ValueError: ``ttl_s`` not positive, or the renewal period not below ``ttl_s - margin_s``.
@@ -287,6 +290,7 @@ class Lease:
         self.since = 0.0         # server time the current tenure began (its acquiring write's; 0 = unknown)
         self.history: tuple[tuple[int, float], ...] = ()  # earlier tenures, carried by every write of ours
         self.active = False
+        self.resumed = False
         self.revision = 0        # our last successful write (while active)
         self.valid_until = 0.0   # clock seconds; active only before this
         self.renewed_at = 0.0    # when our last successful write was started
@@ -348,10 +352,11 @@ class Lease:
         try:
             current = await self.store.get(self.key)
             previous = current.holder if current is not None and current.holder != self.holder else ""
+            resumed = current is not None and self._still_ours(current)
             if current is None:
                 history: tuple[tuple[int, float], ...] = ()
                 revision = await self._write(True, 0)
-            elif current.holder == "" or self._expired(current, started) or self._still_ours(current):
+            elif current.holder == "" or self._expired(current, started) or resumed:
                 at = 0.0 if current.token else await self._written_at(current.revision)
                 history = _tenure_history(current, at)
                 revision = await self._write(False, current.revision, history=history)
@@ -364,6 +369,7 @@ class Lease:
             log.info("lease %s: cannot acquire (%s)", self.key, e)
             return
         self.revision = self.token = revision
+        self.resumed = resumed  # (the compare-and-set on our own revision succeeded: nobody wrote between)
         self.since = await self._written_at(revision)  # the server's time of the acquiring write
         self.history = history
         self.renewed_at = started

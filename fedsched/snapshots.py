@@ -103,6 +103,27 @@ def decode(data: bytes, service: str, version: int) -> Snapshot:
     return Snapshot(service, version, seq, str(doc.get("written_at", "")), state)
 
 
+def checkpoint_due(*, applied_seq: int, written_seq: int, now: float, written_at: float, every_s: float,
+                   every_events: int, retry_at: float = 0.0, force: bool = False) -> bool:
+    """Whether a service should write its next restart checkpoint (the rule the scheduler and
+    admission share).
+
+    Due when something was folded since the last one (``applied_seq > written_seq``, stream
+    sequences) and either ``every_events`` events or ``every_s`` seconds (``now`` and
+    ``written_at`` on one clock) have passed since it -- or at once with ``force``. After a
+    failed attempt the caller sets ``retry_at`` (``now`` plus a period): nothing is due before
+    it unless forced, so a capture that keeps failing costs one fork per period, not one per
+    chance (admission forked its 1 GB image every second while its children crashed).
+    """
+    if applied_seq <= written_seq:
+        return False
+    if force:
+        return True
+    if now < retry_at:
+        return False
+    return applied_seq - written_seq >= every_events or now - written_at >= every_s
+
+
 @contextmanager
 def collector_paused():
     """Pause Python's cyclic garbage collector for a bulk load (restoring a checkpoint).

@@ -1893,6 +1893,7 @@ class AdmissionService:
         self.snapshot_every_events = max(1, snapshot_every_events)
         self.snapshot_seq = 0  #: stream sequence of the last checkpoint written or loaded (0 = none)
         self._snapshot_wall = 0.0
+        self._snapshot_retry_at = 0.0  # after a failed checkpoint: the next try not before this
         self._snapshots = SnapshotStore(bus, "admission") if snapshot_every_s > 0 else None
         self.skipped_inventory = SkippedTypes("admission-inventory")  #: unknown inventory event types skipped
 
@@ -2057,31 +2058,39 @@ class AdmissionService:
 
     async def maybe_snapshot(self, *, force: bool = False) -> bool:
         """Write a checkpoint when one is due; True when written. Written only once every job
-        that left the view before it is in the ended-jobs bucket; a failure is logged and
-        retried at the next chance."""
-        if self._snapshots is None or self.view.applied_seq <= self.snapshot_seq or self.view.rejections:
+        that left the view before it is in the ended-jobs bucket; a failure (or a deferral) is
+        logged and retried a period later (:func:`fedsched.snapshots.checkpoint_due`)."""
+        if self._snapshots is None or self.view.rejections:
             return False
         now = self.wall.time()
-        if not force and (self.view.applied_seq - self.snapshot_seq < self.snapshot_every_events
-                          and now - self._snapshot_wall < self.snapshot_every_s):
+        if not snapshots.checkpoint_due(applied_seq=self.view.applied_seq, written_seq=self.snapshot_seq, now=now,
+                                        written_at=self._snapshot_wall, every_s=self.snapshot_every_s,
+                                        every_events=self.snapshot_every_events, retry_at=self._snapshot_retry_at,
+                                        force=force):
             return False
-        seq = self.view.applied_seq
-        # the read models as they are now, walked and encoded by a forked child (the loop's
-        # own work does not grow with the jobs held: fedsched.snapshots.ForkedCapture)
-        capture = snapshots.ForkedCapture(self.snapshot_bytes)
+        seq, capture = self.view.applied_seq, None
         try:
+            await self.ended.flush()  # what left the view so far: stored before the capture, so it rarely waits
+            seq = self.view.applied_seq
+            # the read models as they are now, walked and encoded by a forked child (the loop's
+            # own work does not grow with the jobs held: fedsched.snapshots.ForkedCapture)
+            capture = snapshots.ForkedCapture(self.snapshot_bytes)
             left = set(self.ended.pending)  # left the view before this state: must be stored first
             await self.ended.flush()
             if left & self.ended.pending.keys():
+                self._snapshot_retry_at = now + self.snapshot_every_s
                 log.warning("admission: snapshot at sequence %d deferred: ended jobs not yet stored", seq)
                 return False
             data = await capture.result()
             await self._snapshots.write(data)
         except Exception as e:  # noqa: BLE001 - a checkpoint is an optimisation; the stream is the truth
-            log.warning("admission: snapshot at sequence %d not written: %s", seq, e)
+            self._snapshot_retry_at = now + self.snapshot_every_s
+            log.warning("admission: snapshot at sequence %d not written: %s; next try in %g s", seq, e,
+                        self.snapshot_every_s)
             return False
         finally:
-            await capture.discard()
+            if capture is not None:
+                await capture.discard()
         self.snapshot_seq, self._snapshot_wall = seq, now
         log.info("admission: snapshot at sequence %d (%d jobs, %d bytes)", seq, len(self.view.jobs), len(data))
         return True

@@ -56,7 +56,10 @@ only the replica holding it is *active* and runs cycles, the others are standbys
 the streams exactly as the active one does (so their state is current). A standby that
 acquires the lease first reads the events stream up to its last sequence at that moment (what
 the former holder published is then folded: nothing is placed twice), then stamps its orders
-with the lease's fencing token (``JobPlaced.fencing_token``, ``JobStop.fencing_token``). Every
+with the lease's fencing token (``JobPlaced.fencing_token``, ``JobStop.fencing_token``). A
+replica that led and lost the lease only because a renewal came too late, and begins its next
+tenure over its own unchanged record (:attr:`fedsched.lease.Lease.resumed`: nobody else wrote the
+lease between), leads on at once with the new token -- no other holder gave orders. Every
 publish goes through a fence that refuses it once the lease is no longer held (a renewal that
 failed, a newer token seen on the bus), so a replica that lost its lease stops publishing
 immediately. Read back from the stream, an order with a token lower than the highest seen is
@@ -335,6 +338,7 @@ class SchedulerService:
         #: not above the highest on the bus (a recreated leases bucket); shown by status()
         self.lease_problem = ""
         self._takeover = lease is not None  # a new tenure must read the stream to its end first
+        self._led_until_loss = False  # the tenure just lost had caught up and led (see _on_lease_change)
         self._stream_end = stream_end if stream_end is not None else self._bus_stream_end
         self.publisher: Publisher = inner if lease is None else FencedPublisher(inner, self._may_publish)
         self.subjects: Subjects = subjects if subjects is not None else bus.subjects
@@ -432,6 +436,7 @@ class SchedulerService:
         self.snapshot_every_events = max(1, snapshot_every_events)
         self.snapshot_seq = 0  #: stream sequence of the last checkpoint written or loaded (0 = none)
         self._snapshot_wall = 0.0
+        self._snapshot_retry_at = 0.0  # after a failed checkpoint: the next try not before this
         self._snapshots: SnapshotStore | None = None
         self._snapshot_task: asyncio.Task | None = None
         self._snapshot_lock = asyncio.Lock()
@@ -458,9 +463,25 @@ class SchedulerService:
         return self.lease is None or (self.lease.is_active() and self.fencing_token == self.lease.token)
 
     def _on_lease_change(self, held: bool) -> None:
-        self._takeover = True  # gained: catch up first; lost: the next gain must catch up too
+        was_leading = self.fencing_token != 0 and not self._takeover
         self.fencing_token = 0
         self._dirty.set()
+        if not held:
+            self._led_until_loss = was_leading
+            self._takeover = True  # the next gain must catch up (unless it resumes this tenure)
+            return
+        if self.lease is not None and self.lease.resumed and self._led_until_loss \
+                and self.lease.token > self.highest_token:
+            # our own tenure resumed (a renewal came too late; no other replica wrote the lease
+            # since our last write): nobody else gave orders, and ours are in the book -- lead on
+            # at once with the new token, no catch-up read and no start-up grace (a scheduler
+            # busy at 100,000 jobs lost its lease every minute and stood still ~20 s each time
+            # reading the stream to an end that kept moving)
+            self.fencing_token = self.highest_token = self.lease.token
+            self._takeover = False
+            log.info("scheduler: lease resumed with fencing token %d", self.fencing_token)
+            return
+        self._takeover = True  # gained: catch up first
 
     async def _bus_stream_end(self) -> int:
         info = await self.bus.js.stream_info(self.bus.stream_name("EVENTS"))
@@ -723,17 +744,20 @@ class SchedulerService:
 
     async def maybe_snapshot(self, *, force: bool = False) -> bool:
         """Write a checkpoint when one is due (``snapshot_every_s`` / ``snapshot_every_events``);
-        True when written. A failure is logged and retried at the next chance.
+        True when written. A failure is logged and retried a period later
+        (:func:`fedsched.snapshots.checkpoint_due`).
 
         The book is captured by a ``fork`` (:class:`fedsched.snapshots.ForkedCapture`): the
         child walks and encodes it, so the loop's own work does not grow with the jobs held;
         awaiting this only waits for the child and the upload (the run loop does that in a
         background task, :meth:`_snapshot_in_background`)."""
-        if self._snapshots is None or self.rejections or self.applied_seq <= self.snapshot_seq:
+        if self._snapshots is None or self.rejections:
             return False
         now = self.liveness.time()
-        if not force and (self.applied_seq - self.snapshot_seq < self.snapshot_every_events
-                          and now - self._snapshot_wall < self.snapshot_every_s):
+        if not snapshots.checkpoint_due(applied_seq=self.applied_seq, written_seq=self.snapshot_seq, now=now,
+                                        written_at=self._snapshot_wall, every_s=self.snapshot_every_s,
+                                        every_events=self.snapshot_every_events, retry_at=self._snapshot_retry_at,
+                                        force=force):
             return False
         async with self._snapshot_lock:  # one write at a time: an older one never lands last
             return await self._write_snapshot(now)
@@ -747,7 +771,9 @@ class SchedulerService:
             data = await capture.result()
             await self._snapshots.write(data)
         except Exception as e:  # noqa: BLE001 - a checkpoint is an optimisation; the stream is the truth
-            log.warning("scheduler: snapshot at sequence %d not written: %s", seq, e)
+            self._snapshot_retry_at = now + self.snapshot_every_s
+            log.warning("scheduler: snapshot at sequence %d not written: %s; next try in %g s", seq, e,
+                        self.snapshot_every_s)
             return False
         finally:
             await capture.discard()

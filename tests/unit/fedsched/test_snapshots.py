@@ -88,3 +88,17 @@ async def test_a_forked_capture_delivers_the_childs_bytes_and_reports_its_failur
         await snapshots.ForkedCapture(fails).result()
     with pytest.raises(SnapshotError):  # a child that does not deliver in time is killed
         await snapshots.ForkedCapture(lambda: __import__("time").sleep(30) or b"", timeout_s=0.2).result()
+
+
+@pytest.mark.parametrize(("kw", "due"), [
+    (dict(applied_seq=10, written_seq=10, now=999, written_at=0), False),       # nothing new since the last one
+    (dict(applied_seq=11, written_seq=10, now=5, written_at=0), False),         # neither a period nor enough events
+    (dict(applied_seq=11, written_seq=10, now=60, written_at=0), True),         # a period passed
+    (dict(applied_seq=110, written_seq=10, now=5, written_at=0), True),         # enough events
+    (dict(applied_seq=110, written_seq=10, now=5, written_at=0, retry_at=30), False),  # failed a moment ago
+    (dict(applied_seq=110, written_seq=10, now=30, written_at=0, retry_at=30), True),  # retry time reached
+    (dict(applied_seq=11, written_seq=10, now=5, written_at=0, retry_at=30, force=True), True),
+    (dict(applied_seq=10, written_seq=10, now=5, written_at=0, force=True), False),   # forced, but nothing new
+])
+def test_when_a_checkpoint_is_due(kw, due):
+    assert snapshots.checkpoint_due(every_s=60, every_events=100, **kw) is due

@@ -227,3 +227,25 @@ async def test_the_capture_is_the_book_at_the_fork_not_after():
     h.submit("after", card_models=("nvidia-a100-80gb",))
     snap = snapshots.decode(await capture.result(), "scheduler", 1)
     assert [j["id"] for j in snap.state["jobs"]] == ["before"] and snap.applied_seq < h.svc.applied_seq
+
+
+class _FailingBucket(_Bucket):
+    async def write(self, data: bytes) -> None:
+        raise ConnectionError("bucket unreachable")
+
+
+async def test_a_failed_checkpoint_is_retried_a_period_later_not_at_the_next_chance(monkeypatch):
+    """One fork per period while checkpoints fail (admission had forked every second)."""
+    h = SchedulerHarness((ClusterSpec(A, node_list=nodes("a", count=1)),), reclaim_after_s=1e9)
+    h.submit("q", card_models=("nvidia-a100-80gb",))
+    await h.cycle()
+    forks = []
+    real = snapshots.ForkedCapture
+    monkeypatch.setattr(snapshots, "ForkedCapture", lambda build: forks.append(1) or real(build, in_child=False))
+    h.svc._snapshots, h.svc.snapshot_every_s, h.svc.snapshot_every_events = _FailingBucket(), 60.0, 1
+    assert not await h.svc.maybe_snapshot() and len(forks) == 1
+    h.submit("q2", card_models=("nvidia-a100-80gb",))
+    assert not await h.svc.maybe_snapshot() and len(forks) == 1  # not retried at once
+    h.svc._snapshots = _Bucket()
+    h.clock.advance(61)  # a period later
+    assert await h.svc.maybe_snapshot() and len(forks) == 2

@@ -193,3 +193,56 @@ async def test_a_token_not_above_the_highest_on_the_bus_refuses_to_lead_and_says
     assert await h.svc.lease.step()
     assert await h.svc.catch_up(timeout_s=0.05) is True
     assert h.svc.status()["lease_problem"] == "" and h.svc.status()["role"] == "active"
+
+
+async def test_a_tenure_resumed_over_our_own_record_leads_at_once_without_reading_the_stream() -> None:
+    """A renewal that came too late (a stalled loop) loses the lease; when nobody wrote it since
+    our last write, the next step begins a new tenure over our own record: the scheduler leads
+    on with the new token at once -- no catch-up read (the stream's end is not even asked) and
+    no start-up grace. Any other gain still catches up."""
+    store = FakeLeaseStore()
+    clock = FakeClock()
+    h = _replica(store, "a", clock)
+    h.svc.lease.on_change.append(h.svc._on_lease_change)  # as run() wires it
+    await _activate(h)
+    first = h.svc.lease.token
+    clock.advance(TTL)  # no renewal in time: validity ran out
+    assert not h.svc.lease.is_active() and not h.svc.leading
+    asked = []
+    h.svc._stream_end = lambda: asked.append(1)  # would be awaited by a catch-up
+    assert await h.svc.lease.step()  # the compare-and-set on our own revision succeeds
+    assert h.svc.lease.resumed and h.svc.lease.token > first
+    assert h.svc.leading and h.svc.fencing_token == h.svc.lease.token and asked == []
+    h.submit("j1")
+    [placed] = await h.cycle()
+    event = next(p.event for p in h.publisher.published if p.event.type == "job.placed")
+    assert event.payload_as(JobPlaced).fencing_token == h.svc.lease.token
+
+
+async def test_a_tenure_gained_after_another_replica_wrote_the_lease_still_catches_up() -> None:
+    store = FakeLeaseStore()
+    clock = FakeClock()
+    h = _replica(store, "a", clock)
+    h.svc.lease.on_change.append(h.svc._on_lease_change)  # as run() wires it
+    await _activate(h)
+    intruder = store.client("b")
+    await intruder.update("scheduler", LeaseRecord("", TTL), store.records["scheduler"].revision)  # released by b
+    clock.advance(TTL)
+    assert await h.svc.lease.step()  # acquires the released lease: not our own record
+    assert not h.svc.lease.resumed and not h.svc.leading  # must catch up first
+    assert await h.svc.catch_up(timeout_s=1.0) and h.svc.leading
+
+
+async def test_a_tenure_that_never_led_resumed_still_catches_up() -> None:
+    """Lost while still catching up: the resumed tenure has not read the former holder's
+    orders either, so it catches up."""
+    store = FakeLeaseStore()
+    clock = FakeClock()
+    h = _replica(store, "a", clock)
+    h.svc.lease.on_change.append(h.svc._on_lease_change)  # as run() wires it
+    assert await h.svc.lease.step()  # held, not caught up
+    clock.advance(TTL)
+    assert not h.svc.lease.is_active()
+    assert await h.svc.lease.step() and h.svc.lease.resumed
+    assert not h.svc.leading
+    assert await h.svc.catch_up(timeout_s=1.0) and h.svc.leading
