@@ -84,3 +84,97 @@ def test_nothing_is_frozen_unless_the_process_entry_point_allowed_it(monkeypatch
     del svc
     gc.collect()
     assert gone() is None
+
+
+# ---------------------------------------------------------------- the process policy
+
+
+@pytest.fixture()
+def policy(monkeypatch):
+    """A fresh :class:`~fedsched.gctune.CollectorPolicy` installed in this process for one test,
+    then removed with everything it froze given back to the collector."""
+    before = gc.get_threshold()
+    p = gctune.CollectorPolicy()
+    p.install(50_000)
+    try:
+        yield p
+    finally:
+        p.uninstall()
+        gc.unfreeze()
+        gc.set_threshold(*before)
+        gc.collect()
+
+
+class _Node:
+    def __init__(self) -> None:
+        self.other = None
+
+
+def test_the_survivors_of_every_collection_are_frozen_and_never_walked_again(policy) -> None:
+    survivor = _Probe()
+    assert any(o is survivor for o in gc.get_objects())  # young: the next collection walks it
+    gc.collect(0)
+    assert policy.freezes >= 1
+    assert gc.is_tracked(survivor) and not any(o is survivor for o in gc.get_objects())
+
+
+def test_garbage_freed_by_reference_count_is_not_held_by_the_freeze(policy) -> None:
+    import weakref
+
+    probe = _Probe()
+    gc.collect(0)  # frozen now
+    gone = weakref.ref(probe)
+    del probe
+    assert gone() is None
+
+
+def test_a_frozen_cycle_is_freed_by_the_next_compaction(policy) -> None:
+    import weakref
+
+    a, b = _Node(), _Node()
+    a.other, b.other = b, a
+    gc.collect(0)  # both frozen while alive
+    gone = weakref.ref(a)
+    del a, b  # a cycle: reference counting cannot free it, and collections no longer see it
+    gc.collect()
+    assert gone() is not None
+    freed = policy.compact()
+    assert gone() is None and freed >= 2
+    assert policy.compactions == 1 and policy.base == gc.get_freeze_count()
+
+
+def test_the_loop_compacts_once_the_frozen_heap_has_grown_past_the_factor(policy, monkeypatch) -> None:
+    """Growth past COMPACT_GROWTH x the heap after the last compaction (and past COMPACT_MIN)
+    schedules one compaction on the running loop, not inside the collection."""
+    import asyncio
+
+    monkeypatch.setattr(gctune, "COMPACT_MIN", 0)
+
+    async def main() -> None:
+        policy.base = 1  # as if the heap had been one object at the last compaction
+        keep = [_Probe() for _ in range(100)]
+        gc.collect(0)
+        assert policy.compactions == 0 and policy._compact_scheduled  # asked, not run inside the collection
+        await asyncio.sleep(0)
+        assert policy.compactions == 1 and not policy._compact_scheduled
+        gc.collect(0)  # no growth since: no second compaction
+        await asyncio.sleep(0)
+        assert policy.compactions == 1
+        del keep
+
+    asyncio.run(main())
+
+
+def test_enable_for_process_installs_the_policy_once(monkeypatch) -> None:
+    before = gc.get_threshold()
+    fresh = gctune.CollectorPolicy()
+    monkeypatch.setattr(gctune, "policy", fresh)
+    try:
+        gctune.enable_for_process()
+        gctune.enable_for_process()
+        assert gc.callbacks.count(fresh.after_collection) == 1
+        assert gc.get_threshold()[0] >= gctune.YOUNG_THRESHOLD
+    finally:
+        fresh.uninstall()
+        gc.unfreeze()
+        gc.set_threshold(*before)
