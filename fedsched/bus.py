@@ -551,6 +551,31 @@ def redact(url: str) -> str:
     return re.sub(r"(://[^:/@,]+:)[^@/,]+@", r"\1***@", url)
 
 
+#: wall seconds of work after which a reader of a fetched batch (a follower folding messages, a
+#: consumer decoding them) hands the event loop back for a turn before going on: a batch of 500
+#: submissions folded in one go held the scheduler's loop for ~0.1-1 s under load, long enough,
+#: with collections and forks on top, for lease renewals to come too late (issue 15)
+TURN_S = 0.005
+
+
+class Turns:
+    """Cooperative turns for a long synchronous stretch on the event loop: ``await
+    turns.take()`` after each unit of work yields to the loop (``asyncio.sleep(0)``: every ready
+    callback -- a lease renewal, a cycle, a gRPC call -- runs) once :data:`TURN_S` seconds have
+    passed since the last yield, and costs one clock read otherwise."""
+
+    __slots__ = ("_until",)
+
+    def __init__(self) -> None:
+        self._until = time.perf_counter() + TURN_S
+
+    async def take(self) -> None:
+        """Yield to the loop if this stretch has run :data:`TURN_S` seconds since the last yield."""
+        if time.perf_counter() >= self._until:
+            await asyncio.sleep(0)
+            self._until = time.perf_counter() + TURN_S
+
+
 async def fetch_fast(sub, batch: int, max_wait_s: float) -> list[Msg]:
     """Fetch up to ``batch`` messages, returning as soon as one has arrived.
 
@@ -937,7 +962,9 @@ class DurableConsumer:
 
     async def _handle(self, msgs: list[Msg]) -> None:
         good: list[Delivery] = []
+        turns = Turns()
         for msg in msgs:
+            await turns.take()
             try:
                 env = _decode(msg)
             except DecodeError as e:
@@ -1156,7 +1183,9 @@ class StreamFollower:
                 except (nats.errors.TimeoutError, asyncio.TimeoutError):
                     self.caught_up.set()
                     continue
+                turns = Turns()
                 for msg in msgs:
+                    await turns.take()
                     delivered = msg.metadata.sequence.consumer
                     if delivered != self._expect_delivery:  # a delivery was lost: re-read from the stream
                         self.gaps += 1

@@ -368,3 +368,59 @@ async def test_publish_acks_gives_each_event_its_ack_a_repeat_is_a_duplicate_and
     assert acks[3].duplicate and acks[3].seq == 1
     info = await bus.js.stream_info(bus.stream_name("EVENTS"))
     assert info.state.messages == 2
+
+
+async def test_a_follower_folding_a_long_batch_hands_the_loop_back_between_messages(bus):
+    """A fetched batch is folded in turns (fedsched.bus.Turns): with a handler that takes 1 ms
+    per message, another task on the loop -- a lease renewal, a cycle -- waits a few ms, not the
+    whole batch (before: 400 messages held the loop ~0.4 s)."""
+    subject = bus.subjects.status("cn-north-1", "cn-north-1-c1")
+    n = 400
+    await bus.publish_many([(subject, _event(i), None) for i in range(n)])
+    seen = []
+
+    def slow(d):
+        until = time.perf_counter() + 0.001
+        while time.perf_counter() < until:
+            pass
+        seen.append(d)
+
+    f = StreamFollower(bus, "EVENTS", slow, name="slow", filter_subjects=[subject], batch=n)
+    gaps, last = [], [time.perf_counter()]
+
+    async def ticker():
+        while len(seen) < n:
+            await asyncio.sleep(0)
+            now = time.perf_counter()
+            gaps.append(now - last[0])
+            last[0] = now
+
+    task = asyncio.create_task(f.run())
+    await asyncio.wait_for(ticker(), 20)
+    f.stop()
+    await task
+    assert len(seen) == n
+    assert max(gaps) < 0.1, f"the loop was held {max(gaps) * 1000:.0f} ms"
+
+
+async def test_turns_yield_only_once_their_time_is_up(monkeypatch):
+    from fedsched import bus as busmod
+
+    now = [100.0]
+    monkeypatch.setattr(busmod.time, "perf_counter", lambda: now[0])
+    yields = []
+    real_sleep = asyncio.sleep
+
+    async def sleep(s):
+        yields.append(s)
+        await real_sleep(s)
+
+    monkeypatch.setattr(busmod.asyncio, "sleep", sleep)
+    turns = busmod.Turns()
+    await turns.take()
+    assert yields == []
+    now[0] += busmod.TURN_S
+    await turns.take()
+    assert yields == [0]
+    await turns.take()
+    assert yields == [0]  # a new turn began
