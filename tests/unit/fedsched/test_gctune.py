@@ -144,25 +144,50 @@ def test_a_frozen_cycle_is_freed_by_the_next_compaction(policy) -> None:
 
 
 def test_the_loop_compacts_once_the_frozen_heap_has_grown_past_the_factor(policy, monkeypatch) -> None:
-    """Growth past COMPACT_GROWTH x the heap after the last compaction (and past COMPACT_MIN)
-    schedules one compaction on the running loop, not inside the collection."""
+    """An estimated growth past COMPACT_GROWTH x the heap at the last compaction (and past
+    COMPACT_MIN) asks the running loop for a check -- not inside the collection --, which counts
+    the frozen heap and compacts once."""
     import asyncio
 
     monkeypatch.setattr(gctune, "COMPACT_MIN", 0)
 
     async def main() -> None:
-        policy.base = 1  # as if the heap had been one object at the last compaction
+        policy.base = policy.estimate = 1  # as if the heap had been one object at the last compaction
         keep = [_Probe() for _ in range(100)]
         gc.collect(0)
-        assert policy.compactions == 0 and policy._compact_scheduled  # asked, not run inside the collection
+        assert policy.compactions == 0 and policy._check_scheduled  # asked, not run inside the collection
         await asyncio.sleep(0)
-        assert policy.compactions == 1 and not policy._compact_scheduled
+        assert policy.compactions == 1 and not policy._check_scheduled
         gc.collect(0)  # no growth since: no second compaction
         await asyncio.sleep(0)
         assert policy.compactions == 1
         del keep
 
     asyncio.run(main())
+
+
+def test_an_estimate_the_true_count_does_not_confirm_restarts_from_the_count(policy, monkeypatch) -> None:
+    """Frozen objects that died since are not in the estimate: the check counts, and without
+    real growth it only resets the estimate (no compaction)."""
+    monkeypatch.setattr(gctune, "COMPACT_MIN", 0)
+    true = gc.get_freeze_count()
+    policy.base, policy.estimate = true, 10 * true + 10
+    assert policy.check() is False and policy.compactions == 0
+    assert policy.base == policy.estimate == true
+
+
+def test_the_hook_never_counts_the_frozen_heap(policy, monkeypatch) -> None:
+    """gc.get_freeze_count walks the permanent generation (78 ms at ~1M objects): the hook,
+    run after every collection, must not call it."""
+    calls = []
+    real = gc.get_freeze_count
+    monkeypatch.setattr(gctune.gc, "get_freeze_count", lambda: calls.append(1) or real())
+    keep = [_Probe() for _ in range(1000)]
+    for _ in range(5):
+        gc.collect(0)
+    assert policy.freezes >= 5 and calls == []
+    assert policy.estimate >= policy.base  # what the collections froze was added up
+    del keep
 
 
 def test_enable_for_process_installs_the_policy_once(monkeypatch) -> None:
