@@ -880,7 +880,7 @@ def make_event(
         raise EventTypeError(event_type.value, f"payload must be {expected.__name__}, not "
                                                f"{payload.__class__.__name__}", expected=expected.__name__,
                              got=payload.__class__.__name__)
-    return Envelope(
+    env = Envelope(
         event_id=event_id or random_event_id(),
         type=event_type.value,
         occurred_at=to_datetime(occurred_at),
@@ -888,6 +888,12 @@ def make_event(
         payload=payload.model_dump(mode="json"),
         **routing,
     )
+    # the payload model it was built from is what payload_as(expected) would parse from that
+    # dict (a validated model dumped and read back is equal to itself): a reader in this process
+    # (the scheduler reading back its placements, admission its submissions; every service when
+    # embedded) takes it without validating the payload again
+    object.__setattr__(env, "_payload_cache", (env.payload, {expected: payload}))
+    return env
 
 
 # --------------------------------------------------------------------------- subjects
