@@ -238,6 +238,10 @@ class _TraceAttempt:
     nodes: tuple[str, ...]
 
 
+#: the step of a status event's business id (job, attempt, shard, step) by type; every other
+#: status is its attempt's end
+_STATUS_STEP = {EventType.JOB_STARTED: "started", EventType.JOB_REJECTED: "rejected"}
+
 TRACE_FAILURE = "exited with failure (trace outcome)"  #: message of a trace attempt that fails
 TRACE_NO_LOGS = ("the trace backend keeps no logs: attempt {key} ran no workload (a simulated run from a trace); "
                  "logs exist for attempts on kubernetes and slurm clusters")
@@ -488,6 +492,7 @@ class ClusterAgent:
         if hasattr(backend, "on_change"):
             backend.on_change = self._poked.set
         self.producer = f"agent/{cluster.name}"
+        self._status_subject = self.subjects.status(cluster.region, cluster.name)  # where its status events go
         #: node -> allocations; filled from ``backend.inventory()`` (:meth:`refresh_inventory`)
         self.ledger: dict[str, NodeLedger] = {}
         self.running: dict[tuple[str, int, int], RunningJob] = {}
@@ -1173,7 +1178,7 @@ class ClusterAgent:
         its event id is the business id (job, attempt, shard, step), so a report sent again is
         stored once."""
         spec = placed.spec
-        step = {EventType.JOB_STARTED: "started", EventType.JOB_REJECTED: "rejected"}.get(type_, "ended")
+        step = _STATUS_STEP.get(type_, "ended")
         payload = JobStatus(
             card_model=placed.card_model, gpu_milli=spec.total_gpu_milli, cpu_milli=spec.cpu_milli * spec.workers,
             memory_mib=spec.memory_mib * spec.workers, started_at=to_datetime(started_at) if started_at else None,
@@ -1192,7 +1197,7 @@ class ClusterAgent:
         tp = {k: v for k, v in (headers or {}).items() if k in ("traceparent", "tracestate")}
         if tp and telemetry.current_trace_id() == telemetry.trace_id_of(tp):
             tp = telemetry.inject_headers()  # inside this attempt's own span: a child of it
-        return self.subjects.status(self.cluster.region, self.cluster.name), event, tp
+        return self._status_subject, event, tp
 
     # ------------------------------------------------------------------ time
 
