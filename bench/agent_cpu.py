@@ -140,6 +140,7 @@ class GcClock:
         self.total = 0.0
         self.full = 0.0
         self.collections = [0, 0, 0]
+        self.fulls: list[tuple[float, int]] = []  # (CPU seconds, objects collected) of each full collection
         self._t = 0.0
 
     def __call__(self, phase: str, info: dict) -> None:
@@ -151,6 +152,7 @@ class GcClock:
         self.collections[info["generation"]] += 1
         if info["generation"] == 2:
             self.full += d
+            self.fulls.append((d, info["collected"]))
 
 
 class CpuSampler:
@@ -270,6 +272,15 @@ async def main(a) -> None:
         await asyncio.sleep(0.05)
     await asyncio.sleep(1.5)  # every agent through its first heartbeat
 
+    batches = [0]
+    handle = ClusterAgent.handle
+
+    async def counted(self, deliveries):  # (the consumers take agent.handle when they start: wrap the instances)
+        batches[0] += 1
+        return await handle(self, deliveries)
+
+    for agent in agents:
+        agent._consumer.handler = counted.__get__(agent)
     counters = []
     for agent in agents:
         agent.bus.nc._transport = counting = CountingWrites(agent.bus.nc._transport)
@@ -323,7 +334,10 @@ async def main(a) -> None:
     print(f"  garbage collection: {gc_s:.2f} s ({100 * gc_s / cpu if cpu else 0:.0f}% of the CPU), collections "
           f"{gclock.collections} (full {gc_full:.2f} s)")
     print(f"  per job: {writes / a.jobs:.2f} socket writes, {sent / a.jobs:.2f} messages sent, "
-          f"{got / a.jobs:.2f} received (the agents' connections)")
+          f"{got / a.jobs:.2f} received (the agents' connections); {a.jobs / max(batches[0], 1):.1f} placements "
+          f"per batch handled")
+    print(f"  full collections (CPU s, objects collected): "
+          f"{', '.join(f'{d:.2f}/{n}' for d, n in gclock.fulls)}; tracked objects now {len(gc.get_objects())}")
     prev = (0, c0, 0.0, t0)
     for seg in segments:
         n = seg[0] - prev[0]
