@@ -57,7 +57,7 @@ from fedsched.jobs import JobSpec  # noqa: E402
 from fedsched.lease import nats_lease  # noqa: E402
 from fedsched.metrics import AgentMetrics  # noqa: E402
 from fedsched.natsd import EmbeddedNats  # noqa: E402
-from services.inventory.agent import ClusterAgent, TraceBackend  # noqa: E402
+from services.inventory.agent import ClusterAgent, SharedReads, TraceBackend, shared_lease_reader  # noqa: E402
 from services.inventory.trace import CLUSTERS, TraceNode  # noqa: E402
 from services.scheduler.service import order_event_id  # noqa: E402
 
@@ -259,11 +259,13 @@ async def main(a) -> None:
     clock = SystemClock()
     metrics = AgentMetrics()
     agents: list[ClusterAgent] = []
+    lease_reads = SharedReads()
     for cluster in CLUSTERS:
         backend = TraceBackend(cluster_nodes(cluster.name, per_cluster), clock=clock)
         bus = await Bus.connect(nats.url, a.prefix, name=f"agent-{cluster.name}")
+        # as fedapp.runtime makes them: the agents share their reads of the scheduler lease
         agents.append(ClusterAgent(bus, clock, cluster, backend, heartbeat_interval_s=1.0, tick_s=0.01,
-                                   metrics=metrics))
+                                   metrics=metrics, tenure=shared_lease_reader(lease_reads, bus)))
     set_gc_policy(a.gc)
     tasks = [asyncio.create_task(agent.run(), name=agent.durable) for agent in agents]
     deadline = time.monotonic() + 60
@@ -292,7 +294,7 @@ async def main(a) -> None:
            "--jobs", str(a.jobs), "--rate", str(a.rate), "--batch", str(a.batch), "--token", str(lease.token)]
     sampler = CpuSampler(a.cpu_profile) if a.cpu_profile else None
     publisher = subprocess.Popen(cmd)
-    c0, t0 = cpu_s(), time.monotonic()
+    c0, t0, reads0 = cpu_s(), time.monotonic(), lease_reads.calls
     if sampler is not None:
         sampler.start()
     segments: list[tuple[int, float, float, float]] = []  # (started jobs, cpu s, gc s, wall s) at each mark
@@ -335,7 +337,7 @@ async def main(a) -> None:
           f"{gclock.collections} (full {gc_full:.2f} s)")
     print(f"  per job: {writes / a.jobs:.2f} socket writes, {sent / a.jobs:.2f} messages sent, "
           f"{got / a.jobs:.2f} received (the agents' connections); {a.jobs / max(batches[0], 1):.1f} placements "
-          f"per batch handled")
+          f"per batch handled, {(lease_reads.calls - reads0) / max(batches[0], 1):.2f} lease reads per batch")
     print(f"  full collections (CPU s, objects collected): "
           f"{', '.join(f'{d:.2f}/{n}' for d, n in gclock.fulls)}; tracked objects now {len(gc.get_objects())}")
     prev = (0, c0, 0.0, t0)

@@ -149,6 +149,15 @@ class SharedReads:
 _SHARED_READS: "weakref.WeakKeyDictionary[object, dict[tuple[str, str], SharedReads]]" = weakref.WeakKeyDictionary()
 
 
+def shared_lease_reader(reads: SharedReads, bus: Bus) -> Callable[[], Awaitable[Tenure | None]]:
+    """An agent's ``tenure`` (:class:`ClusterAgent`): the scheduler lease's tenure read through
+    ``reads``, on ``bus``'s connection when this agent asks first. Give one ``reads`` only to
+    agents of one federation (a runtime's agents, each on a connection of its own: ``up
+    --processes`` runs every cluster's agent in one process, issue 15) -- a read made on one's
+    connection is then valid for each of them (see :class:`SharedReads`)."""
+    return functools.partial(reads, functools.partial(read_tenure, bus))
+
+
 def shared_tenure_reads(bus: Bus) -> SharedReads:
     """The :class:`SharedReads` of the scheduler lease of ``bus``'s federation (its prefix and
     JetStream domain) on ``bus``'s NATS connection: agents sharing a connection share their
@@ -464,7 +473,9 @@ class ClusterAgent:
         metrics: where running jobs, placements received and backend errors are counted (labels
             region and cluster; default: a registry of its own, served by nobody).
         tenure: reads the scheduler lease's current tenure (None: the lease is not read, only the
-            highest token seen fences; default with a bus: :func:`~fedsched.lease.read_tenure`).
+            highest token seen fences; default with a bus: :func:`~fedsched.lease.read_tenure`,
+            shared with the agents on the same connection, :func:`shared_tenure_reads`; a
+            runtime shares it among all its agents with :func:`shared_lease_reader`).
         retain_done: ended attempts remembered (``done``) and (job, shard) fencing records kept
             (``highest``), the newest of each; older ones are forgotten so memory does not grow
             with history (:mod:`fedsched.bounded`). A placement of an attempt forgotten that
@@ -504,7 +515,7 @@ class ClusterAgent:
         self.stale_refused = 0  # orders refused for a stale fencing token
         #: reads the scheduler lease's tenure before each batch of orders (None: not read)
         self._read_tenure = tenure if tenure is not None else (
-            functools.partial(shared_tenure_reads(bus), functools.partial(read_tenure, bus)) if bus is not None else None)
+            shared_lease_reader(shared_tenure_reads(bus), bus) if bus is not None else None)
         self.tenure: Tenure | None = None  #: the scheduler lease's tenure, as last read
         #: (job, shard) -> key of the attempt running here (at most one after fencing)
         self._live: dict[tuple[str, int], tuple[str, int, int]] = {}
