@@ -141,6 +141,17 @@ class Dataset(BaseModel):
 Milli = Annotated[int, Field(ge=0, le=10**9)]
 
 
+def _names(kind: str, values: tuple[str, ...], field: str) -> tuple[str, ...]:
+    """``values`` if each is a canonical name of ``kind`` (:func:`fedsched.naming.check_name`).
+
+    Raises:
+        InvalidName: the first that is not, naming ``field``.
+    """
+    for value in values:
+        naming.check_name(kind, value, field)
+    return values
+
+
 class JobSpec(BaseModel):
     """Everything a job asks for (immutable).
 
@@ -228,20 +239,27 @@ class JobSpec(BaseModel):
     def _home(cls, v: str) -> str:
         return naming.check_name("region", v, "home_region")
 
-    @field_validator("allowed_regions", "forbidden_regions")
+    # (one validator per field, without pydantic's ValidationInfo, and nothing made for an empty
+    # tuple: every service validates a JobSpec per job message it reads -- issue 15)
+    @field_validator("allowed_regions")
     @classmethod
-    def _regions(cls, v: tuple[str, ...], info) -> tuple[str, ...]:
-        return tuple(naming.check_name("region", r, info.field_name) for r in v)
+    def _allowed(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        return _names("region", v, "allowed_regions")
+
+    @field_validator("forbidden_regions")
+    @classmethod
+    def _forbidden(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        return _names("region", v, "forbidden_regions")
 
     @field_validator("residency_tags")
     @classmethod
     def _tags(cls, v: tuple[str, ...]) -> tuple[str, ...]:
-        return tuple(naming.check_name("residency_tag", t, "residency_tags") for t in v)
+        return _names("residency_tag", v, "residency_tags")
 
     @field_validator("card_models")
     @classmethod
     def _cards(cls, v: tuple[str, ...]) -> tuple[str, ...]:
-        return tuple(sorted(set(v)))
+        return v if len(v) < 2 else tuple(sorted(set(v)))  # (0 or 1: already sorted and distinct)
 
     @field_validator("annotations")
     @classmethod

@@ -407,6 +407,9 @@ class AgentMetrics(ServiceMetrics):
         self.backend_errors = Counter(_name("agent_backend_errors"),
                                       "Errors from the cluster's backend (a count) by operation (inventory, "
                                       "launch, stop, list, logs)", ["region", "cluster", "operation"], registry=r)
+        #: (region, cluster) -> its child of ``placements_received`` (``labels()`` locks and looks
+        #: it up by its label values: once per agent, not once per placement)
+        self._received: dict[tuple[str, str], Counter] = {}
 
     def attach(self, region: str, cluster: str, running: Callable[[], int]) -> None:
         """Register one agent: its running-jobs gauge reads ``running()`` at scrape time (an
@@ -418,7 +421,10 @@ class AgentMetrics(ServiceMetrics):
 
     def received(self, region: str, cluster: str) -> None:
         """Count one placement received."""
-        self.placements_received.labels(region, cluster).inc()
+        child = self._received.get((region, cluster))
+        if child is None:
+            child = self._received[(region, cluster)] = self.placements_received.labels(region, cluster)
+        child.inc()
 
     def backend_error(self, region: str, cluster: str, operation: str) -> None:
         """Count one backend error of ``operation`` (one of :data:`OPERATIONS`)."""

@@ -97,3 +97,26 @@ def test_reads_are_shared_per_connection_never_across_two():
     assert shared_tenure_reads(a) is shared_tenure_reads(a_again)
     assert shared_tenure_reads(a) is not shared_tenure_reads(b)
     assert shared_tenure_reads(Bus(one, "fed2")) is not shared_tenure_reads(a)
+
+
+async def test_agents_given_one_shared_reads_share_a_read_across_their_connections(monkeypatch):
+    """A runtime's agents (one federation, a connection each) share their reads: callers in one
+    pass get one read, made on the connection of the one that asked first."""
+    import nats
+
+    from fedsched.bus import Bus
+    from services.inventory import agent as agent_module
+
+    made_on: list[Bus] = []
+
+    async def read_tenure(bus):
+        made_on.append(bus)
+        return Tenure(7, 0.0, "scheduler-a")
+
+    monkeypatch.setattr(agent_module, "read_tenure", read_tenure)
+    reads = SharedReads()
+    first, second = Bus(nats.NATS(), name="agent-1"), Bus(nats.NATS(), name="agent-2")
+    readers = [agent_module.shared_lease_reader(reads, first), agent_module.shared_lease_reader(reads, second)]
+    got = await asyncio.gather(*(read() for read in readers))
+    assert [t.token for t in got] == [7, 7] and reads.calls == 1 and reads.joined == 1 and made_on == [first]
+    assert (await readers[1]()).token == 7 and made_on == [first, second]  # a later call reads on its own
