@@ -20,6 +20,12 @@
    store calls on the writer thread, the main thread, and the embedded engine's own threads
    (chDB's query and merge pools: the rest of the process's CPU).
 
+The collector: ``fedsched up --processes`` lets the store process tune it
+(:func:`fedsched.gctune.enable_for_process`: the services freeze the start-up heap and raise the
+young threshold); this benchmark does not, unless ``--service-gc`` is given, so by default the
+collector runs with CPython's settings and ``--no-gc-tuning`` / ``--gc-young`` change nothing
+without ``--service-gc``.
+
 A benchmark, not a test: run it by hand and record the figure with ``uptime`` beside it.
 """
 
@@ -176,6 +182,10 @@ async def main(a) -> None:
                 gc_cpu[1] += c
 
     gc.callbacks.append(on_gc)
+    if a.service_gc:
+        from fedsched.gctune import enable_for_process
+
+        enable_for_process()  # as the store process of `fedsched up --processes` does
     c0, t0, m0 = cpu_s(), time.monotonic(), time.thread_time()
     tasks = [asyncio.create_task(audit.run()), asyncio.create_task(billing.run())]
     deadline = t0 + a.timeout
@@ -216,6 +226,8 @@ if __name__ == "__main__":
     p.add_argument("--rate", type=float, default=0.0, help="jobs/s offered while the services run (0: backlog)")
     p.add_argument("--ended", type=float, default=0.0, help="fraction of jobs that also end (billed)")
     p.add_argument("--linger", type=float, default=None, help="the writers' linger_s (default: theirs)")
+    p.add_argument("--service-gc", action="store_true",
+                   help="let the services tune the collector, as in `fedsched up --processes` (default: CPython's)")
     p.add_argument("--no-gc-tuning", action="store_true", help="the services leave the collector alone")
     p.add_argument("--gc-young", type=int, default=0, help="the services' young threshold (default: theirs)")
     p.add_argument("--timeout", type=float, default=300.0)
