@@ -12,7 +12,9 @@ redelivery, restarts and replays:
 
 1. :meth:`Store.insert_new` looks up which keys of a batch are already in the table and inserts
    only the others. With one writer per table (the audit and billing consumers each own theirs)
-   that alone is exact.
+   that alone is exact. The keys a store itself wrote lately are remembered (bounded), so a
+   batch written again a moment ago (redelivered, bisected) is not looked up; every other key is
+   asked of the engine, which remains the authority (across restarts and other writers).
 2. Each insert carries ``insert_deduplication_token`` = a hash of the table and the keys it
    writes, and every table keeps a deduplication window (migration 0002 sets
    ``non_replicated_deduplication_window``; Replicated tables have one by default). A retry of
