@@ -15,6 +15,16 @@
    (every thread: the event loop and chDB's) per job, the wall time, and the rows written (it
    checks one ``events`` row per event -- and per ``usage.recorded`` billing published -- one
    ``decisions`` row per job and one ``usage`` row per ended job).
+4. It also splits the CPU: garbage collection (CPU seconds of the thread that collected, and
+   the wall seconds, which on a busy machine include time the collector waited for a core), the
+   store calls on the writer thread, the main thread, and the embedded engine's own threads
+   (chDB's query and merge pools: the rest of the process's CPU).
+
+The collector: ``fedsched up --processes`` lets the store process tune it
+(:func:`fedsched.gctune.enable_for_process`: the services freeze the start-up heap and raise the
+young threshold); this benchmark does not, unless ``--service-gc`` is given, so by default the
+collector runs with CPython's settings and ``--no-gc-tuning`` / ``--gc-young`` change nothing
+without ``--service-gc``.
 
 A benchmark, not a test: run it by hand and record the figure with ``uptime`` beside it.
 """
@@ -153,20 +163,29 @@ async def main(a) -> None:
         kw["gc_young_threshold"] = a.gc_young
     audit = AuditService(bus, astore, **kw)
     billing = BillingService(bus, astore, load_price_catalog(), **kw)
-    gc_time = [0.0, 0, 0.0]  # seconds in collections, full collections, seconds in full ones
-    started = [0.0]
+    gc_time = [0.0, 0, 0.0]  # wall seconds in collections, full collections, wall seconds in full ones
+    gc_cpu = [0.0, 0.0]  # CPU seconds in collections (the collecting thread's), of which in full ones
+    started = [0.0, 0.0]
 
     def on_gc(phase, info):
         if phase == "start":
             started[0] = time.perf_counter()
+            started[1] = time.thread_time()
         else:
             d = time.perf_counter() - started[0]
+            c = time.thread_time() - started[1]
             gc_time[0] += d
+            gc_cpu[0] += c
             if info["generation"] == 2:
                 gc_time[1] += 1
                 gc_time[2] += d
+                gc_cpu[1] += c
 
     gc.callbacks.append(on_gc)
+    if a.service_gc:
+        from fedsched.gctune import enable_for_process
+
+        enable_for_process()  # as the store process of `fedsched up --processes` does
     c0, t0, m0 = cpu_s(), time.monotonic(), time.thread_time()
     tasks = [asyncio.create_task(audit.run()), asyncio.create_task(billing.run())]
     deadline = t0 + a.timeout
@@ -189,8 +208,12 @@ async def main(a) -> None:
           f"cpu {c1 - c0:.2f} s = {1000 * (c1 - c0) / a.jobs:.3f} ms/job, wall {t1 - t0:.1f} s; rows events {rows} "
           f"(distinct {ids}), decisions {decisions}, usage {usage}; load {os.getloadavg()[0]:.1f}")
     gc.callbacks.remove(on_gc)
-    print(f"  garbage collection: {gc_time[0]:.2f} s, of which {gc_time[1]} full collections {gc_time[2]:.2f} s")
-    print(f"  store calls: {engine[0]:.2f} s CPU on the writer thread; main thread {main_cpu:.2f} s")
+    cpu = c1 - c0
+    print(f"  garbage collection: {gc_time[0]:.2f} s, of which {gc_time[1]} full collections {gc_time[2]:.2f} s (wall); "
+          f"CPU {gc_cpu[0]:.2f} s, of which full {gc_cpu[1]:.2f} s; without it {cpu - gc_cpu[0]:.2f} s = "
+          f"{1000 * (cpu - gc_cpu[0]) / a.jobs:.3f} ms/job")
+    print(f"  store calls: {engine[0]:.2f} s CPU on the writer thread; main thread {main_cpu:.2f} s; "
+          f"the engine's own threads (the rest) {max(0.0, cpu - main_cpu - engine[0]):.2f} s")
     print("  inserts per table (calls, rows offered): " + ", ".join(f"{t} {c[0]} ({c[1]})" for t, c in calls.items()))
     await bus.close()
     nats.stop()
@@ -203,6 +226,8 @@ if __name__ == "__main__":
     p.add_argument("--rate", type=float, default=0.0, help="jobs/s offered while the services run (0: backlog)")
     p.add_argument("--ended", type=float, default=0.0, help="fraction of jobs that also end (billed)")
     p.add_argument("--linger", type=float, default=None, help="the writers' linger_s (default: theirs)")
+    p.add_argument("--service-gc", action="store_true",
+                   help="let the services tune the collector, as in `fedsched up --processes` (default: CPython's)")
     p.add_argument("--no-gc-tuning", action="store_true", help="the services leave the collector alone")
     p.add_argument("--gc-young", type=int, default=0, help="the services' young threshold (default: theirs)")
     p.add_argument("--timeout", type=float, default=300.0)

@@ -130,6 +130,37 @@ async def test_a_batch_written_twice_after_a_crash_is_not_doubled(bus, store):
     assert total == expected.quantize(Decimal("0.000001"))
 
 
+async def test_a_batch_redelivered_to_a_restarted_writer_is_not_doubled(bus, store):
+    """The writers remember the keys they wrote lately (no lookup for a batch written again a
+    moment ago); a restarted writer remembers nothing, and the engine's answer keeps every event
+    and usage line once."""
+    from fedsched.store import Store
+
+    subject = bus.subjects.status("cn-east-1", "cn-east-1-c1")
+    events = [_status("job.finished", job=f"j-{i}", at=START + 60 * (i + 1)) for i in range(12)]
+    deliveries = [Delivery(e, subject, {}, i + 1, 1) for i, e in enumerate(events)]
+    placements = bus.subjects.placements("cn-east-1", "cn-east-1-c1")
+    placed = [Delivery(placement_of(e), placements, {}, 100 + i, 1) for i, e in enumerate(events)]
+
+    async def write_all(astore: AsyncStore) -> None:
+        audit = AuditService(bus, astore)
+        billing = BillingService(bus, astore, load_price_catalog())
+        await billing.write(placed)
+        await audit.write(placed)
+        await audit.write(deliveries)
+        await billing.write(deliveries)
+
+    await write_all(AsyncStore(store))
+    restarted = Store(store.client, store.database, embedded=store.embedded, cluster=store.cluster)
+    await write_all(AsyncStore(restarted))
+    db = store.database
+    assert store.query(f"SELECT type, count(), uniqExact(event_id) FROM {db}.events WHERE type IN "
+                       f"('job.finished', 'job.placed') GROUP BY type ORDER BY type").rows == [
+        ("job.finished", 12, 12), ("job.placed", 12, 12)]
+    assert store.query(f"SELECT count(), uniqExact(event_id) FROM {db}.decisions").rows == [(12, 12)]
+    assert store.query(f"SELECT count(), uniqExact(usage_id) FROM {db}.usage").rows == [(12, 12)]
+
+
 async def test_migrations_are_idempotent_and_recorded(store):
     assert store.migrate() == []
     assert store.schema_version() >= 1

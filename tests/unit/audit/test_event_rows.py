@@ -58,3 +58,41 @@ def test_a_non_finite_float_is_refused_never_stored_as_null(value) -> None:
 def test_a_payload_with_nulls_and_finite_floats_is_written_exactly() -> None:
     value = {"a": None, "b": [None, 1.5, -0.0, 1e308], "c": {"d": None}}
     assert json.loads(to_json(value)) == value
+
+
+class _Msg:
+    """A stream message's bytes (what :class:`~fedsched.bus.Delivery` keeps as ``msg``)."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+
+def _started(payload: dict):
+    from fedsched.events import Envelope
+
+    env = make_event("job.started", JobStatus(card_model="nvidia-t4-16gb", gpu_milli=1000), producer="agent/c1",
+                     occurred_at=1.7e9, region="cn-north-1", cluster="c1", job_id="j1", attempt=1)
+    return Envelope.model_construct(**{**env.model_dump(), "payload": payload})
+
+
+def test_a_payload_the_message_says_verbatim_is_stored_as_it_says() -> None:
+    """The payload's JSON found in the message's own bytes is what the message says (standard
+    JSON: no look for non-finite floats needed); the same payload without its message is looked
+    through, and a NaN in it refused."""
+    from fedsched.bus import Delivery
+
+    subject = Subjects("t").status("cn-north-1", "c1")
+    clean = _started({"a": None, "b": [1.5, 2]})
+    wire = clean.to_bytes()
+    row = dict(zip(EVENT_COLUMNS, event_row(Delivery(clean, subject, {}, 1, 1, _Msg(wire)))))
+    assert json.loads(row["payload"]) == {"a": None, "b": [1.5, 2]}
+    # a value built in this process with a NaN, whose message says null there: stored as the message says
+    built = _started({"a": None, "b": [float("nan"), 2]})
+    said = _started({"a": None, "b": [None, 2]}).to_bytes()
+    row = dict(zip(EVENT_COLUMNS, event_row(Delivery(built, subject, {}, 1, 1, _Msg(said)))))
+    assert json.loads(row["payload"]) == {"a": None, "b": [None, 2]}
+    # without its message (or with a message that does not say it) the NaN is refused, never written as null
+    with pytest.raises(ValueError):
+        event_row(Delivery(built, subject, {}, 1, 1))
+    with pytest.raises(ValueError):
+        event_row(Delivery(built, subject, {}, 1, 1, _Msg(wire)))
