@@ -295,12 +295,6 @@ async def test_a_reader_in_the_publishing_process_gets_the_published_envelope_wi
     from fedsched.events import Envelope
 
     subject = bus.subjects.status("cn-north-1", "cn-north-1-c1")
-    mine = [_event(300 + i) for i in range(5)]
-    assert all(await bus.publish_many([(subject, e, None) for e in mine[:4]]))
-    await bus.publish(subject, mine[4])
-    foreign = _event(400)
-    await bus.nc.publish(subject, foreign.to_bytes())  # (a plain publish: no ack, nothing remembered)
-    await bus.nc.flush()
     decoded = []
     real = Envelope.from_bytes.__func__
 
@@ -311,7 +305,14 @@ async def test_a_reader_in_the_publishing_process_gets_the_published_envelope_wi
     monkeypatch.setattr(Envelope, "from_bytes", classmethod(counting))
     seen = []
     f = StreamFollower(bus, "EVENTS", seen.append, name="own", filter_subjects=[subject])
-    task = asyncio.create_task(f.run())
+    task = asyncio.create_task(f.run())  # a reader of this process first (a service follows, then publishes)
+    await asyncio.sleep(0.1)
+    mine = [_event(300 + i) for i in range(5)]
+    assert all(await bus.publish_many([(subject, e, None) for e in mine[:4]]))
+    await bus.publish(subject, mine[4])
+    foreign = _event(400)
+    await bus.nc.publish(subject, foreign.to_bytes())  # (a plain publish: no ack, nothing remembered)
+    await bus.nc.flush()
     deadline = time.monotonic() + 10
     while len(seen) < 6 and time.monotonic() < deadline:
         await asyncio.sleep(0.02)
@@ -424,3 +425,46 @@ async def test_turns_yield_only_once_their_time_is_up(monkeypatch):
     assert yields == [0]
     await turns.take()
     assert yields == [0]  # a new turn began
+
+
+def test_subject_filters_match_as_nats_does():
+    from fedsched.bus import subject_matches
+
+    for pattern, subject, ok in [("a.b.c", "a.b.c", True), ("a.*.c", "a.x.c", True), ("a.*", "a.x.c", False),
+                                 ("a.>", "a.x.c", True), ("a.>", "a", False), ("a.b", "a.b.c", False),
+                                 ("a.b.c", "a.b", False), (">", "a", True), ("*.b.>", "x.b.c.d", True)]:
+        assert subject_matches(pattern, subject) is ok, (pattern, subject)
+
+
+async def test_a_decoded_message_is_kept_for_exactly_the_other_local_readers_of_its_subject(bus):
+    """The shared decode (fedsched.bus._DECODED) keeps an envelope until the last reader of this
+    process whose filter takes it has read it, and keeps none nobody else will read (issue 15:
+    the agents' process held ~8,000 envelopes for readers that never came)."""
+    from fedsched import bus as busmod
+
+    status = bus.subjects.status("cn-north-1", "cn-north-1-c1")
+    placements = bus.subjects.placements("cn-north-1", "cn-north-1-c1")
+    got: dict[str, list] = {"all": [], "status": [], "placements": []}
+    readers = [StreamFollower(bus, "EVENTS", got["all"].append, name="all", filter_subjects=[f"{bus.prefix}.>"]),
+               StreamFollower(bus, "EVENTS", got["status"].append, name="status", filter_subjects=[status]),
+               StreamFollower(bus, "EVENTS", got["placements"].append, name="placements",
+                              filter_subjects=[f"{bus.prefix}.placements.>"])]
+    tasks = [asyncio.create_task(r.run()) for r in readers]
+    try:
+        await asyncio.sleep(0.3)  # all three registered and subscribed
+        stream = bus.stream_name("EVENTS")
+        assert busmod.READERS.of(stream, status) == 2 and busmod.READERS.of(stream, placements) == 2
+        assert busmod.READERS.of(stream, bus.subjects.heartbeat("cn-north-1", "cn-north-1-c1")) == 1
+        ack = await bus.publish(status, _event(1, "a" * 32))
+        key = (stream, ack.seq)
+        assert busmod._DECODED[key][2] == 2  # published here: kept for both local readers of the subject
+        deadline = time.monotonic() + 5
+        while (not got["all"] or not got["status"]) and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        assert got["all"][0].envelope is got["status"][0].envelope  # decoded once (here: not at all)
+        assert key not in busmod._DECODED  # both read it: let go
+    finally:
+        for r in readers:
+            r.stop()
+        await asyncio.gather(*tasks)
+    assert busmod.READERS.of(bus.stream_name("EVENTS"), status) == 0  # stopped readers leave the count
