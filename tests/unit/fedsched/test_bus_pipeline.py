@@ -39,21 +39,29 @@ class _Md:
 
 
 class _Msg:
-    def __init__(self, data: bytes, stream: str = "EV", seq: int = 1) -> None:
-        self.data, self.metadata = data, _Md(stream, seq)
+    def __init__(self, data: bytes, stream: str = "EV", seq: int = 1, subject: str = "x.jobs.cancel") -> None:
+        self.data, self.metadata, self.subject = data, _Md(stream, seq), subject
 
 
 def test_readers_of_one_process_share_a_decoded_message_and_never_a_different_one():
-    from fedsched.bus import _decode
+    from fedsched.bus import READERS, _DECODED, _decode
     from fedsched.events import JobCancelRequested, make_event
 
     one = make_event("job.cancel_requested", JobCancelRequested(), producer="admission", occurred_at=1.7e9, job_id="j1").to_bytes()
     two = make_event("job.cancel_requested", JobCancelRequested(), producer="admission", occurred_at=1.7e9, job_id="j2").to_bytes()
-    first = _decode(_Msg(one, seq=424242))
-    assert _decode(_Msg(one, seq=424242)) is first  # the second reader gets the same (immutable) envelope
-    other = _decode(_Msg(two, seq=424242))  # same place, other bytes (a recreated stream): decoded anew
-    assert other.job_id == "j2" and first.job_id == "j1"
-    assert _decode(_Msg(one, stream="OTHER", seq=424242)) is not first
+    readers = [READERS.add("EV", ["x.>"]) for _ in range(3)]
+    try:
+        first = _decode(_Msg(one, seq=424242))
+        assert _decode(_Msg(one, seq=424242)) is first  # the second reader gets the same (immutable) envelope
+        other = _decode(_Msg(two, seq=424242))  # same place, other bytes (a recreated stream): decoded anew
+        assert other.job_id == "j2" and first.job_id == "j1"
+        assert _decode(_Msg(one, stream="OTHER", seq=424242)) is not first  # (no reader of OTHER: nothing kept)
+        assert ("OTHER", 424242) not in _DECODED
+        assert _decode(_Msg(two, seq=424242)) is other and _decode(_Msg(two, seq=424242)) is other
+        assert ("EV", 424242) not in _DECODED  # all three readers took it
+    finally:
+        for r in readers:
+            READERS.remove(r)
 
 
 async def _swallowing(bus, limit: int) -> tuple[str, list]:
