@@ -154,7 +154,7 @@ class ClusterView:
             free = list(n.gpu_free_milli)[:n.gpus]
             free += [1000] * (n.gpus - len(free))  # a node that does not say is free
             count[1] += sum(1 for f in free if f < 1000)
-        running = len(snap.running) if snap is not None else 0
+        running = (snap.running_jobs or len(snap.running)) if snap is not None else 0  # (older agents listed them)
         if c.heartbeat is not None and c.heartbeat_at >= c.snapshot_at:
             running = c.heartbeat.running_jobs
         maintenance = bool(snap and snap.maintenance)

@@ -1413,10 +1413,9 @@ class ClusterAgent:
                                           "memory_free_mib": led.mem_free})
 
     def snapshot(self) -> InventorySnapshot:
-        """The cluster's inventory now (every node and running attempt, each made afresh)."""
+        """The cluster's inventory now (every node made afresh, and the count of running attempts)."""
         return InventorySnapshot(
-            nodes=tuple(self._node_now(l) for l in self.ledger.values()),
-            running=tuple(sorted(f"{j}/{a}/{s}" for j, a, s in self.running)),
+            nodes=tuple(self._node_now(l) for l in self.ledger.values()), running_jobs=len(self.running),
             storage_tier=self.cluster.storage_tier, interconnect=self.cluster.interconnect,
             residency_tags=self.cluster.residency_tags, sequence=self.sequence,
             backend=str(getattr(self.backend, "kind", "")))
@@ -1435,11 +1434,10 @@ class ClusterAgent:
                 dumps[name] = self._node_now(led).model_dump(mode="json")
         self._stale_dumps.clear()
         payload = InventorySnapshot(
-            nodes=(), running=(), storage_tier=self.cluster.storage_tier, interconnect=self.cluster.interconnect,
-            residency_tags=self.cluster.residency_tags, sequence=self.sequence,
+            nodes=(), running_jobs=len(self.running), storage_tier=self.cluster.storage_tier,
+            interconnect=self.cluster.interconnect, residency_tags=self.cluster.residency_tags, sequence=self.sequence,
             backend=str(getattr(self.backend, "kind", ""))).model_dump(mode="json")
         payload["nodes"] = [dumps[name] for name in self.ledger]
-        payload["running"] = sorted(f"{j}/{a}/{s}" for j, a, s in self.running)
         return payload
 
     async def publish_snapshot(self) -> None:

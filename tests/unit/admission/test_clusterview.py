@@ -16,9 +16,10 @@ from tests.builders import EPOCH, T4, V100, delivery, spec, submitted
 C = "cn-north-1-c1"
 
 
-def snap(nodes, at, *, running=(), maintenance=False, seq=1):
+def snap(nodes, at, *, running=(), running_jobs=0, maintenance=False, seq=1):
     env = make_event("inventory.snapshot", InventorySnapshot(nodes=tuple(nodes), running=running,
-                                                             maintenance=maintenance, backend="trace"),
+                                                             running_jobs=running_jobs, maintenance=maintenance,
+                                                             backend="trace"),
                      producer="agent", occurred_at=at, region="cn-north-1", zone="cn-north-1a", cluster=C)
     return delivery(env, f"t.inventory.cn-north-1.{C}", seq, at)
 
@@ -44,6 +45,9 @@ CASES = [
     ("a heartbeat keeps it fresh and says how many run", [snap([node("a")], EPOCH, running=("j/1/0",)),
                                                           beat(EPOCH + 9, 3)], EPOCH + 11,
      dict(healthy=True, running_jobs=3, heartbeat_age_s=2.0)),
+    ("a snapshot says how many run", [snap([node("a")], EPOCH, running_jobs=4)], EPOCH + 1, dict(running_jobs=4)),
+    ("an older agent's snapshot listed them", [snap([node("a")], EPOCH, running=("j/1/0", "k/1/0"))], EPOCH + 1,
+     dict(running_jobs=2)),
     ("maintenance: unhealthy", [snap([node("a")], EPOCH, maintenance=True)], EPOCH, dict(healthy=False)),
     ("no schedulable node: unhealthy", [snap([node("a", unschedulable=True), node("b", healthy=False)], EPOCH)],
      EPOCH, dict(healthy=False, nodes=2, nodes_schedulable=0)),

@@ -70,7 +70,7 @@ async def test_the_cached_snapshot_payload_equals_a_fresh_one_as_the_ledger_chan
     assert first == published  # what an earlier snapshot published is never changed afterwards
     assert now["nodes"][2] is first["nodes"][2]  # an untouched node's entry is reused, not dumped again
     assert now["nodes"][0]["gpu_free_milli"] == [0, 0, 1000, 1000, 1000, 1000, 1000, 1000]
-    assert now["running"] == ["a/1/0", "b/1/0"]
+    assert now["running_jobs"] == 2 and now["running"] == []  # a count, not every attempt's id (issue 15)
 
     clock.advance(30.0)  # both end: resources back
     await agent.finish_due()
