@@ -109,6 +109,7 @@ from fedsched.whatif import subject as what_if_subject
 from fedsched.trust import PlacedAttempt, Rejection, check_placement, check_subject, dead_letter_room, rejection_events
 from services.scheduler.approvals import TenancyGate, evaluation_record, placement_milli
 from services.scheduler.core.collector import raise_gc_thresholds
+from services.scheduler.core.preempt import EndOrder
 from services.scheduler.checkpoint import STATE_VERSION, restore_scheduler, scheduler_state
 from services.scheduler.queuebook import QueuedBook
 from services.scheduler.states import ACTIVE, Outcome, ShardState, StopReason
@@ -414,6 +415,9 @@ class SchedulerService:
         self._quota_use: dict[tuple[str, str, str], int] = {}
         self._tracked: dict[tuple[str, int], tuple[str, ShardState]] = {}  # key -> (cluster, state) indexed under
         self._works: dict[str, dict[tuple[str, int], RunningWork]] = {}  # cluster -> started shard -> record
+        #: cluster -> the same records in order of estimated end (handed to the core with the view's
+        #: running set: wait estimates read what frees up first without sorting all running work)
+        self._ends: dict[str, EndOrder] = {}
         self._work_use: dict[tuple[str, int], tuple[str, int, int, int]] = {}  # its (tenant, GPU, CPU, MiB) held
         self._work_dirty: dict[str, set[tuple[str, int]]] = {}  # started shards whose record must be (re)built
         self._running_tuple: dict[str, tuple[tuple[RunningWork, ...], int | None]] = {}  # started records, lowest preemptible priority
@@ -716,7 +720,7 @@ class SchedulerService:
     def _forget_book(self) -> None:
         """Empty the job book and its indexes (after a checkpoint failed halfway through loading)."""
         for book in (self.jobs, self.queued, self._unplaceable, self.active, self.stopping, self.cancelling, self._ended, self.tombstones,
-                     self.retries_used, self.governor.state, self.governor.started, self._tracked, self._works,
+                     self.retries_used, self.governor.state, self.governor.started, self._tracked, self._works, self._ends,
                      self._quota_of, self._quota_use,
                      self._work_use, self._work_dirty, self._running_tuple, self._preemptible_prios, self._held,
                      *self._on.values()):
@@ -1039,6 +1043,7 @@ class SchedulerService:
         self._work_dirty.get(cluster, set()).discard(key)
         w = self._works.get(cluster, {}).pop(key, None)
         if w is not None:
+            self._ends[cluster].remove(w)
             self._count_preemptible(cluster, w, -1)
             self._running_tuple.pop(cluster, None)
         self._unhold(key)
@@ -1473,11 +1478,13 @@ class SchedulerService:
             if info is None or not keys:
                 continue  # rebuilt once its inventory arrives
             works = self._works.setdefault(name, {})
+            ends = self._ends.setdefault(name, EndOrder())
             active = self._on[ShardState.RUNNING].get(name, {})
             for key in keys:
                 visits += 1
                 old = works.pop(key, None)
                 if old is not None:
+                    ends.remove(old)
                     self._count_preemptible(name, old, -1)
                 self._unhold(key)
                 entry = active.get(key)
@@ -1490,6 +1497,7 @@ class SchedulerService:
                 spec = job.spec
                 use = (job.tenant, spec.total_gpu_milli, spec.cpu_milli * spec.workers, spec.memory_mib * spec.workers)
                 works[key] = work
+                ends.add(work)
                 self._count_preemptible(name, work, 1)
                 self._work_use[key] = use
                 h = self._held.setdefault(job.tenant, [0, 0, 0])
@@ -1521,7 +1529,8 @@ class SchedulerService:
                 h[0] += use[0]
                 h[1] += use[1]
                 h[2] += use[2]
-            running = RunningSet(kept[0], tuple(unstarted), now, kept[1])
+            # (the kept end order is read by the core during this cycle, before anything awaits)
+            running = RunningSet(kept[0], tuple(unstarted), now, kept[1], ends=self._ends.setdefault(info.name, EndOrder()))
             clusters.append(replace(info.cached, heartbeat_age_s=age, running=running))
         self._visit("view", visits)
         usage = {tenant: Usage(*h) for tenant, h in held.items()}

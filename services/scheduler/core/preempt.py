@@ -47,7 +47,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from heapq import merge
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator
+
+from sortedcontainers import SortedKeyList
 
 from fedsched.jobs import JobSpec
 from services.scheduler.core.fit import Fit, WorkingCluster
@@ -67,20 +70,101 @@ def lost_work(w: RunningWork, now: float, checkpoint_interval_s: float) -> float
     return size * lost
 
 
+#: an overdue job (past its estimated end) is expected to end at least this long from now
+#: (:func:`expected_end`)
+OVERDUE_FLOOR_S = 300.0
+
+
 def expected_end(w: RunningWork, now: float) -> float:
     """When ``w`` is expected to end: its estimated end while that is ahead; once it overran
     its estimate (estimates are the submitters' guesses), half of what it has run so far from
-    now, at least 5 minutes -- an overdue job is not about to free its cards "now"."""
+    now, at least :data:`OVERDUE_FLOOR_S` (5 minutes) -- an overdue job is not about to free its
+    cards "now"."""
     if w.est_end > now:
         return w.est_end
     ran = now - w.started_at if w.started_at is not None else 0.0
-    return now + max(300.0, 0.5 * ran)
+    return now + max(OVERDUE_FLOOR_S, 0.5 * ran)
+
+
+def _first(item: tuple[float, RunningWork]) -> float:
+    return item[0]
+
+
+class EndOrder:
+    """One cluster's started work in order of estimated end (:attr:`RunningWork.est_end`),
+    kept by the scheduler service as work starts and ends (O(log n) each, a
+    :class:`sortedcontainers.SortedKeyList`), handed to the core with the cluster's
+    :class:`~.snapshot.RunningSet` (its ``ends``). :meth:`expected_ends` then gives the work in
+    order of :func:`expected_end` without sorting it all, so a wait estimate reads the work that
+    frees up first and stops once the job fits: at 100,000 running jobs, sorting every
+    cluster's work for each cross-region placement's counterfactual was 55% of a cycle.
+
+    Raises:
+        ValueError: :meth:`remove` of work not held.
+    """
+
+    __slots__ = ("_by_end",)
+
+    def __init__(self, works: Iterable[RunningWork] = ()) -> None:
+        self._by_end = SortedKeyList(works, key=_est_end)
+
+    def add(self, w: RunningWork) -> None:
+        """Hold ``w`` (started work)."""
+        self._by_end.add(w)
+
+    def remove(self, w: RunningWork) -> None:
+        """Stop holding ``w`` (equal by value; ValueError when not held)."""
+        self._by_end.remove(w)
+
+    def __len__(self) -> int:
+        return len(self._by_end)
+
+    def __iter__(self) -> Iterator[RunningWork]:
+        return iter(self._by_end)
+
+    def expected_ends(self, now: float, pending: Iterable[RunningWork] = ()) -> Iterator[tuple[float, RunningWork]]:
+        """``(expected_end(w, now), w)`` for the held work and ``pending`` (placed, not started)
+        in nondecreasing expected end -- the order ``sorted`` by expected end gives, up to the
+        order among equal ends (:func:`estimated_start` returns the same estimate for any order
+        of equal ends: releasing work only adds capacity). Lazy: work not overdue comes from
+        the kept order (est_end > now: expected end = est_end); the overdue work (expected
+        ``now + max(OVERDUE_FLOOR_S, ran / 2)``, never before ``now + OVERDUE_FLOOR_S``) is
+        sorted only once the stream gets that far."""
+        ahead = ((w.est_end, w) for w in self._by_end.irange_key(min_key=now, inclusive=(False, True)))
+        early = merge(ahead, sorted(((expected_end(w, now), w) for w in pending), key=_first), key=_first)
+        floor = now + OVERDUE_FLOOR_S
+        for item in early:
+            if item[0] >= floor:
+                yield from merge((item,), early, self._overdue(now), key=_first)
+                return
+            yield item
+        yield from self._overdue(now)
+
+    def _overdue(self, now: float) -> list[tuple[float, RunningWork]]:
+        return sorted(((expected_end(w, now), w) for w in self._by_end.irange_key(max_key=now)), key=_first)
+
+
+def _est_end(w: RunningWork) -> float:
+    return w.est_end
+
+
+def _in_end_order(running: Iterable[RunningWork], now: float) -> Iterator[tuple[float, RunningWork]]:
+    """``running``'s work as ``(expected end, work)`` in nondecreasing expected end: from its
+    kept order when it is a :class:`~.snapshot.RunningSet` with ``ends``, else sorted."""
+    ends = getattr(running, "ends", None)
+    if ends is not None:
+        return ends.expected_ends(now, running.pending_records())
+    return iter(sorted(((expected_end(w, now), w) for w in running), key=_first))
 
 
 def estimated_start(spec: JobSpec, models: list[str], cluster: ClusterState, work: WorkingCluster,
                     now: float, timeline: list[RunningWork] | None = None,
                     within: float | None = None) -> float | None:
     """Business time at which ``spec`` would fit on ``cluster`` (``now`` if it fits now).
+
+    Work is released in order of :func:`expected_end` until the job fits; ``cluster.running``'s
+    kept order (:class:`EndOrder`) is read lazily, so the work looked at is what frees up before
+    the answer, not all of it.
 
     Args:
         timeline: the work holding ``work``'s resources (default ``cluster.running``); a cycle
@@ -95,16 +179,15 @@ def estimated_start(spec: JobSpec, models: list[str], cluster: ClusterState, wor
     """
     if work.fit(spec, models) is not None:
         return now
-    ends = ((expected_end(w, now), w) for w in (cluster.running if timeline is None else timeline))
-    if within is not None:
-        ends = [(end, w) for end, w in ends if end - now <= within]
-        if not ends:
-            return math.inf
-    trial = work.clone()
+    trial = None
     search = _Search(spec)
-    for end, w in sorted(ends, key=lambda x: x[0]):
+    for end, w in _in_end_order(cluster.running if timeline is None else timeline, now):
+        if within is not None and end - now > within:
+            break
         if math.isinf(end):
             break
+        if trial is None:
+            trial = work.clone()
         trial.release_work(w)
         if search.fit(trial, w, models) is not None:
             return end

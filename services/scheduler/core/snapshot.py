@@ -11,7 +11,7 @@ memory in MiB, on-card memory in GiB, ages in seconds, prices per GPU-hour.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Iterable, Iterator, Mapping, Sequence
+from typing import Any, TYPE_CHECKING, Iterable, Iterator, Mapping, Sequence
 
 from fedsched.jobs import JobSpec
 
@@ -109,17 +109,27 @@ class RunningSet(Sequence):
     :meth:`lowest_preemptible` answers from the entries (no records built).
     """
 
-    __slots__ = ("started", "pending", "now", "_all", "_started_low")
+    __slots__ = ("started", "pending", "now", "ends", "_all", "_started_low")
 
     def __init__(self, started: tuple[RunningWork, ...], pending: tuple[tuple, ...], now: float,
-                 started_lowest: int | None | object = ...) -> None:
+                 started_lowest: int | None | object = ..., ends: Any = None) -> None:
         """``started_lowest``: :meth:`lowest_preemptible` of ``started`` alone if the caller
-        keeps it with the tuple (``...`` = compute it when asked)."""
+        keeps it with the tuple (``...`` = compute it when asked). ``ends``: the same started
+        work kept in order of estimated end (:class:`~.preempt.EndOrder`, kept by the service as
+        work starts and ends), so what frees up first is read without sorting it all
+        (:func:`~.preempt.estimated_start`); None = sort when asked."""
         self.started = started
         self.pending = pending
         self.now = now
+        self.ends = ends
         self._all: tuple[RunningWork, ...] | None = None if pending else started
         self._started_low = started_lowest
+
+    def pending_records(self) -> tuple[RunningWork, ...]:
+        """The records of the placed, not started work alone (``est_end = now + left``)."""
+        return self._records()[len(self.started):] if self._all is not None else tuple(
+            RunningWork(j, at, sh, te, pr, pe, ck, None, self.now + left, cm, b)
+            for j, at, sh, te, pr, pe, ck, left, cm, b in self.pending)
 
     def _records(self) -> tuple[RunningWork, ...]:
         a = self._all
