@@ -228,11 +228,11 @@ class _Split:
     last use need a new look.
     """
 
-    __slots__ = ("epoch", "log_pos", "viable", "misfits", "counts", "failed", "sets")
+    __slots__ = ("epoch", "seen", "viable", "misfits", "counts", "failed", "sets")
 
-    def __init__(self, epoch: int, log_pos: int) -> None:
+    def __init__(self, epoch: int, seen: int) -> None:
         self.epoch = epoch
-        self.log_pos = log_pos
+        self.seen = seen  # the cycle's allocation changes looked at (:attr:`_Cycle.changes`)
         self.viable: dict[str, Candidate] = {}
         self.misfits: list[ClusterEvaluation] = []
         self.counts: Counter = Counter()  # reasons of the misfits
@@ -406,7 +406,10 @@ class _Cycle:
         self.value_cache: dict[tuple, object] = {}
         self.splits: dict[tuple, _Split] = {}
         self.outscored: dict[tuple, ClusterEvaluation] = {}
-        self.change_log: list[str] = []  # clusters whose allocations changed, in order
+        self.changes = 0  # allocation changes so far (placements and evictions)
+        #: cluster -> the number of its last allocation change (``changes`` after it), least
+        #: recently changed first: the clusters changed since change ``n`` are a suffix of it
+        self.last_change: dict[str, int] = {}
         self.epoch = 0  # bumped when capacity comes back (evictions)
         self.reserve_tries = 0
         self.static_pass: dict[tuple, tuple] = {}
@@ -460,7 +463,9 @@ class _Cycle:
                              tuple((b.node, b.devices, b.gpu_milli, b.cpu_milli, b.memory_mib) for b in fit.bindings)))
         self.placed += 1
         self.cluster_version[cluster.name] = self.cluster_version.get(cluster.name, 0) + 1
-        self.change_log.append(cluster.name)
+        self.changes += 1
+        self.last_change.pop(cluster.name, None)  # re-inserted last: the order stays by recency
+        self.last_change[cluster.name] = self.changes
         self.placed_keys.add((job.job_id, job.attempt, job.shard))
         if victims:
             self.version += 1
@@ -495,28 +500,41 @@ class _Cycle:
         key = (skey, _models_key(job), s.workers, s.gpus_per_worker, s.gpu_milli)  # could_fit: the GPU shape
         entry = self.splits.get(key) if self.caching else None
         if entry is None or entry.epoch != self.epoch:
-            entry = self.splits[key] = _Split(self.epoch, len(self.change_log))
+            entry = self.splits[key] = _Split(self.epoch, self.changes)
             infos = self.infos.get(key[1:]) if self.caching else None
             if infos is None:
                 infos = self.infos[key[1:]] = {}
             viable, versions = entry.viable, self.cluster_version
             for cluster in eligible:
-                # fast path: a candidate whose capacity check another split of the shape made at
-                # this allocation and found it may fit (the same as _classify, without the calls)
+                # fast path: a candidate whose capacity check (and, if it may not fit, "does not
+                # fit" verdict) another split of the shape made at this allocation (the same as
+                # _classify, without the calls)
                 cand = infos.get(cluster.name) if self.caching else None
                 if cand is not None:
-                    held = cand.slot.get("could")
-                    if held is not None and held[1] and held[0] == versions.get(cluster.name, 0):
-                        viable[cluster.name] = cand
-                        continue
+                    slot = cand.slot
+                    held = slot.get("could")
+                    if held is not None and held[0] == versions.get(cluster.name, 0):
+                        if held[1]:
+                            viable[cluster.name] = cand
+                            continue
+                        misfit = slot.get("misfit")
+                        if misfit is not None and misfit[0] == held[0]:
+                            entry.add_misfit(misfit[1])
+                            continue
                 self._classify(job, entry, cluster, infos)
             return entry
-        if entry.log_pos < len(self.change_log):
-            changed = set(self.change_log[entry.log_pos:])
-            entry.log_pos = len(self.change_log)
+        seen = entry.seen
+        if seen < self.changes:
+            entry.seen = self.changes
             viable = entry.viable  # (in cluster order: the order misfits are recorded in)
-            hits = (sorted((n for n in changed if n in viable), key=self.position.__getitem__)
-                    if len(changed) < len(viable) else [n for n in viable if n in changed])
+            hits = []
+            for name, n in reversed(self.last_change.items()):  # the clusters changed since, newest first
+                if n <= seen:
+                    break
+                if name in viable:
+                    hits.append(name)
+            if len(hits) > 1:
+                hits.sort(key=self.position.__getitem__)
             for name in hits:
                 cand = entry.viable[name]
                 if not self.could_fit(job, cand.cluster, cand.work, cand.models, cand.slot):
@@ -873,7 +891,7 @@ def decide(view: View, queue: Iterable[QueuedJob], policy: Policy, *, cache: boo
         pending.append(Pending(job, reason, frozen, fits_empty, queue_of(job, policy.fast_lane_s), reservation))   # 5
 
     if stats is not None:
-        stats.update(checks=cy.checks, fits=cy.fits, changes=len(cy.change_log), jobs=len(placements) + len(pending),
+        stats.update(checks=cy.checks, fits=cy.fits, changes=cy.changes, jobs=len(placements) + len(pending),
                      sets=cy.sets_built)
     return Decisions(tuple(placements), tuple(pending), policy.version, tuple(cy.reservations.values()))
 
