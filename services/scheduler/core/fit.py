@@ -57,34 +57,78 @@ SCAN_NODES_UP_TO = 64
 
 
 class _Class:
-    """One capacity class of a working cluster: its node indices and a heap of them (lazy
-    deletion) that yields the lowest index -- the node a node-by-node scan meets first."""
+    """One capacity class of a working cluster: its node indices -- the snapshot's ascending
+    tuple (``base``, shared, never copied) less the nodes that left the class this cycle
+    (``gone``) plus those that joined it (``joined``, with a heap of them, lazy deletion) -- and
+    its lowest index, the node a node-by-node scan meets first: the first of ``base`` not gone or
+    the top of the heap, whichever is lower. A node of ``base`` that leaves and comes back is
+    counted as joined. Making one is O(1), so a cycle pays only for the nodes it moves."""
 
-    __slots__ = ("members", "heap")
+    __slots__ = ("base", "pos", "gone", "joined", "heap", "size")
 
-    def __init__(self, members) -> None:
-        self.members = set(members)
-        self.heap = list(self.members)
-        heapq.heapify(self.heap)
+    def __init__(self, base: tuple[int, ...]) -> None:
+        self.base = base
+        self.pos = 0  # every node of base[:pos] is gone
+        self.gone: set[int] | None = None
+        self.joined: set[int] | None = None
+        self.heap: list[int] | None = None  # the joined nodes (and some that left since)
+        self.size = len(base)
+
+    @property
+    def members(self) -> set[int]:
+        """The class's node indices now (a new set)."""
+        live = set(self.base)
+        if self.gone:
+            live -= self.gone
+        if self.joined:
+            live |= self.joined
+        return live
 
     def first(self) -> int:
         """The lowest node index in the class (the class is not empty)."""
-        heap, members = self.heap, self.members
-        while heap[0] not in members:
-            heapq.heappop(heap)
-        return heap[0]
+        base, pos, gone = self.base, self.pos, self.gone
+        if gone:
+            while pos < len(base) and base[pos] in gone:
+                pos += 1
+            self.pos = pos
+        low = base[pos] if pos < len(base) else None
+        heap = self.heap
+        if heap:
+            joined = self.joined
+            while heap and heap[0] not in joined:
+                heapq.heappop(heap)
+            if heap and (low is None or heap[0] < low):
+                low = heap[0]
+        return low
+
+    def discard(self, i: int) -> None:
+        """Take node ``i`` (a member) out of the class."""
+        joined = self.joined
+        if joined and i in joined:
+            joined.remove(i)  # its heap entry goes when it reaches the top
+        else:
+            if self.gone is None:
+                self.gone = set()
+            self.gone.add(i)
+        self.size -= 1
 
     def add(self, i: int) -> None:
-        """Put node ``i`` in the class."""
-        if i not in self.members:
-            self.members.add(i)
-            heapq.heappush(self.heap, i)
+        """Put node ``i`` (not a member) in the class."""
+        if self.joined is None:
+            self.joined, self.heap = set(), []
+        self.joined.add(i)
+        heapq.heappush(self.heap, i)
+        self.size += 1
 
     def copy(self) -> "_Class":
-        """An independent copy."""
+        """An independent copy (O(nodes moved this cycle), not O(nodes))."""
         other = _Class.__new__(_Class)
-        other.members = set(self.members)
-        other.heap = list(self.heap)
+        other.base, other.pos, other.size = self.base, self.pos, self.size
+        other.gone = set(self.gone) if self.gone else None
+        if self.joined:
+            other.joined, other.heap = set(self.joined), list(self.heap)
+        else:
+            other.joined = other.heap = None
         return other
 
 
@@ -109,7 +153,8 @@ class WorkingCluster:
     ``""`` for nodes without cards): nodes with identical free state form one class
     (:class:`~.snapshot.CapacityClasses`). Full searches, per-model summaries and totals read
     the classes, so their cost grows with the number of distinct node states, not of nodes.
-    Classes of a pool are copied from the snapshot the first time the pool is needed.
+    Classes of a pool are made from the snapshot's the first time the pool is needed (O(classes):
+    they share its node tuples, :class:`_Class`).
 
     Args:
         cluster: the snapshot to copy.
@@ -158,13 +203,13 @@ class WorkingCluster:
 
     def classes(self, pool: str) -> dict[tuple, _Class]:
         """The capacity classes of ``pool`` now: signature ``(gpu_free, cpu_free, mem_free)`` ->
-        class (copied from the snapshot on first use)."""
+        class (made from the snapshot's on first use)."""
         got = self._classes.get(pool)
         if got is None:
             got = self._classes[pool] = {sig: _Class(ids) for sig, ids in self._source.get(pool, {}).items()}
             stats = self._stats[pool] = [0, 0, {}, {}, 0]
             for (devices, _, _), cls in got.items():
-                k = len(cls.members)
+                k = cls.size
                 _count(stats, devices, k)
                 stats[4] += len(devices) * WHOLE * k
         pending = self._pending.get(pool)
@@ -187,8 +232,8 @@ class WorkingCluster:
                 _count(stats, old[0], -1)
                 _count(stats, new[0], 1)
             cls = classes[old]
-            cls.members.discard(i)
-            if not cls.members:
+            cls.discard(i)
+            if not cls.size:
                 del classes[old]
             dest = classes.get(new)
             if dest is None:
