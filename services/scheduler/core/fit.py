@@ -132,6 +132,12 @@ class _Class:
         return other
 
 
+def _has_gpu(signature: tuple) -> bool:
+    """Whether nodes of this class signature have some free share of a card."""
+    devices = signature[0]
+    return bool(devices) and max(devices) > 0
+
+
 def _count(stats: list, devices: tuple[int, ...], k: int) -> None:
     """Add ``k`` nodes (negative: remove) with free cards ``devices`` to a pool's statistics."""
     stats[0] += sum(devices) * k
@@ -162,8 +168,10 @@ class WorkingCluster:
         index: the cluster's index (default: ``cluster.idx()``).
     """
 
-    __slots__ = ("state", "gpu_free", "cpu_free", "mem_free", "by_model", "cpu_order", "_stats", "_summaries", "scan_nodes_up_to", "_pending",
-                 "_pool", "_source", "_classes", "_shared", "_nodes_shared")
+    __slots__ = ("state", "gpu_free", "cpu_free", "mem_free", "by_model", "cpu_order", "_stats", "_summaries",
+                 "_totals", "scan_nodes_up_to", "_pending", "_pool", "_source", "_classes", "_with_gpu", "_shared",
+                 "_nodes_shared",
+                 "changes", "returns")
 
     def __init__(self, cluster: ClusterState, *, empty: bool = False, index: ClusterIndex | None = None) -> None:
         self.state = cluster
@@ -182,6 +190,8 @@ class WorkingCluster:
         self._pool = index.pool if len(index.pool) == len(cluster.nodes) else tuple(pool_of(n) for n in cluster.nodes)
         self._source = source.pools
         self._classes: dict[str, dict[tuple, _Class]] = {}
+        #: pool -> the classes of ``_classes[pool]`` with some free share of a card, in step
+        self._with_gpu: dict[str, dict[tuple, _Class]] = {}
         #: pools whose classes (the dict and its classes) another working cluster shares since
         #: a :meth:`clone`: copied before they change (copy-on-write)
         self._shared: set[str] = set()
@@ -194,8 +204,18 @@ class WorkingCluster:
         #: pool -> its :meth:`summary`, until the pool's next allocation change (many request
         #: shapes check one changed cluster)
         self._summaries: dict[str, tuple[int, int, int]] = {}
+        #: pool -> its :meth:`totals`, until the pool's next allocation change (a bound reads
+        #: every candidate model's, most of them unchanged)
+        self._totals: dict[str, tuple[int, int]] = {}
         #: pools of at most this many nodes are searched node by node (same result, less work)
         self.scan_nodes_up_to = SCAN_NODES_UP_TO
+        #: pool -> allocation changes so far (:meth:`commit`, :meth:`release`, work released or
+        #: held; not a fit's tentative steps): what reads only that pool -- a fit on its card
+        #: model, the pool's figures -- holds while its count stands
+        self.changes: dict[str, int] = {}
+        #: times capacity was given back (:meth:`release`, work released): a request that did
+        #: not fit, or surely could not, stays so while this count stands
+        self.returns = 0
         #: pool -> node -> its signature in the pool's classes: nodes changed since the classes
         #: were last brought up to date (done when they are next read; a what-if that releases
         #: work and searches a few nodes by hand never pays for them)
@@ -207,6 +227,7 @@ class WorkingCluster:
         got = self._classes.get(pool)
         if got is None:
             got = self._classes[pool] = {sig: _Class(ids) for sig, ids in self._source.get(pool, {}).items()}
+            self._with_gpu[pool] = {sig: cls for sig, cls in got.items() if _has_gpu(sig)}
             stats = self._stats[pool] = [0, 0, {}, {}, 0]
             for (devices, _, _), cls in got.items():
                 k = cls.size
@@ -216,13 +237,21 @@ class WorkingCluster:
         if pending:
             if pool in self._shared:  # shared with a clone (or its original): copy before changing
                 got = self._classes[pool] = {sig: c.copy() for sig, c in got.items()}
+                self._with_gpu[pool] = {sig: cls for sig, cls in got.items() if _has_gpu(sig)}
                 self._shared.discard(pool)
             self._flush(pool, got, pending)
         return got
 
+    def gpu_classes(self, pool: str) -> dict[tuple, _Class]:
+        """The classes of ``pool`` now whose nodes have some free share of a card (the only
+        ones a GPU worker can use), as :meth:`classes` gives them."""
+        self.classes(pool)
+        return self._with_gpu[pool]
+
     def _flush(self, pool: str, classes: dict[tuple, _Class], pending: dict[int, tuple]) -> None:
         """Move the nodes changed since the last look to their classes now (statistics too)."""
         stats = self._stats[pool]
+        with_gpu = self._with_gpu[pool]
         gpu, cpu, mem = self.gpu_free, self.cpu_free, self.mem_free
         for i, old in pending.items():
             new = (gpu[i], cpu[i], mem[i])
@@ -235,9 +264,12 @@ class WorkingCluster:
             cls.discard(i)
             if not cls.size:
                 del classes[old]
+                with_gpu.pop(old, None)
             dest = classes.get(new)
             if dest is None:
-                classes[new] = _Class((i,))
+                dest = classes[new] = _Class((i,))
+                if _has_gpu(new):
+                    with_gpu[new] = dest
             else:
                 dest.add(i)
         pending.clear()
@@ -263,10 +295,14 @@ class WorkingCluster:
 
     def totals(self, model: str) -> tuple[int, int]:
         """(free, capacity) milli-GPUs of one card model on healthy nodes (kept as nodes change)."""
+        got = self._totals.get(model)
+        if got is not None:
+            return got
         if model not in self.by_model:
             return (0, 0)
         stats = self._stats_of(model)
-        return (stats[0], stats[4])
+        got = self._totals[model] = (stats[0], stats[4])
+        return got
 
     def free_milli(self, model: str | None = None) -> int:
         """Free milli-GPUs (of one card model, or all)."""
@@ -286,8 +322,15 @@ class WorkingCluster:
     def could_fit(self, spec: JobSpec, models: list[str]) -> bool:
         """A cheap necessary condition for :meth:`fit` (cached per-model summaries only): False
         means it surely does not fit; True means it may."""
+        return self.could_fit_on(spec, models) is not None
+
+    def could_fit_on(self, spec: JobSpec, models: list[str]) -> str | None:
+        """:meth:`could_fit` with its witness: the first of ``models`` whose pool's summary
+        admits the GPU shape (``""`` for CPU-only work, which always may), None if none does.
+        The answer stays "may" while that pool is unchanged (:attr:`changes`) and "surely not"
+        while nothing is given back (:attr:`returns`)."""
         if spec.gpus_per_worker == 0:
-            return True
+            return ""
         whole = spec.gpus_per_worker > 1 or spec.gpu_milli == WHOLE
         for model in models:
             if model not in self.by_model:
@@ -295,10 +338,10 @@ class WorkingCluster:
             max_dev, max_idle, total_idle = self.summary(model)
             if whole:
                 if max_idle >= spec.gpus_per_worker and total_idle >= spec.gpus_per_worker * spec.workers:
-                    return True
+                    return model
             elif max_dev >= spec.gpu_milli:
-                return True
-        return False
+                return model
+        return None
 
     def fit(self, spec: JobSpec, models: list[str], only: set[int] | None = None) -> Fit | None:
         """Try each card model in ``models`` (in order) for the whole gang; None if none fits.
@@ -433,7 +476,7 @@ class WorkingCluster:
                             best = key
             i = zero if zero is not None else (best[2] if best is not None else None)
             return None if i is None else Binding(worker, i, (), 0, cpu, mem)
-        classes = self.classes(model)
+        classes = self.gpu_classes(model)  # (a class without a free share cannot take a GPU worker)
         if g == 1 and spec.gpu_milli < WHOLE:
             m = spec.gpu_milli
             exact = None  # (node, device): lowest node with a partial card it fills exactly
@@ -492,6 +535,7 @@ class WorkingCluster:
         mem_free[i] = old[2] - sign * b.memory_mib
         if pool is not None:  # its class changes when the classes are next read (_flush)
             self._summaries.pop(pool, None)
+            self._totals.pop(pool, None)
             pending = self._pending.get(pool)
             if pending is None:
                 pending = self._pending[pool] = {}
@@ -514,12 +558,16 @@ class WorkingCluster:
         other._pool = self._pool
         other._source = self._source
         other._classes = dict(self._classes)
+        other._with_gpu = dict(self._with_gpu)
         self._shared.update(self._classes)
         other._shared = set(self._classes)
         other.scan_nodes_up_to = self.scan_nodes_up_to
         other._pending = {p: dict(d) for p, d in self._pending.items() if d}
         other._stats = {p: [st[0], st[1], dict(st[2]), dict(st[3]), st[4]] for p, st in self._stats.items()}
         other._summaries = dict(self._summaries)
+        other.changes = dict(self.changes)
+        other.returns = self.returns
+        other._totals = dict(self._totals)
         return other
 
     def release_work(self, work, sign: int = -1) -> None:
@@ -527,6 +575,9 @@ class WorkingCluster:
         ``sign=+1`` takes it instead (see :meth:`hold_work`)."""
         for node, devices, milli, cpu, mem in work.bindings:
             self._take(Binding(0, node, devices, milli, cpu, mem), sign)
+            self._changed(node)
+        if sign < 0:
+            self.returns += 1
 
     def hold_work(self, work) -> None:
         """Allocate what a :class:`~.snapshot.RunningWork` holds (replaying a placement)."""
@@ -536,8 +587,17 @@ class WorkingCluster:
         """Allocate a fit returned by :meth:`fit` (on this same working copy)."""
         for b in fit.bindings:
             self._take(b)
+            self._changed(b.node)
 
     def release(self, fit: Fit) -> None:
         """Undo :meth:`commit` (used by preemption what-ifs)."""
         for b in fit.bindings:
             self._release(b)
+            self._changed(b.node)
+        self.returns += 1
+
+    def _changed(self, node: int) -> None:
+        """Count an allocation change of ``node``'s pool (:attr:`changes`)."""
+        pool = self._pool[node] if node < len(self._pool) else None
+        if pool is not None:
+            self.changes[pool] = self.changes.get(pool, 0) + 1
