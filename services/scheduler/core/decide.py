@@ -35,17 +35,21 @@ decide the same, ``tests/unit/test_scheduler_cache.py``):
   job (avoided, reserved), its candidate set -- candidates, ghosts, failed verdicts, per-region
   groups with their lowest-priced candidates and "outscored" verdicts (:class:`_CandidateSet`,
   :class:`_Group`) -- rebuilt only when the split's viable clusters or failed fits change;
-* per (cluster, GPU shape) "slot", each value with the cluster's allocation version it holds
-  for (:class:`Candidate`): the capacity check and "does not fit" verdict (shared by every
-  split of the shape), cluster-and-shape score bounds, gang fits per CPU and memory request;
+* per (cluster, GPU shape) "slot", each value with what it holds for (:class:`Candidate`): the
+  capacity check (until the card-model pool that admitted the shape changes; "surely not"
+  until the cluster gets capacity back) and the "does not fit" verdict (the cluster's
+  allocation version), both shared by every split of the shape; cluster-and-shape score bounds
+  (the allocation version); gang fits per CPU and memory request (below);
 * per-cluster values (estimated starts, preemption plans): cluster, its allocation version,
   candidate models and the request shape each value reads (CPU and memory too for the
   estimated start, which fits the whole request; a prefer_local job's home start is searched
   only as far as its wait limit, and an "not within" answer is reused for limits no larger);
-* gang fits and the scores that read only the fit and the cluster (``score_scope = "fit"``:
-  packing, fragmentation, headroom): cluster, its allocation version and the whole request
-  shape, so jobs of one shape share them; the scores that read the job's data, home or
-  estimate (home, start, cost) are computed per job, their region-wide bounds once per region;
+* gang fits and the scores that read only the fit and its card-model pool (``score_scope =
+  "fit"``: packing, fragmentation, headroom): cluster and the whole request shape, holding
+  until that pool changes or the cluster gets capacity back (a CPU-only fit: until the cluster
+  changes), so jobs of one shape share them; the scores that read the job's data, home or
+  estimate (home, start, cost) are computed per job -- once per region (and unit price) in a
+  search -- and their region-wide bounds once per region;
 * "fits if empty": filter keys, candidate-model inputs and the whole request shape;
 * preemption plans under quotas: cluster, its allocation version, the eviction epoch, tenant,
   priority, candidate models and the whole request (candidate pools and quota bounds per
@@ -59,6 +63,7 @@ decide the same, ``tests/unit/test_scheduler_cache.py``):
 from __future__ import annotations
 
 import math
+from bisect import bisect_left, insort
 from collections import Counter
 from dataclasses import dataclass, replace
 from typing import Iterable, NamedTuple, Sequence
@@ -325,7 +330,7 @@ class _Group:
     the lowest unit price among candidates and ghosts (the cost reference's), and each region's
     "outscored" verdicts, built on first use."""
 
-    __slots__ = ("cands", "ghosts", "regions", "reps", "lowest", "outscored", "home_firsts")
+    __slots__ = ("cands", "ghosts", "regions", "reps", "lowest", "outscored", "home_firsts", "rankings")
 
     def __init__(self, cands: list["Candidate"], ghosts: list["Candidate"]) -> None:
         self.cands = cands
@@ -350,6 +355,19 @@ class _Group:
         self.lowest = tuple((cluster, model) for _, cluster, model in lowest.values())
         self.outscored: dict[tuple, tuple[ClusterEvaluation, ...]] = {}
         self.home_firsts: tuple[ClusterEvaluation, ...] | None = None
+        self.rankings: dict[str, _Ranking] = {}
+
+    def ranking(self, region: str, cy: "_Cycle", job: QueuedJob) -> "_Ranking | None":
+        """The region's candidates kept in order of the policy's cluster-and-shape bound, up to
+        date, when that order is the order of a job's bounds (:class:`_Ranking`); else None."""
+        if cy.rank_scope is None or len(self.reps[region]) != 1:
+            return None  # other varying bounds, or more than one cheapest-model price here
+        got = self.rankings.get(region)
+        if got is None:
+            got = self.rankings[region] = _Ranking(self.regions[region], cy, job)
+        else:
+            got.refresh(cy, job)
+        return got if got.exact else None
 
     def home_first(self, cy: "_Cycle") -> tuple[ClusterEvaluation, ...]:
         """The "home goes first" verdicts of every candidate (candidate order), built once."""
@@ -367,6 +385,64 @@ class _Group:
             _outscore(cy, [c.cluster for c in self.regions[region]], got, exact=exact)
             got = self.outscored[key] = tuple(got)
         return got
+
+
+class _Ranking:
+    """A region's candidates in a group in order of the policy's one cluster-and-shape bound
+    (:attr:`_Cycle.rank_scope`), highest first, ties by name, kept in order as the cycle
+    allocates (private): ``order`` holds (-bound, name, candidate).
+
+    Where every other varying bound of the region's candidates is one value (one cheapest-model
+    price in the region), a job's total bound on a candidate is a non-decreasing function of its
+    cluster-and-shape bound -- the same sums of the same terms, rounded to 9 places -- so this
+    order is the one :meth:`_Bounds.ranked` sorts each job's candidates into, unless two
+    different bounds lie so close that rounding could tie their totals (then ``exact`` is False
+    and the search ranks the region itself). The branch and bound then computes the totals of
+    the candidates it visits only, not of the whole region."""
+
+    __slots__ = ("order", "entries", "seen", "exact")
+
+    def __init__(self, cands: list["Candidate"], cy: "_Cycle", job: QueuedJob) -> None:
+        scope = cy.rank_scope
+        self.entries = {c.cluster.name: (-cy.shape_bound(scope, job, c), c.cluster.name, c) for c in cands}
+        self.order = sorted(self.entries.values(), key=_first_two)
+        self.seen = cy.changes
+        self.exact = self._check(cy)
+
+    def refresh(self, cy: "_Cycle", job: QueuedJob) -> None:
+        """Bring the order up to date with the allocation changes since the last look: the
+        candidates whose cluster changed since get their bound anew and move to their place."""
+        seen = self.seen
+        if seen == cy.changes:
+            return
+        self.seen = cy.changes
+        entries, order, scope = self.entries, self.order, cy.rank_scope
+        moved = False
+        for name, n in reversed(cy.last_change.items()):  # the clusters changed since, newest first
+            if n <= seen:
+                break
+            entry = entries.get(name)
+            if entry is None:
+                continue
+            neg = -cy.shape_bound(scope, job, entry[2])
+            if neg != entry[0]:
+                del order[bisect_left(order, entry[:2], key=_first_two)]
+                entry = entries[name] = (neg, name, entry[2])
+                insort(order, entry, key=_first_two)
+                moved = True
+        if moved:
+            self.exact = self._check(cy)
+
+    def _check(self, cy: "_Cycle") -> bool:
+        """Whether every two neighbouring different bounds, weighted, differ by more than the
+        rounding can hide (:attr:`_Cycle.rank_margin`)."""
+        w, margin = cy.rank_scope.weight, cy.rank_margin
+        order = self.order
+        return all(a[0] == b[0] or w * (b[0] - a[0]) > margin for a, b in zip(order, order[1:]))
+
+
+def _first_two(entry: tuple) -> tuple:
+    return entry[0], entry[1]
 
 
 class _Cycle:
@@ -388,6 +464,15 @@ class _Cycle:
         self.scopes = [ScorerScope(i, sc, w, getattr(sc, "bound_scope", "cluster"))
                        for i, (sc, w) in enumerate(policy.weights)]
         self.varying_scopes = [s for s in self.scopes if s.scope not in ("const", "region")]
+        # the policy's one cluster-and-shape bound, when every other varying bound is a
+        # region-and-price one: a region's candidates are then kept in order of it (:class:`_Ranking`)
+        shape_scopes = [s for s in self.varying_scopes if s.scope == "cluster_shape"]
+        self.rank_scope = (shape_scopes[0] if cache and len(shape_scopes) == 1 and shape_scopes[0].weight >= 0
+                           and all(s.scope in ("cluster_shape", "region_price") for s in self.varying_scopes)
+                           else None)
+        #: the least difference of two weighted cluster-and-shape bounds that survives a job's
+        #: total bound being rounded to 9 places (1e-9, plus the float error of adding the terms)
+        self.rank_margin = 4e-9 + 1e-14 * (1.0 + sum(abs(w) for _, w in policy.weights))
         # cluster -> lowest priority of its preemptible work (clusters without any are absent)
         self.lowest_victim = {c.name: low for c in self.clusters
                               if (low := lowest_preemptible(c.running)) is not None}
@@ -430,8 +515,10 @@ class _Cycle:
         self.sets_built = 0  # candidate sets (:class:`_CandidateSet`) built
         self.home_firsts: dict[str, ClusterEvaluation] = {}
         self.fit_scored = {i for i, (sc, _) in enumerate(policy.weights) if getattr(sc, "score_scope", "job") == "fit"}
-        #: per weighted scorer: (index, scorer, weight, name, fit-only?) -- what :func:`_score` reads
-        self.scoring = tuple((i, sc, w, sc.name, i in self.fit_scored) for i, (sc, w) in enumerate(policy.weights))
+        #: per weighted scorer: (index, scorer, weight, name, score scope) -- what :func:`_score`
+        #: reads; without the caches every score is computed afresh (scope "job")
+        self.scoring = tuple((i, sc, w, sc.name, getattr(sc, "score_scope", "job") if cache else "job")
+                             for i, (sc, w) in enumerate(policy.weights))
         # preemption under quotas: per-cluster summaries of evictable work, tenants' cohorts,
         # the rules covering each running work (all pure functions of the view)
         self.evict_summary: dict[str, tuple] = {}
@@ -507,18 +594,18 @@ class _Cycle:
             viable, versions = entry.viable, self.cluster_version
             for cluster in eligible:
                 # fast path: a candidate whose capacity check (and, if it may not fit, "does not
-                # fit" verdict) another split of the shape made at this allocation (the same as
-                # _classify, without the calls)
+                # fit" verdict at this allocation) another split of the shape made and that
+                # still holds (the same as _classify, without the calls)
                 cand = infos.get(cluster.name) if self.caching else None
                 if cand is not None:
                     slot = cand.slot
                     held = slot.get("could")
-                    if held is not None and held[0] == versions.get(cluster.name, 0):
-                        if held[1]:
+                    if held is not None and _could_holds(held, cand.work):
+                        if held[0]:
                             viable[cluster.name] = cand
                             continue
                         misfit = slot.get("misfit")
-                        if misfit is not None and misfit[0] == held[0]:
+                        if misfit is not None and misfit[0] == versions.get(cluster.name, 0):
                             entry.add_misfit(misfit[1])
                             continue
                 self._classify(job, entry, cluster, infos)
@@ -544,17 +631,18 @@ class _Cycle:
     def could_fit(self, job: QueuedJob, cluster: ClusterState, wc: WorkingCluster, models: list[str],
                   slot: dict) -> bool:
         """:meth:`~.fit.WorkingCluster.could_fit` of the job's GPU shape on ``cluster``, memoised
-        in the (cluster, shape) ``slot`` until the cluster's allocation changes: every split of
-        the shape (jobs that differ in what the filters read) shares it."""
+        in the (cluster, shape) ``slot``: every split of the shape (jobs that differ in what the
+        filters read) shares it. A "may fit" holds until the pool that admitted the shape
+        changes, a "surely not" until the cluster gets capacity back
+        (:meth:`~.fit.WorkingCluster.could_fit_on`)."""
         if not self.caching:
             self.checks += 1
             return wc.could_fit(job.spec, models)
-        version = self.cluster_version.get(cluster.name, 0)
         held = slot.get("could")
-        if held is None or held[0] != version:
+        if held is None or not _could_holds(held, wc):
             self.checks += 1
-            held = slot["could"] = (version, wc.could_fit(job.spec, models))
-        return held[1]
+            held = slot["could"] = _could(wc, wc.could_fit_on(job.spec, models))
+        return held[0]
 
     def _classify(self, job: QueuedJob, entry: _Split, cluster: ClusterState, infos: dict[str, "Candidate"]) -> None:
         """Put ``cluster`` among the split's viable clusters or its misfits. ``infos``: the
@@ -584,27 +672,46 @@ class _Cycle:
                     slot["misfit"] = held
             entry.add_misfit(held[1])
 
-    def fit(self, job: QueuedJob, c: "Candidate") -> tuple[Fit | None, dict[int, float]]:
+    def fit(self, job: QueuedJob, c: "Candidate") -> tuple[Fit | None, dict[int, tuple]]:
         """The job's gang fit on candidate ``c`` (:meth:`~.fit.WorkingCluster.fit`, tentative)
-        and the values of the policy's scorers whose score reads only the cluster's state, the
-        fit and the request shape (``score_scope = "fit"``; by scorer index, filled by
-        :func:`_score`). A fit reads the whole request shape and the cluster's allocation, so
-        both are memoised per (cluster, shape) until the cluster's version changes: jobs of one
-        shape share them."""
+        and the values of the policy's scorers whose score reads only the fit, the request shape
+        and the allocation of the fit's card-model pool (``score_scope = "fit"``; by scorer
+        index, filled by :func:`_score`), memoised per (cluster, shape) so jobs of one shape
+        share them. A GPU fit reads its card model's pool, and the models tried before it did
+        not fit and cannot while capacity only shrinks: it holds until that pool changes or
+        the cluster gets capacity back, "no fit" until the latter (``WorkingCluster.changes``,
+        ``returns``). A CPU-only fit may land in any pool: it holds until the cluster changes."""
         if not self.caching:
             return c.work.fit(job.spec, c.models), {}
         s = job.spec
         key = ("fit", s.cpu_milli, s.memory_mib)
-        version = self.cluster_version.get(c.cluster.name, 0)
-        slot = c.slot
+        work, slot = c.work, c.slot
         hit = slot.get(key)
-        if hit is not None and hit[0] == version:
-            return hit[1], hit[2]
-        fit = c.work.fit(s, c.models)
+        if hit is not None:
+            pool, count, returns, fit, scores = hit
+            if returns == work.returns and (
+                    (work.changes.get(pool, 0) == count) if pool is not None else
+                    fit is None or count == self.cluster_version.get(c.cluster.name, 0)):
+                return fit, scores
+        fit = work.fit(s, c.models)
         self.fits += 1
-        scores: dict[int, float] = {}
-        slot[key] = (version, fit, scores)
+        scores: dict[int, tuple] = {}
+        if fit is None:
+            slot[key] = (None, None, work.returns, None, scores)
+        elif s.gpus_per_worker:
+            slot[key] = (fit.card_model, work.changes.get(fit.card_model, 0), work.returns, fit, scores)
+        else:
+            slot[key] = (None, self.cluster_version.get(c.cluster.name, 0), work.returns, fit, scores)
         return fit, scores
+
+    def shape_bound(self, scope: "ScorerScope", job: QueuedJob, c: "Candidate") -> float:
+        """The ``cluster_shape`` bound of ``scope`` on candidate ``c``, memoised in its slot
+        until the cluster's allocation changes (every job of the shape shares it)."""
+        version = self.cluster_version.get(c.cluster.name, 0)
+        held = c.slot.get(scope.index)
+        if held is None or held[0] != version:
+            held = c.slot[scope.index] = (version, scope.scorer.bound(job, c.cluster, c.work, self.ctx, c.models))
+        return held[1]
 
     def home_first(self, cluster: ClusterState) -> ClusterEvaluation:
         """The shared "home goes first" verdict of ``cluster`` (one object per cycle)."""
@@ -753,7 +860,9 @@ def decide(view: View, queue: Iterable[QueuedJob], policy: Policy, *, cache: boo
     pending: list[Pending] = []
     now = view.now
 
+    figures = cy.ctx.memo
     for job in order:                                                               # 1
+        figures.clear()  # per-job figures only (:class:`~.filters.Context`): the last job's are done
         skey = cy.static_key(job)
         eligible, evaluations, static_ok = cy.eligible(job, skey)                  # 2
         memo_key = cy.memo_key(job, skey)
@@ -910,9 +1019,10 @@ class Candidate(NamedTuple):
     price_key: tuple = ("", None)
     unit: float = 0.0
     #: memo of what reads the cluster and the GPU shape (shared by every candidate of that pair
-    #: this cycle), each with the cluster version it holds for: ``"could"`` -> capacity check,
-    #: ``"misfit"`` -> the "does not fit" verdict, ``("fit", CPU, memory)`` -> (fit, fit-only
-    #: scores), scorer index -> ``cluster_shape`` bound
+    #: this cycle), each with what it holds for: ``"could"`` -> capacity check (:func:`_could`),
+    #: ``"misfit"`` -> (cluster version, the "does not fit" verdict), ``("fit", CPU, memory)``
+    #: -> (pool, its change count, capacity returns, fit, fit-only scores; :meth:`_Cycle.fit`),
+    #: scorer index -> (cluster version, ``cluster_shape`` bound)
     slot: dict | None = None
 
 
@@ -950,7 +1060,9 @@ class _Bounds:
     def __init__(self, job: QueuedJob, cy: "_Cycle") -> None:
         self.job, self.cy = job, cy
         self.shared: dict[int, float] = {}  # const scopes' values
+        self.scores: dict[tuple, tuple] = {}  # region-wide (score, term) of this search (:func:`_score`)
         self.regions: dict[str, tuple[list, dict]] = {}  # region -> _region_terms
+        self.plans: dict[str, tuple[float, list]] = {}  # region -> plan
 
     def _region_terms(self, group: _Group, region: str) -> tuple[list, dict, float]:
         """The job's terms shared by a region's candidates in ``group``: per scope, its weighted
@@ -1000,62 +1112,108 @@ class _Bounds:
         term (weighted, summed in the policy's scorer order)."""
         return self._region_terms(group, region)[2]
 
+    def plan(self, group: _Group, region: str) -> tuple[float, list]:
+        """The job's sum of the terms one value holds for the whole region (``const``,
+        ``region``; in scope order) and, per varying scope in scope order, (kind, scope,
+        weighted price bounds by price key): kind 0 = ``region_price``, 1 = ``cluster_shape``
+        (memoised in the slots), 2 = computed per cluster."""
+        got = self.plans.get(region)
+        if got is None:
+            cy = self.cy
+            values, prices, _ = self._region_terms(group, region)
+            same = sum([s.weight * value for s, value in zip(cy.scopes, values) if s.scope in ("const", "region")])
+            plan = []
+            for s in cy.varying_scopes:
+                if s.scope == "region_price":
+                    plan.append((0, s, {c.price_key: s.weight * prices[(s.index, *c.price_key)]
+                                        for c in group.reps[region]}))
+                else:
+                    plan.append((1 if s.scope == "cluster_shape" and cy.caching else 2, s, None))
+            got = self.plans[region] = (same, plan)
+        return got
+
+    def bound_of(self, group: _Group, region: str, c: Candidate, shape_bound: float) -> float:
+        """The job's bound on candidate ``c`` of ``region`` given its (one) cluster-and-shape
+        bound, rounded as :meth:`ranked` rounds it (the same terms summed in the same order)."""
+        same, plan = self.plan(group, region)
+        t = 0
+        for kind, s, weighted in plan:
+            t += weighted[c.price_key] if kind == 0 else s.weight * shape_bound
+        return round(same + t, 9)
+
     def ranked(self, group: _Group, region: str) -> list[tuple[float, str, Candidate]]:
         """A region's candidates in ``group`` as (bound, name, candidate), best bound first
         (ties by name); the terms shared by the whole region are computed once."""
         cy = self.cy
-        values, prices, _ = self._region_terms(group, region)
-        same = sum([s.weight * value for s, value in zip(cy.scopes, values) if s.scope in ("const", "region")])
-        caching = cy.caching
-        versions = cy.cluster_version
-        # per varying scope: 0 = region_price (weighted bounds by price key), 1 = cluster_shape
-        # (memoised in the slots), 2 = computed per cluster
-        plan = []
-        for s in cy.varying_scopes:
-            if s.scope == "region_price":
-                plan.append((0, s, {c.price_key: s.weight * prices[(s.index, *c.price_key)]
-                                    for c in group.reps[region]}))
+        same, plan = self.plan(group, region)
+        # each candidate's varying terms summed in scope order, one scope at a time (as
+        # ``t = 0; t += term`` per candidate would)
+        cands = group.regions[region]
+        job, ctx = self.job, cy.ctx
+        sums: list = [0] * len(cands)
+        for kind, s, weighted in plan:
+            if kind == 0:
+                terms = [weighted[c.price_key] for c in cands]
+            elif kind == 1:  # memoised until the cluster's allocation changes
+                w = s.weight
+                terms = [w * cy.shape_bound(s, job, c) for c in cands]
             else:
-                plan.append((1 if s.scope == "cluster_shape" and caching else 2, s, None))
-        out = []
-        for c in group.regions[region]:
-            t = 0
-            for kind, s, weighted in plan:
-                if kind == 0:
-                    t += weighted[c.price_key]
-                elif kind == 1:  # memoised until the cluster's allocation changes
-                    version = versions.get(c.cluster.name, 0)
-                    held = c.slot.get(s.index)
-                    if held is None or held[0] != version:
-                        held = c.slot[s.index] = (version, s.scorer.bound(self.job, c.cluster, c.work, cy.ctx,
-                                                                          c.models))
-                    t += s.weight * held[1]
-                else:
-                    t += s.weight * s.scorer.bound(self.job, c.cluster, c.work, cy.ctx, c.models)
-            out.append((round(same + t, 9), c.cluster.name, c))
+                w, bound = s.weight, s.scorer.bound
+                terms = [w * bound(job, c.cluster, c.work, ctx, c.models) for c in cands]
+            sums = [t + term for t, term in zip(sums, terms)]
+        out = [(round(same + t, 9), c.cluster.name, c) for t, c in zip(sums, cands)]
         out.sort(key=_by_bound)
         return out
+
+
+def _could(wc: WorkingCluster, witness: str | None) -> tuple:
+    """A capacity check's answer as kept in a slot: (True, the pool that admits the shape, its
+    change count) or (False, the cluster's count of capacity given back)."""
+    if witness is None:
+        return (False, wc.returns)
+    return (True, witness, wc.changes.get(witness, 0))
+
+
+def _could_holds(held: tuple, wc: WorkingCluster) -> bool:
+    """Whether a kept capacity check (:func:`_could`) still holds on ``wc``."""
+    if held[0]:
+        return wc.changes.get(held[1], 0) == held[2]
+    return wc.returns == held[1]
 
 
 def _by_bound(r: tuple) -> tuple:
     return -r[0], r[1]
 
 
-def _score(job: QueuedJob, c: Candidate, fit: Fit, cy: "_Cycle", shared: dict[int, float]) -> tuple[tuple, float]:
+def _score(job: QueuedJob, c: Candidate, fit: Fit, cy: "_Cycle", shared: dict[int, tuple],
+           memo: dict[tuple, tuple]) -> tuple[tuple, float]:
     """(terms, weighted total) of a fit: terms as (scorer name, value) rounded to 4 places.
-    ``shared`` holds the values of the fit-only scorers already computed for this fit (by
-    scorer index, :meth:`_Cycle.fit`); new ones are added to it."""
+    ``shared`` holds the (value, term) of the fit-only scorers already computed for this fit
+    (by scorer index, :meth:`_Cycle.fit`); new ones are added to it. ``memo``: the (value,
+    term) of the scorers whose score reads only the job and the region (``score_scope =
+    "region"``, by scorer index and region) or also the unit price the fit pays
+    (``"region_price"``, by scorer index, region and that price) already computed in this
+    search (:class:`_Bounds`). Evaluations that share a value share its term."""
     cluster, work, ctx = c.cluster, c.work, cy.ctx
     terms = []
     weighted = []
-    for i, sc, w, name, fit_only in cy.scoring:
-        if fit_only:
-            v = shared.get(i)
-            if v is None:
-                v = shared[i] = sc.score(job, cluster, fit, work, ctx)
-        else:
+    for i, sc, w, name, scope in cy.scoring:
+        if scope == "job":
             v = sc.score(job, cluster, fit, work, ctx)
-        terms.append((name, round(v, 4)))
+            terms.append((name, round(v, 4)))
+        else:
+            if scope == "fit":
+                held, key = shared.get(i), i
+            else:
+                key = ((i, cluster.region) if scope == "region" else
+                       (i, cluster.region, cluster.prices.get(fit.card_model, 0.0) if job.spec.gpus_per_worker
+                        else cluster.cpu_price_per_core_hour))
+                held = memo.get(key)
+            if held is None:
+                v = sc.score(job, cluster, fit, work, ctx)
+                held = (shared if scope == "fit" else memo)[key] = (v, (name, round(v, 4)))
+            v = held[0]
+            terms.append(held[1])
         weighted.append(w * v)
     return tuple(terms), round(sum(weighted), 4)
 
@@ -1098,8 +1256,13 @@ def _branch_and_bound(job: QueuedJob, group: _Group, cy: "_Cycle", evaluations: 
         if best is not None and (best.total > -neg_bound or capped):
             evaluations.extend(group.outscore(cy, region, not capped))
             continue
-        ranked = bounds.ranked(group, region)
+        ranking = group.ranking(region, cy, job)
+        # (bound, name, candidate) best first; kept in order, a candidate's bound is computed
+        # only when the search reaches it
+        ranked = ranking.order if ranking is not None else bounds.ranked(group, region)
         for k, (bound, name, c) in enumerate(ranked):
+            if ranking is not None:
+                bound = bounds.bound_of(group, region, c, -bound)
             capped = bool(limit and scored >= limit)
             if best is not None and (not best.beaten_by(bound, name) or capped):
                 _outscore(cy, [r[2].cluster for r in ranked[k:]], evaluations, exact=not capped)
@@ -1109,7 +1272,7 @@ def _branch_and_bound(job: QueuedJob, group: _Group, cy: "_Cycle", evaluations: 
                 evaluations.append(split.fail(job, name, ClusterEvaluation(name, c.cluster.region,
                                                                            _insufficient(job, c.work, c.models))))
                 continue
-            terms, total = _score(job, c, fit, cy, shared)
+            terms, total = _score(job, c, fit, cy, shared, bounds.scores)
             e = ClusterEvaluation(name, c.cluster.region, PASS, terms, total)
             evaluations.append(e)
             passed.append(e)

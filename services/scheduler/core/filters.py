@@ -33,7 +33,8 @@ class Context:
             gives the pair (else ``inter_region_bandwidth_bps``).
         egress_price_per_gb: currency units per GB moved between regions.
         max_price: the highest GPU-hour price in the view (for normalising), > 0.
-        memo: a cycle's memo for pure per-(job, region) figures such as bytes to move.
+        memo: a cycle's memo for pure per-job figures (per region, unit price...) such as bytes
+            to move; every key names its job. decide() empties it before each job.
     """
 
     view: View
@@ -41,7 +42,7 @@ class Context:
     egress_price_per_gb: float = 0.5
     max_price: float = 1.0
     region_bandwidth_bps: Mapping[tuple[str, str], float] = field(default_factory=dict, compare=False)
-    memo: dict = field(default_factory=dict, compare=False)  # per-cycle memo of pure per-job figures
+    memo: dict = field(default_factory=dict, compare=False)  # memo of pure per-job figures
 
 
 class Filter(Protocol):

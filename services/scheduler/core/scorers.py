@@ -45,9 +45,14 @@ class _Bounded:
         return 1.0
 
 
-#: ``score_scope = "fit"`` says a scorer's score reads only the cluster's allocation, the fit
-#: and the request shape (not the job's data, home or estimate): decide() computes it once per
-#: (cluster allocation, fit) and shares it between jobs of that shape. The default is ``"job"``.
+#: ``score_scope = "fit"`` says a scorer's score reads only the fit, the request shape and the
+#: allocation of the fit's card-model pool in the cluster (its nodes' free state, the pool's
+#: totals; not the job's data, home or estimate): decide() computes it once per (pool
+#: allocation, fit) and shares it between jobs of that shape. ``"region"``: it reads
+#: only the job and the cluster's region; ``"region_price"``: only the job, the cluster's region,
+#: the unit price the fit pays there (its card model's list price; CPU-only work: the core-hour
+#: price) and the job's cost reference (:func:`set_cost_reference`): decide() computes either
+#: once per region (and price) in a job's search. The default is ``"job"`` (computed per fit).
 #:
 #: ``bound_scope`` of a scorer says what its bound depends on, so decide() can compute it once
 #: per job for all clusters sharing that key: ``const``, ``region``, ``region_price`` (region and
@@ -119,6 +124,7 @@ class HomeRegion:
 
     name = "home"
     bound_scope = "region"
+    score_scope = "region"
 
     def score(self, job, cluster, fit, work, ctx) -> float:
         return 1.0 if cluster.region == job.spec.home_region else 0.0
@@ -137,6 +143,7 @@ class StartTime:
 
     name = "start"
     bound_scope = "region"
+    score_scope = "region"  # transfer time from the datasets' regions; the deadline
 
     def score(self, job, cluster, fit, work, ctx) -> float:
         delay = transfer_seconds(job, cluster, ctx)
@@ -177,6 +184,7 @@ class Cost:
 
     name = "cost"
     bound_scope = "region_price"
+    score_scope = "region_price"
 
     def score(self, job, cluster, fit, work, ctx) -> float:
         return _relative_cost(job, cost_per_unit_hour(job, cluster, fit.card_model, ctx), ctx)
@@ -218,7 +226,7 @@ class Packing:
 
     name = "packing"
     bound_scope = "cluster_shape"
-    score_scope = "fit"  # reads the fit's card model, the request's GPUs and the allocation  # depends on the cluster's free cards and the request's size
+    score_scope = "fit"  # reads the fit's card model, the request's GPUs and the allocation
 
     def score(self, job, cluster, fit, work, ctx) -> float:
         return _used_after(job, fit, work)
