@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass
+from functools import lru_cache
 
 from fedsched.jobs import JobSpec
 from services.scheduler.core.snapshot import WHOLE, CapacityClasses, ClusterIndex, ClusterState, pool_of
@@ -130,6 +131,23 @@ class _Class:
         else:
             other.joined = other.heap = None
         return other
+
+
+@lru_cache(maxsize=65536)
+def _best_card(devices: tuple[int, ...], share: int) -> tuple[tuple, int]:
+    """The card of a node with free shares ``devices`` a fractional worker of ``share``
+    milli-GPU takes (at least one card has room): partial cards first (least room left), then
+    the lowest device -- as (its key: (idle card?, room left, idle cards on the node), device).
+    Pure, so memoised (free states repeat across nodes and requests)."""
+    idle_count = devices.count(WHOLE)
+    best = None
+    for d, free in enumerate(devices):
+        if free < share:
+            continue
+        key = (free == WHOLE, free - share, idle_count)
+        if best is None or key < best[0]:
+            best = (key, d)
+    return best
 
 
 def _has_gpu(signature: tuple) -> bool:
@@ -465,13 +483,13 @@ class WorkingCluster:
                 for (devices, cf, mf), cls in self.classes(pool).items():
                     if cf < cpu or mf < mem:
                         continue
-                    i = cls.first()
                     used = sum(devices)
                     if used == 0:
+                        i = cls.first()
                         if zero is None or i < zero:
                             zero = i
-                    elif zero is None:
-                        key = (used, cf - cpu, i)
+                    elif zero is None and (best is None or (used, cf - cpu) <= best[:2]):  # else it cannot win
+                        key = (used, cf - cpu, cls.first())
                         if best is None or key < best:
                             best = key
             i = zero if zero is not None else (best[2] if best is not None else None)
@@ -482,22 +500,15 @@ class WorkingCluster:
             exact = None  # (node, device): lowest node with a partial card it fills exactly
             best = None  # ((idle card?, room left, idle cards on the node), node, device)
             for (devices, cf, mf), cls in classes.items():
-                if cf < cpu or mf < mem or not devices or max(devices) < m:
+                if cf < cpu or mf < mem or max(devices) < m:
                     continue
-                idle_count = devices.count(WHOLE)
-                dk = None
-                for d, free in enumerate(devices):
-                    if free < m:
-                        continue
-                    key = (free == WHOLE, free - m, idle_count)
-                    if dk is None or key < dk[0]:
-                        dk = (key, d)
-                i = cls.first()
-                if not dk[0][0] and dk[0][1] == 0:
+                key, d = _best_card(devices, m)
+                if not key[0] and key[1] == 0:
+                    i = cls.first()
                     if exact is None or i < exact[0]:
-                        exact = (i, dk[1])
-                elif exact is None:
-                    cand = (dk[0], i, dk[1])
+                        exact = (i, d)
+                elif exact is None and (best is None or key <= best[0]):  # else it cannot win
+                    cand = (key, cls.first(), d)
                     if best is None or cand < best:
                         best = cand
             if exact is not None:
@@ -506,7 +517,7 @@ class WorkingCluster:
         best = None  # (idle cards left over, node, its free cards)
         for (devices, cf, mf), cls in classes.items():
             idle = devices.count(WHOLE)
-            if idle < g or cf < cpu or mf < mem:
+            if idle < g or cf < cpu or mf < mem or (best is not None and idle - g > best[0]):  # (cannot win)
                 continue
             key = (idle - g, cls.first(), devices)
             if best is None or key[:2] < best[:2]:
