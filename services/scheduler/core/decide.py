@@ -242,9 +242,9 @@ class _Split:
         self.misfits: list[ClusterEvaluation] = []
         self.counts: Counter = Counter()  # reasons of the misfits
         self.failed: dict[tuple[int, int], dict[str, ClusterEvaluation]] = {}
-        #: (CPU and memory request, clusters taken out) -> :class:`_CandidateSet`; emptied
-        #: whenever ``viable`` changes, and a request's sets dropped when its ``failed`` dict
-        #: changes (what every set is derived from)
+        #: (CPU and memory request, clusters taken out) -> :class:`_CandidateSet`, kept in step
+        #: as clusters leave ``viable`` or a request's whole fit fails (what every set is
+        #: derived from)
         self.sets: dict[tuple, _CandidateSet] = {}
 
     def add_misfit(self, evaluation: ClusterEvaluation) -> None:
@@ -253,30 +253,39 @@ class _Split:
         self.counts[evaluation.verdict.reason] += 1
 
     def misfit(self, cluster: ClusterState, verdict: Verdict) -> ClusterEvaluation:
-        """Move ``cluster`` from viable to the misfits; return its evaluation."""
+        """Move ``cluster`` from viable to the misfits (and out of every candidate set); return
+        its evaluation."""
         evaluation = ClusterEvaluation(cluster.name, cluster.region, verdict)
-        if self.viable.pop(cluster.name, None) is not None:
+        cand = self.viable.pop(cluster.name, None)
+        if cand is not None:
             self.add_misfit(evaluation)
-            if self.sets:
-                self.sets = {}
+            for got in self.sets.values():
+                got.drop(cand)
         return evaluation
 
     def fail(self, job: QueuedJob, name: str, evaluation: ClusterEvaluation) -> ClusterEvaluation:
-        """Record that the job's whole request did not fit viable cluster ``name``."""
-        self.failed_for(job)[name] = evaluation
-        if self.sets:  # only the candidate sets of this CPU and memory request read its failed fits
-            request = (job.spec.cpu_milli, job.spec.memory_mib)
+        """Record that the job's whole request did not fit viable cluster ``name`` (its
+        candidate sets, the only ones that read that request's failed fits, count it a ghost)."""
+        failed = self.failed_for(job)
+        request = (job.spec.cpu_milli, job.spec.memory_mib)
+        if name in failed:  # (not met: failed clusters are not fitted again) its place would stay
             self.sets = {key: got for key, got in self.sets.items() if key[:2] != request}
+        else:
+            cand = self.viable[name]
+            for key, got in self.sets.items():
+                if key[:2] == request:
+                    got.fail(cand, evaluation)
+        failed[name] = evaluation
         return evaluation
 
     def candidate_set(self, job: QueuedJob, out: tuple[str, ...], cy: "_Cycle") -> "_CandidateSet":
         """The :class:`_CandidateSet` of the job's CPU and memory request without the clusters
-        ``out`` (avoided or reserved for it; in cluster order), built once until ``viable``
-        or the failed fits change (not kept when the cycle does not cache)."""
+        ``out`` (avoided or reserved for it; in cluster order), built once and kept in step
+        (not kept when the cycle does not cache)."""
         key = (job.spec.cpu_milli, job.spec.memory_mib, out)
         got = self.sets.get(key) if cy.caching else None
         if got is None:
-            got = _CandidateSet(self, self.failed_for(job), out)
+            got = _CandidateSet(self, self.failed_for(job), out, cy.position)
             cy.sets_built += 1
             if cy.caching:
                 self.sets[key] = got
@@ -298,16 +307,20 @@ class _CandidateSet:
     still to fit (``cands``) and the failed ones that still count in the cost reference
     (``ghosts``), both without the clusters taken out for the job (avoided, reserved), in
     cluster order; and their groups (:class:`_Group`). Derived from the split alone, so jobs of the
-    request share it until the split changes."""
+    request share it; the split keeps it in step (:meth:`drop`, :meth:`fail`): it is what a
+    set built afresh from the split would be."""
 
-    __slots__ = ("failed_evals", "cands", "ghosts", "groups")
+    __slots__ = ("failed_evals", "cands", "ghosts", "groups", "out", "position")
 
-    def __init__(self, split: _Split, failed: dict[str, ClusterEvaluation], out: tuple[str, ...]) -> None:
+    def __init__(self, split: _Split, failed: dict[str, ClusterEvaluation], out: tuple[str, ...],
+                 position: dict[str, int]) -> None:
         viable = split.viable
         self.failed_evals = tuple(e for name, e in failed.items() if name in viable)
         self.cands = [c for name, c in viable.items() if name not in failed and name not in out]
         self.ghosts = [c for name, c in viable.items() if name in failed and name not in out]
         self.groups: dict[tuple, _Group] = {}
+        self.out = out
+        self.position = position  # cluster -> its place in the view (the order of cands and ghosts)
 
     def group(self, home: str | None, at_home: bool = True) -> "_Group":
         """All candidates (``home`` None), or those in (``at_home``) or outside region ``home``."""
@@ -315,12 +328,52 @@ class _CandidateSet:
         got = self.groups.get(key)
         if got is None:
             if home is None:
-                got = _Group(self.cands, self.ghosts)
+                got = _Group(list(self.cands), list(self.ghosts), self.position)
             else:
                 got = _Group([c for c in self.cands if (c.cluster.region == home) == at_home],
-                             [c for c in self.ghosts if (c.cluster.region == home) == at_home])
+                             [c for c in self.ghosts if (c.cluster.region == home) == at_home], self.position)
             self.groups[key] = got
         return got
+
+    def drop(self, cand: "Candidate") -> None:
+        """``cand``'s cluster left the split's viable clusters."""
+        name = cand.cluster.name
+        if any(e.cluster == name for e in self.failed_evals):
+            self.failed_evals = tuple(e for e in self.failed_evals if e.cluster != name)
+        if name in self.out:
+            return
+        if not _remove(self.cands, cand):
+            _remove(self.ghosts, cand)
+        for got in self.groups.values():
+            got.drop(cand)
+
+    def fail(self, cand: "Candidate", evaluation: ClusterEvaluation) -> None:
+        """The set's request did not fit ``cand``'s cluster (``evaluation``): a ghost now."""
+        self.failed_evals += (evaluation,)
+        if cand.cluster.name in self.out:
+            return
+        _remove(self.cands, cand)
+        _insert(self.ghosts, cand, self.position)
+        for got in self.groups.values():
+            got.fail(cand)
+
+
+def _remove(cands: list["Candidate"], cand: "Candidate") -> bool:
+    """Take ``cand`` out of ``cands`` (by identity); whether it was there."""
+    for i, c in enumerate(cands):
+        if c is cand:
+            del cands[i]
+            return True
+    return False
+
+
+def _insert(cands: list["Candidate"], cand: "Candidate", position: dict[str, int]) -> None:
+    """Put ``cand`` into ``cands`` (in cluster order) at its place."""
+    place = position[cand.cluster.name]
+    i = len(cands)
+    while i and position[cands[i - 1].cluster.name] > place:
+        i -= 1
+    cands.insert(i, cand)
 
 
 class _Group:
@@ -328,13 +381,17 @@ class _Group:
     them (private): by region (candidate order), each region's candidates with distinct
     cheapest-model prices (what a ``region_price`` bound reads), per region the candidate with
     the lowest unit price among candidates and ghosts (the cost reference's), and each region's
-    "outscored" verdicts, built on first use."""
+    "outscored" verdicts, built on first use. Kept in step by its candidate set: a change
+    rebuilds what it derived for that cluster's region alone (the regions' order may then
+    differ from a group built afresh; nothing reads it)."""
 
-    __slots__ = ("cands", "ghosts", "regions", "reps", "lowest", "outscored", "home_firsts", "rankings")
+    __slots__ = ("cands", "ghosts", "regions", "reps", "least", "lowest", "outscored", "home_firsts", "rankings",
+                 "position")
 
-    def __init__(self, cands: list["Candidate"], ghosts: list["Candidate"]) -> None:
+    def __init__(self, cands: list["Candidate"], ghosts: list["Candidate"], position: dict[str, int]) -> None:
         self.cands = cands
         self.ghosts = ghosts
+        self.position = position
         regions: dict[str, list[Candidate]] = {}
         reps: dict[str, dict[tuple, Candidate]] = {}
         for c in cands:
@@ -345,17 +402,62 @@ class _Group:
                 distinct[c.price_key] = c
         self.regions = regions
         self.reps = {region: tuple(d.values()) for region, d in reps.items()}
-        lowest: dict[str, tuple[float, ClusterState, str]] = {}
+        least: dict[str, tuple[float, ClusterState, str]] = {}
         for c in (*cands, *ghosts):
             unit = c.unit  # (precomputed: the cheapest model's price, CPU-only: the core-hour price)
             region = c.cluster.region
-            held = lowest.get(region)
+            held = least.get(region)
             if held is None or unit < held[0]:
-                lowest[region] = (unit, c.cluster, c.price_key[0])
-        self.lowest = tuple((cluster, model) for _, cluster, model in lowest.values())
+                least[region] = (unit, c.cluster, c.price_key[0])
+        self.least = least  # region -> (unit price, cluster, model) of its lowest-priced candidate or ghost
+        self.lowest = tuple((cluster, model) for _, cluster, model in least.values())
         self.outscored: dict[tuple, tuple[ClusterEvaluation, ...]] = {}
         self.home_firsts: tuple[ClusterEvaluation, ...] | None = None
         self.rankings: dict[str, _Ranking] = {}
+
+    def drop(self, cand: "Candidate") -> None:
+        """``cand`` is no longer a candidate nor a ghost (its cluster left the split)."""
+        if _remove(self.cands, cand):
+            self._region_changed(cand, left=True)
+        elif _remove(self.ghosts, cand):
+            self._region_changed(cand, left=False)
+
+    def fail(self, cand: "Candidate") -> None:
+        """``cand`` is a ghost now (the group's request did not fit it)."""
+        if _remove(self.cands, cand):
+            _insert(self.ghosts, cand, self.position)
+            self._region_changed(cand, left=True)
+
+    def _region_changed(self, cand: "Candidate", left: bool) -> None:
+        """Derive again what ``cand``'s region holds (``left``: it was among its candidates)."""
+        region = cand.cluster.region
+        if left:
+            self.home_firsts = None
+            self.outscored.pop((region, True), None)
+            self.outscored.pop((region, False), None)
+            members = self.regions[region]
+            _remove(members, cand)
+            if members:
+                distinct: dict[tuple, Candidate] = {}
+                for c in members:
+                    if c.price_key not in distinct:
+                        distinct[c.price_key] = c
+                self.reps[region] = tuple(distinct.values())
+                ranking = self.rankings.get(region)
+                if ranking is not None:
+                    ranking.drop(cand)
+            else:
+                del self.regions[region], self.reps[region]
+                self.rankings.pop(region, None)
+        held = None
+        for c in (*self.cands, *self.ghosts):
+            if c.cluster.region == region and (held is None or c.unit < held[0]):
+                held = (c.unit, c.cluster, c.price_key[0])
+        if held is None:
+            del self.least[region]
+        else:
+            self.least[region] = held
+        self.lowest = tuple((cluster, model) for _, cluster, model in self.least.values())
 
     def ranking(self, region: str, cy: "_Cycle", job: QueuedJob) -> "_Ranking | None":
         """The region's candidates kept in order of the policy's cluster-and-shape bound, up to
@@ -400,14 +502,15 @@ class _Ranking:
     and the search ranks the region itself). The branch and bound then computes the totals of
     the candidates it visits only, not of the whole region."""
 
-    __slots__ = ("order", "entries", "seen", "exact")
+    __slots__ = ("order", "entries", "seen", "exact", "weight", "margin")
 
     def __init__(self, cands: list["Candidate"], cy: "_Cycle", job: QueuedJob) -> None:
         scope = cy.rank_scope
         self.entries = {c.cluster.name: (-cy.shape_bound(scope, job, c), c.cluster.name, c) for c in cands}
         self.order = sorted(self.entries.values(), key=_first_two)
         self.seen = cy.changes
-        self.exact = self._check(cy)
+        self.weight, self.margin = scope.weight, cy.rank_margin
+        self.exact = self._check()
 
     def refresh(self, cy: "_Cycle", job: QueuedJob) -> None:
         """Bring the order up to date with the allocation changes since the last look: the
@@ -431,12 +534,18 @@ class _Ranking:
                 insort(order, entry, key=_first_two)
                 moved = True
         if moved:
-            self.exact = self._check(cy)
+            self.exact = self._check()
 
-    def _check(self, cy: "_Cycle") -> bool:
+    def drop(self, cand: "Candidate") -> None:
+        """Take ``cand`` out of the order."""
+        entry = self.entries.pop(cand.cluster.name)
+        del self.order[bisect_left(self.order, entry[:2], key=_first_two)]
+        self.exact = self._check()
+
+    def _check(self) -> bool:
         """Whether every two neighbouring different bounds, weighted, differ by more than the
         rounding can hide (:attr:`_Cycle.rank_margin`)."""
-        w, margin = cy.rank_scope.weight, cy.rank_margin
+        w, margin = self.weight, self.margin
         order = self.order
         return all(a[0] == b[0] or w * (b[0] - a[0]) > margin for a, b in zip(order, order[1:]))
 
@@ -929,7 +1038,7 @@ def decide(view: View, queue: Iterable[QueuedJob], policy: Policy, *, cache: boo
                 break
         if best is None and avoided:  # failover found nowhere else: the failed cluster beats waiting
             retry = [c for c in avoided if c.cluster.name not in cy.reservations]
-            best = _branch_and_bound(job, _Group(retry, []), cy, evaluations, split, passed)
+            best = _branch_and_bound(job, _Group(retry, [], cy.position), cy, evaluations, split, passed)
 
         if best is not None:
             cluster, fit, wc, terms, total = best.cluster, best.fit, best.work, best.terms, best.total
@@ -1259,7 +1368,8 @@ def _branch_and_bound(job: QueuedJob, group: _Group, cy: "_Cycle", evaluations: 
         ranking = group.ranking(region, cy, job)
         # (bound, name, candidate) best first; kept in order, a candidate's bound is computed
         # only when the search reaches it
-        ranked = ranking.order if ranking is not None else bounds.ranked(group, region)
+        # (a copy: a fit failing below moves its cluster out of the kept order)
+        ranked = list(ranking.order) if ranking is not None else bounds.ranked(group, region)
         for k, (bound, name, c) in enumerate(ranked):
             if ranking is not None:
                 bound = bounds.bound_of(group, region, c, -bound)
