@@ -233,7 +233,7 @@ class _Split:
     last use need a new look.
     """
 
-    __slots__ = ("epoch", "seen", "viable", "misfits", "counts", "failed", "sets")
+    __slots__ = ("epoch", "seen", "viable", "misfits", "counts", "failed", "sets", "events")
 
     def __init__(self, epoch: int, seen: int) -> None:
         self.epoch = epoch
@@ -242,10 +242,12 @@ class _Split:
         self.misfits: list[ClusterEvaluation] = []
         self.counts: Counter = Counter()  # reasons of the misfits
         self.failed: dict[tuple[int, int], dict[str, ClusterEvaluation]] = {}
-        #: (CPU and memory request, clusters taken out) -> :class:`_CandidateSet`, kept in step
-        #: as clusters leave ``viable`` or a request's whole fit fails (what every set is
-        #: derived from)
+        #: (CPU and memory request, clusters taken out) -> :class:`_CandidateSet`, brought in
+        #: step with ``events`` when next used (what every set is derived from)
         self.sets: dict[tuple, _CandidateSet] = {}
+        #: what changed the sets, in order: (None, candidate) -- it left ``viable``; (CPU and
+        #: memory request, candidate, verdict) -- that request's whole fit failed there
+        self.events: list[tuple] = []
 
     def add_misfit(self, evaluation: ClusterEvaluation) -> None:
         """Record a cluster the shape surely does not fit."""
@@ -259,8 +261,8 @@ class _Split:
         cand = self.viable.pop(cluster.name, None)
         if cand is not None:
             self.add_misfit(evaluation)
-            for got in self.sets.values():
-                got.drop(cand)
+            if self.sets:
+                self.events.append((None, cand))
         return evaluation
 
     def fail(self, job: QueuedJob, name: str, evaluation: ClusterEvaluation) -> ClusterEvaluation:
@@ -270,11 +272,8 @@ class _Split:
         request = (job.spec.cpu_milli, job.spec.memory_mib)
         if name in failed:  # (not met: failed clusters are not fitted again) its place would stay
             self.sets = {key: got for key, got in self.sets.items() if key[:2] != request}
-        else:
-            cand = self.viable[name]
-            for key, got in self.sets.items():
-                if key[:2] == request:
-                    got.fail(cand, evaluation)
+        elif self.sets:
+            self.events.append((request, self.viable[name], evaluation))
         failed[name] = evaluation
         return evaluation
 
@@ -284,8 +283,11 @@ class _Split:
         (not kept when the cycle does not cache)."""
         key = (job.spec.cpu_milli, job.spec.memory_mib, out)
         got = self.sets.get(key) if cy.caching else None
+        if got is not None and got.applied < len(self.events):
+            got = got.catch_up(self.events, key[:2])
         if got is None:
             got = _CandidateSet(self, self.failed_for(job), out, cy.position)
+            got.applied = len(self.events)
             cy.sets_built += 1
             if cy.caching:
                 self.sets[key] = got
@@ -310,7 +312,7 @@ class _CandidateSet:
     request share it; the split keeps it in step (:meth:`drop`, :meth:`fail`): it is what a
     set built afresh from the split would be."""
 
-    __slots__ = ("failed_evals", "cands", "ghosts", "groups", "out", "position")
+    __slots__ = ("failed_evals", "cands", "ghosts", "groups", "out", "position", "applied")
 
     def __init__(self, split: _Split, failed: dict[str, ClusterEvaluation], out: tuple[str, ...],
                  position: dict[str, int]) -> None:
@@ -321,6 +323,21 @@ class _CandidateSet:
         self.groups: dict[tuple, _Group] = {}
         self.out = out
         self.position = position  # cluster -> its place in the view (the order of cands and ghosts)
+        self.applied = 0  # the split's events reflected here
+
+    def catch_up(self, events: list[tuple], request: tuple[int, int]) -> "_CandidateSet | None":
+        """Apply the split's events since the last use (those of this CPU and memory request,
+        and every cluster leaving the split); None when rebuilding the set would be cheaper."""
+        pending = events[self.applied:]
+        self.applied = len(events)
+        if len(pending) > len(self.cands) + len(self.ghosts):
+            return None
+        for event in pending:
+            if event[0] is None:
+                self.drop(event[1])
+            elif event[0] == request:
+                self.fail(event[1], event[2])
+        return self
 
     def group(self, home: str | None, at_home: bool = True) -> "_Group":
         """All candidates (``home`` None), or those in (``at_home``) or outside region ``home``."""
@@ -342,8 +359,9 @@ class _CandidateSet:
             self.failed_evals = tuple(e for e in self.failed_evals if e.cluster != name)
         if name in self.out:
             return
-        if not _remove(self.cands, cand):
-            _remove(self.ghosts, cand)
+        position = self.position
+        if not _remove(self.cands, cand, position):
+            _remove(self.ghosts, cand, position)
         for got in self.groups.values():
             got.drop(cand)
 
@@ -352,28 +370,24 @@ class _CandidateSet:
         self.failed_evals += (evaluation,)
         if cand.cluster.name in self.out:
             return
-        _remove(self.cands, cand)
+        _remove(self.cands, cand, self.position)
         _insert(self.ghosts, cand, self.position)
         for got in self.groups.values():
             got.fail(cand)
 
 
-def _remove(cands: list["Candidate"], cand: "Candidate") -> bool:
-    """Take ``cand`` out of ``cands`` (by identity); whether it was there."""
-    for i, c in enumerate(cands):
-        if c is cand:
-            del cands[i]
-            return True
+def _remove(cands: list["Candidate"], cand: "Candidate", position: dict[str, int]) -> bool:
+    """Take ``cand`` out of ``cands`` (in cluster order); whether it was there."""
+    i = bisect_left(cands, position[cand.cluster.name], key=lambda c: position[c.cluster.name])
+    if i < len(cands) and cands[i] is cand:
+        del cands[i]
+        return True
     return False
 
 
 def _insert(cands: list["Candidate"], cand: "Candidate", position: dict[str, int]) -> None:
     """Put ``cand`` into ``cands`` (in cluster order) at its place."""
-    place = position[cand.cluster.name]
-    i = len(cands)
-    while i and position[cands[i - 1].cluster.name] > place:
-        i -= 1
-    cands.insert(i, cand)
+    cands.insert(bisect_left(cands, position[cand.cluster.name], key=lambda c: position[c.cluster.name]), cand)
 
 
 class _Group:
@@ -417,14 +431,14 @@ class _Group:
 
     def drop(self, cand: "Candidate") -> None:
         """``cand`` is no longer a candidate nor a ghost (its cluster left the split)."""
-        if _remove(self.cands, cand):
+        if _remove(self.cands, cand, self.position):
             self._region_changed(cand, left=True)
-        elif _remove(self.ghosts, cand):
+        elif _remove(self.ghosts, cand, self.position):
             self._region_changed(cand, left=False)
 
     def fail(self, cand: "Candidate") -> None:
         """``cand`` is a ghost now (the group's request did not fit it)."""
-        if _remove(self.cands, cand):
+        if _remove(self.cands, cand, self.position):
             _insert(self.ghosts, cand, self.position)
             self._region_changed(cand, left=True)
 
@@ -436,7 +450,7 @@ class _Group:
             self.outscored.pop((region, True), None)
             self.outscored.pop((region, False), None)
             members = self.regions[region]
-            _remove(members, cand)
+            _remove(members, cand, self.position)
             if members:
                 distinct: dict[tuple, Candidate] = {}
                 for c in members:
@@ -449,8 +463,10 @@ class _Group:
             else:
                 del self.regions[region], self.reps[region]
                 self.rankings.pop(region, None)
+        if self.least[region][1] is not cand.cluster:
+            return  # the region's first lowest-priced candidate or ghost stays first
         held = None
-        for c in (*self.cands, *self.ghosts):
+        for c in (*self.regions.get(region, ()), *self.ghosts):
             if c.cluster.region == region and (held is None or c.unit < held[0]):
                 held = (c.unit, c.cluster, c.price_key[0])
         if held is None:
@@ -529,18 +545,40 @@ class _Ranking:
                 continue
             neg = -cy.shape_bound(scope, job, entry[2])
             if neg != entry[0]:
-                del order[bisect_left(order, entry[:2], key=_first_two)]
+                self._take_out(entry)
                 entry = entries[name] = (neg, name, entry[2])
                 insort(order, entry, key=_first_two)
-                moved = True
+                if self.exact:  # the new neighbours only (the others were checked)
+                    i = bisect_left(order, entry[:2], key=_first_two)
+                    self.exact = self._apart(i - 1, i) and self._apart(i, i + 1)
+                else:
+                    moved = True
         if moved:
             self.exact = self._check()
 
     def drop(self, cand: "Candidate") -> None:
         """Take ``cand`` out of the order."""
-        entry = self.entries.pop(cand.cluster.name)
-        del self.order[bisect_left(self.order, entry[:2], key=_first_two)]
-        self.exact = self._check()
+        self._take_out(self.entries.pop(cand.cluster.name))
+        if not self.exact:
+            self.exact = self._check()
+
+    def _take_out(self, entry: tuple) -> None:
+        """Remove ``entry`` from the order; if the order was exact, check its old neighbours,
+        adjacent now."""
+        order = self.order
+        i = bisect_left(order, entry[:2], key=_first_two)
+        del order[i]
+        if self.exact:
+            self.exact = self._apart(i - 1, i)
+
+    def _apart(self, i: int, j: int) -> bool:
+        """Whether entries ``i`` and ``j`` of the order (neighbours; either may be past an end)
+        are equal or further apart, weighted, than the rounding can hide."""
+        order = self.order
+        if i < 0 or j >= len(order):
+            return True
+        a, b = order[i][0], order[j][0]
+        return a == b or self.weight * (b - a) > self.margin
 
     def _check(self) -> bool:
         """Whether every two neighbouring different bounds, weighted, differ by more than the
@@ -573,6 +611,9 @@ class _Cycle:
         self.scopes = [ScorerScope(i, sc, w, getattr(sc, "bound_scope", "cluster"))
                        for i, (sc, w) in enumerate(policy.weights)]
         self.varying_scopes = [s for s in self.scopes if s.scope not in ("const", "region")]
+        #: (kind, scope) per weighted scorer, in order: 0 = const, 1 = region, 2 = region_price,
+        #: 3 = one per cluster (cluster, cluster_shape: at most 1 in a region's bound)
+        self.bound_kinds = tuple(({"const": 0, "region": 1, "region_price": 2}.get(s.scope, 3), s) for s in self.scopes)
         # the policy's one cluster-and-shape bound, when every other varying bound is a
         # region-and-price one: a region's candidates are then kept in order of it (:class:`_Ranking`)
         shape_scopes = [s for s in self.varying_scopes if s.scope == "cluster_shape"]
@@ -1170,56 +1211,68 @@ class _Bounds:
         self.job, self.cy = job, cy
         self.shared: dict[int, float] = {}  # const scopes' values
         self.scores: dict[tuple, tuple] = {}  # region-wide (score, term) of this search (:func:`_score`)
-        self.regions: dict[str, tuple[list, dict]] = {}  # region -> _region_terms
+        self.regions: dict[str, tuple[list, dict]] = {}  # region -> its terms (:meth:`order`)
         self.plans: dict[str, tuple[float, list]] = {}  # region -> plan
 
-    def _region_terms(self, group: _Group, region: str) -> tuple[list, dict, float]:
-        """The job's terms shared by a region's candidates in ``group``: per scope, its weighted
-        value where one value holds for the whole region (``const``, ``region``; None for the
-        others), the ``region_price`` bounds by (scope index, cheapest model, its price) and,
-        by scope index, the region's best; and the region's bound (:meth:`region`)."""
-        got = self.regions.get(region)
-        if got is None:
-            job, cy = self.job, self.cy
-            ctx = cy.ctx
-            first = group.regions[region][0]
-            values: list = []
-            prices: dict = {}
-            bound = 0.0  # summed in scope order
-            for s in cy.scopes:
-                scope = s.scope
-                if scope == "region":
-                    value = s.scorer.bound(job, first.cluster, first.work, ctx, first.models)
-                    values.append(value)
-                    bound += s.weight * value
-                elif scope == "const":
-                    value = self.shared.get(s.index)
-                    if value is None:
-                        value = self.shared[s.index] = s.scorer.bound(job, first.cluster, first.work, ctx,
-                                                                      first.models)
-                    values.append(value)
-                    bound += s.weight * value
-                else:
-                    values.append(None)
-                    if scope == "region_price":  # one bound per distinct (cheapest model, its price)
-                        best = None
-                        for c in group.reps[region]:
-                            value = prices[(s.index, *c.price_key)] = s.scorer.bound(job, c.cluster, c.work, ctx,
-                                                                                    c.models)
-                            if best is None or value > best:
-                                best = value
-                        prices[s.index] = best
-                        bound += s.weight * best
-                    else:  # cluster, cluster_shape: at most 1
-                        bound += s.weight
-            got = self.regions[region] = (values, prices, bound)
-        return got
-
-    def region(self, group: _Group, region: str) -> float:
-        """An upper bound of the total score on any of a region's candidates in ``group``: its
-        shared terms, the best price term of its clusters, and 1 for every cluster-specific
-        term (weighted, summed in the policy's scorer order)."""
-        return self._region_terms(group, region)[2]
+    def order(self, group: _Group) -> list[tuple[float, str]]:
+        """The group's regions as (-bound, region), best first (ties by name): a region's bound
+        is an upper bound of the total score on any of its candidates -- its shared terms, the
+        best price term of its clusters and 1 for every cluster-specific term, weighted and
+        summed in the policy's scorer order, rounded to 9 places. Each region's terms are kept
+        for :meth:`plan`: per scope its value where one value holds for the whole region
+        (``const``, ``region``; None for the others), the ``region_price`` bounds by (scope
+        index, cheapest model, its price) and, by scope index, the region's best. A scorer's
+        bounds on all the regions (or all their price representatives) are asked at once."""
+        job, cy = self.job, self.cy
+        ctx, shared = cy.ctx, self.shared
+        names = list(group.regions)
+        firsts = [(c.cluster, c.work, c.models) for c in (group.regions[r][0] for r in names)]
+        values: list[list] = [[] for _ in names]
+        prices: list[dict] = [{} for _ in names]
+        bounds = [0.0] * len(names)  # each summed in scope order
+        for kind, s in cy.bound_kinds:
+            w = s.weight
+            if kind == 1:
+                many = getattr(s.scorer, "bounds", None)
+                got = (many(job, firsts, ctx) if many is not None else
+                       [s.scorer.bound(job, cluster, work, ctx, models) for cluster, work, models in firsts])
+                for i, value in enumerate(got):
+                    values[i].append(value)
+                    bounds[i] += w * value
+            elif kind == 0:
+                value = shared.get(s.index)
+                if value is None:
+                    cluster, work, models = firsts[0]
+                    value = shared[s.index] = s.scorer.bound(job, cluster, work, ctx, models)
+                for i in range(len(names)):
+                    values[i].append(value)
+                    bounds[i] += w * value
+            elif kind == 2:  # one bound per distinct (cheapest model, its price)
+                reps = [group.reps[r] for r in names]
+                places = [(c.cluster, c.work, c.models) for rs in reps for c in rs]
+                many = getattr(s.scorer, "bounds", None)
+                got = iter(many(job, places, ctx) if many is not None else
+                           [s.scorer.bound(job, cluster, work, ctx, models) for cluster, work, models in places])
+                for i, rs in enumerate(reps):
+                    values[i].append(None)
+                    best = None
+                    for c in rs:
+                        value = prices[i][(s.index, *c.price_key)] = next(got)
+                        if best is None or value > best:
+                            best = value
+                    prices[i][s.index] = best
+                    bounds[i] += w * best
+            else:  # cluster, cluster_shape: at most 1
+                for i in range(len(names)):
+                    values[i].append(None)
+                    bounds[i] += w
+        terms = self.regions
+        out = []
+        for i, region in enumerate(names):
+            terms[region] = (values[i], prices[i])
+            out.append((-round(bounds[i], 9), region))
+        out.sort()
+        return out
 
     def plan(self, group: _Group, region: str) -> tuple[float, list]:
         """The job's sum of the terms one value holds for the whole region (``const``,
@@ -1229,7 +1282,7 @@ class _Bounds:
         got = self.plans.get(region)
         if got is None:
             cy = self.cy
-            values, prices, _ = self._region_terms(group, region)
+            values, prices = self.regions[region]
             same = sum([s.weight * value for s, value in zip(cy.scopes, values) if s.scope in ("const", "region")])
             plan = []
             for s in cy.varying_scopes:
@@ -1241,14 +1294,23 @@ class _Bounds:
             got = self.plans[region] = (same, plan)
         return got
 
-    def bound_of(self, group: _Group, region: str, c: Candidate, shape_bound: float) -> float:
-        """The job's bound on candidate ``c`` of ``region`` given its (one) cluster-and-shape
-        bound, rounded as :meth:`ranked` rounds it (the same terms summed in the same order)."""
+    def shape_terms(self, group: _Group, region: str) -> tuple[float, float, float, list]:
+        """For a region whose candidates share one cheapest-model price and whose only other
+        varying bound is the one cluster-and-shape bound (:class:`_Ranking`): (the region-wide
+        sum, the varying terms summed before that bound's, its weight, the terms after it), so
+        a candidate's bound is ``round(same + (((before + weight * b) + after[0]) + ...), 9)``
+        -- the terms of :meth:`ranked`, added in the same order."""
         same, plan = self.plan(group, region)
-        t = 0
+        price_key = group.reps[region][0].price_key
+        before, weight, after = 0, None, []
         for kind, s, weighted in plan:
-            t += weighted[c.price_key] if kind == 0 else s.weight * shape_bound
-        return round(same + t, 9)
+            if kind == 1:
+                weight = s.weight
+            elif weight is None:
+                before += weighted[price_key]
+            else:
+                after.append(weighted[price_key])
+        return same, before, weight, after
 
     def ranked(self, group: _Group, region: str) -> list[tuple[float, str, Candidate]]:
         """A region's candidates in ``group`` as (bound, name, candidate), best bound first
@@ -1356,7 +1418,7 @@ def _branch_and_bound(job: QueuedJob, group: _Group, cy: "_Cycle", evaluations: 
     ctx = cy.ctx
     set_cost_reference(job, min(cost_per_unit_hour(job, c, model, ctx) for c, model in group.lowest), ctx)
     bounds = _Bounds(job, cy)
-    regions = sorted((-round(bounds.region(group, region), 9), region) for region in group.regions)
+    regions = bounds.order(group)
     best: Best | None = None
     scored = 0
     limit = cy.policy.max_scored_fits
@@ -1367,12 +1429,19 @@ def _branch_and_bound(job: QueuedJob, group: _Group, cy: "_Cycle", evaluations: 
             continue
         ranking = group.ranking(region, cy, job)
         # (bound, name, candidate) best first; kept in order, a candidate's bound is computed
-        # only when the search reaches it
-        # (a copy: a fit failing below moves its cluster out of the kept order)
-        ranked = list(ranking.order) if ranking is not None else bounds.ranked(group, region)
+        # only when the search reaches it (a fit failing below changes the order only when the
+        # group is next used: :meth:`_Split.candidate_set`)
+        if ranking is not None:
+            ranked = ranking.order
+            same, before, weight, after = bounds.shape_terms(group, region)
+        else:
+            ranked = bounds.ranked(group, region)
         for k, (bound, name, c) in enumerate(ranked):
-            if ranking is not None:
-                bound = bounds.bound_of(group, region, c, -bound)
+            if ranking is not None:  # (bound: minus the cluster-and-shape bound)
+                t = before + weight * -bound
+                for term in after:
+                    t += term
+                bound = round(same + t, 9)
             capped = bool(limit and scored >= limit)
             if best is not None and (not best.beaten_by(bound, name) or capped):
                 _outscore(cy, [r[2].cluster for r in ranked[k:]], evaluations, exact=not capped)
