@@ -35,6 +35,10 @@ class Scorer(Protocol):
         (``models``: its candidate card models there, cheapest first)."""
         ...
 
+    # optional, for a ``region`` or ``region_price`` bound: ``bounds(job, places, ctx) ->
+    # list[float]``, :meth:`bound` of each (cluster, work, models) of ``places`` in one call
+    # (decide asks a job's bounds on every region of a search at once; without it, one by one)
+
 
 class _Bounded:
     """Default bound: 1 (no better bound known)."""
@@ -105,17 +109,31 @@ def estimated_hours(job: QueuedJob) -> float:
     return (est if est is not None and est > 0 else 3600.0) / 3600.0
 
 
+def _costing(job: QueuedJob, ctx: Context) -> tuple:
+    """What the cost figures read of the job, memoised per job in ``ctx.memo``: (GPUs per
+    worker, the gang's milli-GPUs, milli-CPU per worker, workers, estimated hours, the
+    estimated GPU-hours -- CPU-only: core-hours -- at least 1e-9)."""
+    key = ("costing", job.job_id, job.shard)
+    got = ctx.memo.get(key)
+    if got is None:
+        spec = job.spec
+        gpu, total, cpu, workers = spec.gpus_per_worker, spec.total_gpu_milli, spec.cpu_milli, spec.workers
+        hours = estimated_hours(job)
+        units = total / WHOLE if gpu else cpu * workers / 1000
+        got = ctx.memo[key] = (gpu, total, cpu, workers, hours, max(units * hours, 1e-9))
+    return got
+
+
 def estimated_cost(job: QueuedJob, cluster: ClusterState, card_model: str, ctx: Context) -> float:
     """Estimated cost of running ``job`` here: compute + egress (currency units).
 
     compute = price(card model) x GPUs x estimated hours (CPU-only: cores x hours x CPU price).
     """
-    spec = job.spec
-    hours = estimated_hours(job)
-    if spec.gpus_per_worker:
-        compute = cluster.prices.get(card_model, 0.0) * spec.total_gpu_milli / WHOLE * hours
+    gpu, total, cpu, workers, hours, _ = _costing(job, ctx)
+    if gpu:
+        compute = cluster.prices.get(card_model, 0.0) * total / WHOLE * hours
     else:
-        compute = cluster.cpu_price_per_core_hour * spec.cpu_milli * spec.workers / 1000 * hours
+        compute = cluster.cpu_price_per_core_hour * cpu * workers / 1000 * hours
     return compute + egress_cost(job, cluster, ctx)
 
 
@@ -131,6 +149,10 @@ class HomeRegion:
 
     def bound(self, job, cluster, work, ctx, models) -> float:
         return self.score(job, cluster, None, work, ctx)
+
+    def bounds(self, job, places, ctx) -> list[float]:
+        home = job.spec.home_region
+        return [1.0 if cluster.region == home else 0.0 for cluster, _, _ in places]
 
 
 class StartTime:
@@ -155,6 +177,16 @@ class StartTime:
     def bound(self, job, cluster, work, ctx, models) -> float:
         return self.score(job, cluster, None, work, ctx)
 
+    def bounds(self, job, places, ctx) -> list[float]:
+        deadline = job.spec.start_deadline
+        limit = deadline.timestamp() if deadline is not None else None
+        now = ctx.view.now
+        out = []
+        for cluster, _, _ in places:
+            delay = transfer_seconds(job, cluster, ctx)
+            out.append(0.0 if limit is not None and now + delay > limit else 1.0 / (1.0 + delay / 1800.0))
+        return out
+
 
 def cost_per_unit_hour(job: QueuedJob, cluster: ClusterState, card_model: str, ctx: Context) -> float:
     """:func:`estimated_cost` per GPU-hour (CPU-only: per core-hour) of the job's estimate.
@@ -162,15 +194,13 @@ def cost_per_unit_hour(job: QueuedJob, cluster: ClusterState, card_model: str, c
     It reads of the cluster only its region (egress) and the unit price (of ``card_model``;
     CPU-only: the core-hour price), so it is memoised in ``ctx.memo`` per job and (region, unit
     price): a job's cost reference, its cost bounds and its cost scores share one value."""
-    spec = job.spec
-    gpu = spec.gpus_per_worker
-    price = cluster.prices.get(card_model, 0.0) if gpu else cluster.cpu_price_per_core_hour
+    costing = _costing(job, ctx)
+    price = cluster.prices.get(card_model, 0.0) if costing[0] else cluster.cpu_price_per_core_hour
     key = ("unit cost", job.job_id, job.shard, cluster.region, price)
     memo = ctx.memo
     value = memo.get(key)
     if value is None:
-        units = spec.total_gpu_milli / WHOLE if gpu else spec.cpu_milli * spec.workers / 1000
-        value = memo[key] = estimated_cost(job, cluster, card_model, ctx) / max(units * estimated_hours(job), 1e-9)
+        value = memo[key] = estimated_cost(job, cluster, card_model, ctx) / costing[5]
     return value
 
 
@@ -192,6 +222,15 @@ class Cost:
     def bound(self, job, cluster, work, ctx, models) -> float:
         cheapest = models[0] if models else ""  # candidate models come cheapest first
         return _relative_cost(job, cost_per_unit_hour(job, cluster, cheapest, ctx), ctx)
+
+    def bounds(self, job, places, ctx) -> list[float]:
+        ref = ctx.memo.get(("cost_ref", job.job_id, job.shard))
+        out = []
+        for cluster, _, models in places:
+            cost = cost_per_unit_hour(job, cluster, models[0] if models else "", ctx)
+            out.append(1.0 / (1.0 + cost / ctx.max_price) if ref is None else 1.0 if cost <= 0 else
+                       min(1.0, ref / cost))  # (as _relative_cost)
+        return out
 
 
 def set_cost_reference(job: QueuedJob, cost_per_hour: float, ctx: Context) -> None:

@@ -1,13 +1,15 @@
 """What a cycle keeps in step as it allocates decides what building it afresh would decide.
 
 * kept candidate sets and groups (:class:`~services.scheduler.core.decide._CandidateSet`): a
-  cluster leaving a split's viable clusters, or a request's whole fit failing there, updates the
-  sets and their groups in place -- ``decide`` gives the same decisions, every verdict in the
-  same order, as when each job gets a set built afresh from its split;
+  cluster leaving a split's viable clusters, or a request's whole fit failing there, is brought
+  into the sets and their groups when they are next used -- ``decide`` gives the same
+  decisions, every verdict in the same order, as when each job gets a set built afresh from its
+  split;
 * kept region rankings (:class:`~services.scheduler.core.decide._Ranking`): a region's
   candidates kept in order of the packing bound give the same decisions, every verdict in the
   same order, as ranking each job's bounds on them afresh (``_Bounds.ranked``), including
   where different bounds lie within the rounding margin;
+* a scorer's bounds on many places at once (``bounds``) equal its bounds one by one;
 * per-pool memos (:attr:`~services.scheduler.core.fit.WorkingCluster.changes`,
   :attr:`~services.scheduler.core.fit.WorkingCluster.returns`): a fit, or a capacity check's
   answer, held while its pool's change count (and the count of capacity given back) stands
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import importlib
 import math
+from datetime import UTC, datetime
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -25,7 +28,9 @@ from hypothesis import strategies as st
 
 from fedsched.jobs import Dataset, JobSpec, Locality
 from services.scheduler.core import ClusterState, NodeState, QueuedJob, RunningWork, View, build_policy, decide
+from services.scheduler.core.filters import Context
 from services.scheduler.core.fit import WorkingCluster
+from services.scheduler.core.scorers import Cost, HomeRegion, StartTime, set_cost_reference
 
 decide_module = importlib.import_module("services.scheduler.core.decide")  # (the package exports decide())
 
@@ -211,3 +216,25 @@ def test_fits_and_checks_held_while_their_pool_stands_equal_fresh_ones(case):
             if witness is None and returns == wc.returns:
                 assert not wc.could_fit(spec, models)
             hold(k)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=federation(), bandwidth=st.booleans(), deadline=st.sampled_from((None, 60.0, 3600.0)),
+       reference=st.sampled_from((None, 0.5, 4.0)))
+def test_a_scorers_bounds_at_once_equal_its_bounds_one_by_one(case, bandwidth, deadline, reference):
+    """``bounds(job, places, ctx)`` (home, start, cost: what decide asks once per search) gives
+    every place the very float ``bound`` gives it, with and without per-region bandwidths, start
+    deadlines and a cost reference."""
+    view, queue = case
+    pairs = {(a, b): 2e8 for a in REGIONS for b in REGIONS if a != b} if bandwidth else {}
+    for job in queue[:8]:
+        if deadline is not None:
+            job = QueuedJob(job.job_id, 1, job.spec.model_copy(update={
+                "start_deadline": datetime.fromtimestamp(NOW + deadline, UTC)}), job.submitted_at)
+        ctx = Context(view, 1.25e9, 0.5, 6.0, region_bandwidth_bps=pairs)
+        if reference is not None:
+            set_cost_reference(job, reference, ctx)
+        places = [(c, WorkingCluster(c), sorted(c.prices, key=c.prices.get)) for c in view.clusters]
+        for scorer in (HomeRegion(), StartTime(), Cost()):
+            one_by_one = [scorer.bound(job, c, w, ctx, models) for c, w, models in places]
+            assert scorer.bounds(job, places, ctx) == one_by_one
