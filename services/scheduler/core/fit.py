@@ -150,10 +150,46 @@ def _best_card(devices: tuple[int, ...], share: int) -> tuple[tuple, int]:
     return best
 
 
-def _has_gpu(signature: tuple) -> bool:
-    """Whether nodes of this class signature have some free share of a card."""
-    devices = signature[0]
-    return bool(devices) and max(devices) > 0
+class _Index:
+    """A pool's classes whose nodes have some free share of a card -- the only ones a GPU
+    worker can use -- by the largest free share on one card (``by_share``) and, for those with
+    idle cards, by the number of idle cards (``by_idle``), kept in step with the pool's classes
+    (private)."""
+
+    __slots__ = ("by_share", "by_idle")
+
+    def __init__(self, classes: dict[tuple, _Class]) -> None:
+        self.by_share: dict[int, dict[tuple, _Class]] = {}
+        self.by_idle: dict[int, dict[tuple, _Class]] = {}
+        for sig, cls in classes.items():
+            self.add(sig, cls)
+
+    def add(self, sig: tuple, cls: _Class) -> None:
+        """Index a new class."""
+        devices = sig[0]
+        share = max(devices) if devices else 0
+        if share > 0:
+            self.by_share.setdefault(share, {})[sig] = cls
+            idle = devices.count(WHOLE)
+            if idle:
+                self.by_idle.setdefault(idle, {})[sig] = cls
+
+    def remove(self, sig: tuple) -> None:
+        """Forget a class that emptied."""
+        devices = sig[0]
+        share = max(devices) if devices else 0
+        if share > 0:
+            _pop(self.by_share, share, sig)
+            idle = devices.count(WHOLE)
+            if idle:
+                _pop(self.by_idle, idle, sig)
+
+
+def _pop(buckets: dict[int, dict], key: int, sig: tuple) -> None:
+    bucket = buckets[key]
+    del bucket[sig]
+    if not bucket:
+        del buckets[key]
 
 
 def _count(stats: list, devices: tuple[int, ...], k: int) -> None:
@@ -187,7 +223,7 @@ class WorkingCluster:
     """
 
     __slots__ = ("state", "gpu_free", "cpu_free", "mem_free", "by_model", "cpu_order", "_stats", "_summaries",
-                 "_totals", "scan_nodes_up_to", "_pending", "_pool", "_source", "_classes", "_with_gpu", "_shared",
+                 "_totals", "scan_nodes_up_to", "_pending", "_pool", "_source", "_classes", "_index", "_shared",
                  "_nodes_shared",
                  "changes", "returns")
 
@@ -209,7 +245,7 @@ class WorkingCluster:
         self._source = source.pools
         self._classes: dict[str, dict[tuple, _Class]] = {}
         #: pool -> the classes of ``_classes[pool]`` with some free share of a card, in step
-        self._with_gpu: dict[str, dict[tuple, _Class]] = {}
+        self._index: dict[str, _Index] = {}
         #: pools whose classes (the dict and its classes) another working cluster shares since
         #: a :meth:`clone`: copied before they change (copy-on-write)
         self._shared: set[str] = set()
@@ -245,7 +281,7 @@ class WorkingCluster:
         got = self._classes.get(pool)
         if got is None:
             got = self._classes[pool] = {sig: _Class(ids) for sig, ids in self._source.get(pool, {}).items()}
-            self._with_gpu[pool] = {sig: cls for sig, cls in got.items() if _has_gpu(sig)}
+            self._index[pool] = _Index(got)
             stats = self._stats[pool] = [0, 0, {}, {}, 0]
             for (devices, _, _), cls in got.items():
                 k = cls.size
@@ -255,21 +291,21 @@ class WorkingCluster:
         if pending:
             if pool in self._shared:  # shared with a clone (or its original): copy before changing
                 got = self._classes[pool] = {sig: c.copy() for sig, c in got.items()}
-                self._with_gpu[pool] = {sig: cls for sig, cls in got.items() if _has_gpu(sig)}
+                self._index[pool] = _Index(got)
                 self._shared.discard(pool)
             self._flush(pool, got, pending)
         return got
 
-    def gpu_classes(self, pool: str) -> dict[tuple, _Class]:
+    def gpu_index(self, pool: str) -> _Index:
         """The classes of ``pool`` now whose nodes have some free share of a card (the only
-        ones a GPU worker can use), as :meth:`classes` gives them."""
+        ones a GPU worker can use), by largest share and by idle cards (:class:`_Index`)."""
         self.classes(pool)
-        return self._with_gpu[pool]
+        return self._index[pool]
 
     def _flush(self, pool: str, classes: dict[tuple, _Class], pending: dict[int, tuple]) -> None:
         """Move the nodes changed since the last look to their classes now (statistics too)."""
         stats = self._stats[pool]
-        with_gpu = self._with_gpu[pool]
+        index = self._index[pool]
         gpu, cpu, mem = self.gpu_free, self.cpu_free, self.mem_free
         for i, old in pending.items():
             new = (gpu[i], cpu[i], mem[i])
@@ -282,12 +318,11 @@ class WorkingCluster:
             cls.discard(i)
             if not cls.size:
                 del classes[old]
-                with_gpu.pop(old, None)
+                index.remove(old)
             dest = classes.get(new)
             if dest is None:
                 dest = classes[new] = _Class((i,))
-                if _has_gpu(new):
-                    with_gpu[new] = dest
+                index.add(new, dest)
             else:
                 dest.add(i)
         pending.clear()
@@ -494,34 +529,41 @@ class WorkingCluster:
                             best = key
             i = zero if zero is not None else (best[2] if best is not None else None)
             return None if i is None else Binding(worker, i, (), 0, cpu, mem)
-        classes = self.gpu_classes(model)  # (a class without a free share cannot take a GPU worker)
+        index = self.gpu_index(model)  # (a class without a free share cannot take a GPU worker)
         if g == 1 and spec.gpu_milli < WHOLE:
             m = spec.gpu_milli
             exact = None  # (node, device): lowest node with a partial card it fills exactly
             best = None  # ((idle card?, room left, idle cards on the node), node, device)
-            for (devices, cf, mf), cls in classes.items():
-                if cf < cpu or mf < mem or max(devices) < m:
-                    continue
-                key, d = _best_card(devices, m)
-                if not key[0] and key[1] == 0:
-                    i = cls.first()
-                    if exact is None or i < exact[0]:
-                        exact = (i, d)
-                elif exact is None and (best is None or key <= best[0]):  # else it cannot win
-                    cand = (key, cls.first(), d)
-                    if best is None or cand < best:
-                        best = cand
+            for share, classes in index.by_share.items():
+                if share < m:
+                    continue  # no card of these nodes has room
+                for (devices, cf, mf), cls in classes.items():
+                    if cf < cpu or mf < mem:
+                        continue
+                    key, d = _best_card(devices, m)
+                    if not key[0] and key[1] == 0:
+                        i = cls.first()
+                        if exact is None or i < exact[0]:
+                            exact = (i, d)
+                    elif exact is None and (best is None or key <= best[0]):  # else it cannot win
+                        cand = (key, cls.first(), d)
+                        if best is None or cand < best:
+                            best = cand
             if exact is not None:
                 return Binding(worker, exact[0], (exact[1],), m, cpu, mem)
             return None if best is None else Binding(worker, best[1], (best[2],), m, cpu, mem)
         best = None  # (idle cards left over, node, its free cards)
-        for (devices, cf, mf), cls in classes.items():
-            idle = devices.count(WHOLE)
-            if idle < g or cf < cpu or mf < mem or (best is not None and idle - g > best[0]):  # (cannot win)
+        for idle in sorted(index.by_idle):  # fewest idle cards first: the first that fits wins
+            if idle < g:
                 continue
-            key = (idle - g, cls.first(), devices)
-            if best is None or key[:2] < best[:2]:
-                best = key
+            for (devices, cf, mf), cls in index.by_idle[idle].items():
+                if cf < cpu or mf < mem:
+                    continue
+                i = cls.first()
+                if best is None or i < best[1]:
+                    best = (idle - g, i, devices)
+            if best is not None:
+                break
         if best is None:
             return None
         _, i, free = best
@@ -569,7 +611,7 @@ class WorkingCluster:
         other._pool = self._pool
         other._source = self._source
         other._classes = dict(self._classes)
-        other._with_gpu = dict(self._with_gpu)
+        other._index = dict(self._index)
         self._shared.update(self._classes)
         other._shared = set(self._classes)
         other.scan_nodes_up_to = self.scan_nodes_up_to
