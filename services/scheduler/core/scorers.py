@@ -181,9 +181,19 @@ class StartTime:
         deadline = job.spec.start_deadline
         limit = deadline.timestamp() if deadline is not None else None
         now = ctx.view.now
+        # one bandwidth everywhere: the bytes outside each region (as transfer_bytes adds them)
+        datasets = None if ctx.region_bandwidth_bps else [(d.home_region, d.size_bytes) for d in job.spec.datasets]
+        bandwidth = ctx.inter_region_bandwidth_bps
         out = []
         for cluster, _, _ in places:
-            delay = transfer_seconds(job, cluster, ctx)
+            if datasets is None:
+                delay = transfer_seconds(job, cluster, ctx)
+            else:
+                region, total = cluster.region, 0
+                for home, size in datasets:
+                    if home != region:
+                        total += size
+                delay = total / bandwidth
             out.append(0.0 if limit is not None and now + delay > limit else 1.0 / (1.0 + delay / 1800.0))
         return out
 
@@ -194,13 +204,12 @@ def cost_per_unit_hour(job: QueuedJob, cluster: ClusterState, card_model: str, c
     It reads of the cluster only its region (egress) and the unit price (of ``card_model``;
     CPU-only: the core-hour price), so it is memoised in ``ctx.memo`` per job and (region, unit
     price): a job's cost reference, its cost bounds and its cost scores share one value."""
-    costing = _costing(job, ctx)
-    price = cluster.prices.get(card_model, 0.0) if costing[0] else cluster.cpu_price_per_core_hour
+    price = cluster.prices.get(card_model, 0.0) if job.spec.gpus_per_worker else cluster.cpu_price_per_core_hour
     key = ("unit cost", job.job_id, job.shard, cluster.region, price)
     memo = ctx.memo
     value = memo.get(key)
     if value is None:
-        value = memo[key] = estimated_cost(job, cluster, card_model, ctx) / costing[5]
+        value = memo[key] = estimated_cost(job, cluster, card_model, ctx) / _costing(job, ctx)[5]
     return value
 
 
