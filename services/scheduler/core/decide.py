@@ -400,7 +400,7 @@ class _Group:
     differ from a group built afresh; nothing reads it)."""
 
     __slots__ = ("cands", "ghosts", "regions", "reps", "least", "lowest", "outscored", "home_firsts", "rankings",
-                 "position")
+                 "position", "places")
 
     def __init__(self, cands: list["Candidate"], ghosts: list["Candidate"], position: dict[str, int]) -> None:
         self.cands = cands
@@ -428,6 +428,23 @@ class _Group:
         self.outscored: dict[tuple, tuple[ClusterEvaluation, ...]] = {}
         self.home_firsts: tuple[ClusterEvaluation, ...] | None = None
         self.rankings: dict[str, _Ranking] = {}
+        self.places: tuple | None = None
+
+    def search_places(self) -> tuple:
+        """What a search asks the scorers about, built once: (the regions, index by region,
+        (cluster, work, models) of each region's first candidate, of every price representative
+        (regions in order), and each region's slice of the latter)."""
+        got = self.places
+        if got is None:
+            names = list(self.regions)
+            firsts = [(c.cluster, c.work, c.models) for c in (self.regions[r][0] for r in names)]
+            places, slices = [], []
+            for r in names:
+                start = len(places)
+                places.extend((c.cluster, c.work, c.models) for c in self.reps[r])
+                slices.append((start, len(places)))
+            got = self.places = (names, {r: i for i, r in enumerate(names)}, firsts, places, slices)
+        return got
 
     def drop(self, cand: "Candidate") -> None:
         """``cand`` is no longer a candidate nor a ghost (its cluster left the split)."""
@@ -446,7 +463,7 @@ class _Group:
         """Derive again what ``cand``'s region holds (``left``: it was among its candidates)."""
         region = cand.cluster.region
         if left:
-            self.home_firsts = None
+            self.home_firsts = self.places = None
             self.outscored.pop((region, True), None)
             self.outscored.pop((region, False), None)
             members = self.regions[region]
@@ -1211,66 +1228,45 @@ class _Bounds:
         self.job, self.cy = job, cy
         self.shared: dict[int, float] = {}  # const scopes' values
         self.scores: dict[tuple, tuple] = {}  # region-wide (score, term) of this search (:func:`_score`)
-        self.regions: dict[str, tuple[list, dict]] = {}  # region -> its terms (:meth:`order`)
+        self.columns: list = []  # per scope, its bounds of the search (:meth:`order`)
+        self.index: dict[str, int] = {}  # region -> its place in the columns
+        self.slices: list[tuple[int, int]] = []  # region -> its price representatives' place
         self.plans: dict[str, tuple[float, list]] = {}  # region -> plan
 
     def order(self, group: _Group) -> list[tuple[float, str]]:
         """The group's regions as (-bound, region), best first (ties by name): a region's bound
         is an upper bound of the total score on any of its candidates -- its shared terms, the
         best price term of its clusters and 1 for every cluster-specific term, weighted and
-        summed in the policy's scorer order, rounded to 9 places. Each region's terms are kept
-        for :meth:`plan`: per scope its value where one value holds for the whole region
-        (``const``, ``region``; None for the others), the ``region_price`` bounds by (scope
-        index, cheapest model, its price) and, by scope index, the region's best. A scorer's
-        bounds on all the regions (or all their price representatives) are asked at once."""
+        summed in the policy's scorer order, rounded to 9 places. A scorer's bounds on all the
+        regions (their first candidates; for a ``region_price`` bound every price
+        representative) are asked at once and kept for :meth:`plan`."""
         job, cy = self.job, self.cy
         ctx, shared = cy.ctx, self.shared
-        names = list(group.regions)
-        firsts = [(c.cluster, c.work, c.models) for c in (group.regions[r][0] for r in names)]
-        values: list[list] = [[] for _ in names]
-        prices: list[dict] = [{} for _ in names]
-        bounds = [0.0] * len(names)  # each summed in scope order
+        names, index, firsts, places, slices = group.search_places()
+        bounds = [0.0] * len(names)  # each region's summed in scope order
+        columns = []  # per scope: its value (const) or values per region (region), its bounds on the places
         for kind, s in cy.bound_kinds:
             w = s.weight
-            if kind == 1:
+            if kind == 1 or kind == 2:
+                asked = firsts if kind == 1 else places
                 many = getattr(s.scorer, "bounds", None)
-                got = (many(job, firsts, ctx) if many is not None else
-                       [s.scorer.bound(job, cluster, work, ctx, models) for cluster, work, models in firsts])
-                for i, value in enumerate(got):
-                    values[i].append(value)
-                    bounds[i] += w * value
+                got = (many(job, asked, ctx) if many is not None else
+                       [s.scorer.bound(job, cluster, work, ctx, models) for cluster, work, models in asked])
+                best = got if kind == 1 else [max(got[a:b]) for a, b in slices]  # (max: the first highest)
+                bounds = [b + w * v for b, v in zip(bounds, best)]
             elif kind == 0:
                 value = shared.get(s.index)
                 if value is None:
                     cluster, work, models = firsts[0]
                     value = shared[s.index] = s.scorer.bound(job, cluster, work, ctx, models)
-                for i in range(len(names)):
-                    values[i].append(value)
-                    bounds[i] += w * value
-            elif kind == 2:  # one bound per distinct (cheapest model, its price)
-                reps = [group.reps[r] for r in names]
-                places = [(c.cluster, c.work, c.models) for rs in reps for c in rs]
-                many = getattr(s.scorer, "bounds", None)
-                got = iter(many(job, places, ctx) if many is not None else
-                           [s.scorer.bound(job, cluster, work, ctx, models) for cluster, work, models in places])
-                for i, rs in enumerate(reps):
-                    values[i].append(None)
-                    best = None
-                    for c in rs:
-                        value = prices[i][(s.index, *c.price_key)] = next(got)
-                        if best is None or value > best:
-                            best = value
-                    prices[i][s.index] = best
-                    bounds[i] += w * best
+                got = value
+                bounds = [b + w * value for b in bounds]
             else:  # cluster, cluster_shape: at most 1
-                for i in range(len(names)):
-                    values[i].append(None)
-                    bounds[i] += w
-        terms = self.regions
-        out = []
-        for i, region in enumerate(names):
-            terms[region] = (values[i], prices[i])
-            out.append((-round(bounds[i], 9), region))
+                got = None
+                bounds = [b + w for b in bounds]
+            columns.append(got)
+        self.columns, self.index, self.slices = columns, index, slices
+        out = [(-round(b, 9), r) for b, r in zip(bounds, names)]
         out.sort()
         return out
 
@@ -1282,14 +1278,16 @@ class _Bounds:
         got = self.plans.get(region)
         if got is None:
             cy = self.cy
-            values, prices = self.regions[region]
-            same = sum([s.weight * value for s, value in zip(cy.scopes, values) if s.scope in ("const", "region")])
+            i = self.index[region]
+            same = sum([s.weight * (column if kind == 0 else column[i])
+                        for (kind, s), column in zip(cy.bound_kinds, self.columns) if kind <= 1])
+            first = self.slices[i][0]
             plan = []
-            for s in cy.varying_scopes:
-                if s.scope == "region_price":
-                    plan.append((0, s, {c.price_key: s.weight * prices[(s.index, *c.price_key)]
-                                        for c in group.reps[region]}))
-                else:
+            for (kind, s), column in zip(cy.bound_kinds, self.columns):
+                if kind == 2:
+                    plan.append((0, s, {c.price_key: s.weight * column[first + k]
+                                        for k, c in enumerate(group.reps[region])}))
+                elif kind == 3:
                     plan.append((1 if s.scope == "cluster_shape" and cy.caching else 2, s, None))
             got = self.plans[region] = (same, plan)
         return got
