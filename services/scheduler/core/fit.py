@@ -63,9 +63,11 @@ class _Class:
     (``gone``) plus those that joined it (``joined``, with a heap of them, lazy deletion) -- and
     its lowest index, the node a node-by-node scan meets first: the first of ``base`` not gone or
     the top of the heap, whichever is lower. A node of ``base`` that leaves and comes back is
-    counted as joined. Making one is O(1), so a cycle pays only for the nodes it moves."""
+    counted as joined. Making one is O(1), so a cycle pays only for the nodes it moves.
+    ``low`` holds the lowest index while it is known (None after that node left), so most
+    looks read it without a search."""
 
-    __slots__ = ("base", "pos", "gone", "joined", "heap", "size")
+    __slots__ = ("base", "pos", "gone", "joined", "heap", "size", "low")
 
     def __init__(self, base: tuple[int, ...]) -> None:
         self.base = base
@@ -74,6 +76,7 @@ class _Class:
         self.joined: set[int] | None = None
         self.heap: list[int] | None = None  # the joined nodes (and some that left since)
         self.size = len(base)
+        self.low: int | None = base[0] if base else None
 
     @property
     def members(self) -> set[int]:
@@ -87,6 +90,8 @@ class _Class:
 
     def first(self) -> int:
         """The lowest node index in the class (the class is not empty)."""
+        if self.low is not None:
+            return self.low
         base, pos, gone = self.base, self.pos, self.gone
         if gone:
             while pos < len(base) and base[pos] in gone:
@@ -100,10 +105,13 @@ class _Class:
                 heapq.heappop(heap)
             if heap and (low is None or heap[0] < low):
                 low = heap[0]
+        self.low = low
         return low
 
     def discard(self, i: int) -> None:
         """Take node ``i`` (a member) out of the class."""
+        if i == self.low:
+            self.low = None  # (found again when next asked)
         joined = self.joined
         if joined and i in joined:
             joined.remove(i)  # its heap entry goes when it reaches the top
@@ -120,11 +128,13 @@ class _Class:
         self.joined.add(i)
         heapq.heappush(self.heap, i)
         self.size += 1
+        if self.low is not None and i < self.low:
+            self.low = i
 
     def copy(self) -> "_Class":
         """An independent copy (O(nodes moved this cycle), not O(nodes))."""
         other = _Class.__new__(_Class)
-        other.base, other.pos, other.size = self.base, self.pos, self.size
+        other.base, other.pos, other.size, other.low = self.base, self.pos, self.size, self.low
         other.gone = set(self.gone) if self.gone else None
         if self.joined:
             other.joined, other.heap = set(self.joined), list(self.heap)
