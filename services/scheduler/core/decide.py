@@ -63,14 +63,14 @@ decide the same, ``tests/unit/test_scheduler_cache.py``):
 from __future__ import annotations
 
 import math
-from bisect import bisect_left, insort
+from bisect import bisect_left
 from collections import Counter
 from dataclasses import dataclass, replace
 from typing import Iterable, NamedTuple, Sequence
 
 from fedsched.jobs import Locality
 from fedsched.reasons import PASS, STATIC_REASONS, Reason, Verdict, fail, summarise_counts
-from services.scheduler.core.filters import Context, candidate_models, key_function
+from services.scheduler.core.filters import Context, candidate_models, filter_key_functions, key_function
 from services.scheduler.core.fit import Fit, WorkingCluster
 from services.scheduler.core.policy import Policy
 from services.scheduler.core.preempt import Eviction, estimated_start, find_victims, quota_victims
@@ -242,8 +242,9 @@ class _Split:
         self.misfits: list[ClusterEvaluation] = []
         self.counts: Counter = Counter()  # reasons of the misfits
         self.failed: dict[tuple[int, int], dict[str, ClusterEvaluation]] = {}
-        #: (CPU and memory request, clusters taken out) -> :class:`_CandidateSet`, brought in
-        #: step with ``events`` when next used (what every set is derived from)
+        #: (CPU and memory request -- None for the requests with no failed fit --, clusters
+        #: taken out) -> :class:`_CandidateSet`, brought in step with ``events`` when next used
+        #: (what every set is derived from)
         self.sets: dict[tuple, _CandidateSet] = {}
         #: what changed the sets, in order: (None, candidate) -- it left ``viable``; (CPU and
         #: memory request, candidate, verdict) -- that request's whole fit failed there
@@ -271,7 +272,7 @@ class _Split:
         failed = self.failed_for(job)
         request = (job.spec.cpu_milli, job.spec.memory_mib)
         if name in failed:  # (not met: failed clusters are not fitted again) its place would stay
-            self.sets = {key: got for key, got in self.sets.items() if key[:2] != request}
+            self.sets = {key: got for key, got in self.sets.items() if key[0] != request}
         elif self.sets:
             self.events.append((request, self.viable[name], evaluation))
         failed[name] = evaluation
@@ -280,11 +281,13 @@ class _Split:
     def candidate_set(self, job: QueuedJob, out: tuple[str, ...], cy: "_Cycle") -> "_CandidateSet":
         """The :class:`_CandidateSet` of the job's CPU and memory request without the clusters
         ``out`` (avoided or reserved for it; in cluster order), built once and kept in step
-        (not kept when the cycle does not cache)."""
-        key = (job.spec.cpu_milli, job.spec.memory_mib, out)
+        (not kept when the cycle does not cache). Requests whose whole fit failed nowhere yet
+        see the same set, so they share one (its request is None: no failure applies to it)."""
+        request = (job.spec.cpu_milli, job.spec.memory_mib)
+        key = (request if self.failed.get(request) else None, out)
         got = self.sets.get(key) if cy.caching else None
         if got is not None and got.applied < len(self.events):
-            got = got.catch_up(self.events, key[:2])
+            got = got.catch_up(self.events, key[0])
         if got is None:
             got = _CandidateSet(self, self.failed_for(job), out, cy.position)
             got.applied = len(self.events)
@@ -325,9 +328,10 @@ class _CandidateSet:
         self.position = position  # cluster -> its place in the view (the order of cands and ghosts)
         self.applied = 0  # the split's events reflected here
 
-    def catch_up(self, events: list[tuple], request: tuple[int, int]) -> "_CandidateSet | None":
-        """Apply the split's events since the last use (those of this CPU and memory request,
-        and every cluster leaving the split); None when rebuilding the set would be cheaper."""
+    def catch_up(self, events: list[tuple], request: tuple[int, int] | None) -> "_CandidateSet | None":
+        """Apply the split's events since the last use (those of this CPU and memory request --
+        None: the set of the requests that failed nowhere, no failure applies -- and every
+        cluster leaving the split); None when rebuilding the set would be cheaper."""
         pending = events[self.applied:]
         self.applied = len(events)
         if len(pending) > len(self.cands) + len(self.ghosts):
@@ -535,12 +539,16 @@ class _Ranking:
     and the search ranks the region itself). The branch and bound then computes the totals of
     the candidates it visits only, not of the whole region."""
 
-    __slots__ = ("order", "entries", "seen", "exact", "weight", "margin")
+    __slots__ = ("order", "tail", "entries", "seen", "exact", "weight", "margin")
 
     def __init__(self, cands: list["Candidate"], cy: "_Cycle", job: QueuedJob) -> None:
         scope = cy.rank_scope
+        # (entries compare by bound and name, names are unique: a candidate is never compared)
         self.entries = {c.cluster.name: (-cy.shape_bound(scope, job, c), c.cluster.name, c) for c in cands}
-        self.order = sorted(self.entries.values(), key=_first_two)
+        self.order = sorted(self.entries.values())
+        #: each entry's "outscored" verdict, in the order's order (a search extends its verdicts
+        #: with the part past the candidate it stops at)
+        self.tail = [cy.outscored_verdict(entry[2].cluster, True) for entry in self.order]
         self.seen = cy.changes
         self.weight, self.margin = scope.weight, cy.rank_margin
         self.exact = self._check()
@@ -562,11 +570,12 @@ class _Ranking:
                 continue
             neg = -cy.shape_bound(scope, job, entry[2])
             if neg != entry[0]:
-                self._take_out(entry)
+                verdict = self._take_out(entry)
                 entry = entries[name] = (neg, name, entry[2])
-                insort(order, entry, key=_first_two)
+                i = bisect_left(order, entry)
+                order.insert(i, entry)
+                self.tail.insert(i, verdict)
                 if self.exact:  # the new neighbours only (the others were checked)
-                    i = bisect_left(order, entry[:2], key=_first_two)
                     self.exact = self._apart(i - 1, i) and self._apart(i, i + 1)
                 else:
                     moved = True
@@ -579,14 +588,16 @@ class _Ranking:
         if not self.exact:
             self.exact = self._check()
 
-    def _take_out(self, entry: tuple) -> None:
-        """Remove ``entry`` from the order; if the order was exact, check its old neighbours,
-        adjacent now."""
+    def _take_out(self, entry: tuple) -> ClusterEvaluation:
+        """Remove ``entry`` from the order (and its verdict from the tail: returned); if the
+        order was exact, check its old neighbours, adjacent now."""
         order = self.order
-        i = bisect_left(order, entry[:2], key=_first_two)
+        i = bisect_left(order, entry[:2])
         del order[i]
+        verdict = self.tail.pop(i)
         if self.exact:
             self.exact = self._apart(i - 1, i)
+        return verdict
 
     def _apart(self, i: int, j: int) -> bool:
         """Whether entries ``i`` and ``j`` of the order (neighbours; either may be past an end)
@@ -605,10 +616,6 @@ class _Ranking:
         return all(a[0] == b[0] or w * (b[0] - a[0]) > margin for a, b in zip(order, order[1:]))
 
 
-def _first_two(entry: tuple) -> tuple:
-    return entry[0], entry[1]
-
-
 class _Cycle:
     """The mutable state of one decide() call (private)."""
 
@@ -623,6 +630,9 @@ class _Cycle:
         self.ctx = Context(view, policy.inter_region_bandwidth_bps, policy.egress_price_per_gb,
                            max(prices, default=1.0), region_bandwidth_bps=pairs)
         self.filter_key = key_function(policy.filters, self.ctx)
+        #: per filter, what it alone reads of a job; (filter, that, cluster) -> its verdict
+        self.filter_keys = filter_key_functions(policy.filters, self.ctx)
+        self.filter_verdicts: dict[tuple, Verdict] = {}
         self.view = view
         self.policy = policy
         self.scopes = [ScorerScope(i, sc, w, getattr(sc, "bound_scope", "cluster"))
@@ -649,8 +659,9 @@ class _Cycle:
         self.reservations: dict[str, Reservation] = {}
         self.victims: set[tuple[str, int, int]] = set()
         self.timelines: dict[str, list[RunningWork]] = {}
-        # placements recorded on a cluster whose timeline nobody read yet (appended when it is)
-        self.added: dict[str, list[RunningWork]] = {}
+        # placements (job, fit) on a cluster whose timeline nobody read yet (their records are
+        # appended when it is)
+        self.added: dict[str, list[tuple[QueuedJob, Fit]]] = {}
         self.placed = 0
         self.version = 0  # bumped by every eviction and reservation (memo validity)
         self.placed_keys: set[tuple[str, int, int]] = set()  # placed this cycle: never victims
@@ -686,6 +697,14 @@ class _Cycle:
         #: reads; without the caches every score is computed afresh (scope "job")
         self.scoring = tuple((i, sc, w, sc.name, getattr(sc, "score_scope", "job") if cache else "job")
                              for i, (sc, w) in enumerate(policy.weights))
+        # when the scorers reading the job and the region come first and those reading the fit
+        # last (federated's order), a fit's terms are the search's region terms then the fit's
+        # (:func:`_score`): the split between them, else None
+        kinds = [scope for *_, scope in self.scoring]
+        at = next((k for k, kind in enumerate(kinds) if kind == "fit"), len(kinds))
+        self.score_parts = (at if all(kind in ("region", "region_price") for kind in kinds[:at])
+                            and all(kind == "fit" for kind in kinds[at:]) else None)
+        self.score_weights = tuple(w for _, w in policy.weights)
         # preemption under quotas: per-cluster summaries of evictable work, tenants' cohorts,
         # the rules covering each running work (all pure functions of the view)
         self.evict_summary: dict[str, tuple] = {}
@@ -698,23 +717,27 @@ class _Cycle:
         t = self.timelines.get(cluster.name)
         if t is None:
             t = self.timelines[cluster.name] = list(cluster.running)
-            t.extend(self.added.pop(cluster.name, ()))
+            t.extend(self._work(job, fit) for job, fit in self.added.pop(cluster.name, ()))
         return t
+
+    def _work(self, job: QueuedJob, fit: Fit) -> RunningWork:
+        """The record of ``job`` placed with ``fit`` this cycle (started now)."""
+        est = job.spec.estimated_duration_s
+        end = self.view.now + max(0.0, est - job.progress_s) if est is not None else math.inf
+        return RunningWork(job.job_id, job.attempt, job.shard, job.spec.tenant, job.spec.priority_value,
+                           job.spec.preemptible, job.spec.checkpointable, self.view.now, end, fit.card_model,
+                           tuple((b.node, b.devices, b.gpu_milli, b.cpu_milli, b.memory_mib) for b in fit.bindings))
 
     def record(self, job: QueuedJob, cluster: ClusterState, fit: Fit, victims: tuple[RunningWork, ...]) -> None:
         """Keep the timeline current after a placement (and its evictions)."""
         if victims or cluster.name in self.timelines:
             t = self.timeline(cluster)
-        else:  # nobody read this cluster's timeline yet: do not copy its running work for one placement
-            t = self.added.setdefault(cluster.name, [])
-        if victims:
-            gone = {(v.job_id, v.attempt, v.shard) for v in victims}
-            t[:] = [w for w in t if (w.job_id, w.attempt, w.shard) not in gone]
-        est = job.spec.estimated_duration_s
-        end = self.view.now + max(0.0, est - job.progress_s) if est is not None else math.inf
-        t.append(RunningWork(job.job_id, job.attempt, job.shard, job.spec.tenant, job.spec.priority_value,
-                             job.spec.preemptible, job.spec.checkpointable, self.view.now, end, fit.card_model,
-                             tuple((b.node, b.devices, b.gpu_milli, b.cpu_milli, b.memory_mib) for b in fit.bindings)))
+            if victims:
+                gone = {(v.job_id, v.attempt, v.shard) for v in victims}
+                t[:] = [w for w in t if (w.job_id, w.attempt, w.shard) not in gone]
+            t.append(self._work(job, fit))
+        else:  # nobody read this cluster's timeline yet: its records are made if it is read
+            self.added.setdefault(cluster.name, []).append((job, fit))
         self.placed += 1
         self.cluster_version[cluster.name] = self.cluster_version.get(cluster.name, 0) + 1
         self.changes += 1
@@ -880,6 +903,15 @@ class _Cycle:
             held = c.slot[scope.index] = (version, scope.scorer.bound(job, c.cluster, c.work, self.ctx, c.models))
         return held[1]
 
+    def outscored_verdict(self, cluster: ClusterState, exact: bool) -> ClusterEvaluation:
+        """The shared "outscored" evaluation of ``cluster`` (``exact`` False: not scored, the
+        policy's cap on scored fits), one object per cycle."""
+        e = self.outscored.get((cluster.name, exact))
+        if e is None:
+            e = self.outscored[(cluster.name, exact)] = ClusterEvaluation(cluster.name, cluster.region,
+                                                                          _OUTSCORED if exact else _NOT_SCORED)
+        return e
+
     def home_first(self, cluster: ClusterState) -> ClusterEvaluation:
         """The shared "home goes first" verdict of ``cluster`` (one object per cycle)."""
         e = self.home_firsts.get(cluster.name)
@@ -986,12 +1018,22 @@ class _Cycle:
         return ok
 
     def static_verdict(self, job: QueuedJob, skey: tuple, cluster: ClusterState) -> Verdict:
+        """The first failing filter's verdict on ``cluster`` (PASS if none fails), per filter
+        keys and cluster; each filter's verdict is shared by the jobs that agree on what that
+        filter reads (:func:`~.filters.filter_key_functions`)."""
         key = (skey, cluster.name)
         v = self.static.get(key) if self.caching else None
         if v is None:
             v = PASS
-            for flt in self.policy.filters:
-                v = flt.check(job, cluster, self.ctx)
+            verdicts = self.filter_verdicts
+            for k, flt in enumerate(self.policy.filters):
+                if self.caching:
+                    one = (k, self.filter_keys[k](job), cluster.name)
+                    v = verdicts.get(one)
+                    if v is None:
+                        v = verdicts[one] = flt.check(job, cluster, self.ctx)
+                else:
+                    v = flt.check(job, cluster, self.ctx)
                 if not v.passed:
                     break
             self.static[key] = v
@@ -1362,8 +1404,27 @@ def _score(job: QueuedJob, c: Candidate, fit: Fit, cy: "_Cycle", shared: dict[in
     term) of the scorers whose score reads only the job and the region (``score_scope =
     "region"``, by scorer index and region) or also the unit price the fit pays
     (``"region_price"``, by scorer index, region and that price) already computed in this
-    search (:class:`_Bounds`). Evaluations that share a value share its term."""
+    search (:class:`_Bounds`). Evaluations that share a value share its term. With the region
+    scorers first and the fit scorers last (:attr:`_Cycle.score_parts`), each part's (values,
+    terms) is kept whole instead: ``memo`` by (region, unit price), ``shared`` under -1."""
     cluster, work, ctx = c.cluster, c.work, cy.ctx
+    at = cy.score_parts
+    if at is not None:  # (region terms, fit terms): each part computed once and shared
+        price = (cluster.prices.get(fit.card_model, 0.0) if job.spec.gpus_per_worker
+                 else cluster.cpu_price_per_core_hour)
+        key = (cluster.region, price)
+        region_part = memo.get(key)
+        if region_part is None:
+            values = tuple(sc.score(job, cluster, fit, work, ctx) for _, sc, _, _, _ in cy.scoring[:at])
+            region_part = memo[key] = (values, tuple((name, round(v, 4)) for (_, _, _, name, _), v
+                                                     in zip(cy.scoring, values)))
+        fit_part = shared.get(-1)
+        if fit_part is None:
+            values = tuple(sc.score(job, cluster, fit, work, ctx) for _, sc, _, _, _ in cy.scoring[at:])
+            fit_part = shared[-1] = (values, tuple((name, round(v, 4)) for (_, _, _, name, _), v
+                                                   in zip(cy.scoring[at:], values)))
+        values = region_part[0] + fit_part[0]
+        return region_part[1] + fit_part[1], round(sum([w * v for w, v in zip(cy.score_weights, values)]), 4)
     terms = []
     weighted = []
     for i, sc, w, name, scope in cy.scoring:
@@ -1442,7 +1503,10 @@ def _branch_and_bound(job: QueuedJob, group: _Group, cy: "_Cycle", evaluations: 
                 bound = round(same + t, 9)
             capped = bool(limit and scored >= limit)
             if best is not None and (not best.beaten_by(bound, name) or capped):
-                _outscore(cy, [r[2].cluster for r in ranked[k:]], evaluations, exact=not capped)
+                if ranking is not None and not capped:
+                    evaluations.extend(ranking.tail[k:])  # (the same verdicts, kept in the order's order)
+                else:
+                    _outscore(cy, [r[2].cluster for r in ranked[k:]], evaluations, exact=not capped)
                 break
             fit, shared = cy.fit(job, c)
             if fit is None:
@@ -1471,12 +1535,8 @@ _NOT_SCORED = fail(Reason.OUTSCORED, "passes the filters; not fitted: enough hig
 
 def _outscore(cy: "_Cycle", clusters: list[ClusterState], evaluations: list[ClusterEvaluation], *,
               exact: bool = True) -> None:
-    cache = cy.outscored  # verdicts are shared, so are these evaluations
     for c in clusters:
-        e = cache.get((c.name, exact))
-        if e is None:
-            e = cache[(c.name, exact)] = ClusterEvaluation(c.name, c.region, _OUTSCORED if exact else _NOT_SCORED)
-        evaluations.append(e)
+        evaluations.append(cy.outscored_verdict(c, exact))
 
 
 def _start(job: QueuedJob, cy: _Cycle, cluster: ClusterState) -> float | None:
@@ -1578,7 +1638,7 @@ def _fits_somewhere_empty(job: QueuedJob, clusters: list[ClusterState], cy: _Cyc
         wc = cy.empty.get(cluster.name)
         if wc is None:
             wc = cy.empty[cluster.name] = WorkingCluster(cluster, empty=True)
-        if wc.fit(job.spec, candidate_models(job, cluster)) is not None:
+        if wc.fit(job.spec, cy.models(job, cluster)) is not None:
             return True
     return False
 

@@ -84,6 +84,23 @@ def key_function(filters: Sequence[Filter], ctx: Context) -> Callable[[QueuedJob
     return lambda job: (getter(job), *[key(job, ctx) for key in keyed])
 
 
+def filter_key_functions(filters: Sequence[Filter], ctx: Context) -> list[Callable[[QueuedJob], object]]:
+    """Per filter, ``job -> key`` of what that filter alone reads of a job (its ``reads`` paths,
+    its ``key(job, ctx)``, or the queue entry's identity if it declares neither): jobs that
+    agree on it get the same verdict from that filter on any one cluster."""
+    out: list[Callable[[QueuedJob], object]] = []
+    for flt in filters:
+        key = getattr(flt, "key", None)
+        reads = getattr(flt, "reads", None)
+        if key is not None:
+            out.append((lambda key: lambda job: key(job, ctx))(key))
+        elif reads is not None:
+            out.append(attrgetter(*reads) if reads else (lambda job: ()))
+        else:
+            out.append(_entry)
+    return out
+
+
 class Healthy:
     """The cluster is alive (fresh heartbeat), not in maintenance, and has healthy nodes."""
 
