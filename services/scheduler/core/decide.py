@@ -437,17 +437,19 @@ class _Group:
     def search_places(self) -> tuple:
         """What a search asks the scorers about, built once: (the regions, index by region,
         (cluster, work, models) of each region's first candidate, of every price representative
-        (regions in order), and each region's slice of the latter)."""
+        (regions in order), each region's slice of the latter, and the representatives' unit
+        prices)."""
         got = self.places
         if got is None:
             names = list(self.regions)
             firsts = [(c.cluster, c.work, c.models) for c in (self.regions[r][0] for r in names)]
-            places, slices = [], []
+            places, slices, units = [], [], []
             for r in names:
                 start = len(places)
                 places.extend((c.cluster, c.work, c.models) for c in self.reps[r])
+                units.extend(c.unit for c in self.reps[r])
                 slices.append((start, len(places)))
-            got = self.places = (names, {r: i for i, r in enumerate(names)}, firsts, places, slices)
+            got = self.places = (names, {r: i for i, r in enumerate(names)}, firsts, places, slices, units)
         return got
 
     def drop(self, cand: "Candidate") -> None:
@@ -630,9 +632,11 @@ class _Cycle:
         self.ctx = Context(view, policy.inter_region_bandwidth_bps, policy.egress_price_per_gb,
                            max(prices, default=1.0), region_bandwidth_bps=pairs)
         self.filter_key = key_function(policy.filters, self.ctx)
-        #: per filter, what it alone reads of a job; (filter, that, cluster) -> its verdict
+        #: per filter, what it alone reads of a job; (filter, that) -> {cluster: its failed
+        #: verdict} over every cluster; filter keys -> {cluster: the first failed verdict}
         self.filter_keys = filter_key_functions(policy.filters, self.ctx)
-        self.filter_verdicts: dict[tuple, Verdict] = {}
+        self.filter_fails: dict[tuple, dict[str, Verdict]] = {}
+        self.first_fails: dict[tuple, dict[str, Verdict]] = {}
         self.view = view
         self.policy = policy
         self.scopes = [ScorerScope(i, sc, w, getattr(sc, "bound_scope", "cluster"))
@@ -705,6 +709,11 @@ class _Cycle:
         self.score_parts = (at if all(kind in ("region", "region_price") for kind in kinds[:at])
                             and all(kind == "fit" for kind in kinds[at:]) else None)
         self.score_weights = tuple(w for _, w in policy.weights)
+        #: the region terms of a scored fit can be read from the search's bounds
+        #: (``score_is_bound`` scorers whose bound and score scopes agree)
+        self.scores_from_bounds = self.score_parts is not None and all(
+            getattr(sc, "score_is_bound", False) and getattr(sc, "bound_scope", "cluster") == scope
+            for _, sc, _, _, scope in self.scoring[:self.score_parts])
         # preemption under quotas: per-cluster summaries of evictable work, tenants' cohorts,
         # the rules covering each running work (all pure functions of the view)
         self.evict_summary: dict[str, tuple] = {}
@@ -758,8 +767,10 @@ class _Cycle:
         cached = self.static_pass.get(skey) if self.caching else None
         if cached is None:
             eligible, failed, static_ok = [], [], []
+            fails = self._first_fails(job, skey) if self.caching else None
             for cluster in self.clusters:
-                verdict = self.static_verdict(job, skey, cluster)
+                verdict = (fails.get(cluster.name, PASS) if fails is not None
+                           else self.static_verdict(job, skey, cluster))
                 if verdict.passed:
                     eligible.append(cluster)
                     static_ok.append(cluster)
@@ -1018,26 +1029,36 @@ class _Cycle:
         return ok
 
     def static_verdict(self, job: QueuedJob, skey: tuple, cluster: ClusterState) -> Verdict:
-        """The first failing filter's verdict on ``cluster`` (PASS if none fails), per filter
-        keys and cluster; each filter's verdict is shared by the jobs that agree on what that
-        filter reads (:func:`~.filters.filter_key_functions`)."""
-        key = (skey, cluster.name)
-        v = self.static.get(key) if self.caching else None
-        if v is None:
-            v = PASS
-            verdicts = self.filter_verdicts
-            for k, flt in enumerate(self.policy.filters):
-                if self.caching:
-                    one = (k, self.filter_keys[k](job), cluster.name)
-                    v = verdicts.get(one)
-                    if v is None:
-                        v = verdicts[one] = flt.check(job, cluster, self.ctx)
-                else:
-                    v = flt.check(job, cluster, self.ctx)
-                if not v.passed:
-                    break
-            self.static[key] = v
+        """The first failing filter's verdict on ``cluster`` (PASS if none fails)."""
+        if self.caching:
+            return self._first_fails(job, skey).get(cluster.name, PASS)
+        v = PASS
+        for flt in self.policy.filters:
+            v = flt.check(job, cluster, self.ctx)
+            if not v.passed:
+                break
         return v
+
+    def _first_fails(self, job: QueuedJob, skey: tuple) -> dict[str, Verdict]:
+        """Per filter keys, the clusters some filter fails and the first such filter's verdict.
+        Each filter is checked once per cluster and what it reads of a job
+        (:func:`~.filters.filter_key_functions`): jobs that agree on that share its verdicts."""
+        got = self.first_fails.get(skey)
+        if got is None:
+            got = self.first_fails[skey] = {}
+            for k, flt in enumerate(self.policy.filters):
+                key = (k, self.filter_keys[k](job))
+                fails = self.filter_fails.get(key)
+                if fails is None:
+                    fails = self.filter_fails[key] = {}
+                    for cluster in self.clusters:
+                        v = flt.check(job, cluster, self.ctx)
+                        if not v.passed:
+                            fails[cluster.name] = v
+                for name, v in fails.items():
+                    if name not in got:  # an earlier filter's failure comes first
+                        got[name] = v
+        return got
 
 
 def decide(view: View, queue: Iterable[QueuedJob], policy: Policy, *, cache: bool = True,
@@ -1273,6 +1294,7 @@ class _Bounds:
         self.columns: list = []  # per scope, its bounds of the search (:meth:`order`)
         self.index: dict[str, int] = {}  # region -> its place in the columns
         self.slices: list[tuple[int, int]] = []  # region -> its price representatives' place
+        self.units: list[float] = []  # the price representatives' unit prices
         self.plans: dict[str, tuple[float, list]] = {}  # region -> plan
 
     def order(self, group: _Group) -> list[tuple[float, str]]:
@@ -1284,7 +1306,7 @@ class _Bounds:
         representative) are asked at once and kept for :meth:`plan`."""
         job, cy = self.job, self.cy
         ctx, shared = cy.ctx, self.shared
-        names, index, firsts, places, slices = group.search_places()
+        names, index, firsts, places, slices, units = group.search_places()
         bounds = [0.0] * len(names)  # each region's summed in scope order
         columns = []  # per scope: its value (const) or values per region (region), its bounds on the places
         for kind, s in cy.bound_kinds:
@@ -1307,10 +1329,25 @@ class _Bounds:
                 got = None
                 bounds = [b + w for b in bounds]
             columns.append(got)
-        self.columns, self.index, self.slices = columns, index, slices
+        self.columns, self.index, self.slices, self.units = columns, index, slices, units
         out = [(-round(b, 9), r) for b, r in zip(bounds, names)]
         out.sort()
         return out
+
+    def region_terms(self, region: str, price: float) -> tuple | None:
+        """The values, in scorer order, the region scorers' bounds gave ``region`` (for a
+        ``region_price`` scorer: at the price representative charging ``price``), which are
+        their scores of a fit there paying ``price`` (:attr:`_Cycle.scores_from_bounds`); None
+        if no representative charges it."""
+        i = self.index[region]
+        a, b = self.slices[i]
+        k = next((p for p in range(a, b) if self.units[p] == price), None)
+        if k is None:
+            return None
+        cy = self.cy
+        at = cy.score_parts
+        return tuple(column[i] if kind == 1 else column[k]
+                     for (kind, _), column in zip(cy.bound_kinds[:at], self.columns[:at]))
 
     def plan(self, group: _Group, region: str) -> tuple[float, list]:
         """The job's sum of the terms one value holds for the whole region (``const``,
@@ -1397,17 +1434,20 @@ def _by_bound(r: tuple) -> tuple:
 
 
 def _score(job: QueuedJob, c: Candidate, fit: Fit, cy: "_Cycle", shared: dict[int, tuple],
-           memo: dict[tuple, tuple]) -> tuple[tuple, float]:
+           bounds: "_Bounds") -> tuple[tuple, float]:
     """(terms, weighted total) of a fit: terms as (scorer name, value) rounded to 4 places.
     ``shared`` holds the (value, term) of the fit-only scorers already computed for this fit
     (by scorer index, :meth:`_Cycle.fit`); new ones are added to it. ``memo``: the (value,
     term) of the scorers whose score reads only the job and the region (``score_scope =
     "region"``, by scorer index and region) or also the unit price the fit pays
     (``"region_price"``, by scorer index, region and that price) already computed in this
-    search (:class:`_Bounds`). Evaluations that share a value share its term. With the region
+    search (``bounds.scores``). Evaluations that share a value share its term. With the region
     scorers first and the fit scorers last (:attr:`_Cycle.score_parts`), each part's (values,
-    terms) is kept whole instead: ``memo`` by (region, unit price), ``shared`` under -1."""
+    terms) is kept whole instead: in ``bounds.scores`` by (region, unit price), in ``shared``
+    under -1; the region values are the search's bounds where its scorers say they agree
+    (:attr:`_Cycle.scores_from_bounds`)."""
     cluster, work, ctx = c.cluster, c.work, cy.ctx
+    memo = bounds.scores
     at = cy.score_parts
     if at is not None:  # (region terms, fit terms): each part computed once and shared
         price = (cluster.prices.get(fit.card_model, 0.0) if job.spec.gpus_per_worker
@@ -1415,7 +1455,9 @@ def _score(job: QueuedJob, c: Candidate, fit: Fit, cy: "_Cycle", shared: dict[in
         key = (cluster.region, price)
         region_part = memo.get(key)
         if region_part is None:
-            values = tuple(sc.score(job, cluster, fit, work, ctx) for _, sc, _, _, _ in cy.scoring[:at])
+            values = bounds.region_terms(cluster.region, price) if cy.scores_from_bounds else None
+            if values is None:
+                values = tuple(sc.score(job, cluster, fit, work, ctx) for _, sc, _, _, _ in cy.scoring[:at])
             region_part = memo[key] = (values, tuple((name, round(v, 4)) for (_, _, _, name, _), v
                                                      in zip(cy.scoring, values)))
         fit_part = shared.get(-1)
@@ -1513,7 +1555,7 @@ def _branch_and_bound(job: QueuedJob, group: _Group, cy: "_Cycle", evaluations: 
                 evaluations.append(split.fail(job, name, ClusterEvaluation(name, c.cluster.region,
                                                                            _insufficient(job, c.work, c.models))))
                 continue
-            terms, total = _score(job, c, fit, cy, shared, bounds.scores)
+            terms, total = _score(job, c, fit, cy, shared, bounds)
             e = ClusterEvaluation(name, c.cluster.region, PASS, terms, total)
             evaluations.append(e)
             passed.append(e)

@@ -163,14 +163,15 @@ def _best_card(devices: tuple[int, ...], share: int) -> tuple[tuple, int]:
 class _Index:
     """A pool's classes whose nodes have some free share of a card -- the only ones a GPU
     worker can use -- by the largest free share on one card (``by_share``) and, for those with
-    idle cards, by the number of idle cards (``by_idle``), kept in step with the pool's classes
-    (private)."""
+    idle cards, by the number of idle cards (``by_idle``); and those with nothing free on their
+    cards (``busy``: all cards busy, or none), kept in step with the pool's classes (private)."""
 
-    __slots__ = ("by_share", "by_idle")
+    __slots__ = ("by_share", "by_idle", "busy")
 
     def __init__(self, classes: dict[tuple, _Class]) -> None:
         self.by_share: dict[int, dict[tuple, _Class]] = {}
         self.by_idle: dict[int, dict[tuple, _Class]] = {}
+        self.busy: dict[tuple, _Class] = {}
         for sig, cls in classes.items():
             self.add(sig, cls)
 
@@ -183,6 +184,8 @@ class _Index:
             idle = devices.count(WHOLE)
             if idle:
                 self.by_idle.setdefault(idle, {})[sig] = cls
+        if sum(devices) == 0:
+            self.busy[sig] = cls
 
     def remove(self, sig: tuple) -> None:
         """Forget a class that emptied."""
@@ -193,6 +196,8 @@ class _Index:
             idle = devices.count(WHOLE)
             if idle:
                 _pop(self.by_idle, idle, sig)
+        if sum(devices) == 0:
+            del self.busy[sig]
 
 
 def _pop(buckets: dict[int, dict], key: int, sig: tuple) -> None:
@@ -522,23 +527,29 @@ class WorkingCluster:
         cpu, mem = spec.cpu_milli, spec.memory_mib
         g = spec.gpus_per_worker
         if g == 0:
-            zero = None  # lowest node with all cards busy (or none): the ideal home, taken first
+            # the lowest node with all cards busy (or none): the ideal home, taken first; else
+            # the node with the least free on its cards, then the least CPU left, then the lowest
+            zero = None
+            indexes = [self.gpu_index(pool) for pool in self._source]
+            for index in indexes:
+                for (_, cf, mf), cls in index.busy.items():
+                    if cf >= cpu and mf >= mem:
+                        i = cls.first()
+                        if zero is None or i < zero:
+                            zero = i
+            if zero is not None:
+                return Binding(worker, zero, (), 0, cpu, mem)
             best = None
             for pool in self._source:
                 for (devices, cf, mf), cls in self.classes(pool).items():
                     if cf < cpu or mf < mem:
                         continue
-                    used = sum(devices)
-                    if used == 0:
-                        i = cls.first()
-                        if zero is None or i < zero:
-                            zero = i
-                    elif zero is None and (best is None or (used, cf - cpu) <= best[:2]):  # else it cannot win
+                    used = sum(devices)  # (not 0: no busy class fits)
+                    if best is None or (used, cf - cpu) <= best[:2]:  # else it cannot win
                         key = (used, cf - cpu, cls.first())
                         if best is None or key < best:
                             best = key
-            i = zero if zero is not None else (best[2] if best is not None else None)
-            return None if i is None else Binding(worker, i, (), 0, cpu, mem)
+            return None if best is None else Binding(worker, best[2], (), 0, cpu, mem)
         index = self.gpu_index(model)  # (a class without a free share cannot take a GPU worker)
         if g == 1 and spec.gpu_milli < WHOLE:
             m = spec.gpu_milli

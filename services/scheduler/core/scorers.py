@@ -58,6 +58,11 @@ class _Bounded:
 #: price) and the job's cost reference (:func:`set_cost_reference`): decide() computes either
 #: once per region (and price) in a job's search. The default is ``"job"`` (computed per fit).
 #:
+#: ``score_is_bound = True`` says a ``region`` or ``region_price`` scorer's score of a fit is its
+#: bound on the fit's place whenever the fit pays the unit price that bound reads (its cheapest
+#: candidate model's list price; CPU-only work: the core-hour price) -- for a ``region`` scorer,
+#: always: decide() then takes a scored fit's term from the search's bounds.
+#:
 #: ``bound_scope`` of a scorer says what its bound depends on, so decide() can compute it once
 #: per job for all clusters sharing that key: ``const``, ``region``, ``region_price`` (region and
 #: the price of the cheapest candidate card model), ``cluster_shape`` (the cluster's state and the
@@ -143,6 +148,7 @@ class HomeRegion:
     name = "home"
     bound_scope = "region"
     score_scope = "region"
+    score_is_bound = True  # (bound() is score())
 
     def score(self, job, cluster, fit, work, ctx) -> float:
         return 1.0 if cluster.region == job.spec.home_region else 0.0
@@ -166,6 +172,7 @@ class StartTime:
     name = "start"
     bound_scope = "region"
     score_scope = "region"  # transfer time from the datasets' regions; the deadline
+    score_is_bound = True  # (bound() is score())
 
     def score(self, job, cluster, fit, work, ctx) -> float:
         delay = transfer_seconds(job, cluster, ctx)
@@ -224,6 +231,7 @@ class Cost:
     name = "cost"
     bound_scope = "region_price"
     score_scope = "region_price"
+    score_is_bound = True  # (both read cost_per_unit_hour at the region and that unit price)
 
     def score(self, job, cluster, fit, work, ctx) -> float:
         return _relative_cost(job, cost_per_unit_hour(job, cluster, fit.card_model, ctx), ctx)

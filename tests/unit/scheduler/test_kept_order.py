@@ -9,7 +9,9 @@
   candidates kept in order of the packing bound give the same decisions, every verdict in the
   same order, as ranking each job's bounds on them afresh (``_Bounds.ranked``), including
   where different bounds lie within the rounding margin;
-* a scorer's bounds on many places at once (``bounds``) equal its bounds one by one;
+* a scorer's bounds on many places at once (``bounds``) equal its bounds one by one, and a
+  scored fit's region terms read from the search's bounds (``score_is_bound``) decide as
+  scores computed;
 * per-pool memos (:attr:`~services.scheduler.core.fit.WorkingCluster.changes`,
   :attr:`~services.scheduler.core.fit.WorkingCluster.returns`): a fit, or a capacity check's
   answer, held while its pool's change count (and the count of capacity given back) stands
@@ -121,6 +123,20 @@ def test_kept_region_rankings_decide_as_ranking_every_job_afresh(case, name):
         mp.setattr(decide_module._Group, "ranking", lambda self, region, cy, job: None)
         ranked = decide(view, queue, policy)
     assert kept == ranked
+
+
+@settings(**SETTINGS)
+@given(case=federation(), name=POLICIES)
+def test_region_terms_read_from_a_searchs_bounds_decide_as_scores_computed(case, name):
+    """``score_is_bound`` scorers (home, start, cost): a scored fit's region terms taken from
+    the search's bounds give the same decisions, every verdict and term, as scoring it."""
+    view, queue = case
+    policy = build_policy(name)
+    read = decide(view, queue, policy)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(decide_module._Bounds, "region_terms", lambda self, region, price: None)
+        scored = decide(view, queue, policy)
+    assert read == scored
 
 
 def test_bounds_within_the_rounding_margin_are_ranked_afresh(monkeypatch):
