@@ -35,17 +35,21 @@ decide the same, ``tests/unit/test_scheduler_cache.py``):
   job (avoided, reserved), its candidate set -- candidates, ghosts, failed verdicts, per-region
   groups with their lowest-priced candidates and "outscored" verdicts (:class:`_CandidateSet`,
   :class:`_Group`) -- rebuilt only when the split's viable clusters or failed fits change;
-* per (cluster, GPU shape) "slot", each value with the cluster's allocation version it holds
-  for (:class:`Candidate`): the capacity check and "does not fit" verdict (shared by every
-  split of the shape), cluster-and-shape score bounds, gang fits per CPU and memory request;
+* per (cluster, GPU shape) "slot", each value with what it holds for (:class:`Candidate`): the
+  capacity check (until the card-model pool that admitted the shape changes; "surely not"
+  until the cluster gets capacity back) and the "does not fit" verdict (the cluster's
+  allocation version), both shared by every split of the shape; cluster-and-shape score bounds
+  (the allocation version); gang fits per CPU and memory request (below);
 * per-cluster values (estimated starts, preemption plans): cluster, its allocation version,
   candidate models and the request shape each value reads (CPU and memory too for the
   estimated start, which fits the whole request; a prefer_local job's home start is searched
   only as far as its wait limit, and an "not within" answer is reused for limits no larger);
-* gang fits and the scores that read only the fit and the cluster (``score_scope = "fit"``:
-  packing, fragmentation, headroom): cluster, its allocation version and the whole request
-  shape, so jobs of one shape share them; the scores that read the job's data, home or
-  estimate (home, start, cost) are computed per job, their region-wide bounds once per region;
+* gang fits and the scores that read only the fit and its card-model pool (``score_scope =
+  "fit"``: packing, fragmentation, headroom): cluster and the whole request shape, holding
+  until that pool changes or the cluster gets capacity back (a CPU-only fit: until the cluster
+  changes), so jobs of one shape share them; the scores that read the job's data, home or
+  estimate (home, start, cost) are computed per job -- once per region (and unit price) in a
+  search -- and their region-wide bounds once per region;
 * "fits if empty": filter keys, candidate-model inputs and the whole request shape;
 * preemption plans under quotas: cluster, its allocation version, the eviction epoch, tenant,
   priority, candidate models and the whole request (candidate pools and quota bounds per
@@ -59,13 +63,14 @@ decide the same, ``tests/unit/test_scheduler_cache.py``):
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from collections import Counter
 from dataclasses import dataclass, replace
 from typing import Iterable, NamedTuple, Sequence
 
 from fedsched.jobs import Locality
 from fedsched.reasons import PASS, STATIC_REASONS, Reason, Verdict, fail, summarise_counts
-from services.scheduler.core.filters import Context, candidate_models, key_function
+from services.scheduler.core.filters import Context, candidate_models, filter_key_functions, key_function
 from services.scheduler.core.fit import Fit, WorkingCluster
 from services.scheduler.core.policy import Policy
 from services.scheduler.core.preempt import Eviction, estimated_start, find_victims, quota_victims
@@ -228,19 +233,22 @@ class _Split:
     last use need a new look.
     """
 
-    __slots__ = ("epoch", "log_pos", "viable", "misfits", "counts", "failed", "sets")
+    __slots__ = ("epoch", "seen", "viable", "misfits", "counts", "failed", "sets", "events")
 
-    def __init__(self, epoch: int, log_pos: int) -> None:
+    def __init__(self, epoch: int, seen: int) -> None:
         self.epoch = epoch
-        self.log_pos = log_pos
+        self.seen = seen  # the cycle's allocation changes looked at (:attr:`_Cycle.changes`)
         self.viable: dict[str, Candidate] = {}
         self.misfits: list[ClusterEvaluation] = []
         self.counts: Counter = Counter()  # reasons of the misfits
         self.failed: dict[tuple[int, int], dict[str, ClusterEvaluation]] = {}
-        #: (CPU and memory request, clusters taken out) -> :class:`_CandidateSet`; emptied
-        #: whenever ``viable`` changes, and a request's sets dropped when its ``failed`` dict
-        #: changes (what every set is derived from)
+        #: (CPU and memory request -- None for the requests with no failed fit --, clusters
+        #: taken out) -> :class:`_CandidateSet`, brought in step with ``events`` when next used
+        #: (what every set is derived from)
         self.sets: dict[tuple, _CandidateSet] = {}
+        #: what changed the sets, in order: (None, candidate) -- it left ``viable``; (CPU and
+        #: memory request, candidate, verdict) -- that request's whole fit failed there
+        self.events: list[tuple] = []
 
     def add_misfit(self, evaluation: ClusterEvaluation) -> None:
         """Record a cluster the shape surely does not fit."""
@@ -248,30 +256,41 @@ class _Split:
         self.counts[evaluation.verdict.reason] += 1
 
     def misfit(self, cluster: ClusterState, verdict: Verdict) -> ClusterEvaluation:
-        """Move ``cluster`` from viable to the misfits; return its evaluation."""
+        """Move ``cluster`` from viable to the misfits (and out of every candidate set); return
+        its evaluation."""
         evaluation = ClusterEvaluation(cluster.name, cluster.region, verdict)
-        if self.viable.pop(cluster.name, None) is not None:
+        cand = self.viable.pop(cluster.name, None)
+        if cand is not None:
             self.add_misfit(evaluation)
             if self.sets:
-                self.sets = {}
+                self.events.append((None, cand))
         return evaluation
 
     def fail(self, job: QueuedJob, name: str, evaluation: ClusterEvaluation) -> ClusterEvaluation:
-        """Record that the job's whole request did not fit viable cluster ``name``."""
-        self.failed_for(job)[name] = evaluation
-        if self.sets:  # only the candidate sets of this CPU and memory request read its failed fits
-            request = (job.spec.cpu_milli, job.spec.memory_mib)
-            self.sets = {key: got for key, got in self.sets.items() if key[:2] != request}
+        """Record that the job's whole request did not fit viable cluster ``name`` (its
+        candidate sets, the only ones that read that request's failed fits, count it a ghost)."""
+        failed = self.failed_for(job)
+        request = (job.spec.cpu_milli, job.spec.memory_mib)
+        if name in failed:  # (not met: failed clusters are not fitted again) its place would stay
+            self.sets = {key: got for key, got in self.sets.items() if key[0] != request}
+        elif self.sets:
+            self.events.append((request, self.viable[name], evaluation))
+        failed[name] = evaluation
         return evaluation
 
     def candidate_set(self, job: QueuedJob, out: tuple[str, ...], cy: "_Cycle") -> "_CandidateSet":
         """The :class:`_CandidateSet` of the job's CPU and memory request without the clusters
-        ``out`` (avoided or reserved for it; in cluster order), built once until ``viable``
-        or the failed fits change (not kept when the cycle does not cache)."""
-        key = (job.spec.cpu_milli, job.spec.memory_mib, out)
+        ``out`` (avoided or reserved for it; in cluster order), built once and kept in step
+        (not kept when the cycle does not cache). Requests whose whole fit failed nowhere yet
+        see the same set, so they share one (its request is None: no failure applies to it)."""
+        request = (job.spec.cpu_milli, job.spec.memory_mib)
+        key = (request if self.failed.get(request) else None, out)
         got = self.sets.get(key) if cy.caching else None
+        if got is not None and got.applied < len(self.events):
+            got = got.catch_up(self.events, key[0])
         if got is None:
-            got = _CandidateSet(self, self.failed_for(job), out)
+            got = _CandidateSet(self, self.failed_for(job), out, cy.position)
+            got.applied = len(self.events)
             cy.sets_built += 1
             if cy.caching:
                 self.sets[key] = got
@@ -293,16 +312,36 @@ class _CandidateSet:
     still to fit (``cands``) and the failed ones that still count in the cost reference
     (``ghosts``), both without the clusters taken out for the job (avoided, reserved), in
     cluster order; and their groups (:class:`_Group`). Derived from the split alone, so jobs of the
-    request share it until the split changes."""
+    request share it; the split keeps it in step (:meth:`drop`, :meth:`fail`): it is what a
+    set built afresh from the split would be."""
 
-    __slots__ = ("failed_evals", "cands", "ghosts", "groups")
+    __slots__ = ("failed_evals", "cands", "ghosts", "groups", "out", "position", "applied")
 
-    def __init__(self, split: _Split, failed: dict[str, ClusterEvaluation], out: tuple[str, ...]) -> None:
+    def __init__(self, split: _Split, failed: dict[str, ClusterEvaluation], out: tuple[str, ...],
+                 position: dict[str, int]) -> None:
         viable = split.viable
         self.failed_evals = tuple(e for name, e in failed.items() if name in viable)
         self.cands = [c for name, c in viable.items() if name not in failed and name not in out]
         self.ghosts = [c for name, c in viable.items() if name in failed and name not in out]
         self.groups: dict[tuple, _Group] = {}
+        self.out = out
+        self.position = position  # cluster -> its place in the view (the order of cands and ghosts)
+        self.applied = 0  # the split's events reflected here
+
+    def catch_up(self, events: list[tuple], request: tuple[int, int] | None) -> "_CandidateSet | None":
+        """Apply the split's events since the last use (those of this CPU and memory request --
+        None: the set of the requests that failed nowhere, no failure applies -- and every
+        cluster leaving the split); None when rebuilding the set would be cheaper."""
+        pending = events[self.applied:]
+        self.applied = len(events)
+        if len(pending) > len(self.cands) + len(self.ghosts):
+            return None
+        for event in pending:
+            if event[0] is None:
+                self.drop(event[1])
+            elif event[0] == request:
+                self.fail(event[1], event[2])
+        return self
 
     def group(self, home: str | None, at_home: bool = True) -> "_Group":
         """All candidates (``home`` None), or those in (``at_home``) or outside region ``home``."""
@@ -310,12 +349,49 @@ class _CandidateSet:
         got = self.groups.get(key)
         if got is None:
             if home is None:
-                got = _Group(self.cands, self.ghosts)
+                got = _Group(list(self.cands), list(self.ghosts), self.position)
             else:
                 got = _Group([c for c in self.cands if (c.cluster.region == home) == at_home],
-                             [c for c in self.ghosts if (c.cluster.region == home) == at_home])
+                             [c for c in self.ghosts if (c.cluster.region == home) == at_home], self.position)
             self.groups[key] = got
         return got
+
+    def drop(self, cand: "Candidate") -> None:
+        """``cand``'s cluster left the split's viable clusters."""
+        name = cand.cluster.name
+        if any(e.cluster == name for e in self.failed_evals):
+            self.failed_evals = tuple(e for e in self.failed_evals if e.cluster != name)
+        if name in self.out:
+            return
+        position = self.position
+        if not _remove(self.cands, cand, position):
+            _remove(self.ghosts, cand, position)
+        for got in self.groups.values():
+            got.drop(cand)
+
+    def fail(self, cand: "Candidate", evaluation: ClusterEvaluation) -> None:
+        """The set's request did not fit ``cand``'s cluster (``evaluation``): a ghost now."""
+        self.failed_evals += (evaluation,)
+        if cand.cluster.name in self.out:
+            return
+        _remove(self.cands, cand, self.position)
+        _insert(self.ghosts, cand, self.position)
+        for got in self.groups.values():
+            got.fail(cand)
+
+
+def _remove(cands: list["Candidate"], cand: "Candidate", position: dict[str, int]) -> bool:
+    """Take ``cand`` out of ``cands`` (in cluster order); whether it was there."""
+    i = bisect_left(cands, position[cand.cluster.name], key=lambda c: position[c.cluster.name])
+    if i < len(cands) and cands[i] is cand:
+        del cands[i]
+        return True
+    return False
+
+
+def _insert(cands: list["Candidate"], cand: "Candidate", position: dict[str, int]) -> None:
+    """Put ``cand`` into ``cands`` (in cluster order) at its place."""
+    cands.insert(bisect_left(cands, position[cand.cluster.name], key=lambda c: position[c.cluster.name]), cand)
 
 
 class _Group:
@@ -323,13 +399,17 @@ class _Group:
     them (private): by region (candidate order), each region's candidates with distinct
     cheapest-model prices (what a ``region_price`` bound reads), per region the candidate with
     the lowest unit price among candidates and ghosts (the cost reference's), and each region's
-    "outscored" verdicts, built on first use."""
+    "outscored" verdicts, built on first use. Kept in step by its candidate set: a change
+    rebuilds what it derived for that cluster's region alone (the regions' order may then
+    differ from a group built afresh; nothing reads it)."""
 
-    __slots__ = ("cands", "ghosts", "regions", "reps", "lowest", "outscored", "home_firsts")
+    __slots__ = ("cands", "ghosts", "regions", "reps", "least", "lowest", "outscored", "home_firsts", "rankings",
+                 "position", "places")
 
-    def __init__(self, cands: list["Candidate"], ghosts: list["Candidate"]) -> None:
+    def __init__(self, cands: list["Candidate"], ghosts: list["Candidate"], position: dict[str, int]) -> None:
         self.cands = cands
         self.ghosts = ghosts
+        self.position = position
         regions: dict[str, list[Candidate]] = {}
         reps: dict[str, dict[tuple, Candidate]] = {}
         for c in cands:
@@ -340,16 +420,95 @@ class _Group:
                 distinct[c.price_key] = c
         self.regions = regions
         self.reps = {region: tuple(d.values()) for region, d in reps.items()}
-        lowest: dict[str, tuple[float, ClusterState, str]] = {}
+        least: dict[str, tuple[float, ClusterState, str]] = {}
         for c in (*cands, *ghosts):
             unit = c.unit  # (precomputed: the cheapest model's price, CPU-only: the core-hour price)
             region = c.cluster.region
-            held = lowest.get(region)
+            held = least.get(region)
             if held is None or unit < held[0]:
-                lowest[region] = (unit, c.cluster, c.price_key[0])
-        self.lowest = tuple((cluster, model) for _, cluster, model in lowest.values())
+                least[region] = (unit, c.cluster, c.price_key[0])
+        self.least = least  # region -> (unit price, cluster, model) of its lowest-priced candidate or ghost
+        self.lowest = tuple((cluster, model) for _, cluster, model in least.values())
         self.outscored: dict[tuple, tuple[ClusterEvaluation, ...]] = {}
         self.home_firsts: tuple[ClusterEvaluation, ...] | None = None
+        self.rankings: dict[str, _Ranking] = {}
+        self.places: tuple | None = None
+
+    def search_places(self) -> tuple:
+        """What a search asks the scorers about, built once: (the regions, index by region,
+        (cluster, work, models) of each region's first candidate, of every price representative
+        (regions in order), each region's slice of the latter, and the representatives' unit
+        prices)."""
+        got = self.places
+        if got is None:
+            names = list(self.regions)
+            firsts = [(c.cluster, c.work, c.models) for c in (self.regions[r][0] for r in names)]
+            places, slices, units = [], [], []
+            for r in names:
+                start = len(places)
+                places.extend((c.cluster, c.work, c.models) for c in self.reps[r])
+                units.extend(c.unit for c in self.reps[r])
+                slices.append((start, len(places)))
+            got = self.places = (names, {r: i for i, r in enumerate(names)}, firsts, places, slices, units)
+        return got
+
+    def drop(self, cand: "Candidate") -> None:
+        """``cand`` is no longer a candidate nor a ghost (its cluster left the split)."""
+        if _remove(self.cands, cand, self.position):
+            self._region_changed(cand, left=True)
+        elif _remove(self.ghosts, cand, self.position):
+            self._region_changed(cand, left=False)
+
+    def fail(self, cand: "Candidate") -> None:
+        """``cand`` is a ghost now (the group's request did not fit it)."""
+        if _remove(self.cands, cand, self.position):
+            _insert(self.ghosts, cand, self.position)
+            self._region_changed(cand, left=True)
+
+    def _region_changed(self, cand: "Candidate", left: bool) -> None:
+        """Derive again what ``cand``'s region holds (``left``: it was among its candidates)."""
+        region = cand.cluster.region
+        if left:
+            self.home_firsts = self.places = None
+            self.outscored.pop((region, True), None)
+            self.outscored.pop((region, False), None)
+            members = self.regions[region]
+            _remove(members, cand, self.position)
+            if members:
+                distinct: dict[tuple, Candidate] = {}
+                for c in members:
+                    if c.price_key not in distinct:
+                        distinct[c.price_key] = c
+                self.reps[region] = tuple(distinct.values())
+                ranking = self.rankings.get(region)
+                if ranking is not None:
+                    ranking.drop(cand)
+            else:
+                del self.regions[region], self.reps[region]
+                self.rankings.pop(region, None)
+        if self.least[region][1] is not cand.cluster:
+            return  # the region's first lowest-priced candidate or ghost stays first
+        held = None
+        for c in (*self.regions.get(region, ()), *self.ghosts):
+            if c.cluster.region == region and (held is None or c.unit < held[0]):
+                held = (c.unit, c.cluster, c.price_key[0])
+        if held is None:
+            del self.least[region]
+        else:
+            self.least[region] = held
+        self.lowest = tuple((cluster, model) for _, cluster, model in self.least.values())
+
+    def ranking(self, region: str, cy: "_Cycle", job: QueuedJob) -> "_Ranking | None":
+        """The region's candidates kept in order of the policy's cluster-and-shape bound, up to
+        date, when that order is the order of a job's bounds (:class:`_Ranking`); else None."""
+        if cy.rank_scope is None or len(self.reps[region]) != 1:
+            return None  # other varying bounds, or more than one cheapest-model price here
+        got = self.rankings.get(region)
+        if got is None:
+            got = self.rankings[region] = _Ranking(self.regions[region], cy, job)
+        else:
+            got.refresh(cy, job)
+        return got if got.exact else None
 
     def home_first(self, cy: "_Cycle") -> tuple[ClusterEvaluation, ...]:
         """The "home goes first" verdicts of every candidate (candidate order), built once."""
@@ -369,6 +528,96 @@ class _Group:
         return got
 
 
+class _Ranking:
+    """A region's candidates in a group in order of the policy's one cluster-and-shape bound
+    (:attr:`_Cycle.rank_scope`), highest first, ties by name, kept in order as the cycle
+    allocates (private): ``order`` holds (-bound, name, candidate).
+
+    Where every other varying bound of the region's candidates is one value (one cheapest-model
+    price in the region), a job's total bound on a candidate is a non-decreasing function of its
+    cluster-and-shape bound -- the same sums of the same terms, rounded to 9 places -- so this
+    order is the one :meth:`_Bounds.ranked` sorts each job's candidates into, unless two
+    different bounds lie so close that rounding could tie their totals (then ``exact`` is False
+    and the search ranks the region itself). The branch and bound then computes the totals of
+    the candidates it visits only, not of the whole region."""
+
+    __slots__ = ("order", "tail", "entries", "seen", "exact", "weight", "margin")
+
+    def __init__(self, cands: list["Candidate"], cy: "_Cycle", job: QueuedJob) -> None:
+        scope = cy.rank_scope
+        # (entries compare by bound and name, names are unique: a candidate is never compared)
+        self.entries = {c.cluster.name: (-cy.shape_bound(scope, job, c), c.cluster.name, c) for c in cands}
+        self.order = sorted(self.entries.values())
+        #: each entry's "outscored" verdict, in the order's order (a search extends its verdicts
+        #: with the part past the candidate it stops at)
+        self.tail = [cy.outscored_verdict(entry[2].cluster, True) for entry in self.order]
+        self.seen = cy.changes
+        self.weight, self.margin = scope.weight, cy.rank_margin
+        self.exact = self._check()
+
+    def refresh(self, cy: "_Cycle", job: QueuedJob) -> None:
+        """Bring the order up to date with the allocation changes since the last look: the
+        candidates whose cluster changed since get their bound anew and move to their place."""
+        seen = self.seen
+        if seen == cy.changes:
+            return
+        self.seen = cy.changes
+        entries, order, scope = self.entries, self.order, cy.rank_scope
+        moved = False
+        for name, n in reversed(cy.last_change.items()):  # the clusters changed since, newest first
+            if n <= seen:
+                break
+            entry = entries.get(name)
+            if entry is None:
+                continue
+            neg = -cy.shape_bound(scope, job, entry[2])
+            if neg != entry[0]:
+                verdict = self._take_out(entry)
+                entry = entries[name] = (neg, name, entry[2])
+                i = bisect_left(order, entry)
+                order.insert(i, entry)
+                self.tail.insert(i, verdict)
+                if self.exact:  # the new neighbours only (the others were checked)
+                    self.exact = self._apart(i - 1, i) and self._apart(i, i + 1)
+                else:
+                    moved = True
+        if moved:
+            self.exact = self._check()
+
+    def drop(self, cand: "Candidate") -> None:
+        """Take ``cand`` out of the order."""
+        self._take_out(self.entries.pop(cand.cluster.name))
+        if not self.exact:
+            self.exact = self._check()
+
+    def _take_out(self, entry: tuple) -> ClusterEvaluation:
+        """Remove ``entry`` from the order (and its verdict from the tail: returned); if the
+        order was exact, check its old neighbours, adjacent now."""
+        order = self.order
+        i = bisect_left(order, entry[:2])
+        del order[i]
+        verdict = self.tail.pop(i)
+        if self.exact:
+            self.exact = self._apart(i - 1, i)
+        return verdict
+
+    def _apart(self, i: int, j: int) -> bool:
+        """Whether entries ``i`` and ``j`` of the order (neighbours; either may be past an end)
+        are equal or further apart, weighted, than the rounding can hide."""
+        order = self.order
+        if i < 0 or j >= len(order):
+            return True
+        a, b = order[i][0], order[j][0]
+        return a == b or self.weight * (b - a) > self.margin
+
+    def _check(self) -> bool:
+        """Whether every two neighbouring different bounds, weighted, differ by more than the
+        rounding can hide (:attr:`_Cycle.rank_margin`)."""
+        w, margin = self.weight, self.margin
+        order = self.order
+        return all(a[0] == b[0] or w * (b[0] - a[0]) > margin for a, b in zip(order, order[1:]))
+
+
 class _Cycle:
     """The mutable state of one decide() call (private)."""
 
@@ -383,11 +632,28 @@ class _Cycle:
         self.ctx = Context(view, policy.inter_region_bandwidth_bps, policy.egress_price_per_gb,
                            max(prices, default=1.0), region_bandwidth_bps=pairs)
         self.filter_key = key_function(policy.filters, self.ctx)
+        #: per filter, what it alone reads of a job; (filter, that) -> {cluster: its failed
+        #: verdict} over every cluster; filter keys -> {cluster: the first failed verdict}
+        self.filter_keys = filter_key_functions(policy.filters, self.ctx)
+        self.filter_fails: dict[tuple, dict[str, Verdict]] = {}
+        self.first_fails: dict[tuple, dict[str, Verdict]] = {}
         self.view = view
         self.policy = policy
         self.scopes = [ScorerScope(i, sc, w, getattr(sc, "bound_scope", "cluster"))
                        for i, (sc, w) in enumerate(policy.weights)]
         self.varying_scopes = [s for s in self.scopes if s.scope not in ("const", "region")]
+        #: (kind, scope) per weighted scorer, in order: 0 = const, 1 = region, 2 = region_price,
+        #: 3 = one per cluster (cluster, cluster_shape: at most 1 in a region's bound)
+        self.bound_kinds = tuple(({"const": 0, "region": 1, "region_price": 2}.get(s.scope, 3), s) for s in self.scopes)
+        # the policy's one cluster-and-shape bound, when every other varying bound is a
+        # region-and-price one: a region's candidates are then kept in order of it (:class:`_Ranking`)
+        shape_scopes = [s for s in self.varying_scopes if s.scope == "cluster_shape"]
+        self.rank_scope = (shape_scopes[0] if cache and len(shape_scopes) == 1 and shape_scopes[0].weight >= 0
+                           and all(s.scope in ("cluster_shape", "region_price") for s in self.varying_scopes)
+                           else None)
+        #: the least difference of two weighted cluster-and-shape bounds that survives a job's
+        #: total bound being rounded to 9 places (1e-9, plus the float error of adding the terms)
+        self.rank_margin = 4e-9 + 1e-14 * (1.0 + sum(abs(w) for _, w in policy.weights))
         # cluster -> lowest priority of its preemptible work (clusters without any are absent)
         self.lowest_victim = {c.name: low for c in self.clusters
                               if (low := lowest_preemptible(c.running)) is not None}
@@ -397,8 +663,9 @@ class _Cycle:
         self.reservations: dict[str, Reservation] = {}
         self.victims: set[tuple[str, int, int]] = set()
         self.timelines: dict[str, list[RunningWork]] = {}
-        # placements recorded on a cluster whose timeline nobody read yet (appended when it is)
-        self.added: dict[str, list[RunningWork]] = {}
+        # placements (job, fit) on a cluster whose timeline nobody read yet (their records are
+        # appended when it is)
+        self.added: dict[str, list[tuple[QueuedJob, Fit]]] = {}
         self.placed = 0
         self.version = 0  # bumped by every eviction and reservation (memo validity)
         self.placed_keys: set[tuple[str, int, int]] = set()  # placed this cycle: never victims
@@ -406,7 +673,10 @@ class _Cycle:
         self.value_cache: dict[tuple, object] = {}
         self.splits: dict[tuple, _Split] = {}
         self.outscored: dict[tuple, ClusterEvaluation] = {}
-        self.change_log: list[str] = []  # clusters whose allocations changed, in order
+        self.changes = 0  # allocation changes so far (placements and evictions)
+        #: cluster -> the number of its last allocation change (``changes`` after it), least
+        #: recently changed first: the clusters changed since change ``n`` are a suffix of it
+        self.last_change: dict[str, int] = {}
         self.epoch = 0  # bumped when capacity comes back (evictions)
         self.reserve_tries = 0
         self.static_pass: dict[tuple, tuple] = {}
@@ -427,8 +697,23 @@ class _Cycle:
         self.sets_built = 0  # candidate sets (:class:`_CandidateSet`) built
         self.home_firsts: dict[str, ClusterEvaluation] = {}
         self.fit_scored = {i for i, (sc, _) in enumerate(policy.weights) if getattr(sc, "score_scope", "job") == "fit"}
-        #: per weighted scorer: (index, scorer, weight, name, fit-only?) -- what :func:`_score` reads
-        self.scoring = tuple((i, sc, w, sc.name, i in self.fit_scored) for i, (sc, w) in enumerate(policy.weights))
+        #: per weighted scorer: (index, scorer, weight, name, score scope) -- what :func:`_score`
+        #: reads; without the caches every score is computed afresh (scope "job")
+        self.scoring = tuple((i, sc, w, sc.name, getattr(sc, "score_scope", "job") if cache else "job")
+                             for i, (sc, w) in enumerate(policy.weights))
+        # when the scorers reading the job and the region come first and those reading the fit
+        # last (federated's order), a fit's terms are the search's region terms then the fit's
+        # (:func:`_score`): the split between them, else None
+        kinds = [scope for *_, scope in self.scoring]
+        at = next((k for k, kind in enumerate(kinds) if kind == "fit"), len(kinds))
+        self.score_parts = (at if all(kind in ("region", "region_price") for kind in kinds[:at])
+                            and all(kind == "fit" for kind in kinds[at:]) else None)
+        self.score_weights = tuple(w for _, w in policy.weights)
+        #: the region terms of a scored fit can be read from the search's bounds
+        #: (``score_is_bound`` scorers whose bound and score scopes agree)
+        self.scores_from_bounds = self.score_parts is not None and all(
+            getattr(sc, "score_is_bound", False) and getattr(sc, "bound_scope", "cluster") == scope
+            for _, sc, _, _, scope in self.scoring[:self.score_parts])
         # preemption under quotas: per-cluster summaries of evictable work, tenants' cohorts,
         # the rules covering each running work (all pure functions of the view)
         self.evict_summary: dict[str, tuple] = {}
@@ -441,26 +726,32 @@ class _Cycle:
         t = self.timelines.get(cluster.name)
         if t is None:
             t = self.timelines[cluster.name] = list(cluster.running)
-            t.extend(self.added.pop(cluster.name, ()))
+            t.extend(self._work(job, fit) for job, fit in self.added.pop(cluster.name, ()))
         return t
+
+    def _work(self, job: QueuedJob, fit: Fit) -> RunningWork:
+        """The record of ``job`` placed with ``fit`` this cycle (started now)."""
+        est = job.spec.estimated_duration_s
+        end = self.view.now + max(0.0, est - job.progress_s) if est is not None else math.inf
+        return RunningWork(job.job_id, job.attempt, job.shard, job.spec.tenant, job.spec.priority_value,
+                           job.spec.preemptible, job.spec.checkpointable, self.view.now, end, fit.card_model,
+                           tuple((b.node, b.devices, b.gpu_milli, b.cpu_milli, b.memory_mib) for b in fit.bindings))
 
     def record(self, job: QueuedJob, cluster: ClusterState, fit: Fit, victims: tuple[RunningWork, ...]) -> None:
         """Keep the timeline current after a placement (and its evictions)."""
         if victims or cluster.name in self.timelines:
             t = self.timeline(cluster)
-        else:  # nobody read this cluster's timeline yet: do not copy its running work for one placement
-            t = self.added.setdefault(cluster.name, [])
-        if victims:
-            gone = {(v.job_id, v.attempt, v.shard) for v in victims}
-            t[:] = [w for w in t if (w.job_id, w.attempt, w.shard) not in gone]
-        est = job.spec.estimated_duration_s
-        end = self.view.now + max(0.0, est - job.progress_s) if est is not None else math.inf
-        t.append(RunningWork(job.job_id, job.attempt, job.shard, job.spec.tenant, job.spec.priority_value,
-                             job.spec.preemptible, job.spec.checkpointable, self.view.now, end, fit.card_model,
-                             tuple((b.node, b.devices, b.gpu_milli, b.cpu_milli, b.memory_mib) for b in fit.bindings)))
+            if victims:
+                gone = {(v.job_id, v.attempt, v.shard) for v in victims}
+                t[:] = [w for w in t if (w.job_id, w.attempt, w.shard) not in gone]
+            t.append(self._work(job, fit))
+        else:  # nobody read this cluster's timeline yet: its records are made if it is read
+            self.added.setdefault(cluster.name, []).append((job, fit))
         self.placed += 1
         self.cluster_version[cluster.name] = self.cluster_version.get(cluster.name, 0) + 1
-        self.change_log.append(cluster.name)
+        self.changes += 1
+        self.last_change.pop(cluster.name, None)  # re-inserted last: the order stays by recency
+        self.last_change[cluster.name] = self.changes
         self.placed_keys.add((job.job_id, job.attempt, job.shard))
         if victims:
             self.version += 1
@@ -476,8 +767,10 @@ class _Cycle:
         cached = self.static_pass.get(skey) if self.caching else None
         if cached is None:
             eligible, failed, static_ok = [], [], []
+            fails = self._first_fails(job, skey) if self.caching else None
             for cluster in self.clusters:
-                verdict = self.static_verdict(job, skey, cluster)
+                verdict = (fails.get(cluster.name, PASS) if fails is not None
+                           else self.static_verdict(job, skey, cluster))
                 if verdict.passed:
                     eligible.append(cluster)
                     static_ok.append(cluster)
@@ -495,28 +788,41 @@ class _Cycle:
         key = (skey, _models_key(job), s.workers, s.gpus_per_worker, s.gpu_milli)  # could_fit: the GPU shape
         entry = self.splits.get(key) if self.caching else None
         if entry is None or entry.epoch != self.epoch:
-            entry = self.splits[key] = _Split(self.epoch, len(self.change_log))
+            entry = self.splits[key] = _Split(self.epoch, self.changes)
             infos = self.infos.get(key[1:]) if self.caching else None
             if infos is None:
                 infos = self.infos[key[1:]] = {}
             viable, versions = entry.viable, self.cluster_version
             for cluster in eligible:
-                # fast path: a candidate whose capacity check another split of the shape made at
-                # this allocation and found it may fit (the same as _classify, without the calls)
+                # fast path: a candidate whose capacity check (and, if it may not fit, "does not
+                # fit" verdict at this allocation) another split of the shape made and that
+                # still holds (the same as _classify, without the calls)
                 cand = infos.get(cluster.name) if self.caching else None
                 if cand is not None:
-                    held = cand.slot.get("could")
-                    if held is not None and held[1] and held[0] == versions.get(cluster.name, 0):
-                        viable[cluster.name] = cand
-                        continue
+                    slot = cand.slot
+                    held = slot.get("could")
+                    if held is not None and _could_holds(held, cand.work):
+                        if held[0]:
+                            viable[cluster.name] = cand
+                            continue
+                        misfit = slot.get("misfit")
+                        if misfit is not None and misfit[0] == versions.get(cluster.name, 0):
+                            entry.add_misfit(misfit[1])
+                            continue
                 self._classify(job, entry, cluster, infos)
             return entry
-        if entry.log_pos < len(self.change_log):
-            changed = set(self.change_log[entry.log_pos:])
-            entry.log_pos = len(self.change_log)
+        seen = entry.seen
+        if seen < self.changes:
+            entry.seen = self.changes
             viable = entry.viable  # (in cluster order: the order misfits are recorded in)
-            hits = (sorted((n for n in changed if n in viable), key=self.position.__getitem__)
-                    if len(changed) < len(viable) else [n for n in viable if n in changed])
+            hits = []
+            for name, n in reversed(self.last_change.items()):  # the clusters changed since, newest first
+                if n <= seen:
+                    break
+                if name in viable:
+                    hits.append(name)
+            if len(hits) > 1:
+                hits.sort(key=self.position.__getitem__)
             for name in hits:
                 cand = entry.viable[name]
                 if not self.could_fit(job, cand.cluster, cand.work, cand.models, cand.slot):
@@ -526,17 +832,18 @@ class _Cycle:
     def could_fit(self, job: QueuedJob, cluster: ClusterState, wc: WorkingCluster, models: list[str],
                   slot: dict) -> bool:
         """:meth:`~.fit.WorkingCluster.could_fit` of the job's GPU shape on ``cluster``, memoised
-        in the (cluster, shape) ``slot`` until the cluster's allocation changes: every split of
-        the shape (jobs that differ in what the filters read) shares it."""
+        in the (cluster, shape) ``slot``: every split of the shape (jobs that differ in what the
+        filters read) shares it. A "may fit" holds until the pool that admitted the shape
+        changes, a "surely not" until the cluster gets capacity back
+        (:meth:`~.fit.WorkingCluster.could_fit_on`)."""
         if not self.caching:
             self.checks += 1
             return wc.could_fit(job.spec, models)
-        version = self.cluster_version.get(cluster.name, 0)
         held = slot.get("could")
-        if held is None or held[0] != version:
+        if held is None or not _could_holds(held, wc):
             self.checks += 1
-            held = slot["could"] = (version, wc.could_fit(job.spec, models))
-        return held[1]
+            held = slot["could"] = _could(wc, wc.could_fit_on(job.spec, models))
+        return held[0]
 
     def _classify(self, job: QueuedJob, entry: _Split, cluster: ClusterState, infos: dict[str, "Candidate"]) -> None:
         """Put ``cluster`` among the split's viable clusters or its misfits. ``infos``: the
@@ -566,27 +873,55 @@ class _Cycle:
                     slot["misfit"] = held
             entry.add_misfit(held[1])
 
-    def fit(self, job: QueuedJob, c: "Candidate") -> tuple[Fit | None, dict[int, float]]:
+    def fit(self, job: QueuedJob, c: "Candidate") -> tuple[Fit | None, dict[int, tuple]]:
         """The job's gang fit on candidate ``c`` (:meth:`~.fit.WorkingCluster.fit`, tentative)
-        and the values of the policy's scorers whose score reads only the cluster's state, the
-        fit and the request shape (``score_scope = "fit"``; by scorer index, filled by
-        :func:`_score`). A fit reads the whole request shape and the cluster's allocation, so
-        both are memoised per (cluster, shape) until the cluster's version changes: jobs of one
-        shape share them."""
+        and the values of the policy's scorers whose score reads only the fit, the request shape
+        and the allocation of the fit's card-model pool (``score_scope = "fit"``; by scorer
+        index, filled by :func:`_score`), memoised per (cluster, shape) so jobs of one shape
+        share them. A GPU fit reads its card model's pool, and the models tried before it did
+        not fit and cannot while capacity only shrinks: it holds until that pool changes or
+        the cluster gets capacity back, "no fit" until the latter (``WorkingCluster.changes``,
+        ``returns``). A CPU-only fit may land in any pool: it holds until the cluster changes."""
         if not self.caching:
             return c.work.fit(job.spec, c.models), {}
         s = job.spec
         key = ("fit", s.cpu_milli, s.memory_mib)
-        version = self.cluster_version.get(c.cluster.name, 0)
-        slot = c.slot
+        work, slot = c.work, c.slot
         hit = slot.get(key)
-        if hit is not None and hit[0] == version:
-            return hit[1], hit[2]
-        fit = c.work.fit(s, c.models)
+        if hit is not None:
+            pool, count, returns, fit, scores = hit
+            if returns == work.returns and (
+                    (work.changes.get(pool, 0) == count) if pool is not None else
+                    fit is None or count == self.cluster_version.get(c.cluster.name, 0)):
+                return fit, scores
+        fit = work.fit(s, c.models)
         self.fits += 1
-        scores: dict[int, float] = {}
-        slot[key] = (version, fit, scores)
+        scores: dict[int, tuple] = {}
+        if fit is None:
+            slot[key] = (None, None, work.returns, None, scores)
+        elif s.gpus_per_worker:
+            slot[key] = (fit.card_model, work.changes.get(fit.card_model, 0), work.returns, fit, scores)
+        else:
+            slot[key] = (None, self.cluster_version.get(c.cluster.name, 0), work.returns, fit, scores)
         return fit, scores
+
+    def shape_bound(self, scope: "ScorerScope", job: QueuedJob, c: "Candidate") -> float:
+        """The ``cluster_shape`` bound of ``scope`` on candidate ``c``, memoised in its slot
+        until the cluster's allocation changes (every job of the shape shares it)."""
+        version = self.cluster_version.get(c.cluster.name, 0)
+        held = c.slot.get(scope.index)
+        if held is None or held[0] != version:
+            held = c.slot[scope.index] = (version, scope.scorer.bound(job, c.cluster, c.work, self.ctx, c.models))
+        return held[1]
+
+    def outscored_verdict(self, cluster: ClusterState, exact: bool) -> ClusterEvaluation:
+        """The shared "outscored" evaluation of ``cluster`` (``exact`` False: not scored, the
+        policy's cap on scored fits), one object per cycle."""
+        e = self.outscored.get((cluster.name, exact))
+        if e is None:
+            e = self.outscored[(cluster.name, exact)] = ClusterEvaluation(cluster.name, cluster.region,
+                                                                          _OUTSCORED if exact else _NOT_SCORED)
+        return e
 
     def home_first(self, cluster: ClusterState) -> ClusterEvaluation:
         """The shared "home goes first" verdict of ``cluster`` (one object per cycle)."""
@@ -694,16 +1029,36 @@ class _Cycle:
         return ok
 
     def static_verdict(self, job: QueuedJob, skey: tuple, cluster: ClusterState) -> Verdict:
-        key = (skey, cluster.name)
-        v = self.static.get(key) if self.caching else None
-        if v is None:
-            v = PASS
-            for flt in self.policy.filters:
-                v = flt.check(job, cluster, self.ctx)
-                if not v.passed:
-                    break
-            self.static[key] = v
+        """The first failing filter's verdict on ``cluster`` (PASS if none fails)."""
+        if self.caching:
+            return self._first_fails(job, skey).get(cluster.name, PASS)
+        v = PASS
+        for flt in self.policy.filters:
+            v = flt.check(job, cluster, self.ctx)
+            if not v.passed:
+                break
         return v
+
+    def _first_fails(self, job: QueuedJob, skey: tuple) -> dict[str, Verdict]:
+        """Per filter keys, the clusters some filter fails and the first such filter's verdict.
+        Each filter is checked once per cluster and what it reads of a job
+        (:func:`~.filters.filter_key_functions`): jobs that agree on that share its verdicts."""
+        got = self.first_fails.get(skey)
+        if got is None:
+            got = self.first_fails[skey] = {}
+            for k, flt in enumerate(self.policy.filters):
+                key = (k, self.filter_keys[k](job))
+                fails = self.filter_fails.get(key)
+                if fails is None:
+                    fails = self.filter_fails[key] = {}
+                    for cluster in self.clusters:
+                        v = flt.check(job, cluster, self.ctx)
+                        if not v.passed:
+                            fails[cluster.name] = v
+                for name, v in fails.items():
+                    if name not in got:  # an earlier filter's failure comes first
+                        got[name] = v
+        return got
 
 
 def decide(view: View, queue: Iterable[QueuedJob], policy: Policy, *, cache: bool = True,
@@ -735,7 +1090,9 @@ def decide(view: View, queue: Iterable[QueuedJob], policy: Policy, *, cache: boo
     pending: list[Pending] = []
     now = view.now
 
+    figures = cy.ctx.memo
     for job in order:                                                               # 1
+        figures.clear()  # per-job figures only (:class:`~.filters.Context`): the last job's are done
         skey = cy.static_key(job)
         eligible, evaluations, static_ok = cy.eligible(job, skey)                  # 2
         memo_key = cy.memo_key(job, skey)
@@ -802,7 +1159,7 @@ def decide(view: View, queue: Iterable[QueuedJob], policy: Policy, *, cache: boo
                 break
         if best is None and avoided:  # failover found nowhere else: the failed cluster beats waiting
             retry = [c for c in avoided if c.cluster.name not in cy.reservations]
-            best = _branch_and_bound(job, _Group(retry, []), cy, evaluations, split, passed)
+            best = _branch_and_bound(job, _Group(retry, [], cy.position), cy, evaluations, split, passed)
 
         if best is not None:
             cluster, fit, wc, terms, total = best.cluster, best.fit, best.work, best.terms, best.total
@@ -873,7 +1230,7 @@ def decide(view: View, queue: Iterable[QueuedJob], policy: Policy, *, cache: boo
         pending.append(Pending(job, reason, frozen, fits_empty, queue_of(job, policy.fast_lane_s), reservation))   # 5
 
     if stats is not None:
-        stats.update(checks=cy.checks, fits=cy.fits, changes=len(cy.change_log), jobs=len(placements) + len(pending),
+        stats.update(checks=cy.checks, fits=cy.fits, changes=cy.changes, jobs=len(placements) + len(pending),
                      sets=cy.sets_built)
     return Decisions(tuple(placements), tuple(pending), policy.version, tuple(cy.reservations.values()))
 
@@ -892,9 +1249,10 @@ class Candidate(NamedTuple):
     price_key: tuple = ("", None)
     unit: float = 0.0
     #: memo of what reads the cluster and the GPU shape (shared by every candidate of that pair
-    #: this cycle), each with the cluster version it holds for: ``"could"`` -> capacity check,
-    #: ``"misfit"`` -> the "does not fit" verdict, ``("fit", CPU, memory)`` -> (fit, fit-only
-    #: scores), scorer index -> ``cluster_shape`` bound
+    #: this cycle), each with what it holds for: ``"could"`` -> capacity check (:func:`_could`),
+    #: ``"misfit"`` -> (cluster version, the "does not fit" verdict), ``("fit", CPU, memory)``
+    #: -> (pool, its change count, capacity returns, fit, fit-only scores; :meth:`_Cycle.fit`),
+    #: scorer index -> (cluster version, ``cluster_shape`` bound)
     slot: dict | None = None
 
 
@@ -932,112 +1290,202 @@ class _Bounds:
     def __init__(self, job: QueuedJob, cy: "_Cycle") -> None:
         self.job, self.cy = job, cy
         self.shared: dict[int, float] = {}  # const scopes' values
-        self.regions: dict[str, tuple[list, dict]] = {}  # region -> _region_terms
+        self.scores: dict[tuple, tuple] = {}  # region-wide (score, term) of this search (:func:`_score`)
+        self.columns: list = []  # per scope, its bounds of the search (:meth:`order`)
+        self.index: dict[str, int] = {}  # region -> its place in the columns
+        self.slices: list[tuple[int, int]] = []  # region -> its price representatives' place
+        self.units: list[float] = []  # the price representatives' unit prices
+        self.plans: dict[str, tuple[float, list]] = {}  # region -> plan
 
-    def _region_terms(self, group: _Group, region: str) -> tuple[list, dict, float]:
-        """The job's terms shared by a region's candidates in ``group``: per scope, its weighted
-        value where one value holds for the whole region (``const``, ``region``; None for the
-        others), the ``region_price`` bounds by (scope index, cheapest model, its price) and,
-        by scope index, the region's best; and the region's bound (:meth:`region`)."""
-        got = self.regions.get(region)
+    def order(self, group: _Group) -> list[tuple[float, str]]:
+        """The group's regions as (-bound, region), best first (ties by name): a region's bound
+        is an upper bound of the total score on any of its candidates -- its shared terms, the
+        best price term of its clusters and 1 for every cluster-specific term, weighted and
+        summed in the policy's scorer order, rounded to 9 places. A scorer's bounds on all the
+        regions (their first candidates; for a ``region_price`` bound every price
+        representative) are asked at once and kept for :meth:`plan`."""
+        job, cy = self.job, self.cy
+        ctx, shared = cy.ctx, self.shared
+        names, index, firsts, places, slices, units = group.search_places()
+        bounds = [0.0] * len(names)  # each region's summed in scope order
+        columns = []  # per scope: its value (const) or values per region (region), its bounds on the places
+        for kind, s in cy.bound_kinds:
+            w = s.weight
+            if kind == 1 or kind == 2:
+                asked = firsts if kind == 1 else places
+                many = getattr(s.scorer, "bounds", None)
+                got = (many(job, asked, ctx) if many is not None else
+                       [s.scorer.bound(job, cluster, work, ctx, models) for cluster, work, models in asked])
+                best = got if kind == 1 else [max(got[a:b]) for a, b in slices]  # (max: the first highest)
+                bounds = [b + w * v for b, v in zip(bounds, best)]
+            elif kind == 0:
+                value = shared.get(s.index)
+                if value is None:
+                    cluster, work, models = firsts[0]
+                    value = shared[s.index] = s.scorer.bound(job, cluster, work, ctx, models)
+                got = value
+                bounds = [b + w * value for b in bounds]
+            else:  # cluster, cluster_shape: at most 1
+                got = None
+                bounds = [b + w for b in bounds]
+            columns.append(got)
+        self.columns, self.index, self.slices, self.units = columns, index, slices, units
+        out = [(-round(b, 9), r) for b, r in zip(bounds, names)]
+        out.sort()
+        return out
+
+    def region_terms(self, region: str, price: float) -> tuple | None:
+        """The values, in scorer order, the region scorers' bounds gave ``region`` (for a
+        ``region_price`` scorer: at the price representative charging ``price``), which are
+        their scores of a fit there paying ``price`` (:attr:`_Cycle.scores_from_bounds`); None
+        if no representative charges it."""
+        i = self.index[region]
+        a, b = self.slices[i]
+        k = next((p for p in range(a, b) if self.units[p] == price), None)
+        if k is None:
+            return None
+        cy = self.cy
+        at = cy.score_parts
+        return tuple(column[i] if kind == 1 else column[k]
+                     for (kind, _), column in zip(cy.bound_kinds[:at], self.columns[:at]))
+
+    def plan(self, group: _Group, region: str) -> tuple[float, list]:
+        """The job's sum of the terms one value holds for the whole region (``const``,
+        ``region``; in scope order) and, per varying scope in scope order, (kind, scope,
+        weighted price bounds by price key): kind 0 = ``region_price``, 1 = ``cluster_shape``
+        (memoised in the slots), 2 = computed per cluster."""
+        got = self.plans.get(region)
         if got is None:
-            job, cy = self.job, self.cy
-            ctx = cy.ctx
-            first = group.regions[region][0]
-            values: list = []
-            prices: dict = {}
-            bound = 0.0  # summed in scope order
-            for s in cy.scopes:
-                scope = s.scope
-                if scope == "region":
-                    value = s.scorer.bound(job, first.cluster, first.work, ctx, first.models)
-                    values.append(value)
-                    bound += s.weight * value
-                elif scope == "const":
-                    value = self.shared.get(s.index)
-                    if value is None:
-                        value = self.shared[s.index] = s.scorer.bound(job, first.cluster, first.work, ctx,
-                                                                      first.models)
-                    values.append(value)
-                    bound += s.weight * value
-                else:
-                    values.append(None)
-                    if scope == "region_price":  # one bound per distinct (cheapest model, its price)
-                        best = None
-                        for c in group.reps[region]:
-                            value = prices[(s.index, *c.price_key)] = s.scorer.bound(job, c.cluster, c.work, ctx,
-                                                                                    c.models)
-                            if best is None or value > best:
-                                best = value
-                        prices[s.index] = best
-                        bound += s.weight * best
-                    else:  # cluster, cluster_shape: at most 1
-                        bound += s.weight
-            got = self.regions[region] = (values, prices, bound)
+            cy = self.cy
+            i = self.index[region]
+            same = sum([s.weight * (column if kind == 0 else column[i])
+                        for (kind, s), column in zip(cy.bound_kinds, self.columns) if kind <= 1])
+            first = self.slices[i][0]
+            plan = []
+            for (kind, s), column in zip(cy.bound_kinds, self.columns):
+                if kind == 2:
+                    plan.append((0, s, {c.price_key: s.weight * column[first + k]
+                                        for k, c in enumerate(group.reps[region])}))
+                elif kind == 3:
+                    plan.append((1 if s.scope == "cluster_shape" and cy.caching else 2, s, None))
+            got = self.plans[region] = (same, plan)
         return got
 
-    def region(self, group: _Group, region: str) -> float:
-        """An upper bound of the total score on any of a region's candidates in ``group``: its
-        shared terms, the best price term of its clusters, and 1 for every cluster-specific
-        term (weighted, summed in the policy's scorer order)."""
-        return self._region_terms(group, region)[2]
+    def shape_terms(self, group: _Group, region: str) -> tuple[float, float, float, list]:
+        """For a region whose candidates share one cheapest-model price and whose only other
+        varying bound is the one cluster-and-shape bound (:class:`_Ranking`): (the region-wide
+        sum, the varying terms summed before that bound's, its weight, the terms after it), so
+        a candidate's bound is ``round(same + (((before + weight * b) + after[0]) + ...), 9)``
+        -- the terms of :meth:`ranked`, added in the same order."""
+        same, plan = self.plan(group, region)
+        price_key = group.reps[region][0].price_key
+        before, weight, after = 0, None, []
+        for kind, s, weighted in plan:
+            if kind == 1:
+                weight = s.weight
+            elif weight is None:
+                before += weighted[price_key]
+            else:
+                after.append(weighted[price_key])
+        return same, before, weight, after
 
     def ranked(self, group: _Group, region: str) -> list[tuple[float, str, Candidate]]:
         """A region's candidates in ``group`` as (bound, name, candidate), best bound first
         (ties by name); the terms shared by the whole region are computed once."""
         cy = self.cy
-        values, prices, _ = self._region_terms(group, region)
-        same = sum([s.weight * value for s, value in zip(cy.scopes, values) if s.scope in ("const", "region")])
-        caching = cy.caching
-        versions = cy.cluster_version
-        # per varying scope: 0 = region_price (weighted bounds by price key), 1 = cluster_shape
-        # (memoised in the slots), 2 = computed per cluster
-        plan = []
-        for s in cy.varying_scopes:
-            if s.scope == "region_price":
-                plan.append((0, s, {c.price_key: s.weight * prices[(s.index, *c.price_key)]
-                                    for c in group.reps[region]}))
+        same, plan = self.plan(group, region)
+        # each candidate's varying terms summed in scope order, one scope at a time (as
+        # ``t = 0; t += term`` per candidate would)
+        cands = group.regions[region]
+        job, ctx = self.job, cy.ctx
+        sums: list = [0] * len(cands)
+        for kind, s, weighted in plan:
+            if kind == 0:
+                terms = [weighted[c.price_key] for c in cands]
+            elif kind == 1:  # memoised until the cluster's allocation changes
+                w = s.weight
+                terms = [w * cy.shape_bound(s, job, c) for c in cands]
             else:
-                plan.append((1 if s.scope == "cluster_shape" and caching else 2, s, None))
-        out = []
-        for c in group.regions[region]:
-            t = 0
-            for kind, s, weighted in plan:
-                if kind == 0:
-                    t += weighted[c.price_key]
-                elif kind == 1:  # memoised until the cluster's allocation changes
-                    version = versions.get(c.cluster.name, 0)
-                    held = c.slot.get(s.index)
-                    if held is None or held[0] != version:
-                        held = c.slot[s.index] = (version, s.scorer.bound(self.job, c.cluster, c.work, cy.ctx,
-                                                                          c.models))
-                    t += s.weight * held[1]
-                else:
-                    t += s.weight * s.scorer.bound(self.job, c.cluster, c.work, cy.ctx, c.models)
-            out.append((round(same + t, 9), c.cluster.name, c))
+                w, bound = s.weight, s.scorer.bound
+                terms = [w * bound(job, c.cluster, c.work, ctx, c.models) for c in cands]
+            sums = [t + term for t, term in zip(sums, terms)]
+        out = [(round(same + t, 9), c.cluster.name, c) for t, c in zip(sums, cands)]
         out.sort(key=_by_bound)
         return out
+
+
+def _could(wc: WorkingCluster, witness: str | None) -> tuple:
+    """A capacity check's answer as kept in a slot: (True, the pool that admits the shape, its
+    change count) or (False, the cluster's count of capacity given back)."""
+    if witness is None:
+        return (False, wc.returns)
+    return (True, witness, wc.changes.get(witness, 0))
+
+
+def _could_holds(held: tuple, wc: WorkingCluster) -> bool:
+    """Whether a kept capacity check (:func:`_could`) still holds on ``wc``."""
+    if held[0]:
+        return wc.changes.get(held[1], 0) == held[2]
+    return wc.returns == held[1]
 
 
 def _by_bound(r: tuple) -> tuple:
     return -r[0], r[1]
 
 
-def _score(job: QueuedJob, c: Candidate, fit: Fit, cy: "_Cycle", shared: dict[int, float]) -> tuple[tuple, float]:
+def _score(job: QueuedJob, c: Candidate, fit: Fit, cy: "_Cycle", shared: dict[int, tuple],
+           bounds: "_Bounds") -> tuple[tuple, float]:
     """(terms, weighted total) of a fit: terms as (scorer name, value) rounded to 4 places.
-    ``shared`` holds the values of the fit-only scorers already computed for this fit (by
-    scorer index, :meth:`_Cycle.fit`); new ones are added to it."""
+    ``shared`` holds the (value, term) of the fit-only scorers already computed for this fit
+    (by scorer index, :meth:`_Cycle.fit`); new ones are added to it. ``memo``: the (value,
+    term) of the scorers whose score reads only the job and the region (``score_scope =
+    "region"``, by scorer index and region) or also the unit price the fit pays
+    (``"region_price"``, by scorer index, region and that price) already computed in this
+    search (``bounds.scores``). Evaluations that share a value share its term. With the region
+    scorers first and the fit scorers last (:attr:`_Cycle.score_parts`), each part's (values,
+    terms) is kept whole instead: in ``bounds.scores`` by (region, unit price), in ``shared``
+    under -1; the region values are the search's bounds where its scorers say they agree
+    (:attr:`_Cycle.scores_from_bounds`)."""
     cluster, work, ctx = c.cluster, c.work, cy.ctx
+    memo = bounds.scores
+    at = cy.score_parts
+    if at is not None:  # (region terms, fit terms): each part computed once and shared
+        price = (cluster.prices.get(fit.card_model, 0.0) if job.spec.gpus_per_worker
+                 else cluster.cpu_price_per_core_hour)
+        key = (cluster.region, price)
+        region_part = memo.get(key)
+        if region_part is None:
+            values = bounds.region_terms(cluster.region, price) if cy.scores_from_bounds else None
+            if values is None:
+                values = tuple(sc.score(job, cluster, fit, work, ctx) for _, sc, _, _, _ in cy.scoring[:at])
+            region_part = memo[key] = (values, tuple((name, round(v, 4)) for (_, _, _, name, _), v
+                                                     in zip(cy.scoring, values)))
+        fit_part = shared.get(-1)
+        if fit_part is None:
+            values = tuple(sc.score(job, cluster, fit, work, ctx) for _, sc, _, _, _ in cy.scoring[at:])
+            fit_part = shared[-1] = (values, tuple((name, round(v, 4)) for (_, _, _, name, _), v
+                                                   in zip(cy.scoring[at:], values)))
+        values = region_part[0] + fit_part[0]
+        return region_part[1] + fit_part[1], round(sum([w * v for w, v in zip(cy.score_weights, values)]), 4)
     terms = []
     weighted = []
-    for i, sc, w, name, fit_only in cy.scoring:
-        if fit_only:
-            v = shared.get(i)
-            if v is None:
-                v = shared[i] = sc.score(job, cluster, fit, work, ctx)
-        else:
+    for i, sc, w, name, scope in cy.scoring:
+        if scope == "job":
             v = sc.score(job, cluster, fit, work, ctx)
-        terms.append((name, round(v, 4)))
+            terms.append((name, round(v, 4)))
+        else:
+            if scope == "fit":
+                held, key = shared.get(i), i
+            else:
+                key = ((i, cluster.region) if scope == "region" else
+                       (i, cluster.region, cluster.prices.get(fit.card_model, 0.0) if job.spec.gpus_per_worker
+                        else cluster.cpu_price_per_core_hour))
+                held = memo.get(key)
+            if held is None:
+                v = sc.score(job, cluster, fit, work, ctx)
+                held = (shared if scope == "fit" else memo)[key] = (v, (name, round(v, 4)))
+            v = held[0]
+            terms.append(held[1])
         weighted.append(w * v)
     return tuple(terms), round(sum(weighted), 4)
 
@@ -1071,7 +1519,7 @@ def _branch_and_bound(job: QueuedJob, group: _Group, cy: "_Cycle", evaluations: 
     ctx = cy.ctx
     set_cost_reference(job, min(cost_per_unit_hour(job, c, model, ctx) for c, model in group.lowest), ctx)
     bounds = _Bounds(job, cy)
-    regions = sorted((-round(bounds.region(group, region), 9), region) for region in group.regions)
+    regions = bounds.order(group)
     best: Best | None = None
     scored = 0
     limit = cy.policy.max_scored_fits
@@ -1080,18 +1528,34 @@ def _branch_and_bound(job: QueuedJob, group: _Group, cy: "_Cycle", evaluations: 
         if best is not None and (best.total > -neg_bound or capped):
             evaluations.extend(group.outscore(cy, region, not capped))
             continue
-        ranked = bounds.ranked(group, region)
+        ranking = group.ranking(region, cy, job)
+        # (bound, name, candidate) best first; kept in order, a candidate's bound is computed
+        # only when the search reaches it (a fit failing below changes the order only when the
+        # group is next used: :meth:`_Split.candidate_set`)
+        if ranking is not None:
+            ranked = ranking.order
+            same, before, weight, after = bounds.shape_terms(group, region)
+        else:
+            ranked = bounds.ranked(group, region)
         for k, (bound, name, c) in enumerate(ranked):
+            if ranking is not None:  # (bound: minus the cluster-and-shape bound)
+                t = before + weight * -bound
+                for term in after:
+                    t += term
+                bound = round(same + t, 9)
             capped = bool(limit and scored >= limit)
             if best is not None and (not best.beaten_by(bound, name) or capped):
-                _outscore(cy, [r[2].cluster for r in ranked[k:]], evaluations, exact=not capped)
+                if ranking is not None and not capped:
+                    evaluations.extend(ranking.tail[k:])  # (the same verdicts, kept in the order's order)
+                else:
+                    _outscore(cy, [r[2].cluster for r in ranked[k:]], evaluations, exact=not capped)
                 break
             fit, shared = cy.fit(job, c)
             if fit is None:
                 evaluations.append(split.fail(job, name, ClusterEvaluation(name, c.cluster.region,
                                                                            _insufficient(job, c.work, c.models))))
                 continue
-            terms, total = _score(job, c, fit, cy, shared)
+            terms, total = _score(job, c, fit, cy, shared, bounds)
             e = ClusterEvaluation(name, c.cluster.region, PASS, terms, total)
             evaluations.append(e)
             passed.append(e)
@@ -1113,12 +1577,8 @@ _NOT_SCORED = fail(Reason.OUTSCORED, "passes the filters; not fitted: enough hig
 
 def _outscore(cy: "_Cycle", clusters: list[ClusterState], evaluations: list[ClusterEvaluation], *,
               exact: bool = True) -> None:
-    cache = cy.outscored  # verdicts are shared, so are these evaluations
     for c in clusters:
-        e = cache.get((c.name, exact))
-        if e is None:
-            e = cache[(c.name, exact)] = ClusterEvaluation(c.name, c.region, _OUTSCORED if exact else _NOT_SCORED)
-        evaluations.append(e)
+        evaluations.append(cy.outscored_verdict(c, exact))
 
 
 def _start(job: QueuedJob, cy: _Cycle, cluster: ClusterState) -> float | None:
@@ -1220,7 +1680,7 @@ def _fits_somewhere_empty(job: QueuedJob, clusters: list[ClusterState], cy: _Cyc
         wc = cy.empty.get(cluster.name)
         if wc is None:
             wc = cy.empty[cluster.name] = WorkingCluster(cluster, empty=True)
-        if wc.fit(job.spec, candidate_models(job, cluster)) is not None:
+        if wc.fit(job.spec, cy.models(job, cluster)) is not None:
             return True
     return False
 

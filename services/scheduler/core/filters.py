@@ -33,7 +33,8 @@ class Context:
             gives the pair (else ``inter_region_bandwidth_bps``).
         egress_price_per_gb: currency units per GB moved between regions.
         max_price: the highest GPU-hour price in the view (for normalising), > 0.
-        memo: a cycle's memo for pure per-(job, region) figures such as bytes to move.
+        memo: a cycle's memo for pure per-job figures (per region, unit price...) such as bytes
+            to move; every key names its job. decide() empties it before each job.
     """
 
     view: View
@@ -41,7 +42,7 @@ class Context:
     egress_price_per_gb: float = 0.5
     max_price: float = 1.0
     region_bandwidth_bps: Mapping[tuple[str, str], float] = field(default_factory=dict, compare=False)
-    memo: dict = field(default_factory=dict, compare=False)  # per-cycle memo of pure per-job figures
+    memo: dict = field(default_factory=dict, compare=False)  # memo of pure per-job figures
 
 
 class Filter(Protocol):
@@ -81,6 +82,23 @@ def key_function(filters: Sequence[Filter], ctx: Context) -> Callable[[QueuedJob
     if not keyed:
         return getter
     return lambda job: (getter(job), *[key(job, ctx) for key in keyed])
+
+
+def filter_key_functions(filters: Sequence[Filter], ctx: Context) -> list[Callable[[QueuedJob], object]]:
+    """Per filter, ``job -> key`` of what that filter alone reads of a job (its ``reads`` paths,
+    its ``key(job, ctx)``, or the queue entry's identity if it declares neither): jobs that
+    agree on it get the same verdict from that filter on any one cluster."""
+    out: list[Callable[[QueuedJob], object]] = []
+    for flt in filters:
+        key = getattr(flt, "key", None)
+        reads = getattr(flt, "reads", None)
+        if key is not None:
+            out.append((lambda key: lambda job: key(job, ctx))(key))
+        elif reads is not None:
+            out.append(attrgetter(*reads) if reads else (lambda job: ()))
+        else:
+            out.append(_entry)
+    return out
 
 
 class Healthy:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass
+from functools import lru_cache
 
 from fedsched.jobs import JobSpec
 from services.scheduler.core.snapshot import WHOLE, CapacityClasses, ClusterIndex, ClusterState, pool_of
@@ -57,35 +58,153 @@ SCAN_NODES_UP_TO = 64
 
 
 class _Class:
-    """One capacity class of a working cluster: its node indices and a heap of them (lazy
-    deletion) that yields the lowest index -- the node a node-by-node scan meets first."""
+    """One capacity class of a working cluster: its node indices -- the snapshot's ascending
+    tuple (``base``, shared, never copied) less the nodes that left the class this cycle
+    (``gone``) plus those that joined it (``joined``, with a heap of them, lazy deletion) -- and
+    its lowest index, the node a node-by-node scan meets first: the first of ``base`` not gone or
+    the top of the heap, whichever is lower. A node of ``base`` that leaves and comes back is
+    counted as joined. Making one is O(1), so a cycle pays only for the nodes it moves.
+    ``low`` holds the lowest index while it is known (None after that node left), so most
+    looks read it without a search."""
 
-    __slots__ = ("members", "heap")
+    __slots__ = ("base", "pos", "gone", "joined", "heap", "size", "low")
 
-    def __init__(self, members) -> None:
-        self.members = set(members)
-        self.heap = list(self.members)
-        heapq.heapify(self.heap)
+    def __init__(self, base: tuple[int, ...]) -> None:
+        self.base = base
+        self.pos = 0  # every node of base[:pos] is gone
+        self.gone: set[int] | None = None
+        self.joined: set[int] | None = None
+        self.heap: list[int] | None = None  # the joined nodes (and some that left since)
+        self.size = len(base)
+        self.low: int | None = base[0] if base else None
+
+    @property
+    def members(self) -> set[int]:
+        """The class's node indices now (a new set)."""
+        live = set(self.base)
+        if self.gone:
+            live -= self.gone
+        if self.joined:
+            live |= self.joined
+        return live
 
     def first(self) -> int:
         """The lowest node index in the class (the class is not empty)."""
-        heap, members = self.heap, self.members
-        while heap[0] not in members:
-            heapq.heappop(heap)
-        return heap[0]
+        if self.low is not None:
+            return self.low
+        base, pos, gone = self.base, self.pos, self.gone
+        if gone:
+            while pos < len(base) and base[pos] in gone:
+                pos += 1
+            self.pos = pos
+        low = base[pos] if pos < len(base) else None
+        heap = self.heap
+        if heap:
+            joined = self.joined
+            while heap and heap[0] not in joined:
+                heapq.heappop(heap)
+            if heap and (low is None or heap[0] < low):
+                low = heap[0]
+        self.low = low
+        return low
+
+    def discard(self, i: int) -> None:
+        """Take node ``i`` (a member) out of the class."""
+        if i == self.low:
+            self.low = None  # (found again when next asked)
+        joined = self.joined
+        if joined and i in joined:
+            joined.remove(i)  # its heap entry goes when it reaches the top
+        else:
+            if self.gone is None:
+                self.gone = set()
+            self.gone.add(i)
+        self.size -= 1
 
     def add(self, i: int) -> None:
-        """Put node ``i`` in the class."""
-        if i not in self.members:
-            self.members.add(i)
-            heapq.heappush(self.heap, i)
+        """Put node ``i`` (not a member) in the class."""
+        if self.joined is None:
+            self.joined, self.heap = set(), []
+        self.joined.add(i)
+        heapq.heappush(self.heap, i)
+        self.size += 1
+        if self.low is not None and i < self.low:
+            self.low = i
 
     def copy(self) -> "_Class":
-        """An independent copy."""
+        """An independent copy (O(nodes moved this cycle), not O(nodes))."""
         other = _Class.__new__(_Class)
-        other.members = set(self.members)
-        other.heap = list(self.heap)
+        other.base, other.pos, other.size, other.low = self.base, self.pos, self.size, self.low
+        other.gone = set(self.gone) if self.gone else None
+        if self.joined:
+            other.joined, other.heap = set(self.joined), list(self.heap)
+        else:
+            other.joined = other.heap = None
         return other
+
+
+@lru_cache(maxsize=65536)
+def _best_card(devices: tuple[int, ...], share: int) -> tuple[tuple, int]:
+    """The card of a node with free shares ``devices`` a fractional worker of ``share``
+    milli-GPU takes (at least one card has room): partial cards first (least room left), then
+    the lowest device -- as (its key: (idle card?, room left, idle cards on the node), device).
+    Pure, so memoised (free states repeat across nodes and requests)."""
+    idle_count = devices.count(WHOLE)
+    best = None
+    for d, free in enumerate(devices):
+        if free < share:
+            continue
+        key = (free == WHOLE, free - share, idle_count)
+        if best is None or key < best[0]:
+            best = (key, d)
+    return best
+
+
+class _Index:
+    """A pool's classes whose nodes have some free share of a card -- the only ones a GPU
+    worker can use -- by the largest free share on one card (``by_share``) and, for those with
+    idle cards, by the number of idle cards (``by_idle``); and those with nothing free on their
+    cards (``busy``: all cards busy, or none), kept in step with the pool's classes (private)."""
+
+    __slots__ = ("by_share", "by_idle", "busy")
+
+    def __init__(self, classes: dict[tuple, _Class]) -> None:
+        self.by_share: dict[int, dict[tuple, _Class]] = {}
+        self.by_idle: dict[int, dict[tuple, _Class]] = {}
+        self.busy: dict[tuple, _Class] = {}
+        for sig, cls in classes.items():
+            self.add(sig, cls)
+
+    def add(self, sig: tuple, cls: _Class) -> None:
+        """Index a new class."""
+        devices = sig[0]
+        share = max(devices) if devices else 0
+        if share > 0:
+            self.by_share.setdefault(share, {})[sig] = cls
+            idle = devices.count(WHOLE)
+            if idle:
+                self.by_idle.setdefault(idle, {})[sig] = cls
+        if sum(devices) == 0:
+            self.busy[sig] = cls
+
+    def remove(self, sig: tuple) -> None:
+        """Forget a class that emptied."""
+        devices = sig[0]
+        share = max(devices) if devices else 0
+        if share > 0:
+            _pop(self.by_share, share, sig)
+            idle = devices.count(WHOLE)
+            if idle:
+                _pop(self.by_idle, idle, sig)
+        if sum(devices) == 0:
+            del self.busy[sig]
+
+
+def _pop(buckets: dict[int, dict], key: int, sig: tuple) -> None:
+    bucket = buckets[key]
+    del bucket[sig]
+    if not bucket:
+        del buckets[key]
 
 
 def _count(stats: list, devices: tuple[int, ...], k: int) -> None:
@@ -109,7 +228,8 @@ class WorkingCluster:
     ``""`` for nodes without cards): nodes with identical free state form one class
     (:class:`~.snapshot.CapacityClasses`). Full searches, per-model summaries and totals read
     the classes, so their cost grows with the number of distinct node states, not of nodes.
-    Classes of a pool are copied from the snapshot the first time the pool is needed.
+    Classes of a pool are made from the snapshot's the first time the pool is needed (O(classes):
+    they share its node tuples, :class:`_Class`).
 
     Args:
         cluster: the snapshot to copy.
@@ -117,8 +237,10 @@ class WorkingCluster:
         index: the cluster's index (default: ``cluster.idx()``).
     """
 
-    __slots__ = ("state", "gpu_free", "cpu_free", "mem_free", "by_model", "cpu_order", "_stats", "_summaries", "scan_nodes_up_to", "_pending",
-                 "_pool", "_source", "_classes", "_shared", "_nodes_shared")
+    __slots__ = ("state", "gpu_free", "cpu_free", "mem_free", "by_model", "cpu_order", "_stats", "_summaries",
+                 "_totals", "scan_nodes_up_to", "_pending", "_pool", "_source", "_classes", "_index", "_shared",
+                 "_nodes_shared",
+                 "changes", "returns")
 
     def __init__(self, cluster: ClusterState, *, empty: bool = False, index: ClusterIndex | None = None) -> None:
         self.state = cluster
@@ -137,6 +259,8 @@ class WorkingCluster:
         self._pool = index.pool if len(index.pool) == len(cluster.nodes) else tuple(pool_of(n) for n in cluster.nodes)
         self._source = source.pools
         self._classes: dict[str, dict[tuple, _Class]] = {}
+        #: pool -> the classes of ``_classes[pool]`` with some free share of a card, in step
+        self._index: dict[str, _Index] = {}
         #: pools whose classes (the dict and its classes) another working cluster shares since
         #: a :meth:`clone`: copied before they change (copy-on-write)
         self._shared: set[str] = set()
@@ -149,8 +273,18 @@ class WorkingCluster:
         #: pool -> its :meth:`summary`, until the pool's next allocation change (many request
         #: shapes check one changed cluster)
         self._summaries: dict[str, tuple[int, int, int]] = {}
+        #: pool -> its :meth:`totals`, until the pool's next allocation change (a bound reads
+        #: every candidate model's, most of them unchanged)
+        self._totals: dict[str, tuple[int, int]] = {}
         #: pools of at most this many nodes are searched node by node (same result, less work)
         self.scan_nodes_up_to = SCAN_NODES_UP_TO
+        #: pool -> allocation changes so far (:meth:`commit`, :meth:`release`, work released or
+        #: held; not a fit's tentative steps): what reads only that pool -- a fit on its card
+        #: model, the pool's figures -- holds while its count stands
+        self.changes: dict[str, int] = {}
+        #: times capacity was given back (:meth:`release`, work released): a request that did
+        #: not fit, or surely could not, stays so while this count stands
+        self.returns = 0
         #: pool -> node -> its signature in the pool's classes: nodes changed since the classes
         #: were last brought up to date (done when they are next read; a what-if that releases
         #: work and searches a few nodes by hand never pays for them)
@@ -158,26 +292,35 @@ class WorkingCluster:
 
     def classes(self, pool: str) -> dict[tuple, _Class]:
         """The capacity classes of ``pool`` now: signature ``(gpu_free, cpu_free, mem_free)`` ->
-        class (copied from the snapshot on first use)."""
+        class (made from the snapshot's on first use)."""
         got = self._classes.get(pool)
         if got is None:
             got = self._classes[pool] = {sig: _Class(ids) for sig, ids in self._source.get(pool, {}).items()}
+            self._index[pool] = _Index(got)
             stats = self._stats[pool] = [0, 0, {}, {}, 0]
             for (devices, _, _), cls in got.items():
-                k = len(cls.members)
+                k = cls.size
                 _count(stats, devices, k)
                 stats[4] += len(devices) * WHOLE * k
         pending = self._pending.get(pool)
         if pending:
             if pool in self._shared:  # shared with a clone (or its original): copy before changing
                 got = self._classes[pool] = {sig: c.copy() for sig, c in got.items()}
+                self._index[pool] = _Index(got)
                 self._shared.discard(pool)
             self._flush(pool, got, pending)
         return got
 
+    def gpu_index(self, pool: str) -> _Index:
+        """The classes of ``pool`` now whose nodes have some free share of a card (the only
+        ones a GPU worker can use), by largest share and by idle cards (:class:`_Index`)."""
+        self.classes(pool)
+        return self._index[pool]
+
     def _flush(self, pool: str, classes: dict[tuple, _Class], pending: dict[int, tuple]) -> None:
         """Move the nodes changed since the last look to their classes now (statistics too)."""
         stats = self._stats[pool]
+        index = self._index[pool]
         gpu, cpu, mem = self.gpu_free, self.cpu_free, self.mem_free
         for i, old in pending.items():
             new = (gpu[i], cpu[i], mem[i])
@@ -187,12 +330,14 @@ class WorkingCluster:
                 _count(stats, old[0], -1)
                 _count(stats, new[0], 1)
             cls = classes[old]
-            cls.members.discard(i)
-            if not cls.members:
+            cls.discard(i)
+            if not cls.size:
                 del classes[old]
+                index.remove(old)
             dest = classes.get(new)
             if dest is None:
-                classes[new] = _Class((i,))
+                dest = classes[new] = _Class((i,))
+                index.add(new, dest)
             else:
                 dest.add(i)
         pending.clear()
@@ -218,10 +363,14 @@ class WorkingCluster:
 
     def totals(self, model: str) -> tuple[int, int]:
         """(free, capacity) milli-GPUs of one card model on healthy nodes (kept as nodes change)."""
+        got = self._totals.get(model)
+        if got is not None:
+            return got
         if model not in self.by_model:
             return (0, 0)
         stats = self._stats_of(model)
-        return (stats[0], stats[4])
+        got = self._totals[model] = (stats[0], stats[4])
+        return got
 
     def free_milli(self, model: str | None = None) -> int:
         """Free milli-GPUs (of one card model, or all)."""
@@ -241,8 +390,15 @@ class WorkingCluster:
     def could_fit(self, spec: JobSpec, models: list[str]) -> bool:
         """A cheap necessary condition for :meth:`fit` (cached per-model summaries only): False
         means it surely does not fit; True means it may."""
+        return self.could_fit_on(spec, models) is not None
+
+    def could_fit_on(self, spec: JobSpec, models: list[str]) -> str | None:
+        """:meth:`could_fit` with its witness: the first of ``models`` whose pool's summary
+        admits the GPU shape (``""`` for CPU-only work, which always may), None if none does.
+        The answer stays "may" while that pool is unchanged (:attr:`changes`) and "surely not"
+        while nothing is given back (:attr:`returns`)."""
         if spec.gpus_per_worker == 0:
-            return True
+            return ""
         whole = spec.gpus_per_worker > 1 or spec.gpu_milli == WHOLE
         for model in models:
             if model not in self.by_model:
@@ -250,10 +406,10 @@ class WorkingCluster:
             max_dev, max_idle, total_idle = self.summary(model)
             if whole:
                 if max_idle >= spec.gpus_per_worker and total_idle >= spec.gpus_per_worker * spec.workers:
-                    return True
+                    return model
             elif max_dev >= spec.gpu_milli:
-                return True
-        return False
+                return model
+        return None
 
     def fit(self, spec: JobSpec, models: list[str], only: set[int] | None = None) -> Fit | None:
         """Try each card model in ``models`` (in order) for the whole gang; None if none fits.
@@ -371,58 +527,64 @@ class WorkingCluster:
         cpu, mem = spec.cpu_milli, spec.memory_mib
         g = spec.gpus_per_worker
         if g == 0:
-            zero = None  # lowest node with all cards busy (or none): the ideal home, taken first
+            # the lowest node with all cards busy (or none): the ideal home, taken first; else
+            # the node with the least free on its cards, then the least CPU left, then the lowest
+            zero = None
+            indexes = [self.gpu_index(pool) for pool in self._source]
+            for index in indexes:
+                for (_, cf, mf), cls in index.busy.items():
+                    if cf >= cpu and mf >= mem:
+                        i = cls.first()
+                        if zero is None or i < zero:
+                            zero = i
+            if zero is not None:
+                return Binding(worker, zero, (), 0, cpu, mem)
             best = None
             for pool in self._source:
                 for (devices, cf, mf), cls in self.classes(pool).items():
                     if cf < cpu or mf < mem:
                         continue
-                    i = cls.first()
-                    used = sum(devices)
-                    if used == 0:
-                        if zero is None or i < zero:
-                            zero = i
-                    elif zero is None:
-                        key = (used, cf - cpu, i)
+                    used = sum(devices)  # (not 0: no busy class fits)
+                    if best is None or (used, cf - cpu) <= best[:2]:  # else it cannot win
+                        key = (used, cf - cpu, cls.first())
                         if best is None or key < best:
                             best = key
-            i = zero if zero is not None else (best[2] if best is not None else None)
-            return None if i is None else Binding(worker, i, (), 0, cpu, mem)
-        classes = self.classes(model)
+            return None if best is None else Binding(worker, best[2], (), 0, cpu, mem)
+        index = self.gpu_index(model)  # (a class without a free share cannot take a GPU worker)
         if g == 1 and spec.gpu_milli < WHOLE:
             m = spec.gpu_milli
             exact = None  # (node, device): lowest node with a partial card it fills exactly
             best = None  # ((idle card?, room left, idle cards on the node), node, device)
-            for (devices, cf, mf), cls in classes.items():
-                if cf < cpu or mf < mem or not devices or max(devices) < m:
-                    continue
-                idle_count = devices.count(WHOLE)
-                dk = None
-                for d, free in enumerate(devices):
-                    if free < m:
+            for share, classes in index.by_share.items():
+                if share < m:
+                    continue  # no card of these nodes has room
+                for (devices, cf, mf), cls in classes.items():
+                    if cf < cpu or mf < mem:
                         continue
-                    key = (free == WHOLE, free - m, idle_count)
-                    if dk is None or key < dk[0]:
-                        dk = (key, d)
-                i = cls.first()
-                if not dk[0][0] and dk[0][1] == 0:
-                    if exact is None or i < exact[0]:
-                        exact = (i, dk[1])
-                elif exact is None:
-                    cand = (dk[0], i, dk[1])
-                    if best is None or cand < best:
-                        best = cand
+                    key, d = _best_card(devices, m)
+                    if not key[0] and key[1] == 0:
+                        i = cls.first()
+                        if exact is None or i < exact[0]:
+                            exact = (i, d)
+                    elif exact is None and (best is None or key <= best[0]):  # else it cannot win
+                        cand = (key, cls.first(), d)
+                        if best is None or cand < best:
+                            best = cand
             if exact is not None:
                 return Binding(worker, exact[0], (exact[1],), m, cpu, mem)
             return None if best is None else Binding(worker, best[1], (best[2],), m, cpu, mem)
         best = None  # (idle cards left over, node, its free cards)
-        for (devices, cf, mf), cls in classes.items():
-            idle = devices.count(WHOLE)
-            if idle < g or cf < cpu or mf < mem:
+        for idle in sorted(index.by_idle):  # fewest idle cards first: the first that fits wins
+            if idle < g:
                 continue
-            key = (idle - g, cls.first(), devices)
-            if best is None or key[:2] < best[:2]:
-                best = key
+            for (devices, cf, mf), cls in index.by_idle[idle].items():
+                if cf < cpu or mf < mem:
+                    continue
+                i = cls.first()
+                if best is None or i < best[1]:
+                    best = (idle - g, i, devices)
+            if best is not None:
+                break
         if best is None:
             return None
         _, i, free = best
@@ -447,6 +609,7 @@ class WorkingCluster:
         mem_free[i] = old[2] - sign * b.memory_mib
         if pool is not None:  # its class changes when the classes are next read (_flush)
             self._summaries.pop(pool, None)
+            self._totals.pop(pool, None)
             pending = self._pending.get(pool)
             if pending is None:
                 pending = self._pending[pool] = {}
@@ -469,12 +632,16 @@ class WorkingCluster:
         other._pool = self._pool
         other._source = self._source
         other._classes = dict(self._classes)
+        other._index = dict(self._index)
         self._shared.update(self._classes)
         other._shared = set(self._classes)
         other.scan_nodes_up_to = self.scan_nodes_up_to
         other._pending = {p: dict(d) for p, d in self._pending.items() if d}
         other._stats = {p: [st[0], st[1], dict(st[2]), dict(st[3]), st[4]] for p, st in self._stats.items()}
         other._summaries = dict(self._summaries)
+        other.changes = dict(self.changes)
+        other.returns = self.returns
+        other._totals = dict(self._totals)
         return other
 
     def release_work(self, work, sign: int = -1) -> None:
@@ -482,6 +649,9 @@ class WorkingCluster:
         ``sign=+1`` takes it instead (see :meth:`hold_work`)."""
         for node, devices, milli, cpu, mem in work.bindings:
             self._take(Binding(0, node, devices, milli, cpu, mem), sign)
+            self._changed(node)
+        if sign < 0:
+            self.returns += 1
 
     def hold_work(self, work) -> None:
         """Allocate what a :class:`~.snapshot.RunningWork` holds (replaying a placement)."""
@@ -491,8 +661,17 @@ class WorkingCluster:
         """Allocate a fit returned by :meth:`fit` (on this same working copy)."""
         for b in fit.bindings:
             self._take(b)
+            self._changed(b.node)
 
     def release(self, fit: Fit) -> None:
         """Undo :meth:`commit` (used by preemption what-ifs)."""
         for b in fit.bindings:
             self._release(b)
+            self._changed(b.node)
+        self.returns += 1
+
+    def _changed(self, node: int) -> None:
+        """Count an allocation change of ``node``'s pool (:attr:`changes`)."""
+        pool = self._pool[node] if node < len(self._pool) else None
+        if pool is not None:
+            self.changes[pool] = self.changes.get(pool, 0) + 1

@@ -72,6 +72,9 @@ def dominant_share(usage: Usage, total: tuple[int, int, int]) -> float:
     return max(usage.gpu_milli / total[0], usage.cpu_milli / total[1], usage.memory_mib / total[2])
 
 
+_NOTHING = Usage()  #: a tenant that holds nothing
+
+
 class FairOrder:
     """Iterates a queue in priority order, DRF among tenants within one priority level.
 
@@ -98,12 +101,12 @@ class FairOrder:
 
     def share(self, tenant: str) -> float:
         """The tenant's current dominant share."""
-        return dominant_share(self.usage.get(tenant, Usage()), self.total)
+        return dominant_share(self.usage.get(tenant, _NOTHING), self.total)
 
     def placed(self, job: QueuedJob) -> None:
         """Account a placement to its tenant (progressive filling)."""
         s = job.spec
-        self.usage[s.tenant] = self.usage.get(s.tenant, Usage()).plus(
+        self.usage[s.tenant] = self.usage.get(s.tenant, _NOTHING).plus(
             s.total_gpu_milli, s.cpu_milli * s.workers, s.memory_mib * s.workers)
 
     def __iter__(self) -> Iterator[QueuedJob]:

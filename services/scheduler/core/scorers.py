@@ -35,6 +35,10 @@ class Scorer(Protocol):
         (``models``: its candidate card models there, cheapest first)."""
         ...
 
+    # optional, for a ``region`` or ``region_price`` bound: ``bounds(job, places, ctx) ->
+    # list[float]``, :meth:`bound` of each (cluster, work, models) of ``places`` in one call
+    # (decide asks a job's bounds on every region of a search at once; without it, one by one)
+
 
 class _Bounded:
     """Default bound: 1 (no better bound known)."""
@@ -45,9 +49,19 @@ class _Bounded:
         return 1.0
 
 
-#: ``score_scope = "fit"`` says a scorer's score reads only the cluster's allocation, the fit
-#: and the request shape (not the job's data, home or estimate): decide() computes it once per
-#: (cluster allocation, fit) and shares it between jobs of that shape. The default is ``"job"``.
+#: ``score_scope = "fit"`` says a scorer's score reads only the fit, the request shape and the
+#: allocation of the fit's card-model pool in the cluster (its nodes' free state, the pool's
+#: totals; not the job's data, home or estimate): decide() computes it once per (pool
+#: allocation, fit) and shares it between jobs of that shape. ``"region"``: it reads
+#: only the job and the cluster's region; ``"region_price"``: only the job, the cluster's region,
+#: the unit price the fit pays there (its card model's list price; CPU-only work: the core-hour
+#: price) and the job's cost reference (:func:`set_cost_reference`): decide() computes either
+#: once per region (and price) in a job's search. The default is ``"job"`` (computed per fit).
+#:
+#: ``score_is_bound = True`` says a ``region`` or ``region_price`` scorer's score of a fit is its
+#: bound on the fit's place whenever the fit pays the unit price that bound reads (its cheapest
+#: candidate model's list price; CPU-only work: the core-hour price) -- for a ``region`` scorer,
+#: always: decide() then takes a scored fit's term from the search's bounds.
 #:
 #: ``bound_scope`` of a scorer says what its bound depends on, so decide() can compute it once
 #: per job for all clusters sharing that key: ``const``, ``region``, ``region_price`` (region and
@@ -100,17 +114,31 @@ def estimated_hours(job: QueuedJob) -> float:
     return (est if est is not None and est > 0 else 3600.0) / 3600.0
 
 
+def _costing(job: QueuedJob, ctx: Context) -> tuple:
+    """What the cost figures read of the job, memoised per job in ``ctx.memo``: (GPUs per
+    worker, the gang's milli-GPUs, milli-CPU per worker, workers, estimated hours, the
+    estimated GPU-hours -- CPU-only: core-hours -- at least 1e-9)."""
+    key = ("costing", job.job_id, job.shard)
+    got = ctx.memo.get(key)
+    if got is None:
+        spec = job.spec
+        gpu, total, cpu, workers = spec.gpus_per_worker, spec.total_gpu_milli, spec.cpu_milli, spec.workers
+        hours = estimated_hours(job)
+        units = total / WHOLE if gpu else cpu * workers / 1000
+        got = ctx.memo[key] = (gpu, total, cpu, workers, hours, max(units * hours, 1e-9))
+    return got
+
+
 def estimated_cost(job: QueuedJob, cluster: ClusterState, card_model: str, ctx: Context) -> float:
     """Estimated cost of running ``job`` here: compute + egress (currency units).
 
     compute = price(card model) x GPUs x estimated hours (CPU-only: cores x hours x CPU price).
     """
-    spec = job.spec
-    hours = estimated_hours(job)
-    if spec.gpus_per_worker:
-        compute = cluster.prices.get(card_model, 0.0) * spec.total_gpu_milli / WHOLE * hours
+    gpu, total, cpu, workers, hours, _ = _costing(job, ctx)
+    if gpu:
+        compute = cluster.prices.get(card_model, 0.0) * total / WHOLE * hours
     else:
-        compute = cluster.cpu_price_per_core_hour * spec.cpu_milli * spec.workers / 1000 * hours
+        compute = cluster.cpu_price_per_core_hour * cpu * workers / 1000 * hours
     return compute + egress_cost(job, cluster, ctx)
 
 
@@ -119,12 +147,18 @@ class HomeRegion:
 
     name = "home"
     bound_scope = "region"
+    score_scope = "region"
+    score_is_bound = True  # (bound() is score())
 
     def score(self, job, cluster, fit, work, ctx) -> float:
         return 1.0 if cluster.region == job.spec.home_region else 0.0
 
     def bound(self, job, cluster, work, ctx, models) -> float:
         return self.score(job, cluster, None, work, ctx)
+
+    def bounds(self, job, places, ctx) -> list[float]:
+        home = job.spec.home_region
+        return [1.0 if cluster.region == home else 0.0 for cluster, _, _ in places]
 
 
 class StartTime:
@@ -137,6 +171,8 @@ class StartTime:
 
     name = "start"
     bound_scope = "region"
+    score_scope = "region"  # transfer time from the datasets' regions; the deadline
+    score_is_bound = True  # (bound() is score())
 
     def score(self, job, cluster, fit, work, ctx) -> float:
         delay = transfer_seconds(job, cluster, ctx)
@@ -148,6 +184,26 @@ class StartTime:
     def bound(self, job, cluster, work, ctx, models) -> float:
         return self.score(job, cluster, None, work, ctx)
 
+    def bounds(self, job, places, ctx) -> list[float]:
+        deadline = job.spec.start_deadline
+        limit = deadline.timestamp() if deadline is not None else None
+        now = ctx.view.now
+        # one bandwidth everywhere: the bytes outside each region (as transfer_bytes adds them)
+        datasets = None if ctx.region_bandwidth_bps else [(d.home_region, d.size_bytes) for d in job.spec.datasets]
+        bandwidth = ctx.inter_region_bandwidth_bps
+        out = []
+        for cluster, _, _ in places:
+            if datasets is None:
+                delay = transfer_seconds(job, cluster, ctx)
+            else:
+                region, total = cluster.region, 0
+                for home, size in datasets:
+                    if home != region:
+                        total += size
+                delay = total / bandwidth
+            out.append(0.0 if limit is not None and now + delay > limit else 1.0 / (1.0 + delay / 1800.0))
+        return out
+
 
 def cost_per_unit_hour(job: QueuedJob, cluster: ClusterState, card_model: str, ctx: Context) -> float:
     """:func:`estimated_cost` per GPU-hour (CPU-only: per core-hour) of the job's estimate.
@@ -155,15 +211,12 @@ def cost_per_unit_hour(job: QueuedJob, cluster: ClusterState, card_model: str, c
     It reads of the cluster only its region (egress) and the unit price (of ``card_model``;
     CPU-only: the core-hour price), so it is memoised in ``ctx.memo`` per job and (region, unit
     price): a job's cost reference, its cost bounds and its cost scores share one value."""
-    spec = job.spec
-    gpu = spec.gpus_per_worker
-    price = cluster.prices.get(card_model, 0.0) if gpu else cluster.cpu_price_per_core_hour
+    price = cluster.prices.get(card_model, 0.0) if job.spec.gpus_per_worker else cluster.cpu_price_per_core_hour
     key = ("unit cost", job.job_id, job.shard, cluster.region, price)
     memo = ctx.memo
     value = memo.get(key)
     if value is None:
-        units = spec.total_gpu_milli / WHOLE if gpu else spec.cpu_milli * spec.workers / 1000
-        value = memo[key] = estimated_cost(job, cluster, card_model, ctx) / max(units * estimated_hours(job), 1e-9)
+        value = memo[key] = estimated_cost(job, cluster, card_model, ctx) / _costing(job, ctx)[5]
     return value
 
 
@@ -177,6 +230,8 @@ class Cost:
 
     name = "cost"
     bound_scope = "region_price"
+    score_scope = "region_price"
+    score_is_bound = True  # (both read cost_per_unit_hour at the region and that unit price)
 
     def score(self, job, cluster, fit, work, ctx) -> float:
         return _relative_cost(job, cost_per_unit_hour(job, cluster, fit.card_model, ctx), ctx)
@@ -184,6 +239,15 @@ class Cost:
     def bound(self, job, cluster, work, ctx, models) -> float:
         cheapest = models[0] if models else ""  # candidate models come cheapest first
         return _relative_cost(job, cost_per_unit_hour(job, cluster, cheapest, ctx), ctx)
+
+    def bounds(self, job, places, ctx) -> list[float]:
+        ref = ctx.memo.get(("cost_ref", job.job_id, job.shard))
+        out = []
+        for cluster, _, models in places:
+            cost = cost_per_unit_hour(job, cluster, models[0] if models else "", ctx)
+            out.append(1.0 / (1.0 + cost / ctx.max_price) if ref is None else 1.0 if cost <= 0 else
+                       min(1.0, ref / cost))  # (as _relative_cost)
+        return out
 
 
 def set_cost_reference(job: QueuedJob, cost_per_hour: float, ctx: Context) -> None:
@@ -218,7 +282,7 @@ class Packing:
 
     name = "packing"
     bound_scope = "cluster_shape"
-    score_scope = "fit"  # reads the fit's card model, the request's GPUs and the allocation  # depends on the cluster's free cards and the request's size
+    score_scope = "fit"  # reads the fit's card model, the request's GPUs and the allocation
 
     def score(self, job, cluster, fit, work, ctx) -> float:
         return _used_after(job, fit, work)

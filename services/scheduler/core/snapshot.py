@@ -254,7 +254,7 @@ Signature = tuple  #: ``(gpu_free per device, free milli-CPU, free MiB)`` of a n
 class CapacityClasses:
     """A cluster's healthy nodes grouped into capacity classes: nodes with the same pool (card
     model) and the same free state -- free milli-GPU per device, free milli-CPU, free MiB --
-    collapse into one class, a set of node indices. Gang fitting looks at classes, not nodes
+    collapse into one class, its node indices in ascending order. Gang fitting looks at classes, not nodes
     (:class:`~.fit.WorkingCluster`); the nodes of one class are interchangeable for every fit
     rule, which then picks the lowest node index of the chosen class, so a class-based fit
     chooses the node a node-by-node scan would.
@@ -263,11 +263,13 @@ class CapacityClasses:
     signature. A cluster of 5,000 nodes of a few node types has tens to hundreds of classes.
 
     Attributes:
-        pools: pool (card model, ``""`` for nodes without cards) -> signature -> node indices.
+        pools: pool (card model, ``""`` for nodes without cards) -> signature -> node indices,
+            ascending (a cycle's working copy reads a class's lowest node without sorting, and
+            shares the tuple until the cycle changes the class: :class:`~.fit.WorkingCluster`).
         gpu_free / cpu_free / mem_free: per node (all nodes, by index) the free state.
     """
 
-    pools: Mapping[str, Mapping[Signature, frozenset[int]]]
+    pools: Mapping[str, Mapping[Signature, tuple[int, ...]]]
     gpu_free: tuple[tuple[int, ...], ...]
     cpu_free: tuple[int, ...]
     mem_free: tuple[int, ...]
@@ -290,7 +292,7 @@ class CapacityClasses:
         for i, p in enumerate(pools_of):
             if p is not None:
                 groups.setdefault(p, {}).setdefault((gpu[i], cpu[i], mem[i]), []).append(i)
-        return cls({p: {sig: frozenset(v) for sig, v in g.items()} for p, g in groups.items()}, gpu, cpu, mem)
+        return cls({p: {sig: tuple(v) for sig, v in g.items()} for p, g in groups.items()}, gpu, cpu, mem)
 
     def updated(self, nodes: tuple["NodeState", ...], changed: Iterable[int],
                 pools_of: tuple[str | None, ...]) -> "CapacityClasses":
@@ -317,13 +319,13 @@ class CapacityClasses:
                 pools[p] = dict(pools.get(p, {}))
                 copied.add(p)
         for (p, sig), ids in leave.items():
-            rest = pools[p][sig] - ids
+            rest = tuple(i for i in pools[p][sig] if i not in ids)
             if rest:
                 pools[p][sig] = rest
             else:
                 del pools[p][sig]
         for (p, sig), ids in join.items():
-            pools[p][sig] = pools[p].get(sig, frozenset()) | ids
+            pools[p][sig] = tuple(sorted((*pools[p].get(sig, ()), *sorted(ids))))  # two ascending runs: merged
         return CapacityClasses(pools, tuple(gpu), tuple(cpu), tuple(mem))
 
     @property
