@@ -84,6 +84,7 @@ import math
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field, replace
+from collections.abc import Iterable
 from typing import Awaitable, Callable
 
 from fedsched import telemetry
@@ -426,6 +427,13 @@ class SchedulerService:
         self._preemptible_prios: dict[str, dict[int, int]] = {}
         self._positions: dict[str, dict] = {}  # cluster -> the node positions its records were built on
         self._held: dict[str, list[int]] = {}  # tenant -> [milli-GPU, milli-CPU, MiB] of started work
+        #: the same for placed, not started work: cluster -> key -> (its RunningSet pending entry,
+        #: tenant, (milli-GPU, milli-CPU, MiB)); shards whose entry must be (re)built; each
+        #: cluster's entries as the tuple handed over (until one changes); tenant -> its total
+        self._unstarted: dict[str, dict[tuple[str, int], tuple[tuple, str, tuple[int, int, int]]]] = {}
+        self._unstarted_dirty: dict[str, set[tuple[str, int]]] = {}
+        self._unstarted_tuple: dict[str, tuple[tuple, ...]] = {}
+        self._held_unstarted: dict[str, list[int]] = {}
         self._unstarted_due: list[tuple[float, int, tuple[str, int], int]] = []  # (placed_wall, seq, key, attempt)
         self._due_seq = 0
         #: shard records the last cycle visited outside decide() (queue, view records rebuilt,
@@ -723,6 +731,7 @@ class SchedulerService:
                      self.retries_used, self.governor.state, self.governor.started, self._tracked, self._works, self._ends,
                      self._quota_of, self._quota_use,
                      self._work_use, self._work_dirty, self._running_tuple, self._preemptible_prios, self._held,
+                     self._unstarted, self._unstarted_dirty, self._unstarted_tuple, self._held_unstarted,
                      *self._on.values()):
             book.clear()
         self._unstarted_due.clear()
@@ -998,6 +1007,8 @@ class SchedulerService:
         else:
             where = None
         old = self._tracked.get(key)
+        if where is not None and state == ShardState.PLACED:  # (its placement may have changed in place)
+            self._unstarted_dirty.setdefault(shard.cluster, set()).add(key)
         if old == where:
             return
         if old is not None:
@@ -1005,6 +1016,8 @@ class SchedulerService:
             self._on[was].get(cluster, {}).pop(key, None)
             if was == ShardState.RUNNING:
                 self._drop_work(cluster, key)
+            elif was == ShardState.PLACED:
+                self._unstarted_dirty.setdefault(cluster, set()).add(key)
             self._tracked.pop(key)
         if where is None:
             return
@@ -1458,11 +1471,12 @@ class SchedulerService:
 
         Incremental: a cluster's node states and capacity classes are rebuilt only for nodes
         whose allocation changed, the records of started work only for shards that started,
-        moved or ended since the last view (all of a cluster's when its nodes changed), and the
-        tenants' usage of started work is kept as it changes. What is rebuilt every time is the
-        record of each placed, not yet started shard (it is expected to start ``now``). Cost:
-        O(clusters + changes + placed-not-started), not O(jobs); counted in
-        ``last_cycle_visit_counts["view"]``.
+        moved or ended since the last view (all of a cluster's when its nodes changed), the
+        entries of placed, not started shards likewise (each is expected to start at the view's
+        ``now``, which :class:`RunningSet` adds when read, so an entry does not age), and the
+        tenants' usage of both is kept as it changes. Cost: O(clusters + changes), not O(jobs)
+        nor O(placed-not-started), plus a copy of each changed cluster's records into the tuples
+        handed over; shards visited are counted in ``last_cycle_visit_counts["view"]``.
         """
         now_live = self.liveness.time() if live_now is None else live_now
         now = self.clock.time()
@@ -1473,6 +1487,8 @@ class SchedulerService:
             if self._positions.get(info.name) is not info.position:  # nodes changed: every record of it
                 self._positions[info.name] = info.position
                 self._work_dirty.setdefault(info.name, set()).update(self._on[ShardState.RUNNING].get(info.name, ()))
+                self._unstarted_dirty.setdefault(info.name, set()).update(self._unstarted.get(info.name, ()))
+                self._unstarted_dirty[info.name].update(self._on[ShardState.PLACED].get(info.name, ()))
         for name, keys in self._work_dirty.items():
             info = self.clusters.get(name)
             if info is None or not keys:
@@ -1504,7 +1520,20 @@ class SchedulerService:
                 h[0], h[1], h[2] = h[0] + use[1], h[1] + use[2], h[2] + use[3]
             keys.clear()
             self._running_tuple.pop(name, None)
+        for name, keys in self._unstarted_dirty.items():
+            info = self.clusters.get(name)
+            if info is None or not keys:
+                continue  # built once its inventory arrives
+            visits += self._rebuild_unstarted(info, keys)
+            keys.clear()
         held = {tenant: list(h) for tenant, h in self._held.items() if any(h)}
+        for tenant, h in self._held_unstarted.items():
+            if any(h):
+                t = held.get(tenant)
+                if t is None:
+                    held[tenant] = list(h)
+                else:
+                    t[0], t[1], t[2] = t[0] + h[0], t[1] + h[1], t[2] + h[2]
         clusters = []
         for info in sorted(self.clusters.values(), key=lambda c: c.name):
             age = max(0.0, now_live - info.seen_at)
@@ -1515,26 +1544,44 @@ class SchedulerService:
                 started = tuple(self._works.get(info.name, {}).values())
                 low = min(self._preemptible_prios.get(info.name) or (None,))  # a few priorities, not the records
                 kept = self._running_tuple[info.name] = (started, low)
-            unstarted = []
-            for job, shard in self._on[ShardState.PLACED].get(info.name, {}).values():
-                visits += 1
-                pending = self._pending_entry(job, shard, shard.placed, info)
-                if pending is None:
-                    continue
-                entry, use = pending
-                unstarted.append(entry)
-                h = held.get(job.tenant)
-                if h is None:
-                    h = held[job.tenant] = [0, 0, 0]
-                h[0] += use[0]
-                h[1] += use[1]
-                h[2] += use[2]
+            unstarted = self._unstarted_tuple.get(info.name)
+            if unstarted is None:
+                unstarted = self._unstarted_tuple[info.name] = tuple(
+                    e[0] for e in self._unstarted.get(info.name, {}).values())
             # (the kept end order is read by the core during this cycle, before anything awaits)
-            running = RunningSet(kept[0], tuple(unstarted), now, kept[1], ends=self._ends.setdefault(info.name, EndOrder()))
+            running = RunningSet(kept[0], unstarted, now, kept[1], ends=self._ends.setdefault(info.name, EndOrder()))
             clusters.append(replace(info.cached, heartbeat_age_s=age, running=running))
         self._visit("view", visits)
         usage = {tenant: Usage(*h) for tenant, h in held.items()}
         return View(tuple(clusters), now, self.stale_after_s, usage)
+
+    def _rebuild_unstarted(self, info: ClusterInfo, keys: Iterable[tuple[str, int]]) -> int:
+        """(Re)build the pending entries of the placed, not started shards ``keys`` of the
+        cluster ``info`` (dropping those no longer placed there) and the tenants' usage they hold.
+        O(len(keys)); returns how many were visited."""
+        name = info.name
+        entries = self._unstarted.setdefault(name, {})
+        placed = self._on[ShardState.PLACED].get(name, {})
+        held = self._held_unstarted
+        n = 0
+        for key in keys:
+            n += 1
+            old = entries.pop(key, None)
+            if old is not None:
+                h, use = held[old[1]], old[2]
+                h[0], h[1], h[2] = h[0] - use[0], h[1] - use[1], h[2] - use[2]
+            got = placed.get(key)
+            pending = None if got is None else self._pending_entry(got[0], got[1], got[1].placed, info)
+            if pending is None:
+                continue  # not placed here any more, or bound to a node the inventory no longer has
+            entry, use = pending
+            tenant = got[0].tenant
+            entries[key] = (entry, tenant, use)
+            h = held.setdefault(tenant, [0, 0, 0])
+            h[0], h[1], h[2] = h[0] + use[0], h[1] + use[1], h[2] + use[2]
+        if n:
+            self._unstarted_tuple.pop(name, None)
+        return n
 
     def _visit(self, kind: str, n: int) -> None:
         """Count ``n`` shard records visited by the running cycle under ``kind``."""

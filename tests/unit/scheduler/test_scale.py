@@ -262,8 +262,9 @@ async def test_an_inventory_snapshot_computes_its_capacity_key_once(monkeypatch)
 
 async def test_cycle_visits_stay_bounded_while_10000_jobs_run_and_some_wait_to_start():
     """Issue 15: 10,000 started jobs and a set of placed-not-started ones stay on the clusters
-    while batches go through; a cycle visits its batch and the not-started shards (kept entries,
-    expected to start at the view's ``now``), never the started work."""
+    while batches go through; a cycle visits its batch, never the started work nor the
+    not-started shards it did not change (their entries are kept, expected to start at the
+    view's ``now``)."""
     h = SchedulerHarness((ClusterSpec(A, node_list=nodes("a", count=700)), ClusterSpec(B, node_list=nodes("b", count=700))),
                          reclaim_after_s=1e9, max_jobs_per_cycle=1000)
     svc = h.svc
@@ -281,7 +282,7 @@ async def test_cycle_visits_stay_bounded_while_10000_jobs_run_and_some_wait_to_s
     for b in range(40):
         ids = [f"b{b}-{k}" for k in range(BATCH)]
         per_batch.append(await _batch_lifetime(h, ids))
-        assert svc.last_cycle_visit_counts.get("view", 0) <= unstarted + BATCH
+        assert svc.last_cycle_visit_counts.get("view", 0) <= 2 * BATCH  # (was: every unstarted one each cycle)
     assert svc.counts[ShardState.RUNNING] == running
     assert per_batch[0] >= running  # the first view builds the started records, once
-    assert max(per_batch[1:]) <= 4 * BATCH + unstarted, per_batch[:5]  # never again the 10,000 running
+    assert max(per_batch[1:]) <= 4 * BATCH, per_batch[:5]  # never again the 10,000 running nor the 200
