@@ -122,16 +122,22 @@ class EndOrder:
     def __iter__(self) -> Iterator[RunningWork]:
         return iter(self._by_end)
 
-    def expected_ends(self, now: float, pending: Iterable[RunningWork] = ()) -> Iterator[tuple[float, RunningWork]]:
+    def expected_ends(self, now: float, pending: Iterable[RunningWork] = (),
+                      pending_in_order: list[tuple[float, RunningWork]] | None = None,
+                      ) -> Iterator[tuple[float, RunningWork]]:
         """``(expected_end(w, now), w)`` for the held work and ``pending`` (placed, not started)
         in nondecreasing expected end -- the order ``sorted`` by expected end gives, up to the
         order among equal ends (:func:`estimated_start` returns the same estimate for any order
         of equal ends: releasing work only adds capacity). Lazy: work not overdue comes from
         the kept order (est_end > now: expected end = est_end); the overdue work (expected
         ``now + max(OVERDUE_FLOOR_S, ran / 2)``, never before ``now + OVERDUE_FLOOR_S``) is
-        sorted only once the stream gets that far."""
+        sorted only once the stream gets that far. ``pending_in_order``: the pending work's
+        ``(expected end, work)`` already sorted (:meth:`~.snapshot.RunningSet.pending_in_end_order`,
+        made once per view), in place of ``pending``."""
         ahead = ((w.est_end, w) for w in self._by_end.irange_key(min_key=now, inclusive=(False, True)))
-        early = merge(ahead, sorted(((expected_end(w, now), w) for w in pending), key=_first), key=_first)
+        if pending_in_order is None:
+            pending_in_order = sorted(((expected_end(w, now), w) for w in pending), key=_first)
+        early = merge(ahead, pending_in_order, key=_first)
         floor = now + OVERDUE_FLOOR_S
         for item in early:
             if item[0] >= floor:
@@ -153,7 +159,7 @@ def _in_end_order(running: Iterable[RunningWork], now: float) -> Iterator[tuple[
     kept order when it is a :class:`~.snapshot.RunningSet` with ``ends``, else sorted."""
     ends = getattr(running, "ends", None)
     if ends is not None:
-        return ends.expected_ends(now, running.pending_records())
+        return ends.expected_ends(now, pending_in_order=running.pending_in_end_order(now))
     return iter(sorted(((expected_end(w, now), w) for w in running), key=_first))
 
 

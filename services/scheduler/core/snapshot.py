@@ -109,7 +109,7 @@ class RunningSet(Sequence):
     :meth:`lowest_preemptible` answers from the entries (no records built).
     """
 
-    __slots__ = ("started", "pending", "now", "ends", "_all", "_started_low")
+    __slots__ = ("started", "pending", "now", "ends", "_all", "_started_low", "_pending_records", "_pending_order")
 
     def __init__(self, started: tuple[RunningWork, ...], pending: tuple[tuple, ...], now: float,
                  started_lowest: int | None | object = ..., ends: Any = None) -> None:
@@ -124,12 +124,31 @@ class RunningSet(Sequence):
         self.ends = ends
         self._all: tuple[RunningWork, ...] | None = None if pending else started
         self._started_low = started_lowest
+        self._pending_records: tuple[RunningWork, ...] | None = None
+        self._pending_order: tuple[float, list] | None = None  # (now, sorted (expected end, work))
 
     def pending_records(self) -> tuple[RunningWork, ...]:
-        """The records of the placed, not started work alone (``est_end = now + left``)."""
-        return self._records()[len(self.started):] if self._all is not None else tuple(
-            RunningWork(j, at, sh, te, pr, pe, ck, None, self.now + left, cm, b)
-            for j, at, sh, te, pr, pe, ck, left, cm, b in self.pending)
+        """The records of the placed, not started work alone (``est_end = now + left``), built
+        once (the same objects :meth:`__iter__` yields after them)."""
+        got = self._pending_records
+        if got is None:
+            got = self._pending_records = self._records()[len(self.started):] if self._all is not None else tuple(
+                RunningWork(j, at, sh, te, pr, pe, ck, None, self.now + left, cm, b)
+                for j, at, sh, te, pr, pe, ck, left, cm, b in self.pending)
+        return got
+
+    def pending_in_end_order(self, now: float) -> list[tuple[float, RunningWork]]:
+        """``(expected_end(w, now), w)`` of :meth:`pending_records` sorted by expected end
+        (:func:`~.preempt.expected_end`), kept for the last ``now`` asked: a cycle's wait
+        estimates (one per counterfactual) sort a cluster's unstarted work once, not each time.
+        Treat as read-only."""
+        kept = self._pending_order
+        if kept is None or kept[0] != now:
+            from .preempt import expected_end  # (preempt imports this module)
+
+            order = sorted(((expected_end(w, now), w) for w in self.pending_records()), key=_first_of)
+            kept = self._pending_order = (now, order)
+        return kept[1]
 
     def _records(self) -> tuple[RunningWork, ...]:
         a = self._all
@@ -170,6 +189,10 @@ class RunningSet(Sequence):
             if e[5] and (low is None or e[4] < low):
                 low = e[4]
         return low
+
+
+def _first_of(item: tuple) -> float:
+    return item[0]
 
 
 def lowest_preemptible(running: Iterable[RunningWork]) -> int | None:

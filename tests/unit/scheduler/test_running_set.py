@@ -86,6 +86,24 @@ def test_pending_records_are_built_once_and_only_when_read():
     assert list(rs)[1] is recs[1]  # kept
 
 
+def test_the_pending_work_in_end_order_is_sorted_once_per_now():
+    """A cycle's wait estimates read a cluster's unstarted work in expected-end order: sorted
+    once for the view's ``now`` (and again only for another ``now``), the order sorting gives."""
+    from services.scheduler.core.preempt import expected_end
+
+    pending = tuple((f"p{i}", 1, 0, "t", 3, True, True, float((i * 37) % 11) if i % 5 else math.inf, "A100",
+                     ((0, (i % 8,), 1000, 0, 0),)) for i in range(30))
+    rs = RunningSet((), pending, 100.0)
+    first = rs.pending_in_end_order(100.0)
+    assert [e for e, _ in first] == sorted(expected_end(w, 100.0) for w in rs.pending_records())
+    assert {w.job_id for _, w in first} == {p[0] for p in pending}
+    assert rs.pending_in_end_order(100.0) is first  # kept
+    later = rs.pending_in_end_order(150.0)
+    assert later is not first and [e for e, _ in later] == sorted(expected_end(w, 150.0) for w in rs.pending_records())
+    assert all(w is r for (_, w), r in zip(sorted(first, key=lambda x: x[1].job_id),
+                                            sorted(rs.pending_records(), key=lambda w: w.job_id)))
+
+
 async def test_the_views_pending_entries_and_started_records_are_kept_from_view_to_view():
     h = await _harness_with_started_and_unstarted()
     first = h.svc.view()
