@@ -87,6 +87,8 @@ from dataclasses import dataclass, field, replace
 from collections.abc import Iterable
 from typing import Awaitable, Callable
 
+from sortedcontainers import SortedKeyList
+
 from fedsched import telemetry
 from fedsched.bus import Bus, Delivery, StreamFollower
 from fedsched.clock import Clock, SystemClock, to_datetime
@@ -117,7 +119,7 @@ from services.scheduler.states import ACTIVE, Outcome, ShardState, StopReason
 from services.scheduler.core import (ClusterEvaluation, ClusterIndex, ClusterState, NodeState, Pending, Placement,
                                      Policy, QueuedJob, RunningSet, RunningWork, Usage, View,
                                      decide)
-from services.scheduler.core.snapshot import CapacityClasses
+from services.scheduler.core.snapshot import MIN_LEFT_S, CapacityClasses, pending_end_key
 from services.scheduler.core.explain import pending_counterfactual, placement_counterfactual
 from services.scheduler.core.queues import effective_priority, queue_of
 
@@ -429,10 +431,12 @@ class SchedulerService:
         self._held: dict[str, list[int]] = {}  # tenant -> [milli-GPU, milli-CPU, MiB] of started work
         #: the same for placed, not started work: cluster -> key -> (its RunningSet pending entry,
         #: tenant, (milli-GPU, milli-CPU, MiB)); shards whose entry must be (re)built; each
-        #: cluster's entries as the tuple handed over (until one changes); tenant -> its total
+        #: cluster's entries in order of expected end (pending_end_key), handed to the core as
+        #: they are; per cluster, priority -> preemptible entries; tenant -> its total
         self._unstarted: dict[str, dict[tuple[str, int], tuple[tuple, str, tuple[int, int, int]]]] = {}
         self._unstarted_dirty: dict[str, set[tuple[str, int]]] = {}
-        self._unstarted_tuple: dict[str, tuple[tuple, ...]] = {}
+        self._unstarted_order: dict[str, SortedKeyList] = {}
+        self._unstarted_prios: dict[str, dict[int, int]] = {}
         self._held_unstarted: dict[str, list[int]] = {}
         self._unstarted_due: list[tuple[float, int, tuple[str, int], int]] = []  # (placed_wall, seq, key, attempt)
         self._due_seq = 0
@@ -731,7 +735,8 @@ class SchedulerService:
                      self.retries_used, self.governor.state, self.governor.started, self._tracked, self._works, self._ends,
                      self._quota_of, self._quota_use,
                      self._work_use, self._work_dirty, self._running_tuple, self._preemptible_prios, self._held,
-                     self._unstarted, self._unstarted_dirty, self._unstarted_tuple, self._held_unstarted,
+                     self._unstarted, self._unstarted_dirty, self._unstarted_order, self._unstarted_prios,
+                     self._held_unstarted,
                      *self._on.values()):
             book.clear()
         self._unstarted_due.clear()
@@ -1544,12 +1549,11 @@ class SchedulerService:
                 started = tuple(self._works.get(info.name, {}).values())
                 low = min(self._preemptible_prios.get(info.name) or (None,))  # a few priorities, not the records
                 kept = self._running_tuple[info.name] = (started, low)
-            unstarted = self._unstarted_tuple.get(info.name)
-            if unstarted is None:
-                unstarted = self._unstarted_tuple[info.name] = tuple(
-                    e[0] for e in self._unstarted.get(info.name, {}).values())
-            # (the kept end order is read by the core during this cycle, before anything awaits)
-            running = RunningSet(kept[0], unstarted, now, kept[1], ends=self._ends.setdefault(info.name, EndOrder()))
+            unstarted = self._unstarted_order.get(info.name, ())
+            # (the kept orders are read by the core during this cycle, before anything awaits)
+            running = RunningSet(kept[0], unstarted, now, kept[1], ends=self._ends.setdefault(info.name, EndOrder()),
+                                 pending_sorted=True,
+                                 pending_lowest=min(self._unstarted_prios.get(info.name) or (None,)))
             clusters.append(replace(info.cached, heartbeat_age_s=age, running=running))
         self._visit("view", visits)
         usage = {tenant: Usage(*h) for tenant, h in held.items()}
@@ -1561,6 +1565,10 @@ class SchedulerService:
         O(len(keys)); returns how many were visited."""
         name = info.name
         entries = self._unstarted.setdefault(name, {})
+        order = self._unstarted_order.get(name)
+        if order is None:
+            order = self._unstarted_order[name] = SortedKeyList(key=pending_end_key)
+        prios = self._unstarted_prios.setdefault(name, {})
         placed = self._on[ShardState.PLACED].get(name, {})
         held = self._held_unstarted
         n = 0
@@ -1568,7 +1576,15 @@ class SchedulerService:
             n += 1
             old = entries.pop(key, None)
             if old is not None:
-                h, use = held[old[1]], old[2]
+                entry, use = old[0], old[2]
+                order.remove(entry)
+                if entry[5]:
+                    left = prios[entry[4]] - 1
+                    if left:
+                        prios[entry[4]] = left
+                    else:
+                        del prios[entry[4]]
+                h = held[old[1]]
                 h[0], h[1], h[2] = h[0] - use[0], h[1] - use[1], h[2] - use[2]
             got = placed.get(key)
             pending = None if got is None else self._pending_entry(got[0], got[1], got[1].placed, info)
@@ -1577,10 +1593,11 @@ class SchedulerService:
             entry, use = pending
             tenant = got[0].tenant
             entries[key] = (entry, tenant, use)
+            order.add(entry)
+            if entry[5]:
+                prios[entry[4]] = prios.get(entry[4], 0) + 1
             h = held.setdefault(tenant, [0, 0, 0])
             h[0], h[1], h[2] = h[0] + use[0], h[1] + use[1], h[2] + use[2]
-        if n:
-            self._unstarted_tuple.pop(name, None)
         return n
 
     def _visit(self, kind: str, n: int) -> None:
@@ -1643,6 +1660,8 @@ class SchedulerService:
         spec = job.spec
         est = spec.estimated_duration_s
         left = max(0.0, est - shard.progress_s) if est is not None else math.inf
+        if left < MIN_LEFT_S:
+            left = 0.0  # (so the kept end order is exact: pending_end_key)
         bindings = tuple((info.position.get(b.node, -1), tuple(b.gpu_indices), b.gpu_milli, b.cpu_milli,
                           b.memory_mib) for b in p.bindings)
         out = None

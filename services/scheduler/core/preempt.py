@@ -54,7 +54,7 @@ from sortedcontainers import SortedKeyList
 
 from fedsched.jobs import JobSpec
 from services.scheduler.core.fit import Fit, WorkingCluster
-from services.scheduler.core.snapshot import WHOLE, ClusterState, RunningWork
+from services.scheduler.core.snapshot import OVERDUE_FLOOR_S, WHOLE, ClusterState, RunningWork
 
 if TYPE_CHECKING:
     from fedsched.quota import QuotaBook
@@ -70,9 +70,6 @@ def lost_work(w: RunningWork, now: float, checkpoint_interval_s: float) -> float
     return size * lost
 
 
-#: an overdue job (past its estimated end) is expected to end at least this long from now
-#: (:func:`expected_end`)
-OVERDUE_FLOOR_S = 300.0
 
 
 def expected_end(w: RunningWork, now: float) -> float:
@@ -123,7 +120,7 @@ class EndOrder:
         return iter(self._by_end)
 
     def expected_ends(self, now: float, pending: Iterable[RunningWork] = (),
-                      pending_in_order: list[tuple[float, RunningWork]] | None = None,
+                      pending_in_order: Iterable[tuple[float, RunningWork]] | None = None,
                       ) -> Iterator[tuple[float, RunningWork]]:
         """``(expected_end(w, now), w)`` for the held work and ``pending`` (placed, not started)
         in nondecreasing expected end -- the order ``sorted`` by expected end gives, up to the

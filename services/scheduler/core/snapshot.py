@@ -109,21 +109,31 @@ class RunningSet(Sequence):
     :meth:`lowest_preemptible` answers from the entries (no records built).
     """
 
-    __slots__ = ("started", "pending", "now", "ends", "_all", "_started_low", "_pending_records", "_pending_order")
+    __slots__ = ("started", "pending", "now", "ends", "pending_sorted", "_all", "_started_low", "_pending_low",
+                 "_pending_records", "_pending_order")
 
-    def __init__(self, started: tuple[RunningWork, ...], pending: tuple[tuple, ...], now: float,
-                 started_lowest: int | None | object = ..., ends: Any = None) -> None:
+    def __init__(self, started: tuple[RunningWork, ...], pending: Sequence[tuple], now: float,
+                 started_lowest: int | None | object = ..., ends: Any = None, *,
+                 pending_sorted: bool = False, pending_lowest: int | None | object = ...) -> None:
         """``started_lowest``: :meth:`lowest_preemptible` of ``started`` alone if the caller
-        keeps it with the tuple (``...`` = compute it when asked). ``ends``: the same started
-        work kept in order of estimated end (:class:`~.preempt.EndOrder`, kept by the service as
-        work starts and ends), so what frees up first is read without sorting it all
-        (:func:`~.preempt.estimated_start`); None = sort when asked."""
+        keeps it with the tuple (``...`` = compute it when asked); ``pending_lowest`` the same
+        of ``pending``. ``ends``: the same started work kept in order of estimated end
+        (:class:`~.preempt.EndOrder`, kept by the service as work starts and ends), so what
+        frees up first is read without sorting it all (:func:`~.preempt.estimated_start`);
+        None = sort when asked. ``pending_sorted``: ``pending`` is in nondecreasing
+        :func:`pending_end_key` (the service keeps it so), so it is read in end order lazily.
+
+        ``pending`` may be a container the caller keeps changing between views (a sorted list
+        kept incrementally): it must not change while a cycle reads this set (the service
+        builds the view and decides before anything awaits)."""
         self.started = started
         self.pending = pending
         self.now = now
         self.ends = ends
+        self.pending_sorted = pending_sorted
         self._all: tuple[RunningWork, ...] | None = None if pending else started
         self._started_low = started_lowest
+        self._pending_low = pending_lowest
         self._pending_records: tuple[RunningWork, ...] | None = None
         self._pending_order: tuple[float, list] | None = None  # (now, sorted (expected end, work))
 
@@ -137,11 +147,17 @@ class RunningSet(Sequence):
                 for j, at, sh, te, pr, pe, ck, left, cm, b in self.pending)
         return got
 
-    def pending_in_end_order(self, now: float) -> list[tuple[float, RunningWork]]:
-        """``(expected_end(w, now), w)`` of :meth:`pending_records` sorted by expected end
-        (:func:`~.preempt.expected_end`), kept for the last ``now`` asked: a cycle's wait
-        estimates (one per counterfactual) sort a cluster's unstarted work once, not each time.
-        Treat as read-only."""
+    def pending_in_end_order(self, now: float) -> Iterable[tuple[float, RunningWork]]:
+        """``(expected_end(w, now), w)`` of :meth:`pending_records` in nondecreasing expected
+        end (:func:`~.preempt.expected_end`). When ``pending`` is kept sorted
+        (``pending_sorted``) and ``now`` is the set's own, a lazy stream: records are built as
+        they are read (a wait estimate stops once the job fits), nothing is sorted. Otherwise
+        sorted once and kept for the last ``now`` asked (a cycle's wait estimates sort a
+        cluster's unstarted work once, not each time). Treat as read-only."""
+        if self.pending_sorted and now == self.now:
+            return ((now + pending_end_key(e), RunningWork(e[0], e[1], e[2], e[3], e[4], e[5], e[6], None,
+                                                           now + e[7], e[8], e[9]))
+                    for e in self.pending)
         kept = self._pending_order
         if kept is None or kept[0] != now:
             from .preempt import expected_end  # (preempt imports this module)
@@ -185,14 +201,35 @@ class RunningSet(Sequence):
         low = self._started_low
         if low is ...:
             low = self._started_low = min((w.priority for w in self.started if w.preemptible), default=None)
-        for e in self.pending:
-            if e[5] and (low is None or e[4] < low):
-                low = e[4]
-        return low
+        plow = self._pending_low
+        if plow is ...:
+            plow = self._pending_low = min((e[4] for e in self.pending if e[5]), default=None)
+        return plow if low is None else low if plow is None else min(low, plow)
 
 
 def _first_of(item: tuple) -> float:
     return item[0]
+
+
+#: work left below this (seconds) is recorded as none left in a pending entry (see
+#: :func:`pending_end_key`)
+MIN_LEFT_S = 1e-3
+
+#: an overdue job (past its estimated end) is expected to end at least this long from now
+#: (:func:`~.preempt.expected_end`)
+OVERDUE_FLOOR_S = 300.0
+
+
+def pending_end_key(entry: tuple) -> float:
+    """Seconds from a view's ``now`` to the expected end (:func:`~.preempt.expected_end`) of a
+    :class:`RunningSet` pending entry (placed, expected to start at ``now``): its work left
+    (``inf`` = no estimate), or :data:`OVERDUE_FLOOR_S` when none is left (its record ends at
+    ``now``, so it counts as overdue work that has not run). Independent of ``now``: entries
+    kept in this order stay in expected-end order from view to view. Exact when ``left`` is 0 or
+    at least :data:`MIN_LEFT_S` (the scheduler service rounds less to 0): ``now + left > now``
+    then holds for any ``now`` before the year 100,000."""
+    left = entry[7]
+    return left if left > 0 else OVERDUE_FLOOR_S
 
 
 def lowest_preemptible(running: Iterable[RunningWork]) -> int | None:

@@ -104,6 +104,35 @@ def test_the_pending_work_in_end_order_is_sorted_once_per_now():
                                             sorted(rs.pending_records(), key=lambda w: w.job_id)))
 
 
+async def test_the_views_kept_order_of_unstarted_work_reads_as_sorting_it():
+    """The service keeps each cluster's unstarted entries in expected-end order (work left,
+    none left counting as overdue) and their lowest preemptible priority, from view to view:
+    read lazily, they are what sorting the records by expected end gives, through more
+    placements, starts, an entry with no estimate and one with no work left."""
+    from services.scheduler.core.preempt import expected_end
+
+    h = await _harness_with_started_and_unstarted()
+    shard = h.shard("j1")
+    shard.progress_s = 200.0  # more than its estimate: no work left (made again when re-indexed)
+    h.svc._track(h.svc.jobs["j1"], shard)
+    for _ in range(3):
+        view = h.svc.view()
+        seen = 0
+        for c in view.clusters:
+            rs = c.running
+            assert rs.pending_sorted
+            lazy = list(rs.pending_in_end_order(view.now))
+            assert [e for e, _ in lazy] == sorted(expected_end(w, view.now) for w in rs.pending_records())
+            assert sorted(w.job_id for _, w in lazy) == sorted(w.job_id for w in rs.pending_records())
+            assert rs.lowest_preemptible() == lowest_preemptible(tuple(rs))
+            seen += len(lazy)
+        assert seen == sum(1 for j in h.svc.jobs.values() for s in j.shards if s.state.value == "placed")
+        h.submit(f"more{h.clock.time()}", estimated_duration_s=7.0, preemptible=True)
+        await h.cycle()
+        h.advance(2.0)
+    assert any(e[7] == 0.0 for c in view.clusters for e in c.running.pending)  # the no-work-left case ran
+
+
 async def test_the_views_pending_entries_and_started_records_are_kept_from_view_to_view():
     h = await _harness_with_started_and_unstarted()
     first = h.svc.view()
