@@ -75,7 +75,7 @@ from services.scheduler.core.fit import Fit, WorkingCluster
 from services.scheduler.core.policy import Policy
 from services.scheduler.core.preempt import Eviction, estimated_start, find_victims, quota_victims
 from services.scheduler.core.queues import FairOrder, queue_of
-from services.scheduler.core.scorers import (cost_per_unit_hour, estimated_cost, remote_bytes, set_cost_reference,
+from services.scheduler.core.scorers import (costs_per_unit_hour, estimated_cost, remote_bytes, set_cost_reference,
                                              transfer_seconds)
 from services.scheduler.core.snapshot import (WHOLE, ClusterIndex, ClusterState, QueuedJob, RunningWork, View,
                                               lowest_preemptible)
@@ -663,8 +663,8 @@ class _Cycle:
         self.reservations: dict[str, Reservation] = {}
         self.victims: set[tuple[str, int, int]] = set()
         self.timelines: dict[str, list[RunningWork]] = {}
-        # placements (job, fit) on a cluster whose timeline nobody read yet (their records are
-        # appended when it is)
+        # placements (job, fit) made since the cluster's timeline was last read (their records
+        # are appended when it is next read)
         self.added: dict[str, list[tuple[QueuedJob, Fit]]] = {}
         self.placed = 0
         self.version = 0  # bumped by every eviction and reservation (memo validity)
@@ -673,6 +673,7 @@ class _Cycle:
         self.value_cache: dict[tuple, object] = {}
         self.splits: dict[tuple, _Split] = {}
         self.outscored: dict[tuple, ClusterEvaluation] = {}
+        self.terms: dict[tuple[str, float], tuple[str, float]] = {}  # score terms, shared (:meth:`term`)
         self.changes = 0  # allocation changes so far (placements and evictions)
         #: cluster -> the number of its last allocation change (``changes`` after it), least
         #: recently changed first: the clusters changed since change ``n`` are a suffix of it
@@ -726,7 +727,9 @@ class _Cycle:
         t = self.timelines.get(cluster.name)
         if t is None:
             t = self.timelines[cluster.name] = list(cluster.running)
-            t.extend(self._work(job, fit) for job, fit in self.added.pop(cluster.name, ()))
+        added = self.added.pop(cluster.name, None)
+        if added:
+            t.extend(self._work(job, fit) for job, fit in added)
         return t
 
     def _work(self, job: QueuedJob, fit: Fit) -> RunningWork:
@@ -739,14 +742,17 @@ class _Cycle:
 
     def record(self, job: QueuedJob, cluster: ClusterState, fit: Fit, victims: tuple[RunningWork, ...]) -> None:
         """Keep the timeline current after a placement (and its evictions)."""
-        if victims or cluster.name in self.timelines:
+        if victims:
             t = self.timeline(cluster)
-            if victims:
-                gone = {(v.job_id, v.attempt, v.shard) for v in victims}
-                t[:] = [w for w in t if (w.job_id, w.attempt, w.shard) not in gone]
+            gone = {(v.job_id, v.attempt, v.shard) for v in victims}
+            t[:] = [w for w in t if (w.job_id, w.attempt, w.shard) not in gone]
             t.append(self._work(job, fit))
-        else:  # nobody read this cluster's timeline yet: its records are made if it is read
-            self.added.setdefault(cluster.name, []).append((job, fit))
+        else:  # its record is made when the cluster's timeline is next read (if it is)
+            added = self.added.get(cluster.name)
+            if added is None:
+                self.added[cluster.name] = [(job, fit)]
+            else:
+                added.append((job, fit))
         self.placed += 1
         self.cluster_version[cluster.name] = self.cluster_version.get(cluster.name, 0) + 1
         self.changes += 1
@@ -755,6 +761,15 @@ class _Cycle:
         self.placed_keys.add((job.job_id, job.attempt, job.shard))
         if victims:
             self.version += 1
+
+    def term(self, name: str, value: float) -> tuple[str, float]:
+        """The score term ``(name, round(value, 4))``, one object per distinct term this cycle
+        (thousands of evaluations share a few thousand terms: fewer objects for the collector).
+        Only a nonzero float is shared: ``0.0 == -0.0`` and ``1 == 1.0`` print differently."""
+        term = (name, round(value, 4))
+        if type(term[1]) is not float or not term[1]:
+            return term
+        return self.terms.setdefault(term, term)
 
     def static_key(self, job: QueuedJob) -> tuple:
         """The job's filter keys: every property of the job any filter of the policy reads."""
@@ -1458,13 +1473,21 @@ def _score(job: QueuedJob, c: Candidate, fit: Fit, cy: "_Cycle", shared: dict[in
             values = bounds.region_terms(cluster.region, price) if cy.scores_from_bounds else None
             if values is None:
                 values = tuple(sc.score(job, cluster, fit, work, ctx) for _, sc, _, _, _ in cy.scoring[:at])
-            region_part = memo[key] = (values, tuple((name, round(v, 4)) for (_, _, _, name, _), v
-                                                     in zip(cy.scoring, values)))
+            region_part = memo[key] = (values, tuple(cy.term(name, v) for (_, _, _, name, _), v
+                                                     in zip(cy.scoring, values)),
+                                       _float_sum([w * v for w, v in zip(cy.score_weights, values)]))
         fit_part = shared.get(-1)
         if fit_part is None:
             values = tuple(sc.score(job, cluster, fit, work, ctx) for _, sc, _, _, _ in cy.scoring[at:])
-            fit_part = shared[-1] = (values, tuple((name, round(v, 4)) for (_, _, _, name, _), v
-                                                   in zip(cy.scoring[at:], values)))
+            weighted = [w * v for w, v in zip(cy.score_weights[at:], values)]
+            fit_part = shared[-1] = (values, tuple(cy.term(name, v) for (_, _, _, name, _), v
+                                                   in zip(cy.scoring[at:], values)),
+                                     weighted if all(type(t) is float for t in weighted) else None)
+        partial, weighted = region_part[2], fit_part[2]
+        if partial is not None and weighted is not None:  # the sum below, region terms added first
+            for t in weighted:
+                partial += t
+            return region_part[1] + fit_part[1], round(partial, 4)
         values = region_part[0] + fit_part[0]
         return region_part[1] + fit_part[1], round(sum([w * v for w, v in zip(cy.score_weights, values)]), 4)
     terms = []
@@ -1488,6 +1511,19 @@ def _score(job: QueuedJob, c: Candidate, fit: Fit, cy: "_Cycle", shared: dict[in
             terms.append(held[1])
         weighted.append(w * v)
     return tuple(terms), round(sum(weighted), 4)
+
+
+def _float_sum(terms: list) -> float | None:
+    """``sum(terms)`` as :func:`sum` adds floats -- ``0 + terms[0]``, then each further term in
+    turn -- so more float terms added to it one by one give ``sum`` of them all, bit for bit;
+    None unless there are terms and every one is a float (``sum`` adds ints exactly first,
+    and of no terms is the int 0)."""
+    if not terms or not all(type(t) is float for t in terms):
+        return None
+    total = 0.0
+    for t in terms:
+        total += t
+    return total
 
 
 def _reserved(cy: "_Cycle", job: QueuedJob, name: str, now: float) -> bool:
@@ -1517,7 +1553,7 @@ def _branch_and_bound(job: QueuedJob, group: _Group, cy: "_Cycle", evaluations: 
     if not group.cands:
         return None
     ctx = cy.ctx
-    set_cost_reference(job, min(cost_per_unit_hour(job, c, model, ctx) for c, model in group.lowest), ctx)
+    set_cost_reference(job, min(costs_per_unit_hour(job, group.lowest, ctx)), ctx)
     bounds = _Bounds(job, cy)
     regions = bounds.order(group)
     best: Best | None = None
@@ -1695,8 +1731,14 @@ def _placement(job: QueuedJob, cluster: ClusterState, fit: Fit, total: float, te
                                  b.memory_mib) for b in fit.bindings)
     if scored is None:
         scored = [e for e in evaluations if e.verdict.passed]
-    passed = sorted((e for e in scored if e.total is not None and e.cluster != cluster.name), key=lambda e: -e.total)
-    runner = passed[0] if passed else None
+    # the other scored clusters, and the first of the highest-scoring among them (the runner-up)
+    others, runner = 0, None
+    name = cluster.name
+    for e in scored:
+        if e.total is not None and e.cluster != name:
+            others += 1
+            if runner is None or e.total > runner.total:
+                runner = e
     excluded = len(evaluations) - len(scored)
     if victims:
         explanation = (f"{cluster.name} ({cluster.region}) after preempting {len(victims)} lower-priority job(s) "
@@ -1704,7 +1746,7 @@ def _placement(job: QueuedJob, cluster: ClusterState, fit: Fit, total: float, te
                        f"no cluster had room; {excluded} not chosen (see each verdict)")
     else:
         explanation = (f"{cluster.name} ({cluster.region}) scored {total:.3f} ["
-                       + ", ".join(f"{n} {v:.2f}" for n, v in terms) + f"]; {len(passed) + 1} cluster(s) fit, "
+                       + ", ".join(f"{n} {v:.2f}" for n, v in terms) + f"]; {others + 1} cluster(s) fit, "
                        f"{excluded} not chosen (see each verdict)"
                        + (f"; runner-up {runner.cluster} {runner.total:.3f}" if runner else ""))
     return Placement(
