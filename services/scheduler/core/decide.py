@@ -505,7 +505,7 @@ class _Group:
             return None  # other varying bounds, or more than one cheapest-model price here
         got = self.rankings.get(region)
         if got is None:
-            got = self.rankings[region] = _Ranking(self.regions[region], cy, job)
+            got = self.rankings[region] = _Ranking(self.regions[region], cy, job, region)
         else:
             got.refresh(cy, job)
         return got if got.exact else None
@@ -541,12 +541,13 @@ class _Ranking:
     and the search ranks the region itself). The branch and bound then computes the totals of
     the candidates it visits only, not of the whole region."""
 
-    __slots__ = ("order", "tail", "entries", "seen", "exact", "weight", "margin")
+    __slots__ = ("order", "tail", "entries", "seen", "exact", "weight", "margin", "region")
 
-    def __init__(self, cands: list["Candidate"], cy: "_Cycle", job: QueuedJob) -> None:
+    def __init__(self, cands: list["Candidate"], cy: "_Cycle", job: QueuedJob, region: str) -> None:
         scope = cy.rank_scope
         # (entries compare by bound and name, names are unique: a candidate is never compared)
         self.entries = {c.cluster.name: (-cy.shape_bound(scope, job, c), c.cluster.name, c) for c in cands}
+        self.region = region  # (every candidate's)
         self.order = sorted(self.entries.values())
         #: each entry's "outscored" verdict, in the order's order (a search extends its verdicts
         #: with the part past the candidate it stops at)
@@ -564,7 +565,8 @@ class _Ranking:
         self.seen = cy.changes
         entries, order, scope = self.entries, self.order, cy.rank_scope
         moved = False
-        for name, n in reversed(cy.last_change.items()):  # the clusters changed since, newest first
+        # the region's clusters changed since, newest first (the order of ``cy.last_change``)
+        for name, n in reversed(cy.region_change.get(self.region, {}).items()):
             if n <= seen:
                 break
             entry = entries.get(name)
@@ -645,6 +647,8 @@ class _Cycle:
         #: (kind, scope) per weighted scorer, in order: 0 = const, 1 = region, 2 = region_price,
         #: 3 = one per cluster (cluster, cluster_shape: at most 1 in a region's bound)
         self.bound_kinds = tuple(({"const": 0, "region": 1, "region_price": 2}.get(s.scope, 3), s) for s in self.scopes)
+        #: per weighted scorer, its ``bounds`` (many places at once) or None
+        self.bound_many = tuple(getattr(s.scorer, "bounds", None) for s in self.scopes)
         # the policy's one cluster-and-shape bound, when every other varying bound is a
         # region-and-price one: a region's candidates are then kept in order of it (:class:`_Ranking`)
         shape_scopes = [s for s in self.varying_scopes if s.scope == "cluster_shape"]
@@ -674,10 +678,13 @@ class _Cycle:
         self.splits: dict[tuple, _Split] = {}
         self.outscored: dict[tuple, ClusterEvaluation] = {}
         self.terms: dict[tuple[str, float], tuple[str, float]] = {}  # score terms, shared (:meth:`term`)
+        self.term_memo: dict[str, dict[float, tuple[str, float]]] = {}  # (:meth:`term_tuple`)
         self.changes = 0  # allocation changes so far (placements and evictions)
         #: cluster -> the number of its last allocation change (``changes`` after it), least
         #: recently changed first: the clusters changed since change ``n`` are a suffix of it
         self.last_change: dict[str, int] = {}
+        #: region -> the part of ``last_change`` in that region, in the same order
+        self.region_change: dict[str, dict[str, int]] = {}
         self.epoch = 0  # bumped when capacity comes back (evictions)
         self.reserve_tries = 0
         self.static_pass: dict[tuple, tuple] = {}
@@ -710,6 +717,7 @@ class _Cycle:
         self.score_parts = (at if all(kind in ("region", "region_price") for kind in kinds[:at])
                             and all(kind == "fit" for kind in kinds[at:]) else None)
         self.score_weights = tuple(w for _, w in policy.weights)
+        self.score_names = tuple(name for _, _, _, name, _ in self.scoring)
         #: the region terms of a scored fit can be read from the search's bounds
         #: (``score_is_bound`` scorers whose bound and score scopes agree)
         self.scores_from_bounds = self.score_parts is not None and all(
@@ -758,6 +766,11 @@ class _Cycle:
         self.changes += 1
         self.last_change.pop(cluster.name, None)  # re-inserted last: the order stays by recency
         self.last_change[cluster.name] = self.changes
+        in_region = self.region_change.get(cluster.region)
+        if in_region is None:
+            in_region = self.region_change[cluster.region] = {}
+        in_region.pop(cluster.name, None)
+        in_region[cluster.name] = self.changes
         self.placed_keys.add((job.job_id, job.attempt, job.shard))
         if victims:
             self.version += 1
@@ -770,6 +783,25 @@ class _Cycle:
         if type(term[1]) is not float or not term[1]:
             return term
         return self.terms.setdefault(term, term)
+
+    def term_tuple(self, names: Sequence[str], values: Sequence[float]) -> tuple:
+        """The score terms ``(name, round(value, 4))`` of ``values`` (scorers ``names``), each
+        kept per scorer and value (a nonzero float: equal ones are the same bits), so jobs
+        scoring a value again share its term (fewer objects for the collector)."""
+        by_value = self.term_memo
+        out = []
+        for name, value in zip(names, values):
+            if type(value) is float and value:
+                memo = by_value.get(name)
+                if memo is None:
+                    memo = by_value[name] = {}
+                term = memo.get(value)
+                if term is None:
+                    term = memo[value] = (name, round(value, 4))
+            else:
+                term = (name, round(value, 4))
+            out.append(term)
+        return tuple(out)
 
     def static_key(self, job: QueuedJob) -> tuple:
         """The job's filter keys: every property of the job any filter of the policy reads."""
@@ -839,9 +871,16 @@ class _Cycle:
             if len(hits) > 1:
                 hits.sort(key=self.position.__getitem__)
             for name in hits:
-                cand = entry.viable[name]
-                if not self.could_fit(job, cand.cluster, cand.work, cand.models, cand.slot):
-                    entry.misfit(cand.cluster, _insufficient(job, cand.work, cand.models))
+                cand = viable[name]
+                work = cand.work
+                held = cand.slot.get("could")  # (could_fit's kept answer, read here when it holds)
+                if held is not None and (work.changes.get(held[1], 0) == held[2] if held[0]
+                                         else work.returns == held[1]):
+                    if held[0]:
+                        continue
+                elif self.could_fit(job, cand.cluster, work, cand.models, cand.slot):
+                    continue
+                entry.misfit(cand.cluster, _insufficient(job, work, cand.models))
         return entry
 
     def could_fit(self, job: QueuedJob, cluster: ClusterState, wc: WorkingCluster, models: list[str],
@@ -1324,11 +1363,10 @@ class _Bounds:
         names, index, firsts, places, slices, units = group.search_places()
         bounds = [0.0] * len(names)  # each region's summed in scope order
         columns = []  # per scope: its value (const) or values per region (region), its bounds on the places
-        for kind, s in cy.bound_kinds:
+        for (kind, s), many in zip(cy.bound_kinds, cy.bound_many):
             w = s.weight
             if kind == 1 or kind == 2:
                 asked = firsts if kind == 1 else places
-                many = getattr(s.scorer, "bounds", None)
                 got = (many(job, asked, ctx) if many is not None else
                        [s.scorer.bound(job, cluster, work, ctx, models) for cluster, work, models in asked])
                 best = got if kind == 1 else [max(got[a:b]) for a, b in slices]  # (max: the first highest)
@@ -1473,15 +1511,13 @@ def _score(job: QueuedJob, c: Candidate, fit: Fit, cy: "_Cycle", shared: dict[in
             values = bounds.region_terms(cluster.region, price) if cy.scores_from_bounds else None
             if values is None:
                 values = tuple(sc.score(job, cluster, fit, work, ctx) for _, sc, _, _, _ in cy.scoring[:at])
-            region_part = memo[key] = (values, tuple(cy.term(name, v) for (_, _, _, name, _), v
-                                                     in zip(cy.scoring, values)),
+            region_part = memo[key] = (values, cy.term_tuple(cy.score_names, values),
                                        _float_sum([w * v for w, v in zip(cy.score_weights, values)]))
         fit_part = shared.get(-1)
         if fit_part is None:
             values = tuple(sc.score(job, cluster, fit, work, ctx) for _, sc, _, _, _ in cy.scoring[at:])
             weighted = [w * v for w, v in zip(cy.score_weights[at:], values)]
-            fit_part = shared[-1] = (values, tuple(cy.term(name, v) for (_, _, _, name, _), v
-                                                   in zip(cy.scoring[at:], values)),
+            fit_part = shared[-1] = (values, cy.term_tuple(cy.score_names[at:], values),
                                      weighted if all(type(t) is float for t in weighted) else None)
         partial, weighted = region_part[2], fit_part[2]
         if partial is not None and weighted is not None:  # the sum below, region terms added first

@@ -114,3 +114,13 @@ def test_shared_score_terms_keep_signed_zeros_and_ints_apart():
     assert cy.term("home", 1.0) is cy.term("home", 1.00001)  # one object per distinct term
     assert repr(cy.term("home", -0.0)) == "('home', -0.0)" and repr(cy.term("home", 0.0)) == "('home', 0.0)"
     assert repr(cy.term("home", 1)) == "('home', 1)"
+
+
+@given(st.lists(st.tuples(st.sampled_from(("home", "start", "cost")),
+                          floats | st.integers(-2, 2) | st.just(float("nan"))), max_size=12))
+def test_kept_score_terms_print_as_terms_made_afresh(pairs):
+    cy = decide_module._Cycle(View((), NOW), build_policy("federated"))
+    names, values = [n for n, _ in pairs], [v for _, v in pairs]
+    for _ in range(2):  # the second time from the memo
+        got = cy.term_tuple(names, values)
+        assert repr(got) == repr(tuple((n, round(v, 4)) for n, v in pairs))
