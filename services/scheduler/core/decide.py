@@ -672,12 +672,13 @@ class _Cycle:
         self.added: dict[str, list[tuple[QueuedJob, Fit]]] = {}
         self.placed = 0
         self.version = 0  # bumped by every eviction and reservation (memo validity)
-        self.placed_keys: set[tuple[str, int, int]] = set()  # placed this cycle: never victims
+        self.placed_jobs: list[QueuedJob] = []  # placed this cycle: never victims (:attr:`placed_keys`)
+        self._placed_keys: set[tuple[str, int, int]] = set()  # of placed_jobs[:_placed_seen]
+        self._placed_seen = 0
         self.cluster_version: dict[str, int] = {}  # bumped when a cluster's allocations change
         self.value_cache: dict[tuple, object] = {}
         self.splits: dict[tuple, _Split] = {}
         self.outscored: dict[tuple, ClusterEvaluation] = {}
-        self.terms: dict[tuple[str, float], tuple[str, float]] = {}  # score terms, shared (:meth:`term`)
         self.term_memo: dict[str, dict[float, tuple[str, float]]] = {}  # (:meth:`term_tuple`)
         self.changes = 0  # allocation changes so far (placements and evictions)
         #: cluster -> the number of its last allocation change (``changes`` after it), least
@@ -718,6 +719,10 @@ class _Cycle:
                             and all(kind == "fit" for kind in kinds[at:]) else None)
         self.score_weights = tuple(w for _, w in policy.weights)
         self.score_names = tuple(name for _, _, _, name, _ in self.scoring)
+        #: the fit part's scorers, weights and names (``score_parts`` on)
+        at = self.score_parts or 0
+        self.fit_scoring = (tuple(sc for _, sc, _, _, _ in self.scoring[at:]), self.score_weights[at:],
+                            self.score_names[at:])
         #: the region terms of a scored fit can be read from the search's bounds
         #: (``score_is_bound`` scorers whose bound and score scopes agree)
         self.scores_from_bounds = self.score_parts is not None and all(
@@ -771,18 +776,19 @@ class _Cycle:
             in_region = self.region_change[cluster.region] = {}
         in_region.pop(cluster.name, None)
         in_region[cluster.name] = self.changes
-        self.placed_keys.add((job.job_id, job.attempt, job.shard))
+        self.placed_jobs.append(job)
         if victims:
             self.version += 1
 
-    def term(self, name: str, value: float) -> tuple[str, float]:
-        """The score term ``(name, round(value, 4))``, one object per distinct term this cycle
-        (thousands of evaluations share a few thousand terms: fewer objects for the collector).
-        Only a nonzero float is shared: ``0.0 == -0.0`` and ``1 == 1.0`` print differently."""
-        term = (name, round(value, 4))
-        if type(term[1]) is not float or not term[1]:
-            return term
-        return self.terms.setdefault(term, term)
+    @property
+    def placed_keys(self) -> set[tuple[str, int, int]]:
+        """(job id, attempt, shard) of the work placed this cycle (never victims), made when
+        asked (preemption only) from the placements since the last ask."""
+        keys, jobs = self._placed_keys, self.placed_jobs
+        if self._placed_seen < len(jobs):
+            keys.update((j.job_id, j.attempt, j.shard) for j in jobs[self._placed_seen:])
+            self._placed_seen = len(jobs)
+        return keys
 
     def term_tuple(self, names: Sequence[str], values: Sequence[float]) -> tuple:
         """The score terms ``(name, round(value, 4))`` of ``values`` (scorers ``names``), each
@@ -1515,9 +1521,10 @@ def _score(job: QueuedJob, c: Candidate, fit: Fit, cy: "_Cycle", shared: dict[in
                                        _float_sum([w * v for w, v in zip(cy.score_weights, values)]))
         fit_part = shared.get(-1)
         if fit_part is None:
-            values = tuple(sc.score(job, cluster, fit, work, ctx) for _, sc, _, _, _ in cy.scoring[at:])
-            weighted = [w * v for w, v in zip(cy.score_weights[at:], values)]
-            fit_part = shared[-1] = (values, cy.term_tuple(cy.score_names[at:], values),
+            fit_scorers, fit_weights, fit_names = cy.fit_scoring
+            values = tuple([sc.score(job, cluster, fit, work, ctx) for sc in fit_scorers])
+            weighted = [w * v for w, v in zip(fit_weights, values)]
+            fit_part = shared[-1] = (values, cy.term_tuple(fit_names, values),
                                      weighted if all(type(t) is float for t in weighted) else None)
         partial, weighted = region_part[2], fit_part[2]
         if partial is not None and weighted is not None:  # the sum below, region terms added first

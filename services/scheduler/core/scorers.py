@@ -313,7 +313,11 @@ class Packing:
     score_scope = "fit"  # reads the fit's card model, the request's GPUs and the allocation
 
     def score(self, job, cluster, fit, work, ctx) -> float:
-        return _used_after(job, fit, work)
+        model = fit.card_model  # (_used_after, inlined: one call per fresh fit)
+        free, capacity = work.totals(model) if model else (0, 0)
+        if capacity <= 0:
+            return 1.0
+        return 1.0 - max(0, free - job.spec.total_gpu_milli) / capacity
 
     def bound(self, job, cluster, work, ctx, models) -> float:
         demand = job.spec.total_gpu_milli

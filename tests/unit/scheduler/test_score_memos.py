@@ -8,8 +8,8 @@
   asking, GPU and CPU-only;
 * ``_float_sum`` plus further float terms added one by one is :func:`sum` of them all (what a
   scored fit's total reads), and it declines (None) where ``sum`` would not add floats;
-* the shared score terms (``_Cycle.term``) keep ``0.0`` apart from ``-0.0`` and ``1`` apart
-  from ``1.0``.
+* the kept score terms (``_Cycle.term_tuple``) print as terms made afresh, and keep ``0.0``
+  apart from ``-0.0`` and ``1`` apart from ``1.0``.
 """
 
 from __future__ import annotations
@@ -109,11 +109,12 @@ def test_a_float_sum_declines_where_sum_would_not_add_floats():
     assert decide_module._float_sum([1, 0.5]) is None  # ints are added exactly first
 
 
-def test_shared_score_terms_keep_signed_zeros_and_ints_apart():
+def test_kept_score_terms_are_shared_and_keep_signed_zeros_and_ints_apart():
     cy = decide_module._Cycle(View((), NOW), build_policy("federated"))
-    assert cy.term("home", 1.0) is cy.term("home", 1.00001)  # one object per distinct term
-    assert repr(cy.term("home", -0.0)) == "('home', -0.0)" and repr(cy.term("home", 0.0)) == "('home', 0.0)"
-    assert repr(cy.term("home", 1)) == "('home', 1)"
+    first, again = cy.term_tuple(("home", "start"), (0.25, 0.5)), cy.term_tuple(("home", "start"), (0.25, 0.5))
+    assert first == again and all(a is b for a, b in zip(first, again))  # one object per scorer and value
+    assert repr(cy.term_tuple(("home", "home"), (-0.0, 0.0))) == "(('home', -0.0), ('home', 0.0))"
+    assert repr(cy.term_tuple(("home", "home"), (1, 1.0))) == "(('home', 1), ('home', 1.0))"
 
 
 @given(st.lists(st.tuples(st.sampled_from(("home", "start", "cost")),
