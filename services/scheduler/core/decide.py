@@ -75,7 +75,7 @@ from services.scheduler.core.fit import Fit, WorkingCluster
 from services.scheduler.core.policy import Policy
 from services.scheduler.core.preempt import Eviction, estimated_start, find_victims, quota_victims
 from services.scheduler.core.queues import FairOrder, queue_of
-from services.scheduler.core.scorers import (cost_per_unit_hour, estimated_cost, remote_bytes, set_cost_reference,
+from services.scheduler.core.scorers import (costs_per_unit_hour, estimated_cost, remote_bytes, set_cost_reference,
                                              transfer_seconds)
 from services.scheduler.core.snapshot import (WHOLE, ClusterIndex, ClusterState, QueuedJob, RunningWork, View,
                                               lowest_preemptible)
@@ -505,7 +505,7 @@ class _Group:
             return None  # other varying bounds, or more than one cheapest-model price here
         got = self.rankings.get(region)
         if got is None:
-            got = self.rankings[region] = _Ranking(self.regions[region], cy, job)
+            got = self.rankings[region] = _Ranking(self.regions[region], cy, job, region)
         else:
             got.refresh(cy, job)
         return got if got.exact else None
@@ -541,12 +541,13 @@ class _Ranking:
     and the search ranks the region itself). The branch and bound then computes the totals of
     the candidates it visits only, not of the whole region."""
 
-    __slots__ = ("order", "tail", "entries", "seen", "exact", "weight", "margin")
+    __slots__ = ("order", "tail", "entries", "seen", "exact", "weight", "margin", "region")
 
-    def __init__(self, cands: list["Candidate"], cy: "_Cycle", job: QueuedJob) -> None:
+    def __init__(self, cands: list["Candidate"], cy: "_Cycle", job: QueuedJob, region: str) -> None:
         scope = cy.rank_scope
         # (entries compare by bound and name, names are unique: a candidate is never compared)
         self.entries = {c.cluster.name: (-cy.shape_bound(scope, job, c), c.cluster.name, c) for c in cands}
+        self.region = region  # (every candidate's)
         self.order = sorted(self.entries.values())
         #: each entry's "outscored" verdict, in the order's order (a search extends its verdicts
         #: with the part past the candidate it stops at)
@@ -564,7 +565,8 @@ class _Ranking:
         self.seen = cy.changes
         entries, order, scope = self.entries, self.order, cy.rank_scope
         moved = False
-        for name, n in reversed(cy.last_change.items()):  # the clusters changed since, newest first
+        # the region's clusters changed since, newest first (the order of ``cy.last_change``)
+        for name, n in reversed(cy.region_change.get(self.region, {}).items()):
             if n <= seen:
                 break
             entry = entries.get(name)
@@ -645,6 +647,8 @@ class _Cycle:
         #: (kind, scope) per weighted scorer, in order: 0 = const, 1 = region, 2 = region_price,
         #: 3 = one per cluster (cluster, cluster_shape: at most 1 in a region's bound)
         self.bound_kinds = tuple(({"const": 0, "region": 1, "region_price": 2}.get(s.scope, 3), s) for s in self.scopes)
+        #: per weighted scorer, its ``bounds`` (many places at once) or None
+        self.bound_many = tuple(getattr(s.scorer, "bounds", None) for s in self.scopes)
         # the policy's one cluster-and-shape bound, when every other varying bound is a
         # region-and-price one: a region's candidates are then kept in order of it (:class:`_Ranking`)
         shape_scopes = [s for s in self.varying_scopes if s.scope == "cluster_shape"]
@@ -663,20 +667,25 @@ class _Cycle:
         self.reservations: dict[str, Reservation] = {}
         self.victims: set[tuple[str, int, int]] = set()
         self.timelines: dict[str, list[RunningWork]] = {}
-        # placements (job, fit) on a cluster whose timeline nobody read yet (their records are
-        # appended when it is)
+        # placements (job, fit) made since the cluster's timeline was last read (their records
+        # are appended when it is next read)
         self.added: dict[str, list[tuple[QueuedJob, Fit]]] = {}
         self.placed = 0
         self.version = 0  # bumped by every eviction and reservation (memo validity)
-        self.placed_keys: set[tuple[str, int, int]] = set()  # placed this cycle: never victims
+        self.placed_jobs: list[QueuedJob] = []  # placed this cycle: never victims (:attr:`placed_keys`)
+        self._placed_keys: set[tuple[str, int, int]] = set()  # of placed_jobs[:_placed_seen]
+        self._placed_seen = 0
         self.cluster_version: dict[str, int] = {}  # bumped when a cluster's allocations change
         self.value_cache: dict[tuple, object] = {}
         self.splits: dict[tuple, _Split] = {}
         self.outscored: dict[tuple, ClusterEvaluation] = {}
+        self.term_memo: dict[str, dict[float, tuple[str, float]]] = {}  # (:meth:`term_tuple`)
         self.changes = 0  # allocation changes so far (placements and evictions)
         #: cluster -> the number of its last allocation change (``changes`` after it), least
         #: recently changed first: the clusters changed since change ``n`` are a suffix of it
         self.last_change: dict[str, int] = {}
+        #: region -> the part of ``last_change`` in that region, in the same order
+        self.region_change: dict[str, dict[str, int]] = {}
         self.epoch = 0  # bumped when capacity comes back (evictions)
         self.reserve_tries = 0
         self.static_pass: dict[tuple, tuple] = {}
@@ -709,6 +718,11 @@ class _Cycle:
         self.score_parts = (at if all(kind in ("region", "region_price") for kind in kinds[:at])
                             and all(kind == "fit" for kind in kinds[at:]) else None)
         self.score_weights = tuple(w for _, w in policy.weights)
+        self.score_names = tuple(name for _, _, _, name, _ in self.scoring)
+        #: the fit part's scorers, weights and names (``score_parts`` on)
+        at = self.score_parts or 0
+        self.fit_scoring = (tuple(sc for _, sc, _, _, _ in self.scoring[at:]), self.score_weights[at:],
+                            self.score_names[at:])
         #: the region terms of a scored fit can be read from the search's bounds
         #: (``score_is_bound`` scorers whose bound and score scopes agree)
         self.scores_from_bounds = self.score_parts is not None and all(
@@ -726,7 +740,9 @@ class _Cycle:
         t = self.timelines.get(cluster.name)
         if t is None:
             t = self.timelines[cluster.name] = list(cluster.running)
-            t.extend(self._work(job, fit) for job, fit in self.added.pop(cluster.name, ()))
+        added = self.added.pop(cluster.name, None)
+        if added:
+            t.extend(self._work(job, fit) for job, fit in added)
         return t
 
     def _work(self, job: QueuedJob, fit: Fit) -> RunningWork:
@@ -739,22 +755,59 @@ class _Cycle:
 
     def record(self, job: QueuedJob, cluster: ClusterState, fit: Fit, victims: tuple[RunningWork, ...]) -> None:
         """Keep the timeline current after a placement (and its evictions)."""
-        if victims or cluster.name in self.timelines:
+        if victims:
             t = self.timeline(cluster)
-            if victims:
-                gone = {(v.job_id, v.attempt, v.shard) for v in victims}
-                t[:] = [w for w in t if (w.job_id, w.attempt, w.shard) not in gone]
+            gone = {(v.job_id, v.attempt, v.shard) for v in victims}
+            t[:] = [w for w in t if (w.job_id, w.attempt, w.shard) not in gone]
             t.append(self._work(job, fit))
-        else:  # nobody read this cluster's timeline yet: its records are made if it is read
-            self.added.setdefault(cluster.name, []).append((job, fit))
+        else:  # its record is made when the cluster's timeline is next read (if it is)
+            added = self.added.get(cluster.name)
+            if added is None:
+                self.added[cluster.name] = [(job, fit)]
+            else:
+                added.append((job, fit))
         self.placed += 1
         self.cluster_version[cluster.name] = self.cluster_version.get(cluster.name, 0) + 1
         self.changes += 1
         self.last_change.pop(cluster.name, None)  # re-inserted last: the order stays by recency
         self.last_change[cluster.name] = self.changes
-        self.placed_keys.add((job.job_id, job.attempt, job.shard))
+        in_region = self.region_change.get(cluster.region)
+        if in_region is None:
+            in_region = self.region_change[cluster.region] = {}
+        in_region.pop(cluster.name, None)
+        in_region[cluster.name] = self.changes
+        self.placed_jobs.append(job)
         if victims:
             self.version += 1
+
+    @property
+    def placed_keys(self) -> set[tuple[str, int, int]]:
+        """(job id, attempt, shard) of the work placed this cycle (never victims), made when
+        asked (preemption only) from the placements since the last ask."""
+        keys, jobs = self._placed_keys, self.placed_jobs
+        if self._placed_seen < len(jobs):
+            keys.update((j.job_id, j.attempt, j.shard) for j in jobs[self._placed_seen:])
+            self._placed_seen = len(jobs)
+        return keys
+
+    def term_tuple(self, names: Sequence[str], values: Sequence[float]) -> tuple:
+        """The score terms ``(name, round(value, 4))`` of ``values`` (scorers ``names``), each
+        kept per scorer and value (a nonzero float: equal ones are the same bits), so jobs
+        scoring a value again share its term (fewer objects for the collector)."""
+        by_value = self.term_memo
+        out = []
+        for name, value in zip(names, values):
+            if type(value) is float and value:
+                memo = by_value.get(name)
+                if memo is None:
+                    memo = by_value[name] = {}
+                term = memo.get(value)
+                if term is None:
+                    term = memo[value] = (name, round(value, 4))
+            else:
+                term = (name, round(value, 4))
+            out.append(term)
+        return tuple(out)
 
     def static_key(self, job: QueuedJob) -> tuple:
         """The job's filter keys: every property of the job any filter of the policy reads."""
@@ -824,9 +877,16 @@ class _Cycle:
             if len(hits) > 1:
                 hits.sort(key=self.position.__getitem__)
             for name in hits:
-                cand = entry.viable[name]
-                if not self.could_fit(job, cand.cluster, cand.work, cand.models, cand.slot):
-                    entry.misfit(cand.cluster, _insufficient(job, cand.work, cand.models))
+                cand = viable[name]
+                work = cand.work
+                held = cand.slot.get("could")  # (could_fit's kept answer, read here when it holds)
+                if held is not None and (work.changes.get(held[1], 0) == held[2] if held[0]
+                                         else work.returns == held[1]):
+                    if held[0]:
+                        continue
+                elif self.could_fit(job, cand.cluster, work, cand.models, cand.slot):
+                    continue
+                entry.misfit(cand.cluster, _insufficient(job, work, cand.models))
         return entry
 
     def could_fit(self, job: QueuedJob, cluster: ClusterState, wc: WorkingCluster, models: list[str],
@@ -1309,11 +1369,10 @@ class _Bounds:
         names, index, firsts, places, slices, units = group.search_places()
         bounds = [0.0] * len(names)  # each region's summed in scope order
         columns = []  # per scope: its value (const) or values per region (region), its bounds on the places
-        for kind, s in cy.bound_kinds:
+        for (kind, s), many in zip(cy.bound_kinds, cy.bound_many):
             w = s.weight
             if kind == 1 or kind == 2:
                 asked = firsts if kind == 1 else places
-                many = getattr(s.scorer, "bounds", None)
                 got = (many(job, asked, ctx) if many is not None else
                        [s.scorer.bound(job, cluster, work, ctx, models) for cluster, work, models in asked])
                 best = got if kind == 1 else [max(got[a:b]) for a, b in slices]  # (max: the first highest)
@@ -1458,13 +1517,20 @@ def _score(job: QueuedJob, c: Candidate, fit: Fit, cy: "_Cycle", shared: dict[in
             values = bounds.region_terms(cluster.region, price) if cy.scores_from_bounds else None
             if values is None:
                 values = tuple(sc.score(job, cluster, fit, work, ctx) for _, sc, _, _, _ in cy.scoring[:at])
-            region_part = memo[key] = (values, tuple((name, round(v, 4)) for (_, _, _, name, _), v
-                                                     in zip(cy.scoring, values)))
+            region_part = memo[key] = (values, cy.term_tuple(cy.score_names, values),
+                                       _float_sum([w * v for w, v in zip(cy.score_weights, values)]))
         fit_part = shared.get(-1)
         if fit_part is None:
-            values = tuple(sc.score(job, cluster, fit, work, ctx) for _, sc, _, _, _ in cy.scoring[at:])
-            fit_part = shared[-1] = (values, tuple((name, round(v, 4)) for (_, _, _, name, _), v
-                                                   in zip(cy.scoring[at:], values)))
+            fit_scorers, fit_weights, fit_names = cy.fit_scoring
+            values = tuple([sc.score(job, cluster, fit, work, ctx) for sc in fit_scorers])
+            weighted = [w * v for w, v in zip(fit_weights, values)]
+            fit_part = shared[-1] = (values, cy.term_tuple(fit_names, values),
+                                     weighted if all(type(t) is float for t in weighted) else None)
+        partial, weighted = region_part[2], fit_part[2]
+        if partial is not None and weighted is not None:  # the sum below, region terms added first
+            for t in weighted:
+                partial += t
+            return region_part[1] + fit_part[1], round(partial, 4)
         values = region_part[0] + fit_part[0]
         return region_part[1] + fit_part[1], round(sum([w * v for w, v in zip(cy.score_weights, values)]), 4)
     terms = []
@@ -1488,6 +1554,19 @@ def _score(job: QueuedJob, c: Candidate, fit: Fit, cy: "_Cycle", shared: dict[in
             terms.append(held[1])
         weighted.append(w * v)
     return tuple(terms), round(sum(weighted), 4)
+
+
+def _float_sum(terms: list) -> float | None:
+    """``sum(terms)`` as :func:`sum` adds floats -- ``0 + terms[0]``, then each further term in
+    turn -- so more float terms added to it one by one give ``sum`` of them all, bit for bit;
+    None unless there are terms and every one is a float (``sum`` adds ints exactly first,
+    and of no terms is the int 0)."""
+    if not terms or not all(type(t) is float for t in terms):
+        return None
+    total = 0.0
+    for t in terms:
+        total += t
+    return total
 
 
 def _reserved(cy: "_Cycle", job: QueuedJob, name: str, now: float) -> bool:
@@ -1517,7 +1596,7 @@ def _branch_and_bound(job: QueuedJob, group: _Group, cy: "_Cycle", evaluations: 
     if not group.cands:
         return None
     ctx = cy.ctx
-    set_cost_reference(job, min(cost_per_unit_hour(job, c, model, ctx) for c, model in group.lowest), ctx)
+    set_cost_reference(job, min(costs_per_unit_hour(job, group.lowest, ctx)), ctx)
     bounds = _Bounds(job, cy)
     regions = bounds.order(group)
     best: Best | None = None
@@ -1695,8 +1774,14 @@ def _placement(job: QueuedJob, cluster: ClusterState, fit: Fit, total: float, te
                                  b.memory_mib) for b in fit.bindings)
     if scored is None:
         scored = [e for e in evaluations if e.verdict.passed]
-    passed = sorted((e for e in scored if e.total is not None and e.cluster != cluster.name), key=lambda e: -e.total)
-    runner = passed[0] if passed else None
+    # the other scored clusters, and the first of the highest-scoring among them (the runner-up)
+    others, runner = 0, None
+    name = cluster.name
+    for e in scored:
+        if e.total is not None and e.cluster != name:
+            others += 1
+            if runner is None or e.total > runner.total:
+                runner = e
     excluded = len(evaluations) - len(scored)
     if victims:
         explanation = (f"{cluster.name} ({cluster.region}) after preempting {len(victims)} lower-priority job(s) "
@@ -1704,7 +1789,7 @@ def _placement(job: QueuedJob, cluster: ClusterState, fit: Fit, total: float, te
                        f"no cluster had room; {excluded} not chosen (see each verdict)")
     else:
         explanation = (f"{cluster.name} ({cluster.region}) scored {total:.3f} ["
-                       + ", ".join(f"{n} {v:.2f}" for n, v in terms) + f"]; {len(passed) + 1} cluster(s) fit, "
+                       + ", ".join(f"{n} {v:.2f}" for n, v in terms) + f"]; {others + 1} cluster(s) fit, "
                        f"{excluded} not chosen (see each verdict)"
                        + (f"; runner-up {runner.cluster} {runner.total:.3f}" if runner else ""))
     return Placement(

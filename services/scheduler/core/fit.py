@@ -250,10 +250,13 @@ class WorkingCluster:
                                                                                       empty=True)
         else:
             source = cluster.capacity_classes()
-        # Copy-on-write: per-node free-card tuples are shared with the snapshot until changed.
-        self.gpu_free = list(source.gpu_free)
-        self.cpu_free = list(source.cpu_free)
-        self.mem_free = list(source.mem_free)
+        # Copy-on-write: the per-node sequences are the snapshot's (tuples, O(1)) until the first
+        # change (:meth:`_take` makes them lists), and each node's free-card tuple is shared
+        # until that node changes. A working cluster that never allocates (an "empty" one, for
+        # "could it ever fit", or one no job lands on) never copies them.
+        self.gpu_free = source.gpu_free
+        self.cpu_free = source.cpu_free
+        self.mem_free = source.mem_free
         self.by_model = index.by_model
         self.cpu_order = index.healthy
         self._pool = index.pool if len(index.pool) == len(cluster.nodes) else tuple(pool_of(n) for n in cluster.nodes)
@@ -264,9 +267,10 @@ class WorkingCluster:
         #: pools whose classes (the dict and its classes) another working cluster shares since
         #: a :meth:`clone`: copied before they change (copy-on-write)
         self._shared: set[str] = set()
-        #: the per-node lists (``gpu_free``, ``cpu_free``, ``mem_free``) are shared with a clone
-        #: (or its original) since a :meth:`clone`: copied before the first change
-        self._nodes_shared = False
+        #: the per-node sequences (``gpu_free``, ``cpu_free``, ``mem_free``) are the snapshot's,
+        #: or shared with a clone (or its original) since a :meth:`clone`: copied to lists
+        #: before the first change
+        self._nodes_shared = True
         # pool -> [free milli-GPU, idle cards, {idle cards on a node: nodes}, {largest free share on a
         # node: nodes}, capacity milli-GPU], kept by _take once the pool's classes exist
         self._stats: dict[str, list] = {}

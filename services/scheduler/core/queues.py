@@ -89,6 +89,7 @@ class FairOrder:
     def __init__(self, jobs: Iterable[QueuedJob], view: View, policy) -> None:
         self.total = capacity(view)
         self.usage: dict[str, Usage] = dict(view.tenant_usage)
+        self._shares: dict[str, float] = {}  # tenant -> dominant share of its usage now
         levels: dict[int, dict[str, deque[QueuedJob]]] = defaultdict(lambda: defaultdict(deque))
         for job in sorted(jobs, key=lambda j: (j.submitted_at, j.key)):
             levels[effective_priority(job, view.now, policy)][job.spec.tenant].append(job)
@@ -100,14 +101,18 @@ class FairOrder:
                     self.priority_of[job.key] = level
 
     def share(self, tenant: str) -> float:
-        """The tenant's current dominant share."""
-        return dominant_share(self.usage.get(tenant, _NOTHING), self.total)
+        """The tenant's current dominant share (kept until its next :meth:`placed`)."""
+        got = self._shares.get(tenant)
+        if got is None:
+            got = self._shares[tenant] = dominant_share(self.usage.get(tenant, _NOTHING), self.total)
+        return got
 
     def placed(self, job: QueuedJob) -> None:
         """Account a placement to its tenant (progressive filling)."""
         s = job.spec
         self.usage[s.tenant] = self.usage.get(s.tenant, _NOTHING).plus(
             s.total_gpu_milli, s.cpu_milli * s.workers, s.memory_mib * s.workers)
+        self._shares.pop(s.tenant, None)
 
     def __iter__(self) -> Iterator[QueuedJob]:
         for _, tenants in self._levels:

@@ -210,14 +210,42 @@ def cost_per_unit_hour(job: QueuedJob, cluster: ClusterState, card_model: str, c
 
     It reads of the cluster only its region (egress) and the unit price (of ``card_model``;
     CPU-only: the core-hour price), so it is memoised in ``ctx.memo`` per job and (region, unit
-    price): a job's cost reference, its cost bounds and its cost scores share one value."""
+    price) (:func:`_unit_costs`): a job's cost reference, its cost bounds and its cost scores
+    share one value."""
     price = cluster.prices.get(card_model, 0.0) if job.spec.gpus_per_worker else cluster.cpu_price_per_core_hour
-    key = ("unit cost", job.job_id, job.shard, cluster.region, price)
-    memo = ctx.memo
-    value = memo.get(key)
+    table = _unit_costs(job, ctx)
+    key = (cluster.region, price)
+    value = table.get(key)
     if value is None:
-        value = memo[key] = estimated_cost(job, cluster, card_model, ctx) / _costing(job, ctx)[5]
+        value = table[key] = estimated_cost(job, cluster, card_model, ctx) / _costing(job, ctx)[5]
     return value
+
+
+def costs_per_unit_hour(job: QueuedJob, places, ctx: Context) -> list[float]:
+    """:func:`cost_per_unit_hour` of each (cluster, card model) of ``places``, in order (one
+    look-up of the job's memo for all of them)."""
+    table = _unit_costs(job, ctx)
+    gpu, total, cpu, workers, hours, units = _costing(job, ctx)
+    out = []
+    for cluster, card_model in places:
+        price = cluster.prices.get(card_model, 0.0) if gpu else cluster.cpu_price_per_core_hour
+        key = (cluster.region, price)
+        value = table.get(key)
+        if value is None:  # estimated_cost(...) / units, the same operations in the same order
+            compute = price * total / WHOLE * hours if gpu else price * cpu * workers / 1000 * hours
+            value = table[key] = (compute + egress_cost(job, cluster, ctx)) / units
+        out.append(value)
+    return out
+
+
+def _unit_costs(job: QueuedJob, ctx: Context) -> dict[tuple[str, float], float]:
+    """The job's memo of :func:`cost_per_unit_hour`: (region, unit price) -> value (kept in
+    ``ctx.memo``, the cycle's)."""
+    key = ("unit cost", job.job_id, job.shard)
+    table = ctx.memo.get(key)
+    if table is None:
+        table = ctx.memo[key] = {}
+    return table
 
 
 class Cost:
@@ -243,8 +271,8 @@ class Cost:
     def bounds(self, job, places, ctx) -> list[float]:
         ref = ctx.memo.get(("cost_ref", job.job_id, job.shard))
         out = []
-        for cluster, _, models in places:
-            cost = cost_per_unit_hour(job, cluster, models[0] if models else "", ctx)
+        costs = costs_per_unit_hour(job, [(cluster, models[0] if models else "") for cluster, _, models in places], ctx)
+        for cost in costs:
             out.append(1.0 / (1.0 + cost / ctx.max_price) if ref is None else 1.0 if cost <= 0 else
                        min(1.0, ref / cost))  # (as _relative_cost)
         return out
@@ -285,7 +313,11 @@ class Packing:
     score_scope = "fit"  # reads the fit's card model, the request's GPUs and the allocation
 
     def score(self, job, cluster, fit, work, ctx) -> float:
-        return _used_after(job, fit, work)
+        model = fit.card_model  # (_used_after, inlined: one call per fresh fit)
+        free, capacity = work.totals(model) if model else (0, 0)
+        if capacity <= 0:
+            return 1.0
+        return 1.0 - max(0, free - job.spec.total_gpu_milli) / capacity
 
     def bound(self, job, cluster, work, ctx, models) -> float:
         demand = job.spec.total_gpu_milli
@@ -336,25 +368,46 @@ def _fragmentation(free: tuple[int, ...], mix: tuple[tuple[int, float], ...]) ->
 class Fragmentation(_Bounded):
     """Fragmentation-aware placement (the FGD idea, at cluster level): prefer the cluster where
     this placement adds the least expected fragmentation, ``1 / (1 + max(0, dF) / 1000)``, with
-    ``dF`` the change of :func:`node_fragmentation` summed over the nodes it lands on."""
+    ``dF`` the change of :func:`node_fragmentation` summed over the nodes it lands on.
+
+    The score of a fit on one node reads only that node's free cards before the fit, the
+    devices and the share: memoised per (free cards, devices, share) in ``_one_node`` (a pure
+    function of them; at most ``ONE_NODE_MEMO`` entries, emptied when full)."""
 
     name = "fragmentation"
     score_scope = "fit"  # reads the fit's bindings and the nodes' free cards
+    ONE_NODE_MEMO = 65536
 
     def __init__(self, mix: Mapping[int, float] = DEFAULT_TASK_MIX) -> None:
         self.mix = dict(mix)
         self._mix_items = tuple(self.mix.items())  # the memo key :func:`node_fragmentation` builds
+        #: (free cards of the node, devices, milli-GPU per device) -> score of a one-node fit
+        self._one_node: dict[tuple, float] = {}
 
     def score(self, job, cluster, fit, work, ctx) -> float:
         if not fit.card_model:
             return 1.0
+        bindings = fit.bindings
+        if len(bindings) == 1:  # (most fits) one node: memoised per its state and the binding
+            b = bindings[0]
+            key = (work.gpu_free[b.node], b.devices, b.gpu_milli)
+            got = self._one_node.get(key)
+            if got is None:
+                if len(self._one_node) >= self.ONE_NODE_MEMO:
+                    self._one_node.clear()
+                got = self._one_node[key] = self._score(bindings, work.gpu_free)
+            return got
+        return self._score(bindings, work.gpu_free)
+
+    def _score(self, bindings, gpu_free) -> float:
+        """The score of bindings on nodes with free cards ``gpu_free`` (by node index)."""
         touched: dict[int, list[int]] = {}
-        for b in fit.bindings:
-            free = touched.setdefault(b.node, list(work.gpu_free[b.node]))
+        for b in bindings:
+            free = touched.setdefault(b.node, list(gpu_free[b.node]))
             for d in b.devices:
                 free[d] -= b.gpu_milli
         mix = self._mix_items
-        delta = sum(_fragmentation(tuple(after), mix) - _fragmentation(work.gpu_free[n], mix)
+        delta = sum(_fragmentation(tuple(after), mix) - _fragmentation(gpu_free[n], mix)
                     for n, after in touched.items())
         return 1.0 / (1.0 + max(0.0, delta) / 1000.0)
 

@@ -222,7 +222,7 @@ def test_a_clone_copies_a_pools_classes_only_when_that_pool_changes():
     assert copied is not wc._classes[T4]  # the clone's changed pool is its own now
     assert other._classes[G2] is wc._classes[G2]  # the untouched pool is still shared
     assert {sig: set(cls.members) for sig, cls in wc.classes(T4).items()} == t4_before  # the original as it was
-    assert other.gpu_free is not wc.gpu_free and wc.gpu_free == nodes_before != other.gpu_free
+    assert other.gpu_free is not wc.gpu_free and list(wc.gpu_free) == nodes_before != list(other.gpu_free)
     again = other.fit(one, [T4])
     other.commit(again)
     assert other.classes(T4) is copied  # a second change copies nothing more
