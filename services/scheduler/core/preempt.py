@@ -54,7 +54,7 @@ from sortedcontainers import SortedKeyList
 
 from fedsched.jobs import JobSpec
 from services.scheduler.core.fit import Fit, WorkingCluster
-from services.scheduler.core.snapshot import OVERDUE_FLOOR_S, WHOLE, ClusterState, RunningWork
+from services.scheduler.core.snapshot import OVERDUE_FLOOR_S, WHOLE, ClusterState, RunningWork, expected_end
 
 if TYPE_CHECKING:
     from fedsched.quota import QuotaBook
@@ -70,17 +70,6 @@ def lost_work(w: RunningWork, now: float, checkpoint_interval_s: float) -> float
     return size * lost
 
 
-
-
-def expected_end(w: RunningWork, now: float) -> float:
-    """When ``w`` is expected to end: its estimated end while that is ahead; once it overran
-    its estimate (estimates are the submitters' guesses), half of what it has run so far from
-    now, at least :data:`OVERDUE_FLOOR_S` (5 minutes) -- an overdue job is not about to free its
-    cards "now"."""
-    if w.est_end > now:
-        return w.est_end
-    ran = now - w.started_at if w.started_at is not None else 0.0
-    return now + max(OVERDUE_FLOOR_S, 0.5 * ran)
 
 
 def _first(item: tuple[float, RunningWork]) -> float:

@@ -149,7 +149,7 @@ class RunningSet(Sequence):
 
     def pending_in_end_order(self, now: float) -> Iterable[tuple[float, RunningWork]]:
         """``(expected_end(w, now), w)`` of :meth:`pending_records` in nondecreasing expected
-        end (:func:`~.preempt.expected_end`). When ``pending`` is kept sorted
+        end (:func:`expected_end`). When ``pending`` is kept sorted
         (``pending_sorted``) and ``now`` is the set's own, a lazy stream: records are built as
         they are read (a wait estimate stops once the job fits), nothing is sorted. Otherwise
         sorted once and kept for the last ``now`` asked (a cycle's wait estimates sort a
@@ -160,8 +160,6 @@ class RunningSet(Sequence):
                     for e in self.pending)
         kept = self._pending_order
         if kept is None or kept[0] != now:
-            from .preempt import expected_end  # (preempt imports this module)
-
             order = sorted(((expected_end(w, now), w) for w in self.pending_records()), key=_first_of)
             kept = self._pending_order = (now, order)
         return kept[1]
@@ -216,12 +214,23 @@ def _first_of(item: tuple) -> float:
 MIN_LEFT_S = 1e-3
 
 #: an overdue job (past its estimated end) is expected to end at least this long from now
-#: (:func:`~.preempt.expected_end`)
+#: (:func:`expected_end`)
 OVERDUE_FLOOR_S = 300.0
 
 
+def expected_end(w: RunningWork, now: float) -> float:
+    """When ``w`` is expected to end: its estimated end while that is ahead; once it overran
+    its estimate (estimates are the submitters' guesses), half of what it has run so far from
+    now, at least :data:`OVERDUE_FLOOR_S` (5 minutes) -- an overdue job is not about to free its
+    cards "now"."""
+    if w.est_end > now:
+        return w.est_end
+    ran = now - w.started_at if w.started_at is not None else 0.0
+    return now + max(OVERDUE_FLOOR_S, 0.5 * ran)
+
+
 def pending_end_key(entry: tuple) -> float:
-    """Seconds from a view's ``now`` to the expected end (:func:`~.preempt.expected_end`) of a
+    """Seconds from a view's ``now`` to the expected end (:func:`expected_end`) of a
     :class:`RunningSet` pending entry (placed, expected to start at ``now``): its work left
     (``inf`` = no estimate), or :data:`OVERDUE_FLOOR_S` when none is left (its record ends at
     ``now``, so it counts as overdue work that has not run). Independent of ``now``: entries
