@@ -1492,8 +1492,8 @@ class SchedulerService:
             if self._positions.get(info.name) is not info.position:  # nodes changed: every record of it
                 self._positions[info.name] = info.position
                 self._work_dirty.setdefault(info.name, set()).update(self._on[ShardState.RUNNING].get(info.name, ()))
-                self._unstarted_dirty.setdefault(info.name, set()).update(self._unstarted.get(info.name, ()))
-                self._unstarted_dirty[info.name].update(self._on[ShardState.PLACED].get(info.name, ()))
+                # (an entry of a shard that left PLACED is dirty already: _track marked it)
+                self._unstarted_dirty.setdefault(info.name, set()).update(self._on[ShardState.PLACED].get(info.name, ()))
         for name, keys in self._work_dirty.items():
             info = self.clusters.get(name)
             if info is None or not keys:
