@@ -829,6 +829,8 @@ class DurableConsumer:
 
     Attributes:
         progress_reports: progress reports (``+WPI``) sent, one per message and heartbeat.
+        batches: fetches that brought messages (each batch handed to the handler, lingering
+            included, counts once; a count, for per-batch costs).
         backlog: messages of the consumer not yet handled, as last known: the newest delivery's
             ``num_pending`` plus the fetched batch while it is handled; 0 after a fetch that
             found nothing (read up to now). A count, not a sequence.
@@ -854,6 +856,7 @@ class DurableConsumer:
         self.processed = 0
         self.dead_lettered = 0
         self.progress_reports = 0
+        self.batches = 0
         self.backlog = 0
         self._backoff = 0.1
 
@@ -981,6 +984,7 @@ class DurableConsumer:
                     continue
                 progress = _Progress(self, msgs)
                 self._in_hand = msgs
+                self.batches += 1
                 try:
                     await self._linger(msgs)
                     if self._stop.is_set():  # stopped while fetching: hand the messages back, untouched

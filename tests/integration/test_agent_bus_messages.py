@@ -38,10 +38,10 @@ class _CountingWrites:
         return getattr(self.inner, name)
 
 
-async def _run(bus, *, jobs: int, burst: int) -> tuple[float, float, float]:
+async def _run(bus, *, jobs: int, burst: int) -> dict:
     """Publish ``jobs`` placements for one agent in bursts of ``burst`` (each burst after the
-    previous one started); returns (messages the agent sent, received, socket writes it made)
-    per placement."""
+    previous one started); returns the messages the agent sent and received and the socket
+    writes it made (counts), the batches its consumer handled and the seconds it took."""
     clock = SystemClock()
     own = await Bus.connect(bus.nc.connected_url.geturl(), bus.prefix, name="agent-under-test")
     agent = ClusterAgent(own, clock, NORTH, StaticBackend(nodes("n", jobs // 8 + 1, gpus=8), clock=clock,
@@ -51,7 +51,7 @@ async def _run(bus, *, jobs: int, burst: int) -> tuple[float, float, float]:
     try:
         assert await until(lambda: agent._consumer is not None and agent.sequence >= 2, timeout=10)
         await asyncio.sleep(0)  # (the first heartbeat and snapshot are out: counted from here)
-        stats0 = dict(own.nc.stats)
+        stats0, batches0, t0 = dict(own.nc.stats), agent._consumer.batches, time.monotonic()
         own.nc._transport = counting = _CountingWrites(own.nc._transport)
         job = spec()
         subject = bus.subjects.placements(NORTH.region, NORTH.name)
@@ -63,26 +63,37 @@ async def _run(bus, *, jobs: int, burst: int) -> tuple[float, float, float]:
             assert await until(lambda: (last := agent.running.get((items[-1][1].job_id, 1, 0))) is not None
                                and last.started_at is not None, timeout=20, interval=0.005)
         assert await until(lambda: agent._consumer.processed >= jobs, timeout=10, interval=0.005)
-        out = own.nc.stats["out_msgs"] - stats0["out_msgs"]
-        got = own.nc.stats["in_msgs"] - stats0["in_msgs"]
-        return out / jobs, got / jobs, counting.writes / jobs
+        return {"sent": own.nc.stats["out_msgs"] - stats0["out_msgs"],
+                "received": own.nc.stats["in_msgs"] - stats0["in_msgs"], "writes": counting.writes,
+                "batches": agent._consumer.batches - batches0, "seconds": time.monotonic() - t0,
+                "max_wait_s": agent._consumer.max_wait_s}
     finally:
         agent.stop()
         await asyncio.gather(task, return_exceptions=True)
         await own.close()
 
 
-@pytest.mark.parametrize("burst,most,writes", [(50, 4.5, 0.2), (1, 7.5, 3.2)], ids=["cycle-bursts", "one-at-a-time"])
-async def test_messages_per_placement_stay_bounded(bus, burst, most, writes):
-    """Per placement at least: its delivery, its ack, its ``job.started`` and that publish's ack
-    (4). Per batch: the pull requests (a lingering one for the first message, a no-wait one for
-    the rest, with its "no messages" status) and the lease read (request and reply); and while
-    idle a lingering pull request every ``max_wait_s`` (with its timeout status). Measured
-    (2026-12-01): 2.1 + 2.1 per placement in bursts of 50, 4 + 3 one at a time. Socket writes
-    per batch: the pull requests, the lease read, the status publishes, the acks -- the acks
-    leave with the next pull request (:func:`fedsched.bus.fetch_fast`)."""
-    sent, received, wrote = await _run(bus, jobs=200, burst=burst)
-    print(f"burst {burst}: agent sent {sent:.2f}, received {received:.2f} messages, made {wrote:.2f} socket writes "
-          f"per placement")
-    assert 4 <= sent + received <= most
-    assert wrote <= writes
+@pytest.mark.parametrize("burst", [50, 5, 1], ids=["cycle-bursts", "bursts-of-5", "one-at-a-time"])
+async def test_messages_per_placement_stay_bounded(bus, burst):
+    """Per placement: its delivery, its ack, its ``job.started`` and that publish's ack (4
+    messages). Per batch the consumer handles: the pull requests (a lingering one for the first
+    message, a no-wait one for the rest, with its "no messages" status) and the lease read
+    (request and reply), at most 6; and while idle a lingering pull request every
+    ``max_wait_s`` with its timeout status (2). Socket writes: per batch the pull requests, the
+    lease read, the status publishes and the acks -- the acks leave with the next pull request
+    (:func:`fedsched.bus.fetch_fast`) -- at most 4, and one per idle pull. Measured (2026-12-02):
+    in bursts of 50, 8 batches for 200 placements, 2.10 + 2.08 messages and 0.14 writes per
+    placement; in bursts of 5, 42 batches, 2.62 + 2.42 and 0.83; one at a time, 4 + 3 and 3. How a burst splits into batches depends on timing (a
+    loaded machine takes a burst in more, smaller batches: CI once saw 2.33 + 2.32 and 0.84), so
+    the bounds are per placement plus per batch, and a burst must still arrive in batches."""
+    jobs = 200
+    got = await _run(bus, jobs=jobs, burst=burst)
+    batches, idle = got["batches"], got["seconds"] / got["max_wait_s"] + 1
+    print(f"burst {burst}: agent sent {got['sent'] / jobs:.2f}, received {got['received'] / jobs:.2f} messages, "
+          f"made {got['writes'] / jobs:.2f} socket writes per placement, in {batches} batches, {got['seconds']:.2f} s")
+    assert 4 * jobs <= got["sent"] + got["received"] <= 4 * jobs + 6 * batches + 2 * idle
+    assert got["writes"] <= 4 * batches + idle
+    if burst == 1:
+        assert batches == jobs
+    elif burst >= 50:  # the point of bursts: far fewer batches than placements
+        assert batches <= jobs // 4
