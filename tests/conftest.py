@@ -9,6 +9,7 @@ allows one data path per process) -> ``store`` (per test, its own database).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import subprocess
@@ -84,6 +85,8 @@ class LocalSlurm:
         env: the environment clients need (``SLURM_CONF`` plus PATH with /usr/sbin).
         node: the one node's name; partition: its partition; gpus: ``{slurm type: count}``.
         start_s / stop_s: how long ``start`` took (``stop_s`` is filled in the report only).
+        time_limit_probe: (request, Slurm job id) of a job sleeping past its one-minute limit,
+            submitted as the cluster starts (:func:`_submit_time_limit_probe`), None before.
     """
 
     dir: Path
@@ -92,6 +95,7 @@ class LocalSlurm:
     partition: str
     gpus: dict[str, int]
     start_s: float
+    time_limit_probe: "tuple[object, int] | None" = None
 
     def run(self, *argv: str, input: str | None = None, extra_env: dict[str, str] | None = None,
             check: bool = True, timeout: float = 30.0) -> "subprocess.CompletedProcess[str]":
@@ -99,6 +103,26 @@ class LocalSlurm:
         env = {**self.env, **(extra_env or {})}
         return subprocess.run(argv, env=env, input=input, capture_output=True, text=True,
                               check=check, timeout=timeout)
+
+
+def _submit_time_limit_probe(cluster: LocalSlurm) -> tuple[object, int]:
+    """Submit a job that sleeps past its time limit (one minute: Slurm's limits are whole minutes,
+    enforced at its next check, so it ends 60-95 s later as ``TIMEOUT``) as soon as the cluster
+    starts: test_slurm_real reads how it ended, and started here it has ended by the time that
+    module runs, instead of the module waiting for it. Built by :func:`sbatch_call` (its
+    ``--time`` from the estimate) but without fedsched's tag (``--comment``, ``--job-name``):
+    the agents of the tests running meanwhile rightly stop a tagged job no attempt of theirs
+    owns, and leave foreign jobs alone. It holds one CPU and its memory share
+    (``DefMemPerCPU``), no GPU; returns (its :class:`SbatchRequest`, its Slurm job id)."""
+    from services.inventory.slurm_json import AttemptTag, SbatchRequest, parse_sbatch_output, sbatch_call
+
+    req = SbatchRequest(AttemptTag("it-timeout", 1), ["sleep", "600"], estimate_s=5,
+                        output_dir=str(cluster.dir / "out"), partition=cluster.partition)
+    call = sbatch_call(req)
+    argv = [a for a in call.argv if not a.startswith(("--comment=", "--job-name="))] + ["--job-name=probe-timeout"]
+    assert len(argv) == len(call.argv) - 1
+    Path(call.output_path).parent.mkdir(parents=True, exist_ok=True)
+    return req, parse_sbatch_output(cluster.run(*argv, extra_env=dict(call.env)).stdout)
 
 
 @pytest.fixture(scope="session")
@@ -134,6 +158,7 @@ def slurm_cluster(tmp_path_factory):
         pytest.skip(f"local Slurm did not start: {started.stderr.strip()[-600:]}")
     cluster = LocalSlurm(dir=directory, env={**env, "SLURM_CONF": str(directory / "slurm.conf")},
                          node="fsnode1", partition="gpu", gpus={"a100": 4, "t4": 2}, start_s=start_s)
+    cluster = dataclasses.replace(cluster, time_limit_probe=_submit_time_limit_probe(cluster))
     try:
         yield cluster
     finally:
