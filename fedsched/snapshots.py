@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import json
 import logging
 import os
 import signal
@@ -51,6 +50,7 @@ from typing import Any
 
 import nats.errors
 import nats.js.errors
+import orjson
 
 log = logging.getLogger(__name__)
 
@@ -74,10 +74,23 @@ class Snapshot:
 
 
 def encode(service: str, version: int, applied_seq: int, state: dict[str, Any], *, at: datetime | None = None) -> bytes:
-    """The bytes of a snapshot (module docstring); ``state`` must be JSON-ready."""
+    """The bytes of a snapshot (module docstring); ``state`` must be JSON-ready: dicts, lists,
+    strings, finite numbers, booleans and None (dict keys strings or integers, which become
+    strings, as the ``json`` module writes them).
+
+    Encoded with orjson (issue 15): a 50,000-job admission state (116 MB of JSON) in 0.24 s
+    against 1.49 s with the ``json`` module, the same bytes (both compact; orjson writes
+    non-ASCII as UTF-8 where ``json`` escapes it, which reads back the same). A non-finite
+    float -- none in the services' states: every number there comes from a validated event,
+    whose types refuse them, or from the clock -- would be written as ``null``.
+
+    Raises:
+        TypeError: a value that is not JSON-ready (orjson.JSONEncodeError), or an integer
+            beyond 64 bits.
+    """
     doc = {"format": FORMAT, "service": service, "version": version, "applied_seq": applied_seq,
            "written_at": (at or datetime.now(UTC)).isoformat(), "state": state}
-    return zlib.compress(json.dumps(doc, separators=(",", ":")).encode(), 1)
+    return zlib.compress(orjson.dumps(doc, option=orjson.OPT_NON_STR_KEYS), 1)
 
 
 def decode(data: bytes, service: str, version: int) -> Snapshot:
@@ -88,8 +101,8 @@ def decode(data: bytes, service: str, version: int) -> Snapshot:
     """
     try:
         with collector_paused():
-            doc = json.loads(zlib.decompress(data))
-    except (zlib.error, json.JSONDecodeError, UnicodeDecodeError) as e:
+            doc = orjson.loads(zlib.decompress(data))
+    except (zlib.error, orjson.JSONDecodeError) as e:  # (orjson's: also for bytes that are not UTF-8)
         raise SnapshotError(f"corrupt snapshot: {e}") from e
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise SnapshotError(f"not a {FORMAT} snapshot")

@@ -22,6 +22,33 @@ def test_encode_decode_and_refusals():
             snapshots.decode(bad, service, version)
 
 
+
+def test_a_snapshot_reads_as_the_json_module_wrote_and_read_it():
+    """Encoded with orjson: the JSON text is what ``json.dumps`` (compact) wrote, integer keys
+    included (as strings), so checkpoints written before the switch read the same; non-ASCII
+    text and bytes that are not UTF-8 (corrupt) are handled."""
+    import json
+    import zlib
+    from datetime import UTC, datetime
+
+    at = datetime(2026, 12, 2, 5, 30, tzinfo=UTC)
+    state = {"jobs": [{"id": "j-1", "at": 1764653400.25, "n": 2 ** 63, "none": None, "ok": True, "x": [1.5, -0.0]}],
+             "counts": {3: 4, "queued": 1}, "name": "Zürich ✓"}
+    data = snapshots.encode("admission", 2, 7, state, at=at)
+    doc = {"format": snapshots.FORMAT, "service": "admission", "version": 2, "applied_seq": 7,
+           "written_at": at.isoformat(), "state": state}
+    assert json.loads(zlib.decompress(data)) == json.loads(json.dumps(doc, separators=(",", ":")))
+    ascii_state = {k: v for k, v in state.items() if k != "name"}
+    assert zlib.decompress(snapshots.encode("admission", 2, 7, ascii_state, at=at)) == json.dumps(
+        {**doc, "state": ascii_state}, separators=(",", ":")).encode()
+    old = zlib.compress(json.dumps(doc, separators=(",", ":")).encode(), 1)  # written by the json module
+    assert snapshots.decode(old, "admission", 2).state == snapshots.decode(data, "admission", 2).state == {
+        **state, "counts": {"3": 4, "queued": 1}}
+    with pytest.raises(SnapshotError, match="corrupt"):
+        snapshots.decode(zlib.compress(b'{"format": "\xff"}'), "admission", 2)
+    with pytest.raises(TypeError):
+        snapshots.encode("admission", 2, 7, {"n": 2 ** 64})  # beyond 64 bits: refused, never rounded
+
 async def test_a_snapshot_bigger_than_max_payload_round_trips_through_the_object_store(bus):
     store = SnapshotStore(bus, "scheduler")
     assert await store.load(1) is None  # no bucket yet
