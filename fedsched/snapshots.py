@@ -76,7 +76,8 @@ class Snapshot:
 def encode(service: str, version: int, applied_seq: int, state: dict[str, Any], *, at: datetime | None = None) -> bytes:
     """The bytes of a snapshot (module docstring); ``state`` must be JSON-ready: dicts, lists,
     strings, finite numbers, booleans and None (dict keys strings or integers, which become
-    strings, as the ``json`` module writes them).
+    strings, as the ``json`` module writes them), and ``orjson.Fragment`` -- JSON text written
+    as is (a pydantic model's ``model_dump_json``: no dict built for it).
 
     Encoded with orjson (issue 15): a 50,000-job admission state (116 MB of JSON) in 0.24 s
     against 1.49 s with the ``json`` module, the same bytes (both compact; orjson writes

@@ -22,6 +22,8 @@ from __future__ import annotations
 import heapq
 from typing import Any
 
+import orjson
+
 from fedsched.events import JobPlaced
 from fedsched.jobs import JobSpec
 from fedsched.snapshots import ModelTable, collector_paused, load_models
@@ -35,8 +37,12 @@ _STATES = {s.value: s for s in ShardState}  # (a dict lookup: Enum(value) costs 
 _OUTCOMES = {o.value: o for o in Outcome}
 
 
-def _placed_doc(p: JobPlaced | None) -> dict | None:
-    return p.model_dump(mode="json", exclude_defaults=True) if p is not None else None
+def _placed_doc(p: JobPlaced | None) -> orjson.Fragment | None:
+    """A placement's payload as the JSON text pydantic writes (``model_dump_json``), embedded as
+    is by :func:`fedsched.snapshots.encode`: 5x faster than building its dict
+    (``model_dump(mode="json")``: 1.9 s against 0.35 s for 20,000 placements of the bench, the
+    same bytes once encoded; most of a busy scheduler's checkpoint walk, issue 15)."""
+    return orjson.Fragment(p.model_dump_json(exclude_defaults=True)) if p is not None else None
 
 
 def _shard_doc(shard: Any) -> dict[str, Any]:
