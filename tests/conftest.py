@@ -147,6 +147,9 @@ def slurm_cluster(tmp_path_factory):
         "FEDSCHED_SLURM_NODE": "fsnode1",
         "FEDSCHED_SLURM_GPUS": "a100:4,t4:2",
         "FEDSCHED_SLURM_PARTITION": "gpu",
+        # finished jobs stay in squeue for the session (default 600 s): the time-limit probe,
+        # submitted as the cluster starts, is read by test_slurm_real many minutes later
+        "FEDSCHED_SLURM_MIN_JOB_AGE": "7200",
     }
     env = {**os.environ, "PATH": path, **settings}
     t0 = time.monotonic()
