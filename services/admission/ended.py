@@ -88,43 +88,29 @@ def _lean(obj: Any, skip: frozenset[str] = frozenset(), **extra: Any) -> dict[st
     """The fields of dataclass ``obj`` that differ from their defaults (the rest are implied),
     plus ``extra``; fields in ``skip`` left out."""
     out: dict[str, Any] = {}
-    for name, default in _defaults(type(obj)):
+    for name, default, factory in _defaults(type(obj)):
         if name in skip or name in extra:
             continue
         value = getattr(obj, name)
-        if default is not _NO_DEFAULT and value == (default() if isinstance(default, _Factory) else default):
+        if default is not MISSING and value == default:
+            continue
+        if factory is not MISSING and value == factory():
             continue
         out[name] = value
     out.update((k, v) for k, v in extra.items() if v)
     return out
 
 
-class _Factory:
-    """A field's ``default_factory`` (called for each comparison: a fresh default each time, as
-    :func:`dataclasses.fields` gives it)."""
-
-    __slots__ = ("make",)
-
-    def __init__(self, make: Any) -> None:
-        self.make = make
-
-    def __call__(self) -> Any:
-        return self.make()
+_DEFAULTS: dict[type, tuple[tuple[str, Any, Any], ...]] = {}
 
 
-_NO_DEFAULT = object()
-_DEFAULTS: dict[type, tuple[tuple[str, Any], ...]] = {}
-
-
-def _defaults(cls: type) -> tuple[tuple[str, Any], ...]:
-    """(name, default) of each field of dataclass ``cls``, in order: the default value, a
-    :class:`_Factory`, or ``_NO_DEFAULT``; read once per class (:func:`dataclasses.fields`
-    builds its tuple on every call: two thirds of a checkpoint walk's time, issue 15)."""
+def _defaults(cls: type) -> tuple[tuple[str, Any, Any], ...]:
+    """(name, default, default_factory) of each field of dataclass ``cls``, in order
+    (``MISSING`` where there is none), read once per class: :func:`dataclasses.fields` builds
+    its tuple on every call, two thirds of a checkpoint walk's time (issue 15)."""
     known = _DEFAULTS.get(cls)
     if known is None:
-        known = _DEFAULTS[cls] = tuple(
-            (f.name, f.default if f.default is not MISSING else
-             _Factory(f.default_factory) if f.default_factory is not MISSING else _NO_DEFAULT) for f in fields(cls))
+        known = _DEFAULTS[cls] = tuple((f.name, f.default, f.default_factory) for f in fields(cls))
     return known
 
 

@@ -83,9 +83,10 @@ async def test_messages_per_placement_stay_bounded(bus, burst):
     lease read, the status publishes and the acks -- the acks leave with the next pull request
     (:func:`fedsched.bus.fetch_fast`) -- at most 4, and one per idle pull. Measured (2026-12-02):
     in bursts of 50, 8 batches for 200 placements, 2.10 + 2.08 messages and 0.14 writes per
-    placement; in bursts of 5, 42 batches, 2.62 + 2.42 and 0.83; one at a time, 4 + 3 and 3. How a burst splits into batches depends on timing (a
-    loaded machine takes a burst in more, smaller batches: CI once saw 2.33 + 2.32 and 0.84), so
-    the bounds are per placement plus per batch, and a burst must still arrive in batches."""
+    placement; in bursts of 5, 42 batches, 2.62 + 2.42 and 0.83; one at a time, 4 + 3 and 3.
+    How a burst splits into batches depends on timing (a loaded machine takes a burst in more,
+    smaller batches: CI once saw 2.33 + 2.32 and 0.84), so the bounds are per placement plus
+    per batch, and a burst must still arrive in batches."""
     jobs = 200
     got = await _run(bus, jobs=jobs, burst=burst)
     batches, idle = got["batches"], got["seconds"] / got["max_wait_s"] + 1
