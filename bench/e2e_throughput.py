@@ -10,7 +10,10 @@ cluster reports healthy, then offers ``--jobs`` one-GPU jobs through the gRPC AP
   (``--batch 0``) or ``SubmitJobs`` batches of ``--batch`` jobs (falls back to ``SubmitJob`` if
   the server does not implement it);
 - at a fixed rate (``--rate R`` jobs/s): one job every 1/R s on a timetable, each its own call
-  (at most ``--max-in-flight`` outstanding; the offered rate achieved is printed).
+  (``--batch 0``) or ``--batch`` B at a time in one ``SubmitJobs`` every B/R s, as a client
+  coalescing its submits would send them (at most ``--max-in-flight`` calls outstanding; the
+  offered rate achieved is printed). A job's latency counts from its moment on the timetable,
+  so the wait for its batch is part of it.
 
 A job counts as *placed* when its first ``job.placed`` event reaches the bench on the bus (a
 plain NATS subscription to ``<prefix>.placements.>``, the agents' subject); its first
@@ -19,8 +22,11 @@ declared lost (``job.stopped`` ``cluster_lost``: it judged their cluster stale, 
 for ``stale_after_s``; the job is queued and placed again). ``job.placed`` events beyond one per
 job are re-placements (after a loss, or a placement not started within ``reclaim_after_s``). Latency = that moment minus
 the moment the submit call was made (both on this process's monotonic clock). Printed:
-submit->placed throughput per ``--window`` seconds of the run (so decay shows), overall
-throughput, p50/p99/max latency, the submit RPC's own p50/p99, CPU seconds per process of the
+submit->placed throughput per ``--window`` seconds of the run (so decay shows) with the p50/p99
+latency of the jobs submitted in each window (so a stall shows when it happened), overall
+throughput, p50/p99/max latency and where it went (origin -> admission's acceptance, the
+``job.submitted`` event's ``occurred_at``; -> the scheduler's decision, ``job.placed``'s; -> the
+bench's receipt), the submit RPC's own p50/p99, CPU seconds per process of the
 system over the offer (from ``/proc``; plus the bench client's) and RSS (now and peak). The
 CPU to the last placement leaves out work the placements left behind (agents' starts, audit and
 billing rows), so with ``--settle S`` (default 60) the bench then waits -- at most S seconds --
@@ -226,6 +232,10 @@ class Run:
     placed: dict[str, float] = field(default_factory=dict)  # job id -> first job.placed seen on the bus
     started: dict[str, float] = field(default_factory=dict)  # job id -> first job.started seen on the bus
     placements: int = 0  # job.placed events (a job placed again after a lost attempt counts again)
+    #: job id -> occurred_at (wall s) of its job.submitted (admission's acceptance) and first job.placed
+    #: (the scheduler's decision): the latency breakdown
+    accepted_at: dict[str, float] = field(default_factory=dict)
+    decided_at: dict[str, float] = field(default_factory=dict)
     lost: int = 0  # job.stopped with reason cluster_lost (the scheduler judged the cluster stale)
     errors: int = 0
     error_samples: list[str] = field(default_factory=list)
@@ -258,7 +268,18 @@ async def follow_placements(nats_port: int, data_dir: Path, run: Run, prefix: st
             return
         if event.get("type") == "job.placed":
             run.placements += 1
-            run.placed.setdefault(event.get("job_id", ""), now)
+            job_id = event.get("job_id", "")
+            run.placed.setdefault(job_id, now)
+            run.decided_at.setdefault(job_id, _epoch(event.get("occurred_at")))
+
+    async def on_job(msg) -> None:
+        if b'"job.submitted"' not in msg.data[:400]:
+            return
+        try:
+            event = json.loads(msg.data)
+        except ValueError:
+            return
+        run.accepted_at.setdefault(event.get("job_id", ""), _epoch(event.get("occurred_at")))
 
     async def on_status(msg) -> None:
         now = time.monotonic()
@@ -277,8 +298,19 @@ async def follow_placements(nats_port: int, data_dir: Path, run: Run, prefix: st
                        pending_msgs_limit=-1, pending_bytes_limit=-1)
     await js.subscribe(f"{prefix}.status.>", cb=on_status, ordered_consumer=True, deliver_policy=DeliverPolicy.NEW,
                        pending_msgs_limit=-1, pending_bytes_limit=-1)
+    await js.subscribe(f"{prefix}.jobs.>", cb=on_job, ordered_consumer=True, deliver_policy=DeliverPolicy.NEW,
+                       pending_msgs_limit=-1, pending_bytes_limit=-1)
     await nc.flush()
     return nc
+
+
+def _epoch(iso: str | None) -> float:
+    """Seconds since the epoch of an envelope's ``occurred_at`` (ISO-8601 UTC); NaN if absent."""
+    if not iso:
+        return math.nan
+    from datetime import datetime
+
+    return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
 
 
 async def wait_clusters(stub, expected: int, timeout_s: float = 120) -> None:
@@ -298,46 +330,48 @@ async def wait_clusters(stub, expected: int, timeout_s: float = 120) -> None:
         await asyncio.sleep(0.5)
 
 
-async def submit_one(stub, run: Run, i: int, runtime_s: float, tag: str) -> None:
-    """Job ``i`` in one ``SubmitJob`` (request id ``<tag>-<i>``): its send time and the call's
-    latency into ``run``, or the error."""
+async def submit_one(stub, run: Run, i: int, runtime_s: float, tag: str, origin: float | None = None) -> None:
+    """Job ``i`` in one ``SubmitJob`` (request id ``<tag>-<i>``): its origin (``origin``, the
+    job's moment on a timetable, else the send time) and the call's latency into ``run``, or
+    the error."""
     t = time.monotonic()
     try:
         resp = await stub.SubmitJob(pb.SubmitJobRequest(spec=job_spec(i, runtime_s), request_id=f"{tag}-{i}"),
                                     timeout=60)
-        run.submitted[resp.job_id] = t
+        run.submitted[resp.job_id] = t if origin is None else origin
         run.accepted_rpc.append(time.monotonic() - t)
     except grpc.aio.AioRpcError as e:
         run.error(f"{e.code().name}: {e.details()}")
 
 
+async def submit_many(stub, run: Run, first: int, n: int, runtime_s: float, tag: str,
+                      origins: list[float] | None = None) -> None:
+    """Jobs ``first`` .. ``first + n - 1`` in one ``SubmitJobs`` call; each accepted job's origin
+    (``origins[k]``, its moment on a timetable, else the send time) into ``run``. If the server
+    does not implement ``SubmitJobs``, sends them one ``SubmitJob`` each (``run.batch_fallback``)."""
+    t = time.monotonic()
+    items = [pb.SubmitJobRequest(spec=job_spec(i, runtime_s), request_id=f"{tag}-{i}") for i in range(first, first + n)]
+    try:
+        resp = await stub.SubmitJobs(pb.SubmitJobsRequest(items=items), timeout=60)
+    except grpc.aio.AioRpcError as e:
+        if e.code() == grpc.StatusCode.UNIMPLEMENTED:
+            run.batch_fallback = True
+            for k, i in enumerate(range(first, first + n)):
+                await submit_one(stub, run, i, runtime_s, tag, None if origins is None else origins[k])
+            return
+        run.error(f"{e.code().name}: {e.details()}")
+        return
+    run.accepted_rpc.append(time.monotonic() - t)
+    for k, r in enumerate(resp.results):
+        if r.code:
+            run.error(f"item code {r.code}: {r.message}")
+        else:
+            run.submitted[r.response.job_id] = t if origins is None else origins[k]
+
+
 async def offer_max(stub, run: Run, jobs: int, concurrency: int, batch: int, runtime_s: float, tag: str) -> None:
     """``concurrency`` callers take jobs from one counter until ``jobs`` are sent."""
     next_i = 0
-
-    async def one(i: int) -> None:
-        await submit_one(stub, run, i, runtime_s, tag)
-
-    async def many(first: int, n: int) -> None:
-        t = time.monotonic()
-        items = [pb.SubmitJobRequest(spec=job_spec(i, runtime_s), request_id=f"{tag}-{i}")
-                 for i in range(first, first + n)]
-        try:
-            resp = await stub.SubmitJobs(pb.SubmitJobsRequest(items=items), timeout=60)
-        except grpc.aio.AioRpcError as e:
-            if e.code() == grpc.StatusCode.UNIMPLEMENTED:
-                run.batch_fallback = True
-                for i in range(first, first + n):
-                    await one(i)
-                return
-            run.error(f"{e.code().name}: {e.details()}")
-            return
-        run.accepted_rpc.append(time.monotonic() - t)
-        for r in resp.results:
-            if r.code:
-                run.error(f"item code {r.code}: {r.message}")
-            else:
-                run.submitted[r.response.job_id] = t
 
     async def caller() -> None:
         nonlocal next_i
@@ -346,22 +380,33 @@ async def offer_max(stub, run: Run, jobs: int, concurrency: int, batch: int, run
             n = min(max(batch, 1), jobs - first)
             next_i += n
             if batch and not run.batch_fallback:
-                await many(first, n)
+                await submit_many(stub, run, first, n, runtime_s, tag)
             else:
                 for i in range(first, first + n):
-                    await one(i)
+                    await submit_one(stub, run, i, runtime_s, tag)
 
     await asyncio.gather(*(caller() for _ in range(concurrency)))
 
 
-async def offer_rate(stub, run: Run, jobs: int, rate: float, runtime_s: float, tag: str, max_in_flight: int) -> None:
-    """One ``SubmitJob`` every 1/``rate`` s on a timetable (sent in 5 ms ticks)."""
+async def offer_rate(stub, run: Run, jobs: int, rate: float, runtime_s: float, tag: str, max_in_flight: int,
+                     batch: int = 0) -> None:
+    """Job ``i`` is due at ``i / rate`` s on a timetable (checked in 5 ms ticks): with ``batch``
+    0 each due job is its own ``SubmitJob``; else the due jobs go ``batch`` at a time in one
+    ``SubmitJobs`` (one call every ``batch / rate`` s, as a client coalescing its submits would
+    send them). Either way a job's latency counts from its moment on the timetable, so the time
+    it waited for its batch (or for a tick) is part of it."""
     in_flight = asyncio.Semaphore(max_in_flight)
     tasks = set()
+    size = max(batch, 1)
 
-    async def one(i: int) -> None:
+    async def send(first: int, n: int) -> None:
+        origins = [start + k / rate for k in range(first, first + n)]
         try:
-            await submit_one(stub, run, i, runtime_s, tag)
+            if batch and not run.batch_fallback:
+                await submit_many(stub, run, first, n, runtime_s, tag, origins)
+            else:
+                for k, i in enumerate(range(first, first + n)):
+                    await submit_one(stub, run, i, runtime_s, tag, origins[k])
         finally:
             in_flight.release()
 
@@ -369,12 +414,13 @@ async def offer_rate(stub, run: Run, jobs: int, rate: float, runtime_s: float, t
     i = 0
     while i < jobs:
         due = min(jobs, int((time.monotonic() - start) * rate) + 1)
-        while i < due:
+        while due - i >= size or (due == jobs and i < jobs):
+            n = min(size, jobs - i)
             await in_flight.acquire()
-            task = asyncio.create_task(one(i))
+            task = asyncio.create_task(send(i, n))
             tasks.add(task)
             task.add_done_callback(tasks.discard)
-            i += 1
+            i += n
         await asyncio.sleep(0.005)
     await asyncio.gather(*tasks)
 
@@ -435,7 +481,7 @@ async def run_mode(mode: str, args: argparse.Namespace, work: Path) -> dict:
             tag = f"e2e{int(time.time())}"
             offer = (offer_max(stub, run, args.jobs, args.concurrency, args.batch, args.runtime, tag)
                      if args.rate <= 0 else
-                     offer_rate(stub, run, args.jobs, args.rate, args.runtime, tag, args.max_in_flight))
+                     offer_rate(stub, run, args.jobs, args.rate, args.runtime, tag, args.max_in_flight, args.batch))
             offering = asyncio.create_task(offer)
             deadline = run.t0 + args.timeout
             last_print = run.t0
@@ -512,7 +558,8 @@ def report(mode: str, args, run: Run, end: float, cpu0, cpu1, memory, client_cpu
     span = max(1e-9, last - run.t0)
     offered = (f"max rate, {args.concurrency} callers" + (f", SubmitJobs x{args.batch}" if args.batch else ", SubmitJob")
                + (" (SubmitJobs unimplemented: fell back to SubmitJob)" if run.batch_fallback else "")
-               if args.rate <= 0 else f"{args.rate:g} jobs/s offered")
+               if args.rate <= 0 else f"{args.rate:g} jobs/s offered"
+               + (f" in SubmitJobs x{args.batch}" if args.batch else ", one SubmitJob each"))
     offer_s = (run.offer_end or end) - run.t0
     print(f"\n== {mode}: {args.jobs} jobs, {offered}; {os.cpu_count()} CPUs, load average {run.load[0]:.1f} at the "
           f"start, {run.load[1]:.1f} at the end (other work on the machine competes for the CPUs)")
@@ -529,10 +576,16 @@ def report(mode: str, args, run: Run, end: float, cpu0, cpu1, memory, client_cpu
     for t in placed_times:
         counts[min(n_windows - 1, int((t - run.t0) // w))] += 1
     sub_counts = [0] * n_windows
-    for t in run.submitted.values():
-        sub_counts[min(n_windows - 1, int((t - run.t0) // w))] += 1
+    by_window: list[list[float]] = [[] for _ in range(n_windows)]  # latencies of the jobs submitted in it
+    for j, t in run.submitted.items():
+        k = min(n_windows - 1, max(0, int((t - run.t0) // w)))
+        sub_counts[k] += 1
+        if j in run.placed:
+            by_window[k].append(run.placed[j] - t)
     for k, (c, s) in enumerate(zip(counts, sub_counts)):
-        windows.append(f"    {k * w:5.0f}-{(k + 1) * w:<5.0f}s  submitted {s / w:7.0f}/s  placed {c / w:7.0f}/s")
+        tail = (f"  submitted then: p50 {pct(by_window[k], .5) * 1000:6.0f} ms, p99 {pct(by_window[k], .99) * 1000:6.0f} ms"
+                if by_window[k] else "")
+        windows.append(f"    {k * w:5.0f}-{(k + 1) * w:<5.0f}s  submitted {s / w:7.0f}/s  placed {c / w:7.0f}/s{tail}")
     print(f"  per {w:g} s window:")
     print("\n".join(windows))
     started = [run.started[j] - t for j, t in run.submitted.items() if j in run.started]
@@ -545,6 +598,22 @@ def report(mode: str, args, run: Run, end: float, cpu0, cpu1, memory, client_cpu
     if lat:
         print(f"  latency submit->placed: p50 {pct(lat, .5) * 1000:.0f} ms, p99 {pct(lat, .99) * 1000:.0f} ms, "
               f"max {max(lat) * 1000:.0f} ms")
+    # where the time goes, per job: (1) its origin to admission's acceptance (client, gRPC, admission:
+    # the job.submitted event's occurred_at), (2) to the scheduler's decision (admission's publish,
+    # the scheduler's read, its wait for the cycle, the cycle: job.placed's occurred_at), (3) to the
+    # bench's receipt of job.placed (publish, stream, delivery); wall clocks of this one machine
+    skew = time.time() - time.monotonic()  # monotonic -> wall (both read now: drift over a run is nil)
+    parts: list[list[float]] = [[], [], []]
+    names = ("origin->accepted", "accepted->decided", "decided->seen")
+    for j, t in run.submitted.items():
+        a, d, r = run.accepted_at.get(j, math.nan), run.decided_at.get(j, math.nan), run.placed.get(j)
+        if r is None or math.isnan(a) or math.isnan(d):
+            continue
+        for k, v in enumerate((a - (t + skew), d - a, (r + skew) - d)):
+            parts[k].append(v)
+    if parts[0]:
+        print(f"  latency breakdown ({len(parts[0])} jobs), p50 / p99 ms: " + "; ".join(
+            f"{n} {pct(v, .5) * 1000:.0f} / {pct(v, .99) * 1000:.0f}" for n, v in zip(names, parts)))
     if run.accepted_rpc:
         print(f"  submit RPC latency: p50 {pct(run.accepted_rpc, .5) * 1000:.1f} ms, "
               f"p99 {pct(run.accepted_rpc, .99) * 1000:.1f} ms")
@@ -581,6 +650,8 @@ def report(mode: str, args, run: Run, end: float, cpu0, cpu1, memory, client_cpu
             "windows_placed_per_s": [c / w for c in counts],
             "latency_ms": {"p50": pct(lat, .5) * 1000 if lat else None, "p99": pct(lat, .99) * 1000 if lat else None,
                            "max": max(lat) * 1000 if lat else None},
+            "breakdown_jobs": len(parts[0]),
+            "breakdown_ms": {n: {"p50": pct(v, .5) * 1000, "p99": pct(v, .99) * 1000} for n, v in zip(names, parts) if v},
             "started": len(started), "placements": run.placements, "lost": run.lost,
             "processes": rows, "settled": settled_rows, "client_cpu_s": client_cpu, "exit_code": exit_code, "load_average": run.load}
 
@@ -607,7 +678,8 @@ if __name__ == "__main__":
     parser.add_argument("--jobs", type=int, default=20000)
     parser.add_argument("--rate", type=float, default=0.0, help="jobs/s offered; 0 = max rate")
     parser.add_argument("--concurrency", type=int, default=64, help="callers at max rate")
-    parser.add_argument("--batch", type=int, default=0, help="SubmitJobs items per call at max rate (0 = SubmitJob)")
+    parser.add_argument("--batch", type=int, default=0,
+                        help="SubmitJobs items per call (0 = one SubmitJob per job); at a fixed rate, one call every batch/rate s")
     parser.add_argument("--max-in-flight", type=int, default=2000, help="fixed rate: outstanding calls at most")
     parser.add_argument("--window", type=float, default=5.0, help="seconds per throughput window")
     parser.add_argument("--runtime", type=float, default=3600.0, help="each job's run time on the trace agents (s)")
