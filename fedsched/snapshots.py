@@ -30,6 +30,10 @@ there, and writes the bytes to a pipe; the parent's loop does one ``fork`` and r
 in a worker thread, then uploads the bytes (the object store put yields between chunks). The
 work on the loop does not depend on how many jobs are held (the kernel copies the page tables
 during ``fork``: ~26 ms at 1.5 GiB RSS on the project's machine, against seconds of walking).
+The child runs at a lower CPU priority (:data:`CHILD_NICE`): a checkpoint is background work,
+and on a machine the services share (``fedsched up`` on two cores) it takes the CPU they leave
+rather than a share of the placements' (Redis, for the same reason, lets an operator pin its
+``BGSAVE`` child to other CPUs: ``bgsave_cpulist``).
 Where ``fork`` is missing the state is built on the loop and encoded in a thread.
 """
 
@@ -56,6 +60,10 @@ log = logging.getLogger(__name__)
 
 FORMAT = "fedsched-snapshot/1"
 OBJECT = "latest"
+#: how much nicer (``os.nice`` increment, 0-19) than its service a checkpoint's forked child
+#: runs: at +10 the kernel's fair scheduler gives it about a tenth of the CPU a service at +0
+#: gets while both want it (CFS weights 110 vs 1024), and all of it when the services idle
+CHILD_NICE = 10
 
 
 class SnapshotError(ValueError):
@@ -172,9 +180,11 @@ class ForkedCapture:
         build: the snapshot's bytes; must not await nor touch sockets (it runs in the child).
         timeout_s: the child is killed when it has not delivered within this many seconds.
         in_child: False to build in this process (tests of the fallback).
+        nice: the child's niceness increment (:data:`CHILD_NICE`; 0 = as the service).
     """
 
-    def __init__(self, build: Callable[[], bytes], *, timeout_s: float = 900.0, in_child: bool = True) -> None:
+    def __init__(self, build: Callable[[], bytes], *, timeout_s: float = 900.0, in_child: bool = True,
+                 nice: int = CHILD_NICE) -> None:
         self.timeout_s = timeout_s
         self.pid = 0
         self._fd = -1
@@ -193,6 +203,8 @@ class ForkedCapture:
             code = 1
             try:
                 os.close(r)
+                if nice:
+                    os.nice(nice)  # (the increment saturates at 19; unprivileged, it only ever lowers)
                 gc.disable()  # (a collection would touch, hence copy, every page of the image)
                 data = memoryview(build())
                 while data:

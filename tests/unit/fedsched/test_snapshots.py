@@ -117,6 +117,15 @@ async def test_a_forked_capture_delivers_the_childs_bytes_and_reports_its_failur
         await snapshots.ForkedCapture(lambda: __import__("time").sleep(30) or b"", timeout_s=0.2).result()
 
 
+async def test_a_forked_capture_builds_at_a_lower_cpu_priority_than_its_service():
+    mine = os.getpriority(os.PRIO_PROCESS, 0)
+    child = int(await snapshots.ForkedCapture(lambda: str(os.getpriority(os.PRIO_PROCESS, 0)).encode()).result())
+    assert child == min(19, mine + snapshots.CHILD_NICE) > mine or mine == 19
+    assert os.getpriority(os.PRIO_PROCESS, 0) == mine  # the service's own is untouched
+    same = snapshots.ForkedCapture(lambda: str(os.getpriority(os.PRIO_PROCESS, 0)).encode(), nice=0)
+    assert int(await same.result()) == mine
+
+
 @pytest.mark.parametrize(("kw", "due"), [
     (dict(applied_seq=10, written_seq=10, now=999, written_at=0), False),       # nothing new since the last one
     (dict(applied_seq=11, written_seq=10, now=5, written_at=0), False),         # neither a period nor enough events
