@@ -437,19 +437,23 @@ class _Group:
     def search_places(self) -> tuple:
         """What a search asks the scorers about, built once: (the regions, index by region,
         (cluster, work, models) of each region's first candidate, of every price representative
-        (regions in order), each region's slice of the latter, and the representatives' unit
-        prices)."""
+        (regions in order), each region's slice of the latter, the representatives' unit
+        prices, and (region index, unit price) -> the first representative of that region
+        charging it)."""
         got = self.places
         if got is None:
             names = list(self.regions)
             firsts = [(c.cluster, c.work, c.models) for c in (self.regions[r][0] for r in names)]
             places, slices, units = [], [], []
-            for r in names:
+            at_price: dict[tuple[int, float], int] = {}
+            for i, r in enumerate(names):
                 start = len(places)
                 places.extend((c.cluster, c.work, c.models) for c in self.reps[r])
-                units.extend(c.unit for c in self.reps[r])
+                for c in self.reps[r]:
+                    at_price.setdefault((i, c.unit), len(units))
+                    units.append(c.unit)
                 slices.append((start, len(places)))
-            got = self.places = (names, {r: i for i, r in enumerate(names)}, firsts, places, slices, units)
+            got = self.places = (names, {r: i for i, r in enumerate(names)}, firsts, places, slices, units, at_price)
         return got
 
     def drop(self, cand: "Candidate") -> None:
@@ -1355,6 +1359,7 @@ class _Bounds:
         self.index: dict[str, int] = {}  # region -> its place in the columns
         self.slices: list[tuple[int, int]] = []  # region -> its price representatives' place
         self.units: list[float] = []  # the price representatives' unit prices
+        self.at_price: dict[tuple[int, float], int] = {}  # (region index, unit price) -> its first representative
         self.plans: dict[str, tuple[float, list]] = {}  # region -> plan
 
     def order(self, group: _Group) -> list[tuple[float, str]]:
@@ -1366,7 +1371,7 @@ class _Bounds:
         representative) are asked at once and kept for :meth:`plan`."""
         job, cy = self.job, self.cy
         ctx, shared = cy.ctx, self.shared
-        names, index, firsts, places, slices, units = group.search_places()
+        names, index, firsts, places, slices, units, at_price = group.search_places()
         bounds = [0.0] * len(names)  # each region's summed in scope order
         columns = []  # per scope: its value (const) or values per region (region), its bounds on the places
         for (kind, s), many in zip(cy.bound_kinds, cy.bound_many):
@@ -1388,7 +1393,7 @@ class _Bounds:
                 got = None
                 bounds = [b + w for b in bounds]
             columns.append(got)
-        self.columns, self.index, self.slices, self.units = columns, index, slices, units
+        self.columns, self.index, self.slices, self.units, self.at_price = columns, index, slices, units, at_price
         out = [(-round(b, 9), r) for b, r in zip(bounds, names)]
         out.sort()
         return out
@@ -1399,8 +1404,7 @@ class _Bounds:
         their scores of a fit there paying ``price`` (:attr:`_Cycle.scores_from_bounds`); None
         if no representative charges it."""
         i = self.index[region]
-        a, b = self.slices[i]
-        k = next((p for p in range(a, b) if self.units[p] == price), None)
+        k = self.at_price.get((i, price)) if price == price else None  # (a NaN charges nothing)
         if k is None:
             return None
         cy = self.cy
