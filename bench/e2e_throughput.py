@@ -181,8 +181,9 @@ class System:
         return out
 
 
-def start_system(mode: str, work: Path, topology: Path, timeout_s: float = 180) -> System:
-    """Start ``fedsched up`` (``--processes`` in mode ``processes``) and wait until it serves."""
+def start_system(mode: str, work: Path, topology: Path, timeout_s: float = 180, verbose: bool = False) -> System:
+    """Start ``fedsched up`` (``--processes`` in mode ``processes``; ``verbose``: ``-v``, its INFO log
+    in ``<work>/up-<mode>.log``) and wait until it serves."""
     data_dir = work / f"data-{mode}"
     grpc_target = f"127.0.0.1:{free_port()}"
     nats_port = free_port()
@@ -191,7 +192,8 @@ def start_system(mode: str, work: Path, topology: Path, timeout_s: float = 180) 
     for k in ("FEDSCHED_NATS_URL", "FEDSCHED_CLICKHOUSE_URL", "FEDSCHED_DATA_DIR"):
         env.pop(k, None)
     argv = [sys.executable, "-m", "fedapp.cli", "up", "--no-web", "--data-dir", str(data_dir), "--grpc-address",
-            grpc_target, "--topology", str(topology)] + (["--processes"] if mode == "processes" else [])
+            grpc_target, "--topology", str(topology)] + (["--processes"] if mode == "processes" else []) + (
+                ["--verbose"] if verbose else [])
     log = open(work / f"up-{mode}.log", "w")  # noqa: SIM115 - kept open while it runs
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log, text=True, env=env, cwd=ROOT)
     deadline = time.monotonic() + timeout_s
@@ -459,7 +461,7 @@ def py_spy(system: System, seconds: float, out_dir: Path, mode: str) -> list[sub
 async def run_mode(mode: str, args: argparse.Namespace, work: Path) -> dict:
     """Start the system in ``mode``, offer the jobs, wait for placements, measure, stop."""
     topology, n_clusters = write_topology(work, args.jobs, args.spare)
-    system = start_system(mode, work, topology)
+    system = start_system(mode, work, topology, verbose=args.verbose)
     prefix = os.environ.get("FEDSCHED_SUBJECT_PREFIX", "fed")
     run = Run()
     nc = None
@@ -474,6 +476,7 @@ async def run_mode(mode: str, args: argparse.Namespace, work: Path) -> dict:
             me0 = time.process_time()
             load0 = os.getloadavg()[0]
             run.t0 = time.monotonic()
+            print(f"  [{mode}] offer starts at {time.strftime('%H:%M:%S', time.gmtime())} UTC (t=0)", flush=True)
             spies = []
             if args.py_spy:
                 asyncio.get_running_loop().call_later(
@@ -695,4 +698,7 @@ if __name__ == "__main__":
     parser.add_argument("--profile-dir", type=Path, default=Path("."), help="where py-spy writes")
     parser.add_argument("--json", help="also write the figures here")
     parser.add_argument("--keep", action="store_true", help="keep the data dirs and logs")
+    parser.add_argument("--verbose", action="store_true",
+                        help="run `up` with --verbose (its INFO log, e.g. checkpoints and collector compactions, in "
+                             "the kept work dir's up-<mode>.log; with --keep)")
     asyncio.run(main(parser.parse_args()))
