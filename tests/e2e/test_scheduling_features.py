@@ -134,10 +134,21 @@ async def test_preemption_evicts_checkpointable_work_which_resumes_from_its_chec
     low = await submit(stub, gpus_per_worker=2, runtime=7200, priority=pb.PRIORITY_CLASS_LOW, preemptible=True,
                        checkpointable=True, kind=pb.JOB_KIND_TRAINING)
     await wait_for(stub, low, {pb.JOB_STATE_RUNNING})
-    await asyncio.sleep(4200 / SPEED)  # ~70 business minutes: two 30-minute checkpoints done
+    # ~70 business minutes pass: two 30-minute checkpoints done. The clock jumps there (as a replay
+    # skips idle time) instead of 7 s of sleep; the third checkpoint is 20 business minutes (2 s
+    # at 600x) away, as after the sleep
+    clock = system.options.clock
+    clock.jump_to(clock.time() + 4200)
     high = await submit(stub, gpus_per_worker=2, runtime=600, priority=pb.PRIORITY_CLASS_HIGH)
     placed = await wait_for(stub, high, {pb.JOB_STATE_RUNNING, pb.JOB_STATE_SUCCEEDED})
     assert "preempting" in (await stub.ExplainJob(pb.ExplainJobRequest(job_id=high))).decisions[0].summary
+
+    async def resumed() -> bool:  # the second attempt runs (after the high job's 600 s)
+        job = await stub.GetJob(pb.GetJobRequest(job_id=low))
+        return len(job.attempts) == 2 and job.attempts[1].started_at.seconds > 0
+
+    assert await until(resumed, timeout=30)
+    clock.jump_to(clock.time() + 3600)  # the rest of its run (6 s of wall time) skipped; it ends at its due time
     done = await wait_for(stub, low, {pb.JOB_STATE_SUCCEEDED}, timeout=40)
     first, second = done.attempts
     assert first.outcome == "preempted" and first.reason == f"preempted for {high}"
