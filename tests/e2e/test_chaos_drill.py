@@ -10,6 +10,7 @@ the same cost as the clean run.
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import sys
 from pathlib import Path
@@ -33,9 +34,11 @@ def _chaos_module():
 async def test_one_chaos_loop_loses_nothing_doubles_nothing_and_costs_what_a_clean_run_costs(tmp_path) -> None:
     chaos = _chaos_module()
     # the writers process killed with a batch in hand: redelivered after 5 s, not the default 60 s
-    clean = await chaos.run_once(tmp_path / "clean", kinds=(), jobs=6, runtime_s=15, writer_ack_wait_s=5)
-    run = await chaos.run_once(tmp_path / "chaos", kinds=chaos.KINDS, jobs=6, runtime_s=15, loop=1,
-                               writer_ack_wait_s=5)
+    # the clean run (the reference) and the chaos run are independent (own NATS cluster, data dir,
+    # ports and prefix each): they run at once
+    clean, run = await asyncio.gather(
+        chaos.run_once(tmp_path / "clean", kinds=(), jobs=6, runtime_s=15, writer_ack_wait_s=5),
+        chaos.run_once(tmp_path / "chaos", kinds=chaos.KINDS, jobs=6, runtime_s=15, loop=1, writer_ack_wait_s=5))
     print("\n" + chaos._line("clean", clean, None) + "\n" + chaos._line("chaos", run, clean))
     assert len(run.kills) == len(chaos.KINDS)  # each kind was killed once
     for r in (clean, run):
