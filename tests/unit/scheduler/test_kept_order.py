@@ -42,48 +42,67 @@ REGIONS = ("cn-north-1", "cn-east-1", "us-east-1")
 NOW = 1.7e9
 
 
+# The strategies federation() draws from, made once: a strategy built inside the composite is
+# built, validated and labelled again at every draw (that was ~70% of these tests' time); the
+# same strategies in the same order draw the same examples.
+_PRICE = st.sampled_from((2.0, 3.0, 3.0, 5.5))
+_N_CLUSTERS = st.integers(3, 9)
+_REGION = st.sampled_from(REGIONS)
+_MODELS = st.sampled_from(((T4,), (V100,), (T4, V100), (T4, G2)))
+_N_NODES = st.integers(1, 4)
+_GPUS = st.sampled_from((1, 2, 4))
+_USED = st.sampled_from((0, 0, 250, 500, 1000))
+_ENDS_IN = st.sampled_from((300, 7200, math.inf))
+_CPU = st.sampled_from((64000, 64000, 3000))
+_MARKUP = st.sampled_from((0.0, 0.0, 0.25))
+_SHAPES = st.lists(st.tuples(st.sampled_from((0, 1, 1, 1, 2)), st.sampled_from((250, 500, 1000)),
+                             st.sampled_from((1, 1, 2)), st.sampled_from((1000, 2500, 8000)),
+                             st.sampled_from(((), (), (T4,)))), min_size=1, max_size=4)
+_N_JOBS = st.integers(10, 50)
+_DATA = st.sampled_from((0, 10**9, 3 * 10**11))
+_LOCALITY = st.sampled_from((Locality.GLOBAL, Locality.GLOBAL, Locality.PREFER_LOCAL))
+_ESTIMATE = st.sampled_from((None, 600.0, 36000.0))
+_WAITED = st.sampled_from((0, 600, 4000))
+
+
 @st.composite
 def federation(draw):
     """3-9 clusters over three regions, each with 1-4 nodes of 1-2 card models, cards partly
     used, some nodes short of CPU (whole fits fail where cards are left), list prices per region
     and model (one or several cheapest-model prices in a region); 10-50 jobs of a few request
     shapes, homes, data and estimates (the packing bound and the cost term order the clusters)."""
-    prices = {(r, m): draw(st.sampled_from((2.0, 3.0, 3.0, 5.5))) for r in REGIONS for m in MEM}
+    prices = {(r, m): draw(_PRICE) for r in REGIONS for m in MEM}
     clusters = []
-    for i in range(draw(st.integers(3, 9))):
-        region = draw(st.sampled_from(REGIONS))
-        models = draw(st.sampled_from(((T4,), (V100,), (T4, V100), (T4, G2))))
+    for i in range(draw(_N_CLUSTERS)):
+        region = draw(_REGION)
+        models = draw(_MODELS)
         nodes, running = [], []
-        for n in range(draw(st.integers(1, 4))):
+        for n in range(draw(_N_NODES)):
             model = models[n % len(models)]
-            gpus = draw(st.sampled_from((1, 2, 4)))
-            free = [1000 - draw(st.sampled_from((0, 0, 250, 500, 1000))) for _ in range(gpus)]
+            gpus = draw(_GPUS)
+            free = [1000 - draw(_USED) for _ in range(gpus)]
             for d, f in enumerate(free):
                 if f < 1000:
                     running.append(RunningWork(f"w{i}-{n}-{d}", 1, 0, "ads", 50, False, False, NOW - 600,
-                                               NOW + draw(st.sampled_from((300, 7200, math.inf))), model,
+                                               NOW + draw(_ENDS_IN), model,
                                                ((n, (d,), 1000 - f, 1000, 1024),)))
-            cpu = draw(st.sampled_from((64000, 64000, 3000)))
+            cpu = draw(_CPU)
             nodes.append(NodeState(f"c{i}-n{n}", model, MEM[model], tuple(free), cpu, 262144, 64000, 262144))
         clusters.append(ClusterState(f"c{i}", region, region + "a", tuple(nodes),
-                                     prices={m: prices[(region, m)] + draw(st.sampled_from((0.0, 0.0, 0.25)))
-                                             for m in models},
+                                     prices={m: prices[(region, m)] + draw(_MARKUP) for m in models},
                                      running=tuple(running)))
-    shapes = draw(st.lists(st.tuples(st.sampled_from((0, 1, 1, 1, 2)), st.sampled_from((250, 500, 1000)),
-                                     st.sampled_from((1, 1, 2)), st.sampled_from((1000, 2500, 8000)),
-                                     st.sampled_from(((), (), (T4,)))), min_size=1, max_size=4))
+    shapes = draw(_SHAPES)
     queue = []
-    for k in range(draw(st.integers(10, 50))):
+    for k in range(draw(_N_JOBS)):
         g, m, w, c, models = draw(st.sampled_from(shapes))
-        data = draw(st.sampled_from((0, 10**9, 3 * 10**11)))
-        spec = JobSpec(tenant="search", project="p", home_region=draw(st.sampled_from(REGIONS)),
+        data = draw(_DATA)
+        spec = JobSpec(tenant="search", project="p", home_region=draw(_REGION),
                        gpus_per_worker=g, gpu_milli=m if g == 1 else 1000, workers=w, cpu_milli=c,
-                       card_models=models,
-                       locality=draw(st.sampled_from((Locality.GLOBAL, Locality.GLOBAL, Locality.PREFER_LOCAL))),
-                       datasets=(Dataset(name=f"search/d{k}", home_region=draw(st.sampled_from(REGIONS)),
+                       card_models=models, locality=draw(_LOCALITY),
+                       datasets=(Dataset(name=f"search/d{k}", home_region=draw(_REGION),
                                          size_bytes=data),) if data else (),
-                       estimated_duration_s=draw(st.sampled_from((None, 600.0, 36000.0))))
-        queue.append(QueuedJob(f"j{k}", 1, spec, NOW - draw(st.sampled_from((0, 600, 4000)))))
+                       estimated_duration_s=draw(_ESTIMATE))
+        queue.append(QueuedJob(f"j{k}", 1, spec, NOW - draw(_WAITED)))
     return View(tuple(clusters), NOW), queue
 
 
