@@ -31,46 +31,67 @@ REGIONS = ("cn-north-1", "cn-east-1", "us-east-1")
 NOW = 1.7e9
 
 
+# The strategies federation() draws from, made once: a strategy built inside the composite is
+# built, validated and labelled again at every draw; the same strategies in the same order draw
+# the same examples.
+_N_CLUSTERS = st.integers(2, 6)
+_REGION = st.sampled_from(REGIONS)
+_MODELS = st.sampled_from(((T4,), (V100,), (T4, V100)))
+_N_NODES = st.integers(1, 3)
+_USED = st.sampled_from((0, 0, 500, 1000))
+_ENDS_IN = st.sampled_from((120, 900, 7200, math.inf))
+_SHAPE_MODELS = st.sampled_from(((), (T4,), (V100,)))
+_SHAPES = st.lists(st.tuples(st.sampled_from((0, 1, 1, 2, 4)), st.sampled_from((250, 500, 1000)),
+                             st.sampled_from((1, 1, 2)), st.sampled_from((1000, 8000))), min_size=1, max_size=3)
+_N_JOBS = st.integers(5, 40)
+_DATA = st.sampled_from((0, 10**9, 5 * 10**11))
+_LOCALITY = st.sampled_from((Locality.GLOBAL, Locality.PREFER_LOCAL, Locality.PREFER_LOCAL))
+_ESTIMATE = st.sampled_from((None, 600.0, 36000.0))
+_WAITED = st.sampled_from((0, 600, 1700, 4000))
+_PRICES: dict[tuple, st.SearchStrategy] = {}
+
+
 @st.composite
 def federation(draw, prices=(3.0,)):
     """2-6 clusters over three regions (mixed card models, list prices from ``prices``, some work
     running and ending soon or never) and 5-40 jobs drawn from 1-3 request shapes."""
+    if prices not in _PRICES:
+        _PRICES[prices] = st.sampled_from(prices)
+    price = _PRICES[prices]
     clusters = []
-    for i in range(draw(st.integers(2, 6))):
-        region = draw(st.sampled_from(REGIONS))
-        models = draw(st.sampled_from(((T4,), (V100,), (T4, V100))))
+    for i in range(draw(_N_CLUSTERS)):
+        region = draw(_REGION)
+        models = draw(_MODELS)
         nodes, running = [], []
-        for n in range(draw(st.integers(1, 3))):
+        for n in range(draw(_N_NODES)):
             model = models[n % len(models)]
             free = []
             for d in range(4):
-                used = draw(st.sampled_from((0, 0, 500, 1000)))
+                used = draw(_USED)
                 free.append(1000 - used)
                 if used:
                     running.append(RunningWork(f"w{i}-{n}-{d}", 1, 0, "ads", 50, False, False, NOW - 600,
-                                               NOW + draw(st.sampled_from((120, 900, 7200, math.inf))), model,
+                                               NOW + draw(_ENDS_IN), model,
                                                ((n, (d,), used, 1000, 1024),)))
             nodes.append(NodeState(f"c{i}-n{n}", model, MEM[model], tuple(free), 64000 - 1000 * len(running),
                                    262144, 64000, 262144))
         clusters.append(ClusterState(f"c{i}", region, region + "a", tuple(nodes),
-                                     prices={m: draw(st.sampled_from(prices)) for m in models},
+                                     prices={m: draw(price) for m in models},
                                      running=tuple(running)))
     shapes = [dict(gpus_per_worker=g, gpu_milli=m if g == 1 else 1000, workers=w, cpu_milli=c,
-                   card_models=draw(st.sampled_from(((), (T4,), (V100,)))))
-              for g, m, w, c in draw(st.lists(st.tuples(st.sampled_from((0, 1, 1, 2, 4)), st.sampled_from((250, 500, 1000)),
-                                                        st.sampled_from((1, 1, 2)), st.sampled_from((1000, 8000))),
-                                              min_size=1, max_size=3))]
+                   card_models=draw(_SHAPE_MODELS))
+              for g, m, w, c in draw(_SHAPES)]
     queue = []
-    for k in range(draw(st.integers(5, 40))):
-        home = draw(st.sampled_from(REGIONS))
-        data = draw(st.sampled_from((0, 10**9, 5 * 10**11)))
+    for k in range(draw(_N_JOBS)):
+        home = draw(_REGION)
+        data = draw(_DATA)
         spec = JobSpec(tenant="search", project="p", home_region=home,
-                       locality=draw(st.sampled_from((Locality.GLOBAL, Locality.PREFER_LOCAL, Locality.PREFER_LOCAL))),
-                       datasets=(Dataset(name=f"search/d{k}", home_region=draw(st.sampled_from(REGIONS)),
+                       locality=draw(_LOCALITY),
+                       datasets=(Dataset(name=f"search/d{k}", home_region=draw(_REGION),
                                          size_bytes=data),) if data else (),
-                       estimated_duration_s=draw(st.sampled_from((None, 600.0, 36000.0))),
+                       estimated_duration_s=draw(_ESTIMATE),
                        **draw(st.sampled_from(shapes)))
-        queue.append(QueuedJob(f"j{k}", 1, spec, NOW - draw(st.sampled_from((0, 600, 1700, 4000)))))
+        queue.append(QueuedJob(f"j{k}", 1, spec, NOW - draw(_WAITED)))
     return View(tuple(clusters), NOW), queue
 
 
