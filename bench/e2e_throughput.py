@@ -60,6 +60,7 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 
 import grpc
@@ -310,8 +311,6 @@ def _epoch(iso: str | None) -> float:
     """Seconds since the epoch of an envelope's ``occurred_at`` (ISO-8601 UTC); NaN if absent."""
     if not iso:
         return math.nan
-    from datetime import datetime
-
     return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
 
 
