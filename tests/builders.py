@@ -33,7 +33,7 @@ import contextlib
 import inspect
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -226,6 +226,29 @@ def job(job_id: str = "j1", *, gpus: int = 1, milli: int = 1000, workers: int = 
 def view(*clusters: ClusterState, stale: float = 10.0) -> View:
     """The clusters at time 1000 s; inventories older than ``stale`` seconds are stale."""
     return View(tuple(clusters), now=1000.0, stale_after_s=stale)
+
+
+
+class _NoBound:
+    """A scorer with an infinite bound (its scores are the wrapped scorer's): nothing can be pruned."""
+
+    bound_scope = "cluster"
+
+    def __init__(self, inner) -> None:
+        self.inner, self.name = inner, inner.name
+
+    def score(self, *args):
+        return self.inner.score(*args)
+
+    def bound(self, *args):
+        return 1e9
+
+
+def without_bounds(policy):
+    """``policy`` with every scorer's bound infinite: the branch and bound then fits and scores
+    every candidate (the exhaustive search a pruned one must agree with, when
+    ``policy.max_scored_fits`` is 0)."""
+    return replace(policy, weights=tuple((_NoBound(scorer), w) for scorer, w in policy.weights))
 
 
 T4 = "nvidia-t4-16gb"

@@ -1594,7 +1594,9 @@ def _branch_and_bound(job: QueuedJob, group: _Group, cy: "_Cycle", evaluations: 
 
     Bounds come in two levels (:class:`_Bounds`): a region's and a cluster's; a region that
     cannot beat the best found is never expanded (its verdicts are the group's shared
-    "outscored" ones). Appends a verdict per candidate to ``evaluations`` (and the passing ones,
+    "outscored" ones). Bounds are compared rounded as the totals are (4 places): a bound a
+    hair below the best's rounded total may still round to a tie that the lower name wins.
+    Appends a verdict per candidate to ``evaluations`` (and the passing ones,
     fitted and scored, to ``passed`` too); returns the best fit or None.
     """
     if not group.cands:
@@ -1608,7 +1610,7 @@ def _branch_and_bound(job: QueuedJob, group: _Group, cy: "_Cycle", evaluations: 
     limit = cy.policy.max_scored_fits
     for neg_bound, region in regions:
         capped = bool(limit and scored >= limit)
-        if best is not None and (best.total > -neg_bound or capped):
+        if best is not None and (best.total > round(-neg_bound, 4) or capped):
             evaluations.extend(group.outscore(cy, region, not capped))
             continue
         ranking = group.ranking(region, cy, job)
@@ -1627,12 +1629,21 @@ def _branch_and_bound(job: QueuedJob, group: _Group, cy: "_Cycle", evaluations: 
                     t += term
                 bound = round(same + t, 9)
             capped = bool(limit and scored >= limit)
-            if best is not None and (not best.beaten_by(bound, name) or capped):
-                if ranking is not None and not capped:
-                    evaluations.extend(ranking.tail[k:])  # (the same verdicts, kept in the order's order)
-                else:
-                    _outscore(cy, [r[2].cluster for r in ranked[k:]], evaluations, exact=not capped)
-                break
+            if best is not None:
+                # totals are rounded to 4 places: a fit here scores at most the bound so rounded
+                # (rounding is monotone), and ties go to the lower name
+                reach = round(bound, 4)
+                if reach < best.total or capped:
+                    if ranking is not None and not capped:
+                        evaluations.extend(ranking.tail[k:])  # (the same verdicts, kept in the order's order)
+                    else:
+                        _outscore(cy, [r[2].cluster for r in ranked[k:]], evaluations, exact=not capped)
+                    break
+                if reach == best.total and name > best.cluster.name:
+                    # at most a tie it would lose; the next (lower bound, any name) may still tie and win
+                    evaluations.append(ranking.tail[k] if ranking is not None
+                                       else cy.outscored_verdict(c.cluster, True))
+                    continue
             fit, shared = cy.fit(job, c)
             if fit is None:
                 evaluations.append(split.fail(job, name, ClusterEvaluation(name, c.cluster.region,

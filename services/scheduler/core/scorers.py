@@ -306,7 +306,8 @@ def _after(job: QueuedJob, work: WorkingCluster, model: str) -> float:
 class Packing:
     """Consolidation: prefer the cluster whose card pool is fullest after this placement,
     ``1 - free_after / capacity`` of the chosen card model, so other pools stay empty for big
-    gangs."""
+    gangs (1 for CPU-only work, which takes no card). Bound: the best of the candidate models'
+    pools (the fit takes one of them)."""
 
     name = "packing"
     bound_scope = "cluster_shape"
@@ -320,6 +321,8 @@ class Packing:
         return 1.0 - max(0, free - job.spec.total_gpu_milli) / capacity
 
     def bound(self, job, cluster, work, ctx, models) -> float:
+        if not job.spec.gpus_per_worker:  # CPU-only: the fit has no card model, it scores 1
+            return 1.0
         demand = job.spec.total_gpu_milli
         best = 0.0 if models else 1.0
         for m in models:
@@ -413,7 +416,8 @@ class Fragmentation(_Bounded):
 
 
 class Headroom:
-    """Spreading (the "least loaded" multi-cluster baseline): ``free_after / capacity``."""
+    """Spreading (the "least loaded" multi-cluster baseline): ``free_after / capacity`` of the
+    chosen card model's pool (0 for CPU-only work, which takes no card)."""
 
     name = "headroom"
     bound_scope = "cluster_shape"
@@ -423,6 +427,8 @@ class Headroom:
         return 1.0 - _used_after(job, fit, work)
 
     def bound(self, job, cluster, work, ctx, models) -> float:
+        if not job.spec.gpus_per_worker:  # CPU-only: the fit has no card model, it scores 0
+            return 0.0
         return max((1.0 - _after(job, work, m) for m in models), default=1.0)
 
 

@@ -17,7 +17,7 @@ from services.scheduler.core.fit import WorkingCluster
 from services.scheduler.core.preempt import estimated_start, find_victims, lost_work
 from services.scheduler.core.queues import FairOrder, effective_priority, queue_of
 from services.scheduler.core.scorers import node_fragmentation
-from tests.builders import T4, V100, cluster, job, node, view
+from tests.builders import T4, V100, cluster, job, node, view, without_bounds
 
 FED = build_policy("federated")
 NOW = 1000.0
@@ -300,21 +300,6 @@ def test_cross_region_mode_forbidden_keeps_the_job_home():
     assert verdicts["away"].value == "outside_home_region"
 
 
-class _NoBound:
-    """Wraps a scorer with an infinite bound, so nothing can be pruned."""
-
-    bound_scope = "cluster"
-
-    def __init__(self, inner) -> None:
-        self.inner, self.name = inner, inner.name
-
-    def score(self, *args):
-        return self.inner.score(*args)
-
-    def bound(self, *args):
-        return 1e9
-
-
 def test_branch_and_bound_matches_scoring_every_cluster():
     """Pruning never changes the choice: the same as scoring every fitting cluster."""
     cs = tuple(cluster(f"c{i:02d}", ("cn-north-1", "cn-east-1", "cn-south-1")[i % 3],
@@ -323,7 +308,7 @@ def test_branch_and_bound_matches_scoring_every_cluster():
                        prices={T4: 4.0 + i % 5})
                for i in range(12))
     exact = build_policy("federated", max_scored_fits=0)
-    brute = replace(exact, weights=tuple((_NoBound(sc), w) for sc, w in exact.weights))
+    brute = without_bounds(exact)
     for k in range(30):
         j = job(f"j{k}", gpus=(1, 2)[k % 2], home=("cn-north-1", "cn-east-1", "cn-south-1")[k % 3],
                 estimated_duration_s=600.0 * (k + 1))
@@ -331,6 +316,46 @@ def test_branch_and_bound_matches_scoring_every_cluster():
         full = decide(View(cs, NOW), [j], brute).placements[0]
         assert (pruned.cluster, pruned.score) == (full.cluster, full.score)
         assert sum(e.total is not None for e in pruned.evaluations) <= sum(e.total is not None for e in full.evaluations)
+
+
+
+def test_a_tie_after_rounding_goes_to_the_lower_name_though_its_bound_is_below():
+    """Totals are rounded to 4 places, bounds are not: c1's bound (exact: packing is the only term that differs)
+    lies below c2's total as rounded (1.0041), yet c1 scores 1.0041 too and wins the tie by
+    name. Found by test_shape_sharing's price property (seed 13): the search took c2, pruning
+    c1 by comparing its unrounded bound with the rounded total."""
+    def two(n0, cpu0, n1):  # (milli-GPUs free per card, milli-CPUs free) of 4-card nodes of 64 cores
+        return (replace(node("n0", V100, gpus=4, free=n0), cpu_free_milli=cpu0),
+                replace(node("n1", V100, gpus=4, free=n1), cpu_free_milli=60000))
+    cs = (cluster("c1", "cn-north-1", two((1000, 1000, 500, 1000), 63000, (500, 1000, 500, 0)), prices={V100: 3.5}),
+          cluster("c2", "cn-east-1", two((1000, 1000, 1000, 1000), 64000, (500, 500, 0, 0)), prices={V100: 3.5}))
+    exact = build_policy("cheapest", max_scored_fits=0)
+    brute = without_bounds(exact)
+    queue = [job("j0", milli=250, models=(V100,), cpu=8000,  # (its data draws it home: c1)
+                 datasets=(Dataset(name="search/d0", home_region="cn-north-1", size_bytes=10**9),)),
+             job("j1", milli=250, models=(V100,), cpu=8000, locality=Locality.PREFER_LOCAL),
+             job("j2", milli=250, models=(V100,), cpu=8000)]
+    for policy in (exact, brute):
+        for cache in (True, False):
+            d = decide(View(cs, NOW), queue, policy, cache=cache)
+            assert [(p.cluster, p.score) for p in d.placements] == [("c1", 1.0034), ("c1", 1.0037), ("c1", 1.0041)]
+            assert {e.cluster: e.total for e in d.placements[-1].evaluations} == {"c1": 1.0041, "c2": 1.0041}
+
+
+
+def test_cpu_only_work_scores_packing_1_everywhere_so_the_tie_goes_to_the_lower_name():
+    """A CPU-only fit takes no card: packing scores it 1 on any cluster, and its bound must say
+    so. It said ``1 - free/capacity`` of the cards (0 on an idle pool), so the cached search,
+    taking the fuller c1 first, pruned the idle c0 that ties it at 1.0 and wins by name
+    (found by test_shape_sharing's branch-and-bound property)."""
+    cs = (cluster("c0", nodes=(node("n0", T4, gpus=4),), prices={T4: 2.0}),
+          cluster("c1", nodes=(replace(node("n1", T4, gpus=4, free=(1000, 1000, 1000, 500)), cpu_free_milli=63000),),
+                  prices={T4: 2.0}))
+    for name in ("federated", "cheapest", "local-only"):
+        for cache in (True, False):
+            p = decide(View(cs, NOW), [job("cpu", gpus=0)], build_policy(name), cache=cache).placements[0]
+            assert (p.cluster, p.card_model) == ("c0", ""), (name, cache)
+            assert p.score == (1.01 if name == "cheapest" else 1.0)  # (cost 1 + 0.01 x packing 1)
 
 
 # ---------------------------------------------------------------- what-if searches: narrowed fits are exact

@@ -21,9 +21,12 @@ from hypothesis import strategies as st
 from fedsched.jobs import Dataset, JobSpec, Locality
 from services.scheduler.core import (ClusterState, Decisions, NodeState, QueuedJob, Reason, RunningWork, View,
                                      build_policy, decide)
+from services.scheduler.core.filters import Context, candidate_models
 from services.scheduler.core.fit import WorkingCluster
+from services.scheduler.core.policy import SCORERS
 from services.scheduler.core.preempt import estimated_start
-from tests.builders import comparable_verdicts
+from services.scheduler.core.scorers import cost_per_unit_hour, set_cost_reference
+from tests.builders import comparable_verdicts, without_bounds
 
 T4, V100 = "nvidia-t4-16gb", "nvidia-v100-32gb"
 MEM = {T4: 16, V100: 32}
@@ -149,6 +152,46 @@ def test_with_different_prices_the_cost_reference_does_not_depend_on_the_caches(
 
     assert placed(cached) == placed(uncached)
     assert waiting(cached) == waiting(uncached)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(case=federation(prices=(2.0, 3.5, 6.0)), name=st.sampled_from(("federated", "cheapest", "least-loaded")))
+def test_the_branch_and_bound_places_as_fitting_and_scoring_every_candidate(case, name):
+    """Pruning by bounds (cached or not) chooses what the exhaustive search chooses, ties by
+    name included: totals are rounded to 4 places, and a bound a hair below the best's rounded
+    total may still round to a tie (test_policy.py's rounding tie is one such case)."""
+    view, queue = case
+    exact = build_policy(name, max_scored_fits=0)
+    full = decide(view, queue, without_bounds(exact), cache=False)
+
+    def placed(d):
+        return [(p.job.key, p.cluster, p.card_model, p.bindings, p.score) for p in d.placements]
+
+    for cache in (True, False):
+        assert placed(decide(view, queue, exact, cache=cache)) == placed(full)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(case=federation(prices=(2.0, 3.5, 6.0)), reference=st.booleans())
+def test_every_scorers_bound_is_at_least_its_score_of_any_fit(case, reference):
+    """What the branch and bound stands on: on every cluster a job fits, each scorer's bound
+    (given the job's candidate models there, as decide gives them) is at least its score of the
+    fit, CPU-only work (no card model) included -- with and without a cost reference."""
+    view, queue = case
+    for job in queue[:10]:
+        ctx = Context(view, 1.25e9, 0.5, 6.0)
+        places = [(c, WorkingCluster(c), candidate_models(job, c)) for c in view.clusters]
+        if reference:
+            set_cost_reference(job, min(cost_per_unit_hour(job, c, models[0] if models else "", ctx)
+                                        for c, _, models in places), ctx)
+        for c, work, models in places:
+            fit = work.fit(job.spec, models)
+            if fit is None:
+                continue
+            for make in SCORERS.values():
+                scorer = make()
+                bound, score = scorer.bound(job, c, work, ctx, models), scorer.score(job, c, fit, work, ctx)
+                assert bound >= score, (scorer.name, job.key, c.name, fit.card_model, bound, score)
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
