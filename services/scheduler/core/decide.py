@@ -205,16 +205,29 @@ def _full_shape(job: QueuedJob, models: Sequence[str]) -> tuple:
 
 
 def _insufficient(job: QueuedJob, work: WorkingCluster, models: Sequence[str]) -> Verdict:
+    """The "insufficient free resources" verdict of ``job`` on a cluster (its state ``work``):
+    what a worker needs, and per candidate card model (at most 3) the cards free; where a node
+    has the cards a worker needs, the most CPU (milli-CPUs) and memory (MiB) free on such a node
+    too, so a shortage of CPU or memory next to free cards shows as such."""
     s = job.spec
     if s.gpus_per_worker == 0:
         return fail(Reason.INSUFFICIENT, f"needs {s.workers}x {s.cpu_milli}m CPU / {s.memory_mib} MiB")
+    whole = s.gpu_milli == WHOLE or s.gpus_per_worker > 1
     parts = []
     for m in models[:3]:
         max_dev, max_idle, total_idle = work.summary(m)
-        parts.append(f"{m}: {total_idle} idle cards, max {max_idle} on one node, best share {max_dev}m")
-    want = (f"{s.workers}x {s.gpus_per_worker} GPU" if s.gpu_milli == WHOLE or s.gpus_per_worker > 1
-            else f"{s.workers}x {s.gpu_milli}m GPU")
-    return fail(Reason.INSUFFICIENT, f"needs {want}; " + "; ".join(parts))
+        part = f"{m}: {total_idle} idle cards, max {max_idle} on one node, best share {max_dev}m"
+        if (max_idle >= s.gpus_per_worker) if whole else (max_dev >= s.gpu_milli):
+            cpu = mem = 0  # over the capacity classes whose free cards hold one worker's
+            for gpu_free, cpu_free, mem_free in work.classes(m):
+                if (sum(g == WHOLE for g in gpu_free) >= s.gpus_per_worker) if whole else (
+                        max(gpu_free, default=0) >= s.gpu_milli):
+                    cpu, mem = max(cpu, cpu_free), max(mem, mem_free)
+            part += f"; nodes with the cards have at most {cpu}m CPU / {mem} MiB free"
+        parts.append(part)
+    want = (f"{s.workers}x {s.gpus_per_worker} GPU" if whole else f"{s.workers}x {s.gpu_milli}m GPU")
+    return fail(Reason.INSUFFICIENT, f"needs {want} + {s.cpu_milli}m CPU / {s.memory_mib} MiB each; "
+                                     + "; ".join(parts))
 
 
 def _est_end(job: QueuedJob, now: float) -> float:

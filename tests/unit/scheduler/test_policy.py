@@ -358,6 +358,21 @@ def test_cpu_only_work_scores_packing_1_everywhere_so_the_tie_goes_to_the_lower_
             assert p.score == (1.01 if name == "cheapest" else 1.0)  # (cost 1 + 0.01 x packing 1)
 
 
+def test_an_insufficient_verdict_says_when_cpu_is_short_next_to_free_cards():
+    """The verdict named only cards ("1 idle cards, best share 1000m"), so a job short of CPU on
+    the node with the free card read as a contradiction; it now gives the request's CPU and
+    memory and the most free on nodes whose cards could hold a worker (none: not said)."""
+    c = cluster("c0", nodes=(replace(node("n0", V100, gpus=4, free=(1000, 0, 0, 0)), cpu_free_milli=7000),),
+                prices={V100: 3.0})
+    short_cpu = decide(view(c), [job("a", milli=250, models=(V100,), cpu=8000)], build_policy("federated"))
+    detail = short_cpu.pending[0].evaluations[0].verdict.detail
+    assert detail == ("needs 1x 250m GPU + 8000m CPU / 0 MiB each; nvidia-v100-32gb: 1 idle cards, max 1 on one "
+                      "node, best share 1000m; nodes with the cards have at most 7000m CPU / 262144 MiB free")
+    short_cards = decide(view(c), [job("b", gpus=2, models=(V100,))], build_policy("federated"))
+    assert short_cards.pending[0].evaluations[0].verdict.detail == (
+        "needs 1x 2 GPU + 1000m CPU / 0 MiB each; nvidia-v100-32gb: 1 idle cards, max 1 on one node, best share 1000m")
+
+
 # ---------------------------------------------------------------- what-if searches: narrowed fits are exact
 
 @st.composite
