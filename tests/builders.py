@@ -228,7 +228,6 @@ def view(*clusters: ClusterState, stale: float = 10.0) -> View:
     return View(tuple(clusters), now=1000.0, stale_after_s=stale)
 
 
-
 class _NoBound:
     """A scorer with an infinite bound (its scores are the wrapped scorer's): nothing can be pruned."""
 

@@ -115,6 +115,11 @@ def normalised(d: Decisions) -> tuple:
             d.reservations)
 
 
+def placed(d: Decisions) -> list[tuple]:
+    """Each placement's job, cluster, card model, bindings and score, in decision order."""
+    return [(p.job.key, p.cluster, p.card_model, p.bindings, p.score) for p in d.placements]
+
+
 def _same_decisions(view: View, queue: list[QueuedJob], policy) -> None:
     cached, uncached = normalised(decide(view, queue, policy)), normalised(decide(view, queue, policy, cache=False))
     for part, (a, b) in enumerate(zip(cached, uncached)):  # the first difference, readably
@@ -144,9 +149,6 @@ def test_with_different_prices_the_cost_reference_does_not_depend_on_the_caches(
     policy = build_policy(name)
     cached, uncached = decide(view, queue, policy), decide(view, queue, policy, cache=False)
 
-    def placed(d):
-        return [(p.job.key, p.cluster, p.card_model, p.bindings, p.score) for p in d.placements]
-
     def waiting(d):
         return [(p.job.key, p.fits_empty, p.reservation) for p in d.pending]
 
@@ -163,10 +165,6 @@ def test_the_branch_and_bound_places_as_fitting_and_scoring_every_candidate(case
     view, queue = case
     exact = build_policy(name, max_scored_fits=0)
     full = decide(view, queue, without_bounds(exact), cache=False)
-
-    def placed(d):
-        return [(p.job.key, p.cluster, p.card_model, p.bindings, p.score) for p in d.placements]
-
     for cache in (True, False):
         assert placed(decide(view, queue, exact, cache=cache)) == placed(full)
 
