@@ -54,9 +54,10 @@ decide the same, ``tests/unit/test_scheduler_cache.py``):
 * preemption plans under quotas: cluster, its allocation version, the eviction epoch, tenant,
   priority, candidate models and the whole request (candidate pools and quota bounds per
   cluster, tenant, priority, model and demand);
-* a pending job's verdicts: all of the above plus priority, estimate, clusters to avoid, the
-  tenant (when quotas exist: preemption rules depend on it) and the cycle's eviction/reservation
-  version. The per-cluster *codes* of shared verdicts are exact; an "insufficient" detail gives
+* a pending job's verdicts: all of the above plus priority, the reservations the job is not
+  estimated to end before (not the estimate itself: jobs of one request with different
+  estimates share verdicts), clusters to avoid, the tenant (when quotas exist: preemption rules
+  depend on it) and the cycle's eviction/reservation version. The per-cluster *codes* of shared verdicts are exact; an "insufficient" detail gives
   the cluster's free capacity when that cluster was first found too small this cycle.
 """
 
@@ -678,6 +679,7 @@ class _Cycle:
         # cluster -> lowest priority of its preemptible work (clusters without any are absent)
         self.lowest_victim = {c.name: low for c in self.clusters
                               if (low := lowest_preemptible(c.running)) is not None}
+        self.least_victim = min(self.lowest_victim.values(), default=math.inf)  # over every cluster
         self.work: dict[str, WorkingCluster] = {}
         self.empty: dict[str, WorkingCluster] = {}
         self.static: dict[tuple, Verdict] = {}
@@ -721,6 +723,7 @@ class _Cycle:
         self.checks = 0
         self.fits = 0
         self.sets_built = 0  # candidate sets (:class:`_CandidateSet`) built
+        self.shared = 0  # pending verdicts taken from an earlier job's (``pending_memo``)
         self.home_firsts: dict[str, ClusterEvaluation] = {}
         self.fit_scored = {i for i, (sc, _) in enumerate(policy.weights) if getattr(sc, "score_scope", "job") == "fit"}
         #: per weighted scorer: (index, scorer, weight, name, score scope) -- what :func:`_score`
@@ -1027,14 +1030,22 @@ class _Cycle:
 
     def memo_key(self, job: QueuedJob, skey: tuple) -> tuple:
         """Everything a pending verdict depends on: the filter keys, the candidate-model inputs,
-        the request shape, priority (preemption), estimate (reservations), clusters to avoid and,
-        when quotas exist, the tenant (the preemption rules read it). Within a cycle capacity
-        only shrinks, except when an eviction gives some back or a reservation changes the rules:
-        those bump ``version``, so a memoised "fits nowhere" stays true until then."""
+        the request shape, priority (preemption), the reservations the job is not estimated to
+        end before (they take their clusters out for it: the one thing its estimate decides on
+        the way to "pending" -- memoised verdicts are only kept once no further reservation
+        will be made, :meth:`reservations_full`), clusters to avoid and, when quotas exist, the
+        tenant (the preemption rules read it). Within a cycle capacity only shrinks, except
+        when an eviction gives some back or a reservation changes the rules: those bump
+        ``version``, so a memoised "fits nowhere" stays true until then. The verdicts' order
+        (presentation) follows the first job's score bounds."""
         s = job.spec
         tenant = s.tenant if self.view.quota is not None else None
+        held: tuple[str, ...] = ()
+        if self.reservations:
+            end = _est_end(job, self.view.now)
+            held = tuple(name for name, r in self.reservations.items() if end > r.start_at)
         return (self.version, skey, _models_key(job), s.workers, s.gpus_per_worker, s.gpu_milli, s.cpu_milli,
-                s.memory_mib, s.priority_value, s.estimated_duration_s, job.avoid_clusters, job.progress_s, tenant)
+                s.memory_mib, s.priority_value, held, job.avoid_clusters, tenant)
 
     def reservations_full(self) -> bool:
         """No further reservation will be made this cycle."""
@@ -1155,7 +1166,9 @@ def decide(view: View, queue: Iterable[QueuedJob], policy: Policy, *, cache: boo
             a fit is shared by the jobs of one whole request shape until the cluster changes),
             ``changes`` (allocation changes: placements and evictions), ``jobs``, ``sets``
             (candidate sets built: once per split and CPU and memory request, again only after
-            the split's viable clusters or that request's failed fits changed).
+            the split's viable clusters or that request's failed fits changed), ``shared``
+            (pending jobs given the verdicts of an earlier job that agrees on everything they
+            read, :meth:`_Cycle.memo_key`, instead of a search).
 
     Returns:
         Placements in decision order (with their victims, if any), pending jobs with reasons,
@@ -1176,6 +1189,7 @@ def decide(view: View, queue: Iterable[QueuedJob], policy: Policy, *, cache: boo
         memo = cy.pending_memo.get(memo_key) if cy.caching else None
         if memo is not None:  # same request shape, same state: the same verdicts, shared
             pending.append(Pending(job, memo[0], memo[1], memo[2], queue_of(job, policy.fast_lane_s)))
+            cy.shared += 1
             continue
         split = cy.split(job, skey, eligible)
         evaluations.extend(split.misfits)  # clusters it surely does not fit now: shared verdicts
@@ -1308,7 +1322,7 @@ def decide(view: View, queue: Iterable[QueuedJob], policy: Policy, *, cache: boo
 
     if stats is not None:
         stats.update(checks=cy.checks, fits=cy.fits, changes=cy.changes, jobs=len(placements) + len(pending),
-                     sets=cy.sets_built)
+                     sets=cy.sets_built, shared=cy.shared)
     return Decisions(tuple(placements), tuple(pending), policy.version, tuple(cy.reservations.values()))
 
 
@@ -1732,6 +1746,8 @@ def _preempt(job: QueuedJob, cy: _Cycle, static_ok: list[ClusterState], skey: tu
     best = None
     prio = job.spec.priority_value
     book = cy.view.quota
+    if book is None and cy.least_victim >= prio:
+        return None  # nothing preemptible of lower priority runs anywhere
     policy = cy.policy
     for cluster in static_ok:
         if book is None:

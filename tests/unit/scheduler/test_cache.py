@@ -145,6 +145,10 @@ def federation(draw):
         if fields["gpus_per_worker"] > 1:  # sometimes only the size differs
             fields["gpus_per_worker"] = draw(st.sampled_from((fields["gpus_per_worker"], 2, 4)))
         fields["cpu_milli"] = draw(st.sampled_from((fields["cpu_milli"], fields["cpu_milli"], 8000)))
+        # sometimes only the estimate differs (pending verdicts are shared across estimates
+        # unless a reservation tells the jobs apart)
+        fields["estimated_duration_s"] = draw(st.sampled_from((fields["estimated_duration_s"],) * 2
+                                                              + (None, 60.0, 3600.0)))
         spec = JobSpec(tenant=draw(st.sampled_from(TENANTS)), project="p",
                        priority=draw(st.sampled_from(list(PriorityClass))), preemptible=draw(st.booleans()),
                        **fields)
@@ -202,6 +206,42 @@ def test_a_pending_verdict_is_not_shared_between_tenants_the_preemption_rules_te
     d = decide(view, jobs, build_policy("federated", reservations=0), cache=cache)
     assert [(p.job.job_id, [v.job_id for v in p.victims]) for p in d.placements] == [("search-8", ["low"])]
     assert [p.job.job_id for p in d.pending] == ["ads-8"]
+
+
+def test_pending_jobs_of_one_request_share_verdicts_whatever_their_estimates():
+    """Thirty jobs of one request, each with its own estimate, on a full cluster: the first is
+    searched, the other 29 take its verdicts (the estimate decides nothing on the way to
+    "pending" while no reservation is held); the verdicts are those of a search."""
+    full = cluster("c0", NORTH, (node("c0-n0", T4, free=(0, 0)),))
+    queue = [job(f"j{k}", at=float(k), estimated_duration_s=60.0 * (k + 1)) for k in range(30)]
+    policy = build_policy("federated", reservations=0)
+    stats: dict[str, int] = {}
+    d = decide(view(full), queue, policy, stats=stats)
+    assert len(d.pending) == 30 and stats["shared"] == 29, stats
+    assert normalised(d) == normalised(decide(view(full), queue, policy, cache=False))
+    assert {p.evaluations[0].verdict.reason for p in d.pending} == {Reason.INSUFFICIENT}
+
+
+@pytest.mark.parametrize("cache", [True, False], ids=["cached", "uncached"])
+def test_a_job_that_ends_before_a_reservation_backfills_after_a_same_request_job_that_does_not(cache):
+    """The head job reserves the cluster (3 of its 4 cards free until a job ends in an hour);
+    a long job of a 2-card request waits behind the reservation, then a short one of the same
+    request backfills: the long job's pending verdicts are not the short one's (the memo keys
+    the reservations a job is not estimated to end before)."""
+    held = RunningWork("a", 1, 0, "ads", 100, False, False, NOW - 600, NOW + 3600, T4,
+                       ((0, (0,), 1000, 1000, 0),))
+    c = _cluster("c", NORTH, 4, (held,))
+    head = _job("head", "ads", 4, NOW - 7200, priority=PriorityClass.HIGH)
+    long = _job("long", "ads", 2, NOW - 2, priority=PriorityClass.LOW, estimated_duration_s=36000.0)
+    short = _job("short", "ads", 2, NOW - 1, priority=PriorityClass.LOW, estimated_duration_s=3000.0)
+    stats: dict[str, int] = {}
+    d = decide(View((c,), NOW), [head, long, short], build_policy("federated", reservations=1), cache=cache,
+               stats=stats)
+    assert [r.job_key for r in d.reservations] == ["head"]
+    assert [p.job.job_id for p in d.placements] == ["short"]
+    (waits,) = [p for p in d.pending if p.job.job_id == "long"]
+    assert [e.verdict.reason for e in waits.evaluations] == [Reason.RESERVED]
+    assert stats["shared"] == 0
 
 
 def test_a_job_placed_at_home_first_gives_every_cluster_abroad_a_verdict_cached_or_not():
