@@ -88,7 +88,23 @@ async def test_drain_makes_the_node_unschedulable_and_running_work_continues(bac
     await backend.stop(a.key, "test")
 
 
+async def _probe_ended(cluster, timeout_s: float = 150.0) -> None:
+    """Wait for the session's time-limit probe (tests/conftest.py) to end: it runs on the only
+    node until Slurm ends it, 65-95 s after the cluster started, and test_slurm_real reads its
+    TIMEOUT. A node set DOWN before then kills it (NODE_FAIL): run right after this module (the
+    cluster started by it), test_slurm_real failed three tests."""
+    job_id = cluster.time_limit_probe[1]
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        state = cluster.run("squeue", "-h", "-j", str(job_id), "-o", "%T").stdout.strip()
+        if state not in ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING"):
+            return
+        await asyncio.sleep(1.0)
+    raise AssertionError(f"the time-limit probe {job_id} still runs after {timeout_s:g} s")
+
+
 async def test_a_node_set_down_fails_the_attempt_with_node_failed(backend, slurm_cluster):
+    await _probe_ended(slurm_cluster)
     a = _attempt(slurm_cluster, "sleep 60")
     await backend.launch(a)
     await _until(backend, a.key, Phase.RUNNING)
