@@ -1985,13 +1985,12 @@ class AdmissionService:
         """(detail, lag) of this admission for GetStatus: jobs known, policy, and the messages its
         job-view follower has not read yet (from its consumer's info; 0 when unknown)."""
         lag = 0
-        sub = self._events._sub
-        if sub is not None:
-            try:
-                info = await asyncio.wait_for(sub.consumer_info(), 2.0)
+        try:
+            info = await asyncio.wait_for(self._events.consumer_info(), 2.0)
+            if info is not None:
                 lag = int(info.num_pending or 0)
-            except Exception as e:  # noqa: BLE001 - a consumer being recreated: lag unknown
-                log.info("status: admission follower info: %r", e)
+        except Exception as e:  # noqa: BLE001 - a consumer being recreated: lag unknown
+            log.info("status: admission follower info: %r", e)
         open_jobs = sum(len(ids) for ids in self.view.open_by_tenant.values())
         return (f"{len(self.view.jobs)} jobs known ({open_jobs} open), policy {self.policy.version or '-'}, "
                 f"{len(self.cluster_view.clusters)} clusters reporting"), lag

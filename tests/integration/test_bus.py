@@ -229,16 +229,16 @@ async def test_a_follower_re_reads_a_delivery_the_client_lost(bus, monkeypatch):
     for i in range(30):
         await bus.publish(subject, _event(100 + i))
         await bus.publish(other, _event(200 + i))
-    real = busmod.fetch_fast
+    real = busmod.PullFeed.take
     dropped = []
 
-    async def lossy(sub, batch, max_wait_s):
-        msgs = await real(sub, batch, max_wait_s)
+    async def lossy(feed, wait_s):
+        msgs = await real(feed, wait_s)
         if not dropped and len(msgs) > 3:
-            dropped.append(msgs.pop(2).metadata.sequence.stream)  # taken off the queue, never handed over
+            dropped.append(msgs.pop(2).metadata.sequence.stream)  # taken off the buffer, never handed over
         return msgs
 
-    monkeypatch.setattr(busmod, "fetch_fast", lossy)
+    monkeypatch.setattr(busmod.PullFeed, "take", lossy)
     seen = []
     f = StreamFollower(bus, "EVENTS", lambda d: seen.append(d.envelope.job_id), name="lossy", filter_subjects=[subject],
                        batch=10)
@@ -455,9 +455,12 @@ async def test_a_decoded_message_is_kept_for_exactly_the_other_local_readers_of_
         stream = bus.stream_name("EVENTS")
         assert busmod.READERS.of(stream, status) == 2 and busmod.READERS.of(stream, placements) == 2
         assert busmod.READERS.of(stream, bus.subjects.heartbeat("cn-north-1", "cn-north-1-c1")) == 1
-        ack = await bus.publish(status, _event(1, "a" * 32))
-        key = (stream, ack.seq)
-        assert busmod._DECODED[key][2] == 2  # published here: kept for both local readers of the subject
+        event = _event(1, "a" * 32)
+        key = event.to_bytes()
+        publishing = asyncio.create_task(bus.publish(status, event))
+        await asyncio.sleep(0)  # shared as it is sent, before its ack (a waiting reader may get it first)
+        assert busmod._DECODED[key][1] == 2  # published here: kept for both local readers of the subject
+        await publishing
         deadline = time.monotonic() + 5
         while (not got["all"] or not got["status"]) and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
@@ -468,3 +471,75 @@ async def test_a_decoded_message_is_kept_for_exactly_the_other_local_readers_of_
             r.stop()
         await asyncio.gather(*tasks)
     assert busmod.READERS.of(bus.stream_name("EVENTS"), status) == 0  # stopped readers leave the count
+
+
+async def test_a_follower_asks_for_messages_once_per_half_batch_and_survives_its_consumer_being_deleted(bus):
+    """The continuous pull (:class:`fedsched.bus.PullFeed`): 600 messages in bursts of 20 cost
+    at most one pull request per half batch (50) plus the first, not one or two per burst; when
+    the follower's consumer is deleted under it (the server answers its waiting request 409),
+    it makes a new one from the next sequence: every message once, in order."""
+    subject = bus.subjects.status("cn-north-1", "cn-north-1-c1")
+    seen: list[str] = []
+    f = StreamFollower(bus, "EVENTS", lambda d: seen.append(d.envelope.job_id), name="pull", filter_subjects=[subject],
+                       batch=100, max_wait_s=0.05)
+    task = asyncio.create_task(f.run())
+    try:
+        await asyncio.wait_for(f.caught_up.wait(), 10)
+        for first in range(0, 600, 20):
+            assert all(await bus.publish_many([(subject, _event(first + k), None) for k in range(20)]))
+            await asyncio.sleep(0.005)
+        deadline = time.monotonic() + 10
+        while len(seen) < 600 and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        assert seen == [f"j-{i}" for i in range(600)]
+        assert f.pull_requests <= 1 + 600 // 50, f.pull_requests
+        await bus.js.delete_consumer(bus.stream_name("EVENTS"), f._consumer)
+        for i in range(600, 610):
+            await bus.publish(subject, _event(i))
+        deadline = time.monotonic() + 15
+        while len(seen) < 610 and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        assert seen == [f"j-{i}" for i in range(610)]
+    finally:
+        f.stop()
+        await task
+
+
+async def test_a_follower_resumes_within_seconds_after_the_server_restarts(tmp_path):
+    """A nats-server killed (-9) and restarted keeps no in-memory consumer and no waiting pull
+    request: the follower's feed notices the reconnect (not three missed heartbeats later, 15 s) and makes a
+    new consumer from the next sequence; what was published before and after is read once, in
+    order."""
+    from fedsched.bus import Bus
+    from fedsched.natsd import EmbeddedNats
+
+    server = EmbeddedNats(tmp_path / "nats")
+    server.start()
+    bus = await Bus.connect(server.client_url, "fedr")
+    try:
+        await bus.ensure_streams()
+        subject = bus.subjects.status("cn-north-1", "cn-north-1-c1")
+        seen: list[str] = []
+        f = StreamFollower(bus, "EVENTS", lambda d: seen.append(d.envelope.job_id), name="restarts",
+                           filter_subjects=[subject])
+        task = asyncio.create_task(f.run())
+        for i in range(5):
+            await bus.publish(subject, _event(i))
+        deadline = time.monotonic() + 10
+        while len(seen) < 5 and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        assert seen == [f"j-{i}" for i in range(5)]
+        server.kill()  # (kill -9: no "409 Server Shutdown" to the waiting request)
+        server.start()
+        for i in range(5, 10):
+            await bus.publish(subject, _event(i))  # (retried until the connection is back)
+        restarted = time.monotonic()
+        while len(seen) < 10 and time.monotonic() < restarted + 20:
+            await asyncio.sleep(0.02)
+        assert seen == [f"j-{i}" for i in range(10)]
+        assert time.monotonic() - restarted < 5.0
+        f.stop()
+        await task
+    finally:
+        await bus.close()
+        server.stop()

@@ -55,10 +55,12 @@ def test_readers_of_one_process_share_a_decoded_message_and_never_a_different_on
         assert _decode(_Msg(one, seq=424242)) is first  # the second reader gets the same (immutable) envelope
         other = _decode(_Msg(two, seq=424242))  # same place, other bytes (a recreated stream): decoded anew
         assert other.job_id == "j2" and first.job_id == "j1"
+        assert _decode(_Msg(one, seq=424243)) is first  # the third
+        assert one not in _DECODED  # all three readers took it
         assert _decode(_Msg(one, stream="OTHER", seq=424242)) is not first  # (no reader of OTHER: nothing kept)
-        assert ("OTHER", 424242) not in _DECODED
+        assert one not in _DECODED
         assert _decode(_Msg(two, seq=424242)) is other and _decode(_Msg(two, seq=424242)) is other
-        assert ("EV", 424242) not in _DECODED  # all three readers took it
+        assert two not in _DECODED  # all three readers took it
     finally:
         for r in readers:
             READERS.remove(r)
