@@ -413,8 +413,13 @@ class Bus:
                     futures.append(_failed(e))
         except BaseException:
             _abandon(futures)
+            _unshare_all(datas)
             raise
-        results = await _acks(futures, self.ack_timeout_s)
+        try:
+            results = await _acks(futures, self.ack_timeout_s)
+        except BaseException:  # cancelled: what was sent may still be stored; readers decode it
+            _unshare_all(datas)
+            raise
         out: list[PublishResult] = []
         for i, ((subject, event, extra), trace_ctx, result) in enumerate(zip(items, sent, results)):
             if i in refused:
@@ -484,8 +489,13 @@ class Bus:
                     futures.append(_failed(e))
         except BaseException:
             _abandon(futures)
+            _unshare_all(datas)
             raise
-        results = await _acks(futures, self.ack_timeout_s)
+        try:
+            results = await _acks(futures, self.ack_timeout_s)
+        except BaseException:  # cancelled: what was sent may still be stored; readers decode it
+            _unshare_all(datas)
+            raise
         out: list[Any] = []
         for (subject, event, _), headers, data, result in zip(items, sent, datas, results):
             if isinstance(result, api.PubAck):
@@ -734,9 +744,12 @@ class PullFeed:
     A request expires after ``expires_s``: the server then answers status 408 with the count
     it did not deliver (``Nats-Pending-Messages``), which is no longer due. While a request
     waits the server sends an idle heartbeat (status 100) every ``heartbeat_s``; a feed that
-    hears nothing for three heartbeats raises :class:`FeedLost` from :meth:`take`, as it does
-    on a 409 that ends the consumer and once the connection has reconnected (the server may
-    have lost the request, or the consumer: a restarted server keeps no in-memory consumer).
+    hears nothing for two heartbeats sends a fresh request (a consumer whose node died with the
+    request answers it 503, no responders, at once; a loop that was held hears its queued
+    heartbeats), and one that still hears nothing for two more raises :class:`FeedLost` from
+    :meth:`take`, as it does on a 409 that ends the consumer, on any other error status and
+    once the connection has reconnected (the server may have lost the request, or the
+    consumer: a restarted server keeps no in-memory consumer).
 
     Args:
         nc: the NATS connection.
@@ -750,7 +763,7 @@ class PullFeed:
     """
 
     def __init__(self, nc: Any, api_prefix: str, stream: str, consumer: str, *, batch: int = 500,
-                 expires_s: float = 30.0, heartbeat_s: float = 5.0) -> None:
+                 expires_s: float = 30.0, heartbeat_s: float = 0.5) -> None:
         if batch < 2:
             raise ValueError("a pull feed asks for at least 2 messages at a time")
         self.nc = nc
@@ -766,7 +779,8 @@ class PullFeed:
         self._buf: list[Msg] = []
         self._ready = asyncio.Event()
         self._due = 0  #: messages asked for and not yet delivered nor expired
-        self._heard = 0.0  #: monotonic time the server was last heard from
+        self._heard = 0.0  #: monotonic time the server was last heard from, or a request last sent
+        self._probed = False  #: a request was sent because the server fell silent (:meth:`take`)
         self._lost: str | None = None
         self._reconnects = 0  #: the connection's reconnect count when the feed started
         self.requests = 0  #: pull requests sent (a count, for per-message costs)
@@ -795,6 +809,7 @@ class PullFeed:
             self._ready.set()
             return
         self._heard = time.monotonic()
+        self._probed = False
         if status == "100":  # idle heartbeat (or flow control, not used by pull consumers)
             return
         if status == "408" or (status == "409" and "Leadership Change" in headers.get("Description", "")):
@@ -807,9 +822,13 @@ class PullFeed:
 
     async def _top_up(self) -> None:
         if self._due <= self.batch // 2:
-            self._due += self.batch
-            self.requests += 1
-            await self.nc.publish(self._subject, self._request, reply=self._inbox)
+            await self._send()
+
+    async def _send(self) -> None:
+        self._due += self.batch
+        self.requests += 1
+        self._heard = time.monotonic()  # (silence is counted from here too: a reader away from take())
+        await self.nc.publish(self._subject, self._request, reply=self._inbox)
 
     async def take(self, wait_s: float) -> list[Msg]:
         """The messages delivered since the last call, in delivery order; if none, waits up to
@@ -843,8 +862,15 @@ class PullFeed:
         if msgs:
             self._buf = []
             self._heard = now
-        elif now - self._heard > 3 * self.heartbeat_s:
-            raise FeedLost(f"nothing heard for {now - self._heard:.1f}s (heartbeat every {self.heartbeat_s:g}s)")
+            self._probed = False
+        elif now - self._heard > 2 * self.heartbeat_s:
+            if self._probed:  # a fresh request went unanswered too: the consumer or its server is gone
+                raise FeedLost(f"nothing heard for {now - self._heard:.1f}s after a fresh pull request "
+                               f"(heartbeat every {self.heartbeat_s:g}s)")
+            # silent for two heartbeats (the consumer's node died with the request, or this loop
+            # was held): ask again -- a live consumer answers, a lost one gets 503 no responders
+            self._probed = True
+            await self._send()
         await self._top_up()
         return msgs
 
@@ -1016,6 +1042,12 @@ def _share(data: bytes, event: Envelope, stream: str, subject: str) -> None:
 def _unshare(data: bytes) -> None:
     """Withdraw a shared event that was not stored (its publish failed for good)."""
     _DECODED.pop(data, None)
+
+
+def _unshare_all(datas: list[bytes]) -> None:
+    """Withdraw the shared events of a batch whose publisher was cancelled."""
+    for data in datas:
+        _DECODED.pop(data, None)
 
 
 def _settle(ack: Any, data: bytes) -> None:

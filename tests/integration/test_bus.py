@@ -3,6 +3,8 @@
 import asyncio
 import time
 
+import pytest
+
 from fedsched.bus import DurableConsumer, StreamFollower
 from fedsched.events import Heartbeat, JobStatus, business_event_id, make_event
 
@@ -543,3 +545,39 @@ async def test_a_follower_resumes_within_seconds_after_the_server_restarts(tmp_p
     finally:
         await bus.close()
         server.stop()
+
+
+async def test_a_silent_feed_asks_again_before_giving_up_and_a_consumer_without_responders_is_lost(bus):
+    """:class:`fedsched.bus.PullFeed` after two heartbeats of silence sends a fresh pull request
+    instead of giving up: a loop that was held (here: the last word from the server pushed 10 s
+    back) carries on with the same consumer. A request nobody serves -- the consumer's node died
+    with it, here a consumer that does not exist -- is answered 503 (no responders): lost at
+    once, not three heartbeats later."""
+    from nats.js import api
+
+    from fedsched.bus import FeedLost, PullFeed
+
+    stream = bus.stream_name("EVENTS")
+    await bus.js.add_consumer(stream, api.ConsumerConfig(name="silent", ack_policy=api.AckPolicy.NONE,
+                                                         inactive_threshold=30.0, mem_storage=True))
+    feed = PullFeed(bus.nc, "$JS.API", stream, "silent", batch=10, heartbeat_s=0.2)
+    await feed.start()
+    try:
+        assert await feed.take(0.05) == [] and feed.requests == 1
+        feed._heard -= 10.0  # as a take() after a 10 s stall of the loop sees it
+        assert await feed.take(0.05) == []
+        assert feed.requests == 2  # asked again, did not give up
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline:  # the consumer's heartbeats answer: never lost
+            assert await feed.take(0.05) == []
+    finally:
+        await feed.close()
+    nobody = PullFeed(bus.nc, "$JS.API", stream, "no-such-consumer", batch=10, heartbeat_s=5.0)
+    await nobody.start()
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(FeedLost, match="503"):
+            await nobody.take(2.0)
+        assert time.monotonic() - t0 < 1.0
+    finally:
+        await nobody.close()
