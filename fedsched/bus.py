@@ -415,11 +415,7 @@ class Bus:
             _abandon(futures)
             _unshare_all(datas)
             raise
-        try:
-            results = await _acks(futures, self.ack_timeout_s)
-        except BaseException:  # cancelled: what was sent may still be stored; readers decode it
-            _unshare_all(datas)
-            raise
+        results = await _batch_acks(futures, datas, self.ack_timeout_s)
         out: list[PublishResult] = []
         for i, ((subject, event, extra), trace_ctx, result) in enumerate(zip(items, sent, results)):
             if i in refused:
@@ -491,11 +487,7 @@ class Bus:
             _abandon(futures)
             _unshare_all(datas)
             raise
-        try:
-            results = await _acks(futures, self.ack_timeout_s)
-        except BaseException:  # cancelled: what was sent may still be stored; readers decode it
-            _unshare_all(datas)
-            raise
+        results = await _batch_acks(futures, datas, self.ack_timeout_s)
         out: list[Any] = []
         for (subject, event, _), headers, data, result in zip(items, sent, datas, results):
             if isinstance(result, api.PubAck):
@@ -945,6 +937,16 @@ async def _acks(futures: list[Any], timeout_s: float) -> list[Any]:
         else:
             out.append(t.exception() or t.result())
     return out
+
+
+async def _batch_acks(futures: list[Any], datas: list[bytes], timeout_s: float) -> list[Any]:
+    """:func:`_acks` of a batch whose events were shared (``datas``); if the wait is cancelled
+    they are withdrawn (what was sent may still be stored: its readers decode it)."""
+    try:
+        return await _acks(futures, timeout_s)
+    except BaseException:
+        _unshare_all(datas)
+        raise
 
 
 def _stored_at(md) -> float | None:
