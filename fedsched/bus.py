@@ -262,6 +262,11 @@ class Bus:
         """Full stream name, e.g. ``FED_EVENTS``."""
         return f"{self.prefix.upper()}_{suffix}"
 
+    @property
+    def js_api_prefix(self) -> str:
+        """The JetStream API subject prefix: ``$JS.API``, with a domain ``$JS.<domain>.API``."""
+        return f"$JS.{self.js_domain}.API" if self.js_domain else "$JS.API"
+
     def stream_of(self, subject: str) -> str:
         """The full name of the stream that stores ``subject`` (by its family, the token after
         the prefix: :func:`stream_specs`); "" for a subject of no stream."""
@@ -413,7 +418,7 @@ class Bus:
                     futures.append(_failed(e))
         except BaseException:
             _abandon(futures)
-            _unshare_all(datas)
+            _unshare(*datas)
             raise
         results = await _batch_acks(futures, datas, self.ack_timeout_s)
         out: list[PublishResult] = []
@@ -485,7 +490,7 @@ class Bus:
                     futures.append(_failed(e))
         except BaseException:
             _abandon(futures)
-            _unshare_all(datas)
+            _unshare(*datas)
             raise
         results = await _batch_acks(futures, datas, self.ack_timeout_s)
         out: list[Any] = []
@@ -597,27 +602,21 @@ class Turns:
             self._until = time.perf_counter() + TURN_S
 
 
-class PullFetcher:
-    """Fetches from one JetStream pull consumer (:meth:`fetch_fast`: a lingering request for the
-    first message, then a no-wait request for what is already there) on an inbox subscription
-    whose callback collects the deliveries, without nats.py's ``fetch`` and its task, timeout
-    task and uuid per message (``next_msg``; issue 15). Each fetch waits for its
-    requests' end (the message, the count, or the server's 404/408 status), so no delivery of
-    an old request arrives later, except after a fetch the guard deadline cut short (the
-    server never answered): such a stray is handed over by the next fetch, first.
+#: how long a request for what is already waiting behind a delivery lingers for more (seconds)
+DRAIN_S = 0.002
+
+
+class _PullInbox:
+    """What both pull readers share (private): the consumer's ``MSG.NEXT`` subject, an inbox
+    subscription whose callback (:meth:`_arrive`) takes the deliveries into a buffer, and a
+    count of the pull requests sent.
 
     Args:
         nc: the NATS connection.
-        api_prefix: the JetStream API prefix (``$JS.API``; with a domain ``$JS.<domain>.API``).
+        api_prefix: the JetStream API prefix (:attr:`Bus.js_api_prefix`).
         stream: the stream's name.
-        consumer: the pull consumer's (durable) name; it must exist.
+        consumer: the pull consumer's name; it must exist.
     """
-
-    #: how long the request for what is already waiting lingers for more (seconds; as before)
-    DRAIN_S = 0.002
-    #: how long past a request's expiry a fetch waits for the server's answer before giving up
-    #: (seconds): a request lost with the connection (reconnect) holds the consumer no longer
-    GRACE_S = 1.0
 
     def __init__(self, nc: Any, api_prefix: str, stream: str, consumer: str) -> None:
         self.nc = nc
@@ -625,9 +624,6 @@ class PullFetcher:
         self._inbox = ""
         self._sub = None
         self._buf: list[Msg] = []
-        self._want = 0  #: deliveries the current request may still bring
-        self._ended: asyncio.Future | None = None  #: resolved when the current request ends
-        self._error: Exception | None = None
         self.requests = 0  #: pull requests sent (a count)
 
     async def start(self) -> None:
@@ -636,11 +632,43 @@ class PullFetcher:
         self._sub = await self.nc.subscribe(self._inbox, cb=self._arrive)
 
     async def close(self) -> None:
-        """Unsubscribe."""
+        """Unsubscribe (what is still due is dropped by the server: nobody listens on the inbox)."""
         sub, self._sub = self._sub, None
         if sub is not None:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
+
+    async def _arrive(self, msg: Msg) -> None:
+        raise NotImplementedError
+
+    @staticmethod
+    def _status(msg: Msg) -> str | None:
+        """The status code of a status message from the server (``"100"``, ``"408"``, ...);
+        None for a delivery."""
+        headers = msg.headers
+        return headers.get("Status") if headers else None
+
+
+class PullFetcher(_PullInbox):
+    """Fetches from one JetStream pull consumer (:meth:`fetch_fast`: a lingering request for the
+    first message, then a no-wait request for what is already there) on an inbox subscription
+    whose callback collects the deliveries, without nats.py's ``fetch`` and its task, timeout
+    task and uuid per message (``next_msg``; issue 15). Each fetch waits for its
+    requests' end (the message, the count, or the server's 404/408 status), so no delivery of
+    an old request arrives later, except after a fetch the guard deadline cut short (the
+    server never answered): such a stray is handed over by the next fetch, first. Arguments as
+    :class:`_PullInbox` (``consumer``: the durable's name).
+    """
+
+    #: how long past a request's expiry a fetch waits for the server's answer before giving up
+    #: (seconds): a request lost with the connection (reconnect) holds the consumer no longer
+    GRACE_S = 1.0
+
+    def __init__(self, nc: Any, api_prefix: str, stream: str, consumer: str) -> None:
+        super().__init__(nc, api_prefix, stream, consumer)
+        self._want = 0  #: deliveries the current request may still bring
+        self._ended: asyncio.Future | None = None  #: resolved when the current request ends
+        self._error: Exception | None = None
 
     def _end(self) -> None:
         ended = self._ended
@@ -648,8 +676,7 @@ class PullFetcher:
             ended.set_result(None)
 
     async def _arrive(self, msg: Msg) -> None:
-        headers = msg.headers
-        status = headers.get("Status") if headers else None
+        status = self._status(msg)
         if status is None:
             self._buf.append(msg)
             self._want -= 1
@@ -660,7 +687,7 @@ class PullFetcher:
             return
         if status not in ("404", "408"):  # 409 consumer deleted, leadership change, ...
             self._error = nats.js.errors.APIError(code=int(status) if status.isdigit() else None,
-                                                  description=headers.get("Description", ""))
+                                                  description=msg.headers.get("Description", ""))
         self._end()
 
     async def _request(self, batch: int, wait_s: float, no_wait: bool = False) -> None:
@@ -688,7 +715,7 @@ class PullFetcher:
         messages or the timeout, so a lone message would wait the whole timeout; here the
         lingering request asks for one message (it returns on arrival) and, if the server said
         more were pending, a no-wait request takes what is already there, lingering
-        :attr:`DRAIN_S` for the rest (the request nats.py's ``fetch`` makes). The pull request is
+        :data:`DRAIN_S` for the rest (the request nats.py's ``fetch`` makes). The pull request is
         written in the caller's task before it yields -- in the same socket write as the acks
         the caller just sent (:class:`DurableConsumer`).
 
@@ -705,7 +732,7 @@ class PullFetcher:
             if not self._buf:
                 raise nats.errors.TimeoutError
         if len(self._buf) < batch and _pending_after(self._buf) > 0:
-            await self._request(batch - len(self._buf), self.DRAIN_S, no_wait=True)
+            await self._request(batch - len(self._buf), DRAIN_S, no_wait=True)
             self._error = None  # (the messages in hand are handed over; the next fetch meets it again)
         msgs, self._buf = self._buf[:batch], self._buf[batch:]
         return msgs
@@ -722,7 +749,7 @@ class FeedLost(Exception):
     the message); the reader makes a new consumer from the next sequence it needs."""
 
 
-class PullFeed:
+class PullFeed(_PullInbox):
     """A continuous pull on one JetStream pull consumer (what nats.go's ``Consume`` does;
     nats.py 2.x has only ``fetch``): the consumer's deliveries arrive on an inbox subscription
     whose callback appends them to a buffer (:meth:`take` hands it over), asked for by pull
@@ -744,10 +771,7 @@ class PullFeed:
     consumer: a restarted server keeps no in-memory consumer).
 
     Args:
-        nc: the NATS connection.
-        api_prefix: the JetStream API prefix (``$JS.API``; with a domain ``$JS.<domain>.API``).
-        stream: the stream's name.
-        consumer: the pull consumer's name (it must exist).
+        nc, api_prefix, stream, consumer: as :class:`_PullInbox`.
         batch: messages per pull request (at most 1.5 x ``batch`` are due at once, so the
             buffer holds at most that many unread messages).
         expires_s: seconds a pull request waits on the server.
@@ -758,48 +782,32 @@ class PullFeed:
                  expires_s: float = 30.0, heartbeat_s: float = 0.5) -> None:
         if batch < 2:
             raise ValueError("a pull feed asks for at least 2 messages at a time")
-        self.nc = nc
-        self.stream = stream
-        self.consumer = consumer
+        super().__init__(nc, api_prefix, stream, consumer)
         self.batch = batch
         self.heartbeat_s = heartbeat_s
-        self._subject = f"{api_prefix}.CONSUMER.MSG.NEXT.{stream}.{consumer}"
         self._request = json.dumps({"batch": batch, "expires": int(expires_s * 1e9),
                                     "idle_heartbeat": int(heartbeat_s * 1e9)}).encode()
-        self._inbox = ""
-        self._sub = None
-        self._buf: list[Msg] = []
         self._ready = asyncio.Event()
         self._due = 0  #: messages asked for and not yet delivered nor expired
         self._heard = 0.0  #: monotonic time the server was last heard from, or a request last sent
         self._probed = False  #: a request was sent because the server fell silent (:meth:`take`)
         self._lost: str | None = None
         self._reconnects = 0  #: the connection's reconnect count when the feed started
-        self.requests = 0  #: pull requests sent (a count, for per-message costs)
 
     async def start(self) -> None:
         """Subscribe the inbox and send the first pull request."""
         self._reconnects = _reconnects(self.nc)
-        self._inbox = self.nc.new_inbox()
-        self._sub = await self.nc.subscribe(self._inbox, cb=self._arrive)
-        self._heard = time.monotonic()
+        await super().start()
         await self._top_up()
 
-    async def close(self) -> None:
-        """Unsubscribe (what is due is dropped by the server: nobody listens on the inbox)."""
-        sub, self._sub = self._sub, None
-        if sub is not None:
-            with contextlib.suppress(Exception):
-                await sub.unsubscribe()
-
     async def _arrive(self, msg: Msg) -> None:
-        headers = msg.headers
-        status = headers.get("Status") if headers else None
+        status = self._status(msg)
         if status is None:  # a delivery
             self._buf.append(msg)
             self._due -= 1
             self._ready.set()
             return
+        headers = msg.headers
         self._heard = time.monotonic()
         self._probed = False
         if status == "100":  # idle heartbeat (or flow control, not used by pull consumers)
@@ -827,8 +835,8 @@ class PullFeed:
         ``wait_s`` seconds for some (an empty list: nothing came).
 
         Raises:
-            FeedLost: the consumer is gone, or the server was not heard from for three
-                heartbeats.
+            FeedLost: the consumer is gone (an error status), the connection reconnected, or
+                the server was not heard from for two heartbeats after a fresh request.
         """
         if not self._buf and self._lost is None:
             self._ready.clear()
@@ -842,10 +850,10 @@ class PullFeed:
             raise FeedLost(self._lost)
         if self._buf and len(self._buf) < self.batch and (behind := _pending_after(self._buf)) > 0:
             # more were stored behind the newest (the server said so) and are on their way: give
-            # them DRAIN_S to join this batch, as a fetch's request for what is there did
+            # them DRAIN_S to join this batch, as PullFetcher's request for what is there does
             target = min(self.batch, len(self._buf) + behind)
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(PullFetcher.DRAIN_S):
+                async with asyncio.timeout(DRAIN_S):
                     while len(self._buf) < target and self._lost is None:
                         self._ready.clear()
                         await self._ready.wait()
@@ -941,11 +949,11 @@ async def _acks(futures: list[Any], timeout_s: float) -> list[Any]:
 
 async def _batch_acks(futures: list[Any], datas: list[bytes], timeout_s: float) -> list[Any]:
     """:func:`_acks` of a batch whose events were shared (``datas``); if the wait is cancelled
-    they are withdrawn (what was sent may still be stored: its readers decode it)."""
+    they are withdrawn."""
     try:
         return await _acks(futures, timeout_s)
     except BaseException:
-        _unshare_all(datas)
+        _unshare(*datas)
         raise
 
 
@@ -1041,13 +1049,10 @@ def _share(data: bytes, event: Envelope, stream: str, subject: str) -> None:
     _keep(data, event, READERS.of(stream, subject))
 
 
-def _unshare(data: bytes) -> None:
-    """Withdraw a shared event that was not stored (its publish failed for good)."""
-    _DECODED.pop(data, None)
-
-
-def _unshare_all(datas: list[bytes]) -> None:
-    """Withdraw the shared events of a batch whose publisher was cancelled."""
+def _unshare(*datas: bytes) -> None:
+    """Withdraw shared events that will not be read back: their publish failed for good, was a
+    duplicate, or its publisher was cancelled (what was sent may still be stored: its readers
+    decode it)."""
     for data in datas:
         _DECODED.pop(data, None)
 
@@ -1175,8 +1180,7 @@ class DurableConsumer:
                 log.info("consumer %s: ack wait %.1fs -> %.1fs", self.durable, float(configured), self.ack_wait_s)
                 await self.bus.js.add_consumer(self.stream, self._config())
         await self._drop_fetcher()
-        domain = self.bus.js_domain
-        fetcher = PullFetcher(self.bus.nc, f"$JS.{domain}.API" if domain else "$JS.API", self.stream, self.durable)
+        fetcher = PullFetcher(self.bus.nc, self.bus.js_api_prefix, self.stream, self.durable)
         await fetcher.start()
         self._sub = fetcher
 
@@ -1529,9 +1533,7 @@ class StreamFollower:
                 config.filter_subject = subjects[0]
         info = await self.bus.js.add_consumer(self.stream, config)
         await self._close_feed()
-        domain = self.bus.js_domain
-        feed = PullFeed(self.bus.nc, f"$JS.{domain}.API" if domain else "$JS.API", self.stream, config.name,
-                        batch=max(2, self.batch))
+        feed = PullFeed(self.bus.nc, self.bus.js_api_prefix, self.stream, config.name, batch=max(2, self.batch))
         await feed.start()
         self._feed, self._consumer = feed, config.name
         if not self.caught_up.is_set():  # the backlog: what was stored when the consumer was made
