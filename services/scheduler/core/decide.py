@@ -67,7 +67,7 @@ import math
 from bisect import bisect_left
 from collections import Counter
 from dataclasses import dataclass, replace
-from typing import Iterable, NamedTuple, Sequence
+from typing import Any, Callable, Iterable, NamedTuple, Sequence
 
 from fedsched.jobs import Locality
 from fedsched.reasons import PASS, STATIC_REASONS, Reason, Verdict, fail, summarise_counts
@@ -1425,19 +1425,19 @@ class _Bounds:
         out.sort()
         return out
 
-    def region_terms(self, region: str, price: float) -> tuple | None:
-        """The values, in scorer order, the region scorers' bounds gave ``region`` (for a
-        ``region_price`` scorer: at the price representative charging ``price``), which are
-        their scores of a fit there paying ``price`` (:attr:`_Cycle.scores_from_bounds`); None
-        if no representative charges it."""
+    def region_terms(self, region: str, price: float, score: Callable[[Any], float]) -> tuple:
+        """The values, in scorer order, of the region scorers on a fit in ``region`` paying
+        ``price``, which are their bounds there (:attr:`_Cycle.scores_from_bounds`): a
+        ``region`` scorer's is the bound this search gave the region; a ``region_price``
+        scorer's the bound at the price representative charging ``price``, or, when no
+        representative charges it (the fit is not of the cheapest candidate model, or the
+        price is NaN), ``score(scorer)`` -- the scorer's score of the fit."""
         i = self.index[region]
         k = self.at_price.get((i, price)) if price == price else None  # (a NaN charges nothing)
-        if k is None:
-            return None
         cy = self.cy
         at = cy.score_parts
-        return tuple(column[i] if kind == 1 else column[k]
-                     for (kind, _), column in zip(cy.bound_kinds[:at], self.columns[:at]))
+        return tuple(column[i] if kind == 1 else column[k] if k is not None else score(s.scorer)
+                     for (kind, s), column in zip(cy.bound_kinds[:at], self.columns[:at]))
 
     def plan(self, group: _Group, region: str) -> tuple[float, list]:
         """The job's sum of the terms one value holds for the whole region (``const``,
@@ -1545,8 +1545,9 @@ def _score(job: QueuedJob, c: Candidate, fit: Fit, cy: "_Cycle", shared: dict[in
         key = (cluster.region, price)
         region_part = memo.get(key)
         if region_part is None:
-            values = bounds.region_terms(cluster.region, price) if cy.scores_from_bounds else None
-            if values is None:
+            if cy.scores_from_bounds:
+                values = bounds.region_terms(cluster.region, price, lambda sc: sc.score(job, cluster, fit, work, ctx))
+            else:
                 values = tuple(sc.score(job, cluster, fit, work, ctx) for _, sc, _, _, _ in cy.scoring[:at])
             region_part = memo[key] = (values, cy.term_tuple(cy.score_names, values),
                                        _float_sum([w * v for w, v in zip(cy.score_weights, values)]))

@@ -153,7 +153,9 @@ def test_region_terms_read_from_a_searchs_bounds_decide_as_scores_computed(case,
     policy = build_policy(name)
     read = decide(view, queue, policy)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(decide_module._Bounds, "region_terms", lambda self, region, price: None)
+        mp.setattr(decide_module._Bounds, "region_terms",  # every region term scored, none read
+                   lambda self, region, price, score: tuple(score(s.scorer)
+                                                            for _, s in self.cy.bound_kinds[:self.cy.score_parts]))
         scored = decide(view, queue, policy)
     assert read == scored
 
