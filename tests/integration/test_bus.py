@@ -581,3 +581,64 @@ async def test_a_silent_feed_asks_again_before_giving_up_and_a_consumer_without_
         assert time.monotonic() - t0 < 1.0
     finally:
         await nobody.close()
+
+
+async def test_a_consumer_create_whose_answer_is_lost_is_asked_again_under_the_same_name(nats_server, monkeypatch):
+    """:func:`fedsched.bus.create_consumer`: on a JetStream cluster a create sent while the meta
+    leader is being elected goes unanswered, and one request waited the whole API timeout (10 s;
+    a follower resumed ~11 s after a node's kill). Here the JetStream API is reached through a
+    domain whose requests a relay passes to the real server: the relay hands the first create to
+    the server but drops its answer (the consumer *was* made). The follower asks again after
+    :data:`~fedsched.bus.CREATE_ATTEMPT_S`, with the same name and config: the server answers
+    with that same consumer, the follower reads the stream, and no second consumer is left."""
+    import nats
+
+    import fedsched.bus as busmod
+    from fedsched.bus import Bus
+    from tests.builders import unique
+
+    monkeypatch.setattr(busmod, "CREATE_ATTEMPT_S", 0.3)
+    relay = await nats.connect(nats_server.url)
+    creates: list[str] = []
+
+    async def forward(msg):
+        api_subject = "$JS.API." + msg.subject.removeprefix("$JS.lossy.API.")
+        if api_subject.startswith(("$JS.API.CONSUMER.CREATE.", "$JS.API.CONSUMER.DURABLE.CREATE.")):
+            creates.append(api_subject)
+            if creates.count(api_subject) == 1:  # the server makes the consumer; its answer goes nowhere
+                await relay.publish(api_subject, msg.data, reply=relay.new_inbox(), headers=msg.headers)
+                return
+        await relay.publish(api_subject, msg.data, reply=msg.reply, headers=msg.headers)
+
+    await relay.subscribe("$JS.lossy.API.>", cb=forward)
+    await relay.flush()
+    bus = await Bus.connect(nats_server.url, unique("t"), name="test", js_domain="lossy")
+    try:
+        await bus.ensure_streams()
+        stream = bus.stream_name("EVENTS")
+        before = len([c async for c in _consumers(bus, stream)])
+        await bus.publish(bus.subjects.status("cn-north-1", "c1"), _event(7))
+        seen = []
+        f = StreamFollower(bus, "EVENTS", lambda d: seen.append(d.envelope.job_id), name="lossy")
+        task = asyncio.create_task(f.run())
+        try:
+            await asyncio.wait_for(f.caught_up.wait(), 5.0)
+        finally:
+            f.stop()
+            await task
+        assert seen == ["j-7"]
+        assert len(creates) == 2 and creates[0] == creates[1]  # asked again, same consumer name
+        assert len([c async for c in _consumers(bus, stream)]) == before + 1  # nothing left behind
+        # a durable consumer (the writers', the agents') is made the same way
+        got, _ = await _collect(bus, [bus.subjects.status("cn-north-1", "c1")], "lossy-durable", 1, timeout=5.0)
+        assert [d.envelope.job_id for d in got] == ["j-7"]
+        assert len(creates) == 4 and creates[2] == creates[3]
+        assert len([c async for c in _consumers(bus, stream)]) == before + 2
+    finally:
+        await bus.close()
+        await relay.close()
+
+
+async def _consumers(bus, stream):
+    for info in await bus.js.consumers_info(stream):
+        yield info
