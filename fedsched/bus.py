@@ -1447,18 +1447,25 @@ MessageHandler = Callable[[Delivery], Any]
 CREATE_ATTEMPT_S = 1.0
 
 
-async def create_consumer(bus: "Bus", stream: str, config: api.ConsumerConfig, *,
+async def create_consumer(bus: "Bus", stream: str, config: api.ConsumerConfig, *, rename: bool = False,
                           attempt_s: float | None = None, total_s: float = 10.0) -> api.ConsumerInfo:
-    """``add_consumer`` of a *named* consumer (``config.name`` or ``durable_name``), each request
-    given ``attempt_s`` seconds (default :data:`CREATE_ATTEMPT_S`) and sent again, the same
-    config under the same name, until one is answered or ``total_s`` seconds have passed.
+    """``add_consumer`` of a named consumer (``config.name`` or ``durable_name``), each request
+    given ``attempt_s`` seconds (default :data:`CREATE_ATTEMPT_S`) and sent again until one is
+    answered or ``total_s`` seconds have passed: under the same name, or with ``rename`` (an
+    ephemeral consumer whose name nothing else knows) under a fresh random name, written into
+    ``config.name`` -- the caller reads the consumer's name from there.
 
     Why: on a JetStream cluster a create sent while the meta leader is being elected (its node
-    died) is never answered, and a single request waited the whole API timeout (10 s) -- a
+    was killed) is never answered, and one request waited the whole API timeout (10 s): a
     follower whose consumer lived on the dead node resumed ~11 s after the kill in one run of
-    three, against ~1 s in the others (review of issue 15's bus change). Creating a named
-    consumer is idempotent: a request that did create it before its answer was lost is answered
-    by the retry with the same consumer, so nothing is left behind.
+    three, against ~1 s in the others. Measured on a 3-node cluster (kill -9 of the consumer's
+    node, the client on another): asked again under the same name, a create was answered after
+    3 or 6 retries in some runs and never within 10 s in others, while a create under a new
+    name, sent after those 10 s, was answered at once -- so ephemeral consumers take a new name
+    each time. Creating a named consumer is idempotent: when a request under that name did
+    create it and only its answer was lost, asking again gets that same consumer. A renamed
+    attempt can leave the earlier one behind, if it was made after all; an ephemeral consumer
+    nobody reads is removed by the server after its ``inactive_threshold``.
 
     Raises:
         asyncio.TimeoutError (``nats.errors.TimeoutError``): no answer within ``total_s``.
@@ -1475,8 +1482,11 @@ async def create_consumer(bus: "Bus", stream: str, config: api.ConsumerConfig, *
         except asyncio.TimeoutError:  # (nats.errors.TimeoutError is one)
             if loop.time() >= deadline:
                 raise
-            log.info("consumer %s on %s: create not answered within %.1f s; asking again",
-                     config.name or config.durable_name, stream, per)
+            name = config.name or config.durable_name
+            if rename:
+                config.name = uuid.uuid4().hex[:22]
+            log.info("consumer %s on %s: create not answered within %.1f s; asking again%s", name, stream, per,
+                     f" as {config.name}" if rename else "")
 
 
 class StreamFollower:
@@ -1567,7 +1577,7 @@ class StreamFollower:
             config.name = uuid.uuid4().hex[:22]
             if len(subjects) == 1:
                 config.filter_subject = subjects[0]
-        info = await create_consumer(self.bus, self.stream, config)
+        info = await create_consumer(self.bus, self.stream, config, rename=not self.fixed_name)
         await self._close_feed()
         feed = PullFeed(self.bus.nc, self.bus.js_api_prefix, self.stream, config.name, batch=max(2, self.batch))
         await feed.start()

@@ -583,14 +583,15 @@ async def test_a_silent_feed_asks_again_before_giving_up_and_a_consumer_without_
         await nobody.close()
 
 
-async def test_a_consumer_create_whose_answer_is_lost_is_asked_again_under_the_same_name(nats_server, monkeypatch):
+async def test_a_consumer_create_whose_answer_is_lost_is_asked_again(nats_server, monkeypatch):
     """:func:`fedsched.bus.create_consumer`: on a JetStream cluster a create sent while the meta
     leader is being elected goes unanswered, and one request waited the whole API timeout (10 s;
     a follower resumed ~11 s after a node's kill). Here the JetStream API is reached through a
-    domain whose requests a relay passes to the real server: the relay hands the first create to
-    the server but drops its answer (the consumer *was* made). The follower asks again after
-    :data:`~fedsched.bus.CREATE_ATTEMPT_S`, with the same name and config: the server answers
-    with that same consumer, the follower reads the stream, and no second consumer is left."""
+    domain whose requests a relay passes to the real server: the relay hands each reader's first
+    create to the server but drops its answer (the consumer *was* made). After
+    :data:`~fedsched.bus.CREATE_ATTEMPT_S` the reader asks again: a random-name follower under a
+    fresh name (the first is left to expire), a fixed-name follower and a durable consumer under
+    the same name -- the server answers with the consumer it made, and none is made twice."""
     import nats
 
     import fedsched.bus as busmod
@@ -605,10 +606,24 @@ async def test_a_consumer_create_whose_answer_is_lost_is_asked_again_under_the_s
         api_subject = "$JS.API." + msg.subject.removeprefix("$JS.lossy.API.")
         if api_subject.startswith(("$JS.API.CONSUMER.CREATE.", "$JS.API.CONSUMER.DURABLE.CREATE.")):
             creates.append(api_subject)
-            if creates.count(api_subject) == 1:  # the server makes the consumer; its answer goes nowhere
+            if len(creates) % 2:  # the first of each reader: the server makes it; its answer goes nowhere
                 await relay.publish(api_subject, msg.data, reply=relay.new_inbox(), headers=msg.headers)
                 return
         await relay.publish(api_subject, msg.data, reply=msg.reply, headers=msg.headers)
+
+    async def consumers() -> set[str]:
+        return {c.name for c in await bus.js.consumers_info(stream)}
+
+    async def follow(**kwargs) -> list[str]:
+        seen: list[str] = []
+        f = StreamFollower(bus, "EVENTS", lambda d: seen.append(d.envelope.job_id), **kwargs)
+        task = asyncio.create_task(f.run())
+        try:
+            await asyncio.wait_for(f.caught_up.wait(), 5.0)
+        finally:
+            f.stop()
+            await task
+        return seen
 
     await relay.subscribe("$JS.lossy.API.>", cb=forward)
     await relay.flush()
@@ -616,29 +631,25 @@ async def test_a_consumer_create_whose_answer_is_lost_is_asked_again_under_the_s
     try:
         await bus.ensure_streams()
         stream = bus.stream_name("EVENTS")
-        before = len([c async for c in _consumers(bus, stream)])
-        await bus.publish(bus.subjects.status("cn-north-1", "c1"), _event(7))
-        seen = []
-        f = StreamFollower(bus, "EVENTS", lambda d: seen.append(d.envelope.job_id), name="lossy")
-        task = asyncio.create_task(f.run())
-        try:
-            await asyncio.wait_for(f.caught_up.wait(), 5.0)
-        finally:
-            f.stop()
-            await task
-        assert seen == ["j-7"]
-        assert len(creates) == 2 and creates[0] == creates[1]  # asked again, same consumer name
-        assert len([c async for c in _consumers(bus, stream)]) == before + 1  # nothing left behind
-        # a durable consumer (the writers', the agents') is made the same way
-        got, _ = await _collect(bus, [bus.subjects.status("cn-north-1", "c1")], "lossy-durable", 1, timeout=5.0)
+        subject = bus.subjects.status("cn-north-1", "c1")
+        before = await consumers()
+        await bus.publish(subject, _event(7))
+        assert await follow(name="lossy") == ["j-7"]
+        assert len(creates) == 2 and creates[0] != creates[1]  # asked again under a new name
+        made = await consumers() - before
+        assert len(made) == 2  # the one whose answer was lost, left to expire, and the one read
+        assert {n for n in made if n in creates[1]} and {n for n in made if n in creates[0]}
+
+        before = await consumers()
+        assert await follow(name="lossy-fixed", filter_subjects=[subject], fixed_name=True) == ["j-7"]
+        assert len(creates) == 4 and creates[2] == creates[3]  # asked again under its own name
+        assert await consumers() - before == {"lossy-fixed"}
+
+        before = await consumers()
+        got, _ = await _collect(bus, [subject], "lossy-durable", 1, timeout=5.0)  # (the writers', the agents')
         assert [d.envelope.job_id for d in got] == ["j-7"]
-        assert len(creates) == 4 and creates[2] == creates[3]
-        assert len([c async for c in _consumers(bus, stream)]) == before + 2
+        assert len(creates) == 6 and creates[4] == creates[5]
+        assert await consumers() - before == {"lossy-durable"}
     finally:
         await bus.close()
         await relay.close()
-
-
-async def _consumers(bus, stream):
-    for info in await bus.js.consumers_info(stream):
-        yield info
