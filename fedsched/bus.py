@@ -445,7 +445,7 @@ class Bus:
             except UnavailableError:
                 out.append(PublishResult.FAILED)
             except Exception as e:  # noqa: BLE001 - never let one message fail the batch
-                log.warning("publish of %s %s to %s failed: %r", event.type, event.event_id, subject, e)
+                log.warning("publish of %s %s to %s failed: %s", event.type, event.event_id, subject, described(e))
                 out.append(PublishResult.FAILED)
         return out
 
@@ -765,10 +765,14 @@ class PullFeed(_PullInbox):
     waits the server sends an idle heartbeat (status 100) every ``heartbeat_s``; a feed that
     hears nothing for two heartbeats sends a fresh request (a consumer whose node died with the
     request answers it 503, no responders, at once; a loop that was held hears its queued
-    heartbeats), and one that still hears nothing for two more raises :class:`FeedLost` from
-    :meth:`take`, as it does on a 409 that ends the consumer, on any other error status and
-    once the connection has reconnected (the server may have lost the request, or the
-    consumer: a restarted server keeps no in-memory consumer).
+    heartbeats), and one that still hears nothing for ``lost_after_s`` after it raises
+    :class:`FeedLost` from :meth:`take`, as it does on a 409 that ends the consumer, on any
+    other error status and once the connection has reconnected (the server may have lost the
+    request, or the consumer: a restarted server keeps no in-memory consumer). The 503 is what
+    finds a dead node fast; ``lost_after_s`` is only for a request nothing answers at all, and is
+    long enough that a healthy consumer whose heartbeats are late (a server busy with hundreds
+    of readers made at once) is not given up: at two heartbeats (1 s) 200 followers started
+    together on a 3-node cluster made ~160-240 consumers again (review of issue 15's change).
 
     Args:
         nc, api_prefix, stream, consumer: as :class:`_PullInbox`.
@@ -776,15 +780,18 @@ class PullFeed(_PullInbox):
             buffer holds at most that many unread messages).
         expires_s: seconds a pull request waits on the server.
         heartbeat_s: the idle heartbeat interval asked for (seconds).
+        lost_after_s: seconds of silence after a fresh request before the feed is lost (at
+            least two heartbeats).
     """
 
     def __init__(self, nc: Any, api_prefix: str, stream: str, consumer: str, *, batch: int = 500,
-                 expires_s: float = 30.0, heartbeat_s: float = 0.5) -> None:
+                 expires_s: float = 30.0, heartbeat_s: float = 0.5, lost_after_s: float = 5.0) -> None:
         if batch < 2:
             raise ValueError("a pull feed asks for at least 2 messages at a time")
         super().__init__(nc, api_prefix, stream, consumer)
         self.batch = batch
         self.heartbeat_s = heartbeat_s
+        self.lost_after_s = max(lost_after_s, 2 * heartbeat_s)
         self._request = json.dumps({"batch": batch, "expires": int(expires_s * 1e9),
                                     "idle_heartbeat": int(heartbeat_s * 1e9)}).encode()
         self._ready = asyncio.Event()
@@ -836,7 +843,7 @@ class PullFeed(_PullInbox):
 
         Raises:
             FeedLost: the consumer is gone (an error status), the connection reconnected, or
-                the server was not heard from for two heartbeats after a fresh request.
+                the server was not heard from for ``lost_after_s`` after a fresh request.
         """
         if not self._buf and self._lost is None:
             self._ready.clear()
@@ -863,16 +870,25 @@ class PullFeed(_PullInbox):
             self._buf = []
             self._heard = now
             self._probed = False
-        elif now - self._heard > 2 * self.heartbeat_s:
-            if self._probed:  # a fresh request went unanswered too: the consumer or its server is gone
+        elif self._probed:
+            if now - self._heard > self.lost_after_s:  # a fresh request went unanswered too
                 raise FeedLost(f"nothing heard for {now - self._heard:.1f}s after a fresh pull request "
                                f"(heartbeat every {self.heartbeat_s:g}s)")
+        elif now - self._heard > 2 * self.heartbeat_s:
             # silent for two heartbeats (the consumer's node died with the request, or this loop
             # was held): ask again -- a live consumer answers, a lost one gets 503 no responders
             self._probed = True
             await self._send()
         await self._top_up()
         return msgs
+
+
+def described(e: BaseException) -> str:
+    """``e`` for a log line: its type and its text (nats.py's ``APIError`` has an empty repr,
+    so ``%r`` hid the status code and the server's description), or the repr when it has no
+    text (``TimeoutError()``)."""
+    text = str(e)
+    return f"{type(e).__name__}: {text}" if text else repr(e)
 
 
 async def _failed(e: Exception):
@@ -1192,7 +1208,8 @@ class DurableConsumer:
     async def _info(self):
         """The durable's consumer info, None if it does not exist."""
         try:
-            return await self.bus.js.consumer_info(self.stream, self.durable)
+            return await asked_again(f"info of consumer {self.durable} on {self.stream}",
+                                     lambda: self.bus.js.consumer_info(self.stream, self.durable))
         except nats.js.errors.NotFoundError:
             return None
 
@@ -1304,7 +1321,9 @@ class DurableConsumer:
             except Exception as e:  # noqa: BLE001 - connection trouble: rebuild the subscription
                 if self._stop.is_set():
                     break
-                log.info("consumer %s: %r; resubscribing in %.1fs", self.durable, e, self._backoff)
+                # once the back-off is at its cap the trouble has lasted seconds: say so above INFO
+                log.log(logging.WARNING if self._backoff >= 5.0 else logging.INFO,
+                        "consumer %s: %s; resubscribing in %.1fs", self.durable, described(e), self._backoff)
                 await self._drop_fetcher()
                 await asyncio.sleep(self._backoff)
                 self._backoff = min(self._backoff * 2, 5.0)
@@ -1443,50 +1462,74 @@ def _pending_after(msgs: list[Msg]) -> int:
 MessageHandler = Callable[[Delivery], Any]
 
 
-#: seconds one consumer-create request is given before it is sent again (:func:`create_consumer`)
+#: seconds a JetStream API request of a consumer's (re)creation is given before it is sent
+#: again (:func:`asked_again`; one that makes a new consumer each time: up to twice as long)
 CREATE_ATTEMPT_S = 1.0
 
 
-async def create_consumer(bus: "Bus", stream: str, config: api.ConsumerConfig, *, rename: bool = False,
-                          attempt_s: float | None = None, total_s: float = 10.0) -> api.ConsumerInfo:
-    """``add_consumer`` of a named consumer (``config.name`` or ``durable_name``), each request
-    given ``attempt_s`` seconds (default :data:`CREATE_ATTEMPT_S`) and sent again until one is
-    answered or ``total_s`` seconds have passed: under the same name, or with ``rename`` (an
-    ephemeral consumer whose name nothing else knows) under a fresh random name, written into
-    ``config.name`` -- the caller reads the consumer's name from there.
+async def asked_again(what: str, call: Callable[[], Awaitable[Any]], *, total_s: float = 10.0,
+                      before_retry: Callable[[], None] | None = None) -> Any:
+    """``await call()`` (one JetStream API request), given :data:`CREATE_ATTEMPT_S` seconds and
+    sent again while unanswered, until one is answered or ``total_s`` seconds have passed.
+    ``before_retry()`` runs before each retry (a fresh consumer name, :func:`create_consumer`);
+    such retries, each of which may leave a consumer behind, wait twice as long from the second
+    on (1, 2, 2, ... s).
 
-    Why: on a JetStream cluster a create sent while the meta leader is being elected (its node
-    was killed) is never answered, and one request waited the whole API timeout (10 s): a
-    follower whose consumer lived on the dead node resumed ~11 s after the kill in one run of
-    three, against ~1 s in the others. Measured on a 3-node cluster (kill -9 of the consumer's
-    node, the client on another): asked again under the same name, a create was answered after
-    3 or 6 retries in some runs and never within 10 s in others, while a create under a new
-    name, sent after those 10 s, was answered at once -- so ephemeral consumers take a new name
-    each time. Creating a named consumer is idempotent: when a request under that name did
-    create it and only its answer was lost, asking again gets that same consumer. A renamed
-    attempt can leave the earlier one behind, if it was made after all; an ephemeral consumer
-    nobody reads is removed by the server after its ``inactive_threshold``.
+    Why: on a JetStream cluster a request sent while the meta leader is being elected (its node
+    was killed) is never answered, and each of a reader's calls to make its consumer again --
+    the durable's info, a fixed-name follower's delete of its leftover, the create -- waited the
+    whole API timeout (10 s): readers resumed 10-22 s after the kill, against the ~5 s of the
+    election. Growing every wait (1, 2, 4 s) made them resume at 7-15 s; renaming retries are
+    spaced out because at 1 s, 300 followers made at once on a healthy cluster were answered
+    slowly enough to ask ~2,800 times over (review of issue 15's change).
 
     Raises:
-        asyncio.TimeoutError (``nats.errors.TimeoutError``): no answer within ``total_s``.
-        nats.js.errors.APIError: the server refused the config; nats.errors.NoRespondersError:
-            nothing serves the JetStream API (neither is retried: asking again cannot help).
+        asyncio.TimeoutError (``nats.errors.TimeoutError`` is one): no answer within ``total_s``.
+        Whatever ``call`` raises otherwise (not retried: an answer that refuses).
     """
-    per = CREATE_ATTEMPT_S if attempt_s is None else attempt_s
+    per = CREATE_ATTEMPT_S
     loop = asyncio.get_running_loop()
     deadline = loop.time() + total_s
     while True:
         left = deadline - loop.time()
         try:
-            return await bus.js.add_consumer(stream, config, timeout=max(0.05, min(per, left)))
-        except asyncio.TimeoutError:  # (nats.errors.TimeoutError is one)
+            return await asyncio.wait_for(call(), timeout=max(0.05, min(per, left)))
+        except asyncio.TimeoutError:
             if loop.time() >= deadline:
                 raise
-            name = config.name or config.durable_name
-            if rename:
-                config.name = uuid.uuid4().hex[:22]
-            log.info("consumer %s on %s: create not answered within %.1f s; asking again%s", name, stream, per,
-                     f" as {config.name}" if rename else "")
+            log.info("%s: not answered within %.1f s; asking again", what, per)
+            if before_retry is not None:
+                per = 2 * CREATE_ATTEMPT_S
+                before_retry()
+
+
+async def create_consumer(bus: "Bus", stream: str, config: api.ConsumerConfig, *, rename: bool = False,
+                          total_s: float = 10.0) -> api.ConsumerInfo:
+    """``add_consumer`` of a named consumer (``config.name`` or ``durable_name``), asked again
+    while unanswered (:func:`asked_again`): under the same name, or with ``rename`` (an
+    ephemeral consumer whose name nothing else knows) under a fresh random name, written into
+    ``config.name`` -- the caller reads the consumer's name from there.
+
+    Measured on a 3-node cluster (kill -9 of the consumer's node, the client on another): asked
+    again under the same name, a create was answered after 3 to 6 s in some runs and never
+    within 10 s in others, while a create under a new name, sent after those 10 s, was answered
+    at once -- so ephemeral consumers take a new name each time. Creating a named consumer is
+    idempotent: when a request under that name did create it and only its answer was lost,
+    asking again gets that same consumer. A renamed attempt can leave the earlier one behind,
+    if it was made after all; an ephemeral consumer nobody reads is removed by the server after
+    its ``inactive_threshold``.
+
+    Raises:
+        asyncio.TimeoutError: no answer within ``total_s``.
+        nats.js.errors.APIError: the server refused the config, or nothing serves the JetStream
+            API (``ServiceUnavailableError``, 503: e.g. a JetStream domain no server has).
+    """
+    def fresh_name() -> None:
+        config.name = uuid.uuid4().hex[:22]
+
+    return await asked_again(f"create of consumer {config.name or config.durable_name} on {stream}",
+                             lambda: bus.js.add_consumer(stream, config), total_s=total_s,
+                             before_retry=fresh_name if rename else None)
 
 
 class StreamFollower:
@@ -1568,7 +1611,8 @@ class StreamFollower:
             config.filter_subjects = subjects
         if self.fixed_name:
             try:
-                await self.bus.js.delete_consumer(self.stream, self.name)
+                await asked_again(f"delete of consumer {self.name} on {self.stream}",
+                                  lambda: self.bus.js.delete_consumer(self.stream, self.name))
             except nats.js.errors.NotFoundError:
                 pass
             config.name = self.name
@@ -1665,7 +1709,9 @@ class StreamFollower:
             except Exception as e:  # noqa: BLE001 - rebuild from the next sequence
                 if self._stop.is_set():
                     break
-                log.info("follower %s: %r; resuming from sequence %d", self.name, e, self.next_sequence)
+                log.log(logging.WARNING if backoff >= 5.0 else logging.INFO,
+                        "follower %s: %s; resuming from sequence %d in %.1fs", self.name, described(e),
+                        self.next_sequence, backoff)
                 await self._close_feed()
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)

@@ -583,15 +583,17 @@ async def test_a_silent_feed_asks_again_before_giving_up_and_a_consumer_without_
         await nobody.close()
 
 
-async def test_a_consumer_create_whose_answer_is_lost_is_asked_again(nats_server, monkeypatch):
-    """:func:`fedsched.bus.create_consumer`: on a JetStream cluster a create sent while the meta
-    leader is being elected goes unanswered, and one request waited the whole API timeout (10 s;
-    a follower resumed ~11 s after a node's kill). Here the JetStream API is reached through a
-    domain whose requests a relay passes to the real server: the relay hands each reader's first
-    create to the server but drops its answer (the consumer *was* made). After
-    :data:`~fedsched.bus.CREATE_ATTEMPT_S` the reader asks again: a random-name follower under a
-    fresh name (the first is left to expire), a fixed-name follower and a durable consumer under
-    the same name -- the server answers with the consumer it made, and none is made twice."""
+async def test_consumer_requests_whose_answers_are_lost_are_asked_again(nats_server, monkeypatch):
+    """:func:`fedsched.bus.asked_again`: on a JetStream cluster an API request sent while the meta
+    leader is being elected goes unanswered, and each of a reader's calls to make its consumer
+    again waited the whole API timeout (10 s; readers resumed 10-22 s after a node's kill). Here
+    the JetStream API is reached through a domain whose requests a relay passes to the real
+    server, dropping the server's answer to the first request of each kind it is told to (the
+    server did act on it). After :data:`~fedsched.bus.CREATE_ATTEMPT_S` the reader asks again:
+    a random-name follower creates under a fresh name (the first consumer is left to expire),
+    a fixed-name follower deletes its leftover and creates under its own name, a durable
+    consumer asks for its info and creates under its name -- the server answers with what it
+    did, and no consumer is made twice."""
     import nats
 
     import fedsched.bus as busmod
@@ -600,16 +602,20 @@ async def test_a_consumer_create_whose_answer_is_lost_is_asked_again(nats_server
 
     monkeypatch.setattr(busmod, "CREATE_ATTEMPT_S", 0.3)
     relay = await nats.connect(nats_server.url)
-    creates: list[str] = []
+    asked: dict[str, list[str]] = {"CREATE": [], "DELETE": [], "INFO": []}
+    drop: set[str] = set()  # the kinds whose next answer goes nowhere
 
     async def forward(msg):
         api_subject = "$JS.API." + msg.subject.removeprefix("$JS.lossy.API.")
-        if api_subject.startswith(("$JS.API.CONSUMER.CREATE.", "$JS.API.CONSUMER.DURABLE.CREATE.")):
-            creates.append(api_subject)
-            if len(creates) % 2:  # the first of each reader: the server makes it; its answer goes nowhere
-                await relay.publish(api_subject, msg.data, reply=relay.new_inbox(), headers=msg.headers)
-                return
-        await relay.publish(api_subject, msg.data, reply=msg.reply, headers=msg.headers)
+        kind = next((k for k in asked if api_subject.startswith((f"$JS.API.CONSUMER.{k}.",
+                                                                  f"$JS.API.CONSUMER.DURABLE.{k}."))), None)
+        reply = msg.reply
+        if kind is not None:
+            asked[kind].append(api_subject)
+            if kind in drop:  # the server acts on it; its answer goes nowhere
+                drop.discard(kind)
+                reply = relay.new_inbox()
+        await relay.publish(api_subject, msg.data, reply=reply, headers=msg.headers)
 
     async def consumers() -> set[str]:
         return {c.name for c in await bus.js.consumers_info(stream)}
@@ -625,6 +631,10 @@ async def test_a_consumer_create_whose_answer_is_lost_is_asked_again(nats_server
             await task
         return seen
 
+    def clear() -> None:
+        for v in asked.values():
+            v.clear()
+
     await relay.subscribe("$JS.lossy.API.>", cb=forward)
     await relay.flush()
     bus = await Bus.connect(nats_server.url, unique("t"), name="test", js_domain="lossy")
@@ -632,24 +642,63 @@ async def test_a_consumer_create_whose_answer_is_lost_is_asked_again(nats_server
         await bus.ensure_streams()
         stream = bus.stream_name("EVENTS")
         subject = bus.subjects.status("cn-north-1", "c1")
-        before = await consumers()
         await bus.publish(subject, _event(7))
+
+        before, _ = await consumers(), clear()
+        drop.add("CREATE")
         assert await follow(name="lossy") == ["j-7"]
+        creates = asked["CREATE"]
         assert len(creates) == 2 and creates[0] != creates[1]  # asked again under a new name
         made = await consumers() - before
         assert len(made) == 2  # the one whose answer was lost, left to expire, and the one read
         assert {n for n in made if n in creates[1]} and {n for n in made if n in creates[0]}
 
-        before = await consumers()
+        before, _ = await consumers(), clear()
+        drop.update(("DELETE", "CREATE"))
         assert await follow(name="lossy-fixed", filter_subjects=[subject], fixed_name=True) == ["j-7"]
-        assert len(creates) == 4 and creates[2] == creates[3]  # asked again under its own name
+        assert len(asked["DELETE"]) == 2 and len(set(asked["DELETE"])) == 1  # asked again, same name
+        assert len(asked["CREATE"]) == 2 and len(set(asked["CREATE"])) == 1
         assert await consumers() - before == {"lossy-fixed"}
 
-        before = await consumers()
+        before, _ = await consumers(), clear()
+        drop.update(("INFO", "CREATE"))
         got, _ = await _collect(bus, [subject], "lossy-durable", 1, timeout=5.0)  # (the writers', the agents')
         assert [d.envelope.job_id for d in got] == ["j-7"]
-        assert len(creates) == 6 and creates[4] == creates[5]
+        assert len(asked["INFO"]) >= 2 and len(set(asked["INFO"])) == 1
+        assert len(asked["CREATE"]) == 2 and len(set(asked["CREATE"])) == 1
         assert await consumers() - before == {"lossy-durable"}
     finally:
         await bus.close()
+        await relay.close()
+
+
+async def test_a_feed_whose_fresh_request_goes_unanswered_is_lost_only_after_lost_after_s(nats_server):
+    """:class:`fedsched.bus.PullFeed`: silent for two heartbeats, the feed asks again; a request
+    nothing answers at all (no 503: here a relay takes pull requests and drops them) makes it
+    lost only ``lost_after_s`` after that fresh request -- not two heartbeats later, which gave
+    up on healthy consumers whose heartbeats were late under load (200 followers made at once
+    on a 3-node cluster made ~160-240 consumers again)."""
+    import nats
+
+    from fedsched.bus import FeedLost, PullFeed
+
+    relay = await nats.connect(nats_server.url)
+    pulls = []
+
+    async def swallow(msg):
+        pulls.append(msg.subject)
+
+    await relay.subscribe("$JS.deaf.API.CONSUMER.MSG.NEXT.>", cb=swallow)
+    await relay.flush()
+    feed = PullFeed(relay, "$JS.deaf.API", "S", "c", batch=10, heartbeat_s=0.1, lost_after_s=1.0)
+    await feed.start()
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(FeedLost, match="after a fresh pull request"):
+            while time.monotonic() - t0 < 5.0:
+                await feed.take(0.05)
+        assert time.monotonic() - t0 >= 1.0 + 2 * feed.heartbeat_s - 0.05  # not two heartbeats after the probe
+        assert feed.requests == 2 and len(pulls) == 2  # the first request and one fresh one
+    finally:
+        await feed.close()
         await relay.close()
