@@ -487,11 +487,19 @@ async def stored_event(bus: Bus, seq: int, timeout_s: float = 2.0) -> Envelope |
     return Envelope.from_bytes(msg.data)
 
 
+#: a string as JSON text, ASCII only (what ``json.dumps`` uses for a string with ``ensure_ascii``)
+_json_str = json.encoder.encode_basestring_ascii
+
+
 def request_job_id(principal: str, tenant: str, project: str, request_id: str) -> str:
     """The job id of a submission with a ``request_id``: ``j-`` and 20 hex of SHA-256 over the
     idempotency key (principal, tenant, project, request id), JSON-encoded so no two keys
-    share a text. Two callers, or two projects, using the same request id get two jobs."""
-    key = json.dumps([principal, tenant, project, request_id], ensure_ascii=True)
+    share a text. Two callers, or two projects, using the same request id get two jobs.
+
+    The key is the text ``json.dumps([principal, tenant, project, request_id])`` gives (ASCII,
+    ``", "`` between items), built from the same string encoder without the encoder's set-up
+    (~3.4 -> ~1.0 us a submission)."""
+    key = "[" + ", ".join((_json_str(principal), _json_str(tenant), _json_str(project), _json_str(request_id))) + "]"
     return "j-" + hashlib.sha256(key.encode()).hexdigest()[:20]
 
 
