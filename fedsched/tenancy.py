@@ -785,7 +785,9 @@ class Governance:
                 raise ValidationError("spec.allowed_regions", f"{source} forbids cross-region jobs; "
                                       f"{', '.join(away)} is not the home region {spec.home_region}")
         if not locality_given:
-            update["locality"] = self.default_locality(spec)
+            locality = self.default_locality(spec)
+            if locality != spec.locality:  # a copy only for a change (the spec is immutable)
+                update["locality"] = locality
         return spec.model_copy(update=update) if update else spec
 
     def budget(self, tenant: str) -> BudgetDoc | None:

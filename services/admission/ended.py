@@ -189,6 +189,7 @@ class EndedJobs:
         #: misses of a direct get confirmed with the stream leader (replicated buckets only)
         self.leader_reads = 0
         self._direct: bool | None = None  #: the stream's ``allow_direct`` (None: not known yet)
+        self._replies: _BatchReplies | None = None  #: where batch gets are answered (:meth:`_batch_get`)
 
     def put(self, rec: JobRecord) -> None:
         """Queue ``rec`` (a job leaving the view) for the bucket; O(size of the record)."""
@@ -350,7 +351,8 @@ class EndedJobs:
         batch direct get (a direct answer: on a replicated bucket the caller confirms misses);
         None when the bucket's stream allows no direct gets (:attr:`batch_gets` False, from its
         config), or the batch was answered by a status or failed (logged; no batch for
-        :data:`BATCH_RETRY_S`: the caller asks key by key)."""
+        :data:`BATCH_RETRY_S`: the caller asks key by key). The answer comes to the connection's
+        reply subscription (:class:`_BatchReplies`), within ``timeout_s`` seconds."""
         try:
             await self._bucket()  # created (allowing direct gets) if it is not there yet
         except Exception as e:  # noqa: BLE001 - the bus may be down; the caller's gets log it too
@@ -363,36 +365,40 @@ class EndedJobs:
         prefix = f"$KV.{self.bus.prefix}_{BUCKET}."
         body = json.dumps({"multi_last": [prefix + j for j in job_ids], "batch": len(job_ids)},
                           separators=(",", ":")).encode()
-        inbox = nc.new_inbox()
         self.lookups += 1
-        values: dict[str, bytes] = {}
+        loop = asyncio.get_running_loop()
+        batch = _Batch(prefix, loop.create_future())
+        replies = None
         try:
-            sub = await nc.subscribe(inbox)
-            try:
-                await nc.publish(f"$JS.API.DIRECT.GET.{stream}", body, reply=inbox)
-                deadline = asyncio.get_running_loop().time() + timeout_s
-                while True:
-                    msg = await sub.next_msg(timeout=max(0.001, deadline - asyncio.get_running_loop().time()))
-                    headers = msg.headers or {}
-                    status = headers.get("Status")
-                    if status in ("204", "404"):  # end of batch / none of the keys
-                        self.batch_gets = True
-                        return values
-                    if status:  # e.g. 503 during a leader election, 408: try batches again later
-                        log.info("ended jobs: batch get not answered (%s %s); key by key for %g s", status,
-                                 headers.get("Description", ""), BATCH_RETRY_S)
-                        self._batch_retry_at = asyncio.get_running_loop().time() + BATCH_RETRY_S
-                        return None
-                    subject = headers.get("Nats-Subject", "")
-                    if subject.startswith(prefix) and headers.get("KV-Operation") not in ("DEL", "PURGE") and msg.data:
-                        values[subject[len(prefix):]] = msg.data
-            finally:
-                await sub.unsubscribe()
+            replies = await self._replies_of(nc)
+            inbox = replies.expect(batch)
+            await nc.publish(f"$JS.API.DIRECT.GET.{stream}", body, reply=inbox)
+            status = await asyncio.wait_for(batch.done, timeout_s)
+            if status is None:  # end of batch / none of the keys
+                self.batch_gets = True
+                return batch.values
+            # e.g. 503 during a leader election, 408: try batches again later
+            log.info("ended jobs: batch get not answered (%s); key by key for %g s", status, BATCH_RETRY_S)
+            self._batch_retry_at = loop.time() + BATCH_RETRY_S
+            return None
         except Exception as e:  # noqa: BLE001 - an outage or a timeout: the caller asks key by key (and logs)
             log.warning("ended jobs: batch get of %d keys failed (%r); key by key for %g s", len(job_ids), e,
                         BATCH_RETRY_S)
             self._batch_retry_at = asyncio.get_running_loop().time() + BATCH_RETRY_S
             return None
+        finally:
+            if replies is not None:
+                replies.forget(batch)
+
+    async def _replies_of(self, nc: Any) -> "_BatchReplies":
+        """The reply subscription of batch gets on connection ``nc`` (made on first use, and
+        again for a new connection)."""
+        replies = self._replies
+        if replies is None or replies.nc is not nc:
+            replies = _BatchReplies(nc)
+            await replies.subscribe()
+            self._replies = replies
+        return replies
 
     @staticmethod
     def _decoded(job_id: str, data: bytes) -> JobRecord | None:
@@ -401,3 +407,70 @@ class EndedJobs:
         except ValueError as e:
             log.warning("ended jobs: %s: %s", job_id, e)
             return None
+
+
+class _Batch:
+    """One batch direct get's answer as it arrives: the values found (job id -> stored bytes,
+    keys under ``prefix``), and ``done`` -- set to None at the end-of-batch status (204, or 404:
+    none of the keys), or to ``"<status> <description>"`` when the server answered with another
+    status (the batch was not served)."""
+
+    __slots__ = ("prefix", "done", "values", "token")
+
+    def __init__(self, prefix: str, done: asyncio.Future) -> None:
+        self.prefix = prefix
+        self.done = done
+        self.values: dict[str, bytes] = {}
+        self.token = ""  #: its reply subject's last token (:meth:`_BatchReplies.expect`)
+
+    def arrive(self, msg: Any) -> None:
+        """Take one message of the answer."""
+        if self.done.done():  # (a message after the end, or after the caller gave up)
+            return
+        headers = msg.headers or {}
+        status = headers.get("Status")
+        if status in ("204", "404"):
+            self.done.set_result(None)
+        elif status:
+            self.done.set_result(f"{status} {headers.get('Description', '')}")
+        else:
+            subject = headers.get("Nats-Subject", "")
+            if subject.startswith(self.prefix) and headers.get("KV-Operation") not in ("DEL", "PURGE") and msg.data:
+                self.values[subject[len(self.prefix):]] = msg.data
+
+
+class _BatchReplies:
+    """One wildcard inbox subscription of a connection for the answers of every batch direct get
+    (each request's reply subject is ``<inbox>.<n>``): a lookup per ``SubmitJobs`` call costs no
+    subscribe and unsubscribe of an inbox of its own, nor a timer task per message read. An
+    answer for a request no longer waiting (timed out) is dropped, as an unsubscribed inbox's was.
+
+    Args:
+        nc: the NATS connection.
+    """
+
+    def __init__(self, nc: Any) -> None:
+        self.nc = nc
+        self.prefix = nc.new_inbox() + "."
+        self._waiting: dict[str, _Batch] = {}
+        self._next = 0
+
+    async def subscribe(self) -> None:
+        """Subscribe to the replies (raises what ``nc.subscribe`` raises)."""
+        await self.nc.subscribe(self.prefix + "*", cb=self._arrive)
+
+    def expect(self, batch: _Batch) -> str:
+        """Register ``batch`` and give the reply subject its request must carry."""
+        self._next += 1
+        batch.token = str(self._next)
+        self._waiting[batch.token] = batch
+        return self.prefix + batch.token
+
+    def forget(self, batch: _Batch) -> None:
+        """``batch`` no longer waits (answered, failed or timed out)."""
+        self._waiting.pop(batch.token, None)
+
+    async def _arrive(self, msg: Any) -> None:
+        batch = self._waiting.get(msg.subject[len(self.prefix):])
+        if batch is not None:
+            batch.arrive(msg)

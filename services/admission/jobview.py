@@ -261,6 +261,8 @@ class JobRecord:
     @property
     def current(self) -> AttemptRecord | None:
         """The latest attempt of any shard."""
+        if len(self.shards) == 1 and len(self.shards[0].attempts) <= 1:  # most jobs: nothing to sort
+            return self.shards[0].current
         attempts = self.attempts
         return attempts[-1] if attempts else None
 

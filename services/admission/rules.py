@@ -224,11 +224,16 @@ def check_can_ever_run(spec: JobSpec, clusters: Mapping[str, ClusterCapacity], k
     if spec.gpus_per_worker == 0 or not clusters:
         return
     regions = set(candidate_regions(spec, known_regions))
+    tags = set(spec.residency_tags)
+    for c in clusters.values():  # a cluster that could hold it: nothing to say (every submit)
+        if c.region in regions and tags <= c.residency_tags and (c.rdma or not spec.requires_rdma) and any(
+                workers >= spec.workers for workers in c.workers_that_fit(spec).values()):
+            return
+    # none could: the reason, from the clusters in name order (what is said of the best one)
     where = ", ".join(sorted(regions))
     local = {name: c for name, c in clusters.items() if c.region in regions}
     if not local:
         raise ConflictError(f"no cluster in the regions the job may use ({where}); it could never run as asked")
-    tags = set(spec.residency_tags)
     local = {name: c for name, c in local.items() if tags <= c.residency_tags}
     if not local:
         raise ConflictError(f"no cluster in {where} carries the residency tags {', '.join(sorted(tags))}; "

@@ -6,7 +6,7 @@ import pytest
 from fedsched.api.v1 import governance_pb2 as gpb
 from fedsched.api.v1 import jobs_pb2 as pb
 from fedsched.errors import ValidationError
-from services.admission.convert import refuse_unknown_fields
+from services.admission.convert import has_unknown_fields, refuse_unknown_fields
 from services.admission.service import MUTATING, READ_ONLY
 
 
@@ -36,3 +36,21 @@ def test_unknown_and_mistyped_fields_are_named_by_path_and_number(name, kind, da
     with pytest.raises(ValidationError) as e:
         refuse_unknown_fields(msg)
     assert e.value.field == field
+
+
+@pytest.mark.parametrize("name,kind,data,field", CASES, ids=[c[0] for c in CASES])
+def test_the_quick_check_finds_exactly_the_messages_the_walk_refuses(name, kind, data, field):
+    msg = kind.FromString(data)
+    assert has_unknown_fields(msg) == (field is not None)
+    assert msg.SerializeToString() == data  # the request itself keeps what it carried
+
+
+def test_an_unknown_field_deep_in_a_batch_item_is_found_and_named():
+    spec = pb.JobSpec(tenant="t").SerializeToString() + b"\xf8\x01\x01"  # field 31, varint
+    item = b"\x0a" + bytes([len(spec)]) + spec  # SubmitJobRequest.spec
+    clean = pb.SubmitJobRequest(spec=pb.JobSpec(tenant="t")).SerializeToString()
+    batch = pb.SubmitJobsRequest.FromString(b"".join(b"\x0a" + bytes([len(i)]) + i for i in (clean, item)))
+    assert has_unknown_fields(batch)
+    with pytest.raises(ValidationError) as e:
+        refuse_unknown_fields(batch)
+    assert e.value.field == "items[1].spec.31"

@@ -24,19 +24,6 @@ PREFIX = "t1"
 KV_PREFIX = f"$KV.{PREFIX}_{BUCKET}."
 
 
-class _Sub:
-    def __init__(self, replies: list) -> None:
-        self._replies = replies
-
-    async def next_msg(self, timeout: float):
-        if not self._replies:
-            raise asyncio.TimeoutError
-        return self._replies.pop(0)
-
-    async def unsubscribe(self) -> None:
-        return None
-
-
 class _Follower:
     """A replica's direct gets: it has not caught up (every key "not found"), or answers a
     status while ``status`` is set (e.g. 503 during an election)."""
@@ -45,14 +32,14 @@ class _Follower:
         self.bus = bus
         self.status: str | None = None
         self.batches = 0
-        self._replies: list = []
+        self._subs: list[tuple[str, object]] = []  # (subject, callback)
 
     def new_inbox(self) -> str:
         return "_INBOX.x"
 
-    async def subscribe(self, inbox: str) -> _Sub:
-        self._replies = []
-        return _Sub(self._replies)
+    async def subscribe(self, subject: str, cb=None):
+        self._subs.append((subject, cb))
+        return SimpleNamespace(subject=subject)
 
     async def publish(self, subject: str, body: bytes, reply: str = "") -> None:
         assert subject == f"$JS.API.DIRECT.GET.KV_{PREFIX}_{BUCKET}"
@@ -60,7 +47,10 @@ class _Follower:
         keys = json.loads(body)["multi_last"]
         assert all(k.startswith(KV_PREFIX) for k in keys)
         status = self.status or "404"
-        self._replies.append(SimpleNamespace(headers={"Status": status, "Description": "fake"}, data=b""))
+        answer = SimpleNamespace(subject=reply, headers={"Status": status, "Description": "fake"}, data=b"")
+        for pattern, cb in self._subs:  # delivered later, as the connection's reader would
+            if pattern.endswith(".*") and reply.startswith(pattern[:-1]) and "." not in reply[len(pattern) - 1:]:
+                asyncio.get_running_loop().call_soon(asyncio.ensure_future, cb(answer))
 
 
 class _Kv:

@@ -7,9 +7,13 @@ duplicate is not applied locally but waited for."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 from types import SimpleNamespace
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from fedsched import auth
 from fedsched.api.v1 import jobs_pb2 as pb
@@ -403,3 +407,12 @@ async def test_a_submission_is_folded_into_the_view_from_its_own_payload_model_n
         # the event carries the payload model it was made from (fedsched.events.make_event): the
         # spec the view holds is that very object, not a second validation of the payload
         assert servicer.view.jobs[job_id].spec is event.payload_as(JobSubmitted).spec, "the payload was parsed again"
+
+
+@given(st.lists(st.text(), min_size=4, max_size=4))
+@settings(max_examples=300, deadline=None)
+def test_a_request_job_id_is_the_hash_of_the_keys_json_text(key):
+    """The job id of a request id stays what every earlier build derived (ids in the stream and
+    the ended-jobs store are looked up by it): SHA-256 of ``json.dumps`` of the four names."""
+    text = json.dumps(key, ensure_ascii=True)
+    assert request_job_id(*key) == "j-" + hashlib.sha256(text.encode()).hexdigest()[:20]
