@@ -24,9 +24,9 @@ def register(app: typer.Typer) -> None:
 
     @app.command()
     def web(
-        grpc_target: str = typer.Option("", "--grpc", show_default=False, callback=lambda v: server_address(v),
+        grpc_target: str = typer.Option("", "--server", "--grpc", show_default=False, callback=lambda v: server_address(v),
                                         help=f"Admission gRPC address, host:port (default: {GRPC_ENV}, else "
-                                             f"{DEFAULT_SERVER}, as --server of the API commands); TLS from "
+                                             f"{DEFAULT_SERVER}, as for the API commands; --grpc is the same option); TLS from "
                                              "FEDSCHED_TLS_CA / FEDSCHED_TLS_CLIENT_CERT / FEDSCHED_TLS_CLIENT_KEY."),
         port: int = typer.Option(8080, "--port", envvar="FEDSCHED_WEB_PORT", min=0, max=65535,
                                  help="Port to serve on (0 = any free port)."),
@@ -36,8 +36,9 @@ def register(app: typer.Typer) -> None:
         prefix: str = typer.Option("fed", "--prefix", envvar="FEDSCHED_SUBJECT_PREFIX",
                                    help="Subject prefix of the running system (with --nats-url)."),
         store_token: str = typer.Option("", "--store-token", envvar="FEDSCHED_STORE_TOKEN", show_default=False,
-                                        help="With --nats-url: an admin's token for store queries (default: "
-                                             "FEDSCHED_TOKEN, else <FEDSCHED_DATA_DIR or .fedsched>/admin.token)."),
+                                        help="With --nats-url: an admin's token for store queries (when neither "
+                                             "this nor FEDSCHED_STORE_TOKEN is set: FEDSCHED_TOKEN, else "
+                                             "<FEDSCHED_DATA_DIR or .fedsched>/admin.token)."),
         clickhouse_url: str = typer.Option("", "--clickhouse-url", envvar="FEDSCHED_CLICKHOUSE_URL",
                                            help="Read events and usage from this ClickHouse server instead."),
         database: str = typer.Option("fedsched", "--database", envvar="FEDSCHED_CLICKHOUSE_DATABASE",

@@ -133,6 +133,17 @@ def test_web_reads_the_one_grpc_address_variable_like_every_api_command():
     assert f"env var: {GRPC_ENV_DEPRECATED}]" not in text
 
 
+def test_web_takes_the_admission_address_as_server_like_every_api_command():
+    """``fedsched web`` named its gRPC address ``--grpc`` where every other command says
+    ``--server`` (review): both are taken, and the help shows ``--server`` first."""
+    assert _option_help(("web",), "--server") == _option_help(("web",), "--grpc")
+    assert _option_help(("web",), "--server").startswith("--server, --grpc")
+    for path, cmd in COMMANDS:
+        for param in cmd.params:
+            if "--grpc" in getattr(param, "opts", ()) and path != ("web",):
+                raise AssertionError(f"{' '.join(path)} names its address --grpc")
+
+
 def test_root_help_names_every_command():
     text = _help(())
     for name in ROOT.commands:
