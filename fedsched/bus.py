@@ -605,6 +605,9 @@ class Turns:
 #: how long a request for what is already waiting behind a delivery lingers for more (seconds)
 DRAIN_S = 0.002
 
+#: a reader's wait before it makes its consumer again doubles after each failure up to this (s)
+BACKOFF_CAP_S = 5.0
+
 
 class _PullInbox:
     """What both pull readers share (private): the consumer's ``MSG.NEXT`` subject, an inbox
@@ -1322,11 +1325,11 @@ class DurableConsumer:
                 if self._stop.is_set():
                     break
                 # once the back-off is at its cap the trouble has lasted seconds: say so above INFO
-                log.log(logging.WARNING if self._backoff >= 5.0 else logging.INFO,
+                log.log(logging.WARNING if self._backoff >= BACKOFF_CAP_S else logging.INFO,
                         "consumer %s: %s; resubscribing in %.1fs", self.durable, described(e), self._backoff)
                 await self._drop_fetcher()
                 await asyncio.sleep(self._backoff)
-                self._backoff = min(self._backoff * 2, 5.0)
+                self._backoff = min(self._backoff * 2, BACKOFF_CAP_S)
 
     #: slices of :attr:`linger_s` the consumer waits between looks for more messages
     LINGER_LOOKS = 4
@@ -1378,7 +1381,7 @@ class DurableConsumer:
             for d in good:
                 await d.msg.nak(delay=self._backoff)
             await asyncio.sleep(self._backoff)
-            self._backoff = min(self._backoff * 2, 5.0)
+            self._backoff = min(self._backoff * 2, BACKOFF_CAP_S)
             return
         except Exception:  # noqa: BLE001 - isolate the failing message(s)
             if len(good) == 1:
@@ -1462,6 +1465,11 @@ def _pending_after(msgs: list[Msg]) -> int:
 MessageHandler = Callable[[Delivery], Any]
 
 
+def ephemeral_name() -> str:
+    """A fresh random consumer name (22 hex digits, as nats.py's ``pull_subscribe`` makes)."""
+    return uuid.uuid4().hex[:22]
+
+
 #: seconds a JetStream API request of a consumer's (re)creation is given before it is sent
 #: again (:func:`asked_again`; one that makes a new consumer each time: up to twice as long)
 CREATE_ATTEMPT_S = 1.0
@@ -1525,7 +1533,7 @@ async def create_consumer(bus: "Bus", stream: str, config: api.ConsumerConfig, *
             API (``ServiceUnavailableError``, 503: e.g. a JetStream domain no server has).
     """
     def fresh_name() -> None:
-        config.name = uuid.uuid4().hex[:22]
+        config.name = ephemeral_name()
 
     return await asked_again(f"create of consumer {config.name or config.durable_name} on {stream}",
                              lambda: bus.js.add_consumer(stream, config), total_s=total_s,
@@ -1618,7 +1626,7 @@ class StreamFollower:
             config.name = self.name
             config.filter_subject = subjects[0]
         else:  # what nats.py's pull_subscribe does, keeping the created consumer's info
-            config.name = uuid.uuid4().hex[:22]
+            config.name = ephemeral_name()
             if len(subjects) == 1:
                 config.filter_subject = subjects[0]
         info = await create_consumer(self.bus, self.stream, config, rename=not self.fixed_name)
@@ -1709,12 +1717,12 @@ class StreamFollower:
             except Exception as e:  # noqa: BLE001 - rebuild from the next sequence
                 if self._stop.is_set():
                     break
-                log.log(logging.WARNING if backoff >= 5.0 else logging.INFO,
+                log.log(logging.WARNING if backoff >= BACKOFF_CAP_S else logging.INFO,
                         "follower %s: %s; resuming from sequence %d in %.1fs", self.name, described(e),
                         self.next_sequence, backoff)
                 await self._close_feed()
                 await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
+                backoff = min(backoff * 2, BACKOFF_CAP_S)
 
     async def _one(self, msg: Msg) -> None:
         md = msg.metadata
